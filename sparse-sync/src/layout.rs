@@ -1,8 +1,12 @@
-//! Data/hole layout of a file through `SEEK_DATA`/`SEEK_HOLE`.
+//! Data/hole layout of a file through `SEEK_DATA`/`SEEK_HOLE`, or FIEMAP ([`LayoutMode`]).
 //!
 //! `SEEK_DATA` reports ranges the filesystem holds as data. On ext4 and xfs, fallocated-but-unwritten extents
 //! are reported as holes when no dirty page covers them; callers that need unwritten extents to count as data
-//! (Longhorn's restore relies on that) must write real zeros instead of fallocating.
+//! (Longhorn's restore relies on that) use [`LayoutMode::Fiemap`], or write real zeros instead of fallocating.
+
+mod fiemap;
+
+pub use fiemap::FiemapExtents;
 
 use std::fs::File;
 use std::io;
@@ -61,6 +65,27 @@ impl Iterator for DataExtents<'_> {
     }
 }
 
+/// How the data ranges of a file are discovered.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum LayoutMode {
+    /// `SEEK_DATA`/`SEEK_HOLE`: works on every Linux filesystem (tmpfs included); unwritten extents count as holes.
+    #[default]
+    SeekData,
+    /// `FS_IOC_FIEMAP`: every allocated extent, written, unwritten or delayed, counts as data. Not on tmpfs.
+    Fiemap,
+}
+
+/// Boxed iterator over ascending, non-overlapping data ranges (what [`crate::SyncContent`] hands out).
+pub type DataRanges<'a> = Box<dyn Iterator<Item = io::Result<Range<u64>>> + Send + 'a>;
+
+/// Data ranges of `file` within `range`, discovered the way `mode` says. Adjacent extents are merged.
+pub fn data_ranges(file: &File, range: Range<u64>, mode: LayoutMode) -> DataRanges<'_> {
+    match mode {
+        LayoutMode::SeekData => Box::new(data_extents(file, range)),
+        LayoutMode::Fiemap => Box::new(FiemapExtents::new(file, range)),
+    }
+}
+
 /// Punches a hole in `file` over `[offset, offset+len)` keeping the file size; the range reads as zeros after.
 pub fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
     if len == 0 {
@@ -85,6 +110,40 @@ mod tests {
         assert_eq!(all, vec![(1 << 20)..(1 << 20) + 4096, (8 << 20)..(8 << 20) + 8192]);
         let clipped: Vec<_> = data_extents(&f, (8 << 20) + 4096..16 << 20).map(Result::unwrap).collect();
         assert_eq!(clipped, vec![(8 << 20) + 4096..(8 << 20) + 8192]);
+    }
+
+    #[test]
+    fn fiemap_mode_counts_unwritten_extents_as_data_and_seek_mode_does_not() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let f = File::options().read(true).write(true).create(true).truncate(true).open(dir.path().join("f")).unwrap();
+        f.set_len(8 << 20).unwrap();
+        f.write_all_at(&[1u8; 4096], 0).unwrap();
+        // Unwritten (preallocated) extent in the middle.
+        rustix::fs::fallocate(&f, FallocateFlags::KEEP_SIZE, 4 << 20, 1 << 20).unwrap();
+        f.sync_all().unwrap();
+        let seek: Vec<_> = data_ranges(&f, 0..8 << 20, LayoutMode::SeekData).map(Result::unwrap).collect();
+        assert_eq!(seek, vec![0..4096]);
+        let fiemap: Vec<_> = data_ranges(&f, 0..8 << 20, LayoutMode::Fiemap).map(Result::unwrap).collect();
+        assert_eq!(fiemap, vec![0..4096, (4 << 20)..(5 << 20)]);
+        let clipped: Vec<_> =
+            data_ranges(&f, (4 << 20) + 4096..8 << 20, LayoutMode::Fiemap).map(Result::unwrap).collect();
+        assert_eq!(clipped, vec![(4 << 20) + 4096..(5 << 20)]);
+    }
+
+    #[test]
+    fn fiemap_merges_adjacent_extents_across_many_ioctl_calls() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let f = File::options().read(true).write(true).create(true).truncate(true).open(dir.path().join("f")).unwrap();
+        // 1000 separate 4 KiB pieces: more than one FIEMAP call's worth of extents.
+        let mut expect = Vec::new();
+        for i in 0..1000u64 {
+            f.write_all_at(&[3u8; 4096], i * 12288).unwrap();
+            expect.push(i * 12288..i * 12288 + 4096);
+        }
+        let got: Vec<_> = data_ranges(&f, 0..u64::MAX, LayoutMode::Fiemap).map(Result::unwrap).collect();
+        assert_eq!(got, expect);
+        let seek: Vec<_> = data_ranges(&f, 0..u64::MAX, LayoutMode::SeekData).map(Result::unwrap).collect();
+        assert_eq!(seek, expect);
     }
 
     #[test]

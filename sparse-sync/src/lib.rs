@@ -1,7 +1,19 @@
 //! sparse-sync owns everything about moving sparse files: discovering which ranges of a file hold data
-//! ([`layout`]), punching holes, and (as it grows) local sparse copy, fold and prune, and the HTTP sync protocol
-//! used by replica rebuild, snapshot export and backing-image delivery.
+//! ([`layout`]), describing any sparse source that can list its data and read at offsets ([`SyncContent`]; a
+//! replica snapshot flattened over its chain is one), local sparse copy, fold and prune ([`local`]), and the HTTP
+//! sync protocol ([`wire`], [`receiver`], [`sender`]) used by replica rebuild, snapshot export and backing-image
+//! delivery, with delta sync, whole-file skip through recorded checksums ([`record`]) and resumable transfers.
+//! Holes are always kept as holes: a layer of a snapshot chain means "not written here" where it has a hole.
 
+pub mod content;
 pub mod layout;
+pub mod local;
+mod plan;
+pub mod progress;
 
-pub use layout::{DataExtents, data_extents, punch_hole};
+pub use content::{FileContent, SyncContent};
+pub use layout::{DataExtents, DataRanges, LayoutMode, data_extents, data_ranges, punch_hole};
+pub use local::{LocalError, LocalSummary, copy, fold, prune};
+pub use plan::DEFAULT_BATCH_SIZE;
+pub use progress::Progress;
+pub use tokio_util::sync::CancellationToken;
