@@ -1,0 +1,94 @@
+//! The storage side of the protocol: what a replica implements to be served.
+
+/// What a `Hello` reply tells the client about the volume.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeInfo {
+    /// Volume size in bytes.
+    pub size: u64,
+    /// Logical sector size in bytes (512 or 4096).
+    pub sector_size: u32,
+    /// Volume name, empty when the replica does not know it. At most [`crate::MAX_NAME_LEN`] bytes go
+    /// on the wire.
+    pub name: String,
+}
+
+/// The small, stable error classification that travels on the wire (the `length` of an `Error` reply).
+/// Callers branch on the kind; the message is for humans.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[repr(u32)]
+pub enum ErrorKind {
+    /// The device failed the operation.
+    Io = 1,
+    /// The range reaches past the end of the volume (a read answers `Eof` instead).
+    OutOfRange = 2,
+    /// The request is malformed for this volume (e.g. misaligned, offset overflow).
+    Invalid = 3,
+    /// No space left on the replica's disk (answered with a `NoSpace` reply).
+    NoSpace = 4,
+    /// The replica cannot serve IO right now (closing, in error, read-only).
+    Unavailable = 5,
+}
+
+impl ErrorKind {
+    /// The wire code.
+    pub fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// The kind for a wire code; an unknown code from a newer peer is treated as a plain IO error.
+    pub fn from_code(code: u32) -> Self {
+        match code {
+            2 => Self::OutOfRange,
+            3 => Self::Invalid,
+            4 => Self::NoSpace,
+            5 => Self::Unavailable,
+            _ => Self::Io,
+        }
+    }
+}
+
+/// An error from a [`BlockBackend`]: a kind for control flow, a message with the context.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{message}")]
+pub struct BackendError {
+    pub kind: ErrorKind,
+    pub message: String,
+}
+
+impl BackendError {
+    pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
+        Self { kind, message: message.into() }
+    }
+}
+
+impl From<std::io::Error> for BackendError {
+    fn from(err: std::io::Error) -> Self {
+        // ENOSPC and EDQUOT both mean "no room for this write" to the engine.
+        let kind = match err.kind() {
+            std::io::ErrorKind::StorageFull | std::io::ErrorKind::QuotaExceeded => ErrorKind::NoSpace,
+            std::io::ErrorKind::InvalidInput => ErrorKind::Invalid,
+            _ => ErrorKind::Io,
+        };
+        Self { kind, message: err.to_string() }
+    }
+}
+
+/// A block device as the data-protocol server sees it. Implemented by the replica.
+///
+/// All calls are blocking and run on the server's IO worker threads, never on an async reactor thread.
+/// They may be called concurrently from several threads; ordering between concurrent requests is the
+/// client's business (it only sends a flush after the writes it covers were acknowledged).
+pub trait BlockBackend: Send + Sync + 'static {
+    /// Size, sector size and name, answered at `Hello`.
+    fn info(&self) -> Result<VolumeInfo, BackendError>;
+    /// Fills `buf` from `offset`. A range past the end should fail with [`ErrorKind::OutOfRange`].
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError>;
+    /// Writes `buf` at `offset`.
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), BackendError>;
+    /// Discards a range; later reads return zeros.
+    fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError>;
+    /// Writes zeros over a range (may be implemented as an unmap when that reads back as zeros).
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BackendError>;
+    /// Makes every completed write durable.
+    fn flush(&self) -> Result<(), BackendError>;
+}
