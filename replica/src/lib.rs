@@ -1,1 +1,20 @@
-//! placeholder
+//! The replica owns one volume's copy on one disk: a chain of sparse files (a writable head over read-only
+//! snapshots, optionally over a read-only backing file) in a Longhorn-v1-compatible directory layout, the block
+//! location map over that chain, crash-safe snapshot/revert/expand/purge, the revision counter, snapshot
+//! hashing, and the daemon that serves it: gRPC `ReplicaService` (port P), the block data protocol (P+1) and
+//! gRPC `SyncAgentService` (P+2). See `docs/formats.md` for every file format.
+
+pub mod error;
+pub mod extent_map;
+pub mod hash;
+mod io;
+pub mod jobs;
+pub mod layout;
+pub mod meta;
+pub mod names;
+mod purge;
+pub mod replica;
+pub mod revision;
+
+pub use error::{ErrorKind, ReplicaError, Result};
+pub use replica::{Replica, ReplicaOptions, ReplicaStatus, SnapshotRequest, inspect};
