@@ -1,0 +1,201 @@
+//! Data path behaviour through a real server and client: correctness under concurrency, reply matching,
+//! error mapping, backpressure and shutdown.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::Duration;
+
+use common::{MemBackend, Rng, SECTOR, TestServer, eventually};
+use data_protocol::{ClientConfig, ClientError, DataClient, ErrorKind, ServerConfig};
+
+const MIB: usize = 1 << 20;
+
+fn client_cfg() -> ClientConfig {
+    ClientConfig { request_timeout: Duration::from_secs(20), ..ClientConfig::default() }
+}
+
+/// Tasks own disjoint regions, so each task's model is exact while all of them share the connections.
+async fn concurrent_io_matches_model(server: &TestServer, backend: &MemBackend) {
+    const TASKS: u64 = 16;
+    const REGION: u64 = 256 << 10;
+    let client = DataClient::connect(&server.addr, client_cfg()).await.unwrap();
+    assert_eq!(client.info().size, 4 * MIB as u64);
+    assert_eq!(client.info().sector_size, SECTOR);
+    assert_eq!(client.info().name, "vol-test");
+    let mut tasks = Vec::new();
+    for t in 0..TASKS {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let base = t * REGION;
+            let mut model = vec![0u8; usize::try_from(REGION).unwrap()];
+            let mut rng = Rng::new(t + 1);
+            for _ in 0..60 {
+                let off = rng.below(REGION - 1) & !511;
+                let len = (1 + rng.below((REGION - off).min(64 << 10) / 512)) * 512;
+                let (o, l) = (usize::try_from(off).unwrap(), usize::try_from(len).unwrap());
+                if rng.below(2) == 0 {
+                    let fill: Vec<u8> = (0..l).map(|_| u8::try_from(rng.below(256)).unwrap()).collect();
+                    client.write(base + off, &fill).await.unwrap();
+                    model[o..o + l].copy_from_slice(&fill);
+                } else {
+                    let mut got = vec![0u8; l];
+                    client.read(base + off, &mut got).await.unwrap();
+                    assert_eq!(got, model[o..o + l], "task {t} read {off}+{len}");
+                }
+            }
+            model
+        }));
+    }
+    let mut whole = Vec::new();
+    for t in tasks {
+        whole.extend(t.await.unwrap());
+    }
+    client.flush().await.unwrap();
+    assert_eq!(backend.snapshot()[..whole.len()], whole[..]);
+    let m = server.metrics.snapshot();
+    assert!(m.requests >= TASKS * 60);
+    assert!(m.bytes_written > 0 && m.bytes_read > 0);
+    assert_eq!(m.protocol_violations, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reads_and_writes_from_many_tasks_match_a_model_over_tcp() {
+    let backend = MemBackend::new(4 * MIB);
+    let server = TestServer::tcp(backend.clone(), ServerConfig::default()).await;
+    concurrent_io_matches_model(&server, &backend).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reads_and_writes_from_many_tasks_match_a_model_over_a_unix_socket() {
+    let backend = MemBackend::new(4 * MIB);
+    let server = TestServer::unix(backend.clone(), ServerConfig::default()).await;
+    concurrent_io_matches_model(&server, &backend).await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn out_of_order_replies_are_matched_to_their_requests() {
+    // The read at offset 0 is held in the backend until the 8 reads behind it have completed.
+    let backend = MemBackend::with_slow_read(MIB, 0, 8);
+    for i in 0..9u8 {
+        backend.preload(u64::from(i) * 4096, &[i + 1; 4096]);
+    }
+    let server = TestServer::tcp(backend.clone(), ServerConfig::default()).await;
+    let cfg = ClientConfig { connections: 1, ..client_cfg() };
+    let client = DataClient::connect(&server.addr, cfg).await.unwrap();
+    let order = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let mut tasks = Vec::new();
+    for i in 0..9u8 {
+        let (client, order) = (client.clone(), order.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut buf = vec![0u8; 4096];
+            client.read(u64::from(i) * 4096, &mut buf).await.unwrap();
+            assert!(buf.iter().all(|&b| b == i + 1), "read {i} got another request's data");
+            order.lock().unwrap().push(i);
+        }));
+        if i == 0 {
+            // Make sure the slow read is on the wire first.
+            assert!(eventually(Duration::from_secs(5), || backend.inside.load(SeqCst) == 1).await);
+        }
+    }
+    for t in tasks {
+        t.await.unwrap();
+    }
+    assert_eq!(order.lock().unwrap().last(), Some(&0), "the held-back read completes last");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_past_the_end_returns_eof() {
+    let backend = MemBackend::new(MIB);
+    let server = TestServer::tcp(backend, ServerConfig::default()).await;
+    let client = DataClient::connect(&server.addr, client_cfg()).await.unwrap();
+    let mut buf = vec![0u8; 8192];
+    let err = client.read(MIB as u64 - 4096, &mut buf).await.unwrap_err();
+    assert!(matches!(err, ClientError::Eof), "{err:?}");
+    // A per-request error does not fail the client.
+    client.read(0, &mut buf).await.unwrap();
+    let err = client.write(MIB as u64, &buf).await.unwrap_err();
+    assert!(matches!(err, ClientError::Remote { kind: ErrorKind::OutOfRange, .. }), "{err:?}");
+    assert!(server.metrics.snapshot().errors >= 2);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_space_from_the_backend_reaches_the_client_as_no_space() {
+    let backend = MemBackend::new(MIB);
+    let server = TestServer::tcp(backend.clone(), ServerConfig::default()).await;
+    let client = DataClient::connect(&server.addr, client_cfg()).await.unwrap();
+    backend.no_space.store(true, SeqCst);
+    let err = client.write(0, &[1; 4096]).await.unwrap_err();
+    assert!(matches!(err, ClientError::NoSpace), "{err:?}");
+    backend.no_space.store(false, SeqCst);
+    client.write(0, &[1; 4096]).await.unwrap();
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unmap_write_zeroes_and_flush_reach_the_backend() {
+    let backend = MemBackend::new(MIB);
+    let server = TestServer::tcp(backend.clone(), ServerConfig::default()).await;
+    let client = DataClient::connect(&server.addr, client_cfg()).await.unwrap();
+    client.write(0, &[0xab; 16384]).await.unwrap();
+    client.unmap(0, 4096).await.unwrap();
+    client.write_zeroes(8192, 4096).await.unwrap();
+    client.flush().await.unwrap();
+    client.ping().await.unwrap();
+    let mut buf = vec![0u8; 16384];
+    client.read(0, &mut buf).await.unwrap();
+    assert!(buf[..4096].iter().all(|&b| b == 0));
+    assert!(buf[4096..8192].iter().all(|&b| b == 0xab));
+    assert!(buf[8192..12288].iter().all(|&b| b == 0));
+    assert!(buf[12288..].iter().all(|&b| b == 0xab));
+    assert_eq!(backend.flushes.load(SeqCst), 1);
+    let err = client.read(0, &mut vec![0u8; 16 * MIB + 1]).await.unwrap_err();
+    assert!(matches!(err, ClientError::Invalid(_)), "{err:?}");
+    client.close().await;
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn window_bounds_the_requests_that_reach_the_backend() {
+    let backend = MemBackend::new(MIB);
+    backend.close_gate();
+    let cfg = ServerConfig { window: 4, ..ServerConfig::default() };
+    let server = TestServer::tcp(backend.clone(), cfg).await;
+    let client = DataClient::connect(&server.addr, ClientConfig { connections: 1, ..client_cfg() }).await.unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..16u64 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move { client.write(i * 4096, &[7; 4096]).await }));
+    }
+    assert!(eventually(Duration::from_secs(5), || backend.inside.load(SeqCst) == 4).await);
+    // Give the other 12 every chance to sneak past the window before checking the peak.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(backend.max_inside.load(SeqCst), 4);
+    backend.open_gate();
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    assert_eq!(backend.max_inside.load(SeqCst), 4);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_lets_in_flight_requests_finish_then_returns() {
+    let backend = MemBackend::new(MIB);
+    backend.close_gate();
+    let server = TestServer::tcp(backend.clone(), ServerConfig::default()).await;
+    let client = DataClient::connect(&server.addr, client_cfg()).await.unwrap();
+    let c = client.clone();
+    let write = tokio::spawn(async move { c.write(0, &[9; 4096]).await });
+    assert!(eventually(Duration::from_secs(5), || backend.inside.load(SeqCst) == 1).await);
+    server.cancel.cancel();
+    backend.open_gate();
+    write.await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server.task).await.expect("server joined").unwrap();
+    assert_eq!(backend.snapshot()[..4096], [9; 4096]);
+}
