@@ -70,7 +70,12 @@ impl FileContent {
     /// Wraps an already open file; `path` is kept for error messages only.
     pub fn from_file(file: File, path: &Path, mode: LayoutMode) -> io::Result<Self> {
         let size = file.metadata()?.len();
-        Ok(FileContent { file, path: path.to_path_buf(), size, mode })
+        Ok(FileContent {
+            file,
+            path: path.to_path_buf(),
+            size,
+            mode,
+        })
     }
 
     /// The path the file was opened from.
@@ -99,7 +104,11 @@ impl SyncContent for FileContent {
         if end.is_none_or(|e| e > self.size) {
             return Err(io::Error::new(
                 io::ErrorKind::UnexpectedEof,
-                format!("read of {} bytes at {offset} is past the size {}", buf.len(), self.size),
+                format!(
+                    "read of {} bytes at {offset} is past the size {}",
+                    buf.len(),
+                    self.size
+                ),
             ));
         }
         self.file.read_exact_at(buf, offset)
@@ -165,8 +174,10 @@ mod tests {
         let ranges = vec![0..10, 100..4096, 70_000..70_001, 299_000..300_000];
         let (mut out, mut scratch) = (Vec::new(), Vec::new());
         read_ranges(&src, &ranges, &mut out, &mut scratch).unwrap();
-        let expect: Vec<u8> =
-            ranges.iter().flat_map(|r| data[r.start as usize..r.end as usize].iter().copied()).collect();
+        let expect: Vec<u8> = ranges
+            .iter()
+            .flat_map(|r| data[r.start as usize..r.end as usize].iter().copied())
+            .collect();
         assert_eq!(out, expect);
     }
 

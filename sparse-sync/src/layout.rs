@@ -26,7 +26,11 @@ pub struct DataExtents<'a> {
 
 /// Data ranges of `file` within `range` (clipped to the file size at the time of each seek).
 pub fn data_extents(file: &File, range: Range<u64>) -> DataExtents<'_> {
-    DataExtents { file, pos: range.start, end: range.end }
+    DataExtents {
+        file,
+        pos: range.start,
+        end: range.end,
+    }
 }
 
 impl Iterator for DataExtents<'_> {
@@ -91,7 +95,12 @@ pub fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
     if len == 0 {
         return Ok(());
     }
-    fallocate(file, FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE, offset, len)?;
+    fallocate(
+        file,
+        FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+        offset,
+        len,
+    )?;
     Ok(())
 }
 
@@ -107,42 +116,68 @@ mod tests {
         f.write_all_at(&[1u8; 4096], 1 << 20).unwrap();
         f.write_all_at(&[2u8; 8192], 8 << 20).unwrap();
         let all: Vec<_> = data_extents(&f, 0..16 << 20).map(Result::unwrap).collect();
-        assert_eq!(all, vec![(1 << 20)..(1 << 20) + 4096, (8 << 20)..(8 << 20) + 8192]);
-        let clipped: Vec<_> = data_extents(&f, (8 << 20) + 4096..16 << 20).map(Result::unwrap).collect();
+        assert_eq!(
+            all,
+            vec![(1 << 20)..(1 << 20) + 4096, (8 << 20)..(8 << 20) + 8192]
+        );
+        let clipped: Vec<_> = data_extents(&f, (8 << 20) + 4096..16 << 20)
+            .map(Result::unwrap)
+            .collect();
         assert_eq!(clipped, vec![(8 << 20) + 4096..(8 << 20) + 8192]);
     }
 
     #[test]
     fn fiemap_mode_counts_unwritten_extents_as_data_and_seek_mode_does_not() {
         let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-        let f = File::options().read(true).write(true).create(true).truncate(true).open(dir.path().join("f")).unwrap();
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("f"))
+            .unwrap();
         f.set_len(8 << 20).unwrap();
         f.write_all_at(&[1u8; 4096], 0).unwrap();
         // Unwritten (preallocated) extent in the middle.
         rustix::fs::fallocate(&f, FallocateFlags::KEEP_SIZE, 4 << 20, 1 << 20).unwrap();
         f.sync_all().unwrap();
-        let seek: Vec<_> = data_ranges(&f, 0..8 << 20, LayoutMode::SeekData).map(Result::unwrap).collect();
+        let seek: Vec<_> = data_ranges(&f, 0..8 << 20, LayoutMode::SeekData)
+            .map(Result::unwrap)
+            .collect();
         assert_eq!(seek, vec![0..4096]);
-        let fiemap: Vec<_> = data_ranges(&f, 0..8 << 20, LayoutMode::Fiemap).map(Result::unwrap).collect();
+        let fiemap: Vec<_> = data_ranges(&f, 0..8 << 20, LayoutMode::Fiemap)
+            .map(Result::unwrap)
+            .collect();
         assert_eq!(fiemap, vec![0..4096, (4 << 20)..(5 << 20)]);
-        let clipped: Vec<_> =
-            data_ranges(&f, (4 << 20) + 4096..8 << 20, LayoutMode::Fiemap).map(Result::unwrap).collect();
+        let clipped: Vec<_> = data_ranges(&f, (4 << 20) + 4096..8 << 20, LayoutMode::Fiemap)
+            .map(Result::unwrap)
+            .collect();
         assert_eq!(clipped, vec![(4 << 20) + 4096..(5 << 20)]);
     }
 
     #[test]
     fn fiemap_merges_adjacent_extents_across_many_ioctl_calls() {
         let dir = tempfile::tempdir_in("/var/tmp").unwrap();
-        let f = File::options().read(true).write(true).create(true).truncate(true).open(dir.path().join("f")).unwrap();
+        let f = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(dir.path().join("f"))
+            .unwrap();
         // 1000 separate 4 KiB pieces: more than one FIEMAP call's worth of extents.
         let mut expect = Vec::new();
         for i in 0..1000u64 {
             f.write_all_at(&[3u8; 4096], i * 12288).unwrap();
             expect.push(i * 12288..i * 12288 + 4096);
         }
-        let got: Vec<_> = data_ranges(&f, 0..u64::MAX, LayoutMode::Fiemap).map(Result::unwrap).collect();
+        let got: Vec<_> = data_ranges(&f, 0..u64::MAX, LayoutMode::Fiemap)
+            .map(Result::unwrap)
+            .collect();
         assert_eq!(got, expect);
-        let seek: Vec<_> = data_ranges(&f, 0..u64::MAX, LayoutMode::SeekData).map(Result::unwrap).collect();
+        let seek: Vec<_> = data_ranges(&f, 0..u64::MAX, LayoutMode::SeekData)
+            .map(Result::unwrap)
+            .collect();
         assert_eq!(seek, expect);
     }
 

@@ -5,15 +5,23 @@
 //! delivery, with delta sync, whole-file skip through recorded checksums ([`record`]) and resumable transfers.
 //! Holes are always kept as holes: a layer of a snapshot chain means "not written here" where it has a hole.
 
+mod aligned;
 pub mod content;
 pub mod layout;
 pub mod local;
 mod plan;
 pub mod progress;
+pub mod receiver;
+pub mod record;
+pub mod sender;
+pub mod wire;
 
 pub use content::{FileContent, SyncContent};
 pub use layout::{DataExtents, DataRanges, LayoutMode, data_extents, data_ranges, punch_hole};
 pub use local::{LocalError, LocalSummary, copy, fold, prune};
 pub use plan::DEFAULT_BATCH_SIZE;
 pub use progress::Progress;
+pub use receiver::{ReceiveError, ReceiveOutcome, ReceiveSummary, Receiver, ReceiverConfig};
+pub use sender::{SendError, SendOptions, SendSummary, send};
 pub use tokio_util::sync::CancellationToken;
+pub use wire::FileChecksum;

@@ -25,10 +25,18 @@ pub enum LocalError {
     Read(#[source] io::Error),
     /// Writing the destination failed.
     #[error("writing {len} bytes at offset {offset} of the destination: {source}")]
-    Write { offset: u64, len: u64, source: io::Error },
+    Write {
+        offset: u64,
+        len: u64,
+        source: io::Error,
+    },
     /// Punching a hole in the destination failed.
     #[error("punching a hole of {len} bytes at offset {offset} of the destination: {source}")]
-    Punch { offset: u64, len: u64, source: io::Error },
+    Punch {
+        offset: u64,
+        len: u64,
+        source: io::Error,
+    },
     /// Resizing the destination failed.
     #[error("resizing the destination to {size} bytes: {source}")]
     Resize { size: u64, source: io::Error },
@@ -61,8 +69,10 @@ pub fn copy(
     cancel: &CancellationToken,
 ) -> Result<LocalSummary, LocalError> {
     let size = src.size();
-    dst.set_len(0).map_err(|source| LocalError::Resize { size: 0, source })?;
-    dst.set_len(size).map_err(|source| LocalError::Resize { size, source })?;
+    dst.set_len(0)
+        .map_err(|source| LocalError::Resize { size: 0, source })?;
+    dst.set_len(size)
+        .map_err(|source| LocalError::Resize { size, source })?;
     let summary = write_data(src, dst, progress, cancel)?;
     dst.sync_data().map_err(LocalError::Flush)?;
     Ok(summary)
@@ -105,8 +115,11 @@ pub fn prune(
                 Work::Data { ranges, bytes } => {
                     for r in ranges {
                         let len = r.end - r.start;
-                        punch_hole(parent, r.start, len)
-                            .map_err(|source| LocalError::Punch { offset: r.start, len, source })?;
+                        punch_hole(parent, r.start, len).map_err(|source| LocalError::Punch {
+                            offset: r.start,
+                            len,
+                            source,
+                        })?;
                     }
                     summary.data_bytes += bytes;
                     summary.data_ranges += ranges.len() as u64;
@@ -126,9 +139,13 @@ pub fn prune(
 }
 
 fn grow_to(file: &File, size: u64) -> Result<(), LocalError> {
-    let current = file.metadata().map_err(|source| LocalError::Resize { size, source })?.len();
+    let current = file
+        .metadata()
+        .map_err(|source| LocalError::Resize { size, source })?
+        .len();
     if current < size {
-        file.set_len(size).map_err(|source| LocalError::Resize { size, source })?;
+        file.set_len(size)
+            .map_err(|source| LocalError::Resize { size, source })?;
     }
     Ok(())
 }
@@ -172,13 +189,25 @@ fn write_data(
 }
 
 /// Writes `payload`, the concatenated content of `ranges`, to those ranges of `dst`.
-pub(crate) fn write_pieces(dst: &File, ranges: &[std::ops::Range<u64>], payload: &[u8]) -> Result<(), LocalError> {
+pub(crate) fn write_pieces(
+    dst: &File,
+    ranges: &[std::ops::Range<u64>],
+    payload: &[u8],
+) -> Result<(), LocalError> {
     let mut at = 0usize;
     for r in ranges {
         let len = r.end - r.start;
-        let n = usize::try_from(len).map_err(|e| LocalError::Write { offset: r.start, len, source: io::Error::other(e) })?;
+        let n = usize::try_from(len).map_err(|e| LocalError::Write {
+            offset: r.start,
+            len,
+            source: io::Error::other(e),
+        })?;
         dst.write_all_at(&payload[at..at + n], r.start)
-            .map_err(|source| LocalError::Write { offset: r.start, len, source })?;
+            .map_err(|source| LocalError::Write {
+                offset: r.start,
+                len,
+                source,
+            })?;
         at += n;
     }
     Ok(())

@@ -55,14 +55,20 @@ pub(crate) fn plan<E>(
         if r.start < pos || r.end > size || r.start >= r.end {
             return Err(layout_error(io::Error::new(
                 io::ErrorKind::InvalidData,
-                format!("source layout range {}..{} is empty, out of order or past the size {size}", r.start, r.end),
+                format!(
+                    "source layout range {}..{} is empty, out of order or past the size {size}",
+                    r.start, r.end
+                ),
             )));
         }
         if r.start > pos {
             hole_bytes += r.start - pos;
             holes.push(pos..r.start);
             if holes.len() >= MAX_HOLE_RANGES {
-                pending.push(Work::Holes { ranges: std::mem::take(&mut holes), bytes: std::mem::take(&mut hole_bytes) });
+                pending.push(Work::Holes {
+                    ranges: std::mem::take(&mut holes),
+                    bytes: std::mem::take(&mut hole_bytes),
+                });
             }
         }
         let mut s = r.start;
@@ -70,7 +76,10 @@ pub(crate) fn plan<E>(
             let grid_end = (s / batch_size + 1).saturating_mul(batch_size);
             let e = r.end.min(grid_end);
             if data_bytes + (e - s) > batch_size || data.len() >= MAX_BATCH_RANGES {
-                pending.push(Work::Data { ranges: std::mem::take(&mut data), bytes: std::mem::take(&mut data_bytes) });
+                pending.push(Work::Data {
+                    ranges: std::mem::take(&mut data),
+                    bytes: std::mem::take(&mut data_bytes),
+                });
             }
             match data.last_mut() {
                 Some(last) if last.end == s => last.end = e,
@@ -89,10 +98,16 @@ pub(crate) fn plan<E>(
         holes.push(pos..size);
     }
     if !data.is_empty() {
-        emit(Work::Data { ranges: data, bytes: data_bytes })?;
+        emit(Work::Data {
+            ranges: data,
+            bytes: data_bytes,
+        })?;
     }
     if !holes.is_empty() {
-        emit(Work::Holes { ranges: holes, bytes: hole_bytes })?;
+        emit(Work::Holes {
+            ranges: holes,
+            bytes: hole_bytes,
+        })?;
     }
     Ok(())
 }

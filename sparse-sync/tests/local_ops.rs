@@ -11,7 +11,13 @@ use proptest::prelude::*;
 use sparse_sync::{CancellationToken, FileContent, LayoutMode, LocalError, Progress, copy, fold, prune};
 
 fn open_rw(path: &std::path::Path) -> File {
-    File::options().read(true).write(true).create(true).truncate(false).open(path).unwrap()
+    File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(path)
+        .unwrap()
 }
 
 #[test]
@@ -61,7 +67,10 @@ fn fold_grows_the_parent_and_keeps_parent_data_under_child_holes() {
     let mut buf = vec![0u8; 8192];
     p.read_exact_at(&mut buf, 0).unwrap();
     assert!(buf[..4096].iter().all(|&b| b == 1) && buf[4096..].iter().all(|&b| b == 2));
-    assert_eq!(layout_of(&parent), vec![0..8192, 65536..65536 + 4096, (2 << 20) - 4096..2 << 20]);
+    assert_eq!(
+        layout_of(&parent),
+        vec![0..8192, 65536..65536 + 4096, (2 << 20) - 4096..2 << 20]
+    );
 }
 
 /// Model: a file as a vector of optional blocks (None = hole).

@@ -87,7 +87,9 @@ impl<'a> FiemapExtents<'a> {
         if rc < 0 {
             return Err(io::Error::last_os_error());
         }
-        let mapped = usize::try_from(req.fm_mapped_extents).unwrap_or(usize::MAX).min(EXTENTS_PER_CALL);
+        let mapped = usize::try_from(req.fm_mapped_extents)
+            .unwrap_or(usize::MAX)
+            .min(EXTENTS_PER_CALL);
         if mapped == 0 {
             self.exhausted = true;
             return Ok(());
@@ -135,7 +137,9 @@ impl Iterator for FiemapExtents<'_> {
                 (None, None) => return None,
                 (Some(cur), None) => return Some(Ok(cur)),
                 (None, Some(n)) => self.pending = Some(n),
-                (Some(cur), Some(n)) if n.start <= cur.end => self.pending = Some(cur.start..n.end.max(cur.end)),
+                (Some(cur), Some(n)) if n.start <= cur.end => {
+                    self.pending = Some(cur.start..n.end.max(cur.end))
+                }
                 (Some(cur), Some(n)) => {
                     self.pending = Some(n);
                     return Some(Ok(cur));

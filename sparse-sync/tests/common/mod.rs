@@ -11,7 +11,10 @@ use sparse_sync::{LayoutMode, data_ranges};
 
 /// A directory on a disk filesystem (not tmpfs), removed on drop.
 pub fn scratch_dir() -> tempfile::TempDir {
-    tempfile::Builder::new().prefix("sparse-sync-test").tempdir_in("/var/tmp").unwrap()
+    tempfile::Builder::new()
+        .prefix("sparse-sync-test")
+        .tempdir_in("/var/tmp")
+        .unwrap()
 }
 
 /// Small deterministic PRNG (xorshift64*), so failures reproduce from the seed.
@@ -62,7 +65,9 @@ pub fn random_sparse_file(path: &Path, size: u64, max_piece: u64, seed: u64) -> 
 pub fn layout_of(path: &Path) -> Vec<Range<u64>> {
     let f = File::open(path).unwrap();
     let size = f.metadata().unwrap().len();
-    data_ranges(&f, 0..size, LayoutMode::SeekData).map(Result::unwrap).collect()
+    data_ranges(&f, 0..size, LayoutMode::SeekData)
+        .map(Result::unwrap)
+        .collect()
 }
 
 /// xxh3-128 of the whole logical content (holes as zeros) and the size.
@@ -92,7 +97,10 @@ pub fn poll_until<T>(deadline: Duration, what: &str, mut f: impl FnMut() -> Opti
         if let Some(v) = f() {
             return v;
         }
-        assert!(start.elapsed() < deadline, "timed out after {deadline:?} waiting for {what}");
+        assert!(
+            start.elapsed() < deadline,
+            "timed out after {deadline:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(10));
     }
 }

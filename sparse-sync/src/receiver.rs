@@ -1,0 +1,698 @@
+//! The receiving side of the sync protocol: an axum server for one target file.
+//!
+//! Data goes to `<target>.sync-partial`; the target name appears (by rename, after `fsync`) only when the sender
+//! closes a transfer that had no error, so nobody ever sees a half-written file under the target's name. An
+//! existing target becomes the partial file at `open`, which is what delta sync compares against; a partial file
+//! left by an interrupted transfer is resumed the same way. The server stops after `close`, after an idle timeout
+//! or when cancelled; in the last two cases (a failed transfer) it removes the partial file it worked on, unless
+//! told to keep it for a later resume.
+
+use std::fs::File;
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::Serialize;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+use crate::aligned::AlignedBuf;
+use crate::layout::{data_extents, punch_hole};
+use crate::record;
+use crate::wire::{
+    ChecksumReply, CloseReply, CloseRequest, ErrorBody, FileChecksum, MAX_BODY, OpenQuery, OpenReply,
+    RangeError, SessionQuery, decode_ranges,
+};
+
+/// Settings of one receiver.
+#[derive(Debug, Clone)]
+pub struct ReceiverConfig {
+    /// The file being received.
+    pub target: PathBuf,
+    /// Stop (and clean up) after this long without a request.
+    pub idle_timeout: Duration,
+    /// Write 4 KiB-aligned ranges with `O_DIRECT` even if the sender does not ask for it.
+    pub direct_io: bool,
+    /// Keep the partial file of a failed transfer for a later receiver to resume instead of removing it.
+    pub keep_partial: bool,
+}
+
+impl ReceiverConfig {
+    /// Defaults: 300 s idle timeout (Longhorn's), buffered IO, partial files of failed transfers removed.
+    pub fn new(target: impl Into<PathBuf>) -> Self {
+        ReceiverConfig {
+            target: target.into(),
+            idle_timeout: Duration::from_secs(300),
+            direct_io: false,
+            keep_partial: false,
+        }
+    }
+}
+
+/// Path of the partial file of `target`.
+pub fn partial_path(target: &Path) -> PathBuf {
+    let mut s = target.as_os_str().to_owned();
+    s.push(".sync-partial");
+    PathBuf::from(s)
+}
+
+/// Receiver errors; request-level ones map to one HTTP status each ([`IntoResponse`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ReceiveError {
+    /// The listening socket could not be bound.
+    #[error("binding {addr}: {source}")]
+    Bind { addr: SocketAddr, source: io::Error },
+    /// The HTTP server failed.
+    #[error("serving HTTP: {0}")]
+    Serve(#[source] io::Error),
+    /// A range-list body was refused.
+    #[error("bad ranges: {0}")]
+    BadRange(#[from] RangeError),
+    /// A request was malformed otherwise.
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    /// No transfer is open.
+    #[error("no transfer is open (send open first)")]
+    NoSession,
+    /// The request names another session than the open one (a newer open replaced it).
+    #[error("session {got:?} is not the open transfer {current}")]
+    StaleSession { got: Option<u64>, current: u64 },
+    /// An earlier request of this transfer failed; the transfer cannot be committed.
+    #[error("transfer failed earlier: {0}")]
+    Failed(String),
+    /// The receiver's filesystem is full.
+    #[error("no space left on the receiver writing {path} at offset {offset}: {source}")]
+    NoSpace {
+        path: PathBuf,
+        offset: u64,
+        source: io::Error,
+    },
+    /// Other IO error on the receiver.
+    #[error("{op} {path} at offset {offset}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        offset: u64,
+        source: io::Error,
+    },
+    /// The target has no valid recorded checksum.
+    #[error("no valid recorded checksum for {0}")]
+    NotRecorded(PathBuf),
+}
+
+impl ReceiveError {
+    fn kind(&self) -> (&'static str, StatusCode) {
+        match self {
+            ReceiveError::BadRange(_) => ("bad-range", StatusCode::BAD_REQUEST),
+            ReceiveError::BadRequest(_) => ("bad-request", StatusCode::BAD_REQUEST),
+            ReceiveError::NoSession => ("no-session", StatusCode::CONFLICT),
+            ReceiveError::StaleSession { .. } => ("stale-session", StatusCode::CONFLICT),
+            ReceiveError::Failed(_) => ("failed", StatusCode::CONFLICT),
+            ReceiveError::NoSpace { .. } => ("no-space", StatusCode::INSUFFICIENT_STORAGE),
+            ReceiveError::NotRecorded(_) => ("not-recorded", StatusCode::NOT_FOUND),
+            ReceiveError::Io { .. } | ReceiveError::Bind { .. } | ReceiveError::Serve(_) => {
+                ("io", StatusCode::INTERNAL_SERVER_ERROR)
+            }
+        }
+    }
+
+    fn io(op: &'static str, path: &Path, offset: u64, source: io::Error) -> Self {
+        if matches!(source.raw_os_error(), Some(libc::ENOSPC | libc::EDQUOT)) {
+            ReceiveError::NoSpace {
+                path: path.to_path_buf(),
+                offset,
+                source,
+            }
+        } else {
+            ReceiveError::Io {
+                op,
+                path: path.to_path_buf(),
+                offset,
+                source,
+            }
+        }
+    }
+}
+
+impl IntoResponse for ReceiveError {
+    fn into_response(self) -> Response {
+        let (kind, status) = self.kind();
+        (
+            status,
+            Json(ErrorBody {
+                kind: kind.into(),
+                message: self.to_string(),
+            }),
+        )
+            .into_response()
+    }
+}
+
+/// How a receiver ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ReceiveOutcome {
+    /// A transfer was closed and the target committed.
+    Completed,
+    /// The sender closed without opening (whole-file skip): the target was left as it was.
+    Unchanged,
+    /// No request for the idle timeout.
+    IdleTimeout,
+    /// Cancelled by its owner.
+    Cancelled,
+}
+
+/// What a receiver did over its lifetime.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReceiveSummary {
+    pub outcome: ReceiveOutcome,
+    /// Data payload bytes received (all sessions, including refused requests' well-formed payloads).
+    pub bytes_received: u64,
+    /// Data bytes written to the file.
+    pub bytes_written: u64,
+    /// Bytes whose checksum matched the sender's (not sent).
+    pub bytes_matched: u64,
+    /// Hole bytes punched.
+    pub hole_bytes_punched: u64,
+    /// `open` requests served (more than one means a resumed transfer).
+    pub opens: u64,
+    pub duration_ms: u64,
+}
+
+/// A bound receiver, not yet serving.
+pub struct Receiver {
+    listener: TcpListener,
+    config: ReceiverConfig,
+}
+
+impl Receiver {
+    /// Binds `addr` (port 0 picks a free port; see [`local_addr`](Self::local_addr)).
+    pub async fn bind(addr: SocketAddr, config: ReceiverConfig) -> Result<Self, ReceiveError> {
+        let listener = TcpListener::bind(addr)
+            .await
+            .map_err(|source| ReceiveError::Bind { addr, source })?;
+        Ok(Receiver { listener, config })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.listener.local_addr().expect("bound socket has an address")
+    }
+
+    /// Serves until `close`, the idle timeout, or `cancel`.
+    pub async fn run(self, cancel: CancellationToken) -> Result<ReceiveSummary, ReceiveError> {
+        let started = Instant::now();
+        let shutdown = cancel.child_token();
+        let shared = Arc::new(Shared {
+            partial: partial_path(&self.config.target),
+            config: self.config,
+            state: Mutex::new(TransferState::Idle),
+            next_session: AtomicU64::new(1),
+            last_activity: Mutex::new(Instant::now()),
+            inflight: AtomicUsize::new(0),
+            counters: Counters::default(),
+            outcome: Mutex::new(None),
+            touched: Mutex::new(false),
+            shutdown: shutdown.clone(),
+        });
+        let app = Router::new()
+            .route("/v1/sync/recorded", get(recorded))
+            .route("/v1/sync/open", post(open))
+            .route("/v1/sync/holes", post(holes))
+            .route("/v1/sync/checksum", post(checksum))
+            .route("/v1/sync/data", post(data))
+            .route("/v1/sync/close", post(close))
+            .layer(middleware::from_fn_with_state(shared.clone(), track_activity))
+            .layer(DefaultBodyLimit::max(MAX_BODY))
+            .with_state(shared.clone());
+
+        let watchdog = tokio::spawn(idle_watchdog(shared.clone()));
+        let graceful = shutdown.clone();
+        let mut server = tokio::spawn(
+            axum::serve(self.listener, app)
+                .with_graceful_shutdown(async move { graceful.cancelled().await })
+                .into_future(),
+        );
+        let served = tokio::select! {
+            r = &mut server => Some(r),
+            () = shutdown.cancelled() => None,
+        };
+        let served = match served {
+            Some(r) => r,
+            // Let in-flight requests (the close reply) finish, but do not wait forever on a stuck client.
+            None => match tokio::time::timeout(Duration::from_secs(5), &mut server).await {
+                Ok(r) => r,
+                Err(_) => {
+                    server.abort();
+                    Ok(Ok(()))
+                }
+            },
+        };
+        shutdown.cancel();
+        let _ = watchdog.await;
+        let outcome = lock(&shared.outcome).unwrap_or(ReceiveOutcome::Cancelled);
+        if !matches!(outcome, ReceiveOutcome::Completed | ReceiveOutcome::Unchanged) {
+            shared.clean_up_failed();
+        }
+        served
+            .map_err(|e| ReceiveError::Serve(io::Error::other(e)))?
+            .map_err(ReceiveError::Serve)?;
+        let c = &shared.counters;
+        Ok(ReceiveSummary {
+            outcome,
+            bytes_received: c.received.load(Ordering::Relaxed),
+            bytes_written: c.written.load(Ordering::Relaxed),
+            bytes_matched: c.matched.load(Ordering::Relaxed),
+            hole_bytes_punched: c.punched.load(Ordering::Relaxed),
+            opens: c.opens.load(Ordering::Relaxed),
+            duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+}
+
+#[derive(Default)]
+struct Counters {
+    received: AtomicU64,
+    written: AtomicU64,
+    matched: AtomicU64,
+    punched: AtomicU64,
+    opens: AtomicU64,
+}
+
+struct Shared {
+    config: ReceiverConfig,
+    partial: PathBuf,
+    state: Mutex<TransferState>,
+    next_session: AtomicU64,
+    last_activity: Mutex<Instant>,
+    inflight: AtomicUsize,
+    counters: Counters,
+    outcome: Mutex<Option<ReceiveOutcome>>,
+    /// This server opened a transfer, so a partial file it leaves behind is its own to clean up.
+    touched: Mutex<bool>,
+    shutdown: CancellationToken,
+}
+
+enum TransferState {
+    Idle,
+    Open(Session),
+    Committed,
+}
+
+struct Session {
+    id: u64,
+    file: Arc<File>,
+    direct: Option<Arc<File>>,
+    size: u64,
+    /// The file was created empty by this open: all holes, so hole requests are no-ops.
+    fresh: bool,
+    failed: Option<String>,
+}
+
+#[derive(Clone)]
+struct Handle {
+    id: u64,
+    file: Arc<File>,
+    direct: Option<Arc<File>>,
+    size: u64,
+    fresh: bool,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // A panic while holding one of these locks leaves plain data behind; keep serving.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Shared {
+    fn session(&self, id: Option<u64>) -> Result<Handle, ReceiveError> {
+        match &*lock(&self.state) {
+            TransferState::Idle => Err(ReceiveError::NoSession),
+            TransferState::Committed => {
+                Err(ReceiveError::Failed("the transfer was already committed".into()))
+            }
+            TransferState::Open(s) if Some(s.id) != id => Err(ReceiveError::StaleSession {
+                got: id,
+                current: s.id,
+            }),
+            TransferState::Open(s) => match &s.failed {
+                Some(reason) => Err(ReceiveError::Failed(reason.clone())),
+                None => Ok(Handle {
+                    id: s.id,
+                    file: s.file.clone(),
+                    direct: s.direct.clone(),
+                    size: s.size,
+                    fresh: s.fresh,
+                }),
+            },
+        }
+    }
+
+    /// Marks the session failed so it can never be committed; a full disk also drops the partial file at once.
+    fn fail(&self, id: u64, err: &ReceiveError) {
+        if let TransferState::Open(s) = &mut *lock(&self.state)
+            && s.id == id
+            && s.failed.is_none()
+        {
+            tracing::warn!(session = id, error = %err, "transfer failed");
+            s.failed = Some(err.to_string());
+            if matches!(err, ReceiveError::NoSpace { .. }) && !self.config.keep_partial {
+                let _ = std::fs::remove_file(&self.partial);
+            }
+        }
+    }
+
+    fn clean_up_failed(&self) {
+        if *lock(&self.touched) && !self.config.keep_partial {
+            match std::fs::remove_file(&self.partial) {
+                Ok(()) => {
+                    tracing::info!(path = %self.partial.display(), "removed partial file of a failed transfer")
+                }
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => {
+                    tracing::warn!(path = %self.partial.display(), error = %e, "cannot remove partial file")
+                }
+            }
+        }
+    }
+
+    fn finish(&self, outcome: ReceiveOutcome) {
+        lock(&self.outcome).get_or_insert(outcome);
+        self.shutdown.cancel();
+    }
+}
+
+struct InflightGuard(Arc<Shared>);
+impl Drop for InflightGuard {
+    fn drop(&mut self) {
+        *lock(&self.0.last_activity) = Instant::now();
+        self.0.inflight.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+async fn track_activity(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
+    s.inflight.fetch_add(1, Ordering::AcqRel);
+    *lock(&s.last_activity) = Instant::now();
+    let _guard = InflightGuard(s);
+    next.run(req).await
+}
+
+async fn idle_watchdog(s: Arc<Shared>) {
+    let tick = (s.config.idle_timeout / 4).clamp(Duration::from_millis(10), Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            () = s.shutdown.cancelled() => return,
+            () = tokio::time::sleep(tick) => {}
+        }
+        let idle = lock(&s.last_activity).elapsed();
+        if s.inflight.load(Ordering::Acquire) == 0 && idle >= s.config.idle_timeout {
+            tracing::warn!(idle_secs = idle.as_secs(), "receiver idle, shutting down");
+            s.finish(ReceiveOutcome::IdleTimeout);
+            return;
+        }
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ReceiveError> + Send + 'static,
+) -> Result<T, ReceiveError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ReceiveError::Serve(io::Error::other(e)))?
+}
+
+async fn recorded(State(s): State<Arc<Shared>>) -> Result<Json<FileChecksum>, ReceiveError> {
+    let target = s.config.target.clone();
+    blocking(move || match record::read_valid(&target) {
+        Ok(Some(sum)) => Ok(Json(sum)),
+        Ok(None) => Err(ReceiveError::NotRecorded(target)),
+        Err(e) => Err(ReceiveError::io(
+            "reading checksum record of",
+            &target,
+            0,
+            io::Error::other(e),
+        )),
+    })
+    .await
+}
+
+async fn open(
+    State(s): State<Arc<Shared>>,
+    q: Result<Query<OpenQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Json<OpenReply>, ReceiveError> {
+    let Query(q) = q.map_err(|e| ReceiveError::BadRequest(e.body_text()))?;
+    let shared = s.clone();
+    blocking(move || {
+        let s = shared;
+        let mut state = lock(&s.state);
+        if matches!(*state, TransferState::Committed) {
+            return Err(ReceiveError::Failed("the transfer was already committed".into()));
+        }
+        *state = TransferState::Idle;
+        *lock(&s.touched) = true;
+        let (target, partial) = (&s.config.target, &s.partial);
+        let existing = if partial.exists() {
+            true
+        } else if target.exists() {
+            std::fs::rename(target, partial).map_err(|e| ReceiveError::io("moving aside", target, 0, e))?;
+            record::remove_record(target)
+                .map_err(|e| ReceiveError::io("removing checksum record of", target, 0, e))?;
+            true
+        } else {
+            false
+        };
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(partial)
+            .map_err(|e| ReceiveError::io("opening", partial, 0, e))?;
+        file.set_len(q.size)
+            .map_err(|e| ReceiveError::io("resizing", partial, q.size, e))?;
+        let direct = if q.direct_io || s.config.direct_io {
+            let f = File::options()
+                .write(true)
+                .custom_flags(libc::O_DIRECT)
+                .open(partial)
+                .map_err(|e| ReceiveError::io("opening with O_DIRECT", partial, 0, e))?;
+            Some(Arc::new(f))
+        } else {
+            None
+        };
+        let id = s.next_session.fetch_add(1, Ordering::Relaxed);
+        s.counters.opens.fetch_add(1, Ordering::Relaxed);
+        tracing::info!(
+            session = id,
+            size = q.size,
+            existing,
+            direct_io = direct.is_some(),
+            "transfer opened"
+        );
+        *state = TransferState::Open(Session {
+            id,
+            file: Arc::new(file),
+            direct,
+            size: q.size,
+            fresh: !existing,
+            failed: None,
+        });
+        Ok(Json(OpenReply {
+            session: id,
+            existing,
+        }))
+    })
+    .await
+}
+
+async fn holes(
+    State(s): State<Arc<Shared>>,
+    Query(q): Query<SessionQuery>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<StatusCode, ReceiveError> {
+    let h = s.session(q.session)?;
+    let body = body.map_err(|e| ReceiveError::BadRequest(format!("reading the body: {}", e.body_text())))?;
+    let shared = s.clone();
+    let handle = h.clone();
+    let r = blocking(move || {
+        let (ranges, _) = decode_ranges(&body, handle.size, false)?;
+        let mut punched = 0;
+        if !handle.fresh {
+            for r in &ranges {
+                punch_hole(&handle.file, r.start, r.end - r.start)
+                    .map_err(|e| ReceiveError::io("punching a hole in", &shared.partial, r.start, e))?;
+                punched += r.end - r.start;
+            }
+        }
+        shared.counters.punched.fetch_add(punched, Ordering::Relaxed);
+        Ok(StatusCode::NO_CONTENT)
+    })
+    .await;
+    if let Err(e) = &r {
+        s.fail(h.id, e);
+    }
+    r
+}
+
+async fn checksum(
+    State(s): State<Arc<Shared>>,
+    Query(q): Query<SessionQuery>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<Json<ChecksumReply>, ReceiveError> {
+    let h = s.session(q.session)?;
+    let body = body.map_err(|e| ReceiveError::BadRequest(format!("reading the body: {}", e.body_text())))?;
+    let shared = s.clone();
+    let handle = h.clone();
+    let r = blocking(move || {
+        let (ranges, _) = decode_ranges(&body, handle.size, false)?;
+        let io_err = |off, e| ReceiveError::io("reading", &shared.partial, off, e);
+        for r in &ranges {
+            // Only a range that is entirely data here can match: a hole where the source has data must be sent.
+            let first = data_extents(&handle.file, r.clone())
+                .next()
+                .transpose()
+                .map_err(|e| io_err(r.start, e))?;
+            if first != Some(r.clone()) {
+                return Ok(Json(ChecksumReply { xxh3_128: None }));
+            }
+        }
+        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
+        let mut buf = Vec::new();
+        let mut bytes = 0;
+        for r in &ranges {
+            let len = usize::try_from(r.end - r.start).map_err(|e| io_err(r.start, io::Error::other(e)))?;
+            buf.resize(len, 0);
+            handle
+                .file
+                .read_exact_at(&mut buf, r.start)
+                .map_err(|e| io_err(r.start, e))?;
+            hasher.update(&buf);
+            bytes += r.end - r.start;
+        }
+        shared.counters.matched.fetch_add(bytes, Ordering::Relaxed);
+        Ok(Json(ChecksumReply {
+            xxh3_128: Some(format!("{:032x}", hasher.digest128())),
+        }))
+    })
+    .await;
+    if let Err(e) = &r {
+        s.fail(h.id, e);
+    }
+    r
+}
+
+async fn data(
+    State(s): State<Arc<Shared>>,
+    Query(q): Query<SessionQuery>,
+    body: Result<Bytes, BytesRejection>,
+) -> Result<StatusCode, ReceiveError> {
+    let h = s.session(q.session)?;
+    // A body cut short never reaches the file: nothing is written before the whole body is in memory.
+    let body = body.map_err(|e| ReceiveError::BadRequest(format!("reading the body: {}", e.body_text())))?;
+    let shared = s.clone();
+    let handle = h.clone();
+    let r = blocking(move || {
+        let (ranges, payload) = decode_ranges(&body, handle.size, true)?;
+        shared
+            .counters
+            .received
+            .fetch_add(payload.len() as u64, Ordering::Relaxed);
+        let mut aligned: Option<AlignedBuf> = None;
+        let mut at = 0usize;
+        for r in &ranges {
+            let len =
+                usize::try_from(r.end - r.start).map_err(|e| ReceiveError::BadRequest(e.to_string()))?;
+            let piece = &payload[at..at + len];
+            at += len;
+            let res = match &handle.direct {
+                Some(direct) if r.start % 4096 == 0 && len % 4096 == 0 => {
+                    let buf = aligned.get_or_insert_with(|| AlignedBuf::new(payload.len().max(4096)));
+                    let dst = &mut buf.as_mut_slice()[..len];
+                    dst.copy_from_slice(piece);
+                    direct.write_all_at(dst, r.start)
+                }
+                _ => handle.file.write_all_at(piece, r.start),
+            };
+            res.map_err(|e| ReceiveError::io("writing", &shared.partial, r.start, e))?;
+            shared.counters.written.fetch_add(len as u64, Ordering::Relaxed);
+        }
+        Ok(StatusCode::NO_CONTENT)
+    })
+    .await;
+    if let Err(e) = &r {
+        s.fail(h.id, e);
+    }
+    r
+}
+
+async fn close(
+    State(s): State<Arc<Shared>>,
+    Query(q): Query<SessionQuery>,
+    body: Result<Json<CloseRequest>, axum::extract::rejection::JsonRejection>,
+) -> Result<Json<CloseReply>, ReceiveError> {
+    let Json(req) = body.map_err(|e| ReceiveError::BadRequest(e.body_text()))?;
+    let shared = s.clone();
+    let r = blocking(move || {
+        let s = shared;
+        let mut state = lock(&s.state);
+        let session = match &*state {
+            TransferState::Idle if q.session.is_none() => {
+                drop(state);
+                s.finish(ReceiveOutcome::Unchanged);
+                return Ok(CloseReply {
+                    committed: false,
+                    bytes_received: s.counters.received.load(Ordering::Relaxed),
+                });
+            }
+            TransferState::Idle => return Err(ReceiveError::NoSession),
+            TransferState::Committed => {
+                return Err(ReceiveError::Failed("the transfer was already committed".into()));
+            }
+            TransferState::Open(session) => session,
+        };
+        if Some(session.id) != q.session {
+            return Err(ReceiveError::StaleSession {
+                got: q.session,
+                current: session.id,
+            });
+        }
+        if let Some(reason) = &session.failed {
+            return Err(ReceiveError::Failed(reason.clone()));
+        }
+        let target = &s.config.target;
+        session
+            .file
+            .sync_all()
+            .map_err(|e| ReceiveError::io("flushing", &s.partial, 0, e))?;
+        std::fs::rename(&s.partial, target)
+            .map_err(|e| ReceiveError::io("renaming into place", target, 0, e))?;
+        record::sync_parent(target)
+            .map_err(|e| ReceiveError::io("flushing the directory of", target, 0, e))?;
+        if let Some(sum) = &req.checksum {
+            record::write_record(target, sum)
+                .map_err(|e| ReceiveError::io("recording the checksum of", target, 0, io::Error::other(e)))?;
+        }
+        *state = TransferState::Committed;
+        drop(state);
+        tracing::info!(path = %target.display(), "transfer committed");
+        s.finish(ReceiveOutcome::Completed);
+        Ok(CloseReply {
+            committed: true,
+            bytes_received: s.counters.received.load(Ordering::Relaxed),
+        })
+    })
+    .await;
+    r.map(Json)
+}
