@@ -28,6 +28,7 @@ use axum::routing::{get, post};
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::AbortOnDropHandle;
 
 use crate::aligned::AlignedBuf;
 use crate::layout::{data_extents, punch_hole};
@@ -239,7 +240,8 @@ impl Receiver {
             .layer(DefaultBodyLimit::max(MAX_BODY))
             .with_state(shared.clone());
 
-        let watchdog = tokio::spawn(idle_watchdog(shared.clone()));
+        // Abort-on-drop: dropping `run` must not leave the server or the watchdog running.
+        let watchdog = AbortOnDropHandle::new(tokio::spawn(idle_watchdog(shared.clone())));
         let graceful = shutdown.clone();
         let mut server = tokio::spawn(
             axum::serve(self.listener, app)
