@@ -18,3 +18,7 @@ pub mod revision;
 
 pub use error::{ErrorKind, ReplicaError, Result};
 pub use replica::{Replica, ReplicaOptions, ReplicaStatus, SnapshotRequest, inspect};
+pub mod cli;
+pub mod daemon;
+pub mod metrics;
+pub mod service;

@@ -1,1 +1,261 @@
-fn main() {}
+//! `corral-replica`: the replica daemon and its debugging CLI. Parses flags and wires; the work is in the library.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use corral_proto::v1;
+use replica::cli::{control, parse_labels, print_replica, print_status, sync_agent, wait_job};
+use replica::daemon::{ServeConfig, serve};
+use tokio_util::sync::CancellationToken;
+
+#[derive(Parser, Debug)]
+#[command(name = "corral-replica", version, about = "Corral replica daemon and debugging CLI")]
+struct Cli {
+    /// Log format: text or json.
+    #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
+    log_format: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Serve a replica directory: gRPC ReplicaService on PORT, data protocol on PORT+1, SyncAgentService on PORT+2.
+    Serve {
+        /// Replica directory (created if missing).
+        #[arg(long, env = "CORRAL_REPLICA_DIR")]
+        dir: PathBuf,
+        /// Control address HOST:PORT; PORT+1 and PORT+2 must be free too.
+        #[arg(long, env = "CORRAL_REPLICA_LISTEN", default_value = "127.0.0.1:9502")]
+        listen: SocketAddr,
+        /// Create the replica with this size in bytes (a multiple of 4096) when the directory holds none;
+        /// when it holds one, the size must match.
+        #[arg(long, env = "CORRAL_REPLICA_SIZE")]
+        size: Option<u64>,
+        /// Read-only raw image used as the bottom layer.
+        #[arg(long, env = "CORRAL_REPLICA_BACKING_FILE")]
+        backing_file: Option<PathBuf>,
+        /// Do not keep the revision counter (faster; the engine then salvages by head mtime and size).
+        #[arg(long, env = "CORRAL_DISABLE_REVISION_COUNTER")]
+        disable_revision_counter: bool,
+        /// Volume name reported to clients.
+        #[arg(long, env = "CORRAL_VOLUME", default_value = "")]
+        volume: String,
+        /// Serve Prometheus /metrics and /healthz on this address.
+        #[arg(long, env = "CORRAL_METRICS_LISTEN")]
+        metrics_listen: Option<SocketAddr>,
+        /// Data-protocol requests in flight per connection.
+        #[arg(long, default_value_t = 128)]
+        data_window: usize,
+        /// Data-protocol IO worker threads.
+        #[arg(long, default_value_t = 8)]
+        io_threads: usize,
+    },
+    /// Show a replica: offline from its directory (--dir), or live over gRPC (--url).
+    Info {
+        #[arg(long, conflicts_with = "url", required_unless_present = "url")]
+        dir: Option<PathBuf>,
+        #[arg(long)]
+        url: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Snapshot operations on a running replica.
+    Snapshot {
+        #[command(subcommand)]
+        cmd: SnapCmd,
+    },
+    /// Compute (or verify, with --rehash) a snapshot's checksum and record it.
+    Hash {
+        #[arg(long)]
+        url: String,
+        snapshot: String,
+        /// Hash again even when the file's ctime did not change (detects silent corruption).
+        #[arg(long)]
+        rehash: bool,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum SnapCmd {
+    /// List the snapshot tree.
+    Ls {
+        #[arg(long)]
+        url: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Take a snapshot (the engine normally does this on all replicas at once).
+    Create {
+        #[arg(long)]
+        url: String,
+        name: String,
+        /// Label k=v (repeatable).
+        #[arg(long = "label")]
+        labels: Vec<String>,
+    },
+    /// Mark a snapshot removed (space is reclaimed by purge).
+    Rm {
+        #[arg(long)]
+        url: String,
+        name: String,
+    },
+    /// Revert the replica to a snapshot (new empty head over it).
+    Revert {
+        #[arg(long)]
+        url: String,
+        name: String,
+    },
+    /// Fold or prune every removed snapshot, with progress.
+    Purge {
+        #[arg(long)]
+        url: String,
+    },
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+async fn shutdown_signal(cancel: CancellationToken) {
+    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot install SIGTERM handler");
+            return;
+        }
+    };
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+    }
+    cancel.cancel();
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    match cli.cmd {
+        Cmd::Serve {
+            dir,
+            listen,
+            size,
+            backing_file,
+            disable_revision_counter,
+            volume,
+            metrics_listen,
+            data_window,
+            io_threads,
+        } => {
+            let cancel = CancellationToken::new();
+            tokio::spawn(shutdown_signal(cancel.clone()));
+            let data = data_protocol::ServerConfig { window: data_window, io_threads, ..Default::default() };
+            let cfg =
+                ServeConfig { dir, listen, size, backing_file, disable_revision_counter, volume, metrics_listen, data };
+            serve(cfg, cancel).await
+        }
+        Cmd::Info { dir: Some(dir), json, .. } => {
+            let s = replica::inspect(&dir).with_context(|| format!("inspect {}", dir.display()))?;
+            print_status(&s, json)
+        }
+        Cmd::Info { url: Some(url), json, .. } => {
+            let r = control(&url).await?.replica_get(v1::Empty {}).await?.into_inner();
+            print_replica(&r.replica.unwrap_or_default(), json)
+        }
+        Cmd::Info { .. } => bail!("give --dir or --url"),
+        Cmd::Snapshot { cmd } => snapshot(cmd).await,
+        Cmd::Hash { url, snapshot, rehash, json } => {
+            let mut sa = sync_agent(&url).await?;
+            sa.snapshot_hash(v1::SnapshotHashRequest { snapshot_name: snapshot.clone(), rehash }).await?;
+            let (state, error) = wait_job(&format!("hashing {snapshot}"), || {
+                let mut sa = sa.clone();
+                let snapshot = snapshot.clone();
+                async move {
+                    let s = sa
+                        .snapshot_hash_status(v1::SnapshotHashStatusRequest { snapshot_name: snapshot })
+                        .await?
+                        .into_inner();
+                    Ok((s.state, s.progress, s.error))
+                }
+            })
+            .await?;
+            let last = sa
+                .snapshot_hash_status(v1::SnapshotHashStatusRequest { snapshot_name: snapshot.clone() })
+                .await?
+                .into_inner();
+            if json {
+                println!("{}", serde_json::to_string_pretty(&last)?);
+            } else if state == "complete" {
+                let note = if last.skipped { " (recorded, file unchanged)" } else { "" };
+                println!("{snapshot}: sha512-sparse {}{note}", last.checksum);
+                if last.silently_corrupted {
+                    println!("WARNING: silent corruption: content changed without its ctime changing");
+                }
+            }
+            if state != "complete" {
+                bail!("hash {state}: {error}");
+            }
+            if last.silently_corrupted {
+                std::process::exit(3);
+            }
+            Ok(())
+        }
+    }
+}
+
+async fn snapshot(cmd: SnapCmd) -> anyhow::Result<()> {
+    match cmd {
+        SnapCmd::Ls { url, json } => {
+            let r = control(&url).await?.replica_get(v1::Empty {}).await?.into_inner();
+            print_replica(&r.replica.unwrap_or_default(), json)
+        }
+        SnapCmd::Create { url, name, labels } => {
+            let labels = parse_labels(&labels)?;
+            control(&url)
+                .await?
+                .replica_snapshot(v1::ReplicaSnapshotRequest { name: name.clone(), user_created: true, created: String::new(), labels })
+                .await?;
+            println!("snapshot {name} created");
+            Ok(())
+        }
+        SnapCmd::Rm { url, name } => {
+            control(&url).await?.disk_mark_as_removed(v1::DiskRequest { name: name.clone() }).await?;
+            println!("snapshot {name} marked removed; run `snapshot purge` to reclaim its space");
+            Ok(())
+        }
+        SnapCmd::Revert { url, name } => {
+            control(&url).await?.replica_revert(v1::ReplicaRevertRequest { name: name.clone(), created: String::new() }).await?;
+            println!("reverted to {name}");
+            Ok(())
+        }
+        SnapCmd::Purge { url } => {
+            let mut sa = sync_agent(&url).await?;
+            sa.snapshot_purge(v1::Empty {}).await?;
+            let (state, error) = wait_job("purging", || {
+                let mut sa = sa.clone();
+                async move {
+                    let s = sa.snapshot_purge_status(v1::Empty {}).await?.into_inner();
+                    Ok((s.state, s.progress, s.error))
+                }
+            })
+            .await?;
+            if state != "complete" {
+                bail!("purge {state}: {error}");
+            }
+            println!("purge complete");
+            Ok(())
+        }
+    }
+}

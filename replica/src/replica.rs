@@ -83,7 +83,6 @@ pub struct Replica {
     /// Serialises shape changes (snapshot, revert, expand, purge steps, close) with each other.
     pub(crate) shape: Mutex<()>,
     pub(crate) purging: AtomicBool,
-    pub(crate) jobs: crate::jobs::JobTable,
 }
 
 /// A snapshot request.
@@ -299,7 +298,6 @@ impl Replica {
             counter,
             shape: Mutex::new(()),
             purging: AtomicBool::new(false),
-            jobs: crate::jobs::JobTable::default(),
         })
     }
 

@@ -1,0 +1,154 @@
+//! Debugging CLI commands that talk to a running replica over gRPC, or read a directory offline.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use corral_proto::REPLICA_SYNC_AGENT_PORT_OFFSET;
+use corral_proto::v1::{
+    self, replica_service_client::ReplicaServiceClient, sync_agent_service_client::SyncAgentServiceClient,
+};
+use indicatif::{ProgressBar, ProgressStyle};
+use tonic::transport::Channel;
+
+use crate::replica::ReplicaStatus;
+
+/// `HOST:PORT` (or `tcp://HOST:PORT`, `http://HOST:PORT`) → the control URL and the sync-agent URL.
+pub fn endpoints(url: &str) -> anyhow::Result<(String, String)> {
+    let hostport = url.trim_start_matches("tcp://").trim_start_matches("http://").trim_end_matches('/');
+    let (host, port) = hostport.rsplit_once(':').with_context(|| format!("{url}: expected HOST:PORT"))?;
+    let port: u16 = port.parse().with_context(|| format!("{url}: bad port"))?;
+    let sync = port.checked_add(REPLICA_SYNC_AGENT_PORT_OFFSET).context("port out of range")?;
+    Ok((format!("http://{host}:{port}"), format!("http://{host}:{sync}")))
+}
+
+/// Connects to a replica's `ReplicaService`.
+pub async fn control(url: &str) -> anyhow::Result<ReplicaServiceClient<Channel>> {
+    let (c, _) = endpoints(url)?;
+    ReplicaServiceClient::connect(c.clone()).await.with_context(|| format!("connect to replica at {c}"))
+}
+
+/// Connects to a replica's `SyncAgentService`.
+pub async fn sync_agent(url: &str) -> anyhow::Result<SyncAgentServiceClient<Channel>> {
+    let (_, s) = endpoints(url)?;
+    SyncAgentServiceClient::connect(s.clone()).await.with_context(|| format!("connect to sync agent at {s}"))
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes;
+    let mut u = 0;
+    while v >= 1024 * 10 && u + 1 < UNITS.len() {
+        v /= 1024;
+        u += 1;
+    }
+    format!("{v} {}", UNITS[u])
+}
+
+/// Prints an offline or online status as a table (or JSON).
+pub fn print_status(s: &ReplicaStatus, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(s)?);
+        return Ok(());
+    }
+    let mut t = Table::new();
+    t.load_style(UTF8_FULL_CONDENSED);
+    t.add_row(vec!["state", &s.state]);
+    t.add_row(vec!["directory", &s.dir]);
+    t.add_row(vec!["size", &format!("{} ({})", human(s.size), s.size)]);
+    t.add_row(vec!["head", &s.head]);
+    t.add_row(vec!["dirty / rebuilding", &format!("{} / {}", s.dirty, s.rebuilding)]);
+    let rev = if s.revision_counter_disabled { "disabled".to_owned() } else { s.revision_counter.to_string() };
+    t.add_row(vec!["revision counter", &rev]);
+    t.add_row(vec!["backing file", if s.backing_file.is_empty() { "-" } else { &s.backing_file }]);
+    if !s.error.is_empty() {
+        t.add_row(vec!["error", &s.error]);
+    }
+    println!("{t}");
+    print_disks(&s.chain, s.disks.values().map(|d| {
+        (d.name.clone(), d.parent.clone(), d.size, d.removed, d.user_created, d.created.clone(), d.labels.len())
+    }));
+    Ok(())
+}
+
+type DiskRow = (String, String, u64, bool, bool, String, usize);
+
+fn print_disks(chain: &[String], disks: impl Iterator<Item = DiskRow>) {
+    let mut t = Table::new();
+    t.load_style(UTF8_FULL_CONDENSED);
+    t.set_header(vec!["disk", "parent", "allocated", "live", "removed", "user", "created", "labels"]);
+    let mut rows: Vec<DiskRow> = disks.collect();
+    // Live chain first (head first), then side branches by name.
+    rows.sort_by_key(|r| (chain.iter().position(|c| *c == r.0).unwrap_or(usize::MAX), r.0.clone()));
+    for (name, parent, size, removed, user, created, labels) in rows {
+        let live = if chain.contains(&name) { "yes" } else { "" };
+        t.add_row(vec![
+            name,
+            if parent.is_empty() { "-".into() } else { parent },
+            human(size),
+            live.into(),
+            if removed { "yes".into() } else { String::new() },
+            if user { "yes".into() } else { String::new() },
+            created,
+            labels.to_string(),
+        ]);
+    }
+    println!("{t}");
+}
+
+/// Prints a replica as returned by gRPC.
+pub fn print_replica(r: &v1::Replica, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(r)?);
+        return Ok(());
+    }
+    println!(
+        "state {}  size {}  head {}  revision counter {}",
+        r.state,
+        human(r.size),
+        r.head,
+        if r.revision_counter_disabled { "disabled".into() } else { r.revision_counter.to_string() }
+    );
+    print_disks(&r.chain, r.disks.values().map(|d| {
+        (d.name.clone(), d.parent.clone(), d.size, d.removed, d.user_created, d.created.clone(), d.labels.len())
+    }));
+    Ok(())
+}
+
+/// Parses `k=v` labels.
+pub fn parse_labels(labels: &[String]) -> anyhow::Result<HashMap<String, String>> {
+    labels
+        .iter()
+        .map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())).with_context(|| format!("label {l:?}: expected k=v")))
+        .collect()
+}
+
+/// Polls a job's status until it leaves `in-progress`, showing a progress bar on a terminal.
+pub async fn wait_job<F, Fut>(what: &str, mut poll: F) -> anyhow::Result<(String, String)>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = anyhow::Result<(String, u32, String)>>,
+{
+    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let b = ProgressBar::new(100);
+        b.set_style(ProgressStyle::with_template("{msg} [{bar:40}] {pos}%").unwrap_or_else(|_| ProgressStyle::default_bar()));
+        b.set_message(what.to_owned());
+        b
+    } else {
+        ProgressBar::hidden()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(24 * 3600);
+    loop {
+        let (state, progress, error) = poll().await?;
+        bar.set_position(u64::from(progress));
+        if state != "in-progress" {
+            bar.finish_and_clear();
+            return Ok((state, error));
+        }
+        if tokio::time::Instant::now() > deadline {
+            bail!("{what}: still in progress after 24 h");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

@@ -1,0 +1,136 @@
+//! The `corral-replica serve` daemon: opens (or creates) the replica, serves gRPC `ReplicaService` on port P, the
+//! data protocol on P+1, gRPC `SyncAgentService` on P+2 and, optionally, Prometheus metrics and `/healthz` on
+//! their own address. On cancellation (SIGTERM) it stops accepting, finishes in-flight IO, and closes the
+//! replica cleanly (`Dirty=false`).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use anyhow::{Context, bail};
+use corral_proto::v1::{replica_service_server::ReplicaServiceServer, sync_agent_service_server::SyncAgentServiceServer};
+use corral_proto::{REPLICA_DATA_PORT_OFFSET, REPLICA_SYNC_AGENT_PORT_OFFSET};
+use data_protocol::{BlockBackend, DataServer, ServerConfig};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::layout::DirLayout;
+use crate::metrics::serve_metrics;
+use crate::replica::{Replica, ReplicaOptions};
+use crate::service::ReplicaHost;
+use crate::service::grpc::ReplicaGrpc;
+
+/// Effective daemon configuration.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Replica directory.
+    pub dir: PathBuf,
+    /// gRPC control address (port P); the data protocol uses P+1, the sync agent P+2.
+    pub listen: SocketAddr,
+    /// Create the replica with this size when the directory holds none.
+    pub size: Option<u64>,
+    /// Backing file (raw image).
+    pub backing_file: Option<PathBuf>,
+    /// Disable the revision counter.
+    pub disable_revision_counter: bool,
+    /// Volume name (reported to clients).
+    pub volume: String,
+    /// Prometheus `/metrics` and `/healthz` address.
+    pub metrics_listen: Option<SocketAddr>,
+    /// Data-protocol server tuning.
+    pub data: ServerConfig,
+}
+
+fn offset_port(addr: SocketAddr, by: u16) -> anyhow::Result<SocketAddr> {
+    let port = addr.port().checked_add(by).context("port out of range")?;
+    Ok(SocketAddr::new(addr.ip(), port))
+}
+
+/// Raises the soft open-file limit to the hard limit: a replica keeps one descriptor per layer.
+fn raise_nofile_limit() {
+    if let Ok(l) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.ok_or(()).and(Ok(
+        rustix::process::getrlimit(rustix::process::Resource::Nofile),
+    )) {
+        let new = rustix::process::Rlimit { current: l.maximum, maximum: l.maximum };
+        let _ = rustix::process::setrlimit(rustix::process::Resource::Nofile, new);
+    }
+}
+
+/// Runs the daemon until `cancel`.
+pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Result<()> {
+    raise_nofile_limit();
+    info!(?cfg, "corral-replica starting");
+    let opts = ReplicaOptions {
+        backing_file: cfg.backing_file.clone(),
+        disable_revision_counter: Some(cfg.disable_revision_counter),
+    };
+    let (dir, size, o) = (cfg.dir.clone(), cfg.size, opts.clone());
+    let replica = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<Replica>> {
+        std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+        match (DirLayout::load(&dir)?, size) {
+            (None, Some(size)) => Ok(Some(Replica::create(&dir, size, &o)?)),
+            (None, None) => Ok(None),
+            (Some(l), Some(size)) if l.info.size != size => bail!(
+                "{} holds a replica of {} bytes, not {size}: expand it through the engine instead",
+                dir.display(),
+                l.info.size
+            ),
+            (Some(_), _) => Ok(Some(Replica::open(&dir, &o)?)),
+        }
+    })
+    .await??;
+    if replica.is_none() {
+        info!(dir = %cfg.dir.display(), "no replica in the directory yet: waiting for ReplicaCreate");
+    }
+    let host = Arc::new(ReplicaHost::new(cfg.dir.clone(), cfg.volume.clone(), opts, replica));
+
+    let control = TcpListener::bind(cfg.listen).await.with_context(|| format!("bind {}", cfg.listen))?;
+    let data_addr = offset_port(cfg.listen, REPLICA_DATA_PORT_OFFSET)?;
+    let data = TcpListener::bind(data_addr).await.with_context(|| format!("bind data port {data_addr}"))?;
+    let sync_addr = offset_port(cfg.listen, REPLICA_SYNC_AGENT_PORT_OFFSET)?;
+    let sync = TcpListener::bind(sync_addr).await.with_context(|| format!("bind sync-agent port {sync_addr}"))?;
+
+    let data_server = DataServer::new(host.clone() as Arc<dyn BlockBackend>, cfg.data.clone())?;
+    let data_metrics = data_server.metrics();
+    let grpc = ReplicaGrpc::new(host.clone());
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let c = cancel.clone();
+    let svc = ReplicaServiceServer::new(grpc.clone());
+    tasks.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(control), c.cancelled())
+            .await
+            .context("ReplicaService")
+    });
+    let c = cancel.clone();
+    let svc = SyncAgentServiceServer::new(grpc);
+    tasks.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(svc)
+            .serve_with_incoming_shutdown(TcpListenerStream::new(sync), c.cancelled())
+            .await
+            .context("SyncAgentService")
+    });
+    if let Some(addr) = cfg.metrics_listen {
+        let listener = TcpListener::bind(addr).await.with_context(|| format!("bind metrics {addr}"))?;
+        let (h, m, c) = (host.clone(), data_metrics, cancel.clone());
+        tasks.spawn(async move { serve_metrics(listener, h, m, c).await });
+    }
+    info!(
+        control = %cfg.listen, data = %data_addr, sync_agent = %sync_addr, metrics = ?cfg.metrics_listen,
+        "corral-replica serving"
+    );
+    data_server.serve_tcp(data, cancel.clone()).await;
+    data_server.shutdown().await;
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    let h = host.clone();
+    tokio::task::spawn_blocking(move || h.close()).await??;
+    info!(dir = %cfg.dir.display(), "corral-replica stopped; replica closed cleanly");
+    Ok(())
+}

@@ -1,0 +1,279 @@
+//! gRPC `ReplicaService` (port P) and `SyncAgentService` (port P+2). Blocking replica work runs on the blocking
+//! pool; long jobs (purge, hash) run in the background and report through their status RPCs.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use corral_proto::v1::{self, replica_service_server::ReplicaService, sync_agent_service_server::SyncAgentService};
+use tonic::{Request, Response, Status};
+use tracing::{error, info};
+
+use super::{ReplicaHost, to_proto};
+use crate::error::ReplicaError;
+use crate::jobs::{JobState, JobStatus};
+use crate::replica::SnapshotRequest;
+
+/// Job key of the purge.
+const PURGE: &str = "purge";
+
+fn hash_key(file: &str) -> String {
+    format!("hash/{file}")
+}
+
+/// Runs blocking replica work off the reactor.
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ReplicaError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(format!("task failed: {e}")))?.map_err(Status::from)
+}
+
+/// Implements both services over one [`ReplicaHost`].
+#[derive(Debug, Clone)]
+pub struct ReplicaGrpc {
+    host: Arc<ReplicaHost>,
+}
+
+impl ReplicaGrpc {
+    /// Services for `host`.
+    pub fn new(host: Arc<ReplicaHost>) -> Self {
+        Self { host }
+    }
+
+    async fn reply(&self) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let host = self.host.clone();
+        let s = blocking(move || host.status()).await?;
+        Ok(Response::new(v1::ReplicaResponse { replica: Some(to_proto(&s, self.host.volume())) }))
+    }
+
+    async fn with_replica(
+        &self,
+        f: impl FnOnce(&crate::Replica) -> Result<(), ReplicaError> + Send + 'static,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let host = self.host.clone();
+        blocking(move || f(&*host.replica()?)).await?;
+        self.reply().await
+    }
+}
+
+fn unimplemented(what: &str) -> Status {
+    Status::unimplemented(format!("{what} is not implemented by this replica version yet"))
+}
+
+#[tonic::async_trait]
+impl ReplicaService for ReplicaGrpc {
+    async fn replica_create(
+        &self,
+        req: Request<v1::ReplicaCreateRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let req = req.into_inner();
+        let host = self.host.clone();
+        blocking(move || host.create(req.size, req.disable_revision_counter).map(drop)).await?;
+        self.reply().await
+    }
+
+    async fn replica_delete(&self, _: Request<v1::Empty>) -> Result<Response<v1::Empty>, Status> {
+        let host = self.host.clone();
+        blocking(move || host.delete()).await?;
+        Ok(Response::new(v1::Empty {}))
+    }
+
+    async fn replica_get(&self, _: Request<v1::Empty>) -> Result<Response<v1::ReplicaResponse>, Status> {
+        self.reply().await
+    }
+
+    async fn replica_open(
+        &self,
+        _: Request<v1::ReplicaOpenRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let host = self.host.clone();
+        blocking(move || host.open().map(drop)).await?;
+        self.reply().await
+    }
+
+    async fn replica_close(&self, _: Request<v1::Empty>) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let host = self.host.clone();
+        blocking(move || host.close()).await?;
+        self.reply().await
+    }
+
+    async fn replica_reload(&self, _: Request<v1::Empty>) -> Result<Response<v1::ReplicaResponse>, Status> {
+        self.with_replica(crate::Replica::reload).await
+    }
+
+    async fn replica_revert(
+        &self,
+        req: Request<v1::ReplicaRevertRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let req = req.into_inner();
+        self.with_replica(move |r| r.revert(&req.name, &req.created)).await
+    }
+
+    async fn replica_snapshot(
+        &self,
+        req: Request<v1::ReplicaSnapshotRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let req = req.into_inner();
+        let snap = SnapshotRequest {
+            name: req.name,
+            user_created: req.user_created,
+            created: req.created,
+            labels: req.labels.into_iter().collect::<BTreeMap<_, _>>(),
+        };
+        self.with_replica(move |r| r.snapshot(&snap)).await
+    }
+
+    async fn replica_expand(
+        &self,
+        req: Request<v1::ReplicaExpandRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let size = req.into_inner().size;
+        self.with_replica(move |r| r.expand(size)).await
+    }
+
+    async fn disk_mark_as_removed(
+        &self,
+        req: Request<v1::DiskRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let name = req.into_inner().name;
+        self.with_replica(move |r| r.mark_removed(&name)).await
+    }
+
+    async fn rebuilding_set(
+        &self,
+        req: Request<v1::RebuildingSetRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let v = req.into_inner().rebuilding;
+        self.with_replica(move |r| r.set_rebuilding(v)).await
+    }
+
+    async fn revision_counter_set(
+        &self,
+        req: Request<v1::RevisionCounterSetRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let v = req.into_inner().counter;
+        self.with_replica(move |r| r.set_revision_counter(v)).await
+    }
+}
+
+fn job_state(s: &JobStatus) -> String {
+    s.state.as_str().to_owned()
+}
+
+#[tonic::async_trait]
+impl SyncAgentService for ReplicaGrpc {
+    async fn snapshot_purge(&self, _: Request<v1::Empty>) -> Result<Response<v1::Empty>, Status> {
+        let replica = self.host.replica()?;
+        let host = self.host.clone();
+        let Some(ctl) = host.jobs.start(PURGE) else {
+            return Err(Status::failed_precondition("a purge is already running"));
+        };
+        tokio::task::spawn_blocking(move || {
+            let result = replica.purge(&ctl);
+            let status = match result {
+                Ok(()) => JobStatus { state: JobState::Complete, ..Default::default() },
+                Err(ReplicaError::Cancelled) => JobStatus { state: JobState::Cancelled, ..Default::default() },
+                Err(e) => {
+                    error!(dir = %replica.dir().display(), error = %e, "purge failed");
+                    JobStatus { state: JobState::Error, error: e.to_string(), ..Default::default() }
+                }
+            };
+            host.jobs.finish(PURGE, status);
+        });
+        Ok(Response::new(v1::Empty {}))
+    }
+
+    async fn snapshot_purge_status(
+        &self,
+        _: Request<v1::Empty>,
+    ) -> Result<Response<v1::SnapshotPurgeStatusResponse>, Status> {
+        let s = self.host.jobs.status(PURGE);
+        Ok(Response::new(v1::SnapshotPurgeStatusResponse {
+            is_purging: s.state == JobState::InProgress,
+            state: job_state(&s),
+            progress: s.progress,
+            error: s.error,
+        }))
+    }
+
+    async fn snapshot_hash(&self, req: Request<v1::SnapshotHashRequest>) -> Result<Response<v1::Empty>, Status> {
+        let req = req.into_inner();
+        let file = crate::names::resolve_snapshot(&req.snapshot_name)?;
+        let replica = self.host.replica()?;
+        let host = self.host.clone();
+        let key = hash_key(&file);
+        let Some(ctl) = host.jobs.start(&key) else {
+            return Err(Status::failed_precondition(format!("{file} is already being hashed")));
+        };
+        tokio::task::spawn_blocking(move || {
+            let status = match replica.hash_snapshot(&file, req.rehash, &ctl) {
+                Ok(o) => {
+                    info!(snapshot = %file, checksum = %o.checksum, skipped = o.skipped, "snapshot hashed");
+                    JobStatus {
+                        state: JobState::Complete,
+                        checksum: o.checksum,
+                        silently_corrupted: o.silently_corrupted,
+                        skipped: o.skipped,
+                        ..Default::default()
+                    }
+                }
+                Err(ReplicaError::Cancelled) => JobStatus { state: JobState::Cancelled, ..Default::default() },
+                Err(e) => JobStatus { state: JobState::Error, error: e.to_string(), ..Default::default() },
+            };
+            host.jobs.finish(&key, status);
+        });
+        Ok(Response::new(v1::Empty {}))
+    }
+
+    async fn snapshot_hash_status(
+        &self,
+        req: Request<v1::SnapshotHashStatusRequest>,
+    ) -> Result<Response<v1::SnapshotHashStatusResponse>, Status> {
+        let file = crate::names::resolve_snapshot(&req.into_inner().snapshot_name)?;
+        let s = self.host.jobs.status(&hash_key(&file));
+        Ok(Response::new(v1::SnapshotHashStatusResponse {
+            state: job_state(&s),
+            progress: s.progress,
+            checksum: s.checksum,
+            error: s.error,
+            silently_corrupted: s.silently_corrupted,
+            skipped: s.skipped,
+        }))
+    }
+
+    async fn snapshot_hash_cancel(
+        &self,
+        req: Request<v1::SnapshotHashStatusRequest>,
+    ) -> Result<Response<v1::Empty>, Status> {
+        let file = crate::names::resolve_snapshot(&req.into_inner().snapshot_name)?;
+        if !self.host.jobs.cancel(&hash_key(&file)) {
+            return Err(Status::failed_precondition(format!("no hash of {file} is running")));
+        }
+        Ok(Response::new(v1::Empty {}))
+    }
+
+    async fn files_sync(&self, _: Request<v1::FilesSyncRequest>) -> Result<Response<v1::Empty>, Status> {
+        Err(unimplemented("FilesSync (replica rebuild)"))
+    }
+
+    async fn replica_rebuild_status(
+        &self,
+        _: Request<v1::Empty>,
+    ) -> Result<Response<v1::JobStatusResponse>, Status> {
+        Err(unimplemented("ReplicaRebuildStatus (replica rebuild)"))
+    }
+
+    async fn volume_export(&self, _: Request<v1::VolumeExportRequest>) -> Result<Response<v1::Empty>, Status> {
+        Err(unimplemented("VolumeExport (snapshot export)"))
+    }
+
+    async fn snapshot_clone(&self, _: Request<v1::SnapshotCloneRequest>) -> Result<Response<v1::Empty>, Status> {
+        Err(unimplemented("SnapshotClone (volume clone)"))
+    }
+
+    async fn snapshot_clone_status(
+        &self,
+        _: Request<v1::Empty>,
+    ) -> Result<Response<v1::JobStatusResponse>, Status> {
+        Err(unimplemented("SnapshotCloneStatus (volume clone)"))
+    }
+}

@@ -1,0 +1,198 @@
+//! The replica as a network service: [`ReplicaHost`] holds the (possibly closed) replica of one directory and
+//! serves it to the data-protocol server (as a [`BlockBackend`]) and to the gRPC services in [`grpc`].
+
+pub mod grpc;
+
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use corral_proto::v1;
+use data_protocol::{BackendError, BlockBackend, ErrorKind as WireKind, VolumeInfo};
+use tonic::Status;
+
+use crate::error::{ErrorKind, ReplicaError};
+use crate::jobs::JobTable;
+use crate::replica::{Replica, ReplicaOptions, ReplicaStatus, read_lock, write_lock};
+
+/// One replica directory as served by a daemon: the open replica (or none while closed) and its jobs.
+#[derive(Debug)]
+pub struct ReplicaHost {
+    dir: PathBuf,
+    volume: String,
+    opts: RwLock<ReplicaOptions>,
+    current: RwLock<Option<Arc<Replica>>>,
+    /// Long-running jobs (purge, hash), kept across close/open.
+    pub jobs: JobTable,
+}
+
+impl ReplicaHost {
+    /// A host for `dir`, with `replica` already open (or `None`).
+    pub fn new(dir: PathBuf, volume: String, opts: ReplicaOptions, replica: Option<Replica>) -> Self {
+        Self {
+            dir,
+            volume,
+            opts: RwLock::new(opts),
+            current: RwLock::new(replica.map(Arc::new)),
+            jobs: JobTable::default(),
+        }
+    }
+
+    /// The open replica.
+    pub fn replica(&self) -> Result<Arc<Replica>, ReplicaError> {
+        read_lock(&self.current).clone().filter(|r| !r.is_closed()).ok_or_else(|| {
+            ReplicaError::FailedPrecondition(format!("replica {} is not open", self.dir.display()))
+        })
+    }
+
+    /// Creates the replica (the directory must hold none) and opens it.
+    pub fn create(&self, size: u64, disable_revision_counter: bool) -> Result<Arc<Replica>, ReplicaError> {
+        let mut cur = write_lock(&self.current);
+        let mut opts = read_lock(&self.opts).clone();
+        opts.disable_revision_counter = Some(disable_revision_counter);
+        let r = Arc::new(Replica::create(&self.dir, size, &opts)?);
+        *cur = Some(r.clone());
+        Ok(r)
+    }
+
+    /// Opens the replica if it is not open.
+    pub fn open(&self) -> Result<Arc<Replica>, ReplicaError> {
+        let mut cur = write_lock(&self.current);
+        if let Some(r) = cur.as_ref().filter(|r| !r.is_closed()) {
+            return Ok(r.clone());
+        }
+        let r = Arc::new(Replica::open(&self.dir, &read_lock(&self.opts))?);
+        *cur = Some(r.clone());
+        Ok(r)
+    }
+
+    /// Closes the replica cleanly (no-op when closed).
+    pub fn close(&self) -> Result<(), ReplicaError> {
+        let r = write_lock(&self.current).take();
+        match r {
+            Some(r) => r.close(),
+            None => Ok(()),
+        }
+    }
+
+    /// Closes the replica and deletes its directory contents.
+    pub fn delete(&self) -> Result<(), ReplicaError> {
+        self.close()?;
+        std::fs::remove_dir_all(&self.dir).map_err(|e| ReplicaError::io("remove", &self.dir, e))?;
+        std::fs::create_dir_all(&self.dir).map_err(|e| ReplicaError::io("create directory", &self.dir, e))
+    }
+
+    /// Status of the open replica, or the directory's offline status.
+    pub fn status(&self) -> Result<ReplicaStatus, ReplicaError> {
+        match read_lock(&self.current).clone() {
+            Some(r) if !r.is_closed() => r.status(),
+            _ => {
+                let mut s = crate::replica::inspect(&self.dir)?;
+                if s.state != "initial" {
+                    s.state = "closed".into();
+                }
+                Ok(s)
+            }
+        }
+    }
+
+    /// Volume name given at start (may be empty).
+    pub fn volume(&self) -> &str {
+        &self.volume
+    }
+}
+
+impl From<ReplicaError> for Status {
+    fn from(e: ReplicaError) -> Self {
+        let msg = e.to_string();
+        match e.kind() {
+            ErrorKind::InvalidArgument => Status::invalid_argument(msg),
+            ErrorKind::NotFound => Status::not_found(msg),
+            ErrorKind::AlreadyExists => Status::already_exists(msg),
+            ErrorKind::FailedPrecondition => Status::failed_precondition(msg),
+            ErrorKind::Corrupt => Status::data_loss(msg),
+            ErrorKind::NoSpace => Status::resource_exhausted(msg),
+            ErrorKind::Io => Status::internal(msg),
+        }
+    }
+}
+
+fn wire_error(e: &ReplicaError) -> BackendError {
+    let kind = match e {
+        ReplicaError::OutOfRange { .. } => WireKind::OutOfRange,
+        _ => match e.kind() {
+            ErrorKind::NoSpace => WireKind::NoSpace,
+            ErrorKind::InvalidArgument => WireKind::Invalid,
+            ErrorKind::FailedPrecondition => WireKind::Unavailable,
+            _ => WireKind::Io,
+        },
+    };
+    BackendError::new(kind, e.to_string())
+}
+
+impl BlockBackend for ReplicaHost {
+    fn info(&self) -> Result<VolumeInfo, BackendError> {
+        let r = self.replica().map_err(|e| wire_error(&e))?;
+        Ok(VolumeInfo {
+            size: r.size(),
+            sector_size: u32::try_from(crate::replica::SECTOR_SIZE).unwrap_or(512),
+            name: self.volume.clone(),
+        })
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        self.replica().and_then(|r| r.read_at(offset, buf)).map_err(|e| wire_error(&e))
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), BackendError> {
+        self.replica().and_then(|r| r.write_at(offset, buf)).map_err(|e| wire_error(&e))
+    }
+
+    fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.replica().and_then(|r| r.unmap(offset, len)).map_err(|e| wire_error(&e))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.replica().and_then(|r| r.write_zeroes(offset, len)).map_err(|e| wire_error(&e))
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        self.replica().and_then(|r| r.flush()).map_err(|e| wire_error(&e))
+    }
+}
+
+/// The wire form of a status.
+pub fn to_proto(s: &ReplicaStatus, volume: &str) -> v1::Replica {
+    v1::Replica {
+        state: s.state.clone(),
+        dirty: s.dirty,
+        rebuilding: s.rebuilding,
+        head: s.head.clone(),
+        parent: s.parent.clone(),
+        size: s.size,
+        sector_size: u32::try_from(s.sector_size).unwrap_or(512),
+        backing_file: s.backing_file.clone(),
+        chain: s.chain.clone(),
+        disks: s
+            .disks
+            .iter()
+            .map(|(k, d)| {
+                (k.clone(), v1::DiskInfo {
+                    name: d.name.clone(),
+                    parent: d.parent.clone(),
+                    children: d.children.clone(),
+                    removed: d.removed,
+                    user_created: d.user_created,
+                    created: d.created.clone(),
+                    size: d.size,
+                    labels: d.labels.clone().into_iter().collect(),
+                })
+            })
+            .collect(),
+        revision_counter: s.revision_counter,
+        revision_counter_disabled: s.revision_counter_disabled,
+        last_modify_time: s.last_modify_time,
+        head_file_size: s.head_file_size,
+        error: s.error.clone(),
+        volume_name: volume.to_owned(),
+    }
+}
