@@ -105,6 +105,12 @@ pub fn punch_hole(file: &File, offset: u64, len: u64) -> io::Result<()> {
 }
 
 #[cfg(test)]
+// Fixtures spell ranges literally (single or reversed on purpose) and index small in-memory buffers.
+#[allow(
+    clippy::single_range_in_vec_init,
+    clippy::reversed_empty_ranges,
+    clippy::cast_possible_truncation
+)]
 mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;

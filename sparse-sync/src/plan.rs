@@ -113,6 +113,12 @@ pub(crate) fn plan<E>(
 }
 
 #[cfg(test)]
+// Fixtures spell ranges literally (single or reversed on purpose) and index small in-memory buffers.
+#[allow(
+    clippy::single_range_in_vec_init,
+    clippy::reversed_empty_ranges,
+    clippy::cast_possible_truncation
+)]
 mod tests {
     use super::*;
     use crate::layout::DataRanges;
@@ -138,7 +144,16 @@ mod tests {
 
     fn units(src: &Layout, batch: u64) -> Vec<Work> {
         let mut out = Vec::new();
-        plan::<io::Error>(src, batch, |w| Ok(out.push(w)), |e| e).unwrap();
+        plan::<io::Error>(
+            src,
+            batch,
+            |w| {
+                out.push(w);
+                Ok(())
+            },
+            |e| e,
+        )
+        .unwrap();
         out
     }
 

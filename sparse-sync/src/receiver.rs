@@ -380,11 +380,11 @@ impl Shared {
         if *lock(&self.touched) && !self.config.keep_partial {
             match std::fs::remove_file(&self.partial) {
                 Ok(()) => {
-                    tracing::info!(path = %self.partial.display(), "removed partial file of a failed transfer")
+                    tracing::info!(path = %self.partial.display(), "removed partial file of a failed transfer");
                 }
                 Err(e) if e.kind() == io::ErrorKind::NotFound => {}
                 Err(e) => {
-                    tracing::warn!(path = %self.partial.display(), error = %e, "cannot remove partial file")
+                    tracing::warn!(path = %self.partial.display(), error = %e, "cannot remove partial file");
                 }
             }
         }

@@ -216,6 +216,12 @@ pub fn decode_ranges(
 }
 
 #[cfg(test)]
+// Fixtures spell ranges literally (single or reversed on purpose) and index small in-memory buffers.
+#[allow(
+    clippy::single_range_in_vec_init,
+    clippy::reversed_empty_ranges,
+    clippy::cast_possible_truncation
+)]
 mod tests {
     use super::*;
     use proptest::prelude::*;

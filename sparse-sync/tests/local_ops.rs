@@ -1,4 +1,9 @@
 //! Local sparse copy, fold and prune on real files.
+#![allow(
+    clippy::single_range_in_vec_init,
+    clippy::reversed_empty_ranges,
+    clippy::cast_possible_truncation
+)]
 
 mod common;
 

@@ -1,4 +1,9 @@
 //! The sync protocol end to end over loopback: a real receiver (axum on a TCP port) and the real sender.
+#![allow(
+    clippy::single_range_in_vec_init,
+    clippy::reversed_empty_ranges,
+    clippy::cast_possible_truncation
+)]
 
 mod common;
 
@@ -15,8 +20,8 @@ use sparse_sync::layout::DataRanges;
 use sparse_sync::receiver::partial_path;
 use sparse_sync::wire::{ErrorBody, OpenReply, encode_ranges};
 use sparse_sync::{
-    CancellationToken, FileContent, LayoutMode, Progress, ReceiveOutcome, ReceiveSummary, Receiver, ReceiverConfig,
-    SendError, SendOptions, SendSummary, SyncContent, record, send,
+    CancellationToken, FileContent, LayoutMode, Progress, ReceiveOutcome, ReceiveSummary, Receiver,
+    ReceiverConfig, SendError, SendOptions, SendSummary, SyncContent, record, send,
 };
 use tokio::task::JoinHandle;
 
@@ -28,7 +33,11 @@ struct Running {
 
 impl Running {
     async fn finished(self) -> ReceiveSummary {
-        tokio::time::timeout(Duration::from_secs(20), self.task).await.unwrap().unwrap().unwrap()
+        tokio::time::timeout(Duration::from_secs(20), self.task)
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
     }
     async fn stop(self) -> ReceiveSummary {
         self.cancel.cancel();
@@ -37,37 +46,71 @@ impl Running {
 }
 
 async fn start_receiver(config: ReceiverConfig) -> (SocketAddr, Running) {
-    let r = Receiver::bind("127.0.0.1:0".parse().unwrap(), config).await.unwrap();
+    let r = Receiver::bind("127.0.0.1:0".parse().unwrap(), config)
+        .await
+        .unwrap();
     let addr = r.local_addr();
     let cancel = CancellationToken::new();
-    (addr, Running { task: tokio::spawn(r.run(cancel.clone())), cancel })
+    (
+        addr,
+        Running {
+            task: tokio::spawn(r.run(cancel.clone())),
+            cancel,
+        },
+    )
 }
 
 async fn sync_file(src: &Path, dst: &Path, opts: &SendOptions) -> (SendSummary, ReceiveSummary) {
     let (addr, running) = start_receiver(ReceiverConfig::new(dst)).await;
     let content = Arc::new(FileContent::open(src, LayoutMode::SeekData).unwrap());
     let progress = Progress::new();
-    let sent = send(content, &addr.to_string(), opts, &progress, &CancellationToken::new()).await.unwrap();
+    let sent = send(
+        content,
+        &addr.to_string(),
+        opts,
+        &progress,
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
     assert_eq!(progress.percent(), 100);
     let received = running.finished().await;
     (sent, received)
 }
 
 fn assert_same_file(a: &Path, b: &Path) {
-    assert_eq!(content_hash(a), content_hash(b), "content of {} and {} differs", a.display(), b.display());
-    assert_eq!(layout_of(a), layout_of(b), "data layout of {} and {} differs", a.display(), b.display());
+    assert_eq!(
+        content_hash(a),
+        content_hash(b),
+        "content of {} and {} differs",
+        a.display(),
+        b.display()
+    );
+    assert_eq!(
+        layout_of(a),
+        layout_of(b),
+        "data layout of {} and {} differs",
+        a.display(),
+        b.display()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sync_reproduces_random_sparse_files_with_identical_content_and_layout() {
     let dir = scratch_dir();
     // (size, largest piece, seed): unaligned sizes, large pieces, and a fragmented 4 KiB pattern.
-    for (i, (size, piece, seed)) in
-        [((5 << 20) + 123, 64 << 10, 1), ((40 << 20) + 4095, 4 << 20, 2), ((6 << 20) + 7, 4096 * 2, 3)]
-            .into_iter()
-            .enumerate()
+    for (i, (size, piece, seed)) in [
+        ((5 << 20) + 123, 64 << 10, 1),
+        ((40 << 20) + 4095, 4 << 20, 2),
+        ((6 << 20) + 7, 4096 * 2, 3),
+    ]
+    .into_iter()
+    .enumerate()
     {
-        let (src, dst) = (dir.path().join(format!("src{i}")), dir.path().join(format!("dst{i}")));
+        let (src, dst) = (
+            dir.path().join(format!("src{i}")),
+            dir.path().join(format!("dst{i}")),
+        );
         let ranges = random_sparse_file(&src, size, piece, seed);
         let (sent, received) = sync_file(&src, &dst, &SendOptions::default()).await;
         assert_same_file(&src, &dst);
@@ -84,7 +127,10 @@ async fn direct_io_receiver_writes_identical_content_for_unaligned_sizes() {
     let dir = scratch_dir();
     let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
     random_sparse_file(&src, (9 << 20) + 1001, 256 << 10, 11);
-    let opts = SendOptions { direct_io: true, ..SendOptions::default() };
+    let opts = SendOptions {
+        direct_io: true,
+        ..SendOptions::default()
+    };
     sync_file(&src, &dst, &opts).await;
     assert_same_file(&src, &dst);
 }
@@ -109,7 +155,11 @@ async fn delta_sync_sends_only_what_differs_and_punches_stale_data() {
     assert_same_file(&src, &dst);
     assert!(sent.receiver_had_content);
     let data = 40u64 << 20;
-    assert!(sent.bytes_sent * 100 <= data * 15, "sent {} of {data} bytes", sent.bytes_sent);
+    assert!(
+        sent.bytes_sent * 100 <= data * 15,
+        "sent {} of {data} bytes",
+        sent.bytes_sent
+    );
     assert_eq!(sent.bytes_sent + sent.bytes_skipped, data);
     assert!(received.hole_bytes_punched > 0);
 }
@@ -122,7 +172,11 @@ async fn fast_sync_skips_a_file_whose_recorded_checksums_match_until_the_receive
     let content = FileContent::open(&src, LayoutMode::SeekData).unwrap();
     let sum = record::content_checksum(&content, &CancellationToken::new()).unwrap();
     record::write_record(&src, &sum).unwrap();
-    let opts = SendOptions { fast: true, recorded: record::read_valid(&src).unwrap(), ..SendOptions::default() };
+    let opts = SendOptions {
+        fast: true,
+        recorded: record::read_valid(&src).unwrap(),
+        ..SendOptions::default()
+    };
     assert!(opts.recorded.is_some());
 
     // First transfer: nothing recorded on the receiver yet, so the file is sent and the checksum recorded there.
@@ -156,8 +210,12 @@ struct FlattenedChain {
 
 impl FlattenedChain {
     fn ranges(&self) -> Vec<Range<u64>> {
-        let mut all: Vec<Range<u64>> =
-            self.layers.iter().flatten().map(|(o, d)| *o..*o + d.len() as u64).collect();
+        let mut all: Vec<Range<u64>> = self
+            .layers
+            .iter()
+            .flatten()
+            .map(|(o, d)| *o..*o + d.len() as u64)
+            .collect();
         all.sort_by_key(|r| r.start);
         let mut merged: Vec<Range<u64>> = Vec::new();
         for r in all {
@@ -186,7 +244,10 @@ impl SyncContent for FlattenedChain {
         buf.fill(0);
         for layer in &self.layers {
             for (o, d) in layer {
-                let (s, e) = (offset.max(*o), (offset + buf.len() as u64).min(o + d.len() as u64));
+                let (s, e) = (
+                    offset.max(*o),
+                    (offset + buf.len() as u64).min(o + d.len() as u64),
+                );
                 if s < e {
                     buf[(s - offset) as usize..(e - offset) as usize]
                         .copy_from_slice(&d[(s - o) as usize..(e - o) as usize]);
@@ -216,9 +277,15 @@ async fn a_non_file_source_streams_its_flattened_content_without_a_temp_file() {
         }
     }
     let (addr, running) = start_receiver(ReceiverConfig::new(&dst)).await;
-    send(Arc::new(chain), &addr.to_string(), &SendOptions::default(), &Progress::new(), &CancellationToken::new())
-        .await
-        .unwrap();
+    send(
+        Arc::new(chain),
+        &addr.to_string(),
+        &SendOptions::default(),
+        &Progress::new(),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
     running.finished().await;
     assert_same_file(&expect, &dst);
 }
@@ -228,17 +295,35 @@ async fn sender_retries_until_a_late_receiver_comes_up() {
     let dir = scratch_dir();
     let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
     random_sparse_file(&src, 3 << 20, 64 << 10, 4);
-    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let content = Arc::new(FileContent::open(&src, LayoutMode::SeekData).unwrap());
     let sending = tokio::spawn(async move {
-        send(content, &addr.to_string(), &SendOptions::default(), &Progress::new(), &CancellationToken::new()).await
+        send(
+            content,
+            &addr.to_string(),
+            &SendOptions::default(),
+            &Progress::new(),
+            &CancellationToken::new(),
+        )
+        .await
     });
     tokio::time::sleep(Duration::from_millis(400)).await;
-    assert!(!sending.is_finished(), "sender gave up while the receiver was down");
+    assert!(
+        !sending.is_finished(),
+        "sender gave up while the receiver was down"
+    );
     let receiver = Receiver::bind(addr, ReceiverConfig::new(&dst)).await.unwrap();
     let running = tokio::spawn(receiver.run(CancellationToken::new()));
-    tokio::time::timeout(Duration::from_secs(30), sending).await.unwrap().unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(30), sending)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     running.await.unwrap().unwrap();
     assert_same_file(&src, &dst);
 }
@@ -260,12 +345,20 @@ async fn idle_receiver_stops_and_removes_the_partial_file_of_the_failed_transfer
         .await
         .unwrap();
     let body = data_body(&[0..4096], &[7; 4096]);
-    let r = http.post(format!("http://{addr}/v1/sync/data?session={}", opened.session)).body(body).send().await.unwrap();
+    let r = http
+        .post(format!("http://{addr}/v1/sync/data?session={}", opened.session))
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 204);
     assert!(partial_path(&dst).exists());
     let summary = running.finished().await;
     assert_eq!(summary.outcome, ReceiveOutcome::IdleTimeout);
-    assert!(!partial_path(&dst).exists(), "partial file of a failed transfer left behind");
+    assert!(
+        !partial_path(&dst).exists(),
+        "partial file of a failed transfer left behind"
+    );
     assert!(!dst.exists());
 }
 
@@ -288,7 +381,11 @@ fn raw_body(pairs: &[(u64, u64)], payload: &[u8]) -> Vec<u8> {
 }
 
 async fn open_session(http: &reqwest::Client, addr: SocketAddr, size: u64) -> u64 {
-    let r = http.post(format!("http://{addr}/v1/sync/open?size={size}")).send().await.unwrap();
+    let r = http
+        .post(format!("http://{addr}/v1/sync/open?size={size}"))
+        .send()
+        .await
+        .unwrap();
     assert_eq!(r.status(), 200);
     r.json::<OpenReply>().await.unwrap().session
 }
@@ -303,20 +400,45 @@ async fn bad_ranges_are_refused_with_a_clear_error_and_the_transfer_cannot_commi
     let (addr, running) = start_receiver(ReceiverConfig::new(&dst)).await;
     let http = reqwest::Client::new();
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
-        ("data", raw_body(&[(1 << 20, (1 << 20) + 4096)], &[1; 4096]), "past the file size"),
-        ("data", raw_body(&[(0, 8192), (4096, 12288)], &[1; 16384]), "overlaps"),
+        (
+            "data",
+            raw_body(&[(1 << 20, (1 << 20) + 4096)], &[1; 4096]),
+            "past the file size",
+        ),
+        (
+            "data",
+            raw_body(&[(0, 8192), (4096, 12288)], &[1; 16384]),
+            "overlaps",
+        ),
         ("data", raw_body(&[(8192, 4096)], &[]), "empty or reversed"),
-        ("holes", raw_body(&[(8192, 12288), (0, 4096)], &[]), "overlaps or precedes"),
-        ("data", raw_body(&[(0, 8192)], &[1; 4096]), "payload holds 4096 bytes but the ranges announce 8192"),
+        (
+            "holes",
+            raw_body(&[(8192, 12288), (0, 4096)], &[]),
+            "overlaps or precedes",
+        ),
+        (
+            "data",
+            raw_body(&[(0, 8192)], &[1; 4096]),
+            "payload holds 4096 bytes but the ranges announce 8192",
+        ),
         ("checksum", b"garbage".to_vec(), "magic"),
     ];
     for (route, body, expect) in cases {
         let session = open_session(&http, addr, 1 << 20).await;
-        let r = http.post(format!("http://{addr}/v1/sync/{route}?session={session}")).body(body).send().await.unwrap();
+        let r = http
+            .post(format!("http://{addr}/v1/sync/{route}?session={session}"))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
         assert_eq!(r.status(), 400, "{route} {expect}");
         let err: ErrorBody = r.json().await.unwrap();
         assert_eq!(err.kind, "bad-range");
-        assert!(err.message.contains(expect), "{} does not mention {expect}", err.message);
+        assert!(
+            err.message.contains(expect),
+            "{} does not mention {expect}",
+            err.message
+        );
         // Nothing of the refused request reached the file.
         assert_eq!(layout_of(&partial_path(&dst)), before);
         let r = http
@@ -326,7 +448,10 @@ async fn bad_ranges_are_refused_with_a_clear_error_and_the_transfer_cannot_commi
             .await
             .unwrap();
         assert_eq!(r.status(), 409, "a failed transfer must not commit");
-        assert!(!dst.exists(), "a failed transfer must not appear under the target name");
+        assert!(
+            !dst.exists(),
+            "a failed transfer must not appear under the target name"
+        );
     }
     running.stop().await;
 }
@@ -356,8 +481,15 @@ async fn body_shorter_than_its_content_length_writes_nothing() {
     })
     .await
     .unwrap();
-    assert!(reply.is_empty() || reply.starts_with("HTTP/1.1 400"), "unexpected reply {reply:?}");
-    assert_eq!(layout_of(&partial_path(&dst)), Vec::<Range<u64>>::new(), "a cut-off body reached the file");
+    assert!(
+        reply.is_empty() || reply.starts_with("HTTP/1.1 400"),
+        "unexpected reply {reply:?}"
+    );
+    assert_eq!(
+        layout_of(&partial_path(&dst)),
+        Vec::<Range<u64>>::new(),
+        "a cut-off body reached the file"
+    );
     // The transfer itself is intact: a complete request afterwards still works.
     let r = http
         .post(format!("http://{addr}/v1/sync/data?session={session}"))
@@ -418,15 +550,28 @@ async fn full_receiver_disk_fails_the_transfer_clearly_and_leaves_no_file() {
     random_sparse_file(&src, 32 << 20, 2 << 20, 21);
     let (addr, running) = start_receiver(ReceiverConfig::new(&dst)).await;
     let content = Arc::new(FileContent::open(&src, LayoutMode::SeekData).unwrap());
-    let err = send(content, &addr.to_string(), &SendOptions::default(), &Progress::new(), &CancellationToken::new())
-        .await
-        .unwrap_err();
+    let err = send(
+        content,
+        &addr.to_string(),
+        &SendOptions::default(),
+        &Progress::new(),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap_err();
     match &err {
-        SendError::Rejected { status: 507, kind, message, .. } if kind == "no-space" => {
+        SendError::Rejected {
+            status: 507,
+            kind,
+            message,
+            ..
+        } if kind == "no-space" => {
             assert!(message.contains("no space left"), "{message}");
         }
         // A worker that raced past the first failure sees the failed transfer.
-        SendError::Rejected { status: 409, message, .. } => assert!(message.contains("no space left"), "{message}"),
+        SendError::Rejected {
+            status: 409, message, ..
+        } => assert!(message.contains("no space left"), "{message}"),
         other => panic!("unexpected error {other}"),
     }
     assert!(!dst.exists());

@@ -138,7 +138,7 @@ impl Iterator for FiemapExtents<'_> {
                 (Some(cur), None) => return Some(Ok(cur)),
                 (None, Some(n)) => self.pending = Some(n),
                 (Some(cur), Some(n)) if n.start <= cur.end => {
-                    self.pending = Some(cur.start..n.end.max(cur.end))
+                    self.pending = Some(cur.start..n.end.max(cur.end));
                 }
                 (Some(cur), Some(n)) => {
                     self.pending = Some(n);

@@ -1,0 +1,226 @@
+//! The `corral-sync` binary: real processes, killed and restarted.
+#![allow(
+    clippy::single_range_in_vec_init,
+    clippy::reversed_empty_ranges,
+    clippy::cast_possible_truncation
+)]
+
+mod common;
+
+use std::io::{BufRead, BufReader};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::*;
+use sparse_sync::receiver::partial_path;
+
+const BIN: &str = env!("CARGO_BIN_EXE_corral-sync");
+
+/// A `corral-sync serve --json` process; killed on drop if still running.
+struct Server {
+    child: Child,
+    addr: String,
+    lines: mpsc::Receiver<String>,
+}
+
+impl Server {
+    fn start(target: &Path, extra: &[&str]) -> Self {
+        let mut child = Command::new(BIN)
+            .args(["--json", "serve", "--listen", "127.0.0.1:0", "--file"])
+            .arg(target)
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let (tx, lines) = mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let first = lines
+            .recv_timeout(Duration::from_secs(10))
+            .expect("server did not report its address");
+        let v: serde_json::Value = serde_json::from_str(&first).unwrap();
+        assert_eq!(v["event"], "listening");
+        let addr = v["address"].as_str().unwrap().to_string();
+        Server { child, addr, lines }
+    }
+
+    /// Waits for the process to exit and returns its final summary.
+    fn finished(mut self) -> serde_json::Value {
+        let line = self
+            .lines
+            .recv_timeout(Duration::from_secs(30))
+            .expect("server printed no summary");
+        let status = poll_until(Duration::from_secs(10), "server exit", || {
+            self.child.try_wait().unwrap()
+        });
+        assert!(status.success(), "server exited with {status}");
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        assert_eq!(v["event"], "finished");
+        v["summary"].clone()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn send_json(src: &Path, addr: &str, extra: &[&str]) -> serde_json::Value {
+    let out = Command::new(BIN)
+        .args(["--json", "send", "--file"])
+        .arg(src)
+        .args(["--to", addr])
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "send failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+fn allocated_data(path: &Path) -> u64 {
+    if !path.exists() {
+        return 0;
+    }
+    data_bytes(&layout_of(path))
+}
+
+#[test]
+fn sender_killed_half_way_resumes_sending_only_what_the_receiver_lacks() {
+    let dir = scratch_dir();
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    let ranges = random_sparse_file(&src, (64 << 20) + 3000, 1 << 20, 31);
+    let data = data_bytes(&ranges);
+    let server = Server::start(&dst, &["--idle-timeout", "60"]);
+
+    // Throttled so the kill lands mid-transfer.
+    let mut sender = Command::new(BIN)
+        .args(["--json", "send", "--file"])
+        .arg(&src)
+        .args(["--to", &server.addr, "--max-rate", "24M"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let partial = partial_path(&dst);
+    poll_until(Duration::from_secs(30), "half the data on the receiver", || {
+        (allocated_data(&partial) >= data * 4 / 10).then_some(())
+    });
+    sender.kill().unwrap(); // SIGKILL
+    sender.wait().unwrap();
+    let before = allocated_data(&partial);
+    assert!(before < data, "transfer finished before the kill");
+    assert!(!dst.exists());
+
+    let second = send_json(&src, &server.addr, &[]);
+    assert_eq!(second["receiver_had_content"], true);
+    assert!(second["bytes_skipped"].as_u64().unwrap() > 0);
+    let summary = server.finished();
+    let received = summary["bytes_received"].as_u64().unwrap();
+    assert!(
+        received * 10 <= data * 12,
+        "received {received} bytes over both runs for {data} bytes of data"
+    );
+    assert_eq!(summary["opens"], 2);
+    assert_eq!(content_hash(&src), content_hash(&dst));
+    assert_eq!(layout_of(&src), layout_of(&dst));
+    assert!(!partial.exists());
+}
+
+#[test]
+fn send_reports_a_json_summary_and_fast_skips_with_recorded_checksums() {
+    let dir = scratch_dir();
+    let (src, dst) = (dir.path().join("src.img"), dir.path().join("dst.img"));
+    let ranges = random_sparse_file(&src, (8 << 20) + 5, 256 << 10, 41);
+    let st = Command::new(BIN)
+        .args(["checksum", "--record"])
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let server = Server::start(&dst, &[]);
+    let first = send_json(&src, &server.addr, &["--fast"]);
+    assert_eq!(first["bytes_sent"].as_u64().unwrap(), data_bytes(&ranges));
+    assert_eq!(first["file_skipped"], false);
+    for key in ["bytes_skipped", "hole_bytes", "holes", "duration_ms"] {
+        assert!(first[key].is_u64(), "summary lacks {key}: {first}");
+    }
+    server.finished();
+    let server = Server::start(&dst, &[]);
+    let second = send_json(&src, &server.addr, &["--fast"]);
+    assert_eq!(second["file_skipped"], true);
+    assert_eq!(second["bytes_sent"], 0);
+    assert_eq!(server.finished()["outcome"], "unchanged");
+}
+
+#[test]
+fn copy_fold_and_prune_commands_keep_holes() {
+    let dir = scratch_dir();
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    random_sparse_file(&src, (4 << 20) + 77, 128 << 10, 51);
+    let out = Command::new(BIN)
+        .args(["--json", "copy"])
+        .arg(&src)
+        .arg(&dst)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        v["summary"]["data_bytes"].as_u64().unwrap(),
+        data_bytes(&layout_of(&src))
+    );
+    assert_eq!(content_hash(&src), content_hash(&dst));
+    assert_eq!(layout_of(&src), layout_of(&dst));
+
+    // Prune the copy behind the source: every block the source has is punched out of it.
+    let st = Command::new(BIN)
+        .args(["prune"])
+        .arg(&dst)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(layout_of(&dst).is_empty());
+    // Fold the source back in: identical again.
+    let st = Command::new(BIN)
+        .args(["fold"])
+        .arg(&src)
+        .arg(&dst)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(content_hash(&src), content_hash(&dst));
+
+    let out = Command::new(BIN)
+        .args(["--json", "layout"])
+        .arg(&dst)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["data_bytes"].as_u64().unwrap(), data_bytes(&layout_of(&src)));
+}
+
+#[test]
+fn send_to_a_missing_file_or_receiver_fails_with_a_clear_message() {
+    let dir = scratch_dir();
+    let out = Command::new(BIN)
+        .args(["send", "--file"])
+        .arg(dir.path().join("nope"))
+        .args(["--to", "127.0.0.1:1"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
+}
