@@ -57,7 +57,10 @@ pub struct BackendError {
 
 impl BackendError {
     pub fn new(kind: ErrorKind, message: impl Into<String>) -> Self {
-        Self { kind, message: message.into() }
+        Self {
+            kind,
+            message: message.into(),
+        }
     }
 }
 
@@ -69,7 +72,10 @@ impl From<std::io::Error> for BackendError {
             std::io::ErrorKind::InvalidInput => ErrorKind::Invalid,
             _ => ErrorKind::Io,
         };
-        Self { kind, message: err.to_string() }
+        Self {
+            kind,
+            message: err.to_string(),
+        }
     }
 }
 

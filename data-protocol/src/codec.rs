@@ -112,7 +112,11 @@ pub enum DecodeError {
     LengthTooLarge { kind: FrameKind, length: u32 },
     /// A payload longer than this kind allows.
     #[error("{kind:?} payload of {payload_len} bytes exceeds the {limit}-byte limit")]
-    PayloadTooLarge { kind: FrameKind, payload_len: u32, limit: u32 },
+    PayloadTooLarge {
+        kind: FrameKind,
+        payload_len: u32,
+        limit: u32,
+    },
     /// A write whose payload is not exactly `length` bytes.
     #[error("write length {length} does not match payload length {payload_len}")]
     WritePayloadMismatch { length: u32, payload_len: u32 },
@@ -131,7 +135,13 @@ pub struct FrameHeader {
 impl FrameHeader {
     /// A header without payload.
     pub fn new(kind: FrameKind, id: u64, offset: u64, length: u32) -> Self {
-        Self { kind, id, offset, length, payload_len: 0 }
+        Self {
+            kind,
+            id,
+            offset,
+            length,
+            payload_len: 0,
+        }
     }
 
     /// Encodes into the fixed wire layout.
@@ -166,7 +176,13 @@ impl FrameHeader {
         let offset = u64::from_le_bytes(u64_at);
         let length = u32::from_le_bytes([bytes[24], bytes[25], bytes[26], bytes[27]]);
         let payload_len = u32::from_le_bytes([bytes[28], bytes[29], bytes[30], bytes[31]]);
-        let header = Self { kind, id, offset, length, payload_len };
+        let header = Self {
+            kind,
+            id,
+            offset,
+            length,
+            payload_len,
+        };
         header.validate()?;
         Ok(header)
     }
@@ -206,7 +222,10 @@ impl FrameHeader {
             });
         }
         if matches!(self.kind, FrameKind::Read | FrameKind::Write) && self.length > MAX_IO {
-            return Err(DecodeError::LengthTooLarge { kind: self.kind, length: self.length });
+            return Err(DecodeError::LengthTooLarge {
+                kind: self.kind,
+                length: self.length,
+            });
         }
         if self.kind == FrameKind::Write && self.payload_len != self.length {
             return Err(DecodeError::WritePayloadMismatch {
@@ -334,11 +353,21 @@ mod tests {
         (any_kind(), any::<u64>(), any::<u64>(), any::<u32>(), any::<u32>()).prop_map(
             |(kind, id, offset, length, payload)| {
                 let limit = FrameHeader::payload_limit(kind);
-                let mut h = FrameHeader { kind, id, offset, length, payload_len: 0 };
+                let mut h = FrameHeader {
+                    kind,
+                    id,
+                    offset,
+                    length,
+                    payload_len: 0,
+                };
                 if matches!(kind, FrameKind::Read | FrameKind::Write) {
                     h.length = length % (MAX_IO + 1);
                 }
-                h.payload_len = if kind == FrameKind::Write { h.length } else { payload % (limit + 1) };
+                h.payload_len = if kind == FrameKind::Write {
+                    h.length
+                } else {
+                    payload % (limit + 1)
+                };
                 h
             },
         )
@@ -391,7 +420,13 @@ mod tests {
 
     #[test]
     fn rejects_each_kind_of_violation_with_a_typed_error() {
-        let good = FrameHeader { kind: FrameKind::Write, id: 1, offset: 0, length: 8, payload_len: 8 };
+        let good = FrameHeader {
+            kind: FrameKind::Write,
+            id: 1,
+            offset: 0,
+            length: 8,
+            payload_len: 8,
+        };
         let mut b = good.encode();
         b[0] ^= 1;
         assert!(matches!(FrameHeader::decode(&b), Err(DecodeError::BadMagic(_))));
@@ -401,16 +436,32 @@ mod tests {
         let mut b = good.encode();
         b[6] = 0x42;
         assert_eq!(FrameHeader::decode(&b), Err(DecodeError::UnknownKind(0x42)));
-        let big = FrameHeader { length: MAX_IO + 1, payload_len: MAX_IO + 1, ..good };
-        assert!(matches!(FrameHeader::decode(&big.encode()), Err(DecodeError::PayloadTooLarge { .. })));
+        let big = FrameHeader {
+            length: MAX_IO + 1,
+            payload_len: MAX_IO + 1,
+            ..good
+        };
+        assert!(matches!(
+            FrameHeader::decode(&big.encode()),
+            Err(DecodeError::PayloadTooLarge { .. })
+        ));
         let read = FrameHeader::new(FrameKind::Read, 1, 0, MAX_IO + 1);
-        assert!(matches!(FrameHeader::decode(&read.encode()), Err(DecodeError::LengthTooLarge { .. })));
-        let mismatch = FrameHeader { payload_len: 7, ..good };
+        assert!(matches!(
+            FrameHeader::decode(&read.encode()),
+            Err(DecodeError::LengthTooLarge { .. })
+        ));
+        let mismatch = FrameHeader {
+            payload_len: 7,
+            ..good
+        };
         assert!(matches!(
             FrameHeader::decode(&mismatch.encode()),
             Err(DecodeError::WritePayloadMismatch { .. })
         ));
-        assert_eq!(FrameHeader::decode_slice(&[0; 5]), Err(DecodeError::Truncated { got: 5 }));
+        assert_eq!(
+            FrameHeader::decode_slice(&[0; 5]),
+            Err(DecodeError::Truncated { got: 5 })
+        );
     }
 
     #[test]

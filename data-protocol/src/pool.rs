@@ -32,7 +32,10 @@ impl BufferPool {
     pub fn new(max_retained_bytes: usize) -> Self {
         Self {
             inner: Arc::new(PoolInner {
-                free: Mutex::new(FreeList { bufs: Vec::with_capacity(64), retained_bytes: 0 }),
+                free: Mutex::new(FreeList {
+                    bufs: Vec::with_capacity(64),
+                    retained_bytes: 0,
+                }),
                 max_retained_bytes,
             }),
         }
@@ -59,12 +62,20 @@ impl BufferPool {
             // Only while warming up (or for a size never seen before).
             data.resize(len, 0);
         }
-        PooledBuf { data, len, pool: Some(self.inner.clone()) }
+        PooledBuf {
+            data,
+            len,
+            pool: Some(self.inner.clone()),
+        }
     }
 
     /// Idle capacity currently retained (for tests and metrics).
     pub fn retained_bytes(&self) -> usize {
-        self.inner.free.lock().unwrap_or_else(PoisonError::into_inner).retained_bytes
+        self.inner
+            .free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .retained_bytes
     }
 }
 

@@ -33,7 +33,10 @@ pub(crate) struct FrameReader<R> {
 
 impl<R: AsyncRead + Unpin> FrameReader<R> {
     pub(crate) fn new(inner: R) -> Self {
-        Self { inner: BufReader::with_capacity(IO_BUF_LEN, inner), decoder: FrameDecoder::new() }
+        Self {
+            inner: BufReader::with_capacity(IO_BUF_LEN, inner),
+            decoder: FrameDecoder::new(),
+        }
     }
 
     /// The next header, or `None` when the peer closed the stream cleanly between frames.
@@ -43,7 +46,11 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
         loop {
             let buf = self.inner.fill_buf().await?;
             if buf.is_empty() {
-                return if self.decoder.at_frame_boundary() { Ok(None) } else { Err(ReadError::TruncatedFrame) };
+                return if self.decoder.at_frame_boundary() {
+                    Ok(None)
+                } else {
+                    Err(ReadError::TruncatedFrame)
+                };
             }
             let (n, decoded) = self.decoder.decode(buf)?;
             let header = match decoded {
@@ -77,7 +84,9 @@ pub(crate) struct FrameWriter<W> {
 
 impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     pub(crate) fn new(inner: W) -> Self {
-        Self { inner: BufWriter::with_capacity(IO_BUF_LEN, inner) }
+        Self {
+            inner: BufWriter::with_capacity(IO_BUF_LEN, inner),
+        }
     }
 
     /// Queues one frame. `header.payload_len` must equal `payload.len()`.

@@ -7,8 +7,8 @@ use std::time::{Duration, Instant};
 
 use common::{KillableServer, MemBackend, TestServer, eventually};
 use data_protocol::{
-    ClientConfig, ClientError, DataClient, ErrorKind, FrameHeader, FrameKind, HEADER_LEN, MAX_IO, ServerConfig,
-    VERSION,
+    ClientConfig, ClientError, DataClient, ErrorKind, FrameHeader, FrameKind, HEADER_LEN, MAX_IO,
+    ServerConfig, VERSION,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -40,18 +40,29 @@ async fn read_until_closed(stream: &mut TcpStream) -> Vec<u8> {
 async fn assert_dropped_while_others_keep_working(frames: &[u8]) {
     let backend = MemBackend::new(MIB);
     let server = TestServer::tcp(backend, ServerConfig::default()).await;
-    let client = DataClient::connect(&server.addr, ClientConfig::default()).await.unwrap();
+    let client = DataClient::connect(&server.addr, ClientConfig::default())
+        .await
+        .unwrap();
     client.write(0, &[5; 4096]).await.unwrap();
 
     let mut raw = TcpStream::connect(&server.addr).await.unwrap();
     raw.write_all(frames).await.unwrap();
     read_until_closed(&mut raw).await;
-    assert!(eventually(Duration::from_secs(5), || server.metrics.snapshot().protocol_violations == 1).await);
+    assert!(
+        eventually(Duration::from_secs(5), || server
+            .metrics
+            .snapshot()
+            .protocol_violations
+            == 1)
+        .await
+    );
 
     let mut buf = [0u8; 4096];
     client.read(0, &mut buf).await.unwrap();
     assert_eq!(buf, [5; 4096]);
-    let late = DataClient::connect(&server.addr, ClientConfig::default()).await.unwrap();
+    let late = DataClient::connect(&server.addr, ClientConfig::default())
+        .await
+        .unwrap();
     late.ping().await.unwrap();
     server.stop().await;
 }
@@ -78,13 +89,25 @@ async fn drops_connection_on_other_violations_and_keeps_serving_others() {
     bad_version[4] = 9;
     let mut unknown_kind = FrameHeader::new(FrameKind::Ping, 2, 0, 0).encode();
     unknown_kind[6] = 0x7f;
-    let mismatched_write = FrameHeader { kind: FrameKind::Write, id: 2, offset: 0, length: 8, payload_len: 4 };
+    let mismatched_write = FrameHeader {
+        kind: FrameKind::Write,
+        id: 2,
+        offset: 0,
+        length: 8,
+        payload_len: 4,
+    };
     let cases: Vec<(&str, Vec<u8>)> = vec![
         ("wrong header version", bad_version.to_vec()),
         ("unknown kind", with_hello(unknown_kind)),
         ("write payload mismatch", with_hello(mismatched_write.encode())),
-        ("io before hello", FrameHeader::new(FrameKind::Read, 1, 0, 512).encode().to_vec()),
-        ("reply kind from a client", with_hello(FrameHeader::new(FrameKind::Ok, 2, 0, 0).encode())),
+        (
+            "io before hello",
+            FrameHeader::new(FrameKind::Read, 1, 0, 512).encode().to_vec(),
+        ),
+        (
+            "reply kind from a client",
+            with_hello(FrameHeader::new(FrameKind::Ok, 2, 0, 0).encode()),
+        ),
         ("second hello", with_hello(hello(u32::from(VERSION)))),
         ("truncated header then close", ok_hello[..20].to_vec()),
     ];
@@ -97,7 +120,9 @@ async fn drops_connection_on_other_violations_and_keeps_serving_others() {
             let mut raw = TcpStream::connect(&server.addr).await.unwrap();
             raw.write_all(&frames).await.unwrap();
             drop(raw);
-            let client = DataClient::connect(&server.addr, ClientConfig::default()).await.unwrap();
+            let client = DataClient::connect(&server.addr, ClientConfig::default())
+                .await
+                .unwrap();
             client.ping().await.unwrap();
             server.stop().await;
             continue;
@@ -124,12 +149,19 @@ async fn refuses_hello_with_another_protocol_version_with_an_error_then_closes()
 
 #[test]
 fn server_killed_mid_request_fails_pending_and_later_requests_with_disconnected() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let backend = MemBackend::new(MIB);
     let mut server = KillableServer::tcp(backend.clone(), ServerConfig::default());
     rt.block_on(async {
         // A long timeout proves the failure comes from the lost connection, not the deadline.
-        let cfg = ClientConfig { request_timeout: Duration::from_secs(60), ..ClientConfig::default() };
+        let cfg = ClientConfig {
+            request_timeout: Duration::from_secs(60),
+            ..ClientConfig::default()
+        };
         let client = DataClient::connect(&server.addr, cfg).await.unwrap();
         backend.close_gate();
         let c = client.clone();
@@ -137,7 +169,10 @@ fn server_killed_mid_request_fails_pending_and_later_requests_with_disconnected(
         assert!(eventually(Duration::from_secs(5), || backend.inside.load(SeqCst) == 1).await);
         let started = Instant::now();
         server.kill();
-        let err = tokio::time::timeout(Duration::from_secs(5), pending).await.expect("no hang").unwrap();
+        let err = tokio::time::timeout(Duration::from_secs(5), pending)
+            .await
+            .expect("no hang")
+            .unwrap();
         assert!(matches!(err, Err(ClientError::Disconnected(_))), "{err:?}");
         assert!(started.elapsed() < Duration::from_secs(5));
         let later = client.read(0, &mut [0u8; 512]).await;
@@ -149,11 +184,18 @@ fn server_killed_mid_request_fails_pending_and_later_requests_with_disconnected(
 
 #[test]
 fn idle_client_notices_a_dead_server_through_pings() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
     let backend = MemBackend::new(MIB);
     let mut server = KillableServer::tcp(backend, ServerConfig::default());
     rt.block_on(async {
-        let cfg = ClientConfig { ping_interval: Duration::from_millis(50), ..ClientConfig::default() };
+        let cfg = ClientConfig {
+            ping_interval: Duration::from_millis(50),
+            ..ClientConfig::default()
+        };
         let client = DataClient::connect(&server.addr, cfg).await.unwrap();
         assert!(client.failure().is_none());
         server.kill();
@@ -167,17 +209,27 @@ fn idle_client_notices_a_dead_server_through_pings() {
 async fn request_timeout_fires_and_fails_the_client() {
     let backend = MemBackend::new(MIB);
     let server = TestServer::tcp(backend.clone(), ServerConfig::default()).await;
-    let cfg = ClientConfig { request_timeout: Duration::from_millis(300), ..ClientConfig::default() };
+    let cfg = ClientConfig {
+        request_timeout: Duration::from_millis(300),
+        ..ClientConfig::default()
+    };
     let client = DataClient::connect(&server.addr, cfg).await.unwrap();
     backend.close_gate();
     let started = Instant::now();
     let (a, b) = tokio::join!(client.write(0, &[1; 512]), client.flush());
     assert!(matches!(a, Err(ClientError::Timeout)), "{a:?}");
     assert!(matches!(b, Err(ClientError::Timeout)), "{b:?}");
-    assert!(started.elapsed() < Duration::from_secs(3), "took {:?}", started.elapsed());
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "took {:?}",
+        started.elapsed()
+    );
     let later = Instant::now();
     assert!(matches!(client.ping().await, Err(ClientError::Timeout)));
-    assert!(later.elapsed() < Duration::from_millis(100), "a failed client answers at once");
+    assert!(
+        later.elapsed() < Duration::from_millis(100),
+        "a failed client answers at once"
+    );
     backend.open_gate();
     client.close().await;
     server.stop().await;
@@ -188,6 +240,8 @@ async fn connect_to_a_closed_port_is_an_io_error() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap().to_string();
     drop(listener);
-    let err = DataClient::connect(&addr, ClientConfig::default()).await.unwrap_err();
+    let err = DataClient::connect(&addr, ClientConfig::default())
+        .await
+        .unwrap_err();
     assert!(matches!(err, ClientError::Io(_)), "{err:?}");
 }

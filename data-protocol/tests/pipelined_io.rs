@@ -13,7 +13,10 @@ use data_protocol::{ClientConfig, ClientError, DataClient, ErrorKind, ServerConf
 const MIB: usize = 1 << 20;
 
 fn client_cfg() -> ClientConfig {
-    ClientConfig { request_timeout: Duration::from_secs(20), ..ClientConfig::default() }
+    ClientConfig {
+        request_timeout: Duration::from_secs(20),
+        ..ClientConfig::default()
+    }
 }
 
 /// Tasks own disjoint regions, so each task's model is exact while all of them share the connections.
@@ -78,13 +81,16 @@ async fn concurrent_reads_and_writes_from_many_tasks_match_a_model_over_a_unix_s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn out_of_order_replies_are_matched_to_their_requests() {
-    // The read at offset 0 is held in the backend until the 8 reads behind it have completed.
-    let backend = MemBackend::with_slow_read(MIB, 0, 8);
+    // The read at offset 0 is held in the backend until the 8 reads sent after it have completed.
+    let backend = MemBackend::with_slow_read(MIB, 0);
     for i in 0..9u8 {
         backend.preload(u64::from(i) * 4096, &[i + 1; 4096]);
     }
     let server = TestServer::tcp(backend.clone(), ServerConfig::default()).await;
-    let cfg = ClientConfig { connections: 1, ..client_cfg() };
+    let cfg = ClientConfig {
+        connections: 1,
+        ..client_cfg()
+    };
     let client = DataClient::connect(&server.addr, cfg).await.unwrap();
     let order = Arc::new(std::sync::Mutex::new(Vec::new()));
     let mut tasks = Vec::new();
@@ -93,7 +99,10 @@ async fn out_of_order_replies_are_matched_to_their_requests() {
         tasks.push(tokio::spawn(async move {
             let mut buf = vec![0u8; 4096];
             client.read(u64::from(i) * 4096, &mut buf).await.unwrap();
-            assert!(buf.iter().all(|&b| b == i + 1), "read {i} got another request's data");
+            assert!(
+                buf.iter().all(|&b| b == i + 1),
+                "read {i} got another request's data"
+            );
             order.lock().unwrap().push(i);
         }));
         if i == 0 {
@@ -101,10 +110,20 @@ async fn out_of_order_replies_are_matched_to_their_requests() {
             assert!(eventually(Duration::from_secs(5), || backend.inside.load(SeqCst) == 1).await);
         }
     }
+    assert!(eventually(Duration::from_secs(10), || order.lock().unwrap().len() == 8).await);
+    assert!(
+        !order.lock().unwrap().contains(&0),
+        "the held-back read is still pending"
+    );
+    backend.release_slow_read();
     for t in tasks {
         t.await.unwrap();
     }
-    assert_eq!(order.lock().unwrap().last(), Some(&0), "the held-back read completes last");
+    assert_eq!(
+        order.lock().unwrap().last(),
+        Some(&0),
+        "the held-back read completes last"
+    );
     server.stop().await;
 }
 
@@ -119,7 +138,16 @@ async fn read_past_the_end_returns_eof() {
     // A per-request error does not fail the client.
     client.read(0, &mut buf).await.unwrap();
     let err = client.write(MIB as u64, &buf).await.unwrap_err();
-    assert!(matches!(err, ClientError::Remote { kind: ErrorKind::OutOfRange, .. }), "{err:?}");
+    assert!(
+        matches!(
+            err,
+            ClientError::Remote {
+                kind: ErrorKind::OutOfRange,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
     assert!(server.metrics.snapshot().errors >= 2);
     server.stop().await;
 }
@@ -164,13 +192,26 @@ async fn unmap_write_zeroes_and_flush_reach_the_backend() {
 async fn window_bounds_the_requests_that_reach_the_backend() {
     let backend = MemBackend::new(MIB);
     backend.close_gate();
-    let cfg = ServerConfig { window: 4, ..ServerConfig::default() };
+    let cfg = ServerConfig {
+        window: 4,
+        ..ServerConfig::default()
+    };
     let server = TestServer::tcp(backend.clone(), cfg).await;
-    let client = DataClient::connect(&server.addr, ClientConfig { connections: 1, ..client_cfg() }).await.unwrap();
+    let client = DataClient::connect(
+        &server.addr,
+        ClientConfig {
+            connections: 1,
+            ..client_cfg()
+        },
+    )
+    .await
+    .unwrap();
     let mut tasks = Vec::new();
     for i in 0..16u64 {
         let client = client.clone();
-        tasks.push(tokio::spawn(async move { client.write(i * 4096, &[7; 4096]).await }));
+        tasks.push(tokio::spawn(
+            async move { client.write(i * 4096, &[7; 4096]).await },
+        ));
     }
     assert!(eventually(Duration::from_secs(5), || backend.inside.load(SeqCst) == 4).await);
     // Give the other 12 every chance to sneak past the window before checking the peak.
@@ -189,13 +230,43 @@ async fn shutdown_lets_in_flight_requests_finish_then_returns() {
     let backend = MemBackend::new(MIB);
     backend.close_gate();
     let server = TestServer::tcp(backend.clone(), ServerConfig::default()).await;
-    let client = DataClient::connect(&server.addr, client_cfg()).await.unwrap();
+    // One connection: with two, the idle one closes first and a closed connection fails the client.
+    let cfg = ClientConfig {
+        connections: 1,
+        ..client_cfg()
+    };
+    let client = DataClient::connect(&server.addr, cfg).await.unwrap();
     let c = client.clone();
     let write = tokio::spawn(async move { c.write(0, &[9; 4096]).await });
     assert!(eventually(Duration::from_secs(5), || backend.inside.load(SeqCst) == 1).await);
     server.cancel.cancel();
     backend.open_gate();
     write.await.unwrap().unwrap();
-    tokio::time::timeout(Duration::from_secs(10), server.task).await.expect("server joined").unwrap();
+    tokio::time::timeout(Duration::from_secs(10), server.task)
+        .await
+        .expect("server joined")
+        .unwrap();
     assert_eq!(backend.snapshot()[..4096], [9; 4096]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caller_that_gives_up_does_not_leak_its_window_slot() {
+    let backend = MemBackend::new(MIB);
+    let server = TestServer::tcp(backend.clone(), ServerConfig::default()).await;
+    // One slot in total: a leaked slot would hang every later request.
+    let cfg = ClientConfig {
+        connections: 1,
+        window: 1,
+        ..client_cfg()
+    };
+    let client = DataClient::connect(&server.addr, cfg).await.unwrap();
+    backend.close_gate();
+    let mut buf = vec![0u8; 4096];
+    let gave_up = tokio::time::timeout(Duration::from_millis(50), client.read(0, &mut buf)).await;
+    assert!(gave_up.is_err(), "the read is held in the backend");
+    backend.open_gate();
+    let next = tokio::time::timeout(Duration::from_secs(5), client.write(0, &[3; 4096])).await;
+    next.expect("the slot is freed by the late reply").unwrap();
+    assert!(client.failure().is_none());
+    server.stop().await;
 }

@@ -40,8 +40,9 @@ pub(super) async fn connect(addr: &str, cfg: ClientConfig) -> Result<DataClient,
             let conn_info = hello(&mut frames, &mut out).await?;
             Ok::<_, ClientError>((frames, out, conn_info))
         };
-        let (frames, out, conn_info) =
-            tokio::time::timeout(cfg.request_timeout, handshake).await.map_err(|_| ClientError::Timeout)??;
+        let (frames, out, conn_info) = tokio::time::timeout(cfg.request_timeout, handshake)
+            .await
+            .map_err(|_| ClientError::Timeout)??;
         match &info {
             Some(first) if *first != conn_info => {
                 return Err(ClientError::Protocol(format!(
@@ -79,7 +80,8 @@ pub(super) async fn connect(addr: &str, cfg: ClientConfig) -> Result<DataClient,
         tasks.spawn(writer_loop(core.clone(), out, rx).instrument(span.clone()));
         tasks.spawn(reader_loop(core.clone(), frames).instrument(span));
     }
-    tasks.spawn(ping_loop(core.clone()).instrument(tracing::debug_span!("data_client_ping", replica = %addr)));
+    tasks
+        .spawn(ping_loop(core.clone()).instrument(tracing::debug_span!("data_client_ping", replica = %addr)));
     tasks.close();
     Ok(DataClient {
         core,
@@ -89,7 +91,10 @@ pub(super) async fn connect(addr: &str, cfg: ClientConfig) -> Result<DataClient,
     })
 }
 
-async fn hello(frames: &mut FrameReader<BoxRead>, out: &mut FrameWriter<BoxWrite>) -> Result<VolumeInfo, ClientError> {
+async fn hello(
+    frames: &mut FrameReader<BoxRead>,
+    out: &mut FrameWriter<BoxWrite>,
+) -> Result<VolumeInfo, ClientError> {
     let name = CLIENT_NAME.as_bytes();
     let mut header = FrameHeader::new(FrameKind::Hello, 0, 0, u32::from(VERSION));
     header.payload_len = u32::try_from(name.len()).unwrap_or(0);
@@ -97,7 +102,11 @@ async fn hello(frames: &mut FrameReader<BoxRead>, out: &mut FrameWriter<BoxWrite
     out.flush().await?;
     let reply = match frames.next_header().await {
         Ok(Some(h)) => h,
-        Ok(None) => return Err(ClientError::Disconnected("replica closed the connection at hello".to_owned())),
+        Ok(None) => {
+            return Err(ClientError::Disconnected(
+                "replica closed the connection at hello".to_owned(),
+            ));
+        }
         Err(e) => return Err(read_error(e)),
     };
     let mut payload = [0u8; MAX_NAME_LEN as usize];
@@ -113,9 +122,14 @@ async fn hello(frames: &mut FrameReader<BoxRead>, out: &mut FrameWriter<BoxWrite
         }
         FrameKind::Error => {
             let message = read_message(frames, &reply).await?;
-            Err(ClientError::Remote { kind: ErrorKind::from_code(reply.length), message })
+            Err(ClientError::Remote {
+                kind: ErrorKind::from_code(reply.length),
+                message,
+            })
         }
-        other => Err(ClientError::Protocol(format!("unexpected {other:?} reply to hello"))),
+        other => Err(ClientError::Protocol(format!(
+            "unexpected {other:?} reply to hello"
+        ))),
     }
 }
 
@@ -129,7 +143,9 @@ async fn read_message(frames: &mut FrameReader<BoxRead>, h: &FrameHeader) -> Res
 fn read_error(e: ReadError) -> ClientError {
     match e {
         ReadError::Protocol(d) => ClientError::Protocol(d.to_string()),
-        ReadError::TruncatedFrame => ClientError::Disconnected("connection closed in the middle of a frame".into()),
+        ReadError::TruncatedFrame => {
+            ClientError::Disconnected("connection closed in the middle of a frame".into())
+        }
         ReadError::Io(e) => ClientError::Disconnected(e.to_string()),
     }
 }
@@ -142,7 +158,9 @@ async fn writer_loop(core: Arc<Core>, mut out: FrameWriter<BoxWrite>, mut rx: mp
                 () = core.cancel.cancelled() => return Ok(()),
                 f = rx.recv() => f,
             };
-            let Some(mut frame) = first else { return Ok::<(), std::io::Error>(()) };
+            let Some(mut frame) = first else {
+                return Ok::<(), std::io::Error>(());
+            };
             loop {
                 let payload = frame.payload.as_deref().unwrap_or(&[]);
                 out.write_frame(&frame.header, payload).await?;
@@ -208,7 +226,10 @@ async fn read_replies(core: &Core, frames: &mut FrameReader<BoxRead>) -> ClientE
                 return ClientError::Protocol(format!("{:?} answered with a payload", expected.kind));
             }
             FrameKind::Error => match read_message(frames, &h).await {
-                Ok(message) => Err(ClientError::Remote { kind: ErrorKind::from_code(h.length), message }),
+                Ok(message) => Err(ClientError::Remote {
+                    kind: ErrorKind::from_code(h.length),
+                    message,
+                }),
                 Err(e) => return e,
             },
             FrameKind::Eof => Err(ClientError::Eof),

@@ -113,7 +113,10 @@ pub struct DataClient {
 
 impl std::fmt::Debug for DataClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DataClient").field("addr", &self.core.addr).field("info", &self.info).finish()
+        f.debug_struct("DataClient")
+            .field("addr", &self.core.addr)
+            .field("info", &self.info)
+            .finish()
     }
 }
 
@@ -137,35 +140,52 @@ impl DataClient {
     /// Reads `buf.len()` bytes at `offset` (at most [`MAX_IO`]).
     pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ClientError> {
         let length = io_length(buf.len())?;
-        let data = self.core.request(FrameKind::Read, offset, length, None, None).await?;
+        let data = self
+            .core
+            .request(FrameKind::Read, offset, length, None, None)
+            .await?;
         match data {
             Some(data) if data.len() == buf.len() => {
                 buf.copy_from_slice(&data);
                 Ok(())
             }
-            _ => Err(self.core.fail(ClientError::Protocol("read reply without its data".to_owned()))),
+            _ => Err(self
+                .core
+                .fail(ClientError::Protocol("read reply without its data".to_owned()))),
         }
     }
 
     /// Writes `data` at `offset` (at most [`MAX_IO`] bytes).
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<(), ClientError> {
         let length = io_length(data.len())?;
-        self.core.request(FrameKind::Write, offset, length, Some(data), None).await.map(drop)
+        self.core
+            .request(FrameKind::Write, offset, length, Some(data), None)
+            .await
+            .map(drop)
     }
 
     /// Discards `len` bytes at `offset`.
     pub async fn unmap(&self, offset: u64, len: u32) -> Result<(), ClientError> {
-        self.core.request(FrameKind::Unmap, offset, len, None, None).await.map(drop)
+        self.core
+            .request(FrameKind::Unmap, offset, len, None, None)
+            .await
+            .map(drop)
     }
 
     /// Writes `len` zero bytes at `offset` without sending them.
     pub async fn write_zeroes(&self, offset: u64, len: u32) -> Result<(), ClientError> {
-        self.core.request(FrameKind::WriteZeroes, offset, len, None, None).await.map(drop)
+        self.core
+            .request(FrameKind::WriteZeroes, offset, len, None, None)
+            .await
+            .map(drop)
     }
 
     /// Makes every write acknowledged so far durable on the replica.
     pub async fn flush(&self) -> Result<(), ClientError> {
-        self.core.request(FrameKind::Flush, 0, 0, None, None).await.map(drop)
+        self.core
+            .request(FrameKind::Flush, 0, 0, None, None)
+            .await
+            .map(drop)
     }
 
     /// One round trip on every connection.
@@ -178,7 +198,8 @@ impl DataClient {
 
     /// Fails pending requests with `Disconnected`, closes the connections and joins the tasks.
     pub async fn close(&self) {
-        self.core.fail(ClientError::Disconnected("client closed".to_owned()));
+        self.core
+            .fail(ClientError::Disconnected("client closed".to_owned()));
         self.tasks.close();
         self.tasks.wait().await;
     }
@@ -221,7 +242,10 @@ impl Core {
     ) -> Result<Option<PooledBuf>, ClientError> {
         self.failed()?;
         let Some(slot) = self.slots.acquire().await else {
-            return Err(self.failed().err().unwrap_or(ClientError::Disconnected("client closed".to_owned())));
+            return Err(self
+                .failed()
+                .err()
+                .unwrap_or(ClientError::Disconnected("client closed".to_owned())));
         };
         let id = slot.begin(kind, length);
         // Checked after `begin`: `fail` either saw this slot pending or set the failure before we look.
@@ -239,8 +263,13 @@ impl Core {
             payload_len: if payload.is_some() { length } else { 0 },
         };
         let conn = conn.unwrap_or_else(|| self.next_conn.fetch_add(1, Relaxed)) % self.outgoing.len();
-        // Never waits: the queue holds as many frames as there are slots.
-        if self.outgoing[conn].send(Outgoing { header, payload }).await.is_err() {
+        // `try_send`, not `send().await`: the queue holds as many frames as there are slots so it is
+        // never full, and with no await between `begin` and queueing, a caller that gives up can only do
+        // so once the frame is on its way (its reply then frees the slot; see `SlotGuard`).
+        if self.outgoing[conn]
+            .try_send(Outgoing { header, payload })
+            .is_err()
+        {
             return Err(self.fail(ClientError::Disconnected("connection writer stopped".to_owned())));
         }
         match tokio::time::timeout(self.cfg.request_timeout, slot.wait()).await {

@@ -71,7 +71,11 @@ impl SlotTable {
             .collect();
         // Ids carry the index in their low 32 bits; `size` is bounded by MAX_PERMITS, far below that.
         let free = (0..size).rev().collect();
-        Self { slots, free: Mutex::new(free), available: Semaphore::new(size) }
+        Self {
+            slots,
+            free: Mutex::new(free),
+            available: Semaphore::new(size),
+        }
     }
 
     /// Waits for a free slot. Fails once the table was closed (the client failed).
@@ -101,7 +105,10 @@ impl SlotTable {
         let (index, generation) = split_id(id);
         let st = lock(&self.slots.get(index)?.state);
         let live = matches!(st.phase, Phase::Pending | Phase::Abandoned) && st.generation == generation;
-        live.then_some(Expected { kind: st.kind, length: st.length })
+        live.then_some(Expected {
+            kind: st.kind,
+            length: st.length,
+        })
     }
 
     /// Delivers a reply's outcome to its caller (or frees the slot if the caller is gone).
@@ -128,7 +135,10 @@ impl SlotTable {
     }
 
     fn release(&self, index: usize) {
-        self.free.lock().unwrap_or_else(PoisonError::into_inner).push(index);
+        self.free
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(index);
         self.available.add_permits(1);
     }
 }

@@ -76,7 +76,10 @@ pub(crate) async fn serve_connection(
     // A peer that stops reading could hold its replies (and a shutdown) forever: give it a grace period.
     let all_done = permits.acquire_many(window_u32);
     tokio::pin!(all_done);
-    if tokio::time::timeout(shared.cfg.shutdown_grace, &mut all_done).await.is_err() {
+    if tokio::time::timeout(shared.cfg.shutdown_grace, &mut all_done)
+        .await
+        .is_err()
+    {
         tracing::warn!("peer not taking replies; dropping connection with requests in flight");
         kill.cancel();
         let _ = all_done.await;
@@ -160,7 +163,10 @@ impl ConnReader<'_> {
             Err(e) => return Some(ReaderEnd::Violation(e.to_string())),
         };
         if !header.kind.is_request() {
-            return Some(ReaderEnd::Violation(format!("client sent a {:?} reply", header.kind)));
+            return Some(ReaderEnd::Violation(format!(
+                "client sent a {:?} reply",
+                header.kind
+            )));
         }
         if !self.hello_done {
             if header.kind != FrameKind::Hello {
@@ -172,7 +178,9 @@ impl ConnReader<'_> {
         let payload = match header.kind {
             FrameKind::Hello => return Some(ReaderEnd::Violation("second Hello".to_owned())),
             FrameKind::Ping => {
-                return self.reply(Reply::empty(FrameKind::Ok, header.id, Some(permit))).await;
+                return self
+                    .reply(Reply::empty(FrameKind::Ok, header.id, Some(permit)))
+                    .await;
             }
             FrameKind::Write => {
                 let mut buf = self.shared.buffers.get(header.payload_usize());
@@ -183,7 +191,12 @@ impl ConnReader<'_> {
             }
             _ => None,
         };
-        let job = Job { header, payload, reply_to: self.reply_tx.clone(), permit };
+        let job = Job {
+            header,
+            payload,
+            reply_to: self.reply_tx.clone(),
+            permit,
+        };
         if self.shared.io.submit(job).await.is_err() {
             return Some(ReaderEnd::Shutdown);
         }
@@ -201,17 +214,30 @@ impl ConnReader<'_> {
         if header.length != u32::from(VERSION) {
             let err = BackendError::new(
                 ErrorKind::Invalid,
-                format!("protocol version {} not supported; this server speaks {VERSION}", header.length),
+                format!(
+                    "protocol version {} not supported; this server speaks {VERSION}",
+                    header.length
+                ),
             );
-            self.reply(Reply::failure(header.id, err, false, Some(permit))).await;
+            self.reply(Reply::failure(header.id, err, false, Some(permit)))
+                .await;
             return Some(ReaderEnd::Refused);
         }
         let backend = self.shared.backend.clone();
-        let info = tokio::task::spawn_blocking(move || backend.info()).await.unwrap_or_else(|e| {
-            Err(BackendError::new(ErrorKind::Unavailable, format!("volume info failed: {e}")))
-        });
+        let info = tokio::task::spawn_blocking(move || backend.info())
+            .await
+            .unwrap_or_else(|e| {
+                Err(BackendError::new(
+                    ErrorKind::Unavailable,
+                    format!("volume info failed: {e}"),
+                ))
+            });
         match info {
-            Ok(VolumeInfo { size, sector_size, mut name }) => {
+            Ok(VolumeInfo {
+                size,
+                sector_size,
+                mut name,
+            }) => {
                 truncate_utf8(&mut name, MAX_NAME_LEN);
                 let header = FrameHeader {
                     kind: FrameKind::Ok,
@@ -221,10 +247,16 @@ impl ConnReader<'_> {
                     payload_len: u32::try_from(name.len()).unwrap_or(MAX_NAME_LEN),
                 };
                 self.hello_done = true;
-                self.reply(Reply { header, body: ReplyBody::Text(name), _permit: Some(permit) }).await
+                self.reply(Reply {
+                    header,
+                    body: ReplyBody::Text(name),
+                    _permit: Some(permit),
+                })
+                .await
             }
             Err(err) => {
-                self.reply(Reply::failure(header.id, err, false, Some(permit))).await;
+                self.reply(Reply::failure(header.id, err, false, Some(permit)))
+                    .await;
                 Some(ReaderEnd::Refused)
             }
         }

@@ -33,11 +33,20 @@ pub(crate) enum ReplyBody {
 
 impl Reply {
     pub(crate) fn empty(kind: FrameKind, id: u64, permit: Option<OwnedSemaphorePermit>) -> Self {
-        Self { header: FrameHeader::new(kind, id, 0, 0), body: ReplyBody::Empty, _permit: permit }
+        Self {
+            header: FrameHeader::new(kind, id, 0, 0),
+            body: ReplyBody::Empty,
+            _permit: permit,
+        }
     }
 
     /// An `Error`, `Eof` or `NoSpace` reply for a failed request.
-    pub(crate) fn failure(id: u64, err: BackendError, is_read: bool, permit: Option<OwnedSemaphorePermit>) -> Self {
+    pub(crate) fn failure(
+        id: u64,
+        err: BackendError,
+        is_read: bool,
+        permit: Option<OwnedSemaphorePermit>,
+    ) -> Self {
         match err.kind {
             ErrorKind::NoSpace => Self::empty(FrameKind::NoSpace, id, permit),
             ErrorKind::OutOfRange if is_read => Self::empty(FrameKind::Eof, id, permit),
@@ -51,7 +60,11 @@ impl Reply {
                     length: kind.code(),
                     payload_len: u32::try_from(message.len()).unwrap_or(MAX_MESSAGE_LEN),
                 };
-                Self { header, body: ReplyBody::Text(message), _permit: permit }
+                Self {
+                    header,
+                    body: ReplyBody::Text(message),
+                    _permit: permit,
+                }
             }
         }
     }
@@ -108,23 +121,32 @@ impl IoPool {
         let (tx, rx) = mpsc::channel::<Job>(queue.max(1));
         // Workers take turns waiting on the one receiver; the lock is held only while idle.
         let rx = Arc::new(Mutex::new(rx));
-        let ctx = Arc::new(WorkerCtx { backend, buffers, metrics });
+        let ctx = Arc::new(WorkerCtx {
+            backend,
+            buffers,
+            metrics,
+        });
         let mut handles = Vec::with_capacity(threads.max(1));
         for i in 0..threads.max(1) {
             let rx = rx.clone();
             let ctx = ctx.clone();
-            let handle = std::thread::Builder::new().name(format!("dp-io-{i}")).spawn(move || {
-                loop {
-                    let job = rx.lock().unwrap_or_else(PoisonError::into_inner).blocking_recv();
-                    match job {
-                        Some(job) => ctx.run(job),
-                        None => break,
+            let handle = std::thread::Builder::new()
+                .name(format!("dp-io-{i}"))
+                .spawn(move || {
+                    loop {
+                        let job = rx.lock().unwrap_or_else(PoisonError::into_inner).blocking_recv();
+                        match job {
+                            Some(job) => ctx.run(job),
+                            None => break,
+                        }
                     }
-                }
-            })?;
+                })?;
             handles.push(handle);
         }
-        Ok(Self { jobs: Some(tx), threads: handles })
+        Ok(Self {
+            jobs: Some(tx),
+            threads: handles,
+        })
     }
 
     /// Queues a job, waiting while the queue is full. Fails only after [`IoPool::close`].
@@ -152,10 +174,18 @@ impl Drop for IoPool {
 
 impl WorkerCtx {
     fn run(&self, job: Job) {
-        let Job { header, payload, reply_to, permit } = job;
+        let Job {
+            header,
+            payload,
+            reply_to,
+            permit,
+        } = job;
         let outcome = catch_unwind(AssertUnwindSafe(|| self.execute(&header, payload)));
         let body = outcome.unwrap_or_else(|_| {
-            Err(BackendError::new(ErrorKind::Io, format!("backend panicked during {:?}", header.kind)))
+            Err(BackendError::new(
+                ErrorKind::Io,
+                format!("backend panicked during {:?}", header.kind),
+            ))
         });
         let reply = match body {
             Ok(body) => {
@@ -192,15 +222,22 @@ impl WorkerCtx {
                 Ok(ReplyBody::Data(buf))
             }
             FrameKind::Write => {
-                let data = payload.ok_or_else(|| BackendError::new(ErrorKind::Invalid, "write without payload"))?;
+                let data =
+                    payload.ok_or_else(|| BackendError::new(ErrorKind::Invalid, "write without payload"))?;
                 self.backend.write_at(h.offset, &data)?;
                 self.metrics.bytes_written.fetch_add(data.len() as u64, Relaxed);
                 Ok(ReplyBody::Empty)
             }
             FrameKind::Unmap => self.backend.unmap(h.offset, len).map(|()| ReplyBody::Empty),
-            FrameKind::WriteZeroes => self.backend.write_zeroes(h.offset, len).map(|()| ReplyBody::Empty),
+            FrameKind::WriteZeroes => self
+                .backend
+                .write_zeroes(h.offset, len)
+                .map(|()| ReplyBody::Empty),
             FrameKind::Flush => self.backend.flush().map(|()| ReplyBody::Empty),
-            other => Err(BackendError::new(ErrorKind::Invalid, format!("{other:?} is not an IO request"))),
+            other => Err(BackendError::new(
+                ErrorKind::Invalid,
+                format!("{other:?} is not an IO request"),
+            )),
         }
     }
 }

@@ -70,9 +70,22 @@ impl DataServer {
     pub fn new(backend: Arc<dyn BlockBackend>, cfg: ServerConfig) -> io::Result<Self> {
         let buffers = BufferPool::new(cfg.buffer_pool_bytes);
         let metrics = Arc::new(ServerMetrics::default());
-        let io =
-            IoPool::start(backend.clone(), buffers.clone(), metrics.clone(), cfg.io_threads, cfg.io_queue)?;
-        Ok(Self { shared: Arc::new(Shared { backend, cfg, io, buffers, metrics }) })
+        let io = IoPool::start(
+            backend.clone(),
+            buffers.clone(),
+            metrics.clone(),
+            cfg.io_threads,
+            cfg.io_queue,
+        )?;
+        Ok(Self {
+            shared: Arc::new(Shared {
+                backend,
+                cfg,
+                io,
+                buffers,
+                metrics,
+            }),
+        })
     }
 
     /// The server's counters.

@@ -21,24 +21,30 @@ pub struct MemBackend {
     /// Requests currently inside the backend, and the most seen at once.
     pub inside: AtomicUsize,
     pub max_inside: AtomicUsize,
-    /// Reads at this offset wait until `hold_until` other requests have completed.
+    /// Reads at this offset wait until `release_slow_read`.
     slow_read_offset: Option<u64>,
-    hold_until: usize,
+    slow_gate: Gate,
     pub completed: AtomicUsize,
     pub flushes: AtomicUsize,
 }
 
 impl MemBackend {
     pub fn new(size: usize) -> Arc<Self> {
-        Arc::new(Self::build(size, None, 0))
+        Arc::new(Self::build(size, None))
     }
 
-    /// Reads at `offset` complete only after `others` other requests completed (or 10 s passed).
-    pub fn with_slow_read(size: usize, offset: u64, others: usize) -> Arc<Self> {
-        Arc::new(Self::build(size, Some(offset), others))
+    /// Reads at `offset` are held in the backend until [`release_slow_read`](Self::release_slow_read).
+    pub fn with_slow_read(size: usize, offset: u64) -> Arc<Self> {
+        let backend = Self::build(size, Some(offset));
+        backend.slow_gate.set(false);
+        Arc::new(backend)
     }
 
-    fn build(size: usize, slow_read_offset: Option<u64>, hold_until: usize) -> Self {
+    pub fn release_slow_read(&self) {
+        self.slow_gate.set(true);
+    }
+
+    fn build(size: usize, slow_read_offset: Option<u64>) -> Self {
         Self {
             data: Mutex::new(vec![0; size]),
             no_space: AtomicBool::new(false),
@@ -46,7 +52,7 @@ impl MemBackend {
             inside: AtomicUsize::new(0),
             max_inside: AtomicUsize::new(0),
             slow_read_offset,
-            hold_until,
+            slow_gate: Gate::default(),
             completed: AtomicUsize::new(0),
             flushes: AtomicUsize::new(0),
         }
@@ -82,7 +88,10 @@ impl MemBackend {
         let start = usize::try_from(offset).unwrap_or(usize::MAX);
         match start.checked_add(len) {
             Some(end) if end <= size => Ok(start..end),
-            _ => Err(BackendError::new(ErrorKind::OutOfRange, format!("{offset}+{len} beyond {size}"))),
+            _ => Err(BackendError::new(
+                ErrorKind::OutOfRange,
+                format!("{offset}+{len} beyond {size}"),
+            )),
         }
     }
 }
@@ -99,16 +108,17 @@ impl Drop for InsideGuard<'_> {
 impl BlockBackend for MemBackend {
     fn info(&self) -> Result<VolumeInfo, BackendError> {
         let size = self.data.lock().unwrap().len() as u64;
-        Ok(VolumeInfo { size, sector_size: SECTOR, name: "vol-test".to_owned() })
+        Ok(VolumeInfo {
+            size,
+            sector_size: SECTOR,
+            name: "vol-test".to_owned(),
+        })
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
         let _inside = self.enter();
         if self.slow_read_offset == Some(offset) {
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while self.completed.load(SeqCst) < self.hold_until && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(1));
-            }
+            self.slow_gate.wait_open();
         }
         let r = self.range(offset, buf.len())?;
         buf.copy_from_slice(&self.data.lock().unwrap()[r]);
@@ -184,7 +194,13 @@ impl TestServer {
             server.serve_tcp(listener, c).await;
             server.shutdown().await;
         });
-        Self { addr, metrics, cancel, task, _dir: None }
+        Self {
+            addr,
+            metrics,
+            cancel,
+            task,
+            _dir: None,
+        }
     }
 
     pub async fn unix(backend: Arc<MemBackend>, cfg: ServerConfig) -> Self {
@@ -199,12 +215,21 @@ impl TestServer {
             server.serve_unix(listener, c).await;
             server.shutdown().await;
         });
-        Self { addr: format!("unix:{}", path.display()), metrics, cancel, task, _dir: Some(dir) }
+        Self {
+            addr: format!("unix:{}", path.display()),
+            metrics,
+            cancel,
+            task,
+            _dir: Some(dir),
+        }
     }
 
     pub async fn stop(self) {
         self.cancel.cancel();
-        tokio::time::timeout(Duration::from_secs(10), self.task).await.expect("server shut down").unwrap();
+        tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("server shut down")
+            .unwrap();
     }
 }
 
@@ -217,13 +242,22 @@ pub struct KillableServer {
 
 impl KillableServer {
     pub fn tcp(backend: Arc<MemBackend>, cfg: ServerConfig) -> Self {
-        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
-        let listener = runtime.block_on(tokio::net::TcpListener::bind("127.0.0.1:0")).unwrap();
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         runtime.spawn(async move {
             let _ = data_protocol::serve_tcp(listener, backend, cfg, CancellationToken::new()).await;
         });
-        Self { addr, runtime: Some(runtime) }
+        Self {
+            addr,
+            runtime: Some(runtime),
+        }
     }
 
     pub fn kill(&mut self) {
