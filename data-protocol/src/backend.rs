@@ -87,7 +87,8 @@ impl From<std::io::Error> for BackendError {
 pub trait BlockBackend: Send + Sync + 'static {
     /// Size, sector size and name, answered at `Hello`.
     fn info(&self) -> Result<VolumeInfo, BackendError>;
-    /// Fills `buf` from `offset`. A range past the end should fail with [`ErrorKind::OutOfRange`].
+    /// Fills all of `buf` from `offset` (it is a reused buffer: bytes left unwritten would leak stale
+    /// data). A range past the end should fail with [`ErrorKind::OutOfRange`].
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError>;
     /// Writes `buf` at `offset`.
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), BackendError>;
