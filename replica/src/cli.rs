@@ -14,6 +14,23 @@ use tonic::transport::Channel;
 
 use crate::replica::ReplicaStatus;
 
+/// Parses a byte size: a plain number, or one with a binary suffix (`K`, `M`, `G`, `T`, also `KiB`... and `B`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?}: expected a number with an optional K/M/G/T suffix"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => return Err(format!("{s:?}: unknown unit {other:?}")),
+    };
+    n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?}: too large"))
+}
+
 /// `HOST:PORT` (or `tcp://HOST:PORT`, `http://HOST:PORT`) → the control URL and the sync-agent URL.
 pub fn endpoints(url: &str) -> anyhow::Result<(String, String)> {
     let hostport = url.trim_start_matches("tcp://").trim_start_matches("http://").trim_end_matches('/');
@@ -150,5 +167,30 @@ where
             bail!("{what}: still in progress after 24 h");
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_suffixes_and_refuse_garbage() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("10G"), Ok(10 << 30));
+        assert_eq!(parse_size("1TiB"), Ok(1 << 40));
+        assert_eq!(parse_size("512k"), Ok(512 << 10));
+        assert!(parse_size("10X").is_err());
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn urls_map_to_control_and_sync_agent_ports() {
+        assert_eq!(
+            endpoints("tcp://10.0.0.1:9502").unwrap(),
+            ("http://10.0.0.1:9502".to_owned(), "http://10.0.0.1:9504".to_owned())
+        );
+        assert!(endpoints("nohost").is_err());
     }
 }

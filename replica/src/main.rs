@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use corral_proto::v1;
-use replica::cli::{control, parse_labels, print_replica, print_status, sync_agent, wait_job};
+use replica::cli::{self, control, parse_labels, print_replica, print_status, sync_agent, wait_job};
 use replica::daemon::{ServeConfig, serve};
 use tokio_util::sync::CancellationToken;
 
@@ -32,7 +32,7 @@ enum Cmd {
         listen: SocketAddr,
         /// Create the replica with this size in bytes (a multiple of 4096) when the directory holds none;
         /// when it holds one, the size must match.
-        #[arg(long, env = "CORRAL_REPLICA_SIZE")]
+        #[arg(long, env = "CORRAL_REPLICA_SIZE", value_parser = cli::parse_size)]
         size: Option<u64>,
         /// Read-only raw image used as the bottom layer.
         #[arg(long, env = "CORRAL_REPLICA_BACKING_FILE")]

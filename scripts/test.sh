@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Corral's whole test suite, runnable on a fresh Debian machine: installs the system tools the tests use (when run
+# as root and they are missing), checks formatting and lints, builds, and runs every test. `.ci/run` calls this.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# command → Debian package
+declare -A tools=(
+  [qemu-img]=qemu-utils [qemu-io]=qemu-utils [nbdinfo]=libnbd-bin [nbdsh]=libnbd-bin [fio]=fio [nbdkit]=nbdkit
+  [rsync]=rsync [mkfs.ext4]=e2fsprogs [losetup]=mount
+)
+missing=()
+for cmd in "${!tools[@]}"; do
+  command -v "$cmd" >/dev/null 2>&1 || missing+=("${tools[$cmd]}")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
+  if [ "$(id -u)" = 0 ]; then
+    echo "installing: ${missing[*]}"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" python3-libnbd >/dev/null
+  else
+    echo "warning: missing ${missing[*]} and not root; tests that need them will fail" >&2
+  fi
+fi
+
+cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked -- -D warnings
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --workspace --locked --no-fail-fast "$@"
+else
+  cargo test --workspace --locked --no-fail-fast "$@"
+fi
