@@ -19,7 +19,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("{s:?}: expected a number with an optional K/M/G/T suffix"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number with an optional K/M/G/T suffix"))?;
     let shift = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
@@ -28,28 +30,40 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "t" | "tb" | "tib" => 40,
         other => return Err(format!("{s:?}: unknown unit {other:?}")),
     };
-    n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?}: too large"))
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?}: too large"))
 }
 
 /// `HOST:PORT` (or `tcp://HOST:PORT`, `http://HOST:PORT`) → the control URL and the sync-agent URL.
 pub fn endpoints(url: &str) -> anyhow::Result<(String, String)> {
-    let hostport = url.trim_start_matches("tcp://").trim_start_matches("http://").trim_end_matches('/');
-    let (host, port) = hostport.rsplit_once(':').with_context(|| format!("{url}: expected HOST:PORT"))?;
+    let hostport = url
+        .trim_start_matches("tcp://")
+        .trim_start_matches("http://")
+        .trim_end_matches('/');
+    let (host, port) = hostport
+        .rsplit_once(':')
+        .with_context(|| format!("{url}: expected HOST:PORT"))?;
     let port: u16 = port.parse().with_context(|| format!("{url}: bad port"))?;
-    let sync = port.checked_add(REPLICA_SYNC_AGENT_PORT_OFFSET).context("port out of range")?;
+    let sync = port
+        .checked_add(REPLICA_SYNC_AGENT_PORT_OFFSET)
+        .context("port out of range")?;
     Ok((format!("http://{host}:{port}"), format!("http://{host}:{sync}")))
 }
 
 /// Connects to a replica's `ReplicaService`.
 pub async fn control(url: &str) -> anyhow::Result<ReplicaServiceClient<Channel>> {
     let (c, _) = endpoints(url)?;
-    ReplicaServiceClient::connect(c.clone()).await.with_context(|| format!("connect to replica at {c}"))
+    ReplicaServiceClient::connect(c.clone())
+        .await
+        .with_context(|| format!("connect to replica at {c}"))
 }
 
 /// Connects to a replica's `SyncAgentService`.
 pub async fn sync_agent(url: &str) -> anyhow::Result<SyncAgentServiceClient<Channel>> {
     let (_, s) = endpoints(url)?;
-    SyncAgentServiceClient::connect(s.clone()).await.with_context(|| format!("connect to sync agent at {s}"))
+    SyncAgentServiceClient::connect(s.clone())
+        .await
+        .with_context(|| format!("connect to sync agent at {s}"))
 }
 
 fn human(bytes: u64) -> String {
@@ -75,17 +89,42 @@ pub fn print_status(s: &ReplicaStatus, json: bool) -> anyhow::Result<()> {
     t.add_row(vec!["directory", &s.dir]);
     t.add_row(vec!["size", &format!("{} ({})", human(s.size), s.size)]);
     t.add_row(vec!["head", &s.head]);
-    t.add_row(vec!["dirty / rebuilding", &format!("{} / {}", s.dirty, s.rebuilding)]);
-    let rev = if s.revision_counter_disabled { "disabled".to_owned() } else { s.revision_counter.to_string() };
+    t.add_row(vec![
+        "dirty / rebuilding",
+        &format!("{} / {}", s.dirty, s.rebuilding),
+    ]);
+    let rev = if s.revision_counter_disabled {
+        "disabled".to_owned()
+    } else {
+        s.revision_counter.to_string()
+    };
     t.add_row(vec!["revision counter", &rev]);
-    t.add_row(vec!["backing file", if s.backing_file.is_empty() { "-" } else { &s.backing_file }]);
+    t.add_row(vec![
+        "backing file",
+        if s.backing_file.is_empty() {
+            "-"
+        } else {
+            &s.backing_file
+        },
+    ]);
     if !s.error.is_empty() {
         t.add_row(vec!["error", &s.error]);
     }
     println!("{t}");
-    print_disks(&s.chain, s.disks.values().map(|d| {
-        (d.name.clone(), d.parent.clone(), d.size, d.removed, d.user_created, d.created.clone(), d.labels.len())
-    }));
+    print_disks(
+        &s.chain,
+        s.disks.values().map(|d| {
+            (
+                d.name.clone(),
+                d.parent.clone(),
+                d.size,
+                d.removed,
+                d.user_created,
+                d.created.clone(),
+                d.labels.len(),
+            )
+        }),
+    );
     Ok(())
 }
 
@@ -94,10 +133,24 @@ type DiskRow = (String, String, u64, bool, bool, String, usize);
 fn print_disks(chain: &[String], disks: impl Iterator<Item = DiskRow>) {
     let mut t = Table::new();
     t.load_style(UTF8_FULL_CONDENSED);
-    t.set_header(vec!["disk", "parent", "allocated", "live", "removed", "user", "created", "labels"]);
+    t.set_header(vec![
+        "disk",
+        "parent",
+        "allocated",
+        "live",
+        "removed",
+        "user",
+        "created",
+        "labels",
+    ]);
     let mut rows: Vec<DiskRow> = disks.collect();
     // Live chain first (head first), then side branches by name.
-    rows.sort_by_key(|r| (chain.iter().position(|c| *c == r.0).unwrap_or(usize::MAX), r.0.clone()));
+    rows.sort_by_key(|r| {
+        (
+            chain.iter().position(|c| *c == r.0).unwrap_or(usize::MAX),
+            r.0.clone(),
+        )
+    });
     for (name, parent, size, removed, user, created, labels) in rows {
         let live = if chain.contains(&name) { "yes" } else { "" };
         t.add_row(vec![
@@ -125,11 +178,26 @@ pub fn print_replica(r: &v1::Replica, json: bool) -> anyhow::Result<()> {
         r.state,
         human(r.size),
         r.head,
-        if r.revision_counter_disabled { "disabled".into() } else { r.revision_counter.to_string() }
+        if r.revision_counter_disabled {
+            "disabled".into()
+        } else {
+            r.revision_counter.to_string()
+        }
     );
-    print_disks(&r.chain, r.disks.values().map(|d| {
-        (d.name.clone(), d.parent.clone(), d.size, d.removed, d.user_created, d.created.clone(), d.labels.len())
-    }));
+    print_disks(
+        &r.chain,
+        r.disks.values().map(|d| {
+            (
+                d.name.clone(),
+                d.parent.clone(),
+                d.size,
+                d.removed,
+                d.user_created,
+                d.created.clone(),
+                d.labels.len(),
+            )
+        }),
+    );
     Ok(())
 }
 
@@ -137,7 +205,11 @@ pub fn print_replica(r: &v1::Replica, json: bool) -> anyhow::Result<()> {
 pub fn parse_labels(labels: &[String]) -> anyhow::Result<HashMap<String, String>> {
     labels
         .iter()
-        .map(|l| l.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())).with_context(|| format!("label {l:?}: expected k=v")))
+        .map(|l| {
+            l.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .with_context(|| format!("label {l:?}: expected k=v"))
+        })
         .collect()
 }
 
@@ -149,7 +221,10 @@ where
 {
     let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
         let b = ProgressBar::new(100);
-        b.set_style(ProgressStyle::with_template("{msg} [{bar:40}] {pos}%").unwrap_or_else(|_| ProgressStyle::default_bar()));
+        b.set_style(
+            ProgressStyle::with_template("{msg} [{bar:40}] {pos}%")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
         b.set_message(what.to_owned());
         b
     } else {
@@ -189,7 +264,10 @@ mod tests {
     fn urls_map_to_control_and_sync_agent_ports() {
         assert_eq!(
             endpoints("tcp://10.0.0.1:9502").unwrap(),
-            ("http://10.0.0.1:9502".to_owned(), "http://10.0.0.1:9504".to_owned())
+            (
+                "http://10.0.0.1:9502".to_owned(),
+                "http://10.0.0.1:9504".to_owned()
+            )
         );
         assert!(endpoints("nohost").is_err());
     }

@@ -8,7 +8,9 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
-use corral_proto::v1::{replica_service_server::ReplicaServiceServer, sync_agent_service_server::SyncAgentServiceServer};
+use corral_proto::v1::{
+    replica_service_server::ReplicaServiceServer, sync_agent_service_server::SyncAgentServiceServer,
+};
 use corral_proto::{REPLICA_DATA_PORT_OFFSET, REPLICA_SYNC_AGENT_PORT_OFFSET};
 use data_protocol::{BlockBackend, DataServer, ServerConfig};
 use tokio::net::TcpListener;
@@ -50,10 +52,15 @@ fn offset_port(addr: SocketAddr, by: u16) -> anyhow::Result<SocketAddr> {
 
 /// Raises the soft open-file limit to the hard limit: a replica keeps one descriptor per layer.
 fn raise_nofile_limit() {
-    if let Ok(l) = rustix::process::getrlimit(rustix::process::Resource::Nofile).current.ok_or(()).and(Ok(
-        rustix::process::getrlimit(rustix::process::Resource::Nofile),
-    )) {
-        let new = rustix::process::Rlimit { current: l.maximum, maximum: l.maximum };
+    if let Ok(l) = rustix::process::getrlimit(rustix::process::Resource::Nofile)
+        .current
+        .ok_or(())
+        .and(Ok(rustix::process::getrlimit(rustix::process::Resource::Nofile)))
+    {
+        let new = rustix::process::Rlimit {
+            current: l.maximum,
+            maximum: l.maximum,
+        };
         let _ = rustix::process::setrlimit(rustix::process::Resource::Nofile, new);
     }
 }
@@ -84,13 +91,24 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
     if replica.is_none() {
         info!(dir = %cfg.dir.display(), "no replica in the directory yet: waiting for ReplicaCreate");
     }
-    let host = Arc::new(ReplicaHost::new(cfg.dir.clone(), cfg.volume.clone(), opts, replica));
+    let host = Arc::new(ReplicaHost::new(
+        cfg.dir.clone(),
+        cfg.volume.clone(),
+        opts,
+        replica,
+    ));
 
-    let control = TcpListener::bind(cfg.listen).await.with_context(|| format!("bind {}", cfg.listen))?;
+    let control = TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("bind {}", cfg.listen))?;
     let data_addr = offset_port(cfg.listen, REPLICA_DATA_PORT_OFFSET)?;
-    let data = TcpListener::bind(data_addr).await.with_context(|| format!("bind data port {data_addr}"))?;
+    let data = TcpListener::bind(data_addr)
+        .await
+        .with_context(|| format!("bind data port {data_addr}"))?;
     let sync_addr = offset_port(cfg.listen, REPLICA_SYNC_AGENT_PORT_OFFSET)?;
-    let sync = TcpListener::bind(sync_addr).await.with_context(|| format!("bind sync-agent port {sync_addr}"))?;
+    let sync = TcpListener::bind(sync_addr)
+        .await
+        .with_context(|| format!("bind sync-agent port {sync_addr}"))?;
 
     let data_server = DataServer::new(host.clone() as Arc<dyn BlockBackend>, cfg.data.clone())?;
     let data_metrics = data_server.metrics();
@@ -116,7 +134,9 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
             .context("SyncAgentService")
     });
     if let Some(addr) = cfg.metrics_listen {
-        let listener = TcpListener::bind(addr).await.with_context(|| format!("bind metrics {addr}"))?;
+        let listener = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("bind metrics {addr}"))?;
         let (h, m, c) = (host.clone(), data_metrics, cancel.clone());
         tasks.spawn(async move { serve_metrics(listener, h, m, c).await });
     }

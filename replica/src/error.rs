@@ -32,7 +32,11 @@ pub enum ErrorKind {
 pub enum ReplicaError {
     /// An IO call on a file of the replica failed.
     #[error("{op} {}: {source}", path.display())]
-    Io { op: &'static str, path: PathBuf, source: io::Error },
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        source: io::Error,
+    },
     /// A metadata file could not be parsed or holds impossible values.
     #[error("corrupt metadata file {}: {reason}", path.display())]
     CorruptMeta { path: PathBuf, reason: String },
@@ -41,7 +45,11 @@ pub enum ReplicaError {
     MissingMeta { path: PathBuf, hint: &'static str },
     /// A disk names a parent that is not in the directory.
     #[error("broken chain in {}: {disk} names parent {parent}, which does not exist", dir.display())]
-    MissingParent { dir: PathBuf, disk: String, parent: String },
+    MissingParent {
+        dir: PathBuf,
+        disk: String,
+        parent: String,
+    },
     /// A snapshot name that cannot be used as (part of) a file name.
     #[error("invalid snapshot name {name:?}: {reason}")]
     InvalidName { name: String, reason: &'static str },
@@ -83,7 +91,9 @@ impl ReplicaError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Self::Io { .. } | Self::Cancelled => ErrorKind::Io,
-            Self::CorruptMeta { .. } | Self::MissingMeta { .. } | Self::MissingParent { .. } => ErrorKind::Corrupt,
+            Self::CorruptMeta { .. } | Self::MissingMeta { .. } | Self::MissingParent { .. } => {
+                ErrorKind::Corrupt
+            }
             Self::InvalidName { .. } | Self::OutOfRange { .. } | Self::InvalidArgument(_) => {
                 ErrorKind::InvalidArgument
             }

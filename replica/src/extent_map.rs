@@ -71,16 +71,34 @@ impl ExtentMap {
         if let Some((&s, &r)) = self.runs.range(..start).next_back()
             && r.end > start
         {
-            self.runs.insert(s, Run { end: start, layer: r.layer });
+            self.runs.insert(
+                s,
+                Run {
+                    end: start,
+                    layer: r.layer,
+                },
+            );
             if r.end > end {
-                self.runs.insert(end, Run { end: r.end, layer: r.layer });
+                self.runs.insert(
+                    end,
+                    Run {
+                        end: r.end,
+                        layer: r.layer,
+                    },
+                );
                 return;
             }
         }
         while let Some((&s, &r)) = self.runs.range(start..end).next() {
             self.runs.remove(&s);
             if r.end > end {
-                self.runs.insert(end, Run { end: r.end, layer: r.layer });
+                self.runs.insert(
+                    end,
+                    Run {
+                        end: r.end,
+                        layer: r.layer,
+                    },
+                );
                 break;
             }
         }

@@ -98,18 +98,26 @@ impl Replica {
         let ctime = ctime_of(&file).ctx("stat", &path)?;
         let rec_name = names::checksum_file(&snap);
         let record: Option<ChecksumRecord> = load_json(&self.dir.join(&rec_name))?;
-        let same_ctime = record.as_ref().is_some_and(|r| r.method == METHOD && r.change_time == ctime);
+        let same_ctime = record
+            .as_ref()
+            .is_some_and(|r| r.method == METHOD && r.change_time == ctime);
         if let Some(r) = &record
             && same_ctime
             && !rehash
         {
-            return Ok(HashOutcome { checksum: r.checksum.clone(), skipped: true, silently_corrupted: r.silently_corrupted });
+            return Ok(HashOutcome {
+                checksum: r.checksum.clone(),
+                skipped: true,
+                silently_corrupted: r.silently_corrupted,
+            });
         }
         let Some(sum) = checksum_file(&file, ctl).ctx("read", &path)? else {
             return Err(ReplicaError::Cancelled);
         };
         if ctime_of(&file).ctx("stat", &path)? != ctime {
-            return Err(ReplicaError::FailedPrecondition(format!("{snap} changed while it was hashed")));
+            return Err(ReplicaError::FailedPrecondition(format!(
+                "{snap} changed while it was hashed"
+            )));
         }
         if let Some(mut r) = record
             && same_ctime
@@ -121,7 +129,11 @@ impl Replica {
             );
             r.silently_corrupted = true;
             write_json_atomic(&self.dir, &rec_name, &r)?;
-            return Ok(HashOutcome { checksum: r.checksum, skipped: false, silently_corrupted: true });
+            return Ok(HashOutcome {
+                checksum: r.checksum,
+                skipped: false,
+                silently_corrupted: true,
+            });
         }
         let r = ChecksumRecord {
             method: METHOD.into(),
@@ -131,6 +143,10 @@ impl Replica {
             silently_corrupted: false,
         };
         write_json_atomic(&self.dir, &rec_name, &r)?;
-        Ok(HashOutcome { checksum: sum, skipped: false, silently_corrupted: false })
+        Ok(HashOutcome {
+            checksum: sum,
+            skipped: false,
+            silently_corrupted: false,
+        })
     }
 }

@@ -82,7 +82,13 @@ impl Replica {
         Ok(())
     }
 
-    fn read_piece(&self, chain: &Chain, layer: Option<LayerIndex>, offset: u64, dst: &mut [u8]) -> Result<()> {
+    fn read_piece(
+        &self,
+        chain: &Chain,
+        layer: Option<LayerIndex>,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<()> {
         match layer {
             Some(i) => {
                 let l = &chain.layers[to_usize(u64::from(i))];
@@ -125,7 +131,7 @@ impl Replica {
                 (block_start + BLOCK_SIZE).min(end)
             };
             let src = &data[to_usize(pos - offset)..to_usize(seg_end - offset)];
-            if pos == block_start && seg_end % BLOCK_SIZE == 0 {
+            if pos == block_start && seg_end.is_multiple_of(BLOCK_SIZE) {
                 self.write_full_blocks(chain, pos, src)?;
             } else {
                 self.write_partial_block(chain, pos, src)?;
@@ -137,7 +143,9 @@ impl Replica {
 
     fn write_full_blocks(&self, chain: &Chain, offset: u64, data: &[u8]) -> Result<()> {
         let head = chain.head();
-        head.file.write_all_at(data, offset).ctx("write", self.dir.join(&head.name))?;
+        head.file
+            .write_all_at(data, offset)
+            .ctx("write", self.dir.join(&head.name))?;
         let first = offset / BLOCK_SIZE;
         write_lock(&self.map).set(first, first + data.len() as u64 / BLOCK_SIZE, chain.head_index());
         Ok(())
@@ -152,14 +160,19 @@ impl Replica {
         let head_idx = chain.head_index();
         let _stripe = lock(&self.rmw[to_usize(block % RMW_STRIPES_PUB as u64)]);
         if read_lock(&self.map).layer_of(block) == Some(head_idx) {
-            return head.file.write_all_at(data, offset).ctx("write", self.dir.join(&head.name));
+            return head
+                .file
+                .write_all_at(data, offset)
+                .ctx("write", self.dir.join(&head.name));
         }
         let start = block * BLOCK_SIZE;
         let mut buf = [0u8; BLOCK];
         self.read_locked(chain, start, &mut buf)?;
         let at = to_usize(offset - start);
         buf[at..at + data.len()].copy_from_slice(data);
-        head.file.write_all_at(&buf, start).ctx("write", self.dir.join(&head.name))?;
+        head.file
+            .write_all_at(&buf, start)
+            .ctx("write", self.dir.join(&head.name))?;
         write_lock(&self.map).set(block, block + 1, head_idx);
         Ok(())
     }
@@ -235,7 +248,11 @@ impl Replica {
             self.write_locked(&chain, offset, &ZEROS[..to_usize(first * BLOCK_SIZE - offset)])?;
         }
         if last * BLOCK_SIZE < end {
-            self.write_locked(&chain, last * BLOCK_SIZE, &ZEROS[..to_usize(end - last * BLOCK_SIZE)])?;
+            self.write_locked(
+                &chain,
+                last * BLOCK_SIZE,
+                &ZEROS[..to_usize(end - last * BLOCK_SIZE)],
+            )?;
         }
         self.discard_head(&chain, first, last)?;
         let backing_end = chain.backing.as_ref().map_or(0, |b| b.size.div_ceil(BLOCK_SIZE));
@@ -267,7 +284,9 @@ impl Replica {
 
     pub(crate) fn flush_locked(&self, chain: &Chain) -> Result<()> {
         let head = chain.head();
-        head.file.sync_data().ctx("fdatasync", self.dir.join(&head.name))?;
+        head.file
+            .sync_data()
+            .ctx("fdatasync", self.dir.join(&head.name))?;
         if let Some(c) = &self.counter {
             c.persist()?;
         }

@@ -102,21 +102,37 @@ impl JobTable {
     /// Registers a new run of `key`; refuses while one is in progress.
     pub fn start(&self, key: &str) -> Option<Arc<JobControl>> {
         let mut jobs = lock(&self.jobs);
-        if jobs.get(key).is_some_and(|e| e.status.state == JobState::InProgress) {
+        if jobs
+            .get(key)
+            .is_some_and(|e| e.status.state == JobState::InProgress)
+        {
             return None;
         }
         let control = Arc::new(JobControl::default());
-        jobs.insert(key.to_owned(), Entry {
-            status: JobStatus { state: JobState::InProgress, ..Default::default() },
-            control: control.clone(),
-        });
+        jobs.insert(
+            key.to_owned(),
+            Entry {
+                status: JobStatus {
+                    state: JobState::InProgress,
+                    ..Default::default()
+                },
+                control: control.clone(),
+            },
+        );
         Some(control)
     }
 
     /// Records the end of a run.
     pub fn finish(&self, key: &str, status: JobStatus) {
         if let Some(e) = lock(&self.jobs).get_mut(key) {
-            e.status = JobStatus { progress: if status.state == JobState::Complete { 100 } else { e.control.progress() }, ..status };
+            e.status = JobStatus {
+                progress: if status.state == JobState::Complete {
+                    100
+                } else {
+                    e.control.progress()
+                },
+                ..status
+            };
         }
     }
 

@@ -79,7 +79,9 @@ impl DirLayout {
                 repairs.push(Repair::Remove(f.clone()));
                 continue;
             }
-            let Some(img) = f.strip_suffix(META_SUFFIX) else { continue };
+            let Some(img) = f.strip_suffix(META_SUFFIX) else {
+                continue;
+            };
             if !names::is_image(img) {
                 continue;
             }
@@ -101,7 +103,9 @@ impl DirLayout {
             }
         }
         // Snapshots that are the head's inode: interrupted before commit.
-        let head_ino = fs::metadata(dir.join(&info.head)).map(|m| (m.dev(), m.ino())).ok();
+        let head_ino = fs::metadata(dir.join(&info.head))
+            .map(|m| (m.dev(), m.ino()))
+            .ok();
         if head_ino.is_none() {
             return Err(ReplicaError::MissingParent {
                 dir: dir.to_owned(),
@@ -122,8 +126,11 @@ impl DirLayout {
         let without_image: Vec<String> = disks.keys().filter(|d| !has(d)).cloned().collect();
         for d in without_image {
             let m = disks[&d].clone();
-            let children: Vec<String> =
-                disks.values().filter(|c| c.parent == d).map(|c| c.name.clone()).collect();
+            let children: Vec<String> = disks
+                .values()
+                .filter(|c| c.parent == d)
+                .map(|c| c.name.clone())
+                .collect();
             if children.is_empty() {
                 repairs.push(Repair::Remove(names::meta_file(&d)));
                 disks.remove(&d);
@@ -132,11 +139,18 @@ impl DirLayout {
                 if let Some(c) = disks.get_mut(child) {
                     c.parent.clone_from(&m.parent);
                 }
-                repairs.push(Repair::Repoint { disk: child.clone(), parent: m.parent.clone() });
+                repairs.push(Repair::Repoint {
+                    disk: child.clone(),
+                    parent: m.parent.clone(),
+                });
                 repairs.push(Repair::Remove(names::meta_file(&d)));
                 disks.remove(&d);
             } else {
-                return Err(ReplicaError::MissingParent { dir: dir.to_owned(), disk: children[0].clone(), parent: d });
+                return Err(ReplicaError::MissingParent {
+                    dir: dir.to_owned(),
+                    disk: children[0].clone(),
+                    parent: d,
+                });
             }
         }
         // Checksum records of images that are gone.
@@ -187,22 +201,40 @@ impl DirLayout {
             }
         }
         live.reverse();
-        Ok(Some(Self { dir: dir.to_owned(), info, disks, live, repairs }))
+        Ok(Some(Self {
+            dir: dir.to_owned(),
+            info,
+            disks,
+            live,
+            repairs,
+        }))
     }
 
     /// Children of a disk, by file name.
     pub fn children(disks: &BTreeMap<String, DiskMeta>, name: &str) -> Vec<String> {
-        disks.values().filter(|d| d.parent == name).map(|d| d.name.clone()).collect()
+        disks
+            .values()
+            .filter(|d| d.parent == name)
+            .map(|d| d.name.clone())
+            .collect()
     }
 }
 
 fn validate_info(path: &Path, info: &VolumeInfo) -> Result<()> {
-    let bad = |reason: String| Err(ReplicaError::CorruptMeta { path: path.to_owned(), reason });
+    let bad = |reason: String| {
+        Err(ReplicaError::CorruptMeta {
+            path: path.to_owned(),
+            reason,
+        })
+    };
     if names::head_index(&info.head).is_none() {
         return bad(format!("Head {:?} is not a volume-head-NNN.img name", info.head));
     }
-    if info.size == 0 || info.size % BLOCK_SIZE != 0 {
-        return bad(format!("Size {} is not a positive multiple of {BLOCK_SIZE}", info.size));
+    if info.size == 0 || !info.size.is_multiple_of(BLOCK_SIZE) {
+        return bad(format!(
+            "Size {} is not a positive multiple of {BLOCK_SIZE}",
+            info.size
+        ));
     }
     if info.encrypted {
         return bad("Encrypted replicas are not supported".into());

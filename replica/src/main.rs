@@ -11,7 +11,11 @@ use replica::daemon::{ServeConfig, serve};
 use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Debug)]
-#[command(name = "corral-replica", version, about = "Corral replica daemon and debugging CLI")]
+#[command(
+    name = "corral-replica",
+    version,
+    about = "Corral replica daemon and debugging CLI"
+)]
 struct Cli {
     /// Log format: text or json.
     #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
@@ -120,7 +124,9 @@ enum SnapCmd {
 fn init_logging(format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if format == "json" {
         b.json().init();
     } else {
@@ -161,30 +167,57 @@ async fn main() -> anyhow::Result<()> {
         } => {
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_signal(cancel.clone()));
-            let data = data_protocol::ServerConfig { window: data_window, io_threads, ..Default::default() };
-            let cfg =
-                ServeConfig { dir, listen, size, backing_file, disable_revision_counter, volume, metrics_listen, data };
+            let data = data_protocol::ServerConfig {
+                window: data_window,
+                io_threads,
+                ..Default::default()
+            };
+            let cfg = ServeConfig {
+                dir,
+                listen,
+                size,
+                backing_file,
+                disable_revision_counter,
+                volume,
+                metrics_listen,
+                data,
+            };
             serve(cfg, cancel).await
         }
-        Cmd::Info { dir: Some(dir), json, .. } => {
+        Cmd::Info {
+            dir: Some(dir), json, ..
+        } => {
             let s = replica::inspect(&dir).with_context(|| format!("inspect {}", dir.display()))?;
             print_status(&s, json)
         }
-        Cmd::Info { url: Some(url), json, .. } => {
+        Cmd::Info {
+            url: Some(url), json, ..
+        } => {
             let r = control(&url).await?.replica_get(v1::Empty {}).await?.into_inner();
             print_replica(&r.replica.unwrap_or_default(), json)
         }
         Cmd::Info { .. } => bail!("give --dir or --url"),
         Cmd::Snapshot { cmd } => snapshot(cmd).await,
-        Cmd::Hash { url, snapshot, rehash, json } => {
+        Cmd::Hash {
+            url,
+            snapshot,
+            rehash,
+            json,
+        } => {
             let mut sa = sync_agent(&url).await?;
-            sa.snapshot_hash(v1::SnapshotHashRequest { snapshot_name: snapshot.clone(), rehash }).await?;
+            sa.snapshot_hash(v1::SnapshotHashRequest {
+                snapshot_name: snapshot.clone(),
+                rehash,
+            })
+            .await?;
             let (state, error) = wait_job(&format!("hashing {snapshot}"), || {
                 let mut sa = sa.clone();
                 let snapshot = snapshot.clone();
                 async move {
                     let s = sa
-                        .snapshot_hash_status(v1::SnapshotHashStatusRequest { snapshot_name: snapshot })
+                        .snapshot_hash_status(v1::SnapshotHashStatusRequest {
+                            snapshot_name: snapshot,
+                        })
                         .await?
                         .into_inner();
                     Ok((s.state, s.progress, s.error))
@@ -192,13 +225,19 @@ async fn main() -> anyhow::Result<()> {
             })
             .await?;
             let last = sa
-                .snapshot_hash_status(v1::SnapshotHashStatusRequest { snapshot_name: snapshot.clone() })
+                .snapshot_hash_status(v1::SnapshotHashStatusRequest {
+                    snapshot_name: snapshot.clone(),
+                })
                 .await?
                 .into_inner();
             if json {
                 println!("{}", serde_json::to_string_pretty(&last)?);
             } else if state == "complete" {
-                let note = if last.skipped { " (recorded, file unchanged)" } else { "" };
+                let note = if last.skipped {
+                    " (recorded, file unchanged)"
+                } else {
+                    ""
+                };
                 println!("{snapshot}: sha512-sparse {}{note}", last.checksum);
                 if last.silently_corrupted {
                     println!("WARNING: silent corruption: content changed without its ctime changing");
@@ -225,18 +264,32 @@ async fn snapshot(cmd: SnapCmd) -> anyhow::Result<()> {
             let labels = parse_labels(&labels)?;
             control(&url)
                 .await?
-                .replica_snapshot(v1::ReplicaSnapshotRequest { name: name.clone(), user_created: true, created: String::new(), labels })
+                .replica_snapshot(v1::ReplicaSnapshotRequest {
+                    name: name.clone(),
+                    user_created: true,
+                    created: String::new(),
+                    labels,
+                })
                 .await?;
             println!("snapshot {name} created");
             Ok(())
         }
         SnapCmd::Rm { url, name } => {
-            control(&url).await?.disk_mark_as_removed(v1::DiskRequest { name: name.clone() }).await?;
+            control(&url)
+                .await?
+                .disk_mark_as_removed(v1::DiskRequest { name: name.clone() })
+                .await?;
             println!("snapshot {name} marked removed; run `snapshot purge` to reclaim its space");
             Ok(())
         }
         SnapCmd::Revert { url, name } => {
-            control(&url).await?.replica_revert(v1::ReplicaRevertRequest { name: name.clone(), created: String::new() }).await?;
+            control(&url)
+                .await?
+                .replica_revert(v1::ReplicaRevertRequest {
+                    name: name.clone(),
+                    created: String::new(),
+                })
+                .await?;
             println!("reverted to {name}");
             Ok(())
         }

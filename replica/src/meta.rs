@@ -102,11 +102,17 @@ pub fn load_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
         Err(e) => return Err(ReplicaError::io("read", path, e)),
     };
     if bytes.iter().all(u8::is_ascii_whitespace) {
-        return Err(ReplicaError::CorruptMeta { path: path.to_owned(), reason: "file is empty".into() });
+        return Err(ReplicaError::CorruptMeta {
+            path: path.to_owned(),
+            reason: "file is empty".into(),
+        });
     }
     serde_json::from_slice(&bytes)
         .map(Some)
-        .map_err(|e| ReplicaError::CorruptMeta { path: path.to_owned(), reason: e.to_string() })
+        .map_err(|e| ReplicaError::CorruptMeta {
+            path: path.to_owned(),
+            reason: e.to_string(),
+        })
 }
 
 /// Writes `value` as JSON to `dir/name` crash-safely: write `name.tmp`, fsync it, rename over `name`, fsync `dir`.
@@ -121,7 +127,12 @@ pub fn write_json_atomic<T: Serialize>(dir: &Path, name: &str, value: &T) -> Res
 pub fn write_file_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     let path = dir.join(name);
     let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
-    let mut f = OpenOptions::new().write(true).create(true).truncate(true).open(&tmp).ctx("create", &tmp)?;
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)
+        .ctx("create", &tmp)?;
     f.write_all(bytes).ctx("write", &tmp)?;
     f.sync_all().ctx("fsync", &tmp)?;
     drop(f);
@@ -131,7 +142,9 @@ pub fn write_file_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
 
 /// fsyncs a directory so that renames, links and unlinks in it are durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).ctx("fsync directory", dir)
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .ctx("fsync directory", dir)
 }
 
 /// Removes a file if it exists.
@@ -149,9 +162,16 @@ mod tests {
 
     #[test]
     fn volume_meta_uses_longhorn_keys() {
-        let info = VolumeInfo { size: 4096, head: "volume-head-001.img".into(), ..Default::default() };
+        let info = VolumeInfo {
+            size: 4096,
+            head: "volume-head-001.img".into(),
+            ..Default::default()
+        };
         let json = serde_json::to_string(&info).unwrap();
-        assert!(json.contains("\"Size\":4096") && json.contains("\"Head\":\"volume-head-001.img\""), "{json}");
+        assert!(
+            json.contains("\"Size\":4096") && json.contains("\"Head\":\"volume-head-001.img\""),
+            "{json}"
+        );
         assert!(json.contains("\"BackingFilePath\""), "{json}");
         // Longhorn's own volume.meta parses.
         let lh = r#"{"Size":10737418240,"Head":"volume-head-002.img","Dirty":true,"Rebuilding":false,"Error":"","Parent":"volume-snap-a.img","SectorSize":512,"BackingFilePath":"","Encrypted":false}"#;
@@ -163,8 +183,24 @@ mod tests {
     #[test]
     fn atomic_write_replaces_and_leaves_no_temp() {
         let dir = tempfile::tempdir().unwrap();
-        write_json_atomic(dir.path(), "x.meta", &DiskMeta { parent: "a".into(), ..Default::default() }).unwrap();
-        write_json_atomic(dir.path(), "x.meta", &DiskMeta { parent: "b".into(), ..Default::default() }).unwrap();
+        write_json_atomic(
+            dir.path(),
+            "x.meta",
+            &DiskMeta {
+                parent: "a".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        write_json_atomic(
+            dir.path(),
+            "x.meta",
+            &DiskMeta {
+                parent: "b".into(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let m: DiskMeta = load_json(&dir.path().join("x.meta")).unwrap().unwrap();
         assert_eq!(m.parent, "b");
         assert!(!dir.path().join("x.meta.tmp").exists());

@@ -23,12 +23,36 @@ impl prometheus_client::collector::Collector for Collector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let d = self.data.snapshot();
         let counters = [
-            ("replica_data_requests", "Data-protocol requests served", d.requests),
-            ("replica_data_read_bytes", "Bytes read through the data protocol", d.bytes_read),
-            ("replica_data_written_bytes", "Bytes written through the data protocol", d.bytes_written),
-            ("replica_data_errors", "Data-protocol requests answered with an error", d.errors),
-            ("replica_data_protocol_violations", "Connections dropped for protocol violations", d.protocol_violations),
-            ("replica_data_connections_accepted", "Data-protocol connections accepted", d.connections_accepted),
+            (
+                "replica_data_requests",
+                "Data-protocol requests served",
+                d.requests,
+            ),
+            (
+                "replica_data_read_bytes",
+                "Bytes read through the data protocol",
+                d.bytes_read,
+            ),
+            (
+                "replica_data_written_bytes",
+                "Bytes written through the data protocol",
+                d.bytes_written,
+            ),
+            (
+                "replica_data_errors",
+                "Data-protocol requests answered with an error",
+                d.errors,
+            ),
+            (
+                "replica_data_protocol_violations",
+                "Connections dropped for protocol violations",
+                d.protocol_violations,
+            ),
+            (
+                "replica_data_connections_accepted",
+                "Data-protocol connections accepted",
+                d.connections_accepted,
+            ),
         ];
         for (name, help, v) in counters {
             let c = ConstCounter::new(v);
@@ -40,11 +64,31 @@ impl prometheus_client::collector::Collector for Collector {
         };
         let gauges = [
             ("replica_open", "1 when the replica is open", 1i64.min(open)),
-            ("replica_data_connections_active", "Open data-protocol connections", i64::try_from(d.connections_active).unwrap_or(i64::MAX)),
-            ("replica_chain_layers", "Layers in the live chain", i64::try_from(layers).unwrap_or(i64::MAX)),
-            ("replica_extent_map_runs", "Runs in the block location map", i64::try_from(runs).unwrap_or(i64::MAX)),
-            ("replica_revision_counter", "Revision counter", i64::try_from(rev).unwrap_or(i64::MAX)),
-            ("replica_size_bytes", "Volume size", i64::try_from(size).unwrap_or(i64::MAX)),
+            (
+                "replica_data_connections_active",
+                "Open data-protocol connections",
+                i64::try_from(d.connections_active).unwrap_or(i64::MAX),
+            ),
+            (
+                "replica_chain_layers",
+                "Layers in the live chain",
+                i64::try_from(layers).unwrap_or(i64::MAX),
+            ),
+            (
+                "replica_extent_map_runs",
+                "Runs in the block location map",
+                i64::try_from(runs).unwrap_or(i64::MAX),
+            ),
+            (
+                "replica_revision_counter",
+                "Revision counter",
+                i64::try_from(rev).unwrap_or(i64::MAX),
+            ),
+            (
+                "replica_size_bytes",
+                "Volume size",
+                i64::try_from(size).unwrap_or(i64::MAX),
+            ),
         ];
         for (name, help, v) in gauges {
             let g = ConstGauge::new(v);
@@ -56,7 +100,8 @@ impl prometheus_client::collector::Collector for Collector {
 
 async fn metrics(State(reg): State<Arc<Registry>>) -> Result<String, StatusCode> {
     let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &reg).map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
+    prometheus_client::encoding::text::encode(&mut out, &reg)
+        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
     Ok(out)
 }
 
@@ -73,6 +118,8 @@ pub async fn serve_metrics(
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(Arc::new(reg));
-    axum::serve(listener, app).with_graceful_shutdown(async move { cancel.cancelled().await }).await?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { cancel.cancelled().await })
+        .await?;
     Ok(())
 }

@@ -25,7 +25,10 @@ pub fn head_file(index: u32) -> String {
 
 /// Index of a head file name, if it is one.
 pub fn head_index(file: &str) -> Option<u32> {
-    file.strip_prefix(HEAD_PREFIX)?.strip_suffix(IMG_SUFFIX)?.parse().ok()
+    file.strip_prefix(HEAD_PREFIX)?
+        .strip_suffix(IMG_SUFFIX)?
+        .parse()
+        .ok()
 }
 
 /// `volume-snap-<name>.img`.
@@ -66,7 +69,12 @@ pub fn resolve_snapshot(name_or_file: &str) -> Result<String> {
 
 /// A snapshot name becomes part of a file name: refuse anything that could escape the directory or confuse tools.
 pub fn validate_snapshot_name(name: &str) -> Result<()> {
-    let bad = |reason| Err(ReplicaError::InvalidName { name: name.to_owned(), reason });
+    let bad = |reason| {
+        Err(ReplicaError::InvalidName {
+            name: name.to_owned(),
+            reason,
+        })
+    };
     if name.is_empty() {
         return bad("empty");
     }
@@ -85,7 +93,10 @@ pub fn validate_snapshot_name(name: &str) -> Result<()> {
     if name.starts_with('-') || name.starts_with('.') {
         return bad("starts with '-' or '.'");
     }
-    if !name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+' | ':' | '@')) {
+    if !name
+        .chars()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '+' | ':' | '@'))
+    {
         return bad("only ASCII letters, digits and - _ . + : @ are allowed");
     }
     Ok(())
@@ -101,12 +112,25 @@ mod tests {
         assert_eq!(head_index("volume-head-1234.img"), Some(1234));
         assert_eq!(snapshot_name(&snapshot_file("s1")), Some("s1"));
         assert_eq!(resolve_snapshot("s1").unwrap(), "volume-snap-s1.img");
-        assert_eq!(resolve_snapshot("volume-snap-s1.img").unwrap(), "volume-snap-s1.img");
+        assert_eq!(
+            resolve_snapshot("volume-snap-s1.img").unwrap(),
+            "volume-snap-s1.img"
+        );
     }
 
     #[test]
     fn path_tricks_in_snapshot_names_are_refused() {
-        for bad in ["", "a/b", "..", "../x", "a\0b", ".hidden", "-rf", "a b", &"x".repeat(201)] {
+        for bad in [
+            "",
+            "a/b",
+            "..",
+            "../x",
+            "a\0b",
+            ".hidden",
+            "-rf",
+            "a b",
+            &"x".repeat(201),
+        ] {
             assert!(validate_snapshot_name(bad).is_err(), "{bad:?} accepted");
         }
         for good in ["s1", "backup-2026-01-01T00:00:00", "expand-4096", "c0ffee_1.2"] {

@@ -42,7 +42,9 @@ impl Replica {
     /// Runs a purge to completion (blocking). Progress and cancellation through `ctl`.
     pub fn purge(&self, ctl: &JobControl) -> Result<()> {
         if self.purging.swap(true, Ordering::AcqRel) {
-            return Err(ReplicaError::FailedPrecondition("a purge is already running".into()));
+            return Err(ReplicaError::FailedPrecondition(
+                "a purge is already running".into(),
+            ));
         }
         struct Reset<'a>(&'a Replica);
         impl Drop for Reset<'_> {
@@ -55,7 +57,9 @@ impl Replica {
             let _shape = lock(&self.shape);
             let mut chain = self.chain_write_open()?;
             if chain.info.rebuilding {
-                return Err(ReplicaError::FailedPrecondition("cannot purge while rebuilding".into()));
+                return Err(ReplicaError::FailedPrecondition(
+                    "cannot purge while rebuilding".into(),
+                ));
             }
             let head = chain.info.head.clone();
             let system: Vec<String> = chain
@@ -95,12 +99,21 @@ impl Replica {
 
     fn next_step(&self, pruned: &BTreeSet<String>) -> Result<Option<Step>> {
         let chain = self.chain_read_open()?;
-        for d in chain.disks.values().filter(|d| d.removed && !pruned.contains(&d.name)) {
+        for d in chain
+            .disks
+            .values()
+            .filter(|d| d.removed && !pruned.contains(&d.name))
+        {
             let children = DirLayout::children(&chain.disks, &d.name);
             match children.as_slice() {
                 [] => return Ok(Some(Step::Remove(d.name.clone()))),
                 [c] if *c == chain.info.head => return Ok(Some(Step::Prune(d.name.clone()))),
-                [c] => return Ok(Some(Step::Fold { snap: d.name.clone(), child: c.clone() })),
+                [c] => {
+                    return Ok(Some(Step::Fold {
+                        snap: d.name.clone(),
+                        child: c.clone(),
+                    }));
+                }
                 _ => {}
             }
         }
@@ -110,7 +123,8 @@ impl Replica {
     fn remove_leaf(&self, snap: &str) -> Result<()> {
         let _shape = lock(&self.shape);
         let mut chain = self.chain_write_open()?;
-        if !DirLayout::children(&chain.disks, snap).is_empty() || chain.layers.iter().any(|l| l.name == snap) {
+        if !DirLayout::children(&chain.disks, snap).is_empty() || chain.layers.iter().any(|l| l.name == snap)
+        {
             return Ok(()); // the tree changed meanwhile; the next step re-plans
         }
         remove_if_exists(&self.dir.join(names::meta_file(snap)))?;
@@ -124,7 +138,11 @@ impl Replica {
 
     fn fold(&self, snap: &str, child: &str, ctl: &JobControl) -> Result<()> {
         let (sp, cp) = (self.dir.join(snap), self.dir.join(child));
-        let target = OpenOptions::new().read(true).write(true).open(&sp).ctx("open", &sp)?;
+        let target = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&sp)
+            .ctx("open", &sp)?;
         let source = File::open(&cp).ctx("open", &cp)?;
         let src_len = source.metadata().ctx("stat", &cp)?.len();
         if target.metadata().ctx("stat", &sp)?.len() < src_len {
@@ -149,7 +167,9 @@ impl Replica {
         let _shape = lock(&self.shape);
         let mut chain = self.chain_write_open()?;
         if DirLayout::children(&chain.disks, snap) != [child.to_owned()] {
-            return Err(ReplicaError::FailedPrecondition(format!("{snap} changed during purge")));
+            return Err(ReplicaError::FailedPrecondition(format!(
+                "{snap} changed during purge"
+            )));
         }
         fs::rename(&sp, &cp).ctx("rename", &cp)?;
         sync_dir(&self.dir)?;
@@ -167,7 +187,10 @@ impl Replica {
         if let Some(i) = chain.layers.iter().position(|l| l.name == snap) {
             // The live chain holds S at i and C at i+1: they become one layer at i, opened by C's name.
             let file = File::open(&cp).ctx("open", &cp)?;
-            chain.layers[i] = Layer { name: child.to_owned(), file };
+            chain.layers[i] = Layer {
+                name: child.to_owned(),
+                file,
+            };
             chain.layers.remove(i + 1);
             // Blocks of C (i+1) now live in layer i; everything above moves down by one.
             let ci = LayerIndex::try_from(i + 1).unwrap_or(LayerIndex::MAX);
@@ -189,7 +212,9 @@ impl Replica {
             }
             runs.clear();
             let chain = self.chain_read_open()?;
-            let Some(i) = chain.layers.iter().position(|l| l.name == snap) else { break };
+            let Some(i) = chain.layers.iter().position(|l| l.name == snap) else {
+                break;
+            };
             if i + 2 != chain.layers.len() {
                 break; // a snapshot was taken: the old head now shadows S as a snapshot; stop here
             }

@@ -177,7 +177,11 @@ pub(crate) fn now_rfc3339() -> String {
 }
 
 fn open_rw(path: &Path) -> Result<File> {
-    OpenOptions::new().read(true).write(true).open(path).ctx("open", path)
+    OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .ctx("open", path)
 }
 
 fn open_ro(path: &Path) -> Result<File> {
@@ -186,7 +190,12 @@ fn open_ro(path: &Path) -> Result<File> {
 
 /// Creates an empty sparse layer file of `size` bytes and makes it durable.
 pub(crate) fn create_layer_file(path: &Path, size: u64) -> Result<File> {
-    let f = OpenOptions::new().read(true).write(true).create_new(true).open(path).ctx("create", path)?;
+    let f = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .ctx("create", path)?;
     f.set_len(size).ctx("truncate", path)?;
     f.sync_all().ctx("fsync", path)?;
     Ok(f)
@@ -195,22 +204,29 @@ pub(crate) fn create_layer_file(path: &Path, size: u64) -> Result<File> {
 impl Replica {
     /// Creates a new replica of `size` bytes in `dir` (which must hold no replica yet) and opens it.
     pub fn create(dir: &Path, size: u64, opts: &ReplicaOptions) -> Result<Self> {
-        if size == 0 || size % BLOCK_SIZE != 0 {
+        if size == 0 || !size.is_multiple_of(BLOCK_SIZE) {
             return Err(ReplicaError::InvalidArgument(format!(
                 "volume size {size} must be a positive multiple of {BLOCK_SIZE}"
             )));
         }
         fs::create_dir_all(dir).ctx("create directory", dir)?;
         if DirLayout::load(dir)?.is_some() {
-            return Err(ReplicaError::AlreadyExists(format!("replica in {}", dir.display())));
+            return Err(ReplicaError::AlreadyExists(format!(
+                "replica in {}",
+                dir.display()
+            )));
         }
         let head = names::head_file(0);
         create_layer_file(&dir.join(&head), size)?;
-        write_json_atomic(dir, &names::meta_file(&head), &DiskMeta {
-            name: head.clone(),
-            created: now_rfc3339(),
-            ..Default::default()
-        })?;
+        write_json_atomic(
+            dir,
+            &names::meta_file(&head),
+            &DiskMeta {
+                name: head.clone(),
+                created: now_rfc3339(),
+                ..Default::default()
+            },
+        )?;
         let info = VolumeInfo {
             size,
             head,
@@ -229,7 +245,13 @@ impl Replica {
             path: dir.join(VOLUME_META),
             hint: " (no replica here: create one with a size)",
         })?;
-        let DirLayout { info: mut vinfo, disks, live, repairs, .. } = layout;
+        let DirLayout {
+            info: mut vinfo,
+            disks,
+            live,
+            repairs,
+            ..
+        } = layout;
         for r in &repairs {
             match r {
                 Repair::Remove(f) => {
@@ -249,10 +271,21 @@ impl Replica {
         let mut layers = Vec::with_capacity(live.len());
         for (i, name) in live.iter().enumerate() {
             let path = dir.join(name);
-            let file = if i + 1 == live.len() { open_rw(&path)? } else { open_ro(&path)? };
-            layers.push(Layer { name: name.clone(), file });
+            let file = if i + 1 == live.len() {
+                open_rw(&path)?
+            } else {
+                open_ro(&path)?
+            };
+            layers.push(Layer {
+                name: name.clone(),
+                file,
+            });
         }
-        let head_len = layers[layers.len() - 1].file.metadata().ctx("stat", dir.join(&vinfo.head))?.len();
+        let head_len = layers[layers.len() - 1]
+            .file
+            .metadata()
+            .ctx("stat", dir.join(&vinfo.head))?
+            .len();
         if head_len != vinfo.size {
             return Err(ReplicaError::CorruptMeta {
                 path: dir.join(VOLUME_META),
@@ -279,12 +312,19 @@ impl Replica {
         if let Some(d) = opts.disable_revision_counter {
             vinfo.revision_counter_disabled = d;
         }
-        let counter = if vinfo.revision_counter_disabled { None } else { Some(RevisionCounter::open(dir)?) };
+        let counter = if vinfo.revision_counter_disabled {
+            None
+        } else {
+            Some(RevisionCounter::open(dir)?)
+        };
 
         vinfo.parent = disks[&vinfo.head].parent.clone();
         vinfo.dirty = true;
         vinfo.sector_size = SECTOR_SIZE;
-        vinfo.backing_file_path = backing.as_ref().map(|b| b.path.display().to_string()).unwrap_or_default();
+        vinfo.backing_file_path = backing
+            .as_ref()
+            .map(|b| b.path.display().to_string())
+            .unwrap_or_default();
         write_json_atomic(dir, VOLUME_META, &vinfo)?;
         info!(
             dir = %dir.display(), size = vinfo.size, head = %vinfo.head, layers = layers.len(),
@@ -292,7 +332,13 @@ impl Replica {
         );
         Ok(Self {
             dir: dir.to_owned(),
-            chain: RwLock::new(Chain { info: vinfo, disks, layers, backing, closed: false }),
+            chain: RwLock::new(Chain {
+                info: vinfo,
+                disks,
+                layers,
+                backing,
+                closed: false,
+            }),
             map: RwLock::new(map),
             rmw: std::array::from_fn(|_| Mutex::new(())),
             counter,
@@ -340,7 +386,9 @@ impl Replica {
     pub fn set_revision_counter(&self, v: u64) -> Result<()> {
         match &self.counter {
             Some(c) => c.set(v),
-            None => Err(ReplicaError::FailedPrecondition("revision counter is disabled on this replica".into())),
+            None => Err(ReplicaError::FailedPrecondition(
+                "revision counter is disabled on this replica".into(),
+            )),
         }
     }
 
@@ -355,7 +403,10 @@ impl Replica {
     pub(crate) fn chain_read_open(&self) -> Result<RwLockReadGuard<'_, Chain>> {
         let c = read_lock(&self.chain);
         if c.closed {
-            return Err(ReplicaError::FailedPrecondition(format!("replica {} is closed", self.dir.display())));
+            return Err(ReplicaError::FailedPrecondition(format!(
+                "replica {} is closed",
+                self.dir.display()
+            )));
         }
         Ok(c)
     }
@@ -363,7 +414,10 @@ impl Replica {
     pub(crate) fn chain_write_open(&self) -> Result<RwLockWriteGuard<'_, Chain>> {
         let c = write_lock(&self.chain);
         if c.closed {
-            return Err(ReplicaError::FailedPrecondition(format!("replica {} is closed", self.dir.display())));
+            return Err(ReplicaError::FailedPrecondition(format!(
+                "replica {} is closed",
+                self.dir.display()
+            )));
         }
         Ok(c)
     }
@@ -396,14 +450,23 @@ impl Replica {
             parent: chain.disks[&old_head].parent.clone(),
             removed: false,
             user_created: req.user_created,
-            created: if req.created.is_empty() { now_rfc3339() } else { req.created.clone() },
+            created: if req.created.is_empty() {
+                now_rfc3339()
+            } else {
+                req.created.clone()
+            },
             labels: req.labels.clone(),
         };
         write_json_atomic(dir, &names::meta_file(&snap), &snap_meta)?;
         fs::hard_link(dir.join(&old_head), dir.join(&snap)).ctx("link", dir.join(&snap))?;
         remove_if_exists(&dir.join(&new_head))?;
         let head_file = create_layer_file(&dir.join(&new_head), new_size)?;
-        let head_meta = DiskMeta { name: new_head.clone(), parent: snap.clone(), created: now_rfc3339(), ..Default::default() };
+        let head_meta = DiskMeta {
+            name: new_head.clone(),
+            parent: snap.clone(),
+            created: now_rfc3339(),
+            ..Default::default()
+        };
         write_json_atomic(dir, &names::meta_file(&new_head), &head_meta)?;
 
         let mut info = chain.info.clone();
@@ -424,7 +487,10 @@ impl Replica {
         let last = chain.layers.len() - 1;
         chain.layers[last].name.clone_from(&snap);
         // The old head's file handle now refers to the snapshot; writes only ever go to the new head.
-        chain.layers.push(Layer { name: new_head, file: head_file });
+        chain.layers.push(Layer {
+            name: new_head,
+            file: head_file,
+        });
         info!(dir = %dir.display(), snapshot = %snap, "snapshot taken");
         Ok(())
     }
@@ -438,7 +504,7 @@ impl Replica {
         if size == cur {
             return Ok(());
         }
-        if size < cur || size % BLOCK_SIZE != 0 {
+        if size < cur || !size.is_multiple_of(BLOCK_SIZE) {
             return Err(ReplicaError::InvalidArgument(format!(
                 "cannot expand from {cur} to {size}: the new size must be larger and a multiple of {BLOCK_SIZE}"
             )));
@@ -457,7 +523,9 @@ impl Replica {
     pub fn revert(&self, name: &str, created: &str) -> Result<()> {
         let _shape = lock(&self.shape);
         if self.purging.load(Ordering::Acquire) {
-            return Err(ReplicaError::FailedPrecondition("cannot revert while a purge runs".into()));
+            return Err(ReplicaError::FailedPrecondition(
+                "cannot revert while a purge runs".into(),
+            ));
         }
         let mut chain = self.chain_write_open()?;
         let target = names::resolve_snapshot(name)?;
@@ -465,7 +533,9 @@ impl Replica {
             return Err(ReplicaError::NotFound(format!("snapshot {target}")));
         };
         if meta.removed {
-            return Err(ReplicaError::FailedPrecondition(format!("snapshot {target} is marked removed")));
+            return Err(ReplicaError::FailedPrecondition(format!(
+                "snapshot {target} is marked removed"
+            )));
         }
         let dir = self.dir.clone();
         let old_head = chain.info.head.clone();
@@ -475,7 +545,11 @@ impl Replica {
         let head_meta = DiskMeta {
             name: new_head.clone(),
             parent: target.clone(),
-            created: if created.is_empty() { now_rfc3339() } else { created.to_owned() },
+            created: if created.is_empty() {
+                now_rfc3339()
+            } else {
+                created.to_owned()
+            },
             ..Default::default()
         };
         write_json_atomic(&dir, &names::meta_file(&new_head), &head_meta)?;
@@ -495,12 +569,20 @@ impl Replica {
         let mut cur = target;
         while !cur.is_empty() {
             live.push(cur.clone());
-            cur = chain.disks.get(&cur).map(|d| d.parent.clone()).unwrap_or_default();
+            cur = chain
+                .disks
+                .get(&cur)
+                .map(|d| d.parent.clone())
+                .unwrap_or_default();
         }
         live.reverse();
         let mut layers = Vec::with_capacity(live.len());
         for n in live {
-            let file = if n == new_head { head_file.try_clone().ctx("dup", dir.join(&n))? } else { open_ro(&dir.join(&n))? };
+            let file = if n == new_head {
+                head_file.try_clone().ctx("dup", dir.join(&n))?
+            } else {
+                open_ro(&dir.join(&n))?
+            };
             layers.push(Layer { name: n, file });
         }
         let map = build_map(&dir, &layers)?;
@@ -538,13 +620,16 @@ impl Replica {
             disable_revision_counter: Some(chain.info.revision_counter_disabled),
         };
         let fresh = Self::open(&self.dir, &opts)?;
-        let fresh_chain = std::mem::replace(&mut *write_lock(&fresh.chain), Chain {
-            info: VolumeInfo::default(),
-            disks: BTreeMap::new(),
-            layers: Vec::new(),
-            backing: None,
-            closed: true,
-        });
+        let fresh_chain = std::mem::replace(
+            &mut *write_lock(&fresh.chain),
+            Chain {
+                info: VolumeInfo::default(),
+                disks: BTreeMap::new(),
+                layers: Vec::new(),
+                backing: None,
+                closed: true,
+            },
+        );
         *chain = fresh_chain;
         *write_lock(&self.map) = std::mem::take(&mut *write_lock(&fresh.map));
         Ok(())
@@ -563,7 +648,13 @@ impl Replica {
         } else {
             "open"
         };
-        let mut s = status_of(&self.dir, &chain.info, &chain.disks, chain.layers.iter().map(|l| l.name.clone()).collect(), state)?;
+        let mut s = status_of(
+            &self.dir,
+            &chain.info,
+            &chain.disks,
+            chain.layers.iter().map(|l| l.name.clone()).collect(),
+            state,
+        )?;
         s.revision_counter = self.revision_counter();
         s.extent_map_runs = runs;
         Ok(s)
@@ -603,7 +694,11 @@ pub fn inspect(dir: &Path) -> Result<ReplicaStatus> {
         "closed"
     };
     let mut s = status_of(dir, &l.info, &l.disks, l.live.clone(), state)?;
-    s.revision_counter = if l.info.revision_counter_disabled { 0 } else { RevisionCounter::read(dir)?.unwrap_or(0) };
+    s.revision_counter = if l.info.revision_counter_disabled {
+        0
+    } else {
+        RevisionCounter::read(dir)?.unwrap_or(0)
+    };
     Ok(s)
 }
 
@@ -623,16 +718,19 @@ fn status_of(
             mtime = md.mtime() * 1_000_000_000 + md.mtime_nsec();
             head_alloc = alloc;
         }
-        out.insert(name.clone(), DiskStatus {
-            name: name.clone(),
-            parent: d.parent.clone(),
-            children: DirLayout::children(disks, name),
-            removed: d.removed,
-            user_created: d.user_created,
-            created: d.created.clone(),
-            size: alloc,
-            labels: d.labels.clone(),
-        });
+        out.insert(
+            name.clone(),
+            DiskStatus {
+                name: name.clone(),
+                parent: d.parent.clone(),
+                children: DirLayout::children(disks, name),
+                removed: d.removed,
+                user_created: d.user_created,
+                created: d.created.clone(),
+                size: alloc,
+                labels: d.labels.clone(),
+            },
+        );
     }
     live.reverse();
     Ok(ReplicaStatus {
@@ -660,7 +758,8 @@ fn status_of(
 pub(crate) fn build_map(dir: &Path, layers: &[Layer]) -> Result<ExtentMap> {
     let mut map = ExtentMap::new();
     for (i, l) in layers.iter().enumerate() {
-        let idx = LayerIndex::try_from(i).map_err(|_| ReplicaError::InvalidArgument("too many layers".into()))?;
+        let idx =
+            LayerIndex::try_from(i).map_err(|_| ReplicaError::InvalidArgument("too many layers".into()))?;
         let len = l.file.metadata().ctx("stat", dir.join(&l.name))?.len();
         for r in sparse_sync::data_extents(&l.file, 0..len) {
             let r = r.ctx("seek data", dir.join(&l.name))?;

@@ -35,9 +35,20 @@ impl RevisionCounter {
     pub fn open(dir: &Path) -> Result<Self> {
         let path = dir.join(REVISION_COUNTER);
         let existed = path.exists();
-        let file = OpenOptions::new().read(true).write(true).create(true).truncate(false).open(&path).ctx("open", &path)?;
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .ctx("open", &path)?;
         let value = if existed { Self::parse(&path, &file)? } else { 0 };
-        let c = Self { path, file, value: AtomicU64::new(value), persisted: Mutex::new(u64::MAX) };
+        let c = Self {
+            path,
+            file,
+            value: AtomicU64::new(value),
+            persisted: Mutex::new(u64::MAX),
+        };
         if !existed {
             c.persist()?;
         } else if let Ok(mut p) = c.persisted.lock() {
@@ -59,13 +70,19 @@ impl RevisionCounter {
     fn parse(path: &Path, file: &File) -> Result<u64> {
         let mut buf = [0u8; BLOCK];
         let n = file.read_at(&mut buf, 0).ctx("read", path)?;
-        let text = std::str::from_utf8(&buf[..n]).unwrap_or("").trim_end_matches('\0').trim();
+        let text = std::str::from_utf8(&buf[..n])
+            .unwrap_or("")
+            .trim_end_matches('\0')
+            .trim();
         if text.is_empty() {
             return Ok(0);
         }
         text.parse().map_err(|_| ReplicaError::CorruptMeta {
             path: path.to_owned(),
-            reason: format!("not a decimal counter: {:?}", text.chars().take(40).collect::<String>()),
+            reason: format!(
+                "not a decimal counter: {:?}",
+                text.chars().take(40).collect::<String>()
+            ),
         })
     }
 

@@ -19,7 +19,10 @@ fn snapshot_dir(dir: &Path) -> BTreeMap<String, Vec<u8>> {
         .unwrap()
         .map(|e| {
             let e = e.unwrap();
-            (e.file_name().into_string().unwrap(), std::fs::read(e.path()).unwrap())
+            (
+                e.file_name().into_string().unwrap(),
+                std::fs::read(e.path()).unwrap(),
+            )
         })
         .collect()
 }
@@ -28,7 +31,12 @@ fn replica_with_two_snapshots(dir: &Path) {
     let r = Replica::create(dir, SIZE, &ReplicaOptions::default()).unwrap();
     r.write_at(0, &[7u8; 4096]).unwrap();
     for name in ["s1", "s2"] {
-        r.snapshot(&SnapshotRequest { name: name.into(), user_created: true, ..Default::default() }).unwrap();
+        r.snapshot(&SnapshotRequest {
+            name: name.into(),
+            user_created: true,
+            ..Default::default()
+        })
+        .unwrap();
     }
     r.close().unwrap();
 }
@@ -56,7 +64,10 @@ fn missing_volume_meta_with_images_present_is_refused() {
     std::fs::remove_file(t.path().join("volume.meta")).unwrap();
     let before = snapshot_dir(t.path());
     let e = open_err(t.path());
-    assert!(e.to_string().contains("volume.meta") && e.to_string().contains("missing"), "{e}");
+    assert!(
+        e.to_string().contains("volume.meta") && e.to_string().contains("missing"),
+        "{e}"
+    );
     assert_eq!(snapshot_dir(t.path()), before);
 }
 
@@ -81,7 +92,10 @@ fn chain_with_a_missing_parent_is_refused() {
     let before = snapshot_dir(t.path());
     let e = open_err(t.path());
     assert_eq!(e.kind(), ErrorKind::Corrupt);
-    assert!(e.to_string().contains("volume-snap-s1.img") && e.to_string().contains("volume-snap-s2.img"), "{e}");
+    assert!(
+        e.to_string().contains("volume-snap-s1.img") && e.to_string().contains("volume-snap-s2.img"),
+        "{e}"
+    );
     assert_eq!(snapshot_dir(t.path()), before);
 }
 
@@ -102,7 +116,9 @@ fn io_past_the_end_is_refused_and_writes_nothing() {
     let r = Replica::create(t.path(), SIZE, &ReplicaOptions::default()).unwrap();
     let mut buf = [0u8; 4096];
     for (off, len) in [(SIZE, 1u64), (SIZE - 512, 1024), (u64::MAX - 10, 4096)] {
-        let e = r.write_at(off, &vec![1u8; usize::try_from(len).unwrap()]).unwrap_err();
+        let e = r
+            .write_at(off, &vec![1u8; usize::try_from(len).unwrap()])
+            .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{e}");
         assert!(e.to_string().contains("exceeds the volume size"), "{e}");
         assert!(r.read_at(off, &mut buf[..usize::try_from(len).unwrap()]).is_err());
@@ -120,7 +136,12 @@ fn hostile_snapshot_names_are_refused_and_create_no_file() {
     let r = Replica::create(t.path(), SIZE, &ReplicaOptions::default()).unwrap();
     let before = snapshot_dir(t.path());
     for name in ["../escape", "a/b", "..", "nul\0byte", "", "/abs"] {
-        let e = r.snapshot(&SnapshotRequest { name: name.into(), ..Default::default() }).unwrap_err();
+        let e = r
+            .snapshot(&SnapshotRequest {
+                name: name.into(),
+                ..Default::default()
+            })
+            .unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidArgument, "{name:?}: {e}");
         assert!(r.revert(name, "").is_err());
         assert!(r.mark_removed(name).is_err());
@@ -133,7 +154,10 @@ fn hostile_snapshot_names_are_refused_and_create_no_file() {
 fn snapshot_name_reuse_is_refused() {
     let t = tempfile::tempdir().unwrap();
     let r = Replica::create(t.path(), SIZE, &ReplicaOptions::default()).unwrap();
-    let req = SnapshotRequest { name: "s1".into(), ..Default::default() };
+    let req = SnapshotRequest {
+        name: "s1".into(),
+        ..Default::default()
+    };
     r.snapshot(&req).unwrap();
     assert_eq!(r.snapshot(&req).unwrap_err().kind(), ErrorKind::AlreadyExists);
 }
@@ -157,12 +181,18 @@ async fn hostile_frames_drop_only_their_connection_and_grpc_rejects_bad_names() 
         let addr = d.data_addr();
         tokio::task::spawn_blocking(move || {
             let mut s = std::net::TcpStream::connect(addr).unwrap();
-            s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+            s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+                .unwrap();
             s.write_all(&frame).unwrap();
             let mut rest = Vec::new();
             // EOF (or reset) means the server dropped us; a timeout would fail here.
             let r = s.read_to_end(&mut rest);
-            assert!(r.is_ok() || r.as_ref().is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset), "{r:?}");
+            assert!(
+                r.is_ok()
+                    || r.as_ref()
+                        .is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionReset),
+                "{r:?}"
+            );
         })
         .await
         .unwrap();
@@ -177,13 +207,27 @@ async fn hostile_frames_drop_only_their_connection_and_grpc_rejects_bad_names() 
 
     let mut c = d.control().await;
     let st = c
-        .replica_snapshot(v1::ReplicaSnapshotRequest { name: "../x".into(), ..Default::default() })
+        .replica_snapshot(v1::ReplicaSnapshotRequest {
+            name: "../x".into(),
+            ..Default::default()
+        })
         .await
         .unwrap_err();
     assert_eq!(st.code(), tonic::Code::InvalidArgument, "{st:?}");
-    let st = c.replica_revert(v1::ReplicaRevertRequest { name: "nope".into(), ..Default::default() }).await.unwrap_err();
+    let st = c
+        .replica_revert(v1::ReplicaRevertRequest {
+            name: "nope".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
     assert_eq!(st.code(), tonic::Code::NotFound, "{st:?}");
-    let st = d.sync_agent().await.volume_export(v1::VolumeExportRequest::default()).await.unwrap_err();
+    let st = d
+        .sync_agent()
+        .await
+        .volume_export(v1::VolumeExportRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(st.code(), tonic::Code::Unimplemented);
     assert!(st.message().contains("not implemented"), "{st:?}");
 }

@@ -2,6 +2,8 @@
 //! expand / reopen on a real replica directory, checked after every step against a deliberately naive model
 //! (a tree of layers, each a map of 4 KiB blocks, read by walking down to the root and the backing file).
 
+#![allow(clippy::cast_possible_truncation)] // test model: sizes are small and hosts are 64-bit
+
 use std::collections::HashMap;
 use std::path::Path;
 
@@ -103,23 +105,40 @@ impl Model {
 
     /// Snapshot names that may be reverted to.
     fn revertable(&self) -> Vec<String> {
-        let mut v: Vec<_> =
-            self.layers.iter().filter(|(n, l)| *n != HEAD && !l.removed).map(|(n, _)| n.clone()).collect();
+        let mut v: Vec<_> = self
+            .layers
+            .iter()
+            .filter(|(n, l)| *n != HEAD && !l.removed)
+            .map(|(n, _)| n.clone())
+            .collect();
         v.sort();
         v
     }
 }
 
 fn pattern(len: u64, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) | 1)
+        .collect()
 }
 
 fn snapshot(r: &Replica, m: &mut Model, name: &str, user: bool) {
     let head = m.layers.remove(HEAD).unwrap();
     m.layers.insert(name.to_owned(), Layer { user, ..head });
-    m.layers.insert(HEAD.into(), Layer { parent: Some(name.to_owned()), ..Default::default() });
+    m.layers.insert(
+        HEAD.into(),
+        Layer {
+            parent: Some(name.to_owned()),
+            ..Default::default()
+        },
+    );
     if user {
-        r.snapshot(&SnapshotRequest { name: name.into(), user_created: true, ..Default::default() }).unwrap();
+        r.snapshot(&SnapshotRequest {
+            name: name.into(),
+            user_created: true,
+            ..Default::default()
+        })
+        .unwrap();
     }
 }
 
@@ -130,14 +149,21 @@ fn check(r: &Replica, m: &Model) {
     let want = m.read_all(HEAD);
     if got != want {
         let first = got.iter().zip(&want).position(|(a, b)| a != b).unwrap();
-        panic!("volume differs from the model first at byte {first} (block {})", first as u64 / BS);
+        panic!(
+            "volume differs from the model first at byte {first} (block {})",
+            first as u64 / BS
+        );
     }
 }
 
 fn run(ops: Vec<Op>, with_backing: bool) {
     let dir = tempfile::tempdir().unwrap();
     let rdir = dir.path().join("replica");
-    let backing: Vec<u8> = if with_backing { pattern(10 * BS + 1000, 0x5a) } else { Vec::new() };
+    let backing: Vec<u8> = if with_backing {
+        pattern(10 * BS + 1000, 0x5a)
+    } else {
+        Vec::new()
+    };
     let bpath = dir.path().join("backing.raw");
     let opts = ReplicaOptions {
         backing_file: with_backing.then(|| {
@@ -147,7 +173,12 @@ fn run(ops: Vec<Op>, with_backing: bool) {
         disable_revision_counter: None,
     };
     let mut r = Replica::create(&rdir, INITIAL_BLOCKS * BS, &opts).unwrap();
-    let mut m = Model { size: INITIAL_BLOCKS * BS, layers: HashMap::new(), backing, next_snap: 0 };
+    let mut m = Model {
+        size: INITIAL_BLOCKS * BS,
+        layers: HashMap::new(),
+        backing,
+        next_snap: 0,
+    };
     m.layers.insert(HEAD.into(), Layer::default());
     for op in ops {
         apply(&mut r, &mut m, &rdir, &op);
@@ -157,7 +188,13 @@ fn run(ops: Vec<Op>, with_backing: bool) {
     for name in m.revertable() {
         r.revert(&name, "").unwrap();
         m.layers.remove(HEAD);
-        m.layers.insert(HEAD.into(), Layer { parent: Some(name.clone()), ..Default::default() });
+        m.layers.insert(
+            HEAD.into(),
+            Layer {
+                parent: Some(name.clone()),
+                ..Default::default()
+            },
+        );
         check(&r, &m);
     }
 }
@@ -191,7 +228,13 @@ fn apply(r: &mut Replica, m: &mut Model, dir: &Path, op: &Op) {
             let name = names[i % names.len()].clone();
             r.revert(&name, "").unwrap();
             m.layers.remove(HEAD);
-            m.layers.insert(HEAD.into(), Layer { parent: Some(name), ..Default::default() });
+            m.layers.insert(
+                HEAD.into(),
+                Layer {
+                    parent: Some(name),
+                    ..Default::default()
+                },
+            );
         }
         Op::RemoveAndPurge(i) => {
             let names = m.revertable();

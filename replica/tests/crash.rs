@@ -115,20 +115,44 @@ async fn acknowledged_flushed_writes_survive_sigkill_during_writes_flushes_and_s
         // Restart over the same directory and check.
         daemon = Daemon::start_on(&dir, None, &[], daemon.port);
         let data = daemon.data().await;
-        let status = daemon.control().await.replica_get(v1::Empty {}).await.unwrap().into_inner().replica.unwrap();
+        let status = daemon
+            .control()
+            .await
+            .replica_get(v1::Empty {})
+            .await
+            .unwrap()
+            .into_inner()
+            .replica
+            .unwrap();
         assert_eq!(status.state, "open", "round {round}");
         assert_eq!(status.size, SIZE);
         let layout = replica::layout::DirLayout::load(&dir).unwrap().unwrap();
-        assert!(layout.repairs.is_empty(), "round {round}: leftovers after open: {:?}", layout.repairs);
+        assert!(
+            layout.repairs.is_empty(),
+            "round {round}: leftovers after open: {:?}",
+            layout.repairs
+        );
         assert_eq!(layout.live.len(), status.chain.len(), "round {round}");
 
         let mut buf = vec![0u8; 4096];
-        let touched: Vec<u64> = model.durable.keys().chain(model.pending.keys()).copied().collect();
+        let touched: Vec<u64> = model
+            .durable
+            .keys()
+            .chain(model.pending.keys())
+            .copied()
+            .collect();
         for block in touched {
             data.read(block * 4096, &mut buf).await.unwrap();
-            let durable = model.durable.get(&block).cloned().unwrap_or_else(|| vec![0u8; 4096]);
-            let ok = buf == durable || model.pending.get(&block).is_some_and(|vs| vs.iter().any(|v| *v == buf));
-            assert!(ok, "round {round}: block {block} holds neither its flushed content nor a later write");
+            let durable = model
+                .durable
+                .get(&block)
+                .cloned()
+                .unwrap_or_else(|| vec![0u8; 4096]);
+            let ok = buf == durable || model.pending.get(&block).is_some_and(|vs| vs.contains(&buf));
+            assert!(
+                ok,
+                "round {round}: block {block} holds neither its flushed content nor a later write"
+            );
             // Whatever survived is now the truth for the next round.
             model.durable.insert(block, buf.clone());
         }
@@ -136,8 +160,13 @@ async fn acknowledged_flushed_writes_survive_sigkill_during_writes_flushes_and_s
         // Make the adopted state durable before the next kill.
         data.flush().await.unwrap();
     }
-    eprintln!("{ROUNDS} kills; acknowledged: {acked_writes} writes, {acked_flushes} flushes, {acked_snaps} snapshots");
-    assert!(acked_writes > ROUNDS * 20 && acked_flushes > ROUNDS && acked_snaps > 0, "the stream barely ran");
+    eprintln!(
+        "{ROUNDS} kills; acknowledged: {acked_writes} writes, {acked_flushes} flushes, {acked_snaps} snapshots"
+    );
+    assert!(
+        acked_writes > ROUNDS * 20 && acked_flushes > ROUNDS && acked_snaps > 0,
+        "the stream barely ran"
+    );
     assert!(daemon.terminate(), "SIGTERM must exit cleanly");
     let info = replica::inspect(&dir).unwrap();
     assert!(!info.dirty, "clean shutdown must clear Dirty");

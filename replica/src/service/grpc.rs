@@ -4,7 +4,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use corral_proto::v1::{self, replica_service_server::ReplicaService, sync_agent_service_server::SyncAgentService};
+use corral_proto::v1::{
+    self, replica_service_server::ReplicaService, sync_agent_service_server::SyncAgentService,
+};
 use tonic::{Request, Response, Status};
 use tracing::{error, info};
 
@@ -24,7 +26,10 @@ fn hash_key(file: &str) -> String {
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ReplicaError> + Send + 'static,
 ) -> Result<T, Status> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| Status::internal(format!("task failed: {e}")))?.map_err(Status::from)
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("task failed: {e}")))?
+        .map_err(Status::from)
 }
 
 /// Implements both services over one [`ReplicaHost`].
@@ -42,7 +47,9 @@ impl ReplicaGrpc {
     async fn reply(&self) -> Result<Response<v1::ReplicaResponse>, Status> {
         let host = self.host.clone();
         let s = blocking(move || host.status()).await?;
-        Ok(Response::new(v1::ReplicaResponse { replica: Some(to_proto(&s, self.host.volume())) }))
+        Ok(Response::new(v1::ReplicaResponse {
+            replica: Some(to_proto(&s, self.host.volume())),
+        }))
     }
 
     async fn with_replica(
@@ -105,7 +112,8 @@ impl ReplicaService for ReplicaGrpc {
         req: Request<v1::ReplicaRevertRequest>,
     ) -> Result<Response<v1::ReplicaResponse>, Status> {
         let req = req.into_inner();
-        self.with_replica(move |r| r.revert(&req.name, &req.created)).await
+        self.with_replica(move |r| r.revert(&req.name, &req.created))
+            .await
     }
 
     async fn replica_snapshot(
@@ -170,11 +178,21 @@ impl SyncAgentService for ReplicaGrpc {
         tokio::task::spawn_blocking(move || {
             let result = replica.purge(&ctl);
             let status = match result {
-                Ok(()) => JobStatus { state: JobState::Complete, ..Default::default() },
-                Err(ReplicaError::Cancelled) => JobStatus { state: JobState::Cancelled, ..Default::default() },
+                Ok(()) => JobStatus {
+                    state: JobState::Complete,
+                    ..Default::default()
+                },
+                Err(ReplicaError::Cancelled) => JobStatus {
+                    state: JobState::Cancelled,
+                    ..Default::default()
+                },
                 Err(e) => {
                     error!(dir = %replica.dir().display(), error = %e, "purge failed");
-                    JobStatus { state: JobState::Error, error: e.to_string(), ..Default::default() }
+                    JobStatus {
+                        state: JobState::Error,
+                        error: e.to_string(),
+                        ..Default::default()
+                    }
                 }
             };
             host.jobs.finish(PURGE, status);
@@ -195,14 +213,19 @@ impl SyncAgentService for ReplicaGrpc {
         }))
     }
 
-    async fn snapshot_hash(&self, req: Request<v1::SnapshotHashRequest>) -> Result<Response<v1::Empty>, Status> {
+    async fn snapshot_hash(
+        &self,
+        req: Request<v1::SnapshotHashRequest>,
+    ) -> Result<Response<v1::Empty>, Status> {
         let req = req.into_inner();
         let file = crate::names::resolve_snapshot(&req.snapshot_name)?;
         let replica = self.host.replica()?;
         let host = self.host.clone();
         let key = hash_key(&file);
         let Some(ctl) = host.jobs.start(&key) else {
-            return Err(Status::failed_precondition(format!("{file} is already being hashed")));
+            return Err(Status::failed_precondition(format!(
+                "{file} is already being hashed"
+            )));
         };
         tokio::task::spawn_blocking(move || {
             let status = match replica.hash_snapshot(&file, req.rehash, &ctl) {
@@ -216,8 +239,15 @@ impl SyncAgentService for ReplicaGrpc {
                         ..Default::default()
                     }
                 }
-                Err(ReplicaError::Cancelled) => JobStatus { state: JobState::Cancelled, ..Default::default() },
-                Err(e) => JobStatus { state: JobState::Error, error: e.to_string(), ..Default::default() },
+                Err(ReplicaError::Cancelled) => JobStatus {
+                    state: JobState::Cancelled,
+                    ..Default::default()
+                },
+                Err(e) => JobStatus {
+                    state: JobState::Error,
+                    error: e.to_string(),
+                    ..Default::default()
+                },
             };
             host.jobs.finish(&key, status);
         });
@@ -246,7 +276,9 @@ impl SyncAgentService for ReplicaGrpc {
     ) -> Result<Response<v1::Empty>, Status> {
         let file = crate::names::resolve_snapshot(&req.into_inner().snapshot_name)?;
         if !self.host.jobs.cancel(&hash_key(&file)) {
-            return Err(Status::failed_precondition(format!("no hash of {file} is running")));
+            return Err(Status::failed_precondition(format!(
+                "no hash of {file} is running"
+            )));
         }
         Ok(Response::new(v1::Empty {}))
     }
@@ -262,11 +294,17 @@ impl SyncAgentService for ReplicaGrpc {
         Err(unimplemented("ReplicaRebuildStatus (replica rebuild)"))
     }
 
-    async fn volume_export(&self, _: Request<v1::VolumeExportRequest>) -> Result<Response<v1::Empty>, Status> {
+    async fn volume_export(
+        &self,
+        _: Request<v1::VolumeExportRequest>,
+    ) -> Result<Response<v1::Empty>, Status> {
         Err(unimplemented("VolumeExport (snapshot export)"))
     }
 
-    async fn snapshot_clone(&self, _: Request<v1::SnapshotCloneRequest>) -> Result<Response<v1::Empty>, Status> {
+    async fn snapshot_clone(
+        &self,
+        _: Request<v1::SnapshotCloneRequest>,
+    ) -> Result<Response<v1::Empty>, Status> {
         Err(unimplemented("SnapshotClone (volume clone)"))
     }
 

@@ -39,9 +39,12 @@ impl ReplicaHost {
 
     /// The open replica.
     pub fn replica(&self) -> Result<Arc<Replica>, ReplicaError> {
-        read_lock(&self.current).clone().filter(|r| !r.is_closed()).ok_or_else(|| {
-            ReplicaError::FailedPrecondition(format!("replica {} is not open", self.dir.display()))
-        })
+        read_lock(&self.current)
+            .clone()
+            .filter(|r| !r.is_closed())
+            .ok_or_else(|| {
+                ReplicaError::FailedPrecondition(format!("replica {} is not open", self.dir.display()))
+            })
     }
 
     /// Creates the replica (the directory must hold none) and opens it.
@@ -140,19 +143,27 @@ impl BlockBackend for ReplicaHost {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
-        self.replica().and_then(|r| r.read_at(offset, buf)).map_err(|e| wire_error(&e))
+        self.replica()
+            .and_then(|r| r.read_at(offset, buf))
+            .map_err(|e| wire_error(&e))
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), BackendError> {
-        self.replica().and_then(|r| r.write_at(offset, buf)).map_err(|e| wire_error(&e))
+        self.replica()
+            .and_then(|r| r.write_at(offset, buf))
+            .map_err(|e| wire_error(&e))
     }
 
     fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.replica().and_then(|r| r.unmap(offset, len)).map_err(|e| wire_error(&e))
+        self.replica()
+            .and_then(|r| r.unmap(offset, len))
+            .map_err(|e| wire_error(&e))
     }
 
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BackendError> {
-        self.replica().and_then(|r| r.write_zeroes(offset, len)).map_err(|e| wire_error(&e))
+        self.replica()
+            .and_then(|r| r.write_zeroes(offset, len))
+            .map_err(|e| wire_error(&e))
     }
 
     fn flush(&self) -> Result<(), BackendError> {
@@ -176,16 +187,19 @@ pub fn to_proto(s: &ReplicaStatus, volume: &str) -> v1::Replica {
             .disks
             .iter()
             .map(|(k, d)| {
-                (k.clone(), v1::DiskInfo {
-                    name: d.name.clone(),
-                    parent: d.parent.clone(),
-                    children: d.children.clone(),
-                    removed: d.removed,
-                    user_created: d.user_created,
-                    created: d.created.clone(),
-                    size: d.size,
-                    labels: d.labels.clone().into_iter().collect(),
-                })
+                (
+                    k.clone(),
+                    v1::DiskInfo {
+                        name: d.name.clone(),
+                        parent: d.parent.clone(),
+                        children: d.children.clone(),
+                        removed: d.removed,
+                        user_created: d.user_created,
+                        created: d.created.clone(),
+                        size: d.size,
+                        labels: d.labels.clone().into_iter().collect(),
+                    },
+                )
             })
             .collect(),
         revision_counter: s.revision_counter,

@@ -7,7 +7,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use corral_proto::v1::{replica_service_client::ReplicaServiceClient, sync_agent_service_client::SyncAgentServiceClient};
+use corral_proto::v1::{
+    replica_service_client::ReplicaServiceClient, sync_agent_service_client::SyncAgentServiceClient,
+};
 use data_protocol::{ClientConfig, DataClient};
 use tonic::transport::Channel;
 
@@ -43,13 +45,19 @@ impl Daemon {
 
     pub fn start_on(dir: &Path, size: Option<u64>, extra: &[&str], port: u16) -> Self {
         let mut cmd = Command::new(env!("CARGO_BIN_EXE_corral-replica"));
-        cmd.args(["serve", "--dir"]).arg(dir).args(["--listen", &format!("127.0.0.1:{port}")]);
+        cmd.args(["serve", "--dir"])
+            .arg(dir)
+            .args(["--listen", &format!("127.0.0.1:{port}")]);
         if let Some(s) = size {
             cmd.args(["--size", &s.to_string()]);
         }
         cmd.args(extra).stdout(Stdio::null()).stderr(Stdio::piped());
         let child = cmd.spawn().expect("spawn corral-replica");
-        let d = Self { child, port, dir: dir.to_owned() };
+        let d = Self {
+            child,
+            port,
+            dir: dir.to_owned(),
+        };
         d.wait_ready();
         d
     }
@@ -77,15 +85,21 @@ impl Daemon {
     }
 
     pub async fn data(&self) -> DataClient {
-        DataClient::connect(&self.data_addr(), ClientConfig::default()).await.expect("data connect")
+        DataClient::connect(&self.data_addr(), ClientConfig::default())
+            .await
+            .expect("data connect")
     }
 
     pub async fn control(&self) -> ReplicaServiceClient<Channel> {
-        ReplicaServiceClient::connect(format!("http://127.0.0.1:{}", self.port)).await.expect("grpc connect")
+        ReplicaServiceClient::connect(format!("http://127.0.0.1:{}", self.port))
+            .await
+            .expect("grpc connect")
     }
 
     pub async fn sync_agent(&self) -> SyncAgentServiceClient<Channel> {
-        SyncAgentServiceClient::connect(format!("http://127.0.0.1:{}", self.port + 2)).await.expect("grpc connect")
+        SyncAgentServiceClient::connect(format!("http://127.0.0.1:{}", self.port + 2))
+            .await
+            .expect("grpc connect")
     }
 
     /// SIGKILL and reap.
