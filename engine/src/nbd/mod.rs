@@ -1,0 +1,1 @@
+//! NBD frontend (placeholder).
