@@ -1,7 +1,11 @@
 //! Compiles every `.proto` under `proto/` with protox (pure Rust, no system `protoc`).
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let files = ["proto/corral/v1/replica.proto", "proto/corral/v1/syncagent.proto"];
+    let files = [
+        "proto/corral/v1/replica.proto",
+        "proto/corral/v1/syncagent.proto",
+        "proto/corral/v1/controller.proto",
+    ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
     }

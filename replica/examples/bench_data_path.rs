@@ -46,6 +46,10 @@ struct Args {
     /// The `corral-replica` binary (default: next to this example in the target directory).
     #[arg(long, env = "CORRAL_REPLICA_BIN")]
     bin: Option<PathBuf>,
+    /// Rounds per workload, alternating Corral and peer; the table shows each side's median round (by IOPS).
+    /// More rounds damp the noise of a shared machine.
+    #[arg(long, default_value_t = 1)]
+    rounds: usize,
     /// Keep the replica directory and the peer file.
     #[arg(long)]
     keep: bool,
@@ -259,6 +263,12 @@ fn peer_phase(file: &File, w: Workload, size: u64, depth: usize, dur: Duration) 
     })
 }
 
+/// The round with the median IOPS (the upper one of the two middle rounds for an even count).
+fn median(mut rounds: Vec<Phase>) -> Phase {
+    rounds.sort_by(|a, b| a.iops().total_cmp(&b.iops()));
+    rounds[rounds.len() / 2]
+}
+
 fn remove_if_exists(path: &Path) -> anyhow::Result<()> {
     let r = if path.is_dir() {
         std::fs::remove_dir_all(path)
@@ -333,12 +343,13 @@ fn main() -> anyhow::Result<()> {
         );
     }
     println!(
-        "# dir {} ({} free), volume {}, {} in flight, {} s per phase per side, daemon {}",
+        "# dir {} ({} free), volume {}, {} in flight, {} s per phase per side, {} round(s), daemon {}",
         args.dir.display(),
         mib(free),
         mib(args.size),
         args.depth,
         args.seconds,
+        args.rounds,
         bin.display()
     );
 
@@ -376,16 +387,23 @@ fn main() -> anyhow::Result<()> {
     let mut rows = Vec::new();
     for w in std::iter::once(FILL).chain(WORKLOADS) {
         eprintln!("# {} ...", w.name);
-        let c = rt.block_on(corral_phase(&client, w, args.size, args.depth, dur))?;
-        let p = peer_phase(&peer, w, args.size, args.depth, dur)?;
-        eprintln!(
-            "#   Corral {:.0} IOPS {:.1} MiB/s | peer {:.0} IOPS {:.1} MiB/s",
-            c.iops(),
-            c.mib_s(),
-            p.iops(),
-            p.mib_s()
-        );
-        rows.push((w, c, p));
+        // The fill writes the whole volume once so that reads hit allocated data: one round is enough.
+        let rounds = if w.once { 1 } else { args.rounds.max(1) };
+        let (mut cs, mut ps) = (Vec::new(), Vec::new());
+        for _ in 0..rounds {
+            let c = rt.block_on(corral_phase(&client, w, args.size, args.depth, dur))?;
+            let p = peer_phase(&peer, w, args.size, args.depth, dur)?;
+            eprintln!(
+                "#   Corral {:.0} IOPS {:.1} MiB/s | peer {:.0} IOPS {:.1} MiB/s",
+                c.iops(),
+                c.mib_s(),
+                p.iops(),
+                p.mib_s()
+            );
+            cs.push(c);
+            ps.push(p);
+        }
+        rows.push((w, median(cs), median(ps)));
     }
     let mem = daemon.memory()?;
     rt.block_on(client.close());

@@ -1,10 +1,14 @@
 //! Snapshot checksums: recorded in `<snapshot>.img.checksum` with the file's ctime, so a rebuild can skip a whole
 //! file whose checksum matches the source's and a rehash can detect silent corruption.
 //!
-//! Method `sha512-sparse`: SHA-512 over the file size (u64 LE), then, for every 4 KiB block that is not all zeros,
-//! its block index (u64 LE) followed by its 4096 bytes (the last block zero-padded). Holes and zero blocks do not
-//! contribute, so two files with equal contents hash equal whatever their allocation, and the cost follows the
-//! data, not the file size (Longhorn's CRC64 reads every byte of a 1 TiB sparse file).
+//! Method `sha512-layout`: SHA-512 over the file size (u64 LE), then, for every allocated 4 KiB block (inside a
+//! `SEEK_DATA` extent), its block index (u64 LE) followed by its 4096 bytes (the last block zero-padded). Holes do
+//! not contribute, so the cost follows the data, not the file size (Longhorn's CRC64 reads every byte of a 1 TiB
+//! sparse file). Allocation is part of the checksum on purpose: in a chain layer a hole means "not written here"
+//! (the parent shows through) while an allocated zero block hides the parent, so two layers with equal bytes but
+//! different holes are different layers, and a rebuild must not skip one for the other.
+//!
+//! The record (`<snapshot>.img.checksum`) is sparse-sync's [`ChecksumRecord`], the same file whole-file skip reads.
 
 use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
@@ -14,12 +18,14 @@ use sha2::{Digest, Sha512};
 use crate::error::{IoContext, ReplicaError, Result};
 use crate::extent_map::BLOCK_SIZE;
 use crate::jobs::JobControl;
-use crate::meta::{ChecksumRecord, load_json, write_json_atomic};
+use sparse_sync::record::ChecksumRecord;
+
+use crate::meta::{load_json, write_json_atomic};
 use crate::names;
 use crate::replica::{Replica, now_rfc3339};
 
 /// Checksum method name written to records.
-pub const METHOD: &str = "sha512-sparse";
+pub const METHOD: &str = "sha512-layout";
 const CHUNK: usize = 1 << 20;
 
 /// Result of a hash job.
@@ -38,7 +44,7 @@ fn ctime_of(file: &File) -> std::io::Result<String> {
     Ok(format!("{}.{:09}", md.ctime(), md.ctime_nsec()))
 }
 
-/// Computes the `sha512-sparse` checksum of an open file, checking `ctl` for cancellation.
+/// Computes the `sha512-layout` checksum of an open file, checking `ctl` for cancellation.
 pub fn checksum_file(file: &File, ctl: &JobControl) -> std::io::Result<Option<String>> {
     let len = file.metadata()?.len();
     let mut h = Sha512::new();
@@ -58,10 +64,8 @@ pub fn checksum_file(file: &File, ctl: &JobControl) -> std::io::Result<Option<St
             let got = read_up_to(file, chunk, pos)?;
             chunk[got..].fill(0);
             for (i, block) in chunk.chunks(4096).enumerate() {
-                if block.iter().any(|&b| b != 0) {
-                    h.update((pos / BLOCK_SIZE + i as u64).to_le_bytes());
-                    h.update(block);
-                }
+                h.update((pos / BLOCK_SIZE + i as u64).to_le_bytes());
+                h.update(block);
             }
             pos += n as u64;
             done += n as u64;

@@ -74,26 +74,6 @@ pub struct DiskMeta {
     pub labels: BTreeMap<String, String>,
 }
 
-/// Contents of `<snapshot>.img.checksum` (keys as in Longhorn's sparse-tools, snake case).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct ChecksumRecord {
-    /// Checksum method; Corral writes [`crate::hash::METHOD`].
-    #[serde(default)]
-    pub method: String,
-    /// Hex checksum.
-    #[serde(default)]
-    pub checksum: String,
-    /// ctime of the file when it was hashed, `seconds.nanoseconds`.
-    #[serde(default)]
-    pub change_time: String,
-    /// RFC 3339 time of the hash.
-    #[serde(default)]
-    pub last_hashed_at: String,
-    /// A rehash with an unchanged ctime produced another checksum.
-    #[serde(default)]
-    pub silently_corrupted: bool,
-}
-
 /// Reads and parses a JSON metadata file; a missing file is `Ok(None)`, anything unparsable names the file.
 pub fn load_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
     let bytes = match fs::read(path) {

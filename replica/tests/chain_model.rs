@@ -103,6 +103,62 @@ impl Model {
         }
     }
 
+    /// What a purge does, in the replica's order (snapshot file names ascending, first actionable first):
+    /// system snapshots are marked removed; a removed leaf is deleted; a removed snapshot with one child that is
+    /// not the head is folded into it (the child keeps its name and gets the union, its own blocks winning); one
+    /// whose only child is the head is pruned (its blocks that the head also holds are dropped).
+    fn purge(&mut self) {
+        for (n, l) in &mut self.layers {
+            if n != HEAD && !l.user {
+                l.removed = true;
+            }
+        }
+        let mut pruned = std::collections::BTreeSet::new();
+        loop {
+            let mut names: Vec<String> = self
+                .layers
+                .iter()
+                .filter(|(n, l)| *n != HEAD && l.removed && !pruned.contains(*n))
+                .map(|(n, _)| n.clone())
+                .collect();
+            names.sort();
+            let step = names.into_iter().find_map(|n| {
+                let children: Vec<String> = self
+                    .layers
+                    .iter()
+                    .filter(|(_, l)| l.parent.as_deref() == Some(n.as_str()))
+                    .map(|(c, _)| c.clone())
+                    .collect();
+                match children.len() {
+                    0 | 1 => Some((n, children.into_iter().next())),
+                    _ => None,
+                }
+            });
+            let Some((name, child)) = step else { break };
+            match child {
+                None => {
+                    self.layers.remove(&name);
+                }
+                Some(c) if c == HEAD => {
+                    let head_blocks: Vec<u64> = self.layers[HEAD].blocks.keys().copied().collect();
+                    let s = self.layers.get_mut(&name).unwrap();
+                    for b in head_blocks {
+                        s.blocks.remove(&b);
+                    }
+                    pruned.insert(name);
+                }
+                Some(c) => {
+                    let s = self.layers.remove(&name).unwrap();
+                    let child = self.layers.get_mut(&c).unwrap();
+                    for (b, d) in s.blocks {
+                        child.blocks.entry(b).or_insert(d);
+                    }
+                    child.parent = s.parent;
+                }
+            }
+        }
+    }
+
     /// Snapshot names that may be reverted to.
     fn revertable(&self) -> Vec<String> {
         let mut v: Vec<_> = self
@@ -244,11 +300,7 @@ fn apply(r: &mut Replica, m: &mut Model, dir: &Path, op: &Op) {
                 m.layers.get_mut(&name).unwrap().removed = true;
             }
             r.purge(&JobControl::default()).unwrap();
-            // Purge marks every system snapshot removed.
-            for l in m.layers.values_mut().filter(|l| !l.user) {
-                l.removed = true;
-            }
-            m.layers.get_mut(HEAD).unwrap().removed = false;
+            m.purge();
         }
         Op::Expand(extra) => {
             let new = m.size + extra * BS;

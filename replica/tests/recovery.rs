@@ -144,14 +144,24 @@ fn rehash_is_skipped_while_ctime_is_unchanged_and_redone_after_a_purge() {
     assert!(again.skipped && again.checksum == first.checksum);
     let forced = r.hash_snapshot("a", true, &ctl).unwrap();
     assert!(!forced.skipped && !forced.silently_corrupted && forced.checksum == first.checksum);
-    // Same content, different allocation: the checksum follows content, not layout.
+    // Same bytes, different allocation: in a chain layer allocated zeros hide the parent and a hole does not,
+    // so the checksums must differ (a rebuild may not skip one for the other).
     let other = tempfile::tempdir().unwrap();
     let r2 = Replica::create(other.path(), SIZE, &ReplicaOptions::default()).unwrap();
     r2.write_at(0, &[0u8; 8192]).unwrap(); // allocated zeros
     r2.write_at(8192, &[5u8; 4096]).unwrap();
     snap(&r2, "a");
-    assert_eq!(
+    assert_ne!(
         r2.hash_snapshot("a", false, &ctl).unwrap().checksum,
+        first.checksum
+    );
+    // Same bytes and same allocation in another directory: equal.
+    let third = tempfile::tempdir().unwrap();
+    let r3 = Replica::create(third.path(), SIZE, &ReplicaOptions::default()).unwrap();
+    r3.write_at(8192, &[5u8; 4096]).unwrap();
+    snap(&r3, "a");
+    assert_eq!(
+        r3.hash_snapshot("a", false, &ctl).unwrap().checksum,
         first.checksum
     );
 }
