@@ -311,7 +311,8 @@ struct Shared {
 enum TransferState {
     Idle,
     Open(Session),
-    Committed,
+    /// The session with this id was committed.
+    Committed(u64),
 }
 
 struct Session {
@@ -342,7 +343,7 @@ impl Shared {
     fn session(&self, id: Option<u64>) -> Result<Handle, ReceiveError> {
         match &*lock(&self.state) {
             TransferState::Idle => Err(ReceiveError::NoSession),
-            TransferState::Committed => {
+            TransferState::Committed(_) => {
                 Err(ReceiveError::Failed("the transfer was already committed".into()))
             }
             TransferState::Open(s) if Some(s.id) != id => Err(ReceiveError::StaleSession {
@@ -459,7 +460,7 @@ async fn open(
     blocking(move || {
         let s = shared;
         let mut state = lock(&s.state);
-        if matches!(*state, TransferState::Committed) {
+        if matches!(*state, TransferState::Committed(_)) {
             return Err(ReceiveError::Failed("the transfer was already committed".into()));
         }
         *state = TransferState::Idle;
@@ -659,7 +660,14 @@ async fn close(
                 });
             }
             TransferState::Idle => return Err(ReceiveError::NoSession),
-            TransferState::Committed => {
+            // A close retried because its reply was lost: the commit happened, say so again.
+            TransferState::Committed(id) if q.session == Some(*id) => {
+                return Ok(CloseReply {
+                    committed: true,
+                    bytes_received: s.counters.received.load(Ordering::Relaxed),
+                });
+            }
+            TransferState::Committed(_) => {
                 return Err(ReceiveError::Failed("the transfer was already committed".into()));
             }
             TransferState::Open(session) => session,
@@ -686,7 +694,8 @@ async fn close(
             record::write_record(target, sum)
                 .map_err(|e| ReceiveError::io("recording the checksum of", target, 0, io::Error::other(e)))?;
         }
-        *state = TransferState::Committed;
+        let committed_id = session.id;
+        *state = TransferState::Committed(committed_id);
         drop(state);
         tracing::info!(path = %target.display(), "transfer committed");
         s.finish(ReceiveOutcome::Completed);
