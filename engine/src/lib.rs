@@ -3,4 +3,16 @@
 //! salvages at start, orchestrates snapshots, revert, expansion and rebuild, and exposes gRPC
 //! `ControllerService` plus an operator CLI.
 
+pub mod daemon;
+pub mod device;
+pub mod error;
+pub mod frontend;
+pub mod metrics;
+pub mod metrics_http;
 pub mod nbd;
+pub mod ops;
+pub mod rebuild;
+pub mod replica_client;
+pub mod service;
+pub mod start;
+pub mod volume;

@@ -1,1 +1,493 @@
-fn main() {}
+//! `corral-engine`: the volume controller daemon and its operator CLI. Parses flags and wires.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use corral_proto::v1::{self, controller_service_client::ControllerServiceClient};
+use engine::daemon::{ServeConfig, serve};
+use engine::frontend::NbdListen;
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "corral-engine",
+    version,
+    about = "Corral engine: one volume over N replicas, served through NBD"
+)]
+struct Cli {
+    /// Engine gRPC address for the operator commands.
+    #[arg(
+        long,
+        global = true,
+        env = "CORRAL_ENGINE_URL",
+        default_value = "127.0.0.1:9501"
+    )]
+    url: String,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    /// Log format: text or json.
+    #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
+    log_format: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run the engine of one volume.
+    Serve {
+        /// Volume name.
+        #[arg(long, env = "CORRAL_VOLUME")]
+        volume: String,
+        /// Volume size (bytes, or with K/M/G/T), a multiple of 4096.
+        #[arg(long, env = "CORRAL_VOLUME_SIZE", value_parser = parse_size)]
+        size: u64,
+        /// gRPC ControllerService address.
+        #[arg(long, env = "CORRAL_ENGINE_LISTEN", default_value = "127.0.0.1:9501")]
+        listen: SocketAddr,
+        /// Replica address tcp://HOST:PORT (its gRPC port); repeat for each replica.
+        #[arg(long = "replica", required = true)]
+        replicas: Vec<String>,
+        /// Frontend kind.
+        #[arg(long, default_value = "nbd")]
+        frontend: String,
+        /// NBD listener: unix:PATH or tcp:HOST:PORT (repeatable).
+        #[arg(long = "nbd-listen")]
+        nbd_listen: Vec<NbdListen>,
+        /// The volume keeps no revision counter (replicas must agree).
+        #[arg(long, env = "CORRAL_DISABLE_REVISION_COUNTER")]
+        disable_revision_counter: bool,
+        /// With the counter disabled: keep only the replica with the newest, largest head.
+        #[arg(long)]
+        salvage_requested: bool,
+        /// Seconds before an unanswered replica request puts the replica ERR.
+        #[arg(long, default_value_t = 8)]
+        replica_timeout: u64,
+        /// Serve Prometheus /metrics and /healthz here.
+        #[arg(long, env = "CORRAL_METRICS_LISTEN")]
+        metrics_listen: Option<SocketAddr>,
+    },
+    /// Volume state.
+    Info,
+    /// Replicas.
+    Replica {
+        #[command(subcommand)]
+        cmd: ReplicaCmd,
+    },
+    /// Snapshots.
+    Snapshot {
+        #[command(subcommand)]
+        cmd: SnapCmd,
+    },
+    /// Grow the volume.
+    Expand {
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+    },
+    /// Rebuild progress of replicas being added.
+    RebuildStatus,
+    /// IO counters.
+    Metrics,
+}
+
+#[derive(Subcommand, Debug)]
+enum ReplicaCmd {
+    /// List replicas with mode and error.
+    Ls,
+    /// Add a replica and rebuild it (progress bar until RW).
+    Add {
+        address: String,
+        /// Do not wait for the rebuild to finish.
+        #[arg(long)]
+        no_wait: bool,
+    },
+    /// Remove a replica from the volume.
+    Rm { address: String },
+}
+
+#[derive(Subcommand, Debug)]
+enum SnapCmd {
+    /// Take a snapshot (a UUID name when omitted).
+    Create {
+        name: Option<String>,
+        #[arg(long = "label")]
+        labels: Vec<String>,
+    },
+    /// The snapshot tree.
+    Ls,
+    /// Mark a snapshot removed (space is reclaimed by purge).
+    Rm { name: String },
+    /// Revert the volume to a snapshot (NBD clients are disconnected while it happens).
+    Revert { name: String },
+    /// Reclaim the space of removed snapshots, with progress.
+    Purge,
+}
+
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number with an optional K/M/G/T suffix"))?;
+    let shift = match unit.to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kib" => 10,
+        "m" | "mib" => 20,
+        "g" | "gib" => 30,
+        "t" | "tib" => 40,
+        u => return Err(format!("{s:?}: unknown unit {u:?}")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?}: too large"))
+}
+
+fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if format == "json" {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+async fn shutdown_signal(cancel: CancellationToken) {
+    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+        }
+    }
+    cancel.cancel();
+}
+
+async fn client(url: &str) -> anyhow::Result<ControllerServiceClient<Channel>> {
+    let u = format!(
+        "http://{}",
+        url.trim_start_matches("tcp://").trim_start_matches("http://")
+    );
+    ControllerServiceClient::connect(u.clone())
+        .await
+        .with_context(|| format!("connect to engine at {u}"))
+}
+
+fn table(header: &[&str], rows: Vec<Vec<String>>) -> Table {
+    let mut t = Table::new();
+    t.load_style(UTF8_FULL_CONDENSED);
+    t.set_header(header.to_vec());
+    for r in rows {
+        t.add_row(r);
+    }
+    t
+}
+
+fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce() -> String) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(v)?);
+    } else {
+        println!("{}", human());
+    }
+    Ok(())
+}
+
+fn bar(msg: &str) -> ProgressBar {
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let b = ProgressBar::new(100);
+        b.set_style(
+            ProgressStyle::with_template("{msg} [{bar:40}] {pos}%")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b.set_message(msg.to_owned());
+        b
+    } else {
+        ProgressBar::hidden()
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    init_logging(&cli.log_format);
+    let json = cli.json;
+    match cli.cmd {
+        Cmd::Serve {
+            volume,
+            size,
+            listen,
+            replicas,
+            frontend,
+            nbd_listen,
+            disable_revision_counter,
+            salvage_requested,
+            replica_timeout,
+            metrics_listen,
+        } => {
+            if frontend != "nbd" {
+                bail!("frontend {frontend:?} is not supported (only nbd)");
+            }
+            let cancel = CancellationToken::new();
+            tokio::spawn(shutdown_signal(cancel.clone()));
+            let cfg = ServeConfig {
+                volume,
+                size,
+                listen,
+                replicas,
+                nbd: nbd_listen,
+                disable_revision_counter,
+                salvage_requested,
+                replica_timeout: Duration::from_secs(replica_timeout),
+                metrics_listen,
+            };
+            serve(cfg, cancel).await
+        }
+        Cmd::Info => {
+            let v = client(&cli.url)
+                .await?
+                .volume_get(v1::Empty {})
+                .await?
+                .into_inner();
+            print(json, &v, || {
+                table(
+                    &[
+                        "volume",
+                        "size",
+                        "frontend",
+                        "endpoints",
+                        "replicas",
+                        "robustness",
+                        "revision counter",
+                    ],
+                    vec![vec![
+                        v.name.clone(),
+                        v.size.to_string(),
+                        v.frontend_state.clone(),
+                        v.endpoints.join(" "),
+                        v.replica_count.to_string(),
+                        v.robustness.clone(),
+                        if v.revision_counter_disabled {
+                            "disabled".into()
+                        } else {
+                            "enabled".into()
+                        },
+                    ]],
+                )
+                .to_string()
+            })
+        }
+        Cmd::Replica { cmd: ReplicaCmd::Ls } => {
+            let r = client(&cli.url)
+                .await?
+                .replica_list(v1::Empty {})
+                .await?
+                .into_inner();
+            print(json, &r, || {
+                table(
+                    &["address", "mode", "revision counter", "error"],
+                    r.replicas
+                        .iter()
+                        .map(|x| {
+                            vec![
+                                x.address.clone(),
+                                x.mode.clone(),
+                                x.revision_counter.to_string(),
+                                x.error.clone(),
+                            ]
+                        })
+                        .collect(),
+                )
+                .to_string()
+            })
+        }
+        Cmd::Replica {
+            cmd: ReplicaCmd::Add { address, no_wait },
+        } => {
+            let mut c = client(&cli.url).await?;
+            let r = c
+                .replica_add(v1::ReplicaAddRequest {
+                    address: address.clone(),
+                    rebuild: true,
+                    timeout_seconds: 0,
+                })
+                .await?
+                .into_inner();
+            if no_wait {
+                return print(json, &r, || {
+                    format!("{} added ({}), rebuilding", r.address, r.mode)
+                });
+            }
+            let b = bar(&format!("rebuilding {}", r.address));
+            loop {
+                let s = c.rebuild_status(v1::Empty {}).await?.into_inner();
+                let Some(j) = s.replicas.into_iter().find(|j| j.address == r.address) else {
+                    bail!("rebuild of {} vanished", r.address)
+                };
+                b.set_position(u64::from(j.progress));
+                match j.state.as_str() {
+                    "complete" => {
+                        b.finish_and_clear();
+                        return print(json, &j, || {
+                            format!(
+                                "{} rebuilt: RW ({} bytes transferred, {} skipped)",
+                                j.address, j.bytes_transferred, j.bytes_skipped
+                            )
+                        });
+                    }
+                    "error" => {
+                        b.finish_and_clear();
+                        bail!("rebuild of {} failed: {}", j.address, j.error);
+                    }
+                    _ => tokio::time::sleep(Duration::from_millis(200)).await,
+                }
+            }
+        }
+        Cmd::Replica {
+            cmd: ReplicaCmd::Rm { address },
+        } => {
+            client(&cli.url)
+                .await?
+                .replica_remove(v1::ReplicaAddress {
+                    address: address.clone(),
+                })
+                .await?;
+            println!("replica {address} removed");
+            Ok(())
+        }
+        Cmd::Snapshot { cmd } => snapshot(&cli.url, json, cmd).await,
+        Cmd::Expand { size } => {
+            let v = client(&cli.url)
+                .await?
+                .volume_expand(v1::ExpandRequest { size })
+                .await?
+                .into_inner();
+            print(json, &v, || format!("volume {} is now {} bytes", v.name, v.size))
+        }
+        Cmd::RebuildStatus => {
+            let s = client(&cli.url)
+                .await?
+                .rebuild_status(v1::Empty {})
+                .await?
+                .into_inner();
+            print(json, &s, || {
+                table(
+                    &["replica", "state", "progress", "transferred", "skipped", "error"],
+                    s.replicas
+                        .iter()
+                        .map(|j| {
+                            vec![
+                                j.address.clone(),
+                                j.state.clone(),
+                                format!("{}%", j.progress),
+                                j.bytes_transferred.to_string(),
+                                j.bytes_skipped.to_string(),
+                                j.error.clone(),
+                            ]
+                        })
+                        .collect(),
+                )
+                .to_string()
+            })
+        }
+        Cmd::Metrics => {
+            let m = client(&cli.url)
+                .await?
+                .metrics_get(v1::Empty {})
+                .await?
+                .into_inner();
+            print(json, &m, || format!("{m:#?}"))
+        }
+    }
+}
+
+async fn snapshot(url: &str, json: bool, cmd: SnapCmd) -> anyhow::Result<()> {
+    let mut c = client(url).await?;
+    match cmd {
+        SnapCmd::Create { name, labels } => {
+            let labels = labels
+                .iter()
+                .map(|l| {
+                    l.split_once('=')
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .with_context(|| format!("label {l:?}: expected k=v"))
+                })
+                .collect::<anyhow::Result<_>>()?;
+            let r = c
+                .snapshot_create(v1::SnapshotCreateRequest {
+                    name: name.unwrap_or_default(),
+                    labels,
+                })
+                .await?
+                .into_inner();
+            print(json, &r, || format!("snapshot {} created", r.name))
+        }
+        SnapCmd::Ls => {
+            let r = c.snapshot_list(v1::Empty {}).await?.into_inner();
+            print(json, &r, || {
+                let mut rows: Vec<&v1::DiskInfo> = r.disks.values().collect();
+                rows.sort_by_key(|d| {
+                    (
+                        r.chain.iter().position(|c| *c == d.name).unwrap_or(usize::MAX),
+                        d.name.clone(),
+                    )
+                });
+                table(
+                    &["disk", "parent", "allocated", "removed", "user", "created"],
+                    rows.into_iter()
+                        .map(|d| {
+                            vec![
+                                d.name.clone(),
+                                d.parent.clone(),
+                                d.size.to_string(),
+                                d.removed.to_string(),
+                                d.user_created.to_string(),
+                                d.created.clone(),
+                            ]
+                        })
+                        .collect(),
+                )
+                .to_string()
+            })
+        }
+        SnapCmd::Rm { name } => {
+            c.snapshot_remove(v1::SnapshotName { name: name.clone() }).await?;
+            println!("snapshot {name} marked removed; run `snapshot purge` to reclaim its space");
+            Ok(())
+        }
+        SnapCmd::Revert { name } => {
+            let was_up = c.volume_get(v1::Empty {}).await?.into_inner().frontend_state == "attached";
+            c.frontend_shutdown(v1::Empty {}).await?;
+            let r = c.snapshot_revert(v1::SnapshotName { name: name.clone() }).await;
+            if was_up {
+                c.frontend_start(v1::Empty {}).await?;
+            }
+            r?;
+            println!("reverted to {name}");
+            Ok(())
+        }
+        SnapCmd::Purge => {
+            c.snapshot_purge(v1::Empty {}).await?;
+            let b = bar("purging");
+            loop {
+                let s = c.snapshot_purge_status(v1::Empty {}).await?.into_inner();
+                b.set_position(u64::from(s.progress));
+                if !s.is_purging {
+                    b.finish_and_clear();
+                    if s.state == "error" {
+                        bail!("purge failed: {}", s.error);
+                    }
+                    return print(json, &s, || "purge complete".to_owned());
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    }
+}

@@ -112,7 +112,7 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
 
     let data_server = DataServer::new(host.clone() as Arc<dyn BlockBackend>, cfg.data.clone())?;
     let data_metrics = data_server.metrics();
-    let grpc = ReplicaGrpc::new(host.clone());
+    let grpc = ReplicaGrpc::new(host.clone(), cfg.listen.ip(), cancel.clone());
 
     let mut tasks = tokio::task::JoinSet::new();
     let c = cancel.clone();

@@ -13,6 +13,7 @@ pub mod layout;
 pub mod meta;
 pub mod names;
 mod purge;
+pub mod rebuild;
 pub mod replica;
 pub mod revision;
 

@@ -36,12 +36,25 @@ async fn blocking<T: Send + 'static>(
 #[derive(Debug, Clone)]
 pub struct ReplicaGrpc {
     host: Arc<ReplicaHost>,
+    rebuild: Arc<crate::rebuild::RebuildTracker>,
+    /// Address sparse-sync receivers bind to (the daemon's listen IP).
+    listen_ip: std::net::IpAddr,
+    cancel: tokio_util::sync::CancellationToken,
 }
 
 impl ReplicaGrpc {
-    /// Services for `host`.
-    pub fn new(host: Arc<ReplicaHost>) -> Self {
-        Self { host }
+    /// Services for `host`; rebuild receivers bind on `listen_ip`; jobs stop on `cancel`.
+    pub fn new(
+        host: Arc<ReplicaHost>,
+        listen_ip: std::net::IpAddr,
+        cancel: tokio_util::sync::CancellationToken,
+    ) -> Self {
+        Self {
+            host,
+            rebuild: Arc::default(),
+            listen_ip,
+            cancel,
+        }
     }
 
     async fn reply(&self) -> Result<Response<v1::ReplicaResponse>, Status> {
@@ -283,15 +296,32 @@ impl SyncAgentService for ReplicaGrpc {
         Ok(Response::new(v1::Empty {}))
     }
 
-    async fn files_sync(&self, _: Request<v1::FilesSyncRequest>) -> Result<Response<v1::Empty>, Status> {
-        Err(unimplemented("FilesSync (replica rebuild)"))
+    async fn files_sync(&self, req: Request<v1::FilesSyncRequest>) -> Result<Response<v1::Empty>, Status> {
+        crate::rebuild::start(
+            self.host.clone(),
+            self.rebuild.clone(),
+            self.listen_ip,
+            req.into_inner(),
+            self.cancel.child_token(),
+        )
+        .await?;
+        Ok(Response::new(v1::Empty {}))
     }
 
     async fn replica_rebuild_status(
         &self,
         _: Request<v1::Empty>,
     ) -> Result<Response<v1::JobStatusResponse>, Status> {
-        Err(unimplemented("ReplicaRebuildStatus (replica rebuild)"))
+        Ok(Response::new(self.rebuild.to_proto()))
+    }
+
+    async fn file_send(
+        &self,
+        req: Request<v1::FileSendRequest>,
+    ) -> Result<Response<v1::FileSendResponse>, Status> {
+        Ok(Response::new(
+            crate::rebuild::file_send(&self.host, &req.into_inner()).await?,
+        ))
     }
 
     async fn volume_export(

@@ -1,0 +1,118 @@
+//! `corral-engine serve`: start the volume over its replicas, bring the NBD frontend up, serve
+//! `ControllerService` and Prometheus metrics, watch replica connections, and shut down cleanly on SIGTERM
+//! (frontend first, so no client sees an error for IO it sent before).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use corral_proto::v1::controller_service_server::ControllerServiceServer;
+use data_protocol::ClientConfig;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::frontend::{Frontend, NbdListen};
+use crate::nbd::NbdConfig;
+use crate::rebuild::RebuildTracker;
+use crate::service::EngineGrpc;
+use crate::start::{StartOptions, start};
+
+/// Effective configuration of `corral-engine serve`.
+#[derive(Debug, Clone)]
+pub struct ServeConfig {
+    /// Volume name.
+    pub volume: String,
+    /// Volume size.
+    pub size: u64,
+    /// gRPC address.
+    pub listen: SocketAddr,
+    /// Replica addresses (`tcp://HOST:PORT`).
+    pub replicas: Vec<String>,
+    /// NBD listeners.
+    pub nbd: Vec<NbdListen>,
+    /// Revision counter disabled.
+    pub disable_revision_counter: bool,
+    /// Salvage at start (counter disabled).
+    pub salvage_requested: bool,
+    /// Per-request deadline towards replicas.
+    pub replica_timeout: Duration,
+    /// Prometheus `/metrics` and `/healthz`.
+    pub metrics_listen: Option<SocketAddr>,
+}
+
+/// Runs the engine until `cancel`.
+pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Result<()> {
+    info!(?cfg, "corral-engine starting");
+    let client = ClientConfig {
+        request_timeout: cfg.replica_timeout,
+        ..ClientConfig::default()
+    };
+    let opts = StartOptions {
+        name: cfg.volume.clone(),
+        size: cfg.size,
+        disable_revision_counter: cfg.disable_revision_counter,
+        salvage_requested: cfg.salvage_requested,
+        client: client.clone(),
+    };
+    let volume = Arc::new(start(&cfg.replicas, &opts).await.context("start volume")?);
+    let frontend = Arc::new(Frontend::new(
+        volume.clone(),
+        cfg.nbd.clone(),
+        NbdConfig {
+            export_name: cfg.volume.clone(),
+            description: format!("Corral volume {}", cfg.volume),
+            ..NbdConfig::default()
+        },
+    ));
+    let listener = TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("bind {}", cfg.listen))?;
+    if !cfg.nbd.is_empty() {
+        frontend.start().await.context("start NBD frontend")?;
+    }
+    let grpc = EngineGrpc {
+        volume: volume.clone(),
+        frontend: frontend.clone(),
+        client,
+        rebuilds: Arc::new(RebuildTracker::default()),
+    };
+
+    let mut tasks = tokio::task::JoinSet::new();
+    let c = cancel.clone();
+    tasks.spawn(async move {
+        tonic::transport::Server::builder()
+            .add_service(ControllerServiceServer::new(grpc))
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), c.cancelled())
+            .await
+            .context("ControllerService")
+    });
+    if let Some(addr) = cfg.metrics_listen {
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("bind metrics {addr}"))?;
+        let (v, c) = (volume.clone(), cancel.clone());
+        tasks.spawn(async move { crate::metrics_http::serve(l, v, c).await });
+    }
+    let (v, c) = (volume.clone(), cancel.clone());
+    tasks.spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(1));
+        loop {
+            tokio::select! {
+                () = c.cancelled() => return Ok(()),
+                _ = tick.tick() => v.check_connections().await,
+            }
+        }
+    });
+    info!(volume = %cfg.volume, control = %cfg.listen, nbd = ?frontend.endpoints(), "corral-engine serving");
+    cancel.cancelled().await;
+    frontend.stop().await;
+    let _ = volume.flush().await;
+    while let Some(r) = tasks.join_next().await {
+        r??;
+    }
+    info!(volume = %cfg.volume, "corral-engine stopped");
+    Ok(())
+}

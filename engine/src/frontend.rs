@@ -1,0 +1,141 @@
+//! The NBD frontend of a volume: listeners on unix sockets and/or TCP, started and stopped on request (revert
+//! needs the frontend down).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::Mutex;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info};
+
+use crate::error::EngineError;
+use crate::nbd::{NbdConfig, NbdServer};
+use crate::volume::Volume;
+
+/// Where the NBD frontend listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum NbdListen {
+    /// A unix socket path.
+    Unix(PathBuf),
+    /// A TCP address.
+    Tcp(String),
+}
+
+impl std::str::FromStr for NbdListen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            Ok(Self::Unix(PathBuf::from(p)))
+        } else if let Some(a) = s.strip_prefix("tcp:") {
+            Ok(Self::Tcp(a.to_owned()))
+        } else {
+            Err(format!("{s:?}: expected unix:PATH or tcp:HOST:PORT"))
+        }
+    }
+}
+
+impl std::fmt::Display for NbdListen {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Unix(p) => write!(f, "unix:{}", p.display()),
+            Self::Tcp(a) => write!(f, "tcp:{a}"),
+        }
+    }
+}
+
+struct Running {
+    cancel: CancellationToken,
+    tasks: JoinSet<()>,
+}
+
+/// The frontend of one volume.
+pub struct Frontend {
+    volume: Arc<Volume>,
+    listens: Vec<NbdListen>,
+    config: NbdConfig,
+    running: Mutex<Option<Running>>,
+}
+
+impl Frontend {
+    /// A stopped frontend.
+    pub fn new(volume: Arc<Volume>, listens: Vec<NbdListen>, config: NbdConfig) -> Self {
+        Self {
+            volume,
+            listens,
+            config,
+            running: Mutex::new(None),
+        }
+    }
+
+    /// Endpoints as strings.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.listens.iter().map(ToString::to_string).collect()
+    }
+
+    /// Is it serving?
+    pub async fn is_up(&self) -> bool {
+        self.running.lock().await.is_some()
+    }
+
+    /// Binds every listener and starts serving (no-op when up).
+    pub async fn start(&self) -> Result<(), EngineError> {
+        let mut running = self.running.lock().await;
+        if running.is_some() {
+            return Ok(());
+        }
+        let server = Arc::new(NbdServer::new(self.volume.clone(), self.config.clone()));
+        let cancel = CancellationToken::new();
+        let mut tasks = JoinSet::new();
+        for l in &self.listens {
+            match l {
+                NbdListen::Unix(path) => {
+                    // A socket file left by a killed engine would make bind fail.
+                    if std::fs::symlink_metadata(path)
+                        .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
+                    {
+                        let _ = std::fs::remove_file(path);
+                    }
+                    let listener = UnixListener::bind(path).map_err(|e| {
+                        EngineError::Internal(format!("bind NBD socket {}: {e}", path.display()))
+                    })?;
+                    let (s, c, p) = (server.clone(), cancel.clone(), path.clone());
+                    tasks.spawn(async move {
+                        if let Err(e) = s.serve_unix(listener, c).await {
+                            error!(socket = %p.display(), error = %e, "NBD frontend stopped");
+                        }
+                        let _ = std::fs::remove_file(&p);
+                    });
+                }
+                NbdListen::Tcp(addr) => {
+                    let listener = TcpListener::bind(addr)
+                        .await
+                        .map_err(|e| EngineError::Internal(format!("bind NBD address {addr}: {e}")))?;
+                    let (s, c, a) = (server.clone(), cancel.clone(), addr.clone());
+                    tasks.spawn(async move {
+                        if let Err(e) = s.serve_tcp(listener, c).await {
+                            error!(address = %a, error = %e, "NBD frontend stopped");
+                        }
+                    });
+                }
+            }
+        }
+        self.volume.frontend_up.store(true, Ordering::Release);
+        info!(volume = %self.volume.name, endpoints = ?self.endpoints(), "NBD frontend up");
+        *running = Some(Running { cancel, tasks });
+        Ok(())
+    }
+
+    /// Stops serving: refuses new clients, lets in-flight requests finish, closes connections.
+    pub async fn stop(&self) {
+        let mut running = self.running.lock().await;
+        if let Some(mut r) = running.take() {
+            r.cancel.cancel();
+            while r.tasks.join_next().await.is_some() {}
+            self.volume.frontend_up.store(false, Ordering::Release);
+            info!(volume = %self.volume.name, "NBD frontend down");
+        }
+    }
+}

@@ -1,0 +1,290 @@
+//! Rebuild, engine side: add a replica in WO mode and bring it to RW.
+//!
+//! 1. Connect the new replica (created with the volume's size if empty) and mark it `Rebuilding` on disk.
+//! 2. With IO paused: flush and take one system snapshot `rebuild-<id>` on every replica *and* the new one, then
+//!    add the new replica as WO. From here every write reaches its head; everything older sits in immutable
+//!    snapshot files on the sources.
+//! 3. Still with snapshots excluded, ask the new replica's sync agent to pull every snapshot file of an RW source
+//!    (`FilesSync`; sparse-sync with delta and whole-file skip, files spread over all RW sources).
+//! 4. Poll its progress. When the files are in: reload the new replica, verify its snapshot tree equals the
+//!    source's, and with IO paused copy the source's revision counter, set RW and clear `Rebuilding`.
+//!
+//! A failure puts the new replica ERR with the reason; adding it again resumes from what it already holds.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_proto::v1;
+use data_protocol::ClientConfig;
+use tokio::sync::Mutex;
+use tracing::{info, warn};
+
+use crate::error::EngineError;
+use crate::replica_client::{self, Mode, ReplicaEntry, canonical};
+use crate::volume::Volume;
+
+/// Rebuild jobs of this engine, by replica address.
+#[derive(Debug, Default)]
+pub struct RebuildTracker {
+    jobs: Mutex<HashMap<String, v1::ReplicaRebuildState>>,
+}
+
+/// Snapshot files of a replica (every disk but the head), parents before children.
+fn snapshot_files(r: &v1::Replica) -> Vec<v1::DiskInfo> {
+    let mut out: Vec<v1::DiskInfo> = Vec::new();
+    let mut left: Vec<&v1::DiskInfo> = r.disks.values().filter(|d| d.name != r.head).collect();
+    while !left.is_empty() {
+        let before = left.len();
+        left.retain(|d| {
+            if d.parent.is_empty() || out.iter().any(|o| o.name == d.parent) {
+                out.push((*d).clone());
+                false
+            } else {
+                true
+            }
+        });
+        if left.len() == before {
+            // A parent outside the list (cannot happen with a consistent replica): keep the rest in any order.
+            out.extend(left.drain(..).cloned());
+        }
+    }
+    out
+}
+
+/// The tree without the head, comparable between replicas: name → parent.
+fn tree(r: &v1::Replica) -> Vec<(String, String)> {
+    let mut t: Vec<(String, String)> = r
+        .disks
+        .values()
+        .filter(|d| d.name != r.head)
+        .map(|d| (d.name.clone(), d.parent.clone()))
+        .collect();
+    t.sort();
+    t
+}
+
+async fn replica_get(e: &ReplicaEntry) -> Result<v1::Replica, EngineError> {
+    let mut c = e.connection()?.control.clone();
+    Ok(c.replica_get(v1::Empty {})
+        .await
+        .map_err(|s| EngineError::replica(&e.address, &s))?
+        .into_inner()
+        .replica
+        .unwrap_or_default())
+}
+
+impl RebuildTracker {
+    /// Status of every rebuild this engine ran.
+    pub async fn status(&self) -> Vec<v1::ReplicaRebuildState> {
+        let mut v: Vec<_> = self.jobs.lock().await.values().cloned().collect();
+        v.sort_by(|a, b| a.address.cmp(&b.address));
+        v
+    }
+
+    async fn update(&self, address: &str, f: impl FnOnce(&mut v1::ReplicaRebuildState)) {
+        let mut jobs = self.jobs.lock().await;
+        let j = jobs
+            .entry(address.to_owned())
+            .or_insert_with(|| v1::ReplicaRebuildState {
+                address: address.to_owned(),
+                ..Default::default()
+            });
+        f(j);
+    }
+
+    /// Adds `address` to the volume and starts rebuilding it; returns the new (WO) replica.
+    pub async fn start(
+        self: &Arc<Self>,
+        volume: Arc<Volume>,
+        address: &str,
+        client: &ClientConfig,
+    ) -> Result<Arc<ReplicaEntry>, EngineError> {
+        let address = canonical(address)?;
+        {
+            let reps = volume.replicas.read().await;
+            if reps.iter().any(|r| r.address == address) {
+                return Err(EngineError::AlreadyExists(format!(
+                    "replica {address} is already part of {} (remove it first to rebuild it)",
+                    volume.name
+                )));
+            }
+            if reps.iter().any(|r| r.mode() == Mode::Wo) {
+                return Err(EngineError::FailedPrecondition(
+                    "another replica is rebuilding".into(),
+                ));
+            }
+        }
+        let (conn, status) = replica_client::connect(
+            &address,
+            client,
+            Some((volume.size(), volume.revision_counter_disabled)),
+            &volume.name,
+        )
+        .await?;
+        if status.size != volume.size() {
+            return Err(EngineError::InvalidArgument(format!(
+                "replica {address} has size {}, volume {} has {}",
+                status.size,
+                volume.name,
+                volume.size()
+            )));
+        }
+        if status.revision_counter_disabled != volume.revision_counter_disabled {
+            return Err(EngineError::InvalidArgument(format!(
+                "replica {address}: revision counter setting differs from the volume's"
+            )));
+        }
+        conn.control
+            .clone()
+            .rebuilding_set(v1::RebuildingSetRequest { rebuilding: true })
+            .await
+            .map_err(|e| EngineError::replica(&address, &e))?;
+        let entry = Arc::new(ReplicaEntry::new(address.clone(), conn, Mode::Wo));
+
+        let snap = format!("rebuild-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let mut reps = volume.replicas.write().await;
+        let sources: Vec<Arc<ReplicaEntry>> = reps.iter().filter(|r| r.mode() == Mode::Rw).cloned().collect();
+        if sources.is_empty() {
+            return Err(EngineError::FailedPrecondition(format!(
+                "volume {} has no RW replica to rebuild from",
+                volume.name
+            )));
+        }
+        reps.push(entry.clone());
+        drop(reps);
+        // snapshot() takes the write lock itself; the WO entry is already in, so it gets the snapshot too.
+        if let Err(e) = volume.snapshot(&snap, HashMap::new(), false).await {
+            entry.set_err(&format!("rebuild snapshot failed: {e}"));
+            return Err(e);
+        }
+        let reps = volume.replicas.read().await; // no snapshot may interleave with the file list below
+        if entry.mode() != Mode::Wo {
+            return Err(EngineError::FailedPrecondition(format!(
+                "replica {address} failed during the rebuild snapshot: {}",
+                entry.error()
+            )));
+        }
+        let source_status = replica_get(&sources[0]).await?;
+        let files = snapshot_files(&source_status);
+        let from: Vec<String> = sources
+            .iter()
+            .map(|s| s.address.trim_start_matches("tcp://").to_owned())
+            .collect();
+        let mut sync = entry.connection()?.sync.clone();
+        sync.files_sync(v1::FilesSyncRequest {
+            from_addresses: from.clone(),
+            files,
+            fast_sync: true,
+        })
+        .await
+        .map_err(|e| EngineError::replica(&address, &e))?;
+        drop(reps);
+        self.update(&address, |j| {
+            *j = v1::ReplicaRebuildState {
+                address: address.clone(),
+                is_rebuilding: true,
+                state: "in-progress".into(),
+                from_addresses: from,
+                ..Default::default()
+            };
+        })
+        .await;
+        info!(volume = %volume.name, replica = %address, snapshot = %snap, "rebuild started");
+        let (me, v, e) = (self.clone(), volume, entry.clone());
+        tokio::spawn(async move { me.finish(v, e, sources[0].clone()).await });
+        Ok(entry)
+    }
+
+    async fn finish(&self, volume: Arc<Volume>, entry: Arc<ReplicaEntry>, source: Arc<ReplicaEntry>) {
+        let address = entry.address.clone();
+        let result = self.wait_and_verify(&volume, &entry, &source).await;
+        match result {
+            Ok(()) => {
+                info!(volume = %volume.name, replica = %address, "rebuild complete: replica is RW");
+                self.update(&address, |j| {
+                    j.is_rebuilding = false;
+                    j.state = "complete".into();
+                    j.progress = 100;
+                })
+                .await;
+            }
+            Err(e) => {
+                warn!(volume = %volume.name, replica = %address, error = %e, "rebuild failed");
+                entry.set_err(&format!("rebuild failed: {e}"));
+                self.update(&address, |j| {
+                    j.is_rebuilding = false;
+                    j.state = "error".into();
+                    j.error = e.to_string();
+                })
+                .await;
+            }
+        }
+    }
+
+    async fn wait_and_verify(
+        &self,
+        volume: &Volume,
+        entry: &ReplicaEntry,
+        source: &ReplicaEntry,
+    ) -> Result<(), EngineError> {
+        let address = &entry.address;
+        let conn = entry.connection()?.clone();
+        loop {
+            if entry.mode() != Mode::Wo {
+                return Err(EngineError::FailedPrecondition(format!(
+                    "replica went {} during the rebuild: {}",
+                    entry.mode().as_str(),
+                    entry.error()
+                )));
+            }
+            let s = conn
+                .sync
+                .clone()
+                .replica_rebuild_status(v1::Empty {})
+                .await
+                .map_err(|e| EngineError::replica(address, &e))?
+                .into_inner();
+            self.update(address, |j| {
+                j.progress = s.progress;
+                j.bytes_transferred = s.bytes_transferred;
+                j.bytes_skipped = s.bytes_skipped;
+            })
+            .await;
+            match s.state.as_str() {
+                "complete" => break,
+                "in-progress" => tokio::time::sleep(Duration::from_millis(200)).await,
+                other => return Err(EngineError::Internal(format!("file sync {other}: {}", s.error))),
+            }
+        }
+        let mut control = conn.control.clone();
+        control
+            .replica_reload(v1::Empty {})
+            .await
+            .map_err(|e| EngineError::replica(address, &e))?;
+        let reps = volume.replicas.write().await; // IO paused: counters are stable
+        let (src, dst) = (replica_get(source).await?, replica_get(entry).await?);
+        if tree(&src) != tree(&dst) {
+            return Err(EngineError::Internal(format!(
+                "snapshot tree differs after sync: source {:?}, rebuilt {:?}",
+                tree(&src),
+                tree(&dst)
+            )));
+        }
+        if !volume.revision_counter_disabled {
+            control
+                .revision_counter_set(v1::RevisionCounterSetRequest {
+                    counter: src.revision_counter,
+                })
+                .await
+                .map_err(|e| EngineError::replica(address, &e))?;
+        }
+        control
+            .rebuilding_set(v1::RebuildingSetRequest { rebuilding: false })
+            .await
+            .map_err(|e| EngineError::replica(address, &e))?;
+        entry.set_mode(Mode::Rw);
+        drop(reps);
+        Ok(())
+    }
+}

@@ -1,0 +1,204 @@
+//! Engine start: connect every replica, refuse the ones that do not fit (unreachable, wrong size or sector size,
+//! other revision-counter setting, an unfinished rebuild), then either keep only the replicas with the highest
+//! revision counter, or — counter disabled and salvage requested — pick the one replica most likely to hold
+//! every acknowledged write: among those whose head was modified within 5 s of the newest, the one with the most
+//! allocated head bytes (ties: newer mtime).
+
+use std::sync::Arc;
+
+use corral_proto::v1;
+use data_protocol::ClientConfig;
+use tracing::{info, warn};
+
+use crate::error::EngineError;
+use crate::replica_client::{self, Connection, Mode, ReplicaEntry, canonical};
+use crate::volume::Volume;
+
+/// Window within which head mtimes count as "equally recent" for salvage (Longhorn's `lastModifyCheckPeriod`).
+pub const SALVAGE_MTIME_WINDOW_NS: i64 = 5_000_000_000;
+
+/// How to start a volume.
+#[derive(Debug, Clone)]
+pub struct StartOptions {
+    /// Volume name.
+    pub name: String,
+    /// Volume size in bytes; replicas of another size are refused.
+    pub size: u64,
+    /// Revision counter disabled for the volume (replicas must agree).
+    pub disable_revision_counter: bool,
+    /// With the counter disabled: salvage the best replica instead of trusting all.
+    pub salvage_requested: bool,
+    /// Data-protocol client settings (timeouts).
+    pub client: ClientConfig,
+}
+
+struct Candidate {
+    address: String,
+    conn: Connection,
+    status: v1::Replica,
+    sector_size: u32,
+}
+
+/// Connects and checks the replicas and returns the volume. Fails when no replica is usable.
+pub async fn start(addresses: &[String], opts: &StartOptions) -> Result<Volume, EngineError> {
+    if opts.size == 0 || opts.size % 4096 != 0 {
+        return Err(EngineError::InvalidArgument(format!(
+            "volume size {} must be a positive multiple of 4096",
+            opts.size
+        )));
+    }
+    let mut entries: Vec<Arc<ReplicaEntry>> = Vec::new();
+    let mut candidates = Vec::new();
+    let connects = addresses.iter().map(|a| async move {
+        let address = canonical(a)?;
+        let r = replica_client::connect(
+            &address,
+            &opts.client,
+            Some((opts.size, opts.disable_revision_counter)),
+            &opts.name,
+        )
+        .await;
+        Ok::<_, EngineError>((address, r))
+    });
+    for r in futures::future::join_all(connects).await {
+        let (address, r) = r?;
+        match r {
+            Ok((conn, status)) => {
+                let sector_size = conn.data.info().sector_size;
+                candidates.push(Candidate {
+                    address,
+                    conn,
+                    status,
+                    sector_size,
+                });
+            }
+            Err(e) => {
+                warn!(volume = %opts.name, replica = %address, error = %e, "replica unusable at start");
+                entries.push(Arc::new(ReplicaEntry::failed(address, None, e.to_string())));
+            }
+        }
+    }
+    let mut good = Vec::new();
+    let sector = candidates.first().map(|c| c.sector_size);
+    let others_ok = candidates.iter().filter(|c| !c.status.rebuilding).count() > 0;
+    for c in candidates {
+        let reason = if c.status.size != opts.size {
+            Some(format!(
+                "size {} differs from the volume size {}",
+                c.status.size, opts.size
+            ))
+        } else if Some(c.sector_size) != sector {
+            Some(format!(
+                "sector size {} differs from {}",
+                c.sector_size,
+                sector.unwrap_or_default()
+            ))
+        } else if c.status.revision_counter_disabled != opts.disable_revision_counter {
+            Some(format!(
+                "revision counter {} on the replica but {} for the volume",
+                if c.status.revision_counter_disabled {
+                    "disabled"
+                } else {
+                    "enabled"
+                },
+                if opts.disable_revision_counter {
+                    "disabled"
+                } else {
+                    "enabled"
+                },
+            ))
+        } else if c.status.rebuilding && others_ok {
+            Some("an earlier rebuild into this replica did not finish".into())
+        } else if !c.status.error.is_empty() {
+            Some(format!("replica reports error: {}", c.status.error))
+        } else {
+            None
+        };
+        match reason {
+            Some(r) => {
+                warn!(volume = %opts.name, replica = %c.address, reason = %r, "replica refused at start");
+                entries.push(Arc::new(ReplicaEntry::failed(c.address, Some(c.conn), r)));
+            }
+            None => good.push(c),
+        }
+    }
+
+    if opts.disable_revision_counter {
+        if opts.salvage_requested && !good.is_empty() {
+            let newest = good.iter().map(|c| c.status.last_modify_time).max().unwrap_or(0);
+            let best = good
+                .iter()
+                .enumerate()
+                .filter(|(_, c)| newest - c.status.last_modify_time <= SALVAGE_MTIME_WINDOW_NS)
+                .max_by_key(|(_, c)| (c.status.head_file_size, c.status.last_modify_time))
+                .map(|(i, _)| i)
+                .unwrap_or(0);
+            let chosen = good.swap_remove(best);
+            info!(
+                volume = %opts.name, replica = %chosen.address, head_bytes = chosen.status.head_file_size,
+                "salvage: keeping the replica with the most recent and largest head"
+            );
+            for c in good.drain(..) {
+                let r = format!(
+                    "salvage chose {} (head {} bytes, mtime {}) over this one (head {} bytes, mtime {})",
+                    chosen.address,
+                    chosen.status.head_file_size,
+                    chosen.status.last_modify_time,
+                    c.status.head_file_size,
+                    c.status.last_modify_time
+                );
+                entries.push(Arc::new(ReplicaEntry::failed(c.address, Some(c.conn), r)));
+            }
+            good.push(chosen);
+        }
+    } else {
+        let max = good.iter().map(|c| c.status.revision_counter).max().unwrap_or(0);
+        let (keep, lagging): (Vec<_>, Vec<_>) =
+            good.into_iter().partition(|c| c.status.revision_counter == max);
+        for c in lagging {
+            let r = format!(
+                "revision counter {} is behind the highest, {max}: it missed writes",
+                c.status.revision_counter
+            );
+            warn!(volume = %opts.name, replica = %c.address, reason = %r, "replica refused at start");
+            entries.push(Arc::new(ReplicaEntry::failed(c.address, Some(c.conn), r)));
+        }
+        good = keep;
+    }
+    if good.is_empty() {
+        let detail = entries
+            .iter()
+            .map(|e| format!("{}: {}", e.address, e.error()))
+            .collect::<Vec<_>>()
+            .join("; ");
+        return Err(EngineError::NoHealthyReplica {
+            volume: opts.name.clone(),
+            detail,
+        });
+    }
+    let sector_size = good[0].sector_size;
+    let mut all: Vec<Arc<ReplicaEntry>> = good
+        .into_iter()
+        .map(|c| Arc::new(ReplicaEntry::new(c.address, c.conn, Mode::Rw)))
+        .collect();
+    // ERR entries stay listed (with their reason) until removed.
+    all.extend(entries);
+    for e in &all {
+        if e.mode() == Mode::Err
+            && let Some(c) = &e.conn
+        {
+            c.data.close().await;
+        }
+    }
+    info!(
+        volume = %opts.name, size = opts.size,
+        rw = all.iter().filter(|e| e.mode() == Mode::Rw).count(), total = all.len(), "volume started"
+    );
+    Ok(Volume::new(
+        opts.name.clone(),
+        opts.size,
+        sector_size,
+        all,
+        opts.disable_revision_counter,
+    ))
+}

@@ -1,0 +1,324 @@
+//! Rebuild, replica side. The *target* replica (new, in WO mode at the engine) pulls every snapshot file of a
+//! source replica through sparse-sync: for each file it binds a receiver, asks a source's sync agent to
+//! `FileSend` it, and writes the file's metadata once the data is in place. Files are spread over the sources and
+//! a failed file is retried on another source; a receiver keeps its partial file so a retry resumes instead of
+//! starting over, and whole files whose recorded checksums match are skipped ("fast rebuild"). The head is never
+//! copied: since the engine's rebuild snapshot, every write reaches the target's head directly.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use corral_proto::REPLICA_SYNC_AGENT_PORT_OFFSET;
+use corral_proto::v1::{self, sync_agent_service_client::SyncAgentServiceClient};
+use sparse_sync::receiver::{Receiver, ReceiverConfig};
+use sparse_sync::{LayoutMode, Progress};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::error::ReplicaError;
+use crate::jobs::JobState;
+use crate::meta::{DiskMeta, remove_if_exists, sync_dir, write_json_atomic};
+use crate::names;
+use crate::replica::lock;
+use crate::service::ReplicaHost;
+
+/// Attempts per file before the rebuild fails.
+const ATTEMPTS: usize = 3;
+
+/// Status of the rebuild into this replica.
+#[derive(Debug, Clone, Default)]
+pub struct RebuildStatus {
+    /// State.
+    pub state: JobState,
+    /// Error when failed.
+    pub error: String,
+    /// Sources.
+    pub from: Vec<String>,
+    /// Files done / total.
+    pub files_done: u32,
+    /// Files to sync.
+    pub files_total: u32,
+    /// Allocated bytes to move (sum of the files' allocated sizes).
+    pub bytes_total: u64,
+}
+
+/// The rebuild job slot of one replica daemon.
+#[derive(Debug, Default)]
+pub struct RebuildTracker {
+    status: Mutex<RebuildStatus>,
+    transferred: AtomicU64,
+    skipped: AtomicU64,
+    done_bytes: AtomicU64,
+}
+
+impl RebuildTracker {
+    /// Current status as the wire message.
+    pub fn to_proto(&self) -> v1::JobStatusResponse {
+        let s = lock(&self.status).clone();
+        let done = self.done_bytes.load(Ordering::Relaxed);
+        let progress = match s.state {
+            JobState::Complete => 100,
+            _ if s.bytes_total == 0 => 0,
+            _ => u32::try_from(done.min(s.bytes_total) * 100 / s.bytes_total).unwrap_or(100),
+        };
+        v1::JobStatusResponse {
+            is_running: s.state == JobState::InProgress,
+            state: s.state.as_str().into(),
+            progress,
+            error: s.error,
+            bytes_transferred: self.transferred.load(Ordering::Relaxed),
+            bytes_skipped: self.skipped.load(Ordering::Relaxed),
+            from_addresses: s.from,
+            files_done: s.files_done,
+            files_total: s.files_total,
+        }
+    }
+}
+
+fn validate_file(name: &str) -> Result<(), ReplicaError> {
+    match names::snapshot_name(name) {
+        Some(n) => names::validate_snapshot_name(n),
+        None => Err(ReplicaError::InvalidArgument(format!(
+            "{name:?} is not a snapshot file name"
+        ))),
+    }
+}
+
+async fn sync_agent(address: &str) -> Result<SyncAgentServiceClient<tonic::transport::Channel>, String> {
+    let (host, port) = address
+        .trim_start_matches("tcp://")
+        .rsplit_once(':')
+        .ok_or_else(|| format!("bad source address {address:?}"))?;
+    let port: u16 = port
+        .parse()
+        .map_err(|_| format!("bad source address {address:?}"))?;
+    let port = port
+        .checked_add(REPLICA_SYNC_AGENT_PORT_OFFSET)
+        .ok_or("port out of range")?;
+    let ep = tonic::transport::Endpoint::from_shared(format!("http://{host}:{port}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(5));
+    ep.connect()
+        .await
+        .map(SyncAgentServiceClient::new)
+        .map_err(|e| format!("connect to {address}: {e}"))
+}
+
+/// Starts a rebuild (FilesSync) into `host`'s replica; returns once stale disks are removed and the job runs.
+pub async fn start(
+    host: Arc<ReplicaHost>,
+    tracker: Arc<RebuildTracker>,
+    listen_ip: IpAddr,
+    req: v1::FilesSyncRequest,
+    cancel: CancellationToken,
+) -> Result<(), ReplicaError> {
+    if req.from_addresses.is_empty() {
+        return Err(ReplicaError::InvalidArgument(
+            "FilesSync needs at least one source".into(),
+        ));
+    }
+    for f in &req.files {
+        validate_file(&f.name)?;
+        if !f.parent.is_empty() {
+            validate_file(&f.parent)?;
+        }
+    }
+    {
+        let mut s = lock(&tracker.status);
+        if s.state == JobState::InProgress {
+            return Err(ReplicaError::FailedPrecondition(
+                "a rebuild is already running".into(),
+            ));
+        }
+        *s = RebuildStatus {
+            state: JobState::InProgress,
+            from: req.from_addresses.clone(),
+            files_total: u32::try_from(req.files.len()).unwrap_or(u32::MAX),
+            bytes_total: req.files.iter().map(|f| f.size).sum(),
+            ..Default::default()
+        };
+        tracker.transferred.store(0, Ordering::Relaxed);
+        tracker.skipped.store(0, Ordering::Relaxed);
+        tracker.done_bytes.store(0, Ordering::Relaxed);
+    }
+    let replica = host.replica()?;
+    let status = replica.status()?;
+    let dir = replica.dir().to_owned();
+    // Disks the source does not have (a former life of this replica) go first.
+    let wanted: std::collections::HashSet<&str> = req.files.iter().map(|f| f.name.as_str()).collect();
+    for name in status
+        .disks
+        .keys()
+        .filter(|d| **d != status.head && !wanted.contains(d.as_str()))
+    {
+        warn!(dir = %dir.display(), disk = %name, "rebuild: removing a disk the source does not have");
+        remove_if_exists(&dir.join(names::meta_file(name)))?;
+        remove_if_exists(&dir.join(name))?;
+        remove_if_exists(&dir.join(names::checksum_file(name)))?;
+    }
+    sync_dir(&dir)?;
+    tokio::spawn(async move {
+        let result = run(&dir, &tracker, listen_ip, &req, &cancel).await;
+        let mut s = lock(&tracker.status);
+        match result {
+            Ok(()) => {
+                s.state = JobState::Complete;
+                info!(dir = %dir.display(), files = s.files_total, "rebuild files synced");
+            }
+            Err(e) => {
+                warn!(dir = %dir.display(), error = %e, "rebuild failed");
+                s.state = if cancel.is_cancelled() {
+                    JobState::Cancelled
+                } else {
+                    JobState::Error
+                };
+                s.error = e;
+            }
+        }
+    });
+    Ok(())
+}
+
+async fn run(
+    dir: &std::path::Path,
+    tracker: &RebuildTracker,
+    listen_ip: IpAddr,
+    req: &v1::FilesSyncRequest,
+    cancel: &CancellationToken,
+) -> Result<(), String> {
+    for (i, f) in req.files.iter().enumerate() {
+        let mut last = String::new();
+        let mut ok = false;
+        for attempt in 0..ATTEMPTS {
+            if cancel.is_cancelled() {
+                return Err("cancelled".into());
+            }
+            let source = &req.from_addresses[(i + attempt) % req.from_addresses.len()];
+            match sync_one(dir, listen_ip, source, &f.name, req.fast_sync, tracker, cancel).await {
+                Ok(()) => {
+                    ok = true;
+                    break;
+                }
+                Err(e) => {
+                    warn!(file = %f.name, source = %source, attempt, error = %e, "rebuild: file sync failed");
+                    last = format!("{} from {source}: {e}", f.name);
+                    tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
+                }
+            }
+        }
+        if !ok {
+            return Err(last);
+        }
+        let meta = DiskMeta {
+            name: f.name.clone(),
+            parent: f.parent.clone(),
+            removed: f.removed,
+            user_created: f.user_created,
+            created: f.created.clone(),
+            labels: f.labels.clone().into_iter().collect(),
+        };
+        write_json_atomic(dir, &names::meta_file(&f.name), &meta).map_err(|e| e.to_string())?;
+        tracker.done_bytes.fetch_add(f.size, Ordering::Relaxed);
+        lock(&tracker.status).files_done += 1;
+    }
+    Ok(())
+}
+
+async fn sync_one(
+    dir: &std::path::Path,
+    listen_ip: IpAddr,
+    source: &str,
+    file: &str,
+    fast: bool,
+    tracker: &RebuildTracker,
+    cancel: &CancellationToken,
+) -> Result<(), String> {
+    let mut cfg = ReceiverConfig::new(dir.join(file));
+    cfg.keep_partial = true;
+    cfg.idle_timeout = Duration::from_secs(120);
+    let receiver = Receiver::bind(SocketAddr::new(listen_ip, 0), cfg)
+        .await
+        .map_err(|e| e.to_string())?;
+    let to = receiver.local_addr().to_string();
+    let rcancel = cancel.child_token();
+    let recv = tokio::spawn(receiver.run(rcancel.clone()));
+    let mut client = sync_agent(source).await?;
+    let sent = client
+        .file_send(v1::FileSendRequest {
+            file_name: file.to_owned(),
+            to_address: to,
+            fast_sync: fast,
+        })
+        .await;
+    let sent = match sent {
+        Ok(r) => r.into_inner(),
+        Err(e) => {
+            rcancel.cancel();
+            let _ = recv.await;
+            return Err(format!("FileSend: {}", e.message()));
+        }
+    };
+    let summary = recv
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    tracker.transferred.fetch_add(sent.bytes_sent, Ordering::Relaxed);
+    tracker.skipped.fetch_add(
+        sent.bytes_skipped + if sent.file_skipped { sent.data_bytes } else { 0 },
+        Ordering::Relaxed,
+    );
+    info!(
+        file,
+        source,
+        sent = sent.bytes_sent,
+        skipped = sent.bytes_skipped,
+        whole_file_skipped = sent.file_skipped,
+        written = summary.bytes_written,
+        "rebuild: file synced"
+    );
+    Ok(())
+}
+
+/// Source side: sends one snapshot file of `host`'s replica to a receiver.
+pub async fn file_send(
+    host: &ReplicaHost,
+    req: &v1::FileSendRequest,
+) -> Result<v1::FileSendResponse, ReplicaError> {
+    validate_file(&req.file_name)?;
+    let replica = host.replica()?;
+    let path = replica.dir().join(&req.file_name);
+    if !replica.status()?.disks.contains_key(&req.file_name) {
+        return Err(ReplicaError::NotFound(format!("snapshot {}", req.file_name)));
+    }
+    let p = path.clone();
+    let content =
+        tokio::task::spawn_blocking(move || sparse_sync::FileContent::open(&p, LayoutMode::SeekData))
+            .await
+            .map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?
+            .map_err(|e| ReplicaError::io("open", &path, e))?;
+    let recorded = sparse_sync::record::read_valid(&path).ok().flatten();
+    let opts = sparse_sync::SendOptions {
+        fast: req.fast_sync,
+        recorded,
+        ..Default::default()
+    };
+    let s = sparse_sync::send(
+        Arc::new(content),
+        &req.to_address,
+        &opts,
+        &Progress::new(),
+        &CancellationToken::new(),
+    )
+    .await
+    .map_err(|e| {
+        ReplicaError::FailedPrecondition(format!("send {} to {}: {e}", req.file_name, req.to_address))
+    })?;
+    Ok(v1::FileSendResponse {
+        file_skipped: s.file_skipped,
+        bytes_sent: s.bytes_sent,
+        bytes_skipped: s.bytes_skipped,
+        data_bytes: s.data_bytes,
+    })
+}
