@@ -1,5 +1,7 @@
 //! The storage side of the protocol: what a replica implements to be served.
 
+use std::ops::Range;
+
 /// What a `Hello` reply tells the client about the volume.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeInfo {
@@ -27,6 +29,10 @@ pub enum ErrorKind {
     NoSpace = 4,
     /// The replica cannot serve IO right now (closing, in error, read-only).
     Unavailable = 5,
+    /// Not a wire code, never sent: the server answers nothing and drops the connection the request
+    /// came on, as if the network had failed. For fault injection, and for a backend that knows its
+    /// client must reconnect.
+    DropConnection = 0x100,
 }
 
 impl ErrorKind {
@@ -98,4 +104,12 @@ pub trait BlockBackend: Send + Sync + 'static {
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BackendError>;
     /// Makes every completed write durable.
     fn flush(&self) -> Result<(), BackendError>;
+    /// The allocated parts of `[offset, offset + len)` (`len` > 0): ranges in bytes, ascending and
+    /// non-overlapping; everything else in the span is a hole that reads as zeros. The server clips
+    /// ranges to the span, merges touching ones and cuts the list to what one reply carries. A range
+    /// past the end should fail with [`ErrorKind::OutOfRange`]. The default reports the whole span as
+    /// allocated, which is always correct, only not sparse.
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>, BackendError> {
+        Ok(std::iter::once(offset..offset.saturating_add(len)).collect())
+    }
 }

@@ -9,7 +9,7 @@
 //! | 6 | u16 | kind ([`FrameKind`]) |
 //! | 8 | u64 | id (a reply carries its request's id) |
 //! | 16 | u64 | offset (bytes) |
-//! | 24 | u32 | length (IO bytes; error kind code in an `Error` reply; protocol version in `Hello`) |
+//! | 24 | u32 | length (IO bytes; error kind code in an `Error` reply; protocol version in `Hello`; bytes covered in a `BlockStatus` reply) |
 //! | 28 | u32 | payload_len |
 //!
 //! [`FrameHeader::decode`] enforces every per-frame rule that can be checked from the header alone, so
@@ -27,12 +27,18 @@ pub const MAX_IO: u32 = 16 << 20;
 pub const MAX_NAME_LEN: u32 = 1024;
 /// Largest payload of an `Error` reply (the message); servers truncate longer messages.
 pub const MAX_MESSAGE_LEN: u32 = 64 << 10;
+/// Size of one allocated range in a `BlockStatus` reply: `start` and `end` as u64 LE.
+pub const BLOCK_STATUS_RANGE_LEN: u32 = 16;
+/// Most ranges one `BlockStatus` reply carries (its payload is at most [`MAX_IO`]).
+pub const MAX_BLOCK_STATUS_RANGES: u32 = MAX_IO / BLOCK_STATUS_RANGE_LEN;
 
 // The header is exactly the sum of its fields: a layout change must be deliberate.
 const _: () = assert!(HEADER_LEN == 4 + 2 + 2 + 8 + 8 + 4 + 4);
 const _: () = assert!(HEADER_LEN == 32);
 // Payload lengths are handled as usize in memory; 16 MiB must fit on every supported target.
 const _: () = assert!(MAX_IO as u64 <= usize::MAX as u64);
+// A full list of ranges fills a payload exactly.
+const _: () = assert!(MAX_BLOCK_STATUS_RANGES * BLOCK_STATUS_RANGE_LEN == MAX_IO);
 
 /// Frame type. Requests are below 0x80, replies have the high bit set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,7 +58,13 @@ pub enum FrameKind {
     Flush = 6,
     /// Liveness probe.
     Ping = 7,
+    /// Which parts of `length` bytes at `offset` are allocated (`length` > 0, no payload). The `Ok` reply's
+    /// `length` is how many bytes from `offset` the answer covers (at most the request's, less when the
+    /// list was cut), its payload the allocated ranges in that span as `(start, end)` u64 LE pairs,
+    /// ascending and non-overlapping; the rest of the covered span is holes.
+    BlockStatus = 8,
     /// Success; a read's data is the payload. Reply to `Hello`: `offset` = size, `length` = sector size.
+    /// Reply to `BlockStatus`: `length` = bytes covered, payload = allocated ranges.
     Ok = 0x81,
     /// Failure: `length` = [`crate::ErrorKind`] code, payload = UTF-8 message.
     Error = 0x82,
@@ -73,6 +85,7 @@ impl FrameKind {
             5 => Self::WriteZeroes,
             6 => Self::Flush,
             7 => Self::Ping,
+            8 => Self::BlockStatus,
             0x81 => Self::Ok,
             0x82 => Self::Error,
             0x83 => Self::Eof,
@@ -207,6 +220,7 @@ impl FrameHeader {
             | FrameKind::WriteZeroes
             | FrameKind::Flush
             | FrameKind::Ping
+            | FrameKind::BlockStatus
             | FrameKind::Eof
             | FrameKind::NoSpace => 0,
         }
@@ -245,6 +259,79 @@ impl FrameHeader {
     pub fn length_usize(&self) -> usize {
         usize::try_from(self.length).unwrap_or(usize::MAX)
     }
+}
+
+/// Why the range list of a `BlockStatus` reply is malformed. Every variant is a protocol violation.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RangeListError {
+    /// The payload is not a whole number of 16-byte ranges.
+    #[error("range list of {0} bytes is not a whole number of {BLOCK_STATUS_RANGE_LEN}-byte ranges")]
+    Length(usize),
+    /// A range with `end <= start`.
+    #[error("range {start}..{end} is empty or reversed")]
+    Empty { start: u64, end: u64 },
+    /// A range starting before the previous one ended.
+    #[error("range {start}..{end} starts before the previous range's end {previous_end}")]
+    Unordered { start: u64, end: u64, previous_end: u64 },
+    /// A range reaching outside the span the reply covers.
+    #[error("range {start}..{end} lies outside the covered span {span_start}..{span_end}")]
+    OutsideSpan {
+        start: u64,
+        end: u64,
+        span_start: u64,
+        span_end: u64,
+    },
+}
+
+/// The wire form of one allocated range of a `BlockStatus` reply.
+pub fn encode_range(range: &std::ops::Range<u64>) -> [u8; BLOCK_STATUS_RANGE_LEN as usize] {
+    let mut out = [0u8; BLOCK_STATUS_RANGE_LEN as usize];
+    out[..8].copy_from_slice(&range.start.to_le_bytes());
+    out[8..].copy_from_slice(&range.end.to_le_bytes());
+    out
+}
+
+/// Decodes and checks the range list of a `BlockStatus` reply covering `span`: whole 16-byte ranges,
+/// each non-empty, ascending, not overlapping its predecessor (touching is allowed) and inside `span`.
+/// Never panics.
+pub fn decode_ranges(
+    span: std::ops::Range<u64>,
+    payload: &[u8],
+) -> Result<Vec<std::ops::Range<u64>>, RangeListError> {
+    let width = BLOCK_STATUS_RANGE_LEN as usize;
+    if !payload.len().is_multiple_of(width) {
+        return Err(RangeListError::Length(payload.len()));
+    }
+    let mut out = Vec::with_capacity(payload.len() / width);
+    let mut previous_end = span.start;
+    for pair in payload.chunks_exact(width) {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(&pair[..8]);
+        let start = u64::from_le_bytes(word);
+        word.copy_from_slice(&pair[8..]);
+        let end = u64::from_le_bytes(word);
+        if end <= start {
+            return Err(RangeListError::Empty { start, end });
+        }
+        if start < span.start || end > span.end {
+            return Err(RangeListError::OutsideSpan {
+                start,
+                end,
+                span_start: span.start,
+                span_end: span.end,
+            });
+        }
+        if start < previous_end {
+            return Err(RangeListError::Unordered {
+                start,
+                end,
+                previous_end,
+            });
+        }
+        previous_end = end;
+        out.push(start..end);
+    }
+    Ok(out)
 }
 
 /// What [`FrameDecoder::decode`] found in the input it was given.
@@ -342,6 +429,7 @@ mod tests {
             FrameKind::WriteZeroes,
             FrameKind::Flush,
             FrameKind::Ping,
+            FrameKind::BlockStatus,
             FrameKind::Ok,
             FrameKind::Error,
             FrameKind::Eof,
@@ -462,6 +550,43 @@ mod tests {
             FrameHeader::decode_slice(&[0; 5]),
             Err(DecodeError::Truncated { got: 5 })
         );
+    }
+
+    #[test]
+    fn range_lists_round_trip_and_malformed_ones_are_rejected() {
+        let enc =
+            |rs: &[(u64, u64)]| -> Vec<u8> { rs.iter().flat_map(|&(s, e)| encode_range(&(s..e))).collect() };
+        let ok = enc(&[(100, 200), (200, 300), (500, 4096)]);
+        assert_eq!(
+            decode_ranges(100..4096, &ok),
+            Ok(vec![100..200, 200..300, 500..4096])
+        );
+        assert_eq!(decode_ranges(0..10, &[]), Ok(vec![]));
+        assert_eq!(decode_ranges(0..4096, &ok[..17]), Err(RangeListError::Length(17)));
+        assert!(matches!(
+            decode_ranges(0..4096, &enc(&[(5, 5)])),
+            Err(RangeListError::Empty { .. })
+        ));
+        assert!(matches!(
+            decode_ranges(0..4096, &enc(&[(9, 3)])),
+            Err(RangeListError::Empty { .. })
+        ));
+        assert!(matches!(
+            decode_ranges(0..4096, &enc(&[(0, 100), (50, 200)])),
+            Err(RangeListError::Unordered { .. })
+        ));
+        assert!(matches!(
+            decode_ranges(0..4096, &enc(&[(300, 400), (0, 100)])),
+            Err(RangeListError::Unordered { .. })
+        ));
+        assert!(matches!(
+            decode_ranges(100..200, &enc(&[(50, 150)])),
+            Err(RangeListError::OutsideSpan { .. })
+        ));
+        assert!(matches!(
+            decode_ranges(100..200, &enc(&[(150, 201)])),
+            Err(RangeListError::OutsideSpan { .. })
+        ));
     }
 
     #[test]

@@ -19,10 +19,11 @@ pub mod server;
 mod transport;
 
 pub use backend::{BackendError, BlockBackend, ErrorKind, VolumeInfo};
-pub use client::{ClientConfig, ClientError, DataClient};
+pub use client::{BlockStatus, ClientConfig, ClientError, DataClient};
 pub use codec::{
-    DecodeError, Decoded, FrameDecoder, FrameHeader, FrameKind, HEADER_LEN, MAGIC, MAX_IO, MAX_MESSAGE_LEN,
-    MAX_NAME_LEN, VERSION,
+    BLOCK_STATUS_RANGE_LEN, DecodeError, Decoded, FrameDecoder, FrameHeader, FrameKind, HEADER_LEN, MAGIC,
+    MAX_BLOCK_STATUS_RANGES, MAX_IO, MAX_MESSAGE_LEN, MAX_NAME_LEN, RangeListError, VERSION, decode_ranges,
+    encode_range,
 };
 pub use metrics::{ServerMetrics, ServerMetricsSnapshot};
 pub use pool::{BufferPool, PooledBuf};

@@ -245,3 +245,26 @@ async fn connect_to_a_closed_port_is_an_io_error() {
         .unwrap_err();
     assert!(matches!(err, ClientError::Io(_)), "{err:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn backend_asking_to_drop_the_connection_fails_the_client_with_disconnected_and_others_keep_working() {
+    let backend = MemBackend::new(MIB);
+    let server = TestServer::tcp(backend.clone(), ServerConfig::default()).await;
+    let cfg = ClientConfig {
+        connections: 1,
+        ..ClientConfig::default()
+    };
+    let victim = DataClient::connect(&server.addr, cfg.clone()).await.unwrap();
+    let bystander = DataClient::connect(&server.addr, cfg).await.unwrap();
+    backend.drop_connection_on_write.store(true, SeqCst);
+    let started = Instant::now();
+    let err = victim.write(0, &[1; 4096]).await.unwrap_err();
+    assert!(matches!(err, ClientError::Disconnected(_)), "{err:?}");
+    assert!(started.elapsed() < Duration::from_secs(5), "not a timeout");
+    assert!(victim.failure().is_some());
+    bystander.read(0, &mut [0u8; 4096]).await.unwrap();
+    backend.drop_connection_on_write.store(false, SeqCst);
+    bystander.write(0, &[2; 4096]).await.unwrap();
+    assert_eq!(server.metrics.snapshot().protocol_violations, 0);
+    server.stop().await;
+}

@@ -1,15 +1,30 @@
 //! Feeds arbitrary bytes to the frame header decoder and to the streaming decoder the connection readers
 //! use, cut into chunks at arbitrary points. Neither may panic, and the streaming decoder must agree
-//! with the one-shot decoder frame by frame.
+//! with the one-shot decoder frame by frame. The same bytes are also decoded as a `BlockStatus` range list,
+//! which must either be rejected or come out ascending, non-overlapping and inside its span.
 #![no_main]
 
-use data_protocol::{Decoded, FrameDecoder, FrameHeader, HEADER_LEN};
+use data_protocol::{Decoded, FrameDecoder, FrameHeader, HEADER_LEN, decode_ranges};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     // One-shot header decode: a valid header re-encodes to exactly the bytes it came from.
     if let Ok(h) = FrameHeader::decode_slice(data) {
         assert_eq!(&h.encode()[..], &data[..HEADER_LEN]);
+    }
+
+    // Range list of a BlockStatus reply, over a span taken from the first 16 bytes.
+    if data.len() >= 16 {
+        let a = u64::from_le_bytes(data[..8].try_into().unwrap());
+        let b = u64::from_le_bytes(data[8..16].try_into().unwrap());
+        let span = a.min(b)..a.max(b);
+        if let Ok(ranges) = decode_ranges(span.clone(), &data[16..]) {
+            let mut previous_end = span.start;
+            for r in &ranges {
+                assert!(r.start < r.end && r.start >= previous_end && r.end <= span.end);
+                previous_end = r.end;
+            }
+        }
     }
 
     // Streaming decode: the first byte picks the chunk size, the rest is the stream.

@@ -8,7 +8,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::slots::{Completion, SlotTable};
+use super::slots::{Answer, Completion, SlotTable};
 use super::{ClientConfig, ClientError, Core, DataClient};
 use crate::backend::{ErrorKind, VolumeInfo};
 use crate::codec::{FrameHeader, FrameKind, MAX_NAME_LEN, VERSION};
@@ -215,13 +215,34 @@ async fn read_replies(core: &Core, frames: &mut FrameReader<BoxRead>) -> ClientE
                         expected.length, h.payload_len
                     ));
                 }
-                let mut buf = core.buffers.get(h.payload_usize());
-                if let Err(e) = frames.read_payload(&mut buf).await {
-                    return read_error(e);
+                match read_pooled(core, frames, &h).await {
+                    Ok(buf) => Ok(Answer {
+                        length: h.length,
+                        payload: Some(buf),
+                    }),
+                    Err(e) => return e,
                 }
-                Ok(Some(buf))
             }
-            FrameKind::Ok if h.payload_len == 0 => Ok(None),
+            FrameKind::Ok if expected.kind == FrameKind::BlockStatus => {
+                // The range list itself is checked by `DataClient::block_status`, which knows the span.
+                if h.length == 0 || h.length > expected.length {
+                    return ClientError::Protocol(format!(
+                        "BlockStatus of {} bytes answered for {} bytes",
+                        expected.length, h.length
+                    ));
+                }
+                match read_pooled(core, frames, &h).await {
+                    Ok(buf) => Ok(Answer {
+                        length: h.length,
+                        payload: Some(buf),
+                    }),
+                    Err(e) => return e,
+                }
+            }
+            FrameKind::Ok if h.payload_len == 0 => Ok(Answer {
+                length: h.length,
+                payload: None,
+            }),
             FrameKind::Ok => {
                 return ClientError::Protocol(format!("{:?} answered with a payload", expected.kind));
             }
@@ -238,6 +259,17 @@ async fn read_replies(core: &Core, frames: &mut FrameReader<BoxRead>) -> ClientE
         };
         core.slots.complete(h.id, outcome);
     }
+}
+
+/// Reads the current frame's payload into a pooled buffer.
+async fn read_pooled(
+    core: &Core,
+    frames: &mut FrameReader<BoxRead>,
+    h: &FrameHeader,
+) -> Result<PooledBuf, ClientError> {
+    let mut buf = core.buffers.get(h.payload_usize());
+    frames.read_payload(&mut buf).await.map_err(read_error)?;
+    Ok(buf)
 }
 
 async fn ping_loop(core: Arc<Core>) {

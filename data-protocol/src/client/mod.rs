@@ -16,6 +16,7 @@ mod connection;
 mod slots;
 
 use std::io;
+use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
@@ -25,10 +26,10 @@ use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 use crate::backend::{ErrorKind, VolumeInfo};
-use crate::codec::{FrameHeader, FrameKind, MAX_IO};
-use crate::pool::{BufferPool, PooledBuf};
+use crate::codec::{FrameHeader, FrameKind, MAX_IO, decode_ranges};
+use crate::pool::BufferPool;
 use connection::Outgoing;
-use slots::SlotTable;
+use slots::{Answer, SlotTable};
 
 /// Client tuning. `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
@@ -89,6 +90,17 @@ impl From<io::Error> for ClientError {
     }
 }
 
+/// The answer to [`DataClient::block_status`]: what is allocated in `[offset, offset + covered)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockStatus {
+    /// Bytes from the request's offset the answer describes: the whole request, or less (never 0) when
+    /// the replica cut a long list; ask again from `offset + covered` for the rest.
+    pub covered: u64,
+    /// Allocated byte ranges within the covered span, ascending and non-overlapping; the rest of the span
+    /// is holes (reads as zeros).
+    pub allocated: Vec<Range<u64>>,
+}
+
 /// State shared by the client handles and its background tasks.
 pub(crate) struct Core {
     cfg: ClientConfig,
@@ -140,11 +152,11 @@ impl DataClient {
     /// Reads `buf.len()` bytes at `offset` (at most [`MAX_IO`]).
     pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), ClientError> {
         let length = io_length(buf.len())?;
-        let data = self
+        let answer = self
             .core
             .request(FrameKind::Read, offset, length, None, None)
             .await?;
-        match data {
+        match answer.payload {
             Some(data) if data.len() == buf.len() => {
                 buf.copy_from_slice(&data);
                 Ok(())
@@ -186,6 +198,28 @@ impl DataClient {
             .request(FrameKind::Flush, 0, 0, None, None)
             .await
             .map(drop)
+    }
+
+    /// Which parts of `len` bytes at `offset` are allocated (`len` > 0). The answer may cover less than
+    /// asked (see [`BlockStatus::covered`]). A malformed answer is a protocol error and fails the client.
+    pub async fn block_status(&self, offset: u64, len: u32) -> Result<BlockStatus, ClientError> {
+        if len == 0 {
+            return Err(ClientError::Invalid("BlockStatus of zero bytes".to_owned()));
+        }
+        let answer = self
+            .core
+            .request(FrameKind::BlockStatus, offset, len, None, None)
+            .await?;
+        // The reader checked 0 < length <= len.
+        let covered = u64::from(answer.length);
+        let span = offset..offset.saturating_add(covered);
+        let payload = answer.payload.as_deref().unwrap_or(&[]);
+        match decode_ranges(span, payload) {
+            Ok(allocated) => Ok(BlockStatus { covered, allocated }),
+            Err(e) => Err(self
+                .core
+                .fail(ClientError::Protocol(format!("BlockStatus reply: {e}")))),
+        }
     }
 
     /// One round trip on every connection.
@@ -239,7 +273,7 @@ impl Core {
         length: u32,
         data: Option<&[u8]>,
         conn: Option<usize>,
-    ) -> Result<Option<PooledBuf>, ClientError> {
+    ) -> Result<Answer, ClientError> {
         self.failed()?;
         let Some(slot) = self.slots.acquire().await else {
             return Err(self

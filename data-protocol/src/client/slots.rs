@@ -13,8 +13,15 @@ use super::ClientError;
 use crate::codec::FrameKind;
 use crate::pool::PooledBuf;
 
-/// What a completed request yields: read data, or nothing.
-pub(super) type Completion = Result<Option<PooledBuf>, ClientError>;
+/// What a successful reply carries: its `length` field and its payload (read data, a range list).
+#[derive(Debug)]
+pub(crate) struct Answer {
+    pub(crate) length: u32,
+    pub(crate) payload: Option<PooledBuf>,
+}
+
+/// What a completed request yields.
+pub(super) type Completion = Result<Answer, ClientError>;
 
 pub(super) struct SlotTable {
     slots: Box<[Slot]>,

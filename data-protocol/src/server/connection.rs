@@ -104,6 +104,11 @@ async fn writer_loop(
             };
             let Some(mut reply) = first else { break };
             loop {
+                if matches!(reply.body, ReplyBody::DropConnection) {
+                    // Not flushed: the peer loses what was still buffered, as with a real network failure.
+                    tracing::warn!(id = reply.header.id, "backend asked to drop the connection");
+                    return Err(std::io::Error::other("backend asked to drop the connection"));
+                }
                 out.write_frame(&reply.header, reply.payload()).await?;
                 // Release the buffer and the window slot as soon as the bytes are handed over.
                 drop(reply);

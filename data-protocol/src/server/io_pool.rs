@@ -4,6 +4,7 @@
 //! makes readers wait (backpressure), it never grows. Each job carries its connection's reply sender and
 //! window permit, so the worker hands the finished reply straight to that connection's writer.
 
+use std::ops::Range;
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -12,7 +13,10 @@ use std::thread::JoinHandle;
 use tokio::sync::{OwnedSemaphorePermit, mpsc};
 
 use crate::backend::{BackendError, BlockBackend, ErrorKind};
-use crate::codec::{FrameHeader, FrameKind, MAX_MESSAGE_LEN};
+use crate::codec::{
+    BLOCK_STATUS_RANGE_LEN, FrameHeader, FrameKind, MAX_BLOCK_STATUS_RANGES, MAX_IO, MAX_MESSAGE_LEN,
+    encode_range,
+};
 use crate::metrics::ServerMetrics;
 use crate::pool::{BufferPool, PooledBuf};
 
@@ -29,6 +33,9 @@ pub(crate) enum ReplyBody {
     Data(PooledBuf),
     /// Error messages and the volume name; allocated only off the data path.
     Text(String),
+    /// Not a frame: the backend asked ([`ErrorKind::DropConnection`]) for the connection to be dropped
+    /// without an answer. The writer stops at this marker and the connection dies.
+    DropConnection,
 }
 
 impl Reply {
@@ -48,6 +55,11 @@ impl Reply {
         permit: Option<OwnedSemaphorePermit>,
     ) -> Self {
         match err.kind {
+            ErrorKind::DropConnection => Self {
+                header: FrameHeader::new(FrameKind::Error, id, 0, 0),
+                body: ReplyBody::DropConnection,
+                _permit: permit,
+            },
             ErrorKind::NoSpace => Self::empty(FrameKind::NoSpace, id, permit),
             ErrorKind::OutOfRange if is_read => Self::empty(FrameKind::Eof, id, permit),
             kind => {
@@ -71,7 +83,7 @@ impl Reply {
 
     pub(crate) fn payload(&self) -> &[u8] {
         match &self.body {
-            ReplyBody::Empty => &[],
+            ReplyBody::Empty | ReplyBody::DropConnection => &[],
             ReplyBody::Data(buf) => buf,
             ReplyBody::Text(s) => s.as_bytes(),
         }
@@ -188,11 +200,15 @@ impl WorkerCtx {
             ))
         });
         let reply = match body {
-            Ok(body) => {
+            Ok((body, length)) => {
                 let mut reply = Reply::empty(FrameKind::Ok, header.id, Some(permit));
+                reply.header.length = length;
                 if let ReplyBody::Data(buf) = &body {
-                    reply.header.payload_len = header.length;
-                    self.metrics.bytes_read.fetch_add(buf.len() as u64, Relaxed);
+                    // At most MAX_IO bytes: a read's length or a range list cut to fit.
+                    reply.header.payload_len = u32::try_from(buf.len()).unwrap_or(MAX_IO);
+                    if header.kind == FrameKind::Read {
+                        self.metrics.bytes_read.fetch_add(buf.len() as u64, Relaxed);
+                    }
                 }
                 reply.body = body;
                 reply
@@ -207,7 +223,8 @@ impl WorkerCtx {
         let _ = reply_to.blocking_send(reply);
     }
 
-    fn execute(&self, h: &FrameHeader, payload: Option<PooledBuf>) -> Result<ReplyBody, BackendError> {
+    /// Runs one request; returns the reply body and the reply's `length` field.
+    fn execute(&self, h: &FrameHeader, payload: Option<PooledBuf>) -> Result<(ReplyBody, u32), BackendError> {
         let len = u64::from(h.length);
         if h.offset.checked_add(len).is_none() {
             return Err(BackendError::new(
@@ -215,29 +232,88 @@ impl WorkerCtx {
                 format!("range {}+{} overflows", h.offset, h.length),
             ));
         }
-        match h.kind {
+        let body = match h.kind {
             FrameKind::Read => {
                 let mut buf = self.buffers.get(h.length_usize());
                 self.backend.read_at(h.offset, &mut buf)?;
-                Ok(ReplyBody::Data(buf))
+                ReplyBody::Data(buf)
             }
             FrameKind::Write => {
                 let data =
                     payload.ok_or_else(|| BackendError::new(ErrorKind::Invalid, "write without payload"))?;
                 self.backend.write_at(h.offset, &data)?;
                 self.metrics.bytes_written.fetch_add(data.len() as u64, Relaxed);
-                Ok(ReplyBody::Empty)
+                ReplyBody::Empty
             }
-            FrameKind::Unmap => self.backend.unmap(h.offset, len).map(|()| ReplyBody::Empty),
+            FrameKind::Unmap => self.backend.unmap(h.offset, len).map(|()| ReplyBody::Empty)?,
             FrameKind::WriteZeroes => self
                 .backend
                 .write_zeroes(h.offset, len)
-                .map(|()| ReplyBody::Empty),
-            FrameKind::Flush => self.backend.flush().map(|()| ReplyBody::Empty),
-            other => Err(BackendError::new(
-                ErrorKind::Invalid,
-                format!("{other:?} is not an IO request"),
-            )),
-        }
+                .map(|()| ReplyBody::Empty)?,
+            FrameKind::Flush => self.backend.flush().map(|()| ReplyBody::Empty)?,
+            FrameKind::BlockStatus => return self.block_status(h.offset, len),
+            other => {
+                return Err(BackendError::new(
+                    ErrorKind::Invalid,
+                    format!("{other:?} is not an IO request"),
+                ));
+            }
+        };
+        Ok((body, 0))
     }
+
+    /// Asks the backend and packs its answer: ranges clipped to the request, touching ones merged, the
+    /// list cut after [`MAX_BLOCK_STATUS_RANGES`] ranges. The reply's `length` is the span covered: the
+    /// whole request, or up to the end of the last range sent when the list was cut.
+    fn block_status(&self, offset: u64, len: u64) -> Result<(ReplyBody, u32), BackendError> {
+        if len == 0 {
+            return Err(BackendError::new(ErrorKind::Invalid, "BlockStatus of zero bytes"));
+        }
+        let end = offset + len; // checked by `execute`
+        let ranges = normalize_ranges(self.backend.block_status(offset, len)?, offset..end)?;
+        let max = MAX_BLOCK_STATUS_RANGES as usize;
+        let (ranges, covered_end) = match ranges.get(..max) {
+            Some(head) if ranges.len() > max => (head, head[max - 1].end),
+            _ => (&ranges[..], end),
+        };
+        let width = BLOCK_STATUS_RANGE_LEN as usize;
+        let mut buf = self.buffers.get(ranges.len() * width);
+        for (slot, r) in buf.chunks_exact_mut(width).zip(ranges) {
+            slot.copy_from_slice(&encode_range(r));
+        }
+        // At most `len`, which came from a u32 header field.
+        let covered = u32::try_from(covered_end - offset).unwrap_or(u32::MAX);
+        Ok((ReplyBody::Data(buf), covered))
+    }
+}
+
+/// Clips the backend's ranges to `span`, drops empty ones and merges touching ones, in place. Unsorted
+/// or overlapping ranges are a backend bug, reported as an IO error rather than sent on.
+fn normalize_ranges(mut ranges: Vec<Range<u64>>, span: Range<u64>) -> Result<Vec<Range<u64>>, BackendError> {
+    let mut kept = 0usize;
+    for i in 0..ranges.len() {
+        let (start, end) = (ranges[i].start.max(span.start), ranges[i].end.min(span.end));
+        if start >= end {
+            continue;
+        }
+        if kept > 0 {
+            let prev = &mut ranges[kept - 1];
+            if start < prev.end {
+                return Err(BackendError::new(
+                    ErrorKind::Io,
+                    format!(
+                        "backend's allocated ranges are unsorted or overlap: {start}..{end} after {prev:?}"
+                    ),
+                ));
+            }
+            if start == prev.end {
+                prev.end = end;
+                continue;
+            }
+        }
+        ranges[kept] = start..end;
+        kept += 1;
+    }
+    ranges.truncate(kept);
+    Ok(ranges)
 }

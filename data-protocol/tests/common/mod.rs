@@ -16,6 +16,8 @@ pub const SECTOR: u32 = 512;
 pub struct MemBackend {
     data: Mutex<Vec<u8>>,
     pub no_space: AtomicBool,
+    /// Writes ask the server to drop their connection.
+    pub drop_connection_on_write: AtomicBool,
     /// While closed, every request waits inside the backend.
     gate: Gate,
     /// Requests currently inside the backend, and the most seen at once.
@@ -48,6 +50,7 @@ impl MemBackend {
         Self {
             data: Mutex::new(vec![0; size]),
             no_space: AtomicBool::new(false),
+            drop_connection_on_write: AtomicBool::new(false),
             gate: Gate::default(),
             inside: AtomicUsize::new(0),
             max_inside: AtomicUsize::new(0),
@@ -130,6 +133,9 @@ impl BlockBackend for MemBackend {
         if self.no_space.load(SeqCst) {
             return Err(BackendError::new(ErrorKind::NoSpace, "disk full"));
         }
+        if self.drop_connection_on_write.load(SeqCst) {
+            return Err(BackendError::new(ErrorKind::DropConnection, "test drop"));
+        }
         let r = self.range(offset, buf.len())?;
         self.data.lock().unwrap()[r].copy_from_slice(buf);
         Ok(())
@@ -183,7 +189,7 @@ pub struct TestServer {
 }
 
 impl TestServer {
-    pub async fn tcp(backend: Arc<MemBackend>, cfg: ServerConfig) -> Self {
+    pub async fn tcp<B: BlockBackend>(backend: Arc<B>, cfg: ServerConfig) -> Self {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let server = DataServer::new(backend, cfg).unwrap();
