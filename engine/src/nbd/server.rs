@@ -147,6 +147,15 @@ impl<D: BlockDevice> NbdServer<D> {
         Ok(())
     }
 
+    /// Serves one already-connected client over any byte stream (a socketpair, a TLS stream, a test harness) until
+    /// it disconnects or `cancel` fires. The listeners use the same path with owned socket halves.
+    pub async fn serve_stream<S>(&self, stream: S, cancel: CancellationToken)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        self.run_connection(stream, tokio::io::split, cancel).await;
+    }
+
     fn spawn_connection<S: SplitStream>(
         &self,
         connections: &TaskTracker,
@@ -156,10 +165,15 @@ impl<D: BlockDevice> NbdServer<D> {
     ) {
         let server = self.clone();
         let cancel = cancel.clone();
-        connections.spawn(async move { server.run_connection(stream, cancel).await }.instrument(span));
+        connections.spawn(async move { server.run_connection(stream, S::split_owned, cancel).await }.instrument(span));
     }
 
-    async fn run_connection<S: SplitStream>(&self, mut stream: S, cancel: CancellationToken) {
+    async fn run_connection<S, R, W>(&self, mut stream: S, split: impl FnOnce(S) -> (R, W), cancel: CancellationToken)
+    where
+        S: AsyncRead + AsyncWrite + Unpin,
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         let counters = &self.inner.counters;
         counters.connections_accepted.fetch_add(1, Ordering::Relaxed);
         counters.connections_active.fetch_add(1, Ordering::Relaxed);
@@ -209,7 +223,7 @@ impl<D: BlockDevice> NbdServer<D> {
             max_block: config.max_block,
             max_in_flight: config.max_in_flight,
         };
-        let (reader, writer) = stream.split_owned();
+        let (reader, writer) = split(stream);
         let device = self.inner.device.clone();
         match connection::transmit(device, t, reader, writer, counters.clone(), cancel).await {
             Ok(()) => debug!("connection closed"),
