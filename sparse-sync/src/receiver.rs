@@ -626,7 +626,7 @@ async fn data(
                     dst.copy_from_slice(piece);
                     direct.write_all_at(dst, r.start)
                 }
-                _ => handle.file.write_all_at(piece, r.start),
+                _ => crate::local::write_chunked(&handle.file, piece, r.start),
             };
             res.map_err(|e| ReceiveError::io("writing", &shared.partial, r.start, e))?;
             shared.counters.written.fetch_add(len as u64, Ordering::Relaxed);

@@ -362,6 +362,64 @@ async fn idle_receiver_stops_and_removes_the_partial_file_of_the_failed_transfer
     assert!(!dst.exists());
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partial_file_kept_by_a_stopped_receiver_is_resumed_by_the_next_receiver() {
+    let dir = scratch_dir();
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    let ranges = random_sparse_file(&src, 24 << 20, 1 << 20, 61);
+    let data = data_bytes(&ranges);
+    let mut config = ReceiverConfig::new(&dst);
+    config.keep_partial = true;
+    let (addr, first) = start_receiver(config).await;
+    let content: Arc<dyn SyncContent> = Arc::new(FileContent::open(&src, LayoutMode::SeekData).unwrap());
+    let opts = SendOptions {
+        max_rate: Some(16 << 20),
+        retries: 0,
+        ..SendOptions::default()
+    };
+    let cancel = CancellationToken::new();
+    let sending = {
+        let (content, cancel, opts) = (content.clone(), cancel.clone(), opts.clone());
+        tokio::spawn(async move { send(content, &addr.to_string(), &opts, &Progress::new(), &cancel).await })
+    };
+    let partial = partial_path(&dst);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !partial.exists() || data_bytes(&layout_of(&partial)) < data / 3 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "transfer made no progress"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    cancel.cancel();
+    assert!(matches!(sending.await.unwrap(), Err(SendError::Cancelled)));
+    let stopped = first.stop().await;
+    assert_eq!(stopped.outcome, ReceiveOutcome::Cancelled);
+    let first_received = stopped.bytes_received;
+    assert!(first_received < data);
+    assert!(partial.exists(), "keep_partial must keep the partial file");
+
+    let (addr, second) = start_receiver(ReceiverConfig::new(&dst)).await;
+    let summary = send(
+        content,
+        &addr.to_string(),
+        &SendOptions::default(),
+        &Progress::new(),
+        &CancellationToken::new(),
+    )
+    .await
+    .unwrap();
+    let resumed = second.finished().await;
+    assert!(summary.receiver_had_content);
+    assert!(summary.bytes_skipped > 0);
+    assert!(
+        (first_received + resumed.bytes_received) * 10 <= data * 12,
+        "{first_received} + {} bytes received for {data} bytes of data",
+        resumed.bytes_received
+    );
+    assert_same_file(&src, &dst);
+}
+
 fn data_body(ranges: &[Range<u64>], payload: &[u8]) -> Vec<u8> {
     let mut b = Vec::new();
     encode_ranges(ranges, &mut b);
