@@ -7,10 +7,11 @@
 //! or when cancelled; in the last two cases (a failed transfer) it removes the partial file it worked on, unless
 //! told to keep it for a later resume.
 
+mod routes;
+
 use std::fs::File;
 use std::io;
 use std::net::SocketAddr;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -18,9 +19,7 @@ use std::time::{Duration, Instant};
 
 use axum::Json;
 use axum::Router;
-use axum::body::Bytes;
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Query, Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
@@ -30,13 +29,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::AbortOnDropHandle;
 
-use crate::aligned::AlignedBuf;
-use crate::layout::{data_extents, punch_hole};
-use crate::record;
-use crate::wire::{
-    ChecksumReply, CloseReply, CloseRequest, ErrorBody, FileChecksum, MAX_BODY, OpenQuery, OpenReply,
-    RangeError, SessionQuery, decode_ranges,
-};
+use crate::wire::{ErrorBody, MAX_BODY, RangeError};
 
 /// Settings of one receiver.
 #[derive(Debug, Clone)]
@@ -228,14 +221,15 @@ impl Receiver {
             outcome: Mutex::new(None),
             touched: Mutex::new(false),
             shutdown: shutdown.clone(),
+            permits: tokio::sync::Semaphore::new(MAX_CONCURRENT_REQUESTS),
         });
         let app = Router::new()
-            .route("/v1/sync/recorded", get(recorded))
-            .route("/v1/sync/open", post(open))
-            .route("/v1/sync/holes", post(holes))
-            .route("/v1/sync/checksum", post(checksum))
-            .route("/v1/sync/data", post(data))
-            .route("/v1/sync/close", post(close))
+            .route("/v1/sync/recorded", get(routes::recorded))
+            .route("/v1/sync/open", post(routes::open))
+            .route("/v1/sync/holes", post(routes::holes))
+            .route("/v1/sync/checksum", post(routes::checksum))
+            .route("/v1/sync/data", post(routes::data))
+            .route("/v1/sync/close", post(routes::close))
             .layer(middleware::from_fn_with_state(shared.clone(), track_activity))
             .layer(DefaultBodyLimit::max(MAX_BODY))
             .with_state(shared.clone());
@@ -306,7 +300,12 @@ struct Shared {
     /// This server opened a transfer, so a partial file it leaves behind is its own to clean up.
     touched: Mutex<bool>,
     shutdown: CancellationToken,
+    /// Bounds requests being served at once, and so the request bodies buffered in memory.
+    permits: tokio::sync::Semaphore,
 }
+
+/// Requests served at once; more wait in their connection (bodies up to `MAX_BODY` are buffered whole).
+pub const MAX_CONCURRENT_REQUESTS: usize = 16;
 
 enum TransferState {
     Idle,
@@ -408,7 +407,10 @@ impl Drop for InflightGuard {
 async fn track_activity(State(s): State<Arc<Shared>>, req: Request, next: Next) -> Response {
     s.inflight.fetch_add(1, Ordering::AcqRel);
     *lock(&s.last_activity) = Instant::now();
-    let _guard = InflightGuard(s);
+    let guard = InflightGuard(s);
+    let Ok(_permit) = guard.0.permits.acquire().await else {
+        return StatusCode::SERVICE_UNAVAILABLE.into_response();
+    };
     next.run(req).await
 }
 
@@ -426,284 +428,4 @@ async fn idle_watchdog(s: Arc<Shared>) {
             return;
         }
     }
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ReceiveError> + Send + 'static,
-) -> Result<T, ReceiveError> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| ReceiveError::Serve(io::Error::other(e)))?
-}
-
-async fn recorded(State(s): State<Arc<Shared>>) -> Result<Json<FileChecksum>, ReceiveError> {
-    let target = s.config.target.clone();
-    blocking(move || match record::read_valid(&target) {
-        Ok(Some(sum)) => Ok(Json(sum)),
-        Ok(None) => Err(ReceiveError::NotRecorded(target)),
-        Err(e) => Err(ReceiveError::io(
-            "reading checksum record of",
-            &target,
-            0,
-            io::Error::other(e),
-        )),
-    })
-    .await
-}
-
-async fn open(
-    State(s): State<Arc<Shared>>,
-    q: Result<Query<OpenQuery>, axum::extract::rejection::QueryRejection>,
-) -> Result<Json<OpenReply>, ReceiveError> {
-    let Query(q) = q.map_err(|e| ReceiveError::BadRequest(e.body_text()))?;
-    let shared = s.clone();
-    blocking(move || {
-        let s = shared;
-        let mut state = lock(&s.state);
-        if matches!(*state, TransferState::Committed(_)) {
-            return Err(ReceiveError::Failed("the transfer was already committed".into()));
-        }
-        *state = TransferState::Idle;
-        *lock(&s.touched) = true;
-        let (target, partial) = (&s.config.target, &s.partial);
-        let existing = if partial.exists() {
-            true
-        } else if target.exists() {
-            std::fs::rename(target, partial).map_err(|e| ReceiveError::io("moving aside", target, 0, e))?;
-            record::remove_record(target)
-                .map_err(|e| ReceiveError::io("removing checksum record of", target, 0, e))?;
-            true
-        } else {
-            false
-        };
-        let file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(false)
-            .open(partial)
-            .map_err(|e| ReceiveError::io("opening", partial, 0, e))?;
-        file.set_len(q.size)
-            .map_err(|e| ReceiveError::io("resizing", partial, q.size, e))?;
-        let direct = if q.direct_io || s.config.direct_io {
-            let f = File::options()
-                .write(true)
-                .custom_flags(libc::O_DIRECT)
-                .open(partial)
-                .map_err(|e| ReceiveError::io("opening with O_DIRECT", partial, 0, e))?;
-            Some(Arc::new(f))
-        } else {
-            None
-        };
-        let id = s.next_session.fetch_add(1, Ordering::Relaxed);
-        s.counters.opens.fetch_add(1, Ordering::Relaxed);
-        tracing::info!(
-            session = id,
-            size = q.size,
-            existing,
-            direct_io = direct.is_some(),
-            "transfer opened"
-        );
-        *state = TransferState::Open(Session {
-            id,
-            file: Arc::new(file),
-            direct,
-            size: q.size,
-            fresh: !existing,
-            failed: None,
-        });
-        Ok(Json(OpenReply {
-            session: id,
-            existing,
-        }))
-    })
-    .await
-}
-
-async fn holes(
-    State(s): State<Arc<Shared>>,
-    Query(q): Query<SessionQuery>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<StatusCode, ReceiveError> {
-    let h = s.session(q.session)?;
-    let body = body.map_err(|e| ReceiveError::BadRequest(format!("reading the body: {}", e.body_text())))?;
-    let shared = s.clone();
-    let handle = h.clone();
-    let r = blocking(move || {
-        let (ranges, _) = decode_ranges(&body, handle.size, false)?;
-        let mut punched = 0;
-        if !handle.fresh {
-            for r in &ranges {
-                punch_hole(&handle.file, r.start, r.end - r.start)
-                    .map_err(|e| ReceiveError::io("punching a hole in", &shared.partial, r.start, e))?;
-                punched += r.end - r.start;
-            }
-        }
-        shared.counters.punched.fetch_add(punched, Ordering::Relaxed);
-        Ok(StatusCode::NO_CONTENT)
-    })
-    .await;
-    if let Err(e) = &r {
-        s.fail(h.id, e);
-    }
-    r
-}
-
-async fn checksum(
-    State(s): State<Arc<Shared>>,
-    Query(q): Query<SessionQuery>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<Json<ChecksumReply>, ReceiveError> {
-    let h = s.session(q.session)?;
-    let body = body.map_err(|e| ReceiveError::BadRequest(format!("reading the body: {}", e.body_text())))?;
-    let shared = s.clone();
-    let handle = h.clone();
-    let r = blocking(move || {
-        let (ranges, _) = decode_ranges(&body, handle.size, false)?;
-        let io_err = |off, e| ReceiveError::io("reading", &shared.partial, off, e);
-        for r in &ranges {
-            // Only a range that is entirely data here can match: a hole where the source has data must be sent.
-            let first = data_extents(&handle.file, r.clone())
-                .next()
-                .transpose()
-                .map_err(|e| io_err(r.start, e))?;
-            if first != Some(r.clone()) {
-                return Ok(Json(ChecksumReply { xxh3_128: None }));
-            }
-        }
-        let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-        let mut buf = Vec::new();
-        let mut bytes = 0;
-        for r in &ranges {
-            let len = usize::try_from(r.end - r.start).map_err(|e| io_err(r.start, io::Error::other(e)))?;
-            buf.resize(len, 0);
-            handle
-                .file
-                .read_exact_at(&mut buf, r.start)
-                .map_err(|e| io_err(r.start, e))?;
-            hasher.update(&buf);
-            bytes += r.end - r.start;
-        }
-        shared.counters.matched.fetch_add(bytes, Ordering::Relaxed);
-        Ok(Json(ChecksumReply {
-            xxh3_128: Some(format!("{:032x}", hasher.digest128())),
-        }))
-    })
-    .await;
-    if let Err(e) = &r {
-        s.fail(h.id, e);
-    }
-    r
-}
-
-async fn data(
-    State(s): State<Arc<Shared>>,
-    Query(q): Query<SessionQuery>,
-    body: Result<Bytes, BytesRejection>,
-) -> Result<StatusCode, ReceiveError> {
-    let h = s.session(q.session)?;
-    // A body cut short never reaches the file: nothing is written before the whole body is in memory.
-    let body = body.map_err(|e| ReceiveError::BadRequest(format!("reading the body: {}", e.body_text())))?;
-    let shared = s.clone();
-    let handle = h.clone();
-    let r = blocking(move || {
-        let (ranges, payload) = decode_ranges(&body, handle.size, true)?;
-        shared
-            .counters
-            .received
-            .fetch_add(payload.len() as u64, Ordering::Relaxed);
-        let mut aligned: Option<AlignedBuf> = None;
-        let mut at = 0usize;
-        for r in &ranges {
-            let len =
-                usize::try_from(r.end - r.start).map_err(|e| ReceiveError::BadRequest(e.to_string()))?;
-            let piece = &payload[at..at + len];
-            at += len;
-            let res = match &handle.direct {
-                Some(direct) if r.start % 4096 == 0 && len % 4096 == 0 => {
-                    let buf = aligned.get_or_insert_with(|| AlignedBuf::new(payload.len().max(4096)));
-                    let dst = &mut buf.as_mut_slice()[..len];
-                    dst.copy_from_slice(piece);
-                    direct.write_all_at(dst, r.start)
-                }
-                _ => crate::local::write_chunked(&handle.file, piece, r.start),
-            };
-            res.map_err(|e| ReceiveError::io("writing", &shared.partial, r.start, e))?;
-            shared.counters.written.fetch_add(len as u64, Ordering::Relaxed);
-        }
-        Ok(StatusCode::NO_CONTENT)
-    })
-    .await;
-    if let Err(e) = &r {
-        s.fail(h.id, e);
-    }
-    r
-}
-
-async fn close(
-    State(s): State<Arc<Shared>>,
-    Query(q): Query<SessionQuery>,
-    body: Result<Json<CloseRequest>, axum::extract::rejection::JsonRejection>,
-) -> Result<Json<CloseReply>, ReceiveError> {
-    let Json(req) = body.map_err(|e| ReceiveError::BadRequest(e.body_text()))?;
-    let shared = s.clone();
-    let r = blocking(move || {
-        let s = shared;
-        let mut state = lock(&s.state);
-        let session = match &*state {
-            TransferState::Idle if q.session.is_none() => {
-                drop(state);
-                s.finish(ReceiveOutcome::Unchanged);
-                return Ok(CloseReply {
-                    committed: false,
-                    bytes_received: s.counters.received.load(Ordering::Relaxed),
-                });
-            }
-            TransferState::Idle => return Err(ReceiveError::NoSession),
-            // A close retried because its reply was lost: the commit happened, say so again.
-            TransferState::Committed(id) if q.session == Some(*id) => {
-                return Ok(CloseReply {
-                    committed: true,
-                    bytes_received: s.counters.received.load(Ordering::Relaxed),
-                });
-            }
-            TransferState::Committed(_) => {
-                return Err(ReceiveError::Failed("the transfer was already committed".into()));
-            }
-            TransferState::Open(session) => session,
-        };
-        if Some(session.id) != q.session {
-            return Err(ReceiveError::StaleSession {
-                got: q.session,
-                current: session.id,
-            });
-        }
-        if let Some(reason) = &session.failed {
-            return Err(ReceiveError::Failed(reason.clone()));
-        }
-        let target = &s.config.target;
-        session
-            .file
-            .sync_all()
-            .map_err(|e| ReceiveError::io("flushing", &s.partial, 0, e))?;
-        std::fs::rename(&s.partial, target)
-            .map_err(|e| ReceiveError::io("renaming into place", target, 0, e))?;
-        record::sync_parent(target)
-            .map_err(|e| ReceiveError::io("flushing the directory of", target, 0, e))?;
-        if let Some(sum) = &req.checksum {
-            record::write_record(target, sum)
-                .map_err(|e| ReceiveError::io("recording the checksum of", target, 0, io::Error::other(e)))?;
-        }
-        let committed_id = session.id;
-        *state = TransferState::Committed(committed_id);
-        drop(state);
-        tracing::info!(path = %target.display(), "transfer committed");
-        s.finish(ReceiveOutcome::Completed);
-        Ok(CloseReply {
-            committed: true,
-            bytes_received: s.counters.received.load(Ordering::Relaxed),
-        })
-    })
-    .await;
-    r.map(Json)
 }
