@@ -61,6 +61,9 @@ pub struct ReplicaEntry {
     state: Mutex<(Mode, String)>,
 }
 
+/// How long a replica may take to answer its first `ReplicaGet`.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
+
 /// Splits `tcp://HOST:PORT` or `HOST:PORT` into host and port.
 pub fn parse_address(address: &str) -> Result<(String, u16), EngineError> {
     let hp = address.strip_prefix("tcp://").unwrap_or(address);
@@ -111,14 +114,15 @@ pub async fn connect(
     let not_replica = |e: &dyn std::fmt::Display| {
         EngineError::FailedPrecondition(format!("{address} is not a reachable Corral replica: {e}"))
     };
-    let channel = endpoint(&host, port)?
-        .connect()
+    // Something that accepts TCP but does not speak gRPC would otherwise hold the start for the full timeout.
+    let channel = tokio::time::timeout(PROBE_TIMEOUT, endpoint(&host, port)?.connect())
         .await
+        .map_err(|_| not_replica(&format!("no HTTP/2 handshake within {} s", PROBE_TIMEOUT.as_secs())))?
         .map_err(|e| not_replica(&e))?;
     let mut control = ReplicaServiceClient::new(channel);
-    let mut status = control
-        .replica_get(v1::Empty {})
+    let mut status = tokio::time::timeout(PROBE_TIMEOUT, control.replica_get(v1::Empty {}))
         .await
+        .map_err(|_| not_replica(&format!("no gRPC answer within {} s", PROBE_TIMEOUT.as_secs())))?
         .map_err(|e| not_replica(&format!("ReplicaGet: {} {}", e.code(), e.message())))?
         .into_inner()
         .replica
@@ -149,9 +153,9 @@ pub async fn connect(
             .replica
             .unwrap_or_default();
     }
-    let sync_channel = endpoint(&host, sync_port)?
-        .connect()
+    let sync_channel = tokio::time::timeout(PROBE_TIMEOUT, endpoint(&host, sync_port)?.connect())
         .await
+        .map_err(|_| not_replica(&format!("sync agent: no HTTP/2 handshake within {} s", PROBE_TIMEOUT.as_secs())))?
         .map_err(|e| not_replica(&e))?;
     let data = DataClient::connect(&format!("{host}:{data_port}"), client.clone())
         .await

@@ -27,7 +27,11 @@ async fn qemu_io_reads_back_patterns_it_wrote_over_unix_and_tcp() {
     }
     let content = server.device.snapshot();
     assert!(content[..MIB as usize].iter().all(|&b| b == 0xab));
-    assert!(content[4 * MIB as usize..5 * MIB as usize].iter().all(|&b| b == 0xab));
+    assert!(
+        content[4 * MIB as usize..5 * MIB as usize]
+            .iter()
+            .all(|&b| b == 0xab)
+    );
     server.stop().await;
 }
 
@@ -35,18 +39,35 @@ async fn qemu_io_reads_back_patterns_it_wrote_over_unix_and_tcp() {
 async fn qemu_img_convert_of_the_export_equals_the_written_content() {
     let server = TestServer::with_size(16 * MIB).await;
     let uri = server.unix_uri();
-    run_ok("qemu-io", &qemu_io_args(&uri, &["write -P 0x11 0 64k", "write -P 0x22 3M 1M", "write -P 0x33 16320k 64k"]))
-        .await;
+    run_ok(
+        "qemu-io",
+        &qemu_io_args(
+            &uri,
+            &[
+                "write -P 0x11 0 64k",
+                "write -P 0x22 3M 1M",
+                "write -P 0x33 16320k 64k",
+            ],
+        ),
+    )
+    .await;
     let out = server.dir.path().join("export.raw");
     let out_s = out.to_str().expect("utf-8 path");
-    run_ok("qemu-img", &["convert", "-f", "raw", "-O", "raw", &server.tcp_uri(), out_s]).await;
+    run_ok(
+        "qemu-img",
+        &["convert", "-f", "raw", "-O", "raw", &server.tcp_uri(), out_s],
+    )
+    .await;
 
     let copied = std::fs::read(&out).expect("read converted image");
     let mut expected = vec![0u8; 16 * MIB as usize];
     expected[..64 << 10].fill(0x11);
     expected[3 * MIB as usize..4 * MIB as usize].fill(0x22);
     expected[(16 * MIB - (64 << 10)) as usize..].fill(0x33);
-    assert!(copied == expected, "converted image differs from what was written");
+    assert!(
+        copied == expected,
+        "converted image differs from what was written"
+    );
     assert!(server.device.snapshot() == expected);
     run_ok("qemu-img", &["compare", "-f", "raw", "-F", "raw", out_s, &uri]).await;
     server.stop().await;
@@ -57,7 +78,11 @@ fn parse_map(text: &str) -> Vec<(u64, u64, u32)> {
     text.lines()
         .map(|l| {
             let f: Vec<&str> = l.split_whitespace().collect();
-            (f[0].parse().expect("offset"), f[1].parse().expect("length"), f[2].parse().expect("type"))
+            (
+                f[0].parse().expect("offset"),
+                f[1].parse().expect("length"),
+                f[2].parse().expect("type"),
+            )
         })
         .collect()
 }
@@ -68,11 +93,20 @@ async fn nbdinfo_map_shows_holes_where_nothing_was_written_and_data_where_writte
     let uri = server.unix_uri();
     run_ok(
         "qemu-io",
-        &qemu_io_args(&uri, &["write -P 0x5a 0 1M", "write -P 0x5a 8M 64k", "write -z 12M 1M", "write -z -u 13M 64k", "discard 0 64k"]),
+        &qemu_io_args(
+            &uri,
+            &[
+                "write -P 0x5a 0 1M",
+                "write -P 0x5a 8M 64k",
+                "write -z 12M 1M",
+                "write -z -u 13M 64k",
+                "discard 0 64k",
+            ],
+        ),
     )
     .await;
-    // `write -z` sends WRITE_ZEROES with NO_HOLE (allocated zeros); `-u` lets the device punch a hole; `discard`
-    // is TRIM.
+    // `write -z` sends WRITE_ZEROES with NO_HOLE (allocated zeros); `-u` lets the device punch a hole;
+    // `discard` is TRIM.
     let map = parse_map(&run_ok("nbdinfo", &["--map", &uri]).await);
     let kib = 1024;
     assert_eq!(
@@ -163,21 +197,42 @@ async fn concurrent_clients_and_multi_connection_copies_all_land() {
         w.await.expect("qemu-io task");
     }
 
-    // nbdcopy uses several connections only because the server advertises CAN_MULTI_CONN (and no more connections
-    // than threads).
+    // nbdcopy uses several connections only because the server advertises CAN_MULTI_CONN (and no more
+    // connections than threads).
     let src = server.dir.path().join("src.raw");
     let data: Vec<u8> = (0..8 * MIB as usize).map(|i| (i * 7 + i / 4096) as u8).collect();
     std::fs::write(&src, &data).expect("write source");
-    let before = server.counters.connections_accepted.load(std::sync::atomic::Ordering::Relaxed);
-    run_ok("nbdcopy", &["--connections=4", "--threads=4", "--requests=8", src.to_str().expect("utf-8"), &server.unix_uri()]).await;
-    let copies = server.counters.connections_accepted.load(std::sync::atomic::Ordering::Relaxed) - before;
+    let before = server
+        .counters
+        .connections_accepted
+        .load(std::sync::atomic::Ordering::Relaxed);
+    run_ok(
+        "nbdcopy",
+        &[
+            "--connections=4",
+            "--threads=4",
+            "--requests=8",
+            src.to_str().expect("utf-8"),
+            &server.unix_uri(),
+        ],
+    )
+    .await;
+    let copies = server
+        .counters
+        .connections_accepted
+        .load(std::sync::atomic::Ordering::Relaxed)
+        - before;
     assert!(copies >= 4, "nbdcopy opened {copies} connections");
 
     let content = server.device.snapshot();
     assert!(content[..8 * MIB as usize] == data[..], "nbdcopy content differs");
     for i in 0..4u64 {
         let start = ((16 + 2 * i) * MIB) as usize;
-        assert!(content[start..start + 2 * MIB as usize].iter().all(|&b| u64::from(b) == 0x40 + i));
+        assert!(
+            content[start..start + 2 * MIB as usize]
+                .iter()
+                .all(|&b| u64::from(b) == 0x40 + i)
+        );
     }
     server.stop().await;
 }

@@ -1,5 +1,5 @@
-//! The NBD frontend driven byte by byte: negotiation corner cases, malformed input, invalid requests, pipelining,
-//! structured replies and shutdown — what real clients never send or do not let a test observe.
+//! The NBD frontend driven byte by byte: negotiation corner cases, malformed input, invalid requests,
+//! pipelining, structured replies and shutdown — what real clients never send or do not let a test observe.
 
 mod nbd_support;
 
@@ -45,7 +45,10 @@ async fn malformed_handshakes_close_only_that_connection() {
     // NBD_OPT_EXPORT_NAME cannot answer an error: an unknown name closes.
     let mut c = RawClient::connect(server.tcp).await;
     c.send_option(opt::EXPORT_NAME, b"nope").await;
-    assert!(c.closed_by_server().await, "unknown export with NBD_OPT_EXPORT_NAME");
+    assert!(
+        c.closed_by_server().await,
+        "unknown export with NBD_OPT_EXPORT_NAME"
+    );
 
     assert!(server.counters.handshake_failures.load(Ordering::Relaxed) >= 5);
     // The established connection and new ones keep working.
@@ -71,8 +74,16 @@ async fn negotiation_answers_errors_and_continues_until_go() {
     assert_eq!(c.read_option_reply().await.kind, rep::ERR_UNKNOWN);
     c.send_option(opt::INFO, &[0, 0, 0, 40, b'x']).await;
     assert_eq!(c.read_option_reply().await.kind, rep::ERR_INVALID);
-    c.send_option(opt::SET_META_CONTEXT, &meta_context_payload(EXPORT, &[wire::BASE_ALLOCATION])).await;
-    assert_eq!(c.read_option_reply().await.kind, rep::ERR_INVALID, "meta context needs structured replies first");
+    c.send_option(
+        opt::SET_META_CONTEXT,
+        &meta_context_payload(EXPORT, &[wire::BASE_ALLOCATION]),
+    )
+    .await;
+    assert_eq!(
+        c.read_option_reply().await.kind,
+        rep::ERR_INVALID,
+        "meta context needs structured replies first"
+    );
 
     c.send_option(opt::LIST, &[]).await;
     let server_entry = c.read_option_reply().await;
@@ -80,14 +91,20 @@ async fn negotiation_answers_errors_and_continues_until_go() {
     assert_eq!(&server_entry.data[4..], EXPORT.as_bytes());
     assert_eq!(c.read_option_reply().await.kind, rep::ACK);
 
-    c.send_option(opt::LIST_META_CONTEXT, &meta_context_payload(EXPORT, &[])).await;
+    c.send_option(opt::LIST_META_CONTEXT, &meta_context_payload(EXPORT, &[]))
+        .await;
     let ctx = c.read_option_reply().await;
     assert_eq!(ctx.kind, rep::META_CONTEXT);
     assert_eq!(&ctx.data[4..], wire::BASE_ALLOCATION.as_bytes());
     assert_eq!(c.read_option_reply().await.kind, rep::ACK);
 
-    // The empty name is the default export; INFO answers EXPORT, NAME, DESCRIPTION (empty: omitted), BLOCK_SIZE.
-    c.send_option(opt::INFO, &info_payload("", &[wire::info::NAME, wire::info::BLOCK_SIZE])).await;
+    // The empty name is the default export; INFO answers EXPORT, NAME, DESCRIPTION (empty: omitted),
+    // BLOCK_SIZE.
+    c.send_option(
+        opt::INFO,
+        &info_payload("", &[wire::info::NAME, wire::info::BLOCK_SIZE]),
+    )
+    .await;
     let mut infos = Vec::new();
     loop {
         let r = c.read_option_reply().await;
@@ -112,7 +129,10 @@ async fn negotiation_answers_errors_and_continues_until_go() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn export_name_option_enters_transmission_with_or_without_zero_padding() {
     let server = TestServer::with_size(MIB).await;
-    for (client_flags, padding) in [(wire::FLAG_C_FIXED_NEWSTYLE | wire::FLAG_C_NO_ZEROES, 0), (wire::FLAG_C_FIXED_NEWSTYLE, 124)] {
+    for (client_flags, padding) in [
+        (wire::FLAG_C_FIXED_NEWSTYLE | wire::FLAG_C_NO_ZEROES, 0),
+        (wire::FLAG_C_FIXED_NEWSTYLE, 124),
+    ] {
         let mut c = RawClient::greet(server.tcp).await;
         c.send(&client_flags.to_be_bytes()).await;
         c.send_option(opt::EXPORT_NAME, b"").await;
@@ -132,7 +152,10 @@ async fn export_name_option_enters_transmission_with_or_without_zero_padding() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn invalid_requests_get_errors_and_the_connection_stays_in_sync() {
-    let config = NbdConfig { max_block: 64 << 10, ..NbdConfig::default() };
+    let config = NbdConfig {
+        max_block: 64 << 10,
+        ..NbdConfig::default()
+    };
     let server = TestServer::start(MIB, config).await;
     let mut c = RawClient::open(server.tcp, false, false).await;
     let cases: &[(u16, u16, u64, u32, u32)] = &[
@@ -156,7 +179,10 @@ async fn invalid_requests_get_errors_and_the_connection_stays_in_sync() {
     assert_eq!(c.read_simple_reply().await, (errno::ENOSPC, 200));
     c.write(201, 0, &vec![2u8; 256 << 10]).await;
     assert_eq!(c.read_simple_reply().await, (errno::EINVAL, 201));
-    assert!(server.device.snapshot().iter().all(|&b| b == 0), "nothing was written");
+    assert!(
+        server.device.snapshot().iter().all(|&b| b == 0),
+        "nothing was written"
+    );
     // Still in sync: a valid write and read.
     c.write(202, 4096, &[3u8; 4096]).await;
     assert_eq!(c.read_simple_reply().await, (0, 202));
@@ -171,7 +197,14 @@ async fn invalid_requests_get_errors_and_the_connection_stays_in_sync() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_only_export_refuses_writes_with_eperm() {
-    let server = TestServer::start(MIB, NbdConfig { read_only: true, ..NbdConfig::default() }).await;
+    let server = TestServer::start(
+        MIB,
+        NbdConfig {
+            read_only: true,
+            ..NbdConfig::default()
+        },
+    )
+    .await;
     let mut c = RawClient::open(server.tcp, false, false).await;
     c.write(1, 0, &[1u8; 512]).await;
     assert_eq!(c.read_simple_reply().await, (errno::EPERM, 1));
@@ -201,7 +234,13 @@ async fn pipelined_requests_are_all_answered_by_cookie() {
     // Everything is sent before any reply is read: the server must keep reading under backpressure.
     let mut batch = Vec::new();
     for i in 0..n {
-        let h = wire::RequestHeader { flags: 0, command: cmd::WRITE, cookie: i, offset: i * 8192, length: 8192 };
+        let h = wire::RequestHeader {
+            flags: 0,
+            command: cmd::WRITE,
+            cookie: i,
+            offset: i * 8192,
+            length: 8192,
+        };
         batch.extend_from_slice(&h.encode());
         batch.extend(std::iter::repeat_n(u8::try_from(i % 251).expect("small"), 8192));
     }
@@ -213,7 +252,9 @@ async fn pipelined_requests_are_all_answered_by_cookie() {
     let mut seen = HashSet::new();
     for _ in 0..n {
         let mut h = [0u8; 20];
-        tokio::io::AsyncReadExt::read_exact(&mut rd, &mut h).await.expect("reply");
+        tokio::io::AsyncReadExt::read_exact(&mut rd, &mut h)
+            .await
+            .expect("reply");
         assert_eq!(u16::from_be_bytes([h[6], h[7]]), chunk::NONE);
         assert_eq!(u16::from_be_bytes([h[4], h[5]]), chunk::FLAG_DONE);
         let cookie = u64::from_be_bytes(h[8..16].try_into().expect("8 bytes"));
@@ -223,7 +264,11 @@ async fn pipelined_requests_are_all_answered_by_cookie() {
     c.stream = rd.reunite(sender.await.expect("sender")).expect("same stream");
     let content = server.device.snapshot();
     for i in 0..n as usize {
-        assert!(content[i * 8192..(i + 1) * 8192].iter().all(|&b| usize::from(b) == i % 251));
+        assert!(
+            content[i * 8192..(i + 1) * 8192]
+                .iter()
+                .all(|&b| usize::from(b) == i % 251)
+        );
     }
     server.stop().await;
 }
@@ -232,10 +277,16 @@ async fn pipelined_requests_are_all_answered_by_cookie() {
 async fn block_status(c: &mut RawClient, flags: u16, cookie: u64) -> Vec<(u32, u32)> {
     c.request(cmd::BLOCK_STATUS, flags, cookie, 0, 64 << 10).await;
     let r = c.read_chunk().await;
-    assert_eq!((r.kind, r.flags, r.cookie), (chunk::BLOCK_STATUS, chunk::FLAG_DONE, cookie));
+    assert_eq!(
+        (r.kind, r.flags, r.cookie),
+        (chunk::BLOCK_STATUS, chunk::FLAG_DONE, cookie)
+    );
     assert_eq!(&r.payload[..4], &wire::BASE_ALLOCATION_ID.to_be_bytes());
     let word = |b: &[u8]| u32::from_be_bytes([b[0], b[1], b[2], b[3]]);
-    r.payload[4..].chunks_exact(8).map(|d| (word(&d[..4]), word(&d[4..]))).collect()
+    r.payload[4..]
+        .chunks_exact(8)
+        .map(|d| (word(&d[..4]), word(&d[4..])))
+        .collect()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -247,19 +298,28 @@ async fn structured_replies_carry_data_errors_and_block_status() {
 
     c.request(cmd::READ, 0, 2, 8192, 4096).await;
     let data = c.read_chunk().await;
-    assert_eq!((data.kind, data.flags, data.cookie), (chunk::OFFSET_DATA, chunk::FLAG_DONE, 2));
+    assert_eq!(
+        (data.kind, data.flags, data.cookie),
+        (chunk::OFFSET_DATA, chunk::FLAG_DONE, 2)
+    );
     assert_eq!(&data.payload[..8], &8192u64.to_be_bytes());
     assert!(data.payload[8..].iter().all(|&b| b == 9));
 
     let hole = STATE_HOLE | STATE_ZERO;
-    assert_eq!(block_status(&mut c, 0, 3).await, vec![(8192, hole), (4096, 0), (53248, hole)]);
+    assert_eq!(
+        block_status(&mut c, 0, 3).await,
+        vec![(8192, hole), (4096, 0), (53248, hole)]
+    );
     assert_eq!(block_status(&mut c, cflag::REQ_ONE, 4).await, vec![(8192, hole)]);
 
     // A device failure becomes an ERROR chunk with EIO and a message; the connection goes on.
     server.device.fail_range(Some(0..4096));
     c.request(cmd::READ, 0, 5, 0, 512).await;
     let err = c.read_chunk().await;
-    assert_eq!((err.kind, err.flags, err.cookie), (chunk::ERROR, chunk::FLAG_DONE, 5));
+    assert_eq!(
+        (err.kind, err.flags, err.cookie),
+        (chunk::ERROR, chunk::FLAG_DONE, 5)
+    );
     assert_eq!(&err.payload[..4], &errno::EIO.to_be_bytes());
     let msg_len = usize::from(u16::from_be_bytes([err.payload[4], err.payload[5]]));
     assert!(String::from_utf8_lossy(&err.payload[6..6 + msg_len]).contains("injected"));
@@ -299,5 +359,8 @@ async fn shutdown_closes_idle_connections_and_stops_listening() {
     server.stop().await;
     assert!(idle.closed_by_server().await);
     assert!(negotiating.closed_by_server().await);
-    assert!(tokio::net::TcpStream::connect(addr).await.is_err(), "listener is closed");
+    assert!(
+        tokio::net::TcpStream::connect(addr).await.is_err(),
+        "listener is closed"
+    );
 }

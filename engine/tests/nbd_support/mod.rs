@@ -1,5 +1,5 @@
-//! Shared by the NBD integration tests: an in-process server over a [`MemoryDevice`] on a unix socket and on TCP,
-//! external client runners with deadlines, and a raw protocol client for what real clients never send.
+//! Shared by the NBD integration tests: an in-process server over a [`MemoryDevice`] on a unix socket and on
+//! TCP, external client runners with deadlines, and a raw protocol client for what real clients never send.
 #![allow(dead_code)] // each test binary uses a different part
 
 use std::net::SocketAddr;
@@ -36,7 +36,13 @@ impl TestServer {
         let dir = tempfile::tempdir().expect("tempdir");
         let socket = dir.path().join("nbd.sock");
         let device = Arc::new(MemoryDevice::new(size));
-        let server = NbdServer::new(device.clone(), NbdConfig { export_name: EXPORT.into(), ..config });
+        let server = NbdServer::new(
+            device.clone(),
+            NbdConfig {
+                export_name: EXPORT.into(),
+                ..config
+            },
+        );
         let unix = UnixListener::bind(&socket).expect("bind unix socket");
         let tcp_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind tcp");
         let tcp = tcp_listener.local_addr().expect("tcp addr");
@@ -46,7 +52,15 @@ impl TestServer {
         tasks.spawn(async move { s.serve_unix(unix, c).await.expect("serve unix") });
         let (s, c) = (server.clone(), cancel.clone());
         tasks.spawn(async move { s.serve_tcp(tcp_listener, c).await.expect("serve tcp") });
-        Self { dir, socket, tcp, device, counters: server.counters(), cancel, tasks }
+        Self {
+            dir,
+            socket,
+            tcp,
+            device,
+            counters: server.counters(),
+            cancel,
+            tasks,
+        }
     }
 
     pub async fn with_size(size: u64) -> Self {
@@ -64,9 +78,11 @@ impl TestServer {
     /// Cancels the listeners and waits (bounded) until every connection has ended.
     pub async fn stop(mut self) {
         self.cancel.cancel();
-        tokio::time::timeout(DEADLINE, async { while self.tasks.join_next().await.is_some() {} })
-            .await
-            .expect("server stops within the deadline");
+        tokio::time::timeout(DEADLINE, async {
+            while self.tasks.join_next().await.is_some() {}
+        })
+        .await
+        .expect("server stops within the deadline");
     }
 }
 
@@ -86,7 +102,9 @@ pub async fn run(program: &str, args: &[&str]) -> Output {
         .output();
     match tokio::time::timeout(DEADLINE, child).await {
         Ok(Ok(out)) => out,
-        Ok(Err(e)) => panic!("cannot run {program} (install libnbd-bin python3-libnbd fio nbdkit qemu-utils): {e}"),
+        Ok(Err(e)) => {
+            panic!("cannot run {program} (install libnbd-bin python3-libnbd fio nbdkit qemu-utils): {e}")
+        }
         Err(_) => panic!("{program} {args:?} did not finish within {DEADLINE:?}"),
     }
 }
@@ -130,14 +148,18 @@ impl RawClient {
         stream.read_exact(&mut greeting).await.expect("greeting");
         assert_eq!(&greeting[0..8], &wire::NBD_MAGIC.to_be_bytes());
         assert_eq!(&greeting[8..16], &wire::IHAVEOPT.to_be_bytes());
-        assert_eq!(u16::from_be_bytes([greeting[16], greeting[17]]), wire::FLAG_FIXED_NEWSTYLE | wire::FLAG_NO_ZEROES);
+        assert_eq!(
+            u16::from_be_bytes([greeting[16], greeting[17]]),
+            wire::FLAG_FIXED_NEWSTYLE | wire::FLAG_NO_ZEROES
+        );
         Self { stream }
     }
 
     /// Greets and sends fixed-newstyle + no-zeroes client flags.
     pub async fn connect(addr: SocketAddr) -> Self {
         let mut c = Self::greet(addr).await;
-        c.send(&(wire::FLAG_C_FIXED_NEWSTYLE | wire::FLAG_C_NO_ZEROES).to_be_bytes()).await;
+        c.send(&(wire::FLAG_C_FIXED_NEWSTYLE | wire::FLAG_C_NO_ZEROES).to_be_bytes())
+            .await;
         c
     }
 
@@ -149,8 +171,11 @@ impl RawClient {
             assert_eq!(c.read_option_reply().await.kind, wire::rep::ACK);
         }
         if base_allocation {
-            c.send_option(wire::opt::SET_META_CONTEXT, &meta_context_payload(EXPORT, &[wire::BASE_ALLOCATION]))
-                .await;
+            c.send_option(
+                wire::opt::SET_META_CONTEXT,
+                &meta_context_payload(EXPORT, &[wire::BASE_ALLOCATION]),
+            )
+            .await;
             let r = c.read_option_reply().await;
             assert_eq!(r.kind, wire::rep::META_CONTEXT);
             assert_eq!(&r.data[0..4], &wire::BASE_ALLOCATION_ID.to_be_bytes());
@@ -162,7 +187,10 @@ impl RawClient {
             match r.kind {
                 wire::rep::INFO => continue,
                 wire::rep::ACK => break,
-                other => panic!("NBD_OPT_GO answered with {other:#x}: {}", String::from_utf8_lossy(&r.data)),
+                other => panic!(
+                    "NBD_OPT_GO answered with {other:#x}: {}",
+                    String::from_utf8_lossy(&r.data)
+                ),
             }
         }
         c
@@ -188,11 +216,21 @@ impl RawClient {
         let word = |at: usize| u32::from_be_bytes([h[at], h[at + 1], h[at + 2], h[at + 3]]);
         let mut data = vec![0u8; word(16) as usize];
         self.read_exact(&mut data).await;
-        OptionReply { option: word(8), kind: word(12), data }
+        OptionReply {
+            option: word(8),
+            kind: word(12),
+            data,
+        }
     }
 
     pub async fn request(&mut self, command: u16, flags: u16, cookie: u64, offset: u64, length: u32) {
-        let h = RequestHeader { flags, command, cookie, offset, length };
+        let h = RequestHeader {
+            flags,
+            command,
+            cookie,
+            offset,
+            length,
+        };
         self.send(&h.encode()).await;
     }
 

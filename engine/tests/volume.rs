@@ -1,0 +1,261 @@
+//! The engine end to end with real replicas and real NBD clients.
+
+mod common;
+
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Engine, Replica, eventually, qemu_io};
+use corral_proto::v1;
+
+const SIZE: u64 = 64 << 20;
+
+fn replicas(dir: &std::path::Path, n: usize, extra: &[&str]) -> Vec<Replica> {
+    (0..n)
+        .map(|i| Replica::start(&dir.join(format!("r{i}")), extra))
+        .collect()
+}
+
+fn addrs(rs: &[Replica]) -> Vec<String> {
+    rs.iter().map(Replica::address).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qemu_clients_read_back_patterns_over_unix_and_tcp_and_convert_equals_what_was_written() {
+    let t = tempfile::tempdir().unwrap();
+    let rs = replicas(t.path(), 2, &[]);
+    let e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
+    let (ok, out) = qemu_io(
+        &e.unix_uri(),
+        &[
+            "write -P 0xab 0 1M",
+            "write -P 0x5c 8M 64k",
+            "read -P 0xab 0 1M",
+            "flush",
+        ],
+    );
+    assert!(ok, "{out}");
+    let (ok, out) = qemu_io(
+        &e.tcp_uri(),
+        &[
+            "read -P 0x5c 8M 64k",
+            "write -P 0x77 1536 512",
+            "read -P 0x77 1536 512",
+        ],
+    );
+    assert!(ok, "{out}");
+    // A wrong pattern is detected (the check can fail).
+    let (ok, _) = qemu_io(&e.tcp_uri(), &["read -P 0x00 0 4k"]);
+    assert!(!ok, "reading 0xab as 0x00 must fail");
+
+    // qemu-img convert of the export equals a local file built the same way.
+    let expected = t.path().join("expected.raw");
+    let mut want = vec![0u8; usize::try_from(SIZE).unwrap()];
+    want[..1 << 20].fill(0xab);
+    want[8 << 20..(8 << 20) + (64 << 10)].fill(0x5c);
+    want[1536..2048].fill(0x77);
+    std::fs::write(&expected, &want).unwrap();
+    let exported = t.path().join("export.raw");
+    let st = Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw", &e.unix_uri()])
+        .arg(&exported)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert_eq!(std::fs::read(&exported).unwrap(), want);
+    let cmp = Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw", &e.tcp_uri()])
+        .arg(&expected)
+        .output()
+        .unwrap();
+    assert!(cmp.status.success(), "{}", String::from_utf8_lossy(&cmp.stdout));
+    // Every replica holds the same data.
+    for r in &rs {
+        assert!(r.flattened(SIZE).await == want, "replica {} differs", r.address());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_killed_under_load_goes_err_io_continues_and_a_new_replica_rebuilds_to_identical_data() {
+    let t = tempfile::tempdir().unwrap();
+    let mut rs = replicas(t.path(), 3, &[]);
+    let e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
+    assert!(qemu_io(&e.unix_uri(), &["write -P 0x01 0 8M"]).0);
+    assert!(e.cli(&["snapshot", "create", "base"]).status.success());
+    // A write load in the background while replica 2 is killed.
+    let uri = e.unix_uri();
+    let load = std::thread::spawn(move || {
+        let mut failures = Vec::new();
+        for i in 0..40u64 {
+            let off = (i % 32) * (1 << 20);
+            let (ok, out) = qemu_io(
+                &uri,
+                &[&format!("write -P 0x{:02x} {off} 1M", 0x10 + i % 64), "flush"],
+            );
+            if !ok {
+                failures.push(out);
+            }
+        }
+        failures
+    });
+    std::thread::sleep(Duration::from_millis(150));
+    rs[2].kill();
+    let failures = load.join().unwrap();
+    assert!(
+        failures.is_empty(),
+        "IO failed while one replica died: {failures:?}"
+    );
+    let dead = rs[2].address();
+    eventually("killed replica ERR", 20, async || {
+        e.modes().await.iter().any(|(a, m)| *a == dead && m == "ERR")
+    })
+    .await;
+
+    // Add a fresh replica: it rebuilds to RW.
+    let fresh = Replica::start(&t.path().join("r-new"), &[]);
+    let out = e.cli(&["replica", "add", &fresh.address()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let modes = e.modes().await;
+    assert!(
+        modes.iter().any(|(a, m)| *a == fresh.address() && m == "RW"),
+        "{modes:?}"
+    );
+    assert!(e.cli(&["replica", "rm", &dead]).status.success());
+
+    // The three live replicas hold identical data, equal to what the volume reads.
+    let mut via_nbd = vec![0u8; usize::try_from(SIZE).unwrap()];
+    let exported = t.path().join("export.raw");
+    assert!(
+        Command::new("qemu-img")
+            .args(["convert", "-O", "raw", &e.unix_uri()])
+            .arg(&exported)
+            .status()
+            .unwrap()
+            .success()
+    );
+    via_nbd.copy_from_slice(&std::fs::read(&exported).unwrap());
+    for r in [&rs[0], &rs[1], &fresh] {
+        assert!(
+            r.flattened(SIZE).await == via_nbd,
+            "replica {} differs from the volume",
+            r.address()
+        );
+    }
+    // Writes after the rebuild reach the new replica too.
+    assert!(qemu_io(&e.unix_uri(), &["write -P 0xee 60M 1M", "flush"]).0);
+    let after = fresh.flattened(SIZE).await;
+    assert!(after[60 << 20..61 << 20].iter().all(|&b| b == 0xee));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn revert_returns_the_volume_to_the_snapshot() {
+    let t = tempfile::tempdir().unwrap();
+    let rs = replicas(t.path(), 2, &[]);
+    let e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
+    assert!(qemu_io(&e.unix_uri(), &["write -P 0xaa 0 2M"]).0);
+    assert!(e.cli(&["snapshot", "create", "s1"]).status.success());
+    assert!(qemu_io(&e.unix_uri(), &["write -P 0xbb 1M 2M", "read -P 0xbb 1M 2M"]).0);
+    let out = e.cli(&["snapshot", "revert", "s1"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (ok, text) = qemu_io(&e.unix_uri(), &["read -P 0xaa 0 2M", "read -P 0x00 2M 1M"]);
+    assert!(ok, "{text}");
+    // Revert with the frontend up is refused by the API.
+    let st = e
+        .client()
+        .await
+        .snapshot_revert(v1::SnapshotName { name: "s1".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), tonic::Code::FailedPrecondition);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_missed_writes_is_err_at_start_with_the_revision_counter() {
+    let t = tempfile::tempdir().unwrap();
+    let rs = replicas(t.path(), 2, &[]);
+    {
+        let mut e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
+        assert!(qemu_io(&e.unix_uri(), &["write -P 0x01 0 64k", "flush"]).0);
+        e.kill();
+    }
+    {
+        // Only replica 0: it gets writes replica 1 misses.
+        let mut e = Engine::start(t.path(), "vol", SIZE, &[rs[0].address()], &[]);
+        assert!(qemu_io(&e.unix_uri(), &["write -P 0x02 0 64k", "flush"]).0);
+        e.kill();
+    }
+    let e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
+    let list = e
+        .client()
+        .await
+        .replica_list(v1::Empty {})
+        .await
+        .unwrap()
+        .into_inner()
+        .replicas;
+    let lagging = list.iter().find(|x| x.address == rs[1].address()).unwrap();
+    assert_eq!(lagging.mode, "ERR");
+    assert!(lagging.error.contains("revision counter"), "{}", lagging.error);
+    assert!(
+        qemu_io(&e.unix_uri(), &["read -P 0x02 0 64k"]).0,
+        "the volume serves the newer data"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_replicas_are_refused_with_clear_errors_and_nothing_is_written() {
+    let t = tempfile::tempdir().unwrap();
+    // A port that is not a replica (a plain TCP listener), one nobody listens on, and a replica of another size.
+    let not_replica = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let bogus = format!("tcp://{}", not_replica.local_addr().unwrap());
+    let closed = format!("tcp://127.0.0.1:{}", common::free_ports(1));
+    let other = Replica::start(&t.path().join("other"), &["--size", "32M"]);
+    let err = Engine::start_failing("vol", SIZE, &[bogus.clone(), closed.clone(), other.address()]);
+    assert!(err.contains("not a reachable Corral replica"), "{err}");
+    assert!(
+        err.contains("size 33554432 differs from the volume size 67108864"),
+        "{err}"
+    );
+    assert!(err.contains("no healthy replica"), "{err}");
+    // The other-size replica was not touched.
+    let s = replica_status(&other).await;
+    assert_eq!((s.size, s.revision_counter, s.head_file_size), (32 << 20, 0, 0));
+    // With one good replica the engine starts and lists the bad ones as ERR with their reason.
+    let good = Replica::start(&t.path().join("good"), &[]);
+    let e = Engine::start(t.path(), "vol", SIZE, &[good.address(), other.address()], &[]);
+    let list = e
+        .client()
+        .await
+        .replica_list(v1::Empty {})
+        .await
+        .unwrap()
+        .into_inner()
+        .replicas;
+    assert!(
+        list.iter()
+            .any(|x| x.address == other.address() && x.mode == "ERR" && x.error.contains("differs")),
+        "{list:?}"
+    );
+    // Requests past the end: an error to the client, the connection stays usable.
+    let (ok, text) = qemu_io(
+        &e.unix_uri(),
+        &["read 64M 4k", "write -P 0x42 0 4k", "read -P 0x42 0 4k"],
+    );
+    assert!(!ok && text.contains("read failed"), "{text}");
+    assert!(text.contains("wrote 4096/4096"), "{text}");
+}
+
+async fn replica_status(r: &Replica) -> v1::Replica {
+    let mut c = corral_proto::v1::replica_service_client::ReplicaServiceClient::connect(format!(
+        "http://127.0.0.1:{}",
+        r.port
+    ))
+    .await
+    .unwrap();
+    c.replica_get(v1::Empty {})
+        .await
+        .unwrap()
+        .into_inner()
+        .replica
+        .unwrap()
+}
