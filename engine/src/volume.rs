@@ -349,14 +349,41 @@ impl Volume {
 }
 
 impl Volume {
-    /// Allocation of `[offset, offset+len)` as consecutive pieces, from one RW replica. Reporting data where
-    /// there is a hole is always safe; reporting a hole where there is data is not, so any doubt reports data.
+    /// Allocation of `[offset, offset+len)` as consecutive pieces, from one RW replica (the layout of every
+    /// replica's chain is the same). Reporting data where there is a hole is always safe, reporting a hole where
+    /// there is data is not: a replica that cannot answer makes the whole range "data".
     pub async fn block_status(
         &self,
         offset: u64,
         len: u64,
     ) -> Result<Vec<(u64, crate::nbd::Allocation)>, EngineError> {
+        use crate::nbd::Allocation;
         self.check_range(offset, len)?;
-        Ok(vec![(len, crate::nbd::Allocation::Data)])
+        let reps = self.replicas.read().await;
+        let Some(reader) = reps.iter().find_map(|r| r.reader()) else {
+            return Err(self.no_healthy(&reps));
+        };
+        let ask = u32::try_from(len).unwrap_or(u32::MAX);
+        let Ok(st) = reader.block_status(offset, ask).await else {
+            return Ok(vec![(len, Allocation::Data)]);
+        };
+        let end = offset + st.covered.min(len);
+        let mut out = Vec::with_capacity(st.allocated.len() * 2 + 1);
+        let mut pos = offset;
+        for r in st.allocated {
+            let (s, e) = (r.start.max(pos), r.end.min(end));
+            if s >= e {
+                continue;
+            }
+            if s > pos {
+                out.push((s - pos, Allocation::Hole));
+            }
+            out.push((e - s, Allocation::Data));
+            pos = e;
+        }
+        if pos < end {
+            out.push((end - pos, Allocation::Hole));
+        }
+        Ok(out)
     }
 }

@@ -259,3 +259,42 @@ async fn replica_status(r: &Replica) -> v1::Replica {
         .replica
         .unwrap()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nbdinfo_map_shows_holes_where_nothing_was_written() {
+    let t = tempfile::tempdir().unwrap();
+    let rs = replicas(t.path(), 2, &[]);
+    let e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
+    assert!(qemu_io(&e.unix_uri(), &["write -P 0x01 0 1M"]).0);
+    assert!(e.cli(&["snapshot", "create", "s1"]).status.success());
+    assert!(qemu_io(&e.unix_uri(), &["write -P 0x02 8M 64k"]).0);
+    let out = Command::new("nbdinfo")
+        .args(["--map", &e.unix_uri()])
+        .output()
+        .expect("nbdinfo (apt-get install libnbd-bin)");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let text = String::from_utf8_lossy(&out.stdout);
+    // Lines: offset length type description.
+    let map: Vec<(u64, u64, bool)> = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((
+                f.first()?.parse().ok()?,
+                f.get(1)?.parse().ok()?,
+                f.get(3)?.contains("hole"),
+            ))
+        })
+        .collect();
+    let mib = 1u64 << 20;
+    assert_eq!(
+        map,
+        vec![
+            (0, mib, false),
+            (mib, 7 * mib, true),
+            (8 * mib, 64 << 10, false),
+            (8 * mib + (64 << 10), SIZE - 8 * mib - (64 << 10), true)
+        ],
+        "{text}"
+    );
+}
