@@ -117,7 +117,12 @@ pub async fn connect(
     // Something that accepts TCP but does not speak gRPC would otherwise hold the start for the full timeout.
     let channel = tokio::time::timeout(PROBE_TIMEOUT, endpoint(&host, port)?.connect())
         .await
-        .map_err(|_| not_replica(&format!("no HTTP/2 handshake within {} s", PROBE_TIMEOUT.as_secs())))?
+        .map_err(|_| {
+            not_replica(&format!(
+                "no HTTP/2 handshake within {} s",
+                PROBE_TIMEOUT.as_secs()
+            ))
+        })?
         .map_err(|e| not_replica(&e))?;
     let mut control = ReplicaServiceClient::new(channel);
     let mut status = tokio::time::timeout(PROBE_TIMEOUT, control.replica_get(v1::Empty {}))
@@ -155,7 +160,12 @@ pub async fn connect(
     }
     let sync_channel = tokio::time::timeout(PROBE_TIMEOUT, endpoint(&host, sync_port)?.connect())
         .await
-        .map_err(|_| not_replica(&format!("sync agent: no HTTP/2 handshake within {} s", PROBE_TIMEOUT.as_secs())))?
+        .map_err(|_| {
+            not_replica(&format!(
+                "sync agent: no HTTP/2 handshake within {} s",
+                PROBE_TIMEOUT.as_secs()
+            ))
+        })?
         .map_err(|e| not_replica(&e))?;
     let data = DataClient::connect(&format!("{host}:{data_port}"), client.clone())
         .await

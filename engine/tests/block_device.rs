@@ -13,7 +13,12 @@ const SIZE: u64 = 256 << 20;
 
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap_or_else(|e| panic!("{cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?}: {}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
@@ -49,16 +54,40 @@ fn mount(dev: &str, at: &Path) {
 
 #[test]
 fn ext4_on_a_loop_device_over_nbdfuse_survives_unmount_fsck_and_remount() {
-    assert!(rustix::process::geteuid().is_root(), "needs root for losetup and mount (CI runs as root)");
+    assert!(
+        rustix::process::geteuid().is_root(),
+        "needs root for losetup and mount (CI runs as root)"
+    );
     let t = tempfile::tempdir().unwrap();
-    let rs: Vec<Replica> = (0..2).map(|i| Replica::start(&t.path().join(format!("r{i}")), &[])).collect();
-    let e = Engine::start(t.path(), "vol", SIZE, &rs.iter().map(Replica::address).collect::<Vec<_>>(), &[]);
+    let rs: Vec<Replica> = (0..2)
+        .map(|i| Replica::start(&t.path().join(format!("r{i}")), &[]))
+        .collect();
+    let e = Engine::start(
+        t.path(),
+        "vol",
+        SIZE,
+        &rs.iter().map(Replica::address).collect::<Vec<_>>(),
+        &[],
+    );
     let fuse_dir = t.path().join("fuse");
     let mnt = t.path().join("mnt");
     std::fs::create_dir_all(&fuse_dir).unwrap();
     std::fs::create_dir_all(&mnt).unwrap();
-    let mut c = Cleanup { mount: None, loopdev: None, fuse_dir: None, fuse: None };
-    c.fuse = Some(Command::new("nbdfuse").arg(&fuse_dir).arg(e.unix_uri()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().unwrap());
+    let mut c = Cleanup {
+        mount: None,
+        loopdev: None,
+        fuse_dir: None,
+        fuse: None,
+    };
+    c.fuse = Some(
+        Command::new("nbdfuse")
+            .arg(&fuse_dir)
+            .arg(e.unix_uri())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
     c.fuse_dir = Some(fuse_dir.clone());
     let file = fuse_dir.join("nbd");
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -66,7 +95,11 @@ fn ext4_on_a_loop_device_over_nbdfuse_survives_unmount_fsck_and_remount() {
         assert!(Instant::now() < deadline, "nbdfuse did not expose the export");
         std::thread::sleep(Duration::from_millis(50));
     }
-    let dev = run(Command::new("losetup").args(["-f", "--show", "--direct-io=on"]).arg(&file)).trim().to_owned();
+    let dev = run(Command::new("losetup")
+        .args(["-f", "--show", "--direct-io=on"])
+        .arg(&file))
+    .trim()
+    .to_owned();
     c.loopdev = Some(dev.clone());
     run(Command::new("mkfs.ext4").args(["-q", "-F", &dev]));
     mount(&dev, &mnt);
@@ -81,11 +114,20 @@ fn ext4_on_a_loop_device_over_nbdfuse_survives_unmount_fsck_and_remount() {
     run(Command::new("umount").arg(&mnt));
     c.mount = None;
     let fsck = Command::new("e2fsck").args(["-f", "-n", &dev]).output().unwrap();
-    assert!(fsck.status.success(), "e2fsck: {}{}", String::from_utf8_lossy(&fsck.stdout), String::from_utf8_lossy(&fsck.stderr));
+    assert!(
+        fsck.status.success(),
+        "e2fsck: {}{}",
+        String::from_utf8_lossy(&fsck.stdout),
+        String::from_utf8_lossy(&fsck.stderr)
+    );
     mount(&dev, &mnt);
     c.mount = Some(mnt.clone());
     for i in 0..8 {
-        assert_eq!(std::fs::read(mnt.join(format!("file{i}"))).unwrap(), payload[..payload.len() - i * 1000], "file{i}");
+        assert_eq!(
+            std::fs::read(mnt.join(format!("file{i}"))).unwrap(),
+            payload[..payload.len() - i * 1000],
+            "file{i}"
+        );
     }
     assert_eq!(std::fs::read(mnt.join("dir/small")).unwrap(), b"corral");
     drop(c);

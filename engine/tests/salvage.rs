@@ -17,13 +17,18 @@ const BLOCK: u64 = 64 << 10;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn salvage_after_engine_sigkill_keeps_every_flushed_write_ten_times() {
     let t = tempfile::tempdir().unwrap();
-    let rs: Vec<Replica> = (0..3).map(|i| Replica::start(&t.path().join(format!("r{i}")), &["--disable-revision-counter"])).collect();
+    let rs: Vec<Replica> = (0..3)
+        .map(|i| Replica::start(&t.path().join(format!("r{i}")), &["--disable-revision-counter"]))
+        .collect();
     let addrs: Vec<String> = rs.iter().map(Replica::address).collect();
     let mut durable: Vec<(u64, u8)> = Vec::new();
     let mut seed = 0x2545_F491_u64;
     for round in 0..ROUNDS {
-        let extra: &[&str] =
-            if round == 0 { &["--disable-revision-counter"] } else { &["--disable-revision-counter", "--salvage-requested"] };
+        let extra: &[&str] = if round == 0 {
+            &["--disable-revision-counter"]
+        } else {
+            &["--disable-revision-counter", "--salvage-requested"]
+        };
         let mut e = Engine::start(t.path(), "vol", SIZE, &addrs, extra);
         if round > 0 {
             // Salvage kept one replica: the volume serves, with every flushed write.
@@ -36,11 +41,18 @@ async fn salvage_after_engine_sigkill_keeps_every_flushed_write_ten_times() {
                 if m == "ERR" {
                     assert!(e.cli(&["replica", "rm", &a]).status.success());
                     let out = e.cli(&["replica", "add", &a]);
-                    assert!(out.status.success(), "round {round}: rebuild of {a}: {}", String::from_utf8_lossy(&out.stderr));
+                    assert!(
+                        out.status.success(),
+                        "round {round}: rebuild of {a}: {}",
+                        String::from_utf8_lossy(&out.stderr)
+                    );
                 }
             }
             let modes = e.modes().await;
-            assert!(modes.len() == 3 && modes.iter().all(|(_, m)| m == "RW"), "round {round}: {modes:?}");
+            assert!(
+                modes.len() == 3 && modes.iter().all(|(_, m)| m == "RW"),
+                "round {round}: {modes:?}"
+            );
         }
         // Writer: distinct 64 KiB blocks, each write followed by a flush; a pair that succeeded is durable.
         let acked = Arc::new(Mutex::new(Vec::new()));
@@ -63,10 +75,19 @@ async fn salvage_after_engine_sigkill_keeps_every_flushed_write_ten_times() {
         e.kill();
         writer.join().unwrap();
         let new = acked.lock().unwrap().clone();
-        assert!(!new.is_empty() || round > 0, "the writer never got a flush through");
+        assert!(
+            !new.is_empty() || round > 0,
+            "the writer never got a flush through"
+        );
         durable.extend(new);
     }
-    let e = Engine::start(t.path(), "vol", SIZE, &addrs, &["--disable-revision-counter", "--salvage-requested"]);
+    let e = Engine::start(
+        t.path(),
+        "vol",
+        SIZE,
+        &addrs,
+        &["--disable-revision-counter", "--salvage-requested"],
+    );
     for &(off, p) in &durable {
         let (ok, out) = qemu_io(&e.unix_uri(), &[&format!("read -P 0x{p:02x} {off} {BLOCK}")]);
         assert!(ok, "final: flushed write at {off} lost: {out}");
