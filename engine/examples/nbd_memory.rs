@@ -10,11 +10,17 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    tracing_subscriber::fmt().with_env_filter(tracing_subscriber::EnvFilter::from_default_env()).init();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
     let mut args = std::env::args().skip(1);
     let size_mib: u64 = args.next().unwrap_or_else(|| "64".into()).parse()?;
     let device = Arc::new(MemoryDevice::new(size_mib << 20));
-    let config = NbdConfig { export_name: "mem".into(), description: "in-memory export".into(), ..NbdConfig::default() };
+    let config = NbdConfig {
+        export_name: "mem".into(),
+        description: "in-memory export".into(),
+        ..NbdConfig::default()
+    };
     let server = NbdServer::new(device, config);
     let cancel = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();

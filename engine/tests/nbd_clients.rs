@@ -1,4 +1,5 @@
 //! The NBD frontend driven by real clients: qemu-io, qemu-img, nbdinfo, nbdcopy, fio and libnbd (python).
+#![allow(clippy::cast_possible_truncation)] // sizes and counts here are small test constants
 
 mod nbd_support;
 

@@ -1,5 +1,6 @@
 //! The NBD frontend driven byte by byte: negotiation corner cases, malformed input, invalid requests,
 //! pipelining, structured replies and shutdown — what real clients never send or do not let a test observe.
+#![allow(clippy::cast_possible_truncation)] // sizes and counts here are small test constants
 
 mod nbd_support;
 

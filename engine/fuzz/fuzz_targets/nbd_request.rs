@@ -1,7 +1,8 @@
-//! Arbitrary bytes as everything a client sends: the whole server side of one connection runs on them (greeting,
-//! client flags, option parsing and answers, then request headers, validation, write payloads, execution against a
-//! small in-memory device and reply encoding). Nothing may panic, and the connection must end once the input does.
-//! The fixed-size parsers are also fed directly, so short inputs still exercise them.
+//! Arbitrary bytes as everything a client sends: the whole server side of one connection runs on them
+//! (greeting, client flags, option parsing and answers, then request headers, validation, write payloads,
+//! execution against a small in-memory device and reply encoding). Nothing may panic, and the connection must
+//! end once the input does. The fixed-size parsers are also fed directly, so short inputs still exercise
+//! them.
 #![no_main]
 
 use std::sync::{Arc, OnceLock};

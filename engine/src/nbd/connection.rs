@@ -1,18 +1,19 @@
-//! The transmission phase of one connection: a pipeline of one reader, `max_in_flight` workers and one writer.
+//! The transmission phase of one connection: a pipeline of one reader, `max_in_flight` workers and one
+//! writer.
 //!
-//! - The **reader** parses request headers, validates them against the export, reads write payloads into pooled
-//!   buffers and queues the work on a bounded channel. Invalid requests are answered directly (write payloads are
-//!   drained first, so the stream stays in sync). When every worker is busy and the queue is full the reader stops
-//!   reading the socket: that is the backpressure a client sees.
-//! - Each **worker** takes one request at a time, calls the device and hands the reply to the writer. The workers
-//!   are spawned once per connection, so a request costs no task spawn; buffers come from a per-connection
-//!   [`BufferPool`], so a warm connection allocates nothing per read or write.
-//! - The **writer** serialises replies in completion order (the protocol matches them by cookie) and flushes its
-//!   buffer only when no further reply is ready, so replies completed together leave in one syscall.
+//! - The **reader** parses request headers, validates them against the export, reads write payloads into
+//!   pooled buffers and queues the work on a bounded channel. Invalid requests are answered directly (write
+//!   payloads are drained first, so the stream stays in sync). When every worker is busy and the queue is
+//!   full the reader stops reading the socket: that is the backpressure a client sees.
+//! - Each **worker** takes one request at a time, calls the device and hands the reply to the writer. The
+//!   workers are spawned once per connection, so a request costs no task spawn; buffers come from a
+//!   per-connection [`BufferPool`], so a warm connection allocates nothing per read or write.
+//! - The **writer** serialises replies in completion order (the protocol matches them by cookie) and flushes
+//!   its buffer only when no further reply is ready, so replies completed together leave in one syscall.
 //!
-//! NBD_CMD_DISC, end of stream or server shutdown stop the reader; queued and running requests still complete and
-//! their replies are sent before the socket is shut down. A request with a bad magic closes the connection (the
-//! stream can no longer be framed), as does any socket error.
+//! NBD_CMD_DISC, end of stream or server shutdown stop the reader; queued and running requests still complete
+//! and their replies are sent before the socket is shut down. A request with a bad magic closes the
+//! connection (the stream can no longer be framed), as does any socket error.
 
 use std::io;
 use std::sync::Arc;
@@ -356,7 +357,8 @@ async fn execute<D: BlockDevice>(
         }
         Err(e) => {
             counters.record(w.kind, 0, false);
-            warn!(command = h.command, offset = h.offset, length = h.length, error = %e, "device request failed");
+            let (command, offset, length) = (h.command, h.offset, h.length);
+            warn!(command, offset, length, error = %e, "device request failed");
             let code = match e.kind {
                 DeviceErrorKind::Io => errno::EIO,
                 DeviceErrorKind::Invalid => errno::EINVAL,
@@ -375,9 +377,10 @@ async fn execute<D: BlockDevice>(
     }
 }
 
-/// Turns the device's allocation pieces into `base:allocation` descriptors covering at most `len` bytes: zero-length
-/// pieces dropped, neighbours with the same status merged, only the first kept with REQ_ONE. A device that reported
-/// nothing gets one "data" descriptor for the whole range, which is always a truthful answer.
+/// Turns the device's allocation pieces into `base:allocation` descriptors covering at most `len` bytes:
+/// zero-length pieces dropped, neighbours with the same status merged, only the first kept with REQ_ONE. A
+/// device that reported nothing gets one "data" descriptor for the whole range, which is always a truthful
+/// answer.
 fn descriptors(pieces: &[(u64, Allocation)], len: u32, req_one: bool) -> Vec<(u32, u32)> {
     let mut out: Vec<(u32, u32)> = Vec::with_capacity(pieces.len().min(64));
     let mut left = len;

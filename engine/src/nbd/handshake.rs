@@ -2,9 +2,9 @@
 //!
 //! [`negotiate`] drives one connection's handshake over any byte stream. Option errors that the protocol can
 //! express (unknown option, wrong export name, malformed payload) are answered with `NBD_REP_ERR_*` and the
-//! negotiation goes on; violations it cannot express (bad magic, option payload over 64 KiB, unknown client flags,
-//! an unknown name with NBD_OPT_EXPORT_NAME, truncated input) end it with a [`HandshakeError`], and the caller
-//! closes the connection.
+//! negotiation goes on; violations it cannot express (bad magic, option payload over 64 KiB, unknown client
+//! flags, an unknown name with NBD_OPT_EXPORT_NAME, truncated input) end it with a [`HandshakeError`], and
+//! the caller closes the connection.
 
 use std::io;
 
@@ -17,7 +17,8 @@ use super::wire::{
     opt, rep,
 };
 
-/// Options a client may send before the server gives up on it (each is answered, so a loop is a broken client).
+/// Options a client may send before the server gives up on it (each is answered, so a loop is a broken
+/// client).
 const MAX_OPTIONS: usize = 1024;
 
 /// What the handshake tells the client about the export.

@@ -1,5 +1,5 @@
-//! [`MemoryDevice`]: an in-memory [`BlockDevice`] that tracks allocation per 4 KiB block, for tests, examples and
-//! for measuring the frontend without storage underneath.
+//! [`MemoryDevice`]: an in-memory [`BlockDevice`] that tracks allocation per 4 KiB block, for tests, examples
+//! and for measuring the frontend without storage underneath.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,8 +11,8 @@ use super::{Allocation, BlockDevice, DeviceError};
 pub const MEMORY_BLOCK: u64 = 4096;
 const BLOCK_BYTES: usize = 4096;
 
-/// A sparse-looking device in RAM. Fully covered blocks become holes on trim (and on write-zeroes that may trim),
-/// written blocks become data, so `base:allocation` answers are predictable in tests.
+/// A sparse-looking device in RAM. Fully covered blocks become holes on trim (and on write-zeroes that may
+/// trim), written blocks become data, so `base:allocation` answers are predictable in tests.
 #[derive(Debug)]
 pub struct MemoryDevice {
     size: u64,
@@ -28,8 +28,8 @@ struct State {
 }
 
 impl MemoryDevice {
-    /// A device of `size` bytes that is one hole (all zeros). Panics if `size` does not fit in memory's address
-    /// space (tests choose small sizes).
+    /// A device of `size` bytes that is one hole (all zeros). Panics if `size` does not fit in memory's
+    /// address space (tests choose small sizes).
     pub fn new(size: u64) -> Self {
         let len = usize::try_from(size).expect("memory device size fits in usize");
         let blocks = usize::try_from(size.div_ceil(MEMORY_BLOCK)).expect("block count fits in usize");
@@ -87,8 +87,8 @@ impl State {
         }
     }
 
-    /// Zeroes `range`; blocks it covers completely take `full`, partly covered ones keep their state (they read as
-    /// zeros where cleared either way).
+    /// Zeroes `range`; blocks it covers completely take `full`, partly covered ones keep their state (they
+    /// read as zeros where cleared either way).
     fn zero(&mut self, range: Range<usize>, full: Allocation) {
         self.data[range.clone()].fill(0);
         let block = BLOCK_BYTES;

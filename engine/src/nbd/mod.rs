@@ -1,21 +1,22 @@
-//! NBD frontend: serves one [`BlockDevice`] to NBD clients (qemu, libnbd tools, fio, nbdfuse) over a unix socket
-//! and/or TCP.
+//! NBD frontend: serves one [`BlockDevice`] to NBD clients (qemu, libnbd tools, fio, nbdfuse) over a unix
+//! socket and/or TCP.
 //!
-//! This module owns the NBD wire protocol and nothing below it: the fixed newstyle handshake ([`handshake`]), the
-//! transmission phase (a pipelined connection: one reader parsing requests, a bounded set of workers calling the
-//! device, one writer serialising replies, see `connection.rs`), the listeners ([`NbdServer`]) and the per-server
-//! counters ([`NbdCounters`]). What a read, write or flush *means* is the device's business: the engine's volume
-//! implements [`BlockDevice`] and fans the request out to its replicas.
+//! This module owns the NBD wire protocol and nothing below it: the fixed newstyle handshake ([`handshake`]),
+//! the transmission phase (a pipelined connection: one reader parsing requests, a bounded set of workers
+//! calling the device, one writer serialising replies, see `connection.rs`), the listeners ([`NbdServer`])
+//! and the per-server counters ([`NbdCounters`]). What a read, write or flush *means* is the device's
+//! business: the engine's volume implements [`BlockDevice`] and fans the request out to its replicas.
 //!
 //! Protocol choices (see `README.md` beside this file for the whole list):
 //! - Fixed newstyle only (NO_ZEROES honoured); options GO, INFO, LIST, ABORT, EXPORT_NAME, STRUCTURED_REPLY,
 //!   SET/LIST_META_CONTEXT (`base:allocation`); anything else is answered with `NBD_REP_ERR_UNSUP`.
 //! - Transmission flags: HAS_FLAGS, SEND_FLUSH, SEND_FUA, SEND_TRIM, SEND_WRITE_ZEROES, CAN_MULTI_CONN (plus
-//!   READ_ONLY for a read-only export). The engine guarantees that a flush covers writes completed on any connection.
-//! - Invalid requests get an error reply and the connection stays up: past the end → `ENOSPC` for writes (as the
-//!   spec asks) and `EINVAL` otherwise; zero length, unknown commands or flags, lengths above the maximum block
-//!   size → `EINVAL`. A write whose payload is larger than the maximum block size is drained (discarded in bounded
-//!   chunks) and answered `EINVAL`, so one bad request does not cost the client its connection.
+//!   READ_ONLY for a read-only export). The engine guarantees that a flush covers writes completed on any
+//!   connection.
+//! - Invalid requests get an error reply and the connection stays up: past the end → `ENOSPC` for writes (as
+//!   the spec asks) and `EINVAL` otherwise; zero length, unknown commands or flags, lengths above the maximum
+//!   block size → `EINVAL`. A write whose payload is larger than the maximum block size is drained (discarded
+//!   in bounded chunks) and answered `EINVAL`, so one bad request does not cost the client its connection.
 //! - A malformed handshake closes that connection only, with a log line.
 
 use std::future::Future;
@@ -36,9 +37,10 @@ pub use server::{NbdServer, ServeError};
 /// A byte-addressable device the NBD server exports. The engine's volume implements it; tests use
 /// [`MemoryDevice`].
 ///
-/// Requests reach the device already validated: `offset + len <= size()`, lengths non-zero and at most the
-/// configured maximum block size. Several requests run concurrently (up to `max_in_flight` per connection, from any
-/// number of connections), so implementations order overlapping IO themselves if they need to.
+/// Requests reach the device already validated: `offset + len <= size()`, lengths non-zero, reads and writes
+/// at most the configured maximum block size (trim, write-zeroes and block status up to 4 GiB - 1). Several
+/// requests run concurrently (up to `max_in_flight` per connection, from any number of connections), so
+/// implementations order overlapping IO themselves if they need to.
 pub trait BlockDevice: Send + Sync + 'static {
     /// Size of the export in bytes.
     fn size(&self) -> u64;
@@ -62,7 +64,8 @@ pub trait BlockDevice: Send + Sync + 'static {
         len: u64,
         may_trim: bool,
     ) -> impl Future<Output = Result<(), DeviceError>> + Send;
-    /// Allocation of [offset, offset+len): consecutive (length, Allocation) pieces covering at least the first byte.
+    /// Allocation of [offset, offset+len): consecutive (length, Allocation) pieces covering at least the
+    /// first byte.
     fn block_status(
         &self,
         offset: u64,

@@ -1,5 +1,5 @@
-//! Listeners: accept loops for unix sockets and TCP, one task per connection (handshake, then transmission), and
-//! orderly shutdown through a [`CancellationToken`].
+//! Listeners: accept loops for unix sockets and TCP, one task per connection (handshake, then transmission),
+//! and orderly shutdown through a [`CancellationToken`].
 
 use std::io;
 use std::sync::Arc;
@@ -90,14 +90,15 @@ impl<D: BlockDevice> NbdServer<D> {
         flags
     }
 
-    /// Accepts clients on a unix socket until `cancel` fires, then waits for every connection of this server to end
-    /// (their in-flight requests are completed and answered first).
+    /// Accepts clients on a unix socket until `cancel` fires, then waits for every connection of this server
+    /// to end (their in-flight requests are completed and answered first).
     pub async fn serve_unix(
         &self,
         listener: UnixListener,
         cancel: CancellationToken,
     ) -> Result<(), ServeError> {
-        info!(addr = ?listener.local_addr().ok(), export = %self.inner.config.export_name, "NBD serving on unix socket");
+        let export = &self.inner.config.export_name;
+        info!(addr = ?listener.local_addr().ok(), %export, "NBD serving on unix socket");
         let connections = TaskTracker::new();
         loop {
             let accepted = tokio::select! {
@@ -123,7 +124,8 @@ impl<D: BlockDevice> NbdServer<D> {
         listener: TcpListener,
         cancel: CancellationToken,
     ) -> Result<(), ServeError> {
-        info!(addr = ?listener.local_addr().ok(), export = %self.inner.config.export_name, "NBD serving on TCP");
+        let export = &self.inner.config.export_name;
+        info!(addr = ?listener.local_addr().ok(), %export, "NBD serving on TCP");
         let connections = TaskTracker::new();
         loop {
             let accepted = tokio::select! {
@@ -147,8 +149,8 @@ impl<D: BlockDevice> NbdServer<D> {
         Ok(())
     }
 
-    /// Serves one already-connected client over any byte stream (a socketpair, a TLS stream, a test harness) until
-    /// it disconnects or `cancel` fires. The listeners use the same path with owned socket halves.
+    /// Serves one already-connected client over any byte stream (a socketpair, a TLS stream, a test harness)
+    /// until it disconnects or `cancel` fires. The listeners use the same path with owned socket halves.
     pub async fn serve_stream<S>(&self, stream: S, cancel: CancellationToken)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
@@ -165,11 +167,17 @@ impl<D: BlockDevice> NbdServer<D> {
     ) {
         let server = self.clone();
         let cancel = cancel.clone();
-        connections.spawn(async move { server.run_connection(stream, S::split_owned, cancel).await }.instrument(span));
+        connections.spawn(
+            async move { server.run_connection(stream, S::split_owned, cancel).await }.instrument(span),
+        );
     }
 
-    async fn run_connection<S, R, W>(&self, mut stream: S, split: impl FnOnce(S) -> (R, W), cancel: CancellationToken)
-    where
+    async fn run_connection<S, R, W>(
+        &self,
+        mut stream: S,
+        split: impl FnOnce(S) -> (R, W),
+        cancel: CancellationToken,
+    ) where
         S: AsyncRead + AsyncWrite + Unpin,
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,

@@ -1,7 +1,8 @@
-//! NBD wire format: magic numbers, option and command codes, the fixed-size headers and their parsers/encoders.
+//! NBD wire format: magic numbers, option and command codes, the fixed-size headers and their
+//! parsers/encoders.
 //!
-//! Every value is big-endian ("network byte order"). The parsers take fixed-size arrays, so they cannot read out of
-//! bounds, and return typed errors for anything a hostile peer can send; they never panic (fuzzed by
+//! Every value is big-endian ("network byte order"). The parsers take fixed-size arrays, so they cannot read
+//! out of bounds, and return typed errors for anything a hostile peer can send; they never panic (fuzzed by
 //! `engine/fuzz`, target `nbd_request`).
 
 use thiserror::Error;
@@ -119,8 +120,8 @@ pub const BASE_ALLOCATION: &str = "base:allocation";
 /// Context id given to `base:allocation` when it is selected.
 pub const BASE_ALLOCATION_ID: u32 = 1;
 
-/// Longest option payload the server reads. Real options are a name (≤ 4096 bytes) plus a few fields; anything
-/// larger is a broken or hostile client and the connection is closed.
+/// Longest option payload the server reads. Real options are a name (≤ 4096 bytes) plus a few fields;
+/// anything larger is a broken or hostile client and the connection is closed.
 pub const MAX_OPTION_LEN: u32 = 64 * 1024;
 
 /// Size of a transmission request header.
