@@ -24,10 +24,15 @@ if [ ${#missing[@]} -gt 0 ]; then
   fi
 fi
 
+# The replica's fault injection is compiled in for the tests only (engine failure tests drive it).
+features=(--features replica/fault-injection)
 cargo fmt --all -- --check
+cargo clippy --workspace --all-targets --locked "${features[@]}" -- -D warnings
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# Integration tests start the daemons as processes: build every binary first.
+cargo build --workspace --bins --locked "${features[@]}"
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --locked --no-fail-fast "$@"
+  cargo nextest run --workspace --locked --no-fail-fast "${features[@]}" "$@"
 else
-  cargo test --workspace --locked --no-fail-fast "$@"
+  cargo test --workspace --locked --no-fail-fast "${features[@]}" "$@"
 fi
