@@ -236,7 +236,7 @@ impl Volume {
     /// Grows the volume on every RW and WO replica (each takes an `expand-<size>` system snapshot).
     pub async fn expand(&self, size: u64) -> Result<(), EngineError> {
         let cur = self.size();
-        if size <= cur || size % 4096 != 0 {
+        if size <= cur || !size.is_multiple_of(4096) {
             return Err(EngineError::InvalidArgument(format!(
                 "new size {size} must be larger than {cur} and a multiple of 4096"
             )));

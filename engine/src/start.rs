@@ -41,7 +41,7 @@ struct Candidate {
 
 /// Connects and checks the replicas and returns the volume. Fails when no replica is usable.
 pub async fn start(addresses: &[String], opts: &StartOptions) -> Result<Volume, EngineError> {
-    if opts.size == 0 || opts.size % 4096 != 0 {
+    if opts.size == 0 || !opts.size.is_multiple_of(4096) {
         return Err(EngineError::InvalidArgument(format!(
             "volume size {} must be a positive multiple of 4096",
             opts.size

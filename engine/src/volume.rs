@@ -234,7 +234,7 @@ impl Volume {
         let start = Instant::now();
         let reps = self.replicas.read().await;
         let rebuilding = reps.iter().any(|r| r.mode() == Mode::Wo);
-        let aligned = offset % BLOCK == 0 && (data.len() as u64) % BLOCK == 0;
+        let aligned = offset.is_multiple_of(BLOCK) && (data.len() as u64).is_multiple_of(BLOCK);
         let r = if rebuilding && !aligned {
             self.write_widened(&reps, offset, data).await
         } else {
@@ -263,8 +263,11 @@ impl Volume {
         let block = usize::try_from(BLOCK).unwrap_or(4096);
         let mut buf = vec![0u8; len];
         // Only the partial first and last blocks need their current contents.
-        let need_head = offset % BLOCK != 0;
-        let need_tail = (offset + data.len() as u64) % BLOCK != 0 && !(need_head && end - BLOCK == start);
+        let need_head = !offset.is_multiple_of(BLOCK);
+        // The last block needs reading unless the write ends aligned or it is the first block, already read.
+        let ends_aligned = (offset + data.len() as u64).is_multiple_of(BLOCK);
+        let tail_is_head_block = need_head && end - BLOCK == start;
+        let need_tail = !(ends_aligned || tail_is_head_block);
         if need_head {
             self.read_locked(reps, start, &mut buf[..block]).await?;
         }
@@ -307,7 +310,7 @@ impl Volume {
             while pos < end {
                 let n = (end - pos).min(ZEROS.len() as u64);
                 let chunk = &ZEROS[..usize::try_from(n).unwrap_or(ZEROS.len())];
-                if pos % BLOCK == 0 && n % BLOCK == 0 {
+                if pos.is_multiple_of(BLOCK) && n.is_multiple_of(BLOCK) {
                     self.fan_out(&reps, "write", |d| d.write(pos, chunk)).await?;
                 } else {
                     self.write_widened(&reps, pos, chunk).await?;
