@@ -202,12 +202,11 @@ pub(crate) fn write_pieces(
             len,
             source: io::Error::other(e),
         })?;
-        dst.write_all_at(&payload[at..at + n], r.start)
-            .map_err(|source| LocalError::Write {
-                offset: r.start,
-                len,
-                source,
-            })?;
+        write_chunked(dst, &payload[at..at + n], r.start).map_err(|source| LocalError::Write {
+            offset: r.start,
+            len,
+            source,
+        })?;
         at += n;
     }
     Ok(())
