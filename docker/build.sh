@@ -1,0 +1,155 @@
+#!/usr/bin/env bash
+# Builds one container image per Corral daemon: docker/<image>/Dockerfile becomes <image>:<cargo version> (and
+# <image>:latest). A daemon slots in by adding its directory here once its binary exists in the workspace.
+#
+#   docker/build.sh [IMAGE...]        default: every docker/*/Dockerfile
+#
+# Steps: release binaries built on the host (`cargo build --release --bins`, the shared target dir, so a build that
+# already happened costs nothing), copied with debug info stripped (symbols kept: panics still name functions) into
+# one small build context per image; the base image made locally when no BASE is given and corral-base:bookworm is
+# missing (no registry is reachable on the project's machines); then `docker build` per image.
+#
+# Environment:
+#   BASE=IMAGE              Debian-like image for the rootfs-assembly stage (e.g. debian:bookworm-slim from a
+#                           registry). Default: corral-base:bookworm, made here with mmdebstrap when missing.
+#   CORRAL_SKIP_CARGO=1     use the binaries already in the target dir (fail if one is missing).
+#   CARGO_TARGET_DIR        where the release binaries are (default: <repo>/target).
+#   CORRAL_CACHE_DIR        where the base rootfs tarball is cached (default: ~/.cache/corral).
+#   CORRAL_IMAGE_MAX_MIB    size above which an image is reported as over target (default 60).
+set -euo pipefail
+
+docker_dir=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$docker_dir/.." && pwd)
+target_dir=${CARGO_TARGET_DIR:-$repo/target}
+cache_dir=${CORRAL_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/corral}
+max_mib=${CORRAL_IMAGE_MAX_MIB:-60}
+local_base=corral-base:bookworm
+
+log() { printf '==> %s\n' "$*" >&2; }
+
+# --- which images --------------------------------------------------------------------------------------------------
+if [ $# -gt 0 ]; then
+  images=("$@")
+else
+  images=()
+  for f in "$docker_dir"/*/Dockerfile; do
+    images+=("$(basename "$(dirname "$f")")")
+  done
+fi
+for image in "${images[@]}"; do
+  [ -f "$docker_dir/$image/Dockerfile" ] || {
+    echo "build.sh: no docker/$image/Dockerfile" >&2
+    exit 2
+  }
+done
+
+# --- version, revision ---------------------------------------------------------------------------------------------
+metadata=$(cd "$repo" && cargo metadata --no-deps --format-version 1)
+# image name == binary name; the version is that of the package that owns the binary.
+version_of() {
+  python3 -c '
+import json, sys
+meta = json.load(sys.stdin)
+for p in meta["packages"]:
+    for t in p["targets"]:
+        if "bin" in t["kind"] and t["name"] == sys.argv[1]:
+            print(p["version"]); sys.exit(0)
+sys.exit(1)' "$1" <<<"$metadata"
+}
+# The repository URL: [workspace.package] repository in the root Cargo.toml.
+source_url=$(python3 -c '
+import sys, tomllib
+with open(sys.argv[1], "rb") as f:
+    print(tomllib.load(f).get("workspace", {}).get("package", {}).get("repository", ""))' "$repo/Cargo.toml")
+revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
+if [ "$revision" != unknown ] && ! git -C "$repo" diff --quiet HEAD 2>/dev/null; then
+  revision="$revision-dirty"
+fi
+created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
+
+# --- binaries ------------------------------------------------------------------------------------------------------
+if [ "${CORRAL_SKIP_CARGO:-0}" != 1 ]; then
+  log "cargo build --release --bins (target dir $target_dir)"
+  (cd "$repo" && CARGO_TARGET_DIR="$target_dir" cargo build --release --bins --locked)
+fi
+for image in "${images[@]}"; do
+  [ -x "$target_dir/release/$image" ] || {
+    echo "build.sh: $target_dir/release/$image is missing (is $image a binary of the workspace?)" >&2
+    exit 1
+  }
+done
+
+# --- base ----------------------------------------------------------------------------------------------------------
+# The base is only the toolbox of the rootfs-assembly stage (ldd, cp, the libraries to copy): it is not in the
+# runtime images, so its size does not matter. mmdebstrap downloads from the Debian mirror apt is configured with.
+make_local_base() {
+  local tar=$cache_dir/base-bookworm.tar
+  if [ ! -s "$tar" ]; then
+    if ! command -v mmdebstrap >/dev/null; then
+      log "installing mmdebstrap"
+      if [ "$(id -u)" = 0 ]; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq mmdebstrap >/dev/null
+      else
+        echo "build.sh: mmdebstrap is missing and this is not root: install it, or set BASE" >&2
+        exit 1
+      fi
+    fi
+    mkdir -p "$cache_dir"
+    log "mmdebstrap bookworm -> $tar (a few minutes, once)"
+    mmdebstrap --quiet --variant=minbase --include=ca-certificates bookworm "$tar.partial"
+    mv "$tar.partial" "$tar"
+  fi
+  log "docker import $tar $local_base"
+  docker import --message "mmdebstrap --variant=minbase --include=ca-certificates bookworm" "$tar" "$local_base" >/dev/null
+}
+if [ -z "${BASE:-}" ]; then
+  BASE=$local_base
+  docker image inspect "$BASE" >/dev/null 2>&1 || make_local_base
+fi
+
+# --- images --------------------------------------------------------------------------------------------------------
+context_root=$target_dir/docker-context
+built=()
+for image in "${images[@]}"; do
+  version=$(version_of "$image") || {
+    echo "build.sh: no package in the workspace has a binary named $image" >&2
+    exit 1
+  }
+  ctx=$context_root/$image
+  rm -rf "$ctx" "$ctx.log"
+  mkdir -p "$ctx"
+  objcopy --strip-debug "$target_dir/release/$image" "$ctx/$image"
+  cp "$docker_dir/lib/runtime-rootfs.sh" "$docker_dir/lib/corral-healthz" "$ctx/"
+  log "docker build $image:$version (base $BASE)"
+  build_log=$ctx.log
+  if ! docker build \
+    --file "$docker_dir/$image/Dockerfile" \
+    --build-arg "BASE=$BASE" \
+    --build-arg "VERSION=$version" \
+    --build-arg "REVISION=$revision" \
+    --build-arg "CREATED=$created" \
+    --build-arg "SOURCE=$source_url" \
+    --tag "$image:$version" --tag "$image:latest" \
+    "$ctx" >"$build_log" 2>&1; then
+    cat "$build_log" >&2
+    echo "build.sh: docker build of $image failed" >&2
+    exit 1
+  fi
+  built+=("$image:$version")
+done
+
+# --- sizes ---------------------------------------------------------------------------------------------------------
+over=0
+printf '%-28s %10s\n' image MiB
+for ref in "${built[@]}"; do
+  bytes=$(docker image inspect --format '{{.Size}}' "$ref")
+  mib=$(awk -v b="$bytes" 'BEGIN { printf "%.1f", b / 1048576 }')
+  note=
+  if awk -v b="$bytes" -v m="$max_mib" 'BEGIN { exit !(b > m * 1048576) }'; then
+    note="  over the ${max_mib} MiB target"
+    over=1
+  fi
+  printf '%-28s %10s%s\n' "$ref" "$mib" "$note"
+done
+[ "$over" = 0 ] || echo "build.sh: an image is over the size target" >&2
