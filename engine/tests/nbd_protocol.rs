@@ -365,3 +365,31 @@ async fn shutdown_closes_idle_connections_and_stops_listening() {
         "listener is closed"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_does_not_wait_forever_for_a_client_that_stops_reading_replies() {
+    let server = TestServer::with_size(4 * MIB).await;
+    let mut c = RawClient::open(server.tcp, false, false).await;
+    // Far more reply bytes than socket buffers hold, and the client never reads them.
+    for i in 0..256u64 {
+        c.request(cmd::READ, 0, i, 0, MIB as u32).await;
+    }
+    // Wait until the server is stuck on this client: more reads executed than the reply queue holds.
+    let reads = server.counters.clone();
+    let deadline = tokio::time::Instant::now() + nbd_support::DEADLINE;
+    while reads.read.requests.load(Ordering::Relaxed) < 100 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "server never executed the reads"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let started = std::time::Instant::now();
+    server.stop().await; // panics if connections are not gone within the deadline
+    assert!(
+        started.elapsed() >= std::time::Duration::from_secs(4),
+        "replies owed at shutdown get their grace period, took {:?}",
+        started.elapsed()
+    );
+    drop(c);
+}

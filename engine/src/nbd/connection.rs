@@ -17,6 +17,7 @@
 
 use std::io;
 use std::sync::Arc;
+use std::time::Duration;
 
 use data_protocol::{BufferPool, PooledBuf};
 use thiserror::Error;
@@ -38,6 +39,8 @@ use super::{Allocation, BlockDevice, DeviceError, DeviceErrorKind};
 const MAX_ERROR_MESSAGE: usize = 1024;
 /// Idle buffer capacity a connection keeps for reuse.
 const POOL_RETAINED_BYTES: usize = 64 << 20;
+/// How long replies still owed at shutdown may take to reach a client.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Why a connection ended abnormally.
 #[derive(Debug, Error)]
@@ -177,15 +180,13 @@ async fn read_requests<D: BlockDevice, R: AsyncRead + Unpin>(
                 } else {
                     None
                 };
-                if work_tx
-                    .send(Work {
-                        header,
-                        kind,
-                        payload,
-                    })
-                    .await
-                    .is_err()
-                {
+                let work = Work {
+                    header,
+                    kind,
+                    payload,
+                };
+                // Blocks while every worker is busy (backpressure); a stopped connection gives up waiting.
+                if !matches!(read_or_stop(stop, work_tx.send(work)).await, Some(Ok(()))) {
                     return Ok(());
                 }
             }
@@ -217,7 +218,7 @@ async fn read_requests<D: BlockDevice, R: AsyncRead + Unpin>(
                     offset: header.offset,
                     body,
                 };
-                if reply_tx.send(reply).await.is_err() {
+                if !matches!(read_or_stop(stop, reply_tx.send(reply)).await, Some(Ok(()))) {
                     return Ok(());
                 }
             }
@@ -436,8 +437,16 @@ async fn write_replies<W: AsyncWrite + Unpin>(
         }
         w.flush().await?;
         w.shutdown().await
-    }
-    .await;
+    };
+    // Replies still owed at shutdown get a grace period; a client that stopped reading cannot hold the server.
+    let give_up = async {
+        stop.cancelled().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    let result = tokio::select! {
+        r = result => r,
+        () = give_up => Err(io::Error::new(io::ErrorKind::TimedOut, "client did not take its replies")),
+    };
     if result.is_err() {
         // Nobody can receive replies any more: stop reading requests too.
         stop.cancel();
