@@ -169,6 +169,7 @@ async fn fio_random_read_write_with_crc32c_verification_passes() {
                 "--iodepth=16",
                 "--verify=crc32c",
                 "--do_verify=1",
+                "--verify_state_save=0",
             ],
         )
         .await;
