@@ -13,10 +13,28 @@ pub const BLOCK_SIZE: u64 = 4096;
 /// Index of a layer in the live chain, 0 = oldest snapshot (the backing file is not a layer).
 pub type LayerIndex = u32;
 
+/// A run's value: 8 bytes, so a B-tree entry (key + value) is 16 bytes. Runs longer than `u32::MAX` blocks
+/// (16 TiB) are split.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct Run {
-    end: u64,
+    len: u32,
     layer: LayerIndex,
+}
+
+const MAX_RUN: u64 = u32::MAX as u64;
+
+impl Run {
+    fn new(start: u64, end: u64, layer: LayerIndex) -> Self {
+        debug_assert!(end > start && end - start <= MAX_RUN);
+        Self {
+            len: u32::try_from(end - start).unwrap_or(u32::MAX),
+            layer,
+        }
+    }
+
+    fn end(self, start: u64) -> u64 {
+        start + u64::from(self.len)
+    }
 }
 
 /// Runs of blocks mapped to layers. Block numbers, not bytes.
@@ -44,7 +62,7 @@ impl ExtentMap {
         self.carve(start, end);
         let (mut s, mut e) = (start, end);
         if let Some((&ps, &pr)) = self.runs.range(..start).next_back()
-            && pr.end == start
+            && pr.end(ps) == start
             && pr.layer == layer
         {
             self.runs.remove(&ps);
@@ -54,9 +72,18 @@ impl ExtentMap {
             && nr.layer == layer
         {
             self.runs.remove(&end);
-            e = nr.end;
+            e = nr.end(end);
         }
-        self.runs.insert(s, Run { end: e, layer });
+        self.insert_split(s, e, layer);
+    }
+
+    /// Inserts `[s, e) -> layer` (no overlap with existing runs), in pieces of at most `MAX_RUN` blocks.
+    fn insert_split(&mut self, mut s: u64, e: u64, layer: LayerIndex) {
+        while s < e {
+            let piece = (e - s).min(MAX_RUN);
+            self.runs.insert(s, Run::new(s, s + piece, layer));
+            s += piece;
+        }
     }
 
     /// Unmaps blocks `[start, end)` (they fall back to "no layer").
@@ -69,36 +96,18 @@ impl ExtentMap {
     /// Removes every run overlapping `[start, end)`, keeping the parts outside it.
     fn carve(&mut self, start: u64, end: u64) {
         if let Some((&s, &r)) = self.runs.range(..start).next_back()
-            && r.end > start
+            && r.end(s) > start
         {
-            self.runs.insert(
-                s,
-                Run {
-                    end: start,
-                    layer: r.layer,
-                },
-            );
-            if r.end > end {
-                self.runs.insert(
-                    end,
-                    Run {
-                        end: r.end,
-                        layer: r.layer,
-                    },
-                );
+            self.runs.insert(s, Run::new(s, start, r.layer));
+            if r.end(s) > end {
+                self.runs.insert(end, Run::new(end, r.end(s), r.layer));
                 return;
             }
         }
         while let Some((&s, &r)) = self.runs.range(start..end).next() {
             self.runs.remove(&s);
-            if r.end > end {
-                self.runs.insert(
-                    end,
-                    Run {
-                        end: r.end,
-                        layer: r.layer,
-                    },
-                );
+            if r.end(s) > end {
+                self.runs.insert(end, Run::new(end, r.end(s), r.layer));
                 break;
             }
         }
@@ -108,10 +117,10 @@ impl ExtentMap {
     /// `layer` is `None` where no layer holds the blocks. Stops early when `f` returns `false`.
     pub fn visit(&self, start: u64, end: u64, mut f: impl FnMut(u64, u64, Option<LayerIndex>) -> bool) {
         let mut pos = start;
-        if let Some((_, &r)) = self.runs.range(..start).next_back()
-            && r.end > start
+        if let Some((&rs, &r)) = self.runs.range(..start).next_back()
+            && r.end(rs) > start
         {
-            pos = r.end.min(end);
+            pos = r.end(rs).min(end);
             if !f(start, pos, Some(r.layer)) {
                 return;
             }
@@ -123,7 +132,7 @@ impl ExtentMap {
             if s > pos && !f(pos, s, None) {
                 return;
             }
-            let e = r.end.min(end);
+            let e = r.end(s).min(end);
             if !f(s, e, Some(r.layer)) {
                 return;
             }
@@ -153,21 +162,22 @@ impl ExtentMap {
     /// Used when the chain changes shape under the map (a purge folds two layers into one).
     pub fn remap(&mut self, f: impl Fn(LayerIndex) -> Option<LayerIndex>) {
         let old = std::mem::take(&mut self.runs);
-        let mut last: Option<(u64, Run)> = None;
+        // (start, end, layer) of the run being merged.
+        let mut last: Option<(u64, u64, LayerIndex)> = None;
         for (s, r) in old {
             let Some(layer) = f(r.layer) else { continue };
             match &mut last {
-                Some((_, lr)) if lr.end == s && lr.layer == layer => lr.end = r.end,
+                Some((_, le, ll)) if *le == s && *ll == layer => *le = r.end(s),
                 _ => {
-                    if let Some((ls, lr)) = last.take() {
-                        self.runs.insert(ls, lr);
+                    if let Some((ls, le, ll)) = last.take() {
+                        self.insert_split(ls, le, ll);
                     }
-                    last = Some((s, Run { end: r.end, layer }));
+                    last = Some((s, r.end(s), layer));
                 }
             }
         }
-        if let Some((ls, lr)) = last {
-            self.runs.insert(ls, lr);
+        if let Some((ls, le, ll)) = last {
+            self.insert_split(ls, le, ll);
         }
     }
 }
@@ -231,11 +241,33 @@ mod tests {
                 // Runs never overlap and neighbours of one layer are merged.
                 let runs: Vec<_> = m.runs.iter().map(|(&s, &r)| (s, r)).collect();
                 for w in runs.windows(2) {
-                    prop_assert!(w[0].1.end <= w[1].0);
-                    prop_assert!(!(w[0].1.end == w[1].0 && w[0].1.layer == w[1].1.layer));
+                    prop_assert!(w[0].1.end(w[0].0) <= w[1].0);
+                    prop_assert!(!(w[0].1.end(w[0].0) == w[1].0 && w[0].1.layer == w[1].1.layer));
                 }
             }
         }
+    }
+
+    #[test]
+    fn runs_longer_than_u32_blocks_are_split_and_still_read_back() {
+        let mut m = ExtentMap::new();
+        let huge = MAX_RUN * 2 + 10;
+        m.set(5, 5 + huge, 1);
+        assert_eq!(m.run_count(), 3);
+        let mut covered = 0;
+        m.visit(0, 5 + huge + 1, |s, e, l| {
+            if l == Some(1) {
+                covered += e - s;
+            }
+            true
+        });
+        assert_eq!(covered, huge);
+        m.clear(6, 5 + huge - 1);
+        assert_eq!(
+            (m.layer_of(5), m.layer_of(6), m.layer_of(5 + huge - 1)),
+            (Some(1), None, Some(1))
+        );
+        assert_eq!(std::mem::size_of::<Run>() + std::mem::size_of::<u64>(), 16);
     }
 
     #[test]
