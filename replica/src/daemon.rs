@@ -43,6 +43,9 @@ pub struct ServeConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Data-protocol server tuning.
     pub data: ServerConfig,
+    /// Fault-injection rules in force from the start.
+    #[cfg(feature = "fault-injection")]
+    pub faults: Vec<crate::fault::FaultRule>,
 }
 
 fn offset_port(addr: SocketAddr, by: u16) -> anyhow::Result<SocketAddr> {
@@ -97,6 +100,10 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
         opts,
         replica,
     ));
+    #[cfg(feature = "fault-injection")]
+    for rule in &cfg.faults {
+        host.faults().set(*rule);
+    }
 
     let control = TcpListener::bind(cfg.listen)
         .await

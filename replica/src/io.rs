@@ -1,5 +1,6 @@
 //! Block IO on an open replica: positional reads that follow the location map down the chain, writes to the head
-//! (read-modify-write only for partial blocks the head does not hold yet), unmap, write-zeroes and flush.
+//! (read-modify-write only for partial blocks the head does not hold yet), unmap, write-zeroes, flush, and the
+//! allocation map the engine answers NBD `BLOCK_STATUS` with.
 //!
 //! Locking: IO holds the chain's structure lock shared for its duration (shape changes wait for in-flight IO);
 //! the location map is locked only to look up or record runs, never across file IO. Partial-block writes are
@@ -7,6 +8,7 @@
 
 use std::fs::File;
 use std::io;
+use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
 use crate::error::{IoContext, ReplicaError, Result};
@@ -274,6 +276,35 @@ impl Replica {
             }
         }
         Ok(())
+    }
+
+    /// The allocated byte ranges of `[offset, offset + len)`, ascending, merged and clipped to the request. A 4 KiB
+    /// block is allocated when any layer of the chain holds it, or when no layer does and it lies within the
+    /// backing file (a raw image: all of it counts as allocated); anything else is a hole that reads as zeros.
+    /// Answered from the location map alone, without touching the files.
+    pub fn allocated_ranges(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>> {
+        let chain = self.chain_read_open()?;
+        Self::check_range(&chain, offset, len)?;
+        let end = offset + len;
+        let backing_end = chain.backing.as_ref().map_or(0, |b| b.size.div_ceil(BLOCK_SIZE));
+        let mut out: Vec<Range<u64>> = Vec::new();
+        let mut add = |first: u64, last: u64| {
+            let (s, e) = ((first * BLOCK_SIZE).max(offset), (last * BLOCK_SIZE).min(end));
+            match out.last_mut() {
+                Some(prev) if prev.end == s => prev.end = e,
+                _ if s < e => out.push(s..e),
+                _ => {}
+            }
+        };
+        read_lock(&self.map).visit(offset / BLOCK_SIZE, end.div_ceil(BLOCK_SIZE), |s, e, layer| {
+            match layer {
+                Some(_) => add(s, e),
+                None if s < backing_end => add(s, e.min(backing_end)),
+                None => {}
+            }
+            true
+        });
+        Ok(out)
     }
 
     /// Makes every acknowledged write durable: `fdatasync` of the head, then the revision counter.

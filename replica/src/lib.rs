@@ -6,6 +6,8 @@
 
 pub mod error;
 pub mod extent_map;
+#[cfg(feature = "fault-injection")]
+pub mod fault;
 pub mod hash;
 mod io;
 pub mod jobs;

@@ -56,6 +56,12 @@ enum Cmd {
         /// Data-protocol IO worker threads.
         #[arg(long, default_value_t = 8)]
         io_threads: usize,
+        /// TEST BUILDS ONLY: make a data-protocol operation fail (repeatable). OP is read, write, unmap,
+        /// write-zeroes, flush or block-status; ACTION is error, no-space, delay:MS, hang or drop; the first N
+        /// operations pass. Change at run time with POST/DELETE /debug/faults on --metrics-listen.
+        #[cfg(feature = "fault-injection")]
+        #[arg(long = "fault", value_name = "OP=ACTION[,after=N]", value_parser = clap::value_parser!(replica::fault::FaultRule))]
+        faults: Vec<replica::fault::FaultRule>,
     },
     /// Show a replica: offline from its directory (--dir), or live over gRPC (--url).
     Info {
@@ -164,6 +170,8 @@ async fn main() -> anyhow::Result<()> {
             metrics_listen,
             data_window,
             io_threads,
+            #[cfg(feature = "fault-injection")]
+            faults,
         } => {
             let cancel = CancellationToken::new();
             tokio::spawn(shutdown_signal(cancel.clone()));
@@ -181,6 +189,8 @@ async fn main() -> anyhow::Result<()> {
                 volume,
                 metrics_listen,
                 data,
+                #[cfg(feature = "fault-injection")]
+                faults,
             };
             serve(cfg, cancel).await
         }

@@ -105,7 +105,7 @@ async fn metrics(State(reg): State<Arc<Registry>>) -> Result<String, StatusCode>
     Ok(out)
 }
 
-/// Serves `/metrics` and `/healthz` until `cancel`.
+/// Serves `/metrics` and `/healthz` (and `/debug/faults` with the `fault-injection` feature) until `cancel`.
 pub async fn serve_metrics(
     listener: TcpListener,
     host: Arc<ReplicaHost>,
@@ -113,11 +113,15 @@ pub async fn serve_metrics(
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
     let mut reg = Registry::with_prefix("corral");
+    #[cfg(feature = "fault-injection")]
+    let faults = crate::fault::routes(host.faults().clone());
     reg.register_collector(Box::new(Collector { host, data }));
     let app = Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(|| async { "ok" }))
         .with_state(Arc::new(reg));
+    #[cfg(feature = "fault-injection")]
+    let app = app.merge(faults);
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { cancel.cancelled().await })
         .await?;

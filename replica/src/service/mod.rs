@@ -3,6 +3,7 @@
 
 pub mod grpc;
 
+use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
@@ -11,6 +12,8 @@ use data_protocol::{BackendError, BlockBackend, ErrorKind as WireKind, VolumeInf
 use tonic::Status;
 
 use crate::error::{ErrorKind, ReplicaError};
+#[cfg(feature = "fault-injection")]
+use crate::fault::{FaultInjector, FaultOp};
 use crate::jobs::JobTable;
 use crate::replica::{Replica, ReplicaOptions, ReplicaStatus, read_lock, write_lock};
 
@@ -23,6 +26,9 @@ pub struct ReplicaHost {
     current: RwLock<Option<Arc<Replica>>>,
     /// Long-running jobs (purge, hash), kept across close/open.
     pub jobs: JobTable,
+    /// Rules consulted before every data-protocol operation.
+    #[cfg(feature = "fault-injection")]
+    faults: Arc<FaultInjector>,
 }
 
 impl ReplicaHost {
@@ -34,7 +40,15 @@ impl ReplicaHost {
             opts: RwLock::new(opts),
             current: RwLock::new(replica.map(Arc::new)),
             jobs: JobTable::default(),
+            #[cfg(feature = "fault-injection")]
+            faults: Arc::default(),
         }
+    }
+
+    /// The fault rules this host's data path obeys.
+    #[cfg(feature = "fault-injection")]
+    pub fn faults(&self) -> &Arc<FaultInjector> {
+        &self.faults
     }
 
     /// The open replica.
@@ -143,31 +157,49 @@ impl BlockBackend for ReplicaHost {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        self.faults.check(FaultOp::Read)?;
         self.replica()
             .and_then(|r| r.read_at(offset, buf))
             .map_err(|e| wire_error(&e))
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        self.faults.check(FaultOp::Write)?;
         self.replica()
             .and_then(|r| r.write_at(offset, buf))
             .map_err(|e| wire_error(&e))
     }
 
     fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        self.faults.check(FaultOp::Unmap)?;
         self.replica()
             .and_then(|r| r.unmap(offset, len))
             .map_err(|e| wire_error(&e))
     }
 
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        self.faults.check(FaultOp::WriteZeroes)?;
         self.replica()
             .and_then(|r| r.write_zeroes(offset, len))
             .map_err(|e| wire_error(&e))
     }
 
     fn flush(&self) -> Result<(), BackendError> {
+        #[cfg(feature = "fault-injection")]
+        self.faults.check(FaultOp::Flush)?;
         self.replica().and_then(|r| r.flush()).map_err(|e| wire_error(&e))
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>, BackendError> {
+        #[cfg(feature = "fault-injection")]
+        self.faults.check(FaultOp::BlockStatus)?;
+        self.replica()
+            .and_then(|r| r.allocated_ranges(offset, len))
+            .map_err(|e| wire_error(&e))
     }
 }
 
