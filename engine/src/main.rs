@@ -9,8 +9,6 @@ use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use corral_proto::v1::{self, controller_service_client::ControllerServiceClient};
 use engine::daemon::{ServeConfig, serve};
 use engine::frontend::NbdListen;
-use indicatif::{ProgressBar, ProgressStyle};
-use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
 #[derive(Parser, Debug)]
@@ -46,7 +44,7 @@ enum Cmd {
         #[arg(long, env = "CORRAL_VOLUME")]
         volume: String,
         /// Volume size (bytes, or with K/M/G/T), a multiple of 4096.
-        #[arg(long, env = "CORRAL_VOLUME_SIZE", value_parser = parse_size)]
+        #[arg(long, env = "CORRAL_VOLUME_SIZE", value_parser = corral_daemon::parse_size)]
         size: u64,
         /// gRPC ControllerService address.
         #[arg(long, env = "CORRAL_ENGINE_LISTEN", default_value = "127.0.0.1:9501")]
@@ -87,7 +85,7 @@ enum Cmd {
     },
     /// Grow the volume.
     Expand {
-        #[arg(long, value_parser = parse_size)]
+        #[arg(long, value_parser = corral_daemon::parse_size)]
         size: u64,
     },
     /// Rebuild progress of replicas being added.
@@ -129,48 +127,6 @@ enum SnapCmd {
     Purge,
 }
 
-fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?}: expected a number with an optional K/M/G/T suffix"))?;
-    let shift = match unit.to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kib" => 10,
-        "m" | "mib" => 20,
-        "g" | "gib" => 30,
-        "t" | "tib" => 40,
-        u => return Err(format!("{s:?}: unknown unit {u:?}")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("{s:?}: too large"))
-}
-
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        b.json().init();
-    } else {
-        b.init();
-    }
-}
-
-async fn shutdown_signal(cancel: CancellationToken) {
-    if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-        }
-    }
-    cancel.cancel();
-}
-
 async fn client(url: &str) -> anyhow::Result<ControllerServiceClient<Channel>> {
     let u = format!(
         "http://{}",
@@ -200,24 +156,10 @@ fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce() -> String)
     Ok(())
 }
 
-fn bar(msg: &str) -> ProgressBar {
-    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        let b = ProgressBar::new(100);
-        b.set_style(
-            ProgressStyle::with_template("{msg} [{bar:40}] {pos}%")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        b.set_message(msg.to_owned());
-        b
-    } else {
-        ProgressBar::hidden()
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(&cli.log_format);
+    corral_daemon::init_logging(&cli.log_format);
     let json = cli.json;
     match cli.cmd {
         Cmd::Serve {
@@ -235,8 +177,7 @@ async fn main() -> anyhow::Result<()> {
             if frontend != "nbd" {
                 bail!("frontend {frontend:?} is not supported (only nbd)");
             }
-            let cancel = CancellationToken::new();
-            tokio::spawn(shutdown_signal(cancel.clone()));
+            let cancel = corral_daemon::shutdown_on_signal();
             let cfg = ServeConfig {
                 volume,
                 size,
@@ -325,7 +266,7 @@ async fn main() -> anyhow::Result<()> {
                     format!("{} added ({}), rebuilding", r.address, r.mode)
                 });
             }
-            let b = bar(&format!("rebuilding {}", r.address));
+            let b = corral_daemon::percent_bar(&format!("rebuilding {}", r.address));
             loop {
                 let s = c.rebuild_status(v1::Empty {}).await?.into_inner();
                 let Some(j) = s.replicas.into_iter().find(|j| j.address == r.address) else {
@@ -475,7 +416,7 @@ async fn snapshot(url: &str, json: bool, cmd: SnapCmd) -> anyhow::Result<()> {
         }
         SnapCmd::Purge => {
             c.snapshot_purge(v1::Empty {}).await?;
-            let b = bar("purging");
+            let b = corral_daemon::percent_bar("purging");
             loop {
                 let s = c.snapshot_purge_status(v1::Empty {}).await?.into_inner();
                 b.set_position(u64::from(s.progress));

@@ -5,34 +5,14 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use corral_daemon::{human_bytes, percent_bar};
 use corral_proto::REPLICA_SYNC_AGENT_PORT_OFFSET;
 use corral_proto::v1::{
     self, replica_service_client::ReplicaServiceClient, sync_agent_service_client::SyncAgentServiceClient,
 };
-use indicatif::{ProgressBar, ProgressStyle};
 use tonic::transport::Channel;
 
 use crate::replica::ReplicaStatus;
-
-/// Parses a byte size: a plain number, or one with a binary suffix (`K`, `M`, `G`, `T`, also `KiB`... and `B`).
-pub fn parse_size(s: &str) -> Result<u64, String> {
-    let t = s.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num
-        .parse()
-        .map_err(|_| format!("{s:?}: expected a number with an optional K/M/G/T suffix"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        "t" | "tb" | "tib" => 40,
-        other => return Err(format!("{s:?}: unknown unit {other:?}")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("{s:?}: too large"))
-}
 
 /// `HOST:PORT` (or `tcp://HOST:PORT`, `http://HOST:PORT`) → the control URL and the sync-agent URL.
 pub fn endpoints(url: &str) -> anyhow::Result<(String, String)> {
@@ -66,17 +46,6 @@ pub async fn sync_agent(url: &str) -> anyhow::Result<SyncAgentServiceClient<Chan
         .with_context(|| format!("connect to sync agent at {s}"))
 }
 
-fn human(bytes: u64) -> String {
-    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
-    let mut v = bytes;
-    let mut u = 0;
-    while v >= 1024 * 10 && u + 1 < UNITS.len() {
-        v /= 1024;
-        u += 1;
-    }
-    format!("{v} {}", UNITS[u])
-}
-
 /// Prints an offline or online status as a table (or JSON).
 pub fn print_status(s: &ReplicaStatus, json: bool) -> anyhow::Result<()> {
     if json {
@@ -87,7 +56,7 @@ pub fn print_status(s: &ReplicaStatus, json: bool) -> anyhow::Result<()> {
     t.load_style(UTF8_FULL_CONDENSED);
     t.add_row(vec!["state", &s.state]);
     t.add_row(vec!["directory", &s.dir]);
-    t.add_row(vec!["size", &format!("{} ({})", human(s.size), s.size)]);
+    t.add_row(vec!["size", &format!("{} ({})", human_bytes(s.size), s.size)]);
     t.add_row(vec!["head", &s.head]);
     t.add_row(vec![
         "dirty / rebuilding",
@@ -156,7 +125,7 @@ fn print_disks(chain: &[String], disks: impl Iterator<Item = DiskRow>) {
         t.add_row(vec![
             name,
             if parent.is_empty() { "-".into() } else { parent },
-            human(size),
+            human_bytes(size),
             live.into(),
             if removed { "yes".into() } else { String::new() },
             if user { "yes".into() } else { String::new() },
@@ -176,7 +145,7 @@ pub fn print_replica(r: &v1::Replica, json: bool) -> anyhow::Result<()> {
     println!(
         "state {}  size {}  head {}  revision counter {}",
         r.state,
-        human(r.size),
+        human_bytes(r.size),
         r.head,
         if r.revision_counter_disabled {
             "disabled".into()
@@ -219,17 +188,7 @@ where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = anyhow::Result<(String, u32, String)>>,
 {
-    let bar = if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
-        let b = ProgressBar::new(100);
-        b.set_style(
-            ProgressStyle::with_template("{msg} [{bar:40}] {pos}%")
-                .unwrap_or_else(|_| ProgressStyle::default_bar()),
-        );
-        b.set_message(what.to_owned());
-        b
-    } else {
-        ProgressBar::hidden()
-    };
+    let bar = percent_bar(what);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(24 * 3600);
     loop {
         let (state, progress, error) = poll().await?;
@@ -248,17 +207,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn sizes_take_binary_suffixes_and_refuse_garbage() {
-        assert_eq!(parse_size("4096"), Ok(4096));
-        assert_eq!(parse_size("10G"), Ok(10 << 30));
-        assert_eq!(parse_size("1TiB"), Ok(1 << 40));
-        assert_eq!(parse_size("512k"), Ok(512 << 10));
-        assert!(parse_size("10X").is_err());
-        assert!(parse_size("G").is_err());
-        assert!(parse_size("99999999999T").is_err());
-    }
 
     #[test]
     fn urls_map_to_control_and_sync_agent_ports() {

@@ -6,9 +6,8 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use corral_proto::v1;
-use replica::cli::{self, control, parse_labels, print_replica, print_status, sync_agent, wait_job};
+use replica::cli::{control, parse_labels, print_replica, print_status, sync_agent, wait_job};
 use replica::daemon::{ServeConfig, serve};
-use tokio_util::sync::CancellationToken;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -36,7 +35,7 @@ enum Cmd {
         listen: SocketAddr,
         /// Create the replica with this size in bytes (a multiple of 4096) when the directory holds none;
         /// when it holds one, the size must match.
-        #[arg(long, env = "CORRAL_REPLICA_SIZE", value_parser = cli::parse_size)]
+        #[arg(long, env = "CORRAL_REPLICA_SIZE", value_parser = corral_daemon::parse_size)]
         size: Option<u64>,
         /// Read-only raw image used as the bottom layer.
         #[arg(long, env = "CORRAL_REPLICA_BACKING_FILE")]
@@ -127,38 +126,10 @@ enum SnapCmd {
     },
 }
 
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        b.json().init();
-    } else {
-        b.init();
-    }
-}
-
-async fn shutdown_signal(cancel: CancellationToken) {
-    let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-        Ok(s) => s,
-        Err(e) => {
-            tracing::error!(error = %e, "cannot install SIGTERM handler");
-            return;
-        }
-    };
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
-    }
-    cancel.cancel();
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(&cli.log_format);
+    corral_daemon::init_logging(&cli.log_format);
     match cli.cmd {
         Cmd::Serve {
             dir,
@@ -173,8 +144,7 @@ async fn main() -> anyhow::Result<()> {
             #[cfg(feature = "fault-injection")]
             faults,
         } => {
-            let cancel = CancellationToken::new();
-            tokio::spawn(shutdown_signal(cancel.clone()));
+            let cancel = corral_daemon::shutdown_on_signal();
             let data = data_protocol::ServerConfig {
                 window: data_window,
                 io_threads,

@@ -1,0 +1,108 @@
+//! The conventions every Corral binary follows, in one place so the daemons behave alike: logs on stderr as text or
+//! JSON (`--log-format`, `RUST_LOG`), SIGTERM/SIGINT turned into a cancellation, byte sizes with binary suffixes on
+//! the command line, and progress bars only when a human is watching.
+
+use std::time::Duration;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use tokio_util::sync::CancellationToken;
+
+/// Sets up `tracing` on stderr: `json` for JSON lines, anything else for text. `RUST_LOG` sets the level
+/// (default `info`).
+pub fn init_logging(format: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+    if format == "json" {
+        b.json().init();
+    } else {
+        b.init();
+    }
+}
+
+/// A token cancelled on the first SIGTERM or SIGINT (the daemons' clean-shutdown trigger).
+pub fn shutdown_on_signal() -> CancellationToken {
+    let cancel = CancellationToken::new();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM: shutting down"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: shutting down"),
+            },
+            Err(e) => {
+                tracing::error!(error = %e, "cannot install the SIGTERM handler; only SIGINT stops cleanly");
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+        c.cancel();
+    });
+    cancel
+}
+
+/// Parses a byte size: a number, optionally with a binary suffix `K`, `M`, `G`, `T` (also `KiB`, `KB`, ... and `B`).
+pub fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("{s:?}: expected a number with an optional K/M/G/T suffix"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        "t" | "tb" | "tib" => 40,
+        other => return Err(format!("{s:?}: unknown unit {other:?}")),
+    };
+    n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?}: too large"))
+}
+
+/// Renders a byte count for humans (`10 GiB`, `512 KiB`).
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes;
+    let mut u = 0;
+    while v >= 1024 * 10 && u + 1 < UNITS.len() {
+        v /= 1024;
+        u += 1;
+    }
+    format!("{v} {}", UNITS[u])
+}
+
+/// A percent progress bar on stderr when it is a terminal, hidden otherwise (scripts and logs stay clean).
+pub fn percent_bar(message: &str) -> ProgressBar {
+    if std::io::IsTerminal::is_terminal(&std::io::stderr()) {
+        let b = ProgressBar::new(100);
+        b.set_style(
+            ProgressStyle::with_template("{msg} [{bar:40}] {pos}% {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        b.set_message(message.to_owned());
+        b.enable_steady_tick(Duration::from_millis(200));
+        b
+    } else {
+        ProgressBar::hidden()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_take_binary_suffixes_and_refuse_garbage() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("10G"), Ok(10 << 30));
+        assert_eq!(parse_size("1TiB"), Ok(1 << 40));
+        assert_eq!(parse_size("512k"), Ok(512 << 10));
+        assert!(parse_size("10X").is_err());
+        assert!(parse_size("G").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn human_bytes_picks_a_readable_unit() {
+        assert_eq!(human_bytes(512), "512 B");
+        assert_eq!(human_bytes(10 << 30), "10 GiB");
+    }
+}
