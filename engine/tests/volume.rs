@@ -298,3 +298,37 @@ async fn nbdinfo_map_shows_holes_where_nothing_was_written() {
         "{text}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_adding_a_replica_skips_snapshot_files_whose_recorded_checksums_match() {
+    let t = tempfile::tempdir().unwrap();
+    let rs = replicas(t.path(), 2, &[]);
+    let e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
+    assert!(qemu_io(&e.unix_uri(), &["write -P 0x61 0 16M", "flush"]).0);
+    assert!(e.cli(&["snapshot", "create", "s1"]).status.success());
+    // Record the snapshot's checksum on both replicas (what a periodic hash job does).
+    for r in &rs {
+        let out = Command::new(common::bin("corral-replica"))
+            .args(["hash", "--url", &format!("127.0.0.1:{}", r.port), "s1"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    }
+    // Replica 1 leaves and comes back: its s1 is identical and recorded, so only newer data moves.
+    assert!(e.cli(&["replica", "rm", &rs[1].address()]).status.success());
+    assert!(qemu_io(&e.unix_uri(), &["write -P 0x62 32M 1M", "flush"]).0);
+    let out = e.cli(&["replica", "add", &rs[1].address(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let job: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (sent, skipped) = (
+        job["bytesTransferred"].as_u64().unwrap(),
+        job["bytesSkipped"].as_u64().unwrap(),
+    );
+    assert!(skipped >= 16 << 20, "s1 (16 MiB) must be skipped whole: {job}");
+    assert!(sent <= 2 << 20, "only the data written since may move: {job}");
+    let want = rs[0].flattened(SIZE).await;
+    assert!(
+        rs[1].flattened(SIZE).await == want,
+        "the re-added replica differs"
+    );
+}

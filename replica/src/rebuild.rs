@@ -196,7 +196,7 @@ async fn run(
                 return Err("cancelled".into());
             }
             let source = &req.from_addresses[(i + attempt) % req.from_addresses.len()];
-            match sync_one(dir, listen_ip, source, &f.name, req.fast_sync, tracker, cancel).await {
+            match sync_one(dir, listen_ip, source, f, req.fast_sync, tracker, cancel).await {
                 Ok(()) => {
                     ok = true;
                     break;
@@ -230,11 +230,12 @@ async fn sync_one(
     dir: &std::path::Path,
     listen_ip: IpAddr,
     source: &str,
-    file: &str,
+    disk: &v1::DiskInfo,
     fast: bool,
     tracker: &RebuildTracker,
     cancel: &CancellationToken,
 ) -> Result<(), String> {
+    let file = disk.name.as_str();
     let mut cfg = ReceiverConfig::new(dir.join(file));
     cfg.keep_partial = true;
     cfg.idle_timeout = Duration::from_secs(120);
@@ -265,10 +266,13 @@ async fn sync_one(
         .map_err(|e| e.to_string())?
         .map_err(|e| e.to_string())?;
     tracker.transferred.fetch_add(sent.bytes_sent, Ordering::Relaxed);
-    tracker.skipped.fetch_add(
-        sent.bytes_skipped + if sent.file_skipped { sent.data_bytes } else { 0 },
-        Ordering::Relaxed,
-    );
+    // A whole-file skip moves nothing: the file's allocated size counts as skipped.
+    let skipped = if sent.file_skipped {
+        sent.data_bytes.max(disk.size)
+    } else {
+        sent.bytes_skipped
+    };
+    tracker.skipped.fetch_add(skipped, Ordering::Relaxed);
     info!(
         file,
         source,
