@@ -7,12 +7,14 @@ use std::time::Duration;
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
 
-/// Sets up `tracing` on stderr: `json` for JSON lines, anything else for text. `RUST_LOG` sets the level
-/// (default `info`).
-pub fn init_logging(format: &str) {
+/// Sets up `tracing` on stderr: `json` for JSON lines, anything else for text. `RUST_LOG` sets the level,
+/// `default_level` applies without it (`info` for daemons, `warn` for one-shot commands).
+pub fn init_logging(format: &str, default_level: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let b = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr);
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
+    let b = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
     if format == "json" {
         b.json().init();
     } else {
@@ -45,7 +47,9 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("{s:?}: expected a number with an optional K/M/G/T suffix"))?;
+    let n: u64 = num
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number with an optional K/M/G/T suffix"))?;
     let shift = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
@@ -54,7 +58,8 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
         "t" | "tb" | "tib" => 40,
         other => return Err(format!("{s:?}: unknown unit {other:?}")),
     };
-    n.checked_mul(1 << shift).ok_or_else(|| format!("{s:?}: too large"))
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("{s:?}: too large"))
 }
 
 /// Renders a byte count for humans (`10 GiB`, `512 KiB`).

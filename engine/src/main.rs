@@ -159,7 +159,7 @@ fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce() -> String)
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    corral_daemon::init_logging(&cli.log_format);
+    corral_daemon::init_logging(&cli.log_format, "info");
     let json = cli.json;
     match cli.cmd {
         Cmd::Serve {

@@ -129,7 +129,7 @@ enum SnapCmd {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    corral_daemon::init_logging(&cli.log_format);
+    corral_daemon::init_logging(&cli.log_format, "info");
     match cli.cmd {
         Cmd::Serve {
             dir,

@@ -72,7 +72,7 @@ enum Cmd {
         #[arg(long)]
         fiemap: bool,
         /// Upper bound of data sent per second, bytes (suffixes K, M, G).
-        #[arg(long, value_parser = parse_bytes)]
+        #[arg(long, value_parser = corral_daemon::parse_size)]
         max_rate: Option<u64>,
         /// Retries of a request on transient errors.
         #[arg(long, default_value_t = 8)]
@@ -102,31 +102,6 @@ enum Cmd {
         #[arg(long)]
         record: bool,
     },
-}
-
-fn parse_bytes(s: &str) -> Result<u64, String> {
-    let (num, mult) = match s.trim().to_ascii_uppercase() {
-        t if t.ends_with('K') => (t[..t.len() - 1].to_string(), 1u64 << 10),
-        t if t.ends_with('M') => (t[..t.len() - 1].to_string(), 1 << 20),
-        t if t.ends_with('G') => (t[..t.len() - 1].to_string(), 1 << 30),
-        t => (t, 1),
-    };
-    num.parse::<u64>()
-        .map(|n| n.saturating_mul(mult))
-        .map_err(|e| format!("{s}: {e}"))
-}
-
-fn init_logging(format: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    if format == "json" {
-        builder.json().init();
-    } else {
-        builder.init();
-    }
 }
 
 fn mode(fiemap: bool) -> LayoutMode {
@@ -171,7 +146,7 @@ fn progress_bar(
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    init_logging(&cli.log_format);
+    corral_daemon::init_logging(&cli.log_format, "warn");
     match cli.cmd {
         Cmd::Serve {
             listen,
