@@ -1,5 +1,5 @@
 //! The sync protocol's wire types: routes, JSON messages, and the binary range-list body (documented in
-//! `PROTOCOL.md`). The decoder is the only parser of untrusted bytes in the receiver and never panics.
+//! `docs/formats.md` §4). The decoder is the only parser of untrusted bytes in the receiver and never panics.
 
 use std::ops::Range;
 
