@@ -4,7 +4,7 @@
 #
 #   docker/build.sh [IMAGE...]        default: every docker/*/Dockerfile
 #
-# Steps: release binaries built on the host (`cargo build --release --bins`, the shared target dir, so a build that
+# Steps: release binaries built on the host (`cargo build --release --bin IMAGE...`, the shared target dir, so a build that
 # already happened costs nothing), copied with debug info stripped (symbols kept: panics still name functions) into
 # one small build context per image; the base image made locally when no BASE is given and corral-base:bookworm is
 # missing (no registry is reachable on the project's machines); then `docker build` per image.
@@ -69,8 +69,10 @@ created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
 # --- binaries ------------------------------------------------------------------------------------------------------
 if [ "${CORRAL_SKIP_CARGO:-0}" != 1 ]; then
-  log "cargo build --release --bins (target dir $target_dir)"
-  (cd "$repo" && CARGO_TARGET_DIR="$target_dir" cargo build --release --bins --locked)
+  bin_flags=()
+  for image in "${images[@]}"; do bin_flags+=(--bin "$image"); done
+  log "cargo build --release ${bin_flags[*]} (target dir $target_dir)"
+  (cd "$repo" && CARGO_TARGET_DIR="$target_dir" cargo build --release --locked "${bin_flags[@]}")
 fi
 for image in "${images[@]}"; do
   [ -x "$target_dir/release/$image" ] || {

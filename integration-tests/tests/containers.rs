@@ -25,9 +25,7 @@ fn repo_root() -> PathBuf {
 
 fn run(cmd: &mut Command) -> Output {
     let shown = format!("{cmd:?}");
-    let out = cmd
-        .output()
-        .unwrap_or_else(|e| panic!("spawn {shown}: {e}"));
+    let out = cmd.output().unwrap_or_else(|e| panic!("spawn {shown}: {e}"));
     if !out.status.success() {
         panic!(
             "{shown} failed ({}):\n--- stdout\n{}\n--- stderr\n{}",
@@ -89,9 +87,11 @@ fn target_dir() -> PathBuf {
 }
 
 fn workspace_version() -> String {
-    let out = run(Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(["pkgid", "-p", "replica"])
-        .current_dir(repo_root()));
+    let out = run(
+        Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+            .args(["pkgid", "-p", "replica"])
+            .current_dir(repo_root()),
+    );
     // path+file:///work/main/replica#0.1.0
     let id = stdout(&out);
     id.rsplit(['#', '@'])
@@ -177,7 +177,10 @@ fn wait_until<T>(what: &str, deadline: Duration, mut probe: impl FnMut() -> Opti
         if let Some(v) = probe() {
             return v;
         }
-        assert!(Instant::now() < end, "timed out after {deadline:?} waiting for {what}");
+        assert!(
+            Instant::now() < end,
+            "timed out after {deadline:?} waiting for {what}"
+        );
         std::thread::sleep(Duration::from_millis(300));
     }
 }
@@ -263,9 +266,17 @@ fn images_build_and_compose_cluster_keeps_serving_nbd_after_a_replica_container_
         .expect("image size");
         let mib = bytes / 1048576.0;
         eprintln!("{tag}: {mib:.1} MiB");
-        assert!(mib < MAX_IMAGE_MIB, "{tag} is {mib:.1} MiB, over {MAX_IMAGE_MIB} MiB");
+        assert!(
+            mib < MAX_IMAGE_MIB,
+            "{tag} is {mib:.1} MiB, over {MAX_IMAGE_MIB} MiB"
+        );
 
-        let v = stdout(&run(Command::new("docker").args(["run", "--rm", &tag, "--version"])));
+        let v = stdout(&run(Command::new("docker").args([
+            "run",
+            "--rm",
+            &tag,
+            "--version",
+        ])));
         assert_eq!(v, format!("{image} {version}"), "{tag} --version");
         let help = stdout(&run(Command::new("docker").args(["run", "--rm", &tag, "--help"])));
         assert!(help.contains("Usage:"), "{tag} --help:\n{help}");
@@ -276,7 +287,11 @@ fn images_build_and_compose_cluster_keeps_serving_nbd_after_a_replica_container_
             "{{index .Config.Labels \"org.opencontainers.image.version\"}} {{.Config.User}}",
             &tag,
         ])));
-        assert_eq!(labels, format!("{version} 10001:10001"), "{tag} version label and user");
+        assert_eq!(
+            labels,
+            format!("{version} 10001:10001"),
+            "{tag} version label and user"
+        );
     }
 
     // 2. The compose cluster, under a project name and host port of its own.
@@ -298,9 +313,11 @@ fn images_build_and_compose_cluster_keeps_serving_nbd_after_a_replica_container_
     let up = Instant::now();
     run(project.command().args(["up", "-d"]));
     let engine = project.container_id("engine");
-    wait_until("the engine container to be healthy", Duration::from_secs(90), || {
-        (health(&engine) == "healthy").then_some(())
-    });
+    wait_until(
+        "the engine container to be healthy",
+        Duration::from_secs(90),
+        || (health(&engine) == "healthy").then_some(()),
+    );
     let modes = wait_until("three RW replicas", Duration::from_secs(30), || {
         replica_modes(&engine).filter(|m| m.len() == 3 && m.iter().all(|(_, mode)| mode == "RW"))
     });
@@ -310,7 +327,12 @@ fn images_build_and_compose_cluster_keeps_serving_nbd_after_a_replica_container_
     let uri = format!("nbd://127.0.0.1:{port}");
     qemu_io(
         &uri,
-        &["write -P 0xab 0 4M", "read -P 0xab 0 4M", "write -P 0x5c 100M 1M", "flush"],
+        &[
+            "write -P 0xab 0 4M",
+            "read -P 0xab 0 4M",
+            "write -P 0x5c 100M 1M",
+            "flush",
+        ],
     );
 
     // 4. Lose a node: SIGKILL replica-2's container. The volume keeps serving: old data reads back, new writes
