@@ -1,0 +1,95 @@
+#!/usr/bin/env python3
+"""Turns fio JSON into the data-path table of bench/datapath/run.sh.
+
+  fio_summary.py row JOB TARGET FIO.json   -> one TSV row: job target iops mib_s p50_us p99_us
+  fio_summary.py table RESULTS.tsv         -> the table with ratios to nbdkit (a) and qemu-nbd (a'), then the
+                                              issue's targets, each marked met / MISSED (benchmarked, not asserted)
+"""
+import json
+import sys
+
+TARGET_LABELS = {
+    "a": "(a) nbdkit file",
+    "a2": "(a') qemu-nbd",
+    "b": "(b) engine 1r",
+    "c": "(c) engine 3r",
+    "d": "(d) engine 3r+rev",
+}
+
+
+def row(job, target, path):
+    with open(path) as f:
+        text = f.read()
+    # fio may print text lines before the JSON; run.sh strips them, this is a second guard.
+    data = json.loads(text[text.index("{"):])
+    j = data["jobs"][0]
+    if j.get("error"):
+        sys.exit(f"{path}: fio job error {j['error']}")
+    side = j["write"] if j["write"]["io_bytes"] > j["read"]["io_bytes"] else j["read"]
+    pct = side["clat_ns"].get("percentile", {})
+    p50 = pct.get("50.000000", 0) / 1000
+    p99 = pct.get("99.000000", 0) / 1000
+    print(f"{job}\t{target}\t{side['iops']:.0f}\t{side['bw_bytes'] / 2**20:.1f}\t{p50:.0f}\t{p99:.0f}")
+
+
+def ratio(x, base):
+    return f"{x / base:.2f}" if base else "-"
+
+
+def table(path):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            job, target, iops, mib, p50, p99 = line.rstrip("\n").split("\t")
+            rows.append((job, target, float(iops), float(mib), float(p50), float(p99)))
+    iops = {(r[0], r[1]): r[2] for r in rows}
+    jobs = list(dict.fromkeys(r[0] for r in rows))
+
+    header = ["job", "target", "IOPS", "MiB/s", "p50 µs", "p99 µs", "×(a)", "×(a')"]
+    out = [header]
+    for job in jobs:
+        for r in rows:
+            if r[0] != job:
+                continue
+            a, a2 = iops.get((job, "a")), iops.get((job, "a2"))
+            out.append([job, TARGET_LABELS.get(r[1], r[1]), f"{r[2]:.0f}", f"{r[3]:.1f}", f"{r[4]:.0f}",
+                        f"{r[5]:.0f}", ratio(r[2], a), ratio(r[2], a2)])
+    widths = [max(len(x[i]) for x in out) for i in range(len(header))]
+    left = {0, 1}
+
+    def fmt(cells):
+        return "| " + " | ".join(c.ljust(w) if i in left else c.rjust(w)
+                                 for i, (c, w) in enumerate(zip(cells, widths))) + " |"
+
+    print(fmt(out[0]))
+    print("|" + "|".join("-" * (w + 1) + (":" if i not in left else "-") for i, w in enumerate(widths)) + "|")
+    for cells in out[1:]:
+        print(fmt(cells))
+
+    print()
+    print("Targets of issue 4 (benchmarked, not asserted):")
+
+    def check(desc, pairs, want):
+        got = [(job, x / base) for job, x, base in pairs if x is not None and base]
+        if not got:
+            print(f"  {desc}: not measured")
+            return
+        worst_job, worst = min(got, key=lambda g: g[1])
+        ok = "met" if worst >= want else "MISSED"
+        detail = ", ".join(f"{job} {r:.2f}" for job, r in got)
+        print(f"  {desc}: {ok} (worst {worst:.2f} on {worst_job}; {detail})")
+
+    writes = [j for j in jobs if "write" in j]
+    check("(b) >= 0.8x nbdkit, every job", [(j, iops.get((j, "b")), iops.get((j, "a"))) for j in jobs], 0.8)
+    check("(b) >= 1.0x qemu-nbd, every job", [(j, iops.get((j, "b")), iops.get((j, "a2"))) for j in jobs], 1.0)
+    check("(c) writes >= 0.5x nbdkit", [(j, iops.get((j, "c")), iops.get((j, "a"))) for j in writes], 0.5)
+    check("(d) >= 0.9x (c), every job", [(j, iops.get((j, "d")), iops.get((j, "c"))) for j in jobs], 0.9)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 5 and sys.argv[1] == "row":
+        row(*sys.argv[2:])
+    elif len(sys.argv) == 3 and sys.argv[1] == "table":
+        table(sys.argv[2])
+    else:
+        sys.exit(__doc__)

@@ -1,0 +1,215 @@
+#!/usr/bin/env bash
+# Data-path benchmark of the engine (issue 4): fio over NBD against two peer NBD servers and three engine set-ups,
+# all in one run on the same disk, with each Corral figure given as a ratio to the peers measured beside it.
+#
+#   bench/datapath/run.sh                       # 15 s per job, 2 GiB volume
+#   RUNTIME=5 SIZE=1G bench/datapath/run.sh     # quick run
+#
+# Targets: (a) nbdkit file, (a') qemu-nbd raw, (b) engine + 1 replica, (c) engine + 3 replicas on loopback,
+# (b) and (c) with --disable-revision-counter on the engine and on every replica, (d) as (c) with the counter on.
+# Jobs: 4 KiB randread / randwrite at iodepth 1 and 32, 1 MiB sequential write at iodepth 8; every job runs for
+# RUNTIME seconds after the whole device was written once with 1 MiB writes (reads then hit data, not holes).
+#
+# Environment:
+#   RUNTIME   seconds per job (15)           SIZE      volume / file size (2G)
+#   TARGETS   subset to run, e.g. "a a2 b"   BENCH_DIR where data lives (/var/tmp; the same disk for every target)
+#   BIN_DIR   use corral-* binaries from here and skip the build (default: build into CARGO_TARGET_DIR or target/)
+#   KEEP=1    keep the work directory (fio JSON, daemon logs, top samples)
+#   TOP=1     sample `top -b -n1` in the middle of every job into the work directory
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+HERE="$ROOT/bench/datapath"
+RUNTIME="${RUNTIME:-15}"
+SIZE="${SIZE:-2G}"
+TARGETS="${TARGETS:-a a2 b c d}"
+BENCH_DIR="${BENCH_DIR:-/var/tmp}"
+READY_DEADLINE=30 # seconds a daemon gets to open its port or socket
+
+for tool in fio nbdkit qemu-nbd python3; do
+  command -v "$tool" >/dev/null || { echo "run.sh: $tool is missing (apt-get install -y fio nbdkit qemu-utils)" >&2; exit 1; }
+done
+
+if [[ -z "${BIN_DIR:-}" ]]; then
+  (cd "$ROOT" && cargo build --release --bins -q)
+  BIN_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/release"
+fi
+WORK="$(mktemp -d "$BENCH_DIR/corral-datapath.XXXXXX")"
+# Run private copies: a concurrent build into the shared target directory must not swap binaries mid-run.
+mkdir -p "$WORK/bin"
+cp "$BIN_DIR/corral-replica" "$BIN_DIR/corral-engine" "$WORK/bin/"
+REPLICA_BIN="$WORK/bin/corral-replica"
+ENGINE_BIN="$WORK/bin/corral-engine"
+RESULTS="$WORK/results.tsv"
+: >"$RESULTS"
+PIDS=()
+
+# Stops the given PIDs: TERM, up to 5 s grace, then KILL. Only processes this script started are ever passed in.
+stop_pids() {
+  local pid
+  for pid in "$@"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "$@"; do
+    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+}
+
+cleanup() {
+  local rc=$?
+  trap - EXIT INT TERM
+  if ((${#PIDS[@]})); then stop_pids "${PIDS[@]}"; fi
+  if [[ "${KEEP:-0}" == 1 || $rc -ne 0 ]]; then
+    # Drop the bulky data, keep the evidence.
+    find "$WORK" \( -name '*.img' -o -path '*/replica-*/*' \) -type f -delete 2>/dev/null || true
+    echo "work directory kept: $WORK" >&2
+  else
+    rm -rf "$WORK"
+  fi
+  exit $rc
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# A base port P with P, P+1 and P+2 free on 127.0.0.1 (the replica uses all three).
+free_port_triple() {
+  python3 - <<'EOF'
+import random, socket
+for _ in range(200):
+    p = random.randrange(20000, 60000)
+    socks = []
+    try:
+        for q in (p, p + 1, p + 2):
+            s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            s.bind(("127.0.0.1", q)); socks.append(s)
+        print(p); break
+    except OSError:
+        pass
+    finally:
+        for s in socks: s.close()
+else:
+    raise SystemExit("no free port triple")
+EOF
+}
+
+# wait_until DESC PID CMD...: polls CMD every 50 ms until it succeeds, PID dies, or the deadline passes.
+wait_until() {
+  local desc=$1 pid=$2; shift 2
+  local deadline=$((SECONDS + READY_DEADLINE))
+  until "$@" 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || { echo "run.sh: $desc exited before it was ready" >&2; return 1; }
+    ((SECONDS < deadline)) || { echo "run.sh: $desc not ready after ${READY_DEADLINE}s" >&2; return 1; }
+    sleep 0.05
+  done
+}
+port_open() { python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.2).close()' "$1"; }
+replica_ready() { port_open "$1" && port_open $(($1 + 1)) && port_open $(($1 + 2)); }
+socket_ready() { [[ -S "$1" ]] && python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.settimeout(0.2); s.connect(sys.argv[1]); s.close()' "$1"; }
+
+# start LOG CMD...: runs CMD in the background, logging to LOG; its PID is in $LAST_PID and in PIDS for the trap.
+start() {
+  local log=$1; shift
+  "$@" >"$log" 2>&1 &
+  LAST_PID=$!
+  PIDS+=("$LAST_PID")
+}
+
+# Starts the servers of target $1; sets URI and TARGET_PIDS.
+start_target() {
+  local t=$1 tdir="$WORK/$1"
+  mkdir -p "$tdir"
+  TARGET_PIDS=()
+  case $t in
+    a)
+      truncate -s "$SIZE" "$tdir/disk.img"
+      start "$tdir/nbdkit.log" nbdkit -f -U "$tdir/nbd.sock" file "$tdir/disk.img"
+      TARGET_PIDS+=("$LAST_PID")
+      wait_until nbdkit "$LAST_PID" socket_ready "$tdir/nbd.sock"
+      URI="nbd+unix:///?socket=$tdir/nbd.sock" ;;
+    a2)
+      truncate -s "$SIZE" "$tdir/disk.img"
+      start "$tdir/qemu-nbd.log" qemu-nbd -f raw -k "$tdir/nbd.sock" -t "$tdir/disk.img"
+      TARGET_PIDS+=("$LAST_PID")
+      wait_until qemu-nbd "$LAST_PID" socket_ready "$tdir/nbd.sock"
+      URI="nbd+unix:///?socket=$tdir/nbd.sock" ;;
+    b | c | d)
+      local n=3 rc=()
+      [[ $t == b ]] && n=1
+      [[ $t != d ]] && rc=(--disable-revision-counter)
+      local replicas=() i p
+      for ((i = 0; i < n; i++)); do
+        p=$(free_port_triple)
+        mkdir -p "$tdir/replica-$i"
+        start "$tdir/replica-$i.log" "$REPLICA_BIN" serve --dir "$tdir/replica-$i" --listen "127.0.0.1:$p" \
+          --size "$SIZE" --volume bench "${rc[@]}"
+        TARGET_PIDS+=("$LAST_PID")
+        wait_until "replica $i" "$LAST_PID" replica_ready "$p"
+        replicas+=(--replica "tcp://127.0.0.1:$p")
+      done
+      p=$(free_port_triple)
+      start "$tdir/engine.log" "$ENGINE_BIN" serve --volume bench --size "$SIZE" --listen "127.0.0.1:$p" \
+        "${replicas[@]}" --nbd-listen "unix:$tdir/nbd.sock" "${rc[@]}"
+      TARGET_PIDS+=("$LAST_PID")
+      wait_until engine "$LAST_PID" socket_ready "$tdir/nbd.sock"
+      URI="nbd+unix:///bench?socket=$tdir/nbd.sock" ;;
+    *) echo "run.sh: unknown target $t" >&2; exit 2 ;;
+  esac
+}
+
+stop_target() {
+  stop_pids "${TARGET_PIDS[@]}"
+  local keep=() pid dead
+  for pid in "${PIDS[@]}"; do
+    dead=0
+    for d in "${TARGET_PIDS[@]}"; do [[ $pid == "$d" ]] && dead=1; done
+    ((dead)) || keep+=("$pid")
+  done
+  PIDS=("${keep[@]+"${keep[@]}"}")
+  # Free the disk before the next target (3 replicas of SIZE each).
+  find "$WORK/$1" \( -name '*.img' -o -path '*/replica-*/*' \) -type f -delete 2>/dev/null || true
+}
+
+# fio_json OUT ARGS...: runs fio with JSON output, strips the text line(s) fio prints before the JSON.
+fio_json() {
+  local out=$1; shift
+  fio --ioengine=nbd --uri="$URI" --output-format=json --name=job "$@" >"$out.raw"
+  sed -n '/^{/,$p' "$out.raw" >"$out"
+}
+
+# name:rw:bs:iodepth
+JOBS=(
+  "randread-4k-qd1:randread:4k:1"
+  "randread-4k-qd32:randread:4k:32"
+  "randwrite-4k-qd1:randwrite:4k:1"
+  "randwrite-4k-qd32:randwrite:4k:32"
+  "seqwrite-1m-qd8:write:1m:8"
+)
+
+echo "# corral datapath bench: $(date -u +%Y-%m-%dT%H:%MZ), $(uname -r), $(nproc) cores, $(findmnt -no FSTYPE,SOURCE --target "$BENCH_DIR" 2>/dev/null || true)," \
+  "git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- engine replica data-protocol proto 2>/dev/null || echo '+dirty')," \
+  "$(fio --version), nbdkit $(nbdkit --version | awk '{print $2}'), $(qemu-nbd --version | head -1 | awk '{print $2}')"
+echo "# SIZE=$SIZE RUNTIME=${RUNTIME}s TARGETS='$TARGETS' load average at start: $(cut -d" " -f1-3 /proc/loadavg)"
+
+for t in $TARGETS; do
+  start_target "$t"
+  echo "# target $t: precondition (1 MiB writes over the whole device)" >&2
+  fio_json "$WORK/$t/precondition.json" --rw=write --bs=1m --iodepth=8 --end_fsync=1
+  for j in "${JOBS[@]}"; do
+    IFS=: read -r name rw bs qd <<<"$j"
+    echo "# target $t: $name (${RUNTIME}s)" >&2
+    # Start every job with no dirty pages of the previous one pending (writeback would land inside this job).
+    sync -f "$WORK"
+    top_pid=
+    if [[ "${TOP:-0}" == 1 ]]; then
+      (sleep "$((RUNTIME / 2 + 1))"; top -b -n1 -w 200 | head -25 >"$WORK/$t/top-$name.txt") &
+      top_pid=$!
+    fi
+    fio_json "$WORK/$t/$name.json" --rw="$rw" --bs="$bs" --iodepth="$qd" --time_based --runtime="$RUNTIME" \
+      --ramp_time=1 --norandommap --randrepeat=0
+    if [[ -n $top_pid ]]; then wait "$top_pid"; fi
+    python3 "$HERE/fio_summary.py" row "$name" "$t" "$WORK/$t/$name.json" >>"$RESULTS"
+  done
+  stop_target "$t"
+done
+
+python3 "$HERE/fio_summary.py" table "$RESULTS"
