@@ -19,8 +19,11 @@ pids=()
 stop() {
   trap - INT TERM EXIT
   echo "stopping..."
-  for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-  wait 2>/dev/null || true
+  # Engine first (it flushes every replica on the way out), then the replicas.
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
+    kill -TERM "${pids[$i]}" 2>/dev/null || true
+    wait "${pids[$i]}" 2>/dev/null || true
+  done
 }
 trap stop INT TERM EXIT
 
