@@ -15,9 +15,11 @@ cargo build --release --bins -q
 bin=target/release
 mkdir -p "$data"
 data=$(cd "$data" && pwd)
+# Daemons run in their own sessions so Ctrl-C reaches only this script, which stops them in order.
 pids=()
 stop() {
-  trap - INT TERM EXIT
+  trap "" INT TERM
+  trap - EXIT
   echo "stopping..."
   # Engine first (it flushes every replica on the way out), then the replicas.
   for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
@@ -39,13 +41,13 @@ wait_port() { # port what
 replicas=()
 for i in $(seq 0 $((n - 1))); do
   port=$((9502 + 10 * i))
-  "$bin/corral-replica" serve --dir "$data/replica-$i" --listen "127.0.0.1:$port" --size "$size" \
+  setsid "$bin/corral-replica" serve --dir "$data/replica-$i" --listen "127.0.0.1:$port" --size "$size" \
     --volume "$volume" >"$data/replica-$i.log" 2>&1 &
   pids+=($!)
   replicas+=(--replica "tcp://127.0.0.1:$port")
   wait_port "$port" "replica $i"
 done
-"$bin/corral-engine" serve --volume "$volume" --size "$size" --listen "127.0.0.1:$engine_port" "${replicas[@]}" \
+setsid "$bin/corral-engine" serve --volume "$volume" --size "$size" --listen "127.0.0.1:$engine_port" "${replicas[@]}" \
   --nbd-listen "unix:$data/$volume.sock" --nbd-listen "tcp:127.0.0.1:$nbd_port" \
   --metrics-listen 127.0.0.1:9601 >"$data/engine.log" 2>&1 &
 pids+=($!)
