@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 
 # command → Debian package
 declare -A tools=(
-  [qemu-img]=qemu-utils [qemu-io]=qemu-utils [nbdinfo]=libnbd-bin [nbdsh]=libnbd-bin [fio]=fio [nbdkit]=nbdkit
-  [rsync]=rsync [mkfs.ext4]=e2fsprogs [losetup]=mount
+  [qemu-img]=qemu-utils [qemu-io]=qemu-utils [qemu-nbd]=qemu-utils [nbdinfo]=libnbd-bin [nbdfuse]=libnbd-bin
+  [nbdsh]=python3-libnbd [fio]=fio [nbdkit]=nbdkit [fusermount3]=fuse3 [rsync]=rsync [mkfs.ext4]=e2fsprogs
+  [losetup]=mount
 )
 missing=()
 for cmd in "${!tools[@]}"; do
@@ -18,7 +19,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ]; then
     echo "installing: ${missing[*]}"
     apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" python3-libnbd >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
   else
     echo "warning: missing ${missing[*]} and not root; tests that need them will fail" >&2
   fi
