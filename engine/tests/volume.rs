@@ -84,9 +84,12 @@ async fn replica_killed_under_load_goes_err_io_continues_and_a_new_replica_rebui
     assert!(e.cli(&["snapshot", "create", "base"]).status.success());
     // A write load in the background while replica 2 is killed.
     let uri = e.unix_uri();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let done_w = done.clone();
     let load = std::thread::spawn(move || {
         let mut failures = Vec::new();
         for i in 0..40u64 {
+            done_w.store(i, std::sync::atomic::Ordering::Release);
             let off = (i % 32) * (1 << 20);
             let (ok, out) = qemu_io(
                 &uri,
@@ -98,7 +101,15 @@ async fn replica_killed_under_load_goes_err_io_continues_and_a_new_replica_rebui
         }
         failures
     });
-    std::thread::sleep(Duration::from_millis(150));
+    // Kill the replica once the load is under way (a few writes in), not after a guessed delay.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while done.load(std::sync::atomic::Ordering::Acquire) < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the write load did not start"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
     rs[2].kill();
     let failures = load.join().unwrap();
     assert!(

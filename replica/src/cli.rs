@@ -80,26 +80,13 @@ pub fn print_status(s: &ReplicaStatus, json: bool) -> anyhow::Result<()> {
         t.add_row(vec!["error", &s.error]);
     }
     println!("{t}");
-    print_disks(
-        &s.chain,
-        s.disks.values().map(|d| {
-            (
-                d.name.clone(),
-                d.parent.clone(),
-                d.size,
-                d.removed,
-                d.user_created,
-                d.created.clone(),
-                d.labels.len(),
-            )
-        }),
-    );
+    // The offline status and the gRPC answer print through one table: convert to the wire form.
+    let r = crate::service::to_proto(s, "");
+    print_disks(&r.chain, r.disks.values());
     Ok(())
 }
 
-type DiskRow = (String, String, u64, bool, bool, String, usize);
-
-fn print_disks(chain: &[String], disks: impl Iterator<Item = DiskRow>) {
+fn print_disks<'a>(chain: &[String], disks: impl Iterator<Item = &'a v1::DiskInfo>) {
     let mut t = Table::new();
     t.load_style(UTF8_FULL_CONDENSED);
     t.set_header(vec![
@@ -112,25 +99,29 @@ fn print_disks(chain: &[String], disks: impl Iterator<Item = DiskRow>) {
         "created",
         "labels",
     ]);
-    let mut rows: Vec<DiskRow> = disks.collect();
+    let mut rows: Vec<&v1::DiskInfo> = disks.collect();
     // Live chain first (head first), then side branches by name.
-    rows.sort_by_key(|r| {
+    rows.sort_by_key(|d| {
         (
-            chain.iter().position(|c| *c == r.0).unwrap_or(usize::MAX),
-            r.0.clone(),
+            chain.iter().position(|c| *c == d.name).unwrap_or(usize::MAX),
+            d.name.clone(),
         )
     });
-    for (name, parent, size, removed, user, created, labels) in rows {
-        let live = if chain.contains(&name) { "yes" } else { "" };
+    let yes = |b: bool| if b { "yes" } else { "" }.to_owned();
+    for d in rows {
         t.add_row(vec![
-            name,
-            if parent.is_empty() { "-".into() } else { parent },
-            human_bytes(size),
-            live.into(),
-            if removed { "yes".into() } else { String::new() },
-            if user { "yes".into() } else { String::new() },
-            created,
-            labels.to_string(),
+            d.name.clone(),
+            if d.parent.is_empty() {
+                "-".into()
+            } else {
+                d.parent.clone()
+            },
+            human_bytes(d.size),
+            yes(chain.contains(&d.name)),
+            yes(d.removed),
+            yes(d.user_created),
+            d.created.clone(),
+            d.labels.len().to_string(),
         ]);
     }
     println!("{t}");
@@ -153,20 +144,7 @@ pub fn print_replica(r: &v1::Replica, json: bool) -> anyhow::Result<()> {
             r.revision_counter.to_string()
         }
     );
-    print_disks(
-        &r.chain,
-        r.disks.values().map(|d| {
-            (
-                d.name.clone(),
-                d.parent.clone(),
-                d.size,
-                d.removed,
-                d.user_created,
-                d.created.clone(),
-                d.labels.len(),
-            )
-        }),
-    );
+    print_disks(&r.chain, r.disks.values());
     Ok(())
 }
 
