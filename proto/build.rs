@@ -5,6 +5,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/corral/v1/replica.proto",
         "proto/corral/v1/syncagent.proto",
         "proto/corral/v1/controller.proto",
+        "proto/corral/v1/backing_image_manager.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
