@@ -1,1 +1,8 @@
-//! Corral manager: control plane (store, controllers, supervision, REST API, CLI) (skeleton; see issue 10)
+//! Corral manager: the control plane of a Corral cluster. It owns the state store (embedded redb or etcd, typed
+//! spec/status documents with optimistic concurrency and watches), the resources (nodes and disks, volumes,
+//! engines, replicas, settings, snapshots), the controllers that turn volume specs into running `corral-replica`
+//! and `corral-engine` processes on each node (supervised, restarted, re-adopted after a manager restart), the REST
+//! API (`/v1/...`) and the user CLI `corral`.
+
+pub mod model;
+pub mod store;

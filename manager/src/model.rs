@@ -1,0 +1,318 @@
+//! The resources the manager keeps in its store. Each is a spec (what the user or a controller wants) and a status
+//! (what the owner observed). Names: nodes, volumes and settings are chosen by users; a replica is
+//! `<volume>-r-<8 hex>`; the engine of a volume carries the volume's name.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::store::Resource;
+
+/// The block size every volume size is a multiple of.
+pub const BLOCK: u64 = 4096;
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Node {
+    pub spec: NodeSpec,
+    pub status: NodeStatus,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeSpec {
+    /// The node manager's REST address (`http://HOST:PORT`).
+    pub address: String,
+    /// Host daemons of this node listen on.
+    pub host: String,
+    pub allow_scheduling: bool,
+    pub disks: BTreeMap<String, DiskSpec>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskSpec {
+    pub path: String,
+    /// Written to `<path>/corral-disk.cfg` when the disk is added.
+    #[serde(rename = "diskUUID")]
+    pub disk_uuid: String,
+    pub allow_scheduling: bool,
+    /// Bytes kept free for other users of the file system.
+    pub storage_reserved: u64,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    /// Unix seconds of the last heartbeat of the node's manager.
+    pub heartbeat: i64,
+    pub disks: BTreeMap<String, DiskStatus>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskStatus {
+    pub storage_maximum: u64,
+    pub storage_available: u64,
+    /// Sum of the sizes of replicas scheduled on the disk.
+    pub storage_scheduled: u64,
+    /// Empty when the disk's identity file matches.
+    pub error: String,
+}
+
+impl Resource for Node {
+    const KIND: &'static str = "node";
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Frontend {
+    #[default]
+    Nbd,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum VolumeState {
+    #[default]
+    Detached,
+    Attaching,
+    Attached,
+    Detaching,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Robustness {
+    #[default]
+    Unknown,
+    Healthy,
+    Degraded,
+    Faulted,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Volume {
+    pub spec: VolumeSpec,
+    pub status: VolumeStatus,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeSpec {
+    pub size: u64,
+    pub number_of_replicas: u32,
+    pub frontend: Frontend,
+    /// None: the `disable-revision-counter` setting decides at creation.
+    pub disable_revision_counter: Option<bool>,
+    /// The node the volume should be attached to; None = detached.
+    pub node_id: Option<String>,
+    /// Set by the volume controller when every replica failed; cleared once the engine salvaged.
+    pub salvage_requested: bool,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeStatus {
+    pub state: VolumeState,
+    pub robustness: Robustness,
+    /// The node the engine runs on.
+    pub current_node_id: Option<String>,
+    /// NBD URIs while attached.
+    pub endpoints: Vec<String>,
+    /// Effective value (volume override or the global setting at creation).
+    pub revision_counter_disabled: bool,
+    pub message: String,
+}
+
+impl Resource for Volume {
+    const KIND: &'static str = "volume";
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DesireState {
+    #[default]
+    Stopped,
+    Running,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ProcessState {
+    #[default]
+    Stopped,
+    Starting,
+    Running,
+    /// Exited unexpectedly; restarted with backoff.
+    Crashed,
+}
+
+/// How the manager recognises a daemon it started, across its own restarts.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessRecord {
+    pub pid: i32,
+    /// Field 22 of `/proc/PID/stat` (clock ticks after boot): a reused pid has another.
+    pub start_time: u64,
+    /// The first gRPC port; replicas use it, +1 (data) and +2 (sync agent).
+    pub port: u16,
+    pub restarts: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Replica {
+    pub spec: ReplicaSpec,
+    pub status: ReplicaStatus,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaSpec {
+    pub volume: String,
+    pub node_id: String,
+    pub disk: String,
+    #[serde(rename = "diskUUID")]
+    pub disk_uuid: String,
+    /// `<disk path>/replicas/<replica name>`.
+    pub data_path: String,
+    pub size: u64,
+    pub revision_counter_disabled: bool,
+    pub desire_state: DesireState,
+    /// Set when the replica cannot serve any more (its node is gone): a new one is scheduled instead.
+    pub failed_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaStatus {
+    pub state: ProcessState,
+    pub process: Option<ProcessRecord>,
+    /// `tcp://HOST:PORT` while running.
+    pub address: String,
+    /// RW | WO | ERR as the engine sees it.
+    pub mode: String,
+    pub message: String,
+}
+
+impl Resource for Replica {
+    const KIND: &'static str = "replica";
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Engine {
+    pub spec: EngineSpec,
+    pub status: EngineStatus,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineSpec {
+    pub volume: String,
+    pub node_id: String,
+    pub size: u64,
+    /// Replica names the engine should serve with.
+    pub replicas: Vec<String>,
+    pub revision_counter_disabled: bool,
+    pub salvage_requested: bool,
+    pub desire_state: DesireState,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineStatus {
+    pub state: ProcessState,
+    pub process: Option<ProcessRecord>,
+    pub nbd_port: u16,
+    pub metrics_port: u16,
+    /// `HOST:PORT` of the engine's ControllerService.
+    pub address: String,
+    pub endpoints: Vec<String>,
+    /// Replica address → mode (RW | WO | ERR) as last listed.
+    pub replica_modes: BTreeMap<String, String>,
+    /// The size the running engine serves (expansion updates it).
+    pub current_size: u64,
+    pub message: String,
+}
+
+impl Resource for Engine {
+    const KIND: &'static str = "engine";
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Setting {
+    pub value: String,
+}
+
+impl Resource for Setting {
+    const KIND: &'static str = "setting";
+}
+
+/// A snapshot as last observed through the volume's engine.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Snapshot {
+    pub volume: String,
+    pub name: String,
+    pub parent: String,
+    pub created: String,
+    pub size: u64,
+    pub removed: bool,
+    pub user_created: bool,
+    pub labels: BTreeMap<String, String>,
+}
+
+impl Resource for Snapshot {
+    const KIND: &'static str = "snapshot";
+}
+
+/// The settings the manager knows, with their defaults and what they mean.
+pub const SETTINGS: &[(&str, &str, &str)] = &[
+    (
+        "replica-soft-anti-affinity",
+        "true",
+        "Allow two replicas of a volume on one node when no other node fits.",
+    ),
+    (
+        "disable-revision-counter",
+        "false",
+        "Default for volumes created without disableRevisionCounter: replicas keep no revision counter (salvage by head mtime and size).",
+    ),
+    (
+        "replica-timeout",
+        "8",
+        "Seconds before an unanswered replica request puts the replica ERR.",
+    ),
+    (
+        "node-down-timeout",
+        "15",
+        "Seconds without a heartbeat after which a node's replicas are failed and replaced.",
+    ),
+    (
+        "storage-over-provisioning-percentage",
+        "100",
+        "Scheduled replica bytes a disk may hold, in percent of its usable space.",
+    ),
+];
+
+/// Checks a setting name and value.
+pub fn validate_setting(name: &str, value: &str) -> Result<(), String> {
+    let Some((_, default, _)) = SETTINGS.iter().find(|(n, _, _)| *n == name) else {
+        return Err(format!(
+            "unknown setting {name:?}; known: {}",
+            SETTINGS.iter().map(|s| s.0).collect::<Vec<_>>().join(", ")
+        ));
+    };
+    let is_bool = matches!(*default, "true" | "false");
+    if is_bool && !matches!(value, "true" | "false") {
+        return Err(format!("setting {name} takes true or false, not {value:?}"));
+    }
+    if !is_bool && value.parse::<u64>().is_err() {
+        return Err(format!("setting {name} takes a whole number, not {value:?}"));
+    }
+    Ok(())
+}
