@@ -1,0 +1,424 @@
+//! Creating a backup: the chain policy decides full or incremental, the source names the changed ranges, and
+//! `concurrency` blocks are read, hashed, compressed and uploaded at once. The backup's record is written
+//! `in-progress` first and `complete` (with the block map) only after every block is stored, so a killed backup
+//! never leaves a record that claims completion.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::ops::Range;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use futures::{StreamExt, TryStreamExt};
+use tracing::{info, warn};
+
+use crate::block::{Compression, block_hash, encode_block};
+use crate::config::{
+    BackupConfig, BackupState, BackupStats, DEFAULT_BLOCK_SIZE, FORMAT_VERSION, FullReason, MAX_BLOCK_SIZE,
+    MIN_BLOCK_SIZE, VolumeConfig,
+};
+use crate::error::{BackupStoreError, Result};
+use crate::lock::LockKind;
+use crate::{BackupStore, GcOptions, Progress, blockmap, join_error, now_rfc3339, validate_name};
+
+/// The snapshot being backed up.
+#[derive(Debug, Clone, Default)]
+pub struct SnapshotInfo {
+    /// Snapshot name.
+    pub name: String,
+    /// Creation time (RFC 3339).
+    pub created: String,
+    /// Its ancestors, nearest first.
+    pub ancestors: Vec<String>,
+}
+
+/// What changed in the source since the last backed-up snapshot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Changes {
+    /// Byte ranges that may differ, computed from local snapshot `diff_from` (empty: from the chain's bottom).
+    Since {
+        /// The surviving snapshot the ranges are relative to.
+        diff_from: String,
+        /// Ranges that may hold changed data.
+        ranges: Vec<Range<u64>>,
+    },
+    /// The last backed-up snapshot is not an ancestor of this one (a revert): the chain ends, a full follows.
+    ChainEnded(String),
+}
+
+/// A snapshot to back up, read with blocking IO (the store calls it from blocking threads).
+pub trait BackupSource: Send + Sync + 'static {
+    /// Volume size in bytes.
+    fn size(&self) -> u64;
+    /// The snapshot.
+    fn snapshot(&self) -> SnapshotInfo;
+    /// Ranges holding data (what a full backup reads).
+    fn allocated(&self) -> std::io::Result<Vec<Range<u64>>>;
+    /// Ranges that may differ from `base` (the snapshot of the last backup; `base_ancestors` are its ancestors
+    /// recorded then, nearest first, to find a surviving diff base when `base` was deleted locally).
+    fn changes_since(&self, base: &str, base_ancestors: &[String]) -> std::io::Result<Changes>;
+    /// Reads `buf.len()` bytes at `offset`.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()>;
+}
+
+/// Full or incremental.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum BackupMode {
+    /// Incremental unless the chain policy says full.
+    #[default]
+    Auto,
+    /// Read everything and upload every block again.
+    Full,
+    /// Incremental even past `delta_max`; fails when no base exists.
+    Incremental,
+}
+
+impl std::str::FromStr for BackupMode {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "" | "auto" => Ok(Self::Auto),
+            "full" => Ok(Self::Full),
+            "incremental" => Ok(Self::Incremental),
+            _ => Err(format!("unknown backup mode {s:?} (auto, full, incremental)")),
+        }
+    }
+}
+
+/// Options of one backup.
+#[derive(Debug, Clone)]
+pub struct CreateOptions {
+    /// Backup volume name.
+    pub volume: String,
+    /// Backup name.
+    pub name: String,
+    /// Mode.
+    pub mode: BackupMode,
+    /// `backup-delta-max`.
+    pub delta_max: u32,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Keep only this many completed backups of the volume (oldest deleted after this one completes).
+    pub retain: Option<u32>,
+    /// Blocks in flight.
+    pub concurrency: usize,
+    /// Block size of a new backup volume (an existing volume keeps its own).
+    pub block_size: Option<u64>,
+    /// Compression of a new backup volume.
+    pub compression: Option<Compression>,
+    /// Backing image name and checksum, recorded in `volume.cfg`.
+    pub backing_image: Option<(String, String)>,
+    /// Upload at most this many stored bytes per second (0: unlimited).
+    pub max_upload_rate: u64,
+    /// How long to wait for a conflicting deletion to finish.
+    pub lock_wait: Duration,
+    /// Garbage collection settings for retention deletes.
+    pub gc: GcOptions,
+}
+
+impl Default for CreateOptions {
+    fn default() -> Self {
+        Self {
+            volume: String::new(),
+            name: String::new(),
+            mode: BackupMode::Auto,
+            delta_max: crate::config::DEFAULT_DELTA_MAX,
+            labels: BTreeMap::new(),
+            retain: None,
+            concurrency: 8,
+            block_size: None,
+            compression: None,
+            backing_image: None,
+            max_upload_rate: 0,
+            lock_wait: Duration::from_secs(30),
+            gc: GcOptions::default(),
+        }
+    }
+}
+
+fn check_block_size(bs: u64) -> Result<u64> {
+    if (MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&bs) && bs.is_power_of_two() {
+        Ok(bs)
+    } else {
+        Err(BackupStoreError::InvalidArgument(format!(
+            "block size {bs}: a power of two from {MIN_BLOCK_SIZE} to {MAX_BLOCK_SIZE}"
+        )))
+    }
+}
+
+/// Block-aligned offsets covering `ranges`, clipped to `size`.
+fn block_offsets(ranges: &[Range<u64>], bs: u64, size: u64) -> BTreeSet<u64> {
+    let mut out = BTreeSet::new();
+    for r in ranges {
+        let mut o = r.start / bs * bs;
+        while o < r.end.min(size) {
+            out.insert(o);
+            o += bs;
+        }
+    }
+    out
+}
+
+/// Result of reading one block.
+enum Read {
+    Zero,
+    Data { hash: String, data: Vec<u8> },
+}
+
+struct Throttle {
+    rate: u64,
+    start: Instant,
+    sent: Mutex<u64>,
+}
+
+impl Throttle {
+    async fn account(&self, n: u64) {
+        if self.rate == 0 {
+            return;
+        }
+        let total = {
+            let mut s = self.sent.lock().unwrap_or_else(PoisonError::into_inner);
+            *s += n;
+            *s
+        };
+        #[allow(clippy::cast_precision_loss)] // a pacing target, not an exact count
+        let due = Duration::from_secs_f64(total as f64 / self.rate as f64);
+        if let Some(wait) = due.checked_sub(self.start.elapsed()) {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+impl BackupStore {
+    /// Backs up `source` into `opts.volume` and returns the completed record.
+    pub async fn create_backup(
+        &self,
+        source: Arc<dyn BackupSource>,
+        opts: &CreateOptions,
+        progress: &Progress,
+    ) -> Result<BackupConfig> {
+        validate_name("volume", &opts.volume)?;
+        validate_name("backup", &opts.name)?;
+        let concurrency = opts.concurrency.max(1);
+        let lock = self.lock(&opts.volume, LockKind::Backup, opts.lock_wait).await?;
+        let result = self.create_locked(source, opts, concurrency, progress).await;
+        lock.release().await?;
+        let cfg = result?;
+        if let Some(n) = opts.retain {
+            self.apply_retention(&opts.volume, n, &cfg.name, &opts.gc).await?;
+        }
+        Ok(cfg)
+    }
+
+    async fn create_locked(
+        &self,
+        source: Arc<dyn BackupSource>,
+        opts: &CreateOptions,
+        concurrency: usize,
+        progress: &Progress,
+    ) -> Result<BackupConfig> {
+        let volume = opts.volume.as_str();
+        let size = source.size();
+        let snap = source.snapshot();
+        let cfg_path = self.backup_cfg_path(volume, &opts.name);
+        if self.exists(&cfg_path).await? {
+            return Err(BackupStoreError::FailedPrecondition(format!(
+                "backup {} of volume {volume} already exists",
+                opts.name
+            )));
+        }
+        let mut vol = match self
+            .get_json::<VolumeConfig>(&self.volume_cfg_path(volume))
+            .await?
+        {
+            Some(v) => v,
+            None => VolumeConfig {
+                format_version: FORMAT_VERSION,
+                name: volume.to_owned(),
+                block_size: check_block_size(opts.block_size.unwrap_or(DEFAULT_BLOCK_SIZE))?,
+                compression: opts.compression.unwrap_or_default(),
+                created: now_rfc3339(),
+                ..Default::default()
+            },
+        };
+        let bs = vol.block_size;
+
+        // The newest completed backup is the base of an incremental.
+        let last = self
+            .list_backups(volume)
+            .await?
+            .into_iter()
+            .filter(|b| b.state == BackupState::Complete)
+            .max_by(|a, b| (&a.completed, &a.name).cmp(&(&b.completed, &b.name)));
+        let src = source.clone();
+        let decision: std::result::Result<(BackupConfig, String, Vec<Range<u64>>), FullReason> =
+            match (&last, opts.mode) {
+                (_, BackupMode::Full) => Err(FullReason::Requested),
+                (None, _) => Err(FullReason::FirstBackup),
+                (Some(l), BackupMode::Auto) if l.chain_position >= opts.delta_max => {
+                    Err(FullReason::DeltaMaxReached(l.chain_position))
+                }
+                (Some(l), _) => {
+                    let (base, anc) = (l.snapshot.clone(), l.snapshot_ancestors.clone());
+                    let ch = tokio::task::spawn_blocking(move || src.changes_since(&base, &anc))
+                        .await
+                        .map_err(|e| join_error(&e))?
+                        .map_err(|source| BackupStoreError::SourceRead { offset: 0, source })?;
+                    match ch {
+                        Changes::ChainEnded(why) => Err(FullReason::ChainEnded(why)),
+                        Changes::Since { diff_from, ranges } => Ok((l.clone(), diff_from, ranges)),
+                    }
+                }
+            };
+        let (base, diff_from, ranges, full_reason) = match decision {
+            Ok((base, diff_from, ranges)) => (Some(base), diff_from, ranges, None),
+            Err(reason) => {
+                if opts.mode == BackupMode::Incremental {
+                    return Err(BackupStoreError::FailedPrecondition(format!(
+                        "an incremental backup is not possible: {reason}"
+                    )));
+                }
+                let src = source.clone();
+                let r = tokio::task::spawn_blocking(move || src.allocated())
+                    .await
+                    .map_err(|e| join_error(&e))?
+                    .map_err(|source| BackupStoreError::SourceRead { offset: 0, source })?;
+                (None, String::new(), r, Some(reason))
+            }
+        };
+        let full = base.is_none();
+        let mut cfg = BackupConfig {
+            format_version: FORMAT_VERSION,
+            name: opts.name.clone(),
+            volume: volume.to_owned(),
+            state: BackupState::InProgress,
+            snapshot: snap.name.clone(),
+            snapshot_created: snap.created.clone(),
+            snapshot_ancestors: snap.ancestors.clone(),
+            started: now_rfc3339(),
+            completed: String::new(),
+            size,
+            block_size: bs,
+            compression: vol.compression,
+            labels: opts.labels.clone(),
+            is_incremental: !full,
+            chain_position: base.as_ref().map_or(0, |b| b.chain_position + 1),
+            full_reason: full_reason.clone(),
+            base_backup: base.as_ref().map(|b| b.name.clone()).unwrap_or_default(),
+            diff_from_snapshot: diff_from,
+            stats: BackupStats::default(),
+            blocks: Vec::new(),
+        };
+        if self.get_bytes(&self.volume_cfg_path(volume)).await?.is_none() {
+            self.put_json(&self.volume_cfg_path(volume), &vol).await?;
+        }
+        self.put_json(&cfg_path, &cfg).await?; // the in-progress marker
+        let offsets = block_offsets(&ranges, bs, size);
+        info!(
+            volume, backup = %opts.name, snapshot = %snap.name, full, reason = ?full_reason,
+            base = %cfg.base_backup, diff_from = %cfg.diff_from_snapshot, blocks = offsets.len(),
+            "backup started"
+        );
+        progress.set_total(offsets.len() as u64);
+
+        let stats = Mutex::new(BackupStats::default());
+        let seen: Mutex<HashSet<String>> = Mutex::new(HashSet::new());
+        let throttle = Throttle {
+            rate: opts.max_upload_rate,
+            start: Instant::now(),
+            sent: Mutex::new(0),
+        };
+        let method = vol.compression;
+        let changes: BTreeMap<u64, Option<String>> = futures::stream::iter(offsets)
+            .map(|off| {
+                let (src, stats, seen, throttle) = (source.clone(), &stats, &seen, &throttle);
+                async move {
+                    progress.check()?;
+                    let len = bs.min(size - off);
+                    let read = tokio::task::spawn_blocking(move || -> std::io::Result<Read> {
+                        let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
+                        src.read_at(off, &mut buf)?;
+                        if buf.iter().all(|&b| b == 0) {
+                            return Ok(Read::Zero);
+                        }
+                        Ok(Read::Data {
+                            hash: block_hash(&buf),
+                            data: buf,
+                        })
+                    })
+                    .await
+                    .map_err(|e| join_error(&e))?
+                    .map_err(|source| BackupStoreError::SourceRead { offset: off, source })?;
+                    let lock_stats = || stats.lock().unwrap_or_else(PoisonError::into_inner);
+                    lock_stats().read_bytes += len;
+                    let (hash, data) = match read {
+                        Read::Zero => {
+                            lock_stats().zero_blocks += 1;
+                            progress.step(len);
+                            return Ok((off, None));
+                        }
+                        Read::Data { hash, data } => (hash, data),
+                    };
+                    let first_here = seen
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .insert(hash.clone());
+                    let path = self.block_path(volume, &hash);
+                    let existed = if first_here {
+                        self.exists(&path).await?
+                    } else {
+                        true
+                    };
+                    if first_here && (full || !existed) {
+                        let h = hash.clone();
+                        let enc = tokio::task::spawn_blocking(move || encode_block(&data, &h, method))
+                            .await
+                            .map_err(|e| join_error(&e))?;
+                        let n = enc.len() as u64;
+                        throttle.account(n).await;
+                        self.put_bytes(&path, enc).await?;
+                        let mut s = lock_stats();
+                        if existed {
+                            s.reuploaded_blocks += 1;
+                            s.reuploaded_bytes += len;
+                        } else {
+                            s.new_blocks += 1;
+                            s.new_bytes += len;
+                            s.new_stored_bytes += n;
+                        }
+                    } else {
+                        lock_stats().deduplicated_blocks += 1;
+                    }
+                    progress.step(len);
+                    Ok::<_, BackupStoreError>((off, Some(hash)))
+                }
+            })
+            .buffer_unordered(concurrency)
+            .try_collect()
+            .await?;
+
+        let base_blocks = base.as_ref().map_or(&[][..], |b| &b.blocks[..]);
+        cfg.blocks = blockmap::merge(base_blocks, &changes, size);
+        cfg.stats = stats.into_inner().unwrap_or_else(PoisonError::into_inner);
+        cfg.state = BackupState::Complete;
+        cfg.completed = now_rfc3339();
+        self.put_json(&cfg_path, &cfg).await?; // commit point
+        vol.size = size;
+        vol.last_backup_name.clone_from(&cfg.name);
+        vol.last_backup_at.clone_from(&cfg.completed);
+        vol.labels.clone_from(&cfg.labels);
+        if let Some((n, c)) = &opts.backing_image {
+            vol.backing_image_name.clone_from(n);
+            vol.backing_image_checksum.clone_from(c);
+        }
+        if let Err(e) = self.put_json(&self.volume_cfg_path(volume), &vol).await {
+            // The backup itself is complete; volume.cfg's last-backup fields are a cache.
+            warn!(volume, error = %e, "updating volume.cfg failed");
+        }
+        info!(
+            volume, backup = %cfg.name, incremental = cfg.is_incremental, chain_position = cfg.chain_position,
+            new_blocks = cfg.stats.new_blocks, new_bytes = cfg.stats.new_bytes, "backup complete"
+        );
+        Ok(cfg)
+    }
+}
