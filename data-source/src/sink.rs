@@ -1,0 +1,225 @@
+//! [`FileSink`]: writes a byte stream (a download, an upload) to a file on a dedicated blocking thread, leaving
+//! all-zero 4 KiB blocks as holes. The async side batches chunks into 1 MiB buffers and hands them over through a
+//! bounded channel, so memory stays bounded whatever the stream's size and the network never waits on one write.
+
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use bytes::{Bytes, BytesMut};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::error::JobError;
+
+/// Blocks whose bytes are all zero are not written (the file keeps a hole there).
+pub const ZERO_BLOCK: usize = 4096;
+/// Bytes batched before a hand-over to the writer thread.
+const BATCH: usize = 1 << 20;
+/// Batches in flight between the stream and the writer thread.
+const DEPTH: usize = 4;
+
+enum Cmd {
+    Data(Bytes),
+    /// Drop everything written so far (a server that cannot resume: start again from byte 0).
+    Reset,
+    /// Write the tail, size the file, fdatasync; reply with the size.
+    Finish(oneshot::Sender<Result<u64, JobError>>),
+}
+
+/// A file being written from a stream; see the module doc.
+pub struct FileSink {
+    tx: mpsc::Sender<Cmd>,
+    buf: BytesMut,
+    /// Bytes accepted so far (= the offset the stream continues at).
+    len: u64,
+    error: Arc<Mutex<Option<String>>>,
+    path: PathBuf,
+}
+
+impl FileSink {
+    /// Creates (truncating) `path` and starts its writer thread.
+    pub fn create(path: &Path) -> Result<FileSink, JobError> {
+        let file = File::options()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(path)
+            .map_err(|e| JobError::io("creating", path, e))?;
+        let (tx, rx) = mpsc::channel(DEPTH);
+        let error = Arc::new(Mutex::new(None));
+        let mut writer = Writer {
+            file,
+            path: path.to_path_buf(),
+            offset: 0,
+            carry: Vec::with_capacity(ZERO_BLOCK),
+        };
+        let err_slot = error.clone();
+        tokio::task::spawn_blocking(move || writer.run(rx, &err_slot));
+        Ok(FileSink {
+            tx,
+            buf: BytesMut::with_capacity(BATCH),
+            len: 0,
+            error,
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Bytes accepted so far.
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    /// True before the first byte.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    fn broken(&self) -> JobError {
+        let reason = self
+            .error
+            .lock()
+            .ok()
+            .and_then(|e| e.clone())
+            .unwrap_or_else(|| "the writer thread stopped".into());
+        JobError::io("writing", &self.path, std::io::Error::other(reason))
+    }
+
+    async fn send(&self, cmd: Cmd) -> Result<(), JobError> {
+        self.tx.send(cmd).await.map_err(|_| self.broken())
+    }
+
+    /// Appends `chunk`.
+    pub async fn write(&mut self, chunk: &[u8]) -> Result<(), JobError> {
+        self.buf.extend_from_slice(chunk);
+        self.len += chunk.len() as u64;
+        if self.buf.len() >= BATCH {
+            let batch = self.buf.split().freeze();
+            self.send(Cmd::Data(batch)).await?;
+        }
+        Ok(())
+    }
+
+    /// Forgets everything written: the file is empty again.
+    pub async fn reset(&mut self) -> Result<(), JobError> {
+        self.buf.clear();
+        self.len = 0;
+        self.send(Cmd::Reset).await
+    }
+
+    /// Writes what is buffered, sizes the file to the bytes accepted and flushes it; returns that size.
+    pub async fn finish(mut self) -> Result<u64, JobError> {
+        if !self.buf.is_empty() {
+            let batch = self.buf.split().freeze();
+            self.send(Cmd::Data(batch)).await?;
+        }
+        let (tx, rx) = oneshot::channel();
+        self.send(Cmd::Finish(tx)).await?;
+        rx.await.map_err(|_| self.broken())?
+    }
+}
+
+struct Writer {
+    file: File,
+    path: PathBuf,
+    /// File offset of `carry[0]`; always a multiple of `ZERO_BLOCK`.
+    offset: u64,
+    /// The start of a block not complete yet.
+    carry: Vec<u8>,
+}
+
+impl Writer {
+    fn run(&mut self, mut rx: mpsc::Receiver<Cmd>, err: &Mutex<Option<String>>) {
+        while let Some(cmd) = rx.blocking_recv() {
+            let r = match cmd {
+                Cmd::Data(b) => self.data(&b),
+                Cmd::Reset => self.reset(),
+                Cmd::Finish(reply) => {
+                    let _ = reply.send(self.finish());
+                    return;
+                }
+            };
+            if let Err(e) = r {
+                if let Ok(mut slot) = err.lock() {
+                    *slot = Some(e.to_string());
+                }
+                return;
+            }
+        }
+    }
+
+    fn data(&mut self, mut b: &[u8]) -> Result<(), JobError> {
+        if !self.carry.is_empty() {
+            let take = (ZERO_BLOCK - self.carry.len()).min(b.len());
+            self.carry.extend_from_slice(&b[..take]);
+            b = &b[take..];
+            if self.carry.len() < ZERO_BLOCK {
+                return Ok(());
+            }
+            let block = std::mem::take(&mut self.carry);
+            self.write_blocks(&block)?;
+            self.carry = block;
+            self.carry.clear();
+        }
+        let whole = b.len() - b.len() % ZERO_BLOCK;
+        self.write_blocks(&b[..whole])?;
+        self.carry.extend_from_slice(&b[whole..]);
+        Ok(())
+    }
+
+    /// Writes whole blocks at `offset`, skipping all-zero ones and coalescing the rest into few writes.
+    fn write_blocks(&mut self, b: &[u8]) -> Result<(), JobError> {
+        let mut run_start: Option<usize> = None;
+        for (i, block) in b.chunks(ZERO_BLOCK).enumerate() {
+            let zero = block.iter().all(|&x| x == 0);
+            match (zero, run_start) {
+                (false, None) => run_start = Some(i * ZERO_BLOCK),
+                (true, Some(s)) => {
+                    self.pwrite(&b[s..i * ZERO_BLOCK], s)?;
+                    run_start = None;
+                }
+                _ => {}
+            }
+        }
+        if let Some(s) = run_start {
+            self.pwrite(&b[s..], s)?;
+        }
+        self.offset += b.len() as u64;
+        Ok(())
+    }
+
+    /// Writes `run`, which starts `at` bytes after `offset`.
+    fn pwrite(&self, run: &[u8], at: usize) -> Result<(), JobError> {
+        let pos = self.offset + at as u64;
+        self.file
+            .write_all_at(run, pos)
+            .map_err(|e| JobError::io("writing", &self.path, e))
+    }
+
+    fn reset(&mut self) -> Result<(), JobError> {
+        self.file
+            .set_len(0)
+            .map_err(|e| JobError::io("truncating", &self.path, e))?;
+        self.offset = 0;
+        self.carry.clear();
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<u64, JobError> {
+        let tail = std::mem::take(&mut self.carry);
+        let end = self.offset + tail.len() as u64;
+        if tail.iter().any(|&x| x != 0) {
+            self.file
+                .write_all_at(&tail, self.offset)
+                .map_err(|e| JobError::io("writing", &self.path, e))?;
+        }
+        self.file
+            .set_len(end)
+            .map_err(|e| JobError::io("sizing", &self.path, e))?;
+        self.file
+            .sync_data()
+            .map_err(|e| JobError::io("flushing", &self.path, e))?;
+        Ok(end)
+    }
+}

@@ -1,0 +1,282 @@
+//! What a data source is asked to do, validated before anything on disk is touched: [`SourceSpec`] from the
+//! source type and its `--param k=v` list, and [`DataSourceConfig`] for the whole server.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use corral_daemon::disk::check_path_component;
+
+use crate::error::ConfigError;
+use crate::info::{DataEngine, SourceType};
+
+/// Output format of an export from a volume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ExportFileType {
+    Raw,
+    Qcow2,
+}
+
+/// A source type with its parsed parameters.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SourceSpec {
+    Download {
+        url: String,
+    },
+    Upload,
+    ExportFromVolume {
+        snapshot_name: String,
+        sender_address: String,
+        volume_size: u64,
+        file_type: ExportFileType,
+    },
+    Restore {
+        backup_url: String,
+    },
+    Clone {
+        backing_image: String,
+        backing_image_uuid: String,
+    },
+}
+
+fn required<'a>(
+    params: &'a BTreeMap<String, String>,
+    source_type: SourceType,
+    param: &'static str,
+) -> Result<&'a str, ConfigError> {
+    match params.get(param).map(|v| v.trim()) {
+        Some(v) if !v.is_empty() => Ok(v),
+        _ => Err(ConfigError::MissingParam {
+            source_type: source_type.as_str(),
+            param,
+        }),
+    }
+}
+
+fn bad(param: &str, reason: impl Into<String>) -> ConfigError {
+    ConfigError::BadParam {
+        param: param.to_owned(),
+        reason: reason.into(),
+    }
+}
+
+impl SourceSpec {
+    /// Parses the parameters of `source_type`. Unknown parameters are kept (they are reported back) but unused.
+    pub fn parse(
+        source_type: SourceType,
+        params: &BTreeMap<String, String>,
+    ) -> Result<SourceSpec, ConfigError> {
+        Ok(match source_type {
+            SourceType::Download => {
+                let url = required(params, source_type, "url")?;
+                let parsed = reqwest::Url::parse(url).map_err(|e| bad("url", e.to_string()))?;
+                if !matches!(parsed.scheme(), "http" | "https") {
+                    return Err(bad(
+                        "url",
+                        format!("scheme {:?} is not http or https", parsed.scheme()),
+                    ));
+                }
+                SourceSpec::Download { url: url.to_owned() }
+            }
+            SourceType::Upload => SourceSpec::Upload,
+            SourceType::ExportFromVolume => {
+                let snapshot_name = required(params, source_type, "snapshot-name")?;
+                check_path_component("snapshot-name", snapshot_name).map_err(ConfigError::InvalidName)?;
+                let sender_address = required(params, source_type, "sender-address")?;
+                if !sender_address.contains(':') {
+                    return Err(bad(
+                        "sender-address",
+                        "expected HOST:PORT of a replica's sync agent",
+                    ));
+                }
+                let volume_size = corral_daemon::parse_size(required(params, source_type, "volume-size")?)
+                    .map_err(|e| bad("volume-size", e))?;
+                if volume_size == 0 {
+                    return Err(bad("volume-size", "must be more than 0"));
+                }
+                let file_type = match params.get("file-type").map(String::as_str) {
+                    None | Some("" | "raw") => ExportFileType::Raw,
+                    Some("qcow2") => ExportFileType::Qcow2,
+                    Some(other) => return Err(bad("file-type", format!("{other:?} is not raw or qcow2"))),
+                };
+                SourceSpec::ExportFromVolume {
+                    snapshot_name: snapshot_name.to_owned(),
+                    sender_address: sender_address.to_owned(),
+                    volume_size,
+                    file_type,
+                }
+            }
+            SourceType::Restore => SourceSpec::Restore {
+                backup_url: required(params, source_type, "backup-url")?.to_owned(),
+            },
+            SourceType::Clone => {
+                let backing_image = required(params, source_type, "backing-image")?;
+                check_path_component("backing-image", backing_image).map_err(ConfigError::InvalidName)?;
+                let backing_image_uuid = required(params, source_type, "backing-image-uuid")?;
+                check_path_component("backing-image-uuid", backing_image_uuid)
+                    .map_err(ConfigError::InvalidName)?;
+                match params.get("encryption").map(String::as_str) {
+                    None | Some("" | "ignore") => {}
+                    Some(other) => {
+                        return Err(bad(
+                            "encryption",
+                            format!("{other:?} is not supported (only a plain copy, \"ignore\")"),
+                        ));
+                    }
+                }
+                SourceSpec::Clone {
+                    backing_image: backing_image.to_owned(),
+                    backing_image_uuid: backing_image_uuid.to_owned(),
+                }
+            }
+        })
+    }
+}
+
+/// Parses one `--param k=v`.
+pub fn parse_param(s: &str) -> Result<(String, String), String> {
+    let (k, v) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?}: expected KEY=VALUE"))?;
+    if k.is_empty() {
+        return Err(format!("{s:?}: empty key"));
+    }
+    Ok((k.to_owned(), v.to_owned()))
+}
+
+/// Everything a data-source server needs.
+#[derive(Debug, Clone)]
+pub struct DataSourceConfig {
+    /// The disk directory (holds `corral-disk.cfg`).
+    pub disk_path: PathBuf,
+    pub disk_uuid: String,
+    /// Backing image name and uuid.
+    pub name: String,
+    pub uuid: String,
+    pub source_type: SourceType,
+    pub parameters: BTreeMap<String, String>,
+    /// SHA-512 hex the file must have (lower-cased), if any.
+    pub expected_checksum: Option<String>,
+    pub data_engine: DataEngine,
+    /// A download (or an export) fails when no data arrives for this long.
+    pub no_data_timeout: Duration,
+    /// Retries of a broken download before giving up (each resumes where it stopped when the server allows).
+    pub download_retries: usize,
+    /// Address an export's sparse-sync receiver binds and gives the replica to connect to.
+    pub receiver_ip: IpAddr,
+}
+
+impl DataSourceConfig {
+    /// Checks names, parameters and the checksum; returns the parsed source. Touches nothing.
+    pub fn validate(&self) -> Result<SourceSpec, ConfigError> {
+        check_path_component("name", &self.name).map_err(ConfigError::InvalidName)?;
+        check_path_component("uuid", &self.uuid).map_err(ConfigError::InvalidName)?;
+        if let Some(c) = &self.expected_checksum
+            && (c.len() != 128 || !c.bytes().all(|b| b.is_ascii_hexdigit()))
+        {
+            return Err(ConfigError::BadChecksum(c.clone()));
+        }
+        SourceSpec::parse(self.source_type, &self.parameters)
+    }
+
+    /// `<disk>/tmp`.
+    pub fn tmp_dir(&self) -> PathBuf {
+        self.disk_path.join("tmp")
+    }
+
+    /// `<disk>/tmp/<name>-<uuid>`: where the finished file is handed over.
+    pub fn file_path(&self) -> PathBuf {
+        self.tmp_dir().join(format!("{}-{}", self.name, self.uuid))
+    }
+
+    /// `<disk>/tmp/<name>-<uuid>.tmp`: the file while it is being prepared.
+    pub fn work_path(&self) -> PathBuf {
+        self.tmp_dir().join(format!("{}-{}.tmp", self.name, self.uuid))
+    }
+
+    /// `<disk>/tmp/<name>-<uuid>.convert.tmp`: the output of a format conversion.
+    pub fn convert_path(&self) -> PathBuf {
+        self.tmp_dir()
+            .join(format!("{}-{}.convert.tmp", self.name, self.uuid))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn each_source_type_names_its_missing_parameter() {
+        for (t, p) in [
+            (SourceType::Download, "url"),
+            (SourceType::ExportFromVolume, "snapshot-name"),
+            (SourceType::Restore, "backup-url"),
+            (SourceType::Clone, "backing-image"),
+        ] {
+            let err = SourceSpec::parse(t, &BTreeMap::new()).unwrap_err().to_string();
+            assert!(err.contains(p), "{err}");
+        }
+        assert_eq!(
+            SourceSpec::parse(SourceType::Upload, &BTreeMap::new()).unwrap(),
+            SourceSpec::Upload
+        );
+    }
+
+    #[test]
+    fn bad_parameter_values_are_refused() {
+        let cases = [
+            (SourceType::Download, params(&[("url", "file:///etc/passwd")])),
+            (SourceType::Download, params(&[("url", "not a url")])),
+            (
+                SourceType::Clone,
+                params(&[("backing-image", "../x"), ("backing-image-uuid", "u")]),
+            ),
+            (
+                SourceType::ExportFromVolume,
+                params(&[
+                    ("snapshot-name", "s"),
+                    ("sender-address", "h:1"),
+                    ("volume-size", "1G"),
+                    ("file-type", "vmdk"),
+                ]),
+            ),
+        ];
+        for (t, p) in cases {
+            assert!(SourceSpec::parse(t, &p).is_err(), "{t} {p:?} accepted");
+        }
+        let ok = SourceSpec::parse(
+            SourceType::ExportFromVolume,
+            &params(&[
+                ("snapshot-name", "s1"),
+                ("sender-address", "127.0.0.1:9504"),
+                ("volume-size", "64M"),
+                ("file-type", "qcow2"),
+            ]),
+        )
+        .unwrap();
+        assert!(matches!(
+            ok,
+            SourceSpec::ExportFromVolume {
+                volume_size: 67_108_864,
+                file_type: ExportFileType::Qcow2,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn unknown_source_type_lists_the_known_ones() {
+        let err = "ftp".parse::<SourceType>().unwrap_err();
+        assert!(err.contains("download") && err.contains("clone"), "{err}");
+        for t in SourceType::ALL {
+            assert_eq!(t.as_str().parse::<SourceType>().unwrap(), t);
+        }
+    }
+}
