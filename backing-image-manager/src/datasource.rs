@@ -1,0 +1,97 @@
+//! Client of a data source (`corral-datasource`): `GET /v1/file` to see its file, `POST /v1/file?action=transfer`
+//! to take the file over. After a transfer the file at `filePath` is this manager's to rename.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::error::BimError;
+
+/// The part of a data source's `GET /v1/file` reply the manager relies on.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DataSourceFile {
+    pub name: String,
+    pub uuid: String,
+    #[serde(rename = "diskUUID")]
+    pub disk_uuid: String,
+    pub file_path: String,
+    pub size: u64,
+    #[serde(default)]
+    pub virtual_size: u64,
+    pub state: String,
+    #[serde(default)]
+    pub expected_checksum: String,
+    #[serde(default)]
+    pub current_checksum: String,
+    #[serde(default)]
+    pub message: String,
+}
+
+/// The state a data source reports for a finished file nobody took yet.
+pub const READY_FOR_TRANSFER: &str = "ready-for-transfer";
+
+/// A data source at `HOST:PORT` (or an `http://` URL).
+pub struct DataSourceClient {
+    base: String,
+    http: reqwest::Client,
+}
+
+impl DataSourceClient {
+    pub fn new(address: &str) -> Result<Self, BimError> {
+        let base = if address.starts_with("http://") {
+            address.trim_end_matches('/').to_owned()
+        } else {
+            format!("http://{address}")
+        };
+        let http = reqwest::Client::builder()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| BimError::Internal(format!("HTTP client: {e}")))?;
+        Ok(DataSourceClient { base, http })
+    }
+
+    /// `GET /v1/file`.
+    pub async fn file(&self) -> Result<DataSourceFile, BimError> {
+        let url = format!("{}/v1/file", self.base);
+        let resp = self
+            .http
+            .get(&url)
+            .send()
+            .await
+            .map_err(|e| BimError::Peer(format!("data source {url}: {e}")))?;
+        let status = resp.status();
+        let body = resp
+            .bytes()
+            .await
+            .map_err(|e| BimError::Peer(format!("data source {url}: {e}")))?;
+        if !status.is_success() {
+            return Err(BimError::Peer(format!(
+                "data source {url} answered HTTP {status}: {}",
+                String::from_utf8_lossy(&body).trim()
+            )));
+        }
+        serde_json::from_slice(&body)
+            .map_err(|e| BimError::Peer(format!("{url} is not a data source (unexpected reply: {e})")))
+    }
+
+    /// `POST /v1/file?action=transfer`: the data source forgets the file; it is now ours.
+    pub async fn transfer(&self) -> Result<(), BimError> {
+        let url = format!("{}/v1/file?action=transfer", self.base);
+        let resp = self
+            .http
+            .post(&url)
+            .send()
+            .await
+            .map_err(|e| BimError::Peer(format!("data source {url}: {e}")))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let body = resp.text().await.unwrap_or_default();
+        Err(BimError::FailedPrecondition(format!(
+            "data source refused the transfer (HTTP {status}): {}",
+            body.trim()
+        )))
+    }
+}

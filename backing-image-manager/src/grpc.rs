@@ -1,0 +1,136 @@
+//! The gRPC `BackingImageManagerService`: request decoding and the error mapping; the work is in [`Manager`].
+
+use std::sync::Arc;
+
+use corral_proto::v1;
+use corral_proto::v1::backing_image_manager_service_server::BackingImageManagerService;
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status};
+use tracing::Instrument;
+
+use crate::manager::{ImageSpec, Manager, check_ref};
+
+/// Version of this API; clients older than `API_MIN_VERSION` are not served.
+pub const API_VERSION: u32 = 1;
+pub const API_MIN_VERSION: u32 = 1;
+
+/// The service over one manager.
+pub struct BimService {
+    manager: Arc<Manager>,
+}
+
+impl BimService {
+    pub fn new(manager: Arc<Manager>) -> Self {
+        BimService { manager }
+    }
+}
+
+type Reply<T> = Result<Response<T>, Status>;
+
+#[tonic::async_trait]
+impl BackingImageManagerService for BimService {
+    async fn fetch(&self, req: Request<v1::BimFetchRequest>) -> Reply<v1::BimImage> {
+        let r = req.into_inner();
+        let spec = ImageSpec::from_proto(r.spec)?;
+        let span = tracing::info_span!("fetch", image = %spec.name, uuid = %spec.uuid, source = %r.data_source_address);
+        let img = self
+            .manager
+            .fetch(spec, &r.data_source_address)
+            .instrument(span)
+            .await?;
+        Ok(Response::new(img))
+    }
+
+    async fn sync(&self, req: Request<v1::BimSyncRequest>) -> Reply<v1::BimImage> {
+        let r = req.into_inner();
+        let spec = ImageSpec::from_proto(r.spec)?;
+        let span = tracing::info_span!("sync", image = %spec.name, uuid = %spec.uuid, from = %r.from_address);
+        let img = self.manager.sync(spec, &r.from_address).instrument(span).await?;
+        Ok(Response::new(img))
+    }
+
+    async fn send(&self, req: Request<v1::BimSendRequest>) -> Reply<v1::BimSendResponse> {
+        let r = req.into_inner();
+        let span = tracing::info_span!("send", image = %r.name, uuid = %r.uuid, to = %r.to_address);
+        let s = self
+            .manager
+            .send(&r.name, &r.uuid, &r.to_address)
+            .instrument(span)
+            .await?;
+        Ok(Response::new(s))
+    }
+
+    async fn delete(&self, req: Request<v1::BimImageRef>) -> Reply<v1::Empty> {
+        let r = req.into_inner();
+        self.manager.delete(&r.name, &r.uuid).await?;
+        Ok(Response::new(v1::Empty {}))
+    }
+
+    async fn get(&self, req: Request<v1::BimImageRef>) -> Reply<v1::BimImage> {
+        let r = req.into_inner();
+        Ok(Response::new(self.manager.get(&r.name, &r.uuid)?))
+    }
+
+    async fn list(&self, _req: Request<v1::Empty>) -> Reply<v1::BimImageList> {
+        Ok(Response::new(self.manager.list()))
+    }
+
+    async fn version_get(&self, _req: Request<v1::Empty>) -> Reply<v1::BimVersion> {
+        Ok(Response::new(v1::BimVersion {
+            version: env!("CARGO_PKG_VERSION").to_owned(),
+            git_commit: option_env!("CORRAL_GIT_COMMIT").unwrap_or("").to_owned(),
+            api_version: API_VERSION,
+            api_min_version: API_MIN_VERSION,
+        }))
+    }
+
+    async fn prepare_download(&self, req: Request<v1::BimImageRef>) -> Reply<v1::BimPrepareDownloadResponse> {
+        let r = req.into_inner();
+        check_ref(&r.name, &r.uuid)?;
+        let img = self.manager.get(&r.name, &r.uuid)?;
+        let state = img.status.as_ref().map(|s| s.state.as_str()).unwrap_or_default();
+        if state != crate::FileState::Ready.as_str() {
+            return Err(Status::failed_precondition(format!(
+                "image {} is {state}, not ready: nothing to download",
+                r.name
+            )));
+        }
+        let address = self.manager.config().http_address.clone();
+        Ok(Response::new(v1::BimPrepareDownloadResponse {
+            src_file_path: img.path,
+            url: format!("http://{address}/v1/files/{}/download", r.name),
+            address,
+        }))
+    }
+
+    type WatchStream = ReceiverStream<Result<v1::BimImageEvent, Status>>;
+
+    async fn watch(&self, _req: Request<v1::Empty>) -> Reply<Self::WatchStream> {
+        let mut events = self.manager.subscribe();
+        let (tx, rx) = mpsc::channel(64);
+        let stop = self.manager.cancel.clone();
+        tokio::spawn(async move {
+            loop {
+                let ev = tokio::select! {
+                    () = stop.cancelled() => return,
+                    () = tx.closed() => return,
+                    ev = events.recv() => ev,
+                };
+                let ev = match ev {
+                    Ok(ev) => ev,
+                    Err(broadcast::error::RecvError::Lagged(_)) => v1::BimImageEvent {
+                        image: None,
+                        deleted: false,
+                        resync: true,
+                    },
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                if tx.send(Ok(ev)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+}

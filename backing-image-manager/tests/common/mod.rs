@@ -1,0 +1,414 @@
+//! Harness for the manager's tests: real `corral-bim` daemons on loopback, each on its own disk directory, and a
+//! small stand-in for a data source's HTTP API. Every wait polls with a deadline; every process dies on drop.
+
+#![allow(dead_code, clippy::cast_possible_truncation)]
+
+use std::fs;
+use std::io::Write;
+use std::net::TcpListener;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use backing_image_manager::transfer_client::{BimClient, connect};
+use corral_proto::v1;
+use sha2::{Digest, Sha512};
+
+pub const MIB: u64 = 1 << 20;
+
+/// A path of a workspace binary next to the test's own target directory.
+pub fn workspace_bin(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let p = exe.parent().unwrap().parent().unwrap().join(name);
+    assert!(
+        p.exists(),
+        "{} missing: build it first (cargo build --bins -p ...)",
+        p.display()
+    );
+    p
+}
+
+/// `n` consecutive free ports on 127.0.0.1.
+pub fn free_ports(n: u16) -> u16 {
+    for _ in 0..500 {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let p = l.local_addr().unwrap().port();
+        drop(l);
+        if p > 65000 - n {
+            continue;
+        }
+        if (0..n).all(|i| TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
+            return p;
+        }
+    }
+    panic!("no {n} consecutive free ports");
+}
+
+/// Polls `f` until it returns `Some` or `secs` pass.
+pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        if let Some(v) = f().await {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {secs} s waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A disk directory with its identity file (under /var/tmp: a real filesystem with holes and FIEMAP).
+pub struct Disk {
+    pub dir: tempfile::TempDir,
+    pub uuid: String,
+}
+
+impl Disk {
+    pub fn new(uuid: &str) -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("bim-disk-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        corral_daemon::disk::write_disk_config(dir.path(), uuid).unwrap();
+        Disk {
+            dir,
+            uuid: uuid.to_owned(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn image_dir(&self, name: &str, uuid: &str) -> PathBuf {
+        self.path().join("backing-images").join(format!("{name}-{uuid}"))
+    }
+
+    pub fn backing(&self, name: &str, uuid: &str) -> PathBuf {
+        self.image_dir(name, uuid).join("backing")
+    }
+
+    /// Entries under `backing-images/` (sorted).
+    pub fn image_dirs(&self) -> Vec<String> {
+        let mut v: Vec<String> = match fs::read_dir(self.path().join("backing-images")) {
+            Ok(rd) => rd
+                .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+                .collect(),
+            Err(_) => Vec::new(),
+        };
+        v.sort();
+        v
+    }
+}
+
+/// Writes a sparse test image of `size` bytes: 1 MiB of a pattern every other MiB (half holes).
+pub fn write_image(path: &Path, size: u64, seed: u8) {
+    fs::create_dir_all(path.parent().unwrap()).unwrap();
+    let f = fs::File::create(path).unwrap();
+    f.set_len(size).unwrap();
+    let mut off = 0;
+    while off < size {
+        let len = MIB.min(size - off);
+        let chunk: Vec<u8> = (0..len)
+            .map(|i| {
+                ((i / 4096) as u8)
+                    .wrapping_mul(31)
+                    .wrapping_add(seed)
+                    .wrapping_add((off / MIB) as u8)
+                    | 1
+            })
+            .collect();
+        f.write_all_at(&chunk, off).unwrap();
+        off += 2 * MIB;
+    }
+    f.sync_all().unwrap();
+}
+
+pub fn sha512_hex(path: &Path) -> String {
+    hex::encode(Sha512::digest(fs::read(path).unwrap()))
+}
+
+pub fn allocated(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    fs::metadata(path).unwrap().blocks() * 512
+}
+
+/// A running `corral-bim serve`.
+pub struct Bim {
+    pub child: Child,
+    pub port: u16,
+    pub http_port: u16,
+    pub log: PathBuf,
+    pub args: Vec<String>,
+}
+
+impl Bim {
+    /// Starts a manager on `disk` with a receiver port range of `range_len` ports and waits until it serves.
+    pub async fn start(disk: &Disk, range_len: u16, extra: &[&str]) -> Self {
+        let (port, http_port) = (free_ports(1), free_ports(1));
+        let range = free_ports(range_len);
+        let mut args: Vec<String> = [
+            "serve",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+            "--http-listen",
+            &format!("127.0.0.1:{http_port}"),
+            "--disk-path",
+            disk.path().to_str().unwrap(),
+            "--disk-uuid",
+            &disk.uuid,
+            "--port-range",
+            &format!("{range}-{}", range + range_len - 1),
+        ]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+        args.extend(extra.iter().map(ToString::to_string));
+        let log = std::env::temp_dir().join(format!("corral-bim-test-{port}.log"));
+        Self::spawn(args, port, http_port, log).await
+    }
+
+    fn spawn_child(args: &[String], log: &Path) -> Child {
+        let logf = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .unwrap();
+        Command::new(env!("CARGO_BIN_EXE_corral-bim"))
+            .args(args)
+            .stdout(Stdio::null())
+            .stderr(Stdio::from(logf))
+            .spawn()
+            .unwrap()
+    }
+
+    async fn spawn(args: Vec<String>, port: u16, http_port: u16, log: PathBuf) -> Self {
+        let child = Self::spawn_child(&args, &log);
+        let mut bim = Bim {
+            child,
+            port,
+            http_port,
+            log,
+            args,
+        };
+        bim.wait_ready().await;
+        bim
+    }
+
+    async fn wait_ready(&mut self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(mut c) = connect(&self.addr()).await
+                && c.version_get(v1::Empty {}).await.is_ok()
+            {
+                return;
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                panic!("corral-bim exited before it served ({st}): {}", self.log_text());
+            }
+            assert!(
+                Instant::now() < deadline,
+                "corral-bim not ready within 30 s: {}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    pub fn log_text(&self) -> String {
+        fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    pub fn addr(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    pub fn http(&self) -> String {
+        format!("http://127.0.0.1:{}", self.http_port)
+    }
+
+    pub async fn client(&self) -> BimClient {
+        connect(&self.addr()).await.unwrap()
+    }
+
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM and waits for a clean exit.
+    pub fn terminate(&mut self) {
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(st) = self.child.try_wait().unwrap() {
+                assert!(
+                    st.success(),
+                    "corral-bim exited with {st} after SIGTERM: {}",
+                    self.log_text()
+                );
+                return;
+            }
+            assert!(Instant::now() < deadline, "corral-bim did not stop on SIGTERM");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Kills the daemon (SIGKILL unless it already exited) and starts it again: same disk, same ports.
+    pub async fn restart(&mut self) {
+        self.kill();
+        self.child = Self::spawn_child(&self.args, &self.log);
+        self.wait_ready().await;
+    }
+
+    pub async fn get(&self, name: &str) -> Result<v1::BimImage, tonic::Status> {
+        self.client()
+            .await
+            .get(v1::BimImageRef {
+                name: name.to_owned(),
+                uuid: String::new(),
+            })
+            .await
+            .map(tonic::Response::into_inner)
+    }
+
+    /// Waits until `name` reports `state`, failing early on an unexpected final state.
+    pub async fn wait_state(&self, name: &str, state: &str, secs: u64) -> v1::BimImage {
+        let deadline = Instant::now() + Duration::from_secs(secs);
+        loop {
+            let img = self.get(name).await;
+            if let Ok(img) = &img {
+                let st = img.status.clone().unwrap_or_default();
+                if st.state == state {
+                    return img.clone();
+                }
+                assert!(
+                    !(st.state == "failed" && state == "ready"),
+                    "{name} failed: {}\n{}",
+                    st.message,
+                    self.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{name} not {state} within {secs} s (now {img:?})\n{}",
+                self.log_text()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn metric(&self, name: &str) -> f64 {
+        let text = reqwest::get(format!("{}/metrics", self.http()))
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        text.lines()
+            .find_map(|l| l.strip_prefix(name).and_then(|r| r.trim().parse().ok()))
+            .unwrap_or_else(|| panic!("metric {name} missing in {text}"))
+    }
+}
+
+impl Drop for Bim {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = fs::remove_file(&self.log);
+    }
+}
+
+pub fn spec(name: &str, uuid: &str, size: u64, checksum: &str) -> Option<v1::BimImageSpec> {
+    Some(v1::BimImageSpec {
+        name: name.to_owned(),
+        uuid: uuid.to_owned(),
+        size,
+        checksum: checksum.to_owned(),
+    })
+}
+
+pub fn state(img: &v1::BimImage) -> String {
+    img.status.clone().unwrap_or_default().state
+}
+
+/// A stand-in for a data source's HTTP API (`GET /v1/file`, `POST /v1/file?action=transfer`) serving a fixed JSON
+/// document; counts transfers.
+pub struct FakeDataSource {
+    pub addr: String,
+    pub transfers: Arc<Mutex<u32>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl FakeDataSource {
+    pub async fn start(info: serde_json::Value) -> Self {
+        use axum::routing::get;
+        let transfers = Arc::new(Mutex::new(0));
+        let t = transfers.clone();
+        let info = Arc::new(Mutex::new(info));
+        let i2 = info.clone();
+        let app = axum::Router::new().route(
+            "/v1/file",
+            get(move || {
+                let info = info.clone();
+                async move { axum::Json(info.lock().unwrap().clone()) }
+            })
+            .post(move || {
+                let (t, info) = (t.clone(), i2.clone());
+                async move {
+                    *t.lock().unwrap() += 1;
+                    info.lock().unwrap()["state"] = "ready".into();
+                    axum::Json(info.lock().unwrap().clone())
+                }
+            }),
+        );
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = l.local_addr().unwrap().to_string();
+        let task = tokio::spawn(async move {
+            axum::serve(l, app).await.unwrap();
+        });
+        FakeDataSource {
+            addr,
+            transfers,
+            task,
+        }
+    }
+
+    /// The JSON a data source reports for a finished file at `<disk>/tmp/<name>-<uuid>`.
+    pub fn ready_info(disk: &Disk, name: &str, uuid: &str) -> serde_json::Value {
+        let path = disk.path().join("tmp").join(format!("{name}-{uuid}"));
+        let size = fs::metadata(&path).unwrap().len();
+        serde_json::json!({
+            "name": name, "uuid": uuid, "sourceType": "download", "parameters": {},
+            "diskUUID": disk.uuid, "filePath": path.to_str().unwrap(), "size": size, "virtualSize": size,
+            "realSize": allocated(&path), "state": "ready-for-transfer", "progress": 100, "processedSize": size,
+            "expectedChecksum": "", "currentChecksum": sha512_hex(&path), "message": ""
+        })
+    }
+}
+
+impl Drop for FakeDataSource {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A TCP listener that accepts and never answers (a sync receiver that hangs).
+pub fn black_hole() -> (std::net::TcpListener, String) {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    (l, addr)
+}
+
+/// Flushes stdout of a failing test's context (keeps `Write` used in helpers).
+pub fn note(msg: &str) {
+    let _ = writeln!(std::io::stderr(), "{msg}");
+}
