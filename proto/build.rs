@@ -6,6 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/corral/v1/syncagent.proto",
         "proto/corral/v1/controller.proto",
         "proto/corral/v1/backing_image_manager.proto",
+        "proto/corral/v1/backup.proto",
     ];
     for f in &files {
         println!("cargo:rerun-if-changed={f}");
