@@ -74,6 +74,9 @@ pub enum ReplicaError {
     /// A job was cancelled.
     #[error("cancelled")]
     Cancelled,
+    /// The backing image cannot be used (unsupported format or feature, corrupt, hostile backing chain).
+    #[error("backing image: {0}")]
+    BackingImage(#[from] disk_image::ImageError),
 }
 
 impl ReplicaError {
@@ -101,6 +104,11 @@ impl ReplicaError {
             Self::NotFound(_) => ErrorKind::NotFound,
             Self::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
             Self::NoSpace { .. } => ErrorKind::NoSpace,
+            Self::BackingImage(e) => match e.kind() {
+                disk_image::ErrorKind::Io => ErrorKind::Io,
+                disk_image::ErrorKind::Corrupt => ErrorKind::Corrupt,
+                _ => ErrorKind::InvalidArgument,
+            },
         }
     }
 }

@@ -37,7 +37,8 @@ enum Cmd {
         /// when it holds one, the size must match.
         #[arg(long, env = "CORRAL_REPLICA_SIZE", value_parser = corral_daemon::parse_size)]
         size: Option<u64>,
-        /// Read-only raw image used as the bottom layer.
+        /// Read-only bottom layer: a raw or qcow2 image, or a directory holding exactly one (the volume may be
+        /// larger than the image; past its end the volume reads zeros). Recorded in volume.meta.
         #[arg(long, env = "CORRAL_REPLICA_BACKING_FILE")]
         backing_file: Option<PathBuf>,
         /// Do not keep the revision counter (faster; the engine then salvages by head mtime and size).
@@ -71,6 +72,11 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
+    /// Inspect or convert a disk image (raw or qcow2) offline.
+    Image {
+        #[command(subcommand)]
+        cmd: ImageCmd,
+    },
     /// Snapshot operations on a running replica.
     Snapshot {
         #[command(subcommand)]
@@ -86,6 +92,25 @@ enum Cmd {
         rehash: bool,
         #[arg(long)]
         json: bool,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum ImageCmd {
+    /// Format, virtual size, allocated size, backing file and SHA-512 of an image (or of the one image in a
+    /// directory).
+    Info {
+        path: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Convert an image (over its backing chain) to a sparse raw file or to qcow2, with a progress bar.
+    Convert {
+        /// Output format: raw or qcow2.
+        #[arg(long)]
+        to: disk_image::ImageFormat,
+        src: PathBuf,
+        dst: PathBuf,
     },
 }
 
@@ -177,6 +202,12 @@ async fn main() -> anyhow::Result<()> {
             print_replica(&r.replica.unwrap_or_default(), json)
         }
         Cmd::Info { .. } => bail!("give --dir or --url"),
+        Cmd::Image {
+            cmd: ImageCmd::Info { path, json },
+        } => replica::image_cli::image_info(&path, json).await,
+        Cmd::Image {
+            cmd: ImageCmd::Convert { to, src, dst },
+        } => replica::image_cli::image_convert(src, dst, to).await,
         Cmd::Snapshot { cmd } => snapshot(cmd).await,
         Cmd::Hash {
             url,

@@ -28,7 +28,8 @@ const RMW_STRIPES: usize = RMW_STRIPES_PUB;
 /// Options for create/open.
 #[derive(Debug, Clone, Default)]
 pub struct ReplicaOptions {
-    /// Read-only bottom layer (a raw image file). Recorded in `volume.meta` and refreshed on every open.
+    /// Read-only bottom layer: a raw or qcow2 image file, or a directory holding exactly one (see
+    /// [`crate::backing::resolve_image_path`]). Recorded in `volume.meta` and refreshed on every open.
     pub backing_file: Option<PathBuf>,
     /// Do not keep the revision counter (faster; salvage uses head mtime and allocated size instead).
     /// `None` keeps what `volume.meta` says.
@@ -42,13 +43,7 @@ pub(crate) struct Layer {
     pub(crate) file: File,
 }
 
-/// The read-only bottom layer.
-#[derive(Debug)]
-pub(crate) struct Backing {
-    pub(crate) path: PathBuf,
-    pub(crate) file: File,
-    pub(crate) size: u64,
-}
+pub(crate) use crate::backing::Backing;
 
 /// Chain state guarded by the structure lock: IO holds it shared, shape changes hold it exclusively.
 #[derive(Debug)]
@@ -209,6 +204,9 @@ impl Replica {
                 "volume size {size} must be a positive multiple of {BLOCK_SIZE}"
             )));
         }
+        if let Some(p) = &opts.backing_file {
+            Backing::open(p)?.fits(size)?; // refuse a bad image before anything is created
+        }
         fs::create_dir_all(dir).ctx("create directory", dir)?;
         if DirLayout::load(dir)?.is_some() {
             return Err(ReplicaError::AlreadyExists(format!(
@@ -299,12 +297,7 @@ impl Replica {
             None => None,
         };
         let backing = match backing_path {
-            Some(p) => {
-                let p = fs::canonicalize(&p).ctx("resolve backing file", &p)?;
-                let file = open_ro(&p)?;
-                let size = file.metadata().ctx("stat", &p)?.len();
-                Some(Backing { path: p, file, size })
-            }
+            Some(p) => Some(Backing::open(&p)?.fits(vinfo.size)?),
             None => None,
         };
 
