@@ -3,6 +3,7 @@
 //! salvages at start, orchestrates snapshots, revert, expansion and rebuild, and exposes gRPC
 //! `ControllerService` plus an operator CLI.
 
+pub mod clone;
 pub mod daemon;
 pub mod device;
 pub mod error;

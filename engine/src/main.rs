@@ -125,6 +125,9 @@ enum SnapCmd {
     Revert { name: String },
     /// Reclaim the space of removed snapshots, with progress.
     Purge,
+    /// Clone, clone status, export to a file (engine/src/clone.rs).
+    #[command(flatten)]
+    Clone(engine::clone::cli::CloneCmd),
 }
 
 async fn client(url: &str) -> anyhow::Result<ControllerServiceClient<Channel>> {
@@ -430,5 +433,6 @@ async fn snapshot(url: &str, json: bool, cmd: SnapCmd) -> anyhow::Result<()> {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
+        SnapCmd::Clone(cmd) => engine::clone::cli::run(url, json, cmd).await,
     }
 }

@@ -176,4 +176,19 @@ impl ControllerService for EngineGrpc {
             errors: m.errors.load(Relaxed),
         }))
     }
+
+    async fn snapshot_clone(
+        &self,
+        req: Request<v1::VolumeCloneRequest>,
+    ) -> Result<Response<v1::Empty>, Status> {
+        self.volume.snapshot_clone(&req.into_inner()).await?;
+        Ok(Response::new(v1::Empty {}))
+    }
+
+    async fn snapshot_clone_status(
+        &self,
+        _: Request<v1::Empty>,
+    ) -> Result<Response<v1::VolumeCloneStatusResponse>, Status> {
+        Ok(Response::new(self.volume.clone_status().await?))
+    }
 }

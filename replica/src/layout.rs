@@ -11,6 +11,8 @@
 //!   folded file over its child and crashed before re-pointing the child → the child is re-pointed to the
 //!   grandparent and the meta deleted.
 //! - a snapshot meta without an image and without children: a snapshot interrupted before its link → deleted.
+//! - `*.clone`, `*.clone.sync-partial`: a clone's received data; a snapshot outside the live chain that shares the
+//!   inode of its `.clone` file is an uncommitted clone → deleted with its meta (see [`crate::clone`]).
 //!
 //! Anything else that does not fit (a missing parent, unparsable metadata) is an error naming the file; nothing
 //! is touched then.
@@ -200,6 +202,7 @@ impl DirLayout {
                 });
             }
         }
+        repairs.extend(crate::clone::leftovers(dir, &files, &live, &mut disks));
         live.reverse();
         Ok(Some(Self {
             dir: dir.to_owned(),

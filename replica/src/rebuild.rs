@@ -73,6 +73,7 @@ impl RebuildTracker {
             from_addresses: s.from,
             files_done: s.files_done,
             files_total: s.files_total,
+            snapshot_name: String::new(),
         }
     }
 }

@@ -37,6 +37,8 @@ async fn blocking<T: Send + 'static>(
 pub struct ReplicaGrpc {
     host: Arc<ReplicaHost>,
     rebuild: Arc<crate::rebuild::RebuildTracker>,
+    clone: Arc<crate::clone::CloneTracker>,
+    exports: Arc<crate::export::ExportTracker>,
     /// Address sparse-sync receivers bind to (the daemon's listen IP).
     listen_ip: std::net::IpAddr,
     cancel: tokio_util::sync::CancellationToken,
@@ -52,6 +54,8 @@ impl ReplicaGrpc {
         Self {
             host,
             rebuild: Arc::default(),
+            clone: Arc::default(),
+            exports: Arc::default(),
             listen_ip,
             cancel,
         }
@@ -73,10 +77,6 @@ impl ReplicaGrpc {
         blocking(move || f(&*host.replica()?)).await?;
         self.reply().await
     }
-}
-
-fn unimplemented(what: &str) -> Status {
-    Status::unimplemented(format!("{what} is not implemented by this replica version yet"))
 }
 
 #[tonic::async_trait]
@@ -185,6 +185,11 @@ impl SyncAgentService for ReplicaGrpc {
     async fn snapshot_purge(&self, _: Request<v1::Empty>) -> Result<Response<v1::Empty>, Status> {
         let replica = self.host.replica()?;
         let host = self.host.clone();
+        if self.exports.running() > 0 {
+            return Err(Status::failed_precondition(
+                "a snapshot export is running; purge after it finishes",
+            ));
+        }
         let Some(ctl) = host.jobs.start(PURGE) else {
             return Err(Status::failed_precondition("a purge is already running"));
         };
@@ -297,6 +302,11 @@ impl SyncAgentService for ReplicaGrpc {
     }
 
     async fn files_sync(&self, req: Request<v1::FilesSyncRequest>) -> Result<Response<v1::Empty>, Status> {
+        if self.clone.is_running() {
+            return Err(Status::failed_precondition(
+                "a clone is running on this replica; rebuild after it finishes",
+            ));
+        }
         crate::rebuild::start(
             self.host.clone(),
             self.rebuild.clone(),
@@ -326,22 +336,35 @@ impl SyncAgentService for ReplicaGrpc {
 
     async fn volume_export(
         &self,
-        _: Request<v1::VolumeExportRequest>,
-    ) -> Result<Response<v1::Empty>, Status> {
-        Err(unimplemented("VolumeExport (snapshot export)"))
+        req: Request<v1::VolumeExportRequest>,
+    ) -> Result<Response<v1::VolumeExportResponse>, Status> {
+        let host = &self.host;
+        let purging = || host.jobs.status(PURGE).state == JobState::InProgress;
+        Ok(Response::new(
+            crate::export::volume_export(host, &self.exports, purging, &req.into_inner()).await?,
+        ))
     }
 
     async fn snapshot_clone(
         &self,
-        _: Request<v1::SnapshotCloneRequest>,
+        req: Request<v1::SnapshotCloneRequest>,
     ) -> Result<Response<v1::Empty>, Status> {
-        Err(unimplemented("SnapshotClone (volume clone)"))
+        crate::clone::start(
+            self.host.clone(),
+            self.clone.clone(),
+            self.rebuild.to_proto().is_running,
+            self.listen_ip,
+            req.into_inner(),
+            self.cancel.child_token(),
+        )
+        .await?;
+        Ok(Response::new(v1::Empty {}))
     }
 
     async fn snapshot_clone_status(
         &self,
         _: Request<v1::Empty>,
     ) -> Result<Response<v1::JobStatusResponse>, Status> {
-        Err(unimplemented("SnapshotCloneStatus (volume clone)"))
+        Ok(Response::new(self.clone.to_proto()))
     }
 }

@@ -1,0 +1,458 @@
+//! Volume clone and snapshot export end to end: real replica and engine daemons, data written through NBD with
+//! qemu-io, the `corral-engine snapshot clone | clone-status | export` CLI, SIGSTOP/SIGKILL of the source.
+
+mod common;
+
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use common::{Engine, Replica, eventually, qemu_io};
+use corral_proto::v1::{self, sync_agent_service_client::SyncAgentServiceClient};
+
+const SIZE: u64 = 32 << 20;
+const MIB: usize = 1 << 20;
+
+fn ok(out: &Output) -> String {
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "command failed: {text}");
+    text
+}
+
+fn fails(out: &Output) -> String {
+    let text = String::from_utf8_lossy(&out.stderr).into_owned();
+    assert!(!out.status.success(), "command succeeded but should not: {text}");
+    text
+}
+
+fn signal(r: &Replica, sig: &str) {
+    let st = Command::new("kill")
+        .args([sig, &r.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+}
+
+/// Allocated bytes of the files of `dir` whose name starts with `prefix`.
+fn allocated(dir: &Path, prefix: &str) -> u64 {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .map(|e| e.metadata().unwrap().blocks() * 512)
+        .sum()
+}
+
+/// File names in a replica directory, sorted.
+fn files(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n != "revision.counter" && n != "volume.meta")
+        .collect();
+    v.sort();
+    v
+}
+
+async fn replica_get(r: &Replica) -> v1::Replica {
+    corral_proto::v1::replica_service_client::ReplicaServiceClient::connect(format!(
+        "http://127.0.0.1:{}",
+        r.port
+    ))
+    .await
+    .unwrap()
+    .replica_get(v1::Empty {})
+    .await
+    .unwrap()
+    .into_inner()
+    .replica
+    .unwrap()
+}
+
+async fn clone_status(e: &Engine) -> v1::VolumeCloneStatusResponse {
+    e.client()
+        .await
+        .snapshot_clone_status(v1::Empty {})
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// A source volume over `n` replicas with patterns written through NBD, snapshot `s1`, then more writes.
+/// Returns the replicas, the engine and the volume's content at `s1`.
+async fn source(dir: &Path, n: usize, extra: &[&str]) -> (Vec<Replica>, Engine, Vec<u8>) {
+    let rs: Vec<Replica> = (0..n)
+        .map(|i| Replica::start(&dir.join(format!("src{i}")), extra))
+        .collect();
+    let addrs: Vec<String> = rs.iter().map(Replica::address).collect();
+    let e = Engine::start(dir, "src", SIZE, &addrs, &[]);
+    let (good, out) = qemu_io(
+        &e.unix_uri(),
+        &[
+            "write -P 0xa1 0 4M",
+            "write -P 0xb2 20M 2M",
+            "write -P 0x3c 31M 4k",
+            "flush",
+        ],
+    );
+    assert!(good, "{out}");
+    ok(&e.cli(&["snapshot", "create", "s1"]));
+    let at_s1 = rs[0].flattened(SIZE).await;
+    let (good, out) = qemu_io(
+        &e.unix_uri(),
+        &["write -P 0xc3 1M 1M", "write -P 0xd4 28M 1M", "flush"],
+    );
+    assert!(good, "{out}");
+    (rs, e, at_s1)
+}
+
+fn target(dir: &Path, name: &str, n: usize, size: u64, extra: &[&str]) -> (Vec<Replica>, Engine) {
+    let rs: Vec<Replica> = (0..n)
+        .map(|i| Replica::start(&dir.join(format!("{name}{i}")), extra))
+        .collect();
+    let addrs: Vec<String> = rs.iter().map(Replica::address).collect();
+    let e = Engine::start(dir, name, size, &addrs, &[]);
+    (rs, e)
+}
+
+fn url(e: &Engine) -> String {
+    format!("127.0.0.1:{}", e.port)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clone_equals_the_snapshot_not_later_writes_on_every_replica_and_export_writes_the_same_image() {
+    let t = tempfile::tempdir().unwrap();
+    let (srcs, src, at_s1) = source(t.path(), 1, &[]).await;
+    let (tgts, tgt) = target(t.path(), "tgt", 2, SIZE, &[]);
+
+    let out = ok(&tgt.cli(&[
+        "snapshot",
+        "clone",
+        "--from-engine",
+        &url(&src),
+        "--snapshot",
+        "s1",
+    ]));
+    assert!(out.contains("cloned volume-snap-s1.img"), "{out}");
+    let st = clone_status(&tgt).await;
+    assert_eq!(st.state, "complete");
+    assert_eq!(st.progress, 100);
+    assert_eq!(st.from_replica_address, srcs[0].address());
+    assert_eq!(st.replicas.len(), 2);
+
+    // Every target replica holds the snapshot's data, not the writes made after it.
+    let now = srcs[0].flattened(SIZE).await;
+    assert_ne!(now, at_s1, "the later writes changed the source");
+    for r in &tgts {
+        assert!(
+            r.flattened(SIZE).await == at_s1,
+            "replica {} differs from s1",
+            r.address()
+        );
+        let g = replica_get(r).await;
+        assert_eq!(g.chain, vec!["volume-head-001.img", "volume-snap-s1.img"]);
+        // Holes stayed holes: the clone allocates no more than the source snapshot holds.
+        let cloned = allocated(&r.dir, "volume-snap-s1.img");
+        let source = allocated(&srcs[0].dir, "volume-snap-s1.img");
+        assert!(
+            cloned <= source,
+            "clone allocates {cloned} bytes, the source snapshot {source}"
+        );
+        assert!(cloned >= 6 << 20, "clone allocates only {cloned} bytes");
+    }
+    // Through NBD too.
+    let (good, out) = qemu_io(
+        &tgt.unix_uri(),
+        &["read -P 0xa1 0 4M", "read -P 0xb2 20M 2M", "read -P 0 28M 1M"],
+    );
+    assert!(good, "{out}");
+
+    // Export of the same snapshot to a raw file: the same image, sparse.
+    let raw = t.path().join("s1.raw");
+    ok(&src.cli(&[
+        "snapshot",
+        "export",
+        "s1",
+        "--to",
+        raw.to_str().unwrap(),
+        "--format",
+        "raw",
+    ]));
+    assert!(
+        std::fs::read(&raw).unwrap() == at_s1,
+        "exported image differs from s1"
+    );
+    assert!(allocated(t.path(), "s1.raw") <= allocated(&srcs[0].dir, "volume-snap-s1.img"));
+    let cmp = Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(&raw)
+        .arg(t.path().join("src0").join("volume-snap-s1.img"))
+        .output()
+        .unwrap();
+    assert!(cmp.status.success(), "{}", String::from_utf8_lossy(&cmp.stdout));
+    // An existing file is not overwritten.
+    let err = fails(&src.cli(&["snapshot", "export", "s1", "--to", raw.to_str().unwrap()]));
+    assert!(err.contains("exists"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clone_with_backing_image_sends_only_volume_data_or_includes_the_backing_data_when_asked() {
+    let t = tempfile::tempdir().unwrap();
+    // A raw backing image with data in the first 8 MiB and at 24 MiB.
+    let backing = t.path().join("base.raw");
+    let mut base = vec![0u8; usize::try_from(SIZE).unwrap()];
+    base[..8 * MIB].fill(0x42);
+    base[24 * MIB..25 * MIB].fill(0x24);
+    std::fs::write(&backing, &base).unwrap();
+    let b = backing.to_str().unwrap();
+    let (_srcs, src, at_s1) = source(t.path(), 1, &["--backing-file", b]).await;
+    assert_eq!(
+        &at_s1[5 * MIB..5 * MIB + 4],
+        &[0x42; 4],
+        "backing data visible at s1"
+    );
+    assert_eq!(&at_s1[24 * MIB..24 * MIB + 4], &[0x24; 4]);
+
+    // Target with the same backing image: only the volume's own data travels.
+    let (same, tgt_same) = target(t.path(), "same", 1, SIZE, &["--backing-file", b]);
+    ok(&tgt_same.cli(&[
+        "snapshot",
+        "clone",
+        "--from-engine",
+        &url(&src),
+        "--snapshot",
+        "s1",
+    ]));
+    assert!(same[0].flattened(SIZE).await == at_s1);
+    let st = clone_status(&tgt_same).await;
+    let sent = st.replicas.values().next().unwrap().bytes_transferred;
+    let volume_data = (6 << 20) + 4096;
+    assert!(
+        sent >= volume_data && sent < volume_data + (1 << 20),
+        "sent {sent} bytes for {volume_data} bytes of volume data"
+    );
+
+    // Target without a backing image: --export-backing-image brings the backing data along.
+    let (bare, tgt_bare) = target(t.path(), "bare", 1, SIZE, &[]);
+    ok(&tgt_bare.cli(&[
+        "snapshot",
+        "clone",
+        "--from-engine",
+        &url(&src),
+        "--snapshot",
+        "s1",
+        "--export-backing-image",
+    ]));
+    assert!(bare[0].flattened(SIZE).await == at_s1);
+    let st = clone_status(&tgt_bare).await;
+    let sent = st.replicas.values().next().unwrap().bytes_transferred;
+    assert!(
+        sent >= 8 << 20,
+        "sent only {sent} bytes although backing data was asked for"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clone_refuses_bad_input_and_leaves_the_target_unchanged() {
+    let t = tempfile::tempdir().unwrap();
+    let (srcs, src, _) = source(t.path(), 1, &[]).await;
+    let (tgts, tgt) = target(t.path(), "tgt", 1, SIZE, &[]);
+    let (good, out) = qemu_io(&tgt.unix_uri(), &["write -P 0x99 0 1M", "flush"]);
+    assert!(good, "{out}");
+    let before = (replica_get(&tgts[0]).await.chain, files(&tgts[0].dir));
+    let unchanged = async || {
+        assert_eq!((replica_get(&tgts[0]).await.chain, files(&tgts[0].dir)), before);
+        let (good, out) = qemu_io(&tgt.unix_uri(), &["read -P 0x99 0 1M"]);
+        assert!(good, "{out}");
+    };
+    let clone = |snap: &str| {
+        tgt.cli(&[
+            "snapshot",
+            "clone",
+            "--from-engine",
+            &url(&src),
+            "--snapshot",
+            snap,
+        ])
+    };
+
+    let err = fails(&clone("nope"));
+    assert!(
+        err.contains("volume-snap-nope.img") && err.contains("not found"),
+        "{err}"
+    );
+    unchanged().await;
+    for head in ["volume-head-001.img", "volume-head"] {
+        let err = fails(&clone(head));
+        assert!(err.contains("is the volume head"), "{err}");
+        unchanged().await;
+    }
+    let err = fails(&clone("../etc"));
+    assert!(err.contains("invalid snapshot name"), "{err}");
+    unchanged().await;
+
+    // A source of another size.
+    let (_small, small_engine) = target(t.path(), "small", 1, SIZE / 2, &[]);
+    let err = fails(&small_engine.cli(&[
+        "snapshot",
+        "clone",
+        "--from-engine",
+        &url(&src),
+        "--snapshot",
+        "s1",
+    ]));
+    assert!(err.contains("same size"), "{err}");
+
+    // The replica checks the size itself too (a caller that skips the engine).
+    let mut sync = SyncAgentServiceClient::connect(format!("http://127.0.0.1:{}", tgts[0].port + 2))
+        .await
+        .unwrap();
+    let small_src = Replica::start(&t.path().join("small-src"), &["--size", &(SIZE / 2).to_string()]);
+    let e2 = Engine::start(t.path(), "small-src", SIZE / 2, &[small_src.address()], &[]);
+    ok(&e2.cli(&["snapshot", "create", "s1"]));
+    let err = sync
+        .snapshot_clone(v1::SnapshotCloneRequest {
+            from_address: small_src.address(),
+            snapshot_file_name: "s1".into(),
+            export_backing_image_if_exist: false,
+            max_bytes_per_second: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("same size"), "{err:?}");
+    unchanged().await;
+
+    // A rebuild running on the target replica (its source frozen, so it stays running).
+    let frozen = Replica::start(&t.path().join("frozen"), &["--size", &SIZE.to_string()]);
+    signal(&frozen, "-STOP");
+    let rebuild_target = Replica::start(&t.path().join("rebuilt"), &["--size", &SIZE.to_string()]);
+    let mut rsync = SyncAgentServiceClient::connect(format!("http://127.0.0.1:{}", rebuild_target.port + 2))
+        .await
+        .unwrap();
+    rsync
+        .files_sync(v1::FilesSyncRequest {
+            from_addresses: vec![frozen.address()],
+            files: vec![v1::DiskInfo {
+                name: "volume-snap-x.img".into(),
+                ..Default::default()
+            }],
+            fast_sync: false,
+        })
+        .await
+        .unwrap();
+    let err = rsync
+        .snapshot_clone(v1::SnapshotCloneRequest {
+            from_address: srcs[0].address(),
+            snapshot_file_name: "s1".into(),
+            export_backing_image_if_exist: false,
+            max_bytes_per_second: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("rebuild"), "{err:?}");
+    signal(&frozen, "-CONT");
+
+    // The same name cannot be cloned twice into one replica.
+    ok(&clone("s1"));
+    let err = fails(&clone("s1"));
+    assert!(err.contains("already exists"), "{err}");
+}
+
+/// Seed's interrupt test: the clone is slowed by a rate limit so it is provably running, a second clone is
+/// refused, the source replica is SIGKILLed once data arrives, the clone fails within the replica timeout and leaves
+/// the target as it was; a second clone from the volume's healthy replica completes with identical data.
+async fn interrupted_clone(size_mib: usize, rate: &str) {
+    let t = tempfile::tempdir().unwrap();
+    let size = (size_mib as u64) << 20;
+    let mut rs: Vec<Replica> = (0..2)
+        .map(|i| Replica::start(&t.path().join(format!("src{i}")), &[]))
+        .collect();
+    let addrs: Vec<String> = rs.iter().map(Replica::address).collect();
+    let src = Engine::start(t.path(), "src", size, &addrs, &[]);
+    let half = size_mib / 2;
+    let (good, out) = qemu_io(
+        &src.unix_uri(),
+        &[
+            &format!("write -P 0x5a 0 {half}M"),
+            &format!("write -P 0x6b {half}M 1M"),
+            "flush",
+        ],
+    );
+    assert!(good, "{out}");
+    ok(&src.cli(&["snapshot", "create", "s1"]));
+    let want = rs[1].flattened(size).await;
+    let (tgts, tgt) = target(t.path(), "tgt", 1, size, &[]);
+    let before = (replica_get(&tgts[0]).await.chain, files(&tgts[0].dir));
+
+    let start = [
+        "snapshot",
+        "clone",
+        "--from-engine",
+        &url(&src),
+        "--snapshot",
+        "s1",
+    ];
+    ok(&tgt.cli(&[&start[..], &["--max-rate", rate, "--no-wait"]].concat()));
+    assert_eq!(clone_status(&tgt).await.state, "in-progress");
+    let err = fails(&tgt.cli(&start));
+    assert!(err.contains("already cloning"), "{err}");
+    eventually("clone data arriving", 20, async || {
+        let s = clone_status(&tgt).await;
+        assert_eq!(s.state, "in-progress", "{s:?}");
+        s.progress > 0
+    })
+    .await;
+
+    rs[0].kill();
+    let killed = Instant::now();
+    eventually("clone fails after the source is killed", 20, async || {
+        clone_status(&tgt).await.state == "error"
+    })
+    .await;
+    assert!(
+        killed.elapsed() < Duration::from_secs(4),
+        "clone noticed the dead source only after {:?}",
+        killed.elapsed()
+    );
+    let st = clone_status(&tgt).await;
+    assert!(st.error.contains("export from"), "{st:?}");
+    assert_eq!((replica_get(&tgts[0]).await.chain, files(&tgts[0].dir)), before);
+
+    // The source engine notices its dead replica on the next IO; the clone then comes from the healthy one.
+    let _ = qemu_io(&src.unix_uri(), &["write -P 0x01 0 4k", "flush"]);
+    eventually("source replica ERR", 20, async || {
+        src.modes()
+            .await
+            .iter()
+            .any(|(a, m)| *a == rs[0].address() && m == "ERR")
+    })
+    .await;
+    ok(&tgt.cli(&[
+        "snapshot",
+        "clone",
+        "--from-engine",
+        &url(&src),
+        "--snapshot",
+        "s1",
+    ]));
+    assert_eq!(clone_status(&tgt).await.from_replica_address, rs[1].address());
+    assert!(tgts[0].flattened(size).await == want, "clone differs from s1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_source_fails_the_clone_leaves_the_target_unchanged_and_a_retry_completes() {
+    interrupted_clone(64, "16M").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "1 GiB of data: run with --run-ignored"]
+async fn killing_the_source_of_a_1_gib_clone_fails_it_and_a_retry_completes() {
+    interrupted_clone(2048, "256M").await;
+}

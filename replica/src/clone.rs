@@ -1,0 +1,448 @@
+//! Snapshot clone, target side (`SnapshotClone`): this replica receives a snapshot of another volume's replica
+//! (exported flattened by the source's `VolumeExport`, see [`crate::export`]) into a new snapshot file and makes it
+//! its chain: the clone becomes a root snapshot with a new empty head over it, like a revert (the old head's data
+//! is discarded; older snapshots of this replica stay as a side branch).
+//!
+//! A clone is all or nothing. The data arrives in `<snapshot>.img.clone` (the receiver writes
+//! `<snapshot>.img.clone.sync-partial` and renames it only after an fsync at the sender's close). The commit then
+//! runs in the order of a revert: new head + its meta, the snapshot's meta, the snapshot's image as a hard link of
+//! the `.clone` file, and `volume.meta` naming the new head (the commit point); the `.clone` name, the old head and
+//! its meta go last. [`leftovers`] recognises every intermediate state at open: a `.clone` file whose snapshot is
+//! not in the live chain is an uncommitted clone, and it goes together with the snapshot image that shares its
+//! inode and that image's meta; a committed one loses only its `.clone` name.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use corral_proto::REPLICA_SYNC_AGENT_PORT_OFFSET;
+use corral_proto::v1::{
+    self, replica_service_client::ReplicaServiceClient, sync_agent_service_client::SyncAgentServiceClient,
+};
+use sparse_sync::receiver::{Receiver, ReceiverConfig, partial_path};
+use sparse_sync::{ReceiveOutcome, ReceiveSummary};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use crate::error::{IoContext, ReplicaError, Result};
+use crate::export::snapshot_file;
+use crate::jobs::JobState;
+use crate::layout::Repair;
+use crate::meta::{DiskMeta, remove_if_exists, sync_dir, write_json_atomic};
+use crate::names::{self, VOLUME_META};
+use crate::replica::{Layer, Replica, build_map, create_layer_file, lock, now_rfc3339, write_lock};
+use crate::service::ReplicaHost;
+
+/// Suffix of the file a clone receives into.
+pub const CLONE_SUFFIX: &str = ".clone";
+/// How long the receiver waits for the source's next request before the clone fails.
+const RECEIVER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+/// How long the export's answer may lag behind the receiver's commit.
+const EXPORT_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Status of the clone into this replica.
+#[derive(Debug, Clone, Default)]
+struct CloneStatus {
+    state: JobState,
+    error: String,
+    from: String,
+    snapshot: String,
+    progress: u32,
+    bytes_sent: u64,
+}
+
+/// The clone job slot of one replica daemon.
+#[derive(Debug, Default)]
+pub struct CloneTracker {
+    status: Mutex<CloneStatus>,
+}
+
+impl CloneTracker {
+    /// Is a clone running?
+    pub fn is_running(&self) -> bool {
+        lock(&self.status).state == JobState::InProgress
+    }
+
+    /// Current status as the wire message.
+    pub fn to_proto(&self) -> v1::JobStatusResponse {
+        let s = lock(&self.status).clone();
+        v1::JobStatusResponse {
+            is_running: s.state == JobState::InProgress,
+            state: s.state.as_str().into(),
+            progress: if s.state == JobState::Complete {
+                100
+            } else {
+                s.progress
+            },
+            error: s.error,
+            bytes_transferred: s.bytes_sent,
+            from_addresses: if s.from.is_empty() { vec![] } else { vec![s.from] },
+            files_done: u32::from(s.state == JobState::Complete),
+            files_total: u32::from(s.state != JobState::None),
+            snapshot_name: s.snapshot,
+            ..Default::default()
+        }
+    }
+}
+
+fn split_address(address: &str) -> std::result::Result<(String, u16), String> {
+    let (host, port) = address
+        .trim_start_matches("tcp://")
+        .rsplit_once(':')
+        .ok_or_else(|| format!("bad source address {address:?}: expected HOST:PORT"))?;
+    let port = port
+        .parse()
+        .map_err(|_| format!("bad source address {address:?}: bad port"))?;
+    Ok((host.to_owned(), port))
+}
+
+async fn channel(host: &str, port: u16) -> std::result::Result<tonic::transport::Channel, String> {
+    tonic::transport::Endpoint::from_shared(format!("http://{host}:{port}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .map_err(|e| format!("connect to {host}:{port}: {e}"))
+}
+
+/// What the target checks on the source before it starts: the snapshot exists, is not removed, and the volume
+/// sizes agree. Returns the sum of the allocated sizes of the snapshot's chain (the progress estimate).
+async fn check_source(address: &str, snapshot: &str, size: u64) -> Result<u64> {
+    let (host, port) = split_address(address).map_err(ReplicaError::InvalidArgument)?;
+    let ch = channel(&host, port)
+        .await
+        .map_err(|e| ReplicaError::FailedPrecondition(format!("source replica {address}: {e}")))?;
+    let src = ReplicaServiceClient::new(ch)
+        .replica_get(v1::Empty {})
+        .await
+        .map_err(|e| ReplicaError::FailedPrecondition(format!("source replica {address}: {}", e.message())))?
+        .into_inner()
+        .replica
+        .unwrap_or_default();
+    let Some(disk) = src.disks.get(snapshot) else {
+        return Err(ReplicaError::NotFound(format!(
+            "snapshot {snapshot} on source replica {address}"
+        )));
+    };
+    if disk.removed {
+        return Err(ReplicaError::FailedPrecondition(format!(
+            "snapshot {snapshot} on source replica {address} is marked removed"
+        )));
+    }
+    if src.size != size {
+        return Err(ReplicaError::InvalidArgument(format!(
+            "source replica {address} is {} bytes but this replica is {size} bytes: a clone needs volumes of the \
+             same size",
+            src.size
+        )));
+    }
+    let mut estimate = 0;
+    let mut cur = snapshot.to_owned();
+    for _ in 0..src.disks.len() {
+        let Some(d) = src.disks.get(&cur) else { break };
+        estimate += d.size;
+        if d.parent.is_empty() {
+            break;
+        }
+        cur.clone_from(&d.parent);
+    }
+    Ok(estimate)
+}
+
+/// Starts a clone into `host`'s replica; returns once the request is validated and the job runs.
+pub async fn start(
+    host: Arc<ReplicaHost>,
+    tracker: Arc<CloneTracker>,
+    rebuilding: bool,
+    listen_ip: IpAddr,
+    req: v1::SnapshotCloneRequest,
+    cancel: CancellationToken,
+) -> Result<()> {
+    let file = snapshot_file(&req.snapshot_file_name)?;
+    let replica = host.replica()?;
+    let status = replica.status()?;
+    if rebuilding || status.rebuilding {
+        return Err(ReplicaError::FailedPrecondition(
+            "a rebuild is running on this replica; clone after it finishes".into(),
+        ));
+    }
+    if status.disks.contains_key(&file) {
+        return Err(ReplicaError::AlreadyExists(format!(
+            "snapshot {file} on this replica"
+        )));
+    }
+    if tracker.is_running() {
+        return Err(ReplicaError::FailedPrecondition(
+            "a clone is already running on this replica".into(),
+        ));
+    }
+    let estimate = check_source(&req.from_address, &file, status.size).await?;
+    {
+        let mut s = lock(&tracker.status);
+        if s.state == JobState::InProgress {
+            return Err(ReplicaError::FailedPrecondition(
+                "a clone is already running on this replica".into(),
+            ));
+        }
+        *s = CloneStatus {
+            state: JobState::InProgress,
+            from: req.from_address.clone(),
+            snapshot: file.clone(),
+            ..Default::default()
+        };
+    }
+    info!(dir = %replica.dir().display(), snapshot = %file, from = %req.from_address, "clone started");
+    tokio::spawn(async move {
+        let result = run(&replica, &tracker, listen_ip, &req, &file, estimate, &cancel).await;
+        let mut s = lock(&tracker.status);
+        match result {
+            Ok(()) => {
+                s.state = JobState::Complete;
+                info!(dir = %replica.dir().display(), snapshot = %file, "clone complete");
+            }
+            Err(e) => {
+                warn!(dir = %replica.dir().display(), snapshot = %file, error = %e, "clone failed");
+                s.state = if cancel.is_cancelled() {
+                    JobState::Cancelled
+                } else {
+                    JobState::Error
+                };
+                s.error = e;
+            }
+        }
+    });
+    Ok(())
+}
+
+async fn run(
+    replica: &Arc<Replica>,
+    tracker: &CloneTracker,
+    listen_ip: IpAddr,
+    req: &v1::SnapshotCloneRequest,
+    file: &str,
+    estimate: u64,
+    cancel: &CancellationToken,
+) -> std::result::Result<(), String> {
+    let dir = replica.dir().to_owned();
+    let tmp_name = format!("{file}{CLONE_SUFFIX}");
+    let tmp = dir.join(&tmp_name);
+    remove_if_exists(&tmp).map_err(|e| e.to_string())?;
+    remove_if_exists(&partial_path(&tmp)).map_err(|e| e.to_string())?;
+    let result = receive(replica, tracker, listen_ip, req, file, &tmp, estimate, cancel).await;
+    let result = match result {
+        Ok(()) => {
+            let r = replica.clone();
+            let (f, t) = (file.to_owned(), tmp_name.clone());
+            tokio::task::spawn_blocking(move || r.adopt_clone(&f, &t))
+                .await
+                .map_err(|e| e.to_string())
+                .and_then(|r| r.map_err(|e| e.to_string()))
+        }
+        Err(e) => Err(e),
+    };
+    if result.is_err() {
+        // Nothing of a failed clone stays (the receiver removes its partial file itself).
+        let _ = remove_if_exists(&tmp);
+        let _ = remove_if_exists(&partial_path(&tmp));
+    }
+    result
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn receive(
+    replica: &Replica,
+    tracker: &CloneTracker,
+    listen_ip: IpAddr,
+    req: &v1::SnapshotCloneRequest,
+    file: &str,
+    tmp: &Path,
+    estimate: u64,
+    cancel: &CancellationToken,
+) -> std::result::Result<(), String> {
+    let mut cfg = ReceiverConfig::new(tmp);
+    cfg.idle_timeout = RECEIVER_IDLE_TIMEOUT;
+    let receiver = Receiver::bind(SocketAddr::new(listen_ip, 0), cfg)
+        .await
+        .map_err(|e| e.to_string())?;
+    let to = receiver.local_addr();
+    let rcancel = cancel.child_token();
+    let mut recv = tokio::spawn(receiver.run(rcancel.clone()));
+
+    let (host, port) = split_address(&req.from_address)?;
+    let sync_port = port
+        .checked_add(REPLICA_SYNC_AGENT_PORT_OFFSET)
+        .ok_or("source port out of range")?;
+    let export = async {
+        let mut client = SyncAgentServiceClient::new(channel(&host, sync_port).await?);
+        client
+            .volume_export(v1::VolumeExportRequest {
+                snapshot_file_name: file.to_owned(),
+                host: to.ip().to_string(),
+                port: u32::from(to.port()),
+                export_backing_image_if_exist: req.export_backing_image_if_exist,
+                expected_size: replica.size(),
+                max_bytes_per_second: req.max_bytes_per_second,
+            })
+            .await
+            .map(tonic::Response::into_inner)
+            .map_err(|e| format!("export from {}: {}", req.from_address, e.message()))
+    };
+    tokio::pin!(export);
+    let partial = partial_path(tmp);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let finish = |summary: ReceiveSummary| match summary.outcome {
+        ReceiveOutcome::Completed => Ok(()),
+        o => Err(format!("receiver ended without the snapshot: {o:?}")),
+    };
+    loop {
+        tokio::select! {
+            sent = &mut export => {
+                let sent = match sent {
+                    Ok(s) => s,
+                    Err(e) => {
+                        rcancel.cancel();
+                        let _ = recv.await;
+                        return Err(e);
+                    }
+                };
+                lock(&tracker.status).bytes_sent = sent.bytes_sent;
+                let summary = recv.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+                return finish(summary);
+            }
+            summary = &mut recv => {
+                let summary = summary.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+                finish(summary)?;
+                let sent = tokio::time::timeout(EXPORT_REPLY_TIMEOUT, &mut export)
+                    .await
+                    .map_err(|_| "the source did not confirm the export".to_owned())??;
+                lock(&tracker.status).bytes_sent = sent.bytes_sent;
+                return Ok(());
+            }
+            _ = tick.tick() => {
+                let have = std::fs::metadata(&partial).map(|m| m.blocks() * 512).unwrap_or(0);
+                if let Some(pct) = (have.min(estimate) * 99).checked_div(estimate) {
+                    lock(&tracker.status).progress = u32::try_from(pct).unwrap_or(99);
+                }
+            }
+        }
+    }
+}
+
+impl Replica {
+    /// Makes the received file `tmp` (in this directory) the snapshot `file` at the root of a new chain, with a new
+    /// empty head over it. IO is blocked for the duration (a few fsyncs).
+    pub(crate) fn adopt_clone(&self, file: &str, tmp: &str) -> Result<()> {
+        let _shape = lock(&self.shape);
+        if self.purging.load(Ordering::Acquire) {
+            return Err(ReplicaError::FailedPrecondition(
+                "cannot adopt a clone while a purge runs".into(),
+            ));
+        }
+        let mut chain = self.chain_write_open()?;
+        let dir = self.dir.clone();
+        if chain.disks.contains_key(file) || dir.join(file).exists() {
+            return Err(ReplicaError::AlreadyExists(format!(
+                "snapshot {file} on this replica"
+            )));
+        }
+        let size = chain.info.size;
+        let got = std::fs::metadata(dir.join(tmp)).ctx("stat", dir.join(tmp))?.len();
+        if got != size {
+            return Err(ReplicaError::InvalidArgument(format!(
+                "received clone {tmp} is {got} bytes, the volume is {size}"
+            )));
+        }
+        let old_head = chain.info.head.clone();
+        let new_head = names::head_file(names::head_index(&old_head).unwrap_or(0) + 1);
+        remove_if_exists(&dir.join(&new_head))?;
+        let head_file = create_layer_file(&dir.join(&new_head), size)?;
+        let head_meta = DiskMeta {
+            name: new_head.clone(),
+            parent: file.to_owned(),
+            created: now_rfc3339(),
+            ..Default::default()
+        };
+        write_json_atomic(&dir, &names::meta_file(&new_head), &head_meta)?;
+        let snap_meta = DiskMeta {
+            name: file.to_owned(),
+            parent: String::new(),
+            removed: false,
+            user_created: true,
+            created: now_rfc3339(),
+            labels: BTreeMap::new(),
+        };
+        write_json_atomic(&dir, &names::meta_file(file), &snap_meta)?;
+        std::fs::hard_link(dir.join(tmp), dir.join(file)).ctx("link", dir.join(file))?;
+        sync_dir(&dir)?;
+        let mut info = chain.info.clone();
+        info.head.clone_from(&new_head);
+        info.parent = file.to_owned();
+        info.dirty = true;
+        write_json_atomic(&dir, VOLUME_META, &info)?; // commit point
+        remove_if_exists(&dir.join(tmp))?;
+        remove_if_exists(&dir.join(&old_head))?;
+        remove_if_exists(&dir.join(names::meta_file(&old_head)))?;
+        sync_dir(&dir)?;
+
+        let snap_file = std::fs::File::open(dir.join(file)).ctx("open", dir.join(file))?;
+        let layers = vec![
+            Layer {
+                name: file.to_owned(),
+                file: snap_file,
+            },
+            Layer {
+                name: new_head.clone(),
+                file: head_file,
+            },
+        ];
+        let map = build_map(&dir, &layers)?;
+        chain.info = info;
+        chain.disks.remove(&old_head);
+        chain.disks.insert(file.to_owned(), snap_meta);
+        chain.disks.insert(new_head, head_meta);
+        chain.layers = layers;
+        *write_lock(&self.map) = map;
+        info!(dir = %dir.display(), snapshot = %file, "clone adopted as the chain");
+        Ok(())
+    }
+}
+
+/// Leftovers of clones, for [`crate::layout::DirLayout::load`]: partial receives, `.clone` names of committed
+/// clones, and uncommitted clones (the `.clone` file, the snapshot image that shares its inode, and its meta).
+/// Removes the uncommitted snapshots from `disks`.
+pub(crate) fn leftovers(
+    dir: &Path,
+    files: &[String],
+    live: &[String],
+    disks: &mut BTreeMap<String, DiskMeta>,
+) -> Vec<Repair> {
+    let mut repairs = Vec::new();
+    let inode = |p: PathBuf| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    for f in files {
+        if f.ends_with(&format!("{CLONE_SUFFIX}.sync-partial")) {
+            repairs.push(Repair::Remove(f.clone()));
+            continue;
+        }
+        let Some(snap) = f.strip_suffix(CLONE_SUFFIX) else {
+            continue;
+        };
+        if names::snapshot_name(snap).is_none() {
+            continue;
+        }
+        repairs.push(Repair::Remove(f.clone()));
+        if !live.iter().any(|l| l == snap)
+            && inode(dir.join(snap)).is_some()
+            && inode(dir.join(snap)) == inode(dir.join(f))
+        {
+            repairs.push(Repair::Remove(snap.to_owned()));
+            repairs.push(Repair::Remove(names::meta_file(snap)));
+            repairs.push(Repair::Remove(names::checksum_file(snap)));
+            disks.remove(snap);
+        }
+    }
+    repairs
+}

@@ -1,0 +1,312 @@
+//! Snapshot export, source side: a snapshot flattened over its chain ([`SnapshotView`], a
+//! [`sparse_sync::SyncContent`]) streamed to a sparse-sync receiver (`VolumeExport`), while the live volume keeps
+//! serving.
+//!
+//! The view opens its own read-only descriptors of the snapshot and its ancestors and builds its own location map,
+//! so later snapshots, writes to the head and even a purge that renames files do not change what it reads: a fold
+//! copies a child's data into its removed parent, which the view reads only where the child has none, and the
+//! files keep their inodes open. A purge that would *prune* the exported snapshot (punch holes in it) is the one
+//! change it could see, so the daemon refuses a purge while an export runs and an export while a purge runs.
+//! Blocks no layer holds are holes, or the backing image's data when asked for it
+//! (`export_backing_image_if_exist`), read from the backing file's own data extents.
+
+use std::fs::File;
+use std::io;
+use std::ops::Range;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use corral_proto::v1;
+use sparse_sync::{DataRanges, Progress, SyncContent};
+use tokio_util::sync::CancellationToken;
+use tracing::info;
+
+use crate::error::{IoContext, ReplicaError, Result};
+use crate::extent_map::{BLOCK_SIZE, ExtentMap, LayerIndex};
+use crate::io::pread_full;
+use crate::names;
+use crate::replica::{Layer, Replica, build_map};
+use crate::service::ReplicaHost;
+
+/// A snapshot of an open replica, flattened over its ancestors (and optionally the backing image).
+#[derive(Debug)]
+pub struct SnapshotView {
+    dir: PathBuf,
+    snapshot: String,
+    /// Root first, the snapshot last.
+    layers: Vec<Layer>,
+    /// The backing image, when its data is part of the view.
+    backing: Option<(PathBuf, File, u64)>,
+    map: ExtentMap,
+    size: u64,
+}
+
+/// Resolves a user-given snapshot (name or file name) that must not be a head.
+pub fn snapshot_file(name: &str) -> Result<String> {
+    if names::head_index(name).is_some() || name == "volume-head" {
+        return Err(ReplicaError::InvalidArgument(format!(
+            "{name} is the volume head, not a snapshot: take a snapshot and export that"
+        )));
+    }
+    names::resolve_snapshot(name)
+}
+
+impl SnapshotView {
+    /// Opens `snapshot` (name or file name) of `replica`; with `with_backing`, blocks no layer holds read from the
+    /// backing image (when there is one).
+    pub fn open(replica: &Replica, snapshot: &str, with_backing: bool) -> Result<Self> {
+        let file = snapshot_file(snapshot)?;
+        let chain = replica.chain_read_open()?;
+        let dir = replica.dir().to_owned();
+        let Some(meta) = chain.disks.get(&file) else {
+            return Err(ReplicaError::NotFound(format!(
+                "snapshot {file} in {}",
+                dir.display()
+            )));
+        };
+        if meta.removed {
+            return Err(ReplicaError::FailedPrecondition(format!(
+                "snapshot {file} is marked removed"
+            )));
+        }
+        let mut names_up = vec![file.clone()];
+        let mut cur = meta.parent.clone();
+        while !cur.is_empty() {
+            if names_up.contains(&cur) || names_up.len() > chain.disks.len() {
+                return Err(ReplicaError::CorruptMeta {
+                    path: dir.join(names::meta_file(&cur)),
+                    reason: "parent chain loops".into(),
+                });
+            }
+            names_up.push(cur.clone());
+            cur = chain
+                .disks
+                .get(&cur)
+                .ok_or_else(|| ReplicaError::MissingParent {
+                    dir: dir.clone(),
+                    disk: names_up[names_up.len() - 2].clone(),
+                    parent: cur.clone(),
+                })?
+                .parent
+                .clone();
+        }
+        let mut layers = Vec::with_capacity(names_up.len());
+        for n in names_up.into_iter().rev() {
+            let path = dir.join(&n);
+            layers.push(Layer {
+                file: File::open(&path).ctx("open", &path)?,
+                name: n,
+            });
+        }
+        let backing = match (&chain.backing, with_backing) {
+            (Some(b), true) => Some((b.path.clone(), File::open(&b.path).ctx("open", &b.path)?, b.size)),
+            _ => None,
+        };
+        drop(chain);
+        let size = layers[layers.len() - 1]
+            .file
+            .metadata()
+            .ctx("stat", dir.join(&file))?
+            .len();
+        let map = build_map(&dir, &layers)?;
+        Ok(Self {
+            dir,
+            snapshot: file,
+            layers,
+            backing,
+            map,
+            size,
+        })
+    }
+
+    /// The snapshot's file name.
+    pub fn snapshot(&self) -> &str {
+        &self.snapshot
+    }
+
+    fn collect_ranges(&self, range: Range<u64>) -> io::Result<Vec<Range<u64>>> {
+        fn push(out: &mut Vec<Range<u64>>, r: Range<u64>) {
+            if r.start >= r.end {
+                return;
+            }
+            match out.last_mut() {
+                Some(last) if last.end == r.start => last.end = r.end,
+                _ => out.push(r),
+            }
+        }
+        let range = range.start.min(self.size)..range.end.min(self.size);
+        // (bytes, held by a layer?)
+        let mut pieces = Vec::new();
+        self.map.visit(
+            range.start / BLOCK_SIZE,
+            range.end.div_ceil(BLOCK_SIZE),
+            |s, e, l| {
+                let r = (s * BLOCK_SIZE).max(range.start)..(e * BLOCK_SIZE).min(range.end);
+                if l.is_some() || self.backing.is_some() {
+                    pieces.push((r, l.is_some()));
+                }
+                true
+            },
+        );
+        let mut out = Vec::new();
+        for (r, layered) in pieces {
+            match &self.backing {
+                // Blocks no layer holds: the backing image's own data extents.
+                Some((_, bfile, bsize)) if !layered => {
+                    let r = r.start..r.end.min(*bsize);
+                    if r.start < r.end {
+                        for x in sparse_sync::data_extents(bfile, r) {
+                            push(&mut out, x?);
+                        }
+                    }
+                }
+                _ => push(&mut out, r),
+            }
+        }
+        Ok(out)
+    }
+
+    fn read_piece(&self, layer: Option<LayerIndex>, offset: u64, dst: &mut [u8]) -> io::Result<()> {
+        match layer {
+            Some(i) => {
+                let l = &self.layers[usize::try_from(i).unwrap_or(usize::MAX)];
+                pread_full(&l.file, dst, offset)
+            }
+            None => match &self.backing {
+                Some((_, f, bsize)) if offset < *bsize => {
+                    let n = usize::try_from((bsize - offset).min(dst.len() as u64)).unwrap_or(0);
+                    pread_full(f, &mut dst[..n], offset)?;
+                    dst[n..].fill(0);
+                    Ok(())
+                }
+                _ => {
+                    dst.fill(0);
+                    Ok(())
+                }
+            },
+        }
+    }
+}
+
+impl SyncContent for SnapshotView {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn data_ranges(&self, range: Range<u64>) -> DataRanges<'_> {
+        match self.collect_ranges(range) {
+            Ok(v) => Box::new(v.into_iter().map(Ok)),
+            Err(e) => Box::new(std::iter::once(Err(e))),
+        }
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        let end = offset
+            .checked_add(buf.len() as u64)
+            .filter(|e| *e <= self.size)
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    format!(
+                        "read of {} bytes at {offset} is past the size {} of {}",
+                        buf.len(),
+                        self.size,
+                        self.dir.join(&self.snapshot).display()
+                    ),
+                )
+            })?;
+        let mut pieces = Vec::new();
+        self.map
+            .visit(offset / BLOCK_SIZE, end.div_ceil(BLOCK_SIZE), |s, e, l| {
+                pieces.push(((s * BLOCK_SIZE).max(offset), (e * BLOCK_SIZE).min(end), l));
+                true
+            });
+        for (s, e, l) in pieces {
+            let a = usize::try_from(s - offset).map_err(io::Error::other)?;
+            let b = usize::try_from(e - offset).map_err(io::Error::other)?;
+            self.read_piece(l, s, &mut buf[a..b])?;
+        }
+        Ok(())
+    }
+}
+
+/// Exports running on one replica daemon; a purge waits for none to run.
+#[derive(Debug, Default)]
+pub struct ExportTracker {
+    running: AtomicUsize,
+}
+
+impl ExportTracker {
+    /// Exports running now.
+    pub fn running(&self) -> usize {
+        self.running.load(Ordering::Acquire)
+    }
+}
+
+struct Running<'a>(&'a ExportTracker);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// `VolumeExport`: streams a snapshot of `host`'s replica to the receiver at `req.host:req.port`; returns when
+/// the receiver has committed the file.
+pub async fn volume_export(
+    host: &Arc<ReplicaHost>,
+    tracker: &ExportTracker,
+    purging: impl Fn() -> bool,
+    req: &v1::VolumeExportRequest,
+) -> Result<v1::VolumeExportResponse> {
+    if req.host.is_empty() || req.port == 0 || req.port > u32::from(u16::MAX) {
+        return Err(ReplicaError::InvalidArgument(format!(
+            "bad receiver address {}:{}",
+            req.host, req.port
+        )));
+    }
+    tracker.running.fetch_add(1, Ordering::AcqRel);
+    let _running = Running(tracker);
+    // Counted as running first, so a purge starting now sees the export.
+    if purging() {
+        return Err(ReplicaError::FailedPrecondition(
+            "a purge is running; export after it finishes".into(),
+        ));
+    }
+    let replica = host.replica()?;
+    let dir = replica.dir().to_owned();
+    let (snap, with_backing) = (req.snapshot_file_name.clone(), req.export_backing_image_if_exist);
+    let view = tokio::task::spawn_blocking(move || SnapshotView::open(&replica, &snap, with_backing))
+        .await
+        .map_err(|e| ReplicaError::InvalidArgument(format!("export task: {e}")))??;
+    if req.expected_size != 0 && req.expected_size != view.size {
+        return Err(ReplicaError::InvalidArgument(format!(
+            "snapshot {} is {} bytes but the target volume is {} bytes: a clone needs volumes of the same size",
+            view.snapshot, view.size, req.expected_size
+        )));
+    }
+    let (snapshot, size) = (view.snapshot.clone(), view.size);
+    let to = format!("{}:{}", req.host, req.port);
+    let s = sparse_sync::send(
+        Arc::new(view),
+        &to,
+        &sparse_sync::SendOptions {
+            max_rate: (req.max_bytes_per_second > 0).then_some(req.max_bytes_per_second),
+            ..Default::default()
+        },
+        &Progress::new(),
+        &CancellationToken::new(),
+    )
+    .await
+    .map_err(|e| ReplicaError::FailedPrecondition(format!("export {snapshot} to {to}: {e}")))?;
+    info!(
+        dir = %dir.display(), snapshot = %snapshot, to = %to, sent = s.bytes_sent,
+        data = s.data_bytes, backing = req.export_backing_image_if_exist, "snapshot exported"
+    );
+    Ok(v1::VolumeExportResponse {
+        bytes_sent: s.bytes_sent,
+        data_bytes: s.data_bytes,
+        size,
+    })
+}
