@@ -97,13 +97,8 @@ impl Replica {
                 pread_full(&l.file, dst, offset).ctx("read", self.dir.join(&l.name))
             }
             None => match &chain.backing {
-                Some(b) if offset < b.size => {
-                    let n = to_usize((b.size - offset).min(dst.len() as u64));
-                    pread_full(&b.file, &mut dst[..n], offset).ctx("read", &b.path)?;
-                    dst[n..].fill(0);
-                    Ok(())
-                }
-                _ => {
+                Some(b) => b.read(dst, offset),
+                None => {
                     dst.fill(0);
                     Ok(())
                 }
@@ -257,13 +252,12 @@ impl Replica {
             )?;
         }
         self.discard_head(&chain, first, last)?;
-        let backing_end = chain.backing.as_ref().map_or(0, |b| b.size.div_ceil(BLOCK_SIZE));
         let mut shows_through = Vec::new();
         read_lock(&self.map).visit(first, last, |s, e, l| {
-            match l {
-                Some(_) => shows_through.push((s, e)),
-                None if s < backing_end => shows_through.push((s, e.min(backing_end))),
-                None => {}
+            match (l, &chain.backing) {
+                (Some(_), _) => shows_through.push((s, e)),
+                (None, Some(b)) => b.data_blocks(s, e, |bs, be| shows_through.push((bs, be))),
+                (None, None) => {}
             }
             true
         });
@@ -279,14 +273,13 @@ impl Replica {
     }
 
     /// The allocated byte ranges of `[offset, offset + len)`, ascending, merged and clipped to the request. A 4 KiB
-    /// block is allocated when any layer of the chain holds it, or when no layer does and it lies within the
-    /// backing file (a raw image: all of it counts as allocated); anything else is a hole that reads as zeros.
+    /// block is allocated when any layer of the chain holds it, or when no layer does and the backing image holds
+    /// data there (raw: its `SEEK_DATA` layout; qcow2: its allocated clusters); anything else reads as zeros.
     /// Answered from the location map alone, without touching the files.
     pub fn allocated_ranges(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>> {
         let chain = self.chain_read_open()?;
         Self::check_range(&chain, offset, len)?;
         let end = offset + len;
-        let backing_end = chain.backing.as_ref().map_or(0, |b| b.size.div_ceil(BLOCK_SIZE));
         let mut out: Vec<Range<u64>> = Vec::new();
         let mut add = |first: u64, last: u64| {
             let (s, e) = ((first * BLOCK_SIZE).max(offset), (last * BLOCK_SIZE).min(end));
@@ -297,10 +290,10 @@ impl Replica {
             }
         };
         read_lock(&self.map).visit(offset / BLOCK_SIZE, end.div_ceil(BLOCK_SIZE), |s, e, layer| {
-            match layer {
-                Some(_) => add(s, e),
-                None if s < backing_end => add(s, e.min(backing_end)),
-                None => {}
+            match (layer, &chain.backing) {
+                (Some(_), _) => add(s, e),
+                (None, Some(b)) => b.data_blocks(s, e, &mut add),
+                (None, None) => {}
             }
             true
         });

@@ -4,6 +4,7 @@
 //! hashing, and the daemon that serves it: gRPC `ReplicaService` (port P), the block data protocol (P+1) and
 //! gRPC `SyncAgentService` (P+2). See `docs/formats.md` for every file format.
 
+pub mod backing;
 pub mod clone;
 pub mod error;
 pub mod export;
@@ -11,6 +12,7 @@ pub mod extent_map;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
 pub mod hash;
+pub mod image_cli;
 mod io;
 pub mod jobs;
 pub mod layout;
