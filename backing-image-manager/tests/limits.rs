@@ -1,0 +1,296 @@
+//! Limits and bad input: the receiver port range, the per-image send limit, names with path tricks, specs that
+//! disagree with the files, and peers that are not what they claim.
+
+mod common;
+
+use common::*;
+use corral_proto::v1;
+
+async fn place_and_fetch(bim: &Bim, disk: &Disk, name: &str, size: u64) -> String {
+    let path = disk.backing(name, "u1");
+    write_image(&path, size, 5);
+    let sum = sha512_hex(&path);
+    bim.client()
+        .await
+        .fetch(v1::BimFetchRequest {
+            spec: spec(name, "u1", size, &sum),
+            data_source_address: String::new(),
+        })
+        .await
+        .unwrap();
+    bim.wait_state(name, "ready", 30).await;
+    sum
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_limit_and_port_range_exhaustion_are_resource_exhausted_and_failed_syncs_release_ports() {
+    let (disk_a, disk_b) = (Disk::new("disk-a"), Disk::new("disk-b"));
+    let a = Bim::start(&disk_a, 2, &["--send-max-rate", "2M"]).await;
+    // One receiver port only.
+    let b = Bim::start(&disk_b, 1, &[]).await;
+    let size = 2 * MIB;
+    let busy_sum = place_and_fetch(&a, &disk_a, "busy", size).await;
+    let slow_sum = place_and_fetch(&a, &disk_a, "slow", 16 * MIB).await;
+    let other_sum = place_and_fetch(&a, &disk_a, "other", size).await;
+
+    // Three sends of "busy" to receivers that never answer hold its send slots.
+    let holes: Vec<_> = (0..3).map(|_| black_hole()).collect();
+    let mut stuck = Vec::new();
+    for (_, addr) in &holes {
+        let mut c = a.client().await;
+        let req = v1::BimSendRequest {
+            name: "busy".into(),
+            uuid: "u1".into(),
+            to_address: addr.clone(),
+        };
+        stuck.push(tokio::spawn(async move { c.send(req).await }));
+    }
+    eventually(10, "3 sends running", || async {
+        (a.get("busy").await.unwrap().status.unwrap().sending_reference == 3).then_some(())
+    })
+    .await;
+    let err = a
+        .client()
+        .await
+        .send(v1::BimSendRequest {
+            name: "busy".into(),
+            uuid: "u1".into(),
+            to_address: holes[0].1.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+
+    // Syncs of "busy" to B fail (the sender refuses), each after taking B's only port: a loop of them shows the
+    // port comes back every time.
+    for i in 0..15 {
+        b.client()
+            .await
+            .sync(v1::BimSyncRequest {
+                spec: spec("busy", "u1", size, &busy_sum),
+                from_address: a.addr(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("sync {i}: {e}"));
+        let failed = b.wait_state("busy", "failed", 10).await;
+        let msg = failed.status.unwrap().message;
+        assert!(msg.contains("already feeds 3"), "{msg}");
+    }
+    assert_eq!(b.metric("corral_bim_receiver_ports_in_use").await, 0.0);
+    assert!(disk_b.image_dirs().is_empty(), "{:?}", disk_b.image_dirs());
+
+    // A slow sync holds the port: the next one is refused with RESOURCE_EXHAUSTED and registers nothing.
+    b.client()
+        .await
+        .sync(v1::BimSyncRequest {
+            spec: spec("slow", "u1", 16 * MIB, &slow_sum),
+            from_address: a.addr(),
+        })
+        .await
+        .unwrap();
+    let err = b
+        .client()
+        .await
+        .sync(v1::BimSyncRequest {
+            spec: spec("other", "u1", size, &other_sum),
+            from_address: a.addr(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err}");
+    assert!(err.message().contains("no free port"), "{err}");
+    assert_eq!(b.get("other").await.unwrap_err().code(), tonic::Code::NotFound);
+    b.wait_state("slow", "ready", 30).await;
+    // Once it is done the port serves the next sync.
+    b.client()
+        .await
+        .sync(v1::BimSyncRequest {
+            spec: spec("other", "u1", size, &other_sum),
+            from_address: a.addr(),
+        })
+        .await
+        .unwrap();
+    b.wait_state("other", "ready", 30).await;
+    for t in stuck {
+        t.abort();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_gets_clear_errors_and_leaves_no_files() {
+    let (disk_a, disk_b) = (Disk::new("disk-a"), Disk::new("disk-b"));
+    let a = Bim::start(&disk_a, 2, &[]).await;
+    let b = Bim::start(&disk_b, 2, &[]).await;
+    let mut c = a.client().await;
+
+    // Names and uuids with path tricks, malformed checksums.
+    for (name, uuid, sum) in [
+        ("../etc", "u1", ""),
+        ("a/b", "u1", ""),
+        ("img", "..", ""),
+        ("", "u1", ""),
+        ("img", "u1", "abc"),
+    ] {
+        let err = c
+            .fetch(v1::BimFetchRequest {
+                spec: spec(name, uuid, 0, sum),
+                data_source_address: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(
+            err.code(),
+            tonic::Code::InvalidArgument,
+            "{name:?}/{uuid:?}: {err}"
+        );
+        if !sum.is_empty() {
+            continue;
+        }
+        let err = c
+            .delete(v1::BimImageRef {
+                name: name.into(),
+                uuid: uuid.into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    }
+    let err = c
+        .fetch(v1::BimFetchRequest {
+            spec: None,
+            data_source_address: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+
+    // Reuse with nothing on the disk.
+    let err = c
+        .fetch(v1::BimFetchRequest {
+            spec: spec("img", "u1", 0, ""),
+            data_source_address: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::NotFound, "{err}");
+
+    // A data source file whose size disagrees with the spec: refused before anything is taken.
+    let src = disk_a.path().join("tmp/img-u1");
+    write_image(&src, 4 * MIB, 1);
+    let ds = FakeDataSource::start(FakeDataSource::ready_info(&disk_a, "img", "u1")).await;
+    let err = c
+        .fetch(v1::BimFetchRequest {
+            spec: spec("img", "u1", 8 * MIB, ""),
+            data_source_address: ds.addr.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    assert!(
+        err.message().contains("8388608") && err.message().contains("4194304"),
+        "{err}"
+    );
+    assert_eq!(*ds.transfers.lock().unwrap(), 0);
+    assert!(src.exists());
+
+    // A data source pointing at a file outside this disk's tmp directory.
+    let outside = disk_a.path().join("elsewhere");
+    write_image(&outside, 4 * MIB, 1);
+    let mut info = FakeDataSource::ready_info(&disk_a, "img", "u1");
+    info["filePath"] = format!("{}/tmp/../elsewhere", disk_a.path().display()).into();
+    let evil = FakeDataSource::start(info).await;
+    let err = c
+        .fetch(v1::BimFetchRequest {
+            spec: spec("img", "u1", 4 * MIB, ""),
+            data_source_address: evil.addr.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    assert!(outside.exists());
+
+    // A data source on another disk, and one not finished.
+    let mut info = FakeDataSource::ready_info(&disk_a, "img", "u1");
+    info["diskUUID"] = "disk-b".into();
+    let wrong_disk = FakeDataSource::start(info).await;
+    let mut info = FakeDataSource::ready_info(&disk_a, "img", "u1");
+    info["state"] = "in-progress".into();
+    let unfinished = FakeDataSource::start(info).await;
+    for (ds, code) in [
+        (&wrong_disk, tonic::Code::InvalidArgument),
+        (&unfinished, tonic::Code::FailedPrecondition),
+    ] {
+        let err = c
+            .fetch(v1::BimFetchRequest {
+                spec: spec("img", "u1", 4 * MIB, ""),
+                data_source_address: ds.addr.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), code, "{err}");
+    }
+    assert!(disk_a.image_dirs().is_empty(), "{:?}", disk_a.image_dirs());
+
+    // Sync from things that are not a manager: a data source (HTTP, not gRPC), a closed port, a hanging listener.
+    let (_hole, hole_addr) = black_hole();
+    for from in [ds.addr.clone(), format!("127.0.0.1:{}", free_ports(1)), hole_addr] {
+        let t = std::time::Instant::now();
+        let err = b
+            .client()
+            .await
+            .sync(v1::BimSyncRequest {
+                spec: spec("img", "u1", 4 * MIB, ""),
+                from_address: from.clone(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), tonic::Code::Unavailable, "{from}: {err}");
+        assert!(err.message().contains(&from), "{err}");
+        assert!(
+            t.elapsed() < std::time::Duration::from_secs(15),
+            "{from}: took {:?}",
+            t.elapsed()
+        );
+    }
+    // A manager that does not hold the image.
+    let err = b
+        .client()
+        .await
+        .sync(v1::BimSyncRequest {
+            spec: spec("img", "u1", 4 * MIB, ""),
+            from_address: a.addr(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err}");
+    assert!(disk_b.image_dirs().is_empty(), "{:?}", disk_b.image_dirs());
+    assert_eq!(b.metric("corral_bim_receiver_ports_in_use").await, 0.0);
+
+    // A size disagreeing with a file already on the disk: refused, the file left alone.
+    let sum = place_and_fetch(&a, &disk_a, "kept", 2 * MIB).await;
+    let err = c
+        .sync(v1::BimSyncRequest {
+            spec: spec("kept", "u1", 3 * MIB, ""),
+            from_address: b.addr(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    let err = c
+        .fetch(v1::BimFetchRequest {
+            spec: spec("kept", "u2", 2 * MIB, &sum),
+            data_source_address: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::AlreadyExists, "{err}");
+    assert_eq!(sha512_hex(&disk_a.backing("kept", "u1")), sum);
+    // Downloads of unknown names or names with tricks.
+    for name in ["nothing", "..%2F..%2Fetc"] {
+        let st = reqwest::get(format!("{}/v1/files/{name}/download", a.http()))
+            .await
+            .unwrap()
+            .status();
+        assert!(st == 404 || st == 400, "{name}: {st}");
+    }
+}
