@@ -87,7 +87,10 @@ pub async fn image_info(path: &Path, json: bool) -> anyhow::Result<()> {
         t.add_row(vec!["backing file", &format!("{} ({fmt})", b.display())]);
     }
     if i.dirty {
-        t.add_row(vec!["dirty", "yes (refcounts may be stale; data is read normally)"]);
+        t.add_row(vec![
+            "dirty",
+            "yes (refcounts may be stale; data is read normally)",
+        ]);
     }
     t.add_row(vec!["sha512", &report.sha512]);
     println!("{t}");
@@ -101,7 +104,13 @@ pub async fn image_convert(src: PathBuf, dst: PathBuf, to: ImageFormat) -> anyho
     let (s, d) = (src.clone(), dst.clone());
     tokio::task::spawn_blocking(move || {
         let bar = percent_bar(&format!("converting to {to}"));
-        let r = disk_image::convert(&s, &d, to, &|done, total| bar.set_position(percent(done, total)), &cancel);
+        let r = disk_image::convert(
+            &s,
+            &d,
+            to,
+            &|done, total| bar.set_position(percent(done, total)),
+            &cancel,
+        );
         bar.finish_and_clear();
         r
     })

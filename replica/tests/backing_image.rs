@@ -42,16 +42,25 @@ fn read_all(r: &Replica) -> Vec<u8> {
 fn check(r: &Replica, model: &[u8], what: &str) {
     let got = read_all(r);
     if let Some(i) = got.iter().zip(model).position(|(a, b)| a != b) {
-        panic!("{what}: first difference at byte {i}: got {:#x}, want {:#x}", got[i], model[i]);
+        panic!(
+            "{what}: first difference at byte {i}: got {:#x}, want {:#x}",
+            got[i], model[i]
+        );
     }
     // Block status: everything outside the allocated ranges reads as zeros.
     let ranges = r.allocated_ranges(0, r.size()).unwrap();
     let mut prev = 0usize;
     for rg in &ranges {
-        assert!(model[prev..rg.start as usize].iter().all(|&b| b == 0), "{what}: data in a hole before {rg:?}");
+        assert!(
+            model[prev..rg.start as usize].iter().all(|&b| b == 0),
+            "{what}: data in a hole before {rg:?}"
+        );
         prev = rg.end as usize;
     }
-    assert!(model[prev..].iter().all(|&b| b == 0), "{what}: data after the last range");
+    assert!(
+        model[prev..].iter().all(|&b| b == 0),
+        "{what}: data after the last range"
+    );
 }
 
 fn write(r: &Replica, model: &mut [u8], off: u64, data: &[u8]) {
@@ -71,8 +80,17 @@ fn every_image_reads_as_qemu_converts_it_through_writes_snapshots_and_reopen() {
         let r = Replica::create(&dir, size, &opts(&f.path)).unwrap();
         check(&r, &model, &format!("{} fresh", f.name));
         // Holes of the image stay holes in block status (every fixture is sparse).
-        let allocated: u64 = r.allocated_ranges(0, size).unwrap().iter().map(|x| x.end - x.start).sum();
-        assert!(allocated < size - EXTRA, "{}: {allocated} bytes allocated", f.name);
+        let allocated: u64 = r
+            .allocated_ranges(0, size)
+            .unwrap()
+            .iter()
+            .map(|x| x.end - x.start)
+            .sum();
+        assert!(
+            allocated < size - EXTRA,
+            "{}: {allocated} bytes allocated",
+            f.name
+        );
 
         write(&r, &mut model, 4096 + 100, &[0x11; 300]); // partial block over image data: read-modify-write
         write(&r, &mut model, 65536 * 3 + 512, &[0x22; 70_000]);
@@ -98,7 +116,12 @@ fn every_image_reads_as_qemu_converts_it_through_writes_snapshots_and_reopen() {
         // Reopen without naming the image: volume.meta remembers it.
         let r = Replica::open(&dir, &ReplicaOptions::default()).unwrap();
         let recorded = r.status().unwrap().backing_file;
-        assert_eq!(Path::new(&recorded), std::fs::canonicalize(&f.path).unwrap(), "{}", f.name);
+        assert_eq!(
+            Path::new(&recorded),
+            std::fs::canonicalize(&f.path).unwrap(),
+            "{}",
+            f.name
+        );
         check(&r, &model, &format!("{} reopened", f.name));
         r.revert("s1", "").unwrap();
         let mut at_s1 = model_of(&f, size);
