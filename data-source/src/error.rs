@@ -82,9 +82,15 @@ pub enum JobError {
     /// The replica export failed.
     #[error("export from volume: {0}")]
     Export(String),
-    /// Detecting or converting the image format failed.
-    #[error("image: {0}")]
-    Image(String),
+    /// Detecting, converting or checksumming the image failed.
+    #[error(transparent)]
+    Image(#[from] disk_image::ImageError),
+    /// The image cannot be a backing image.
+    #[error("{0}")]
+    NotUsable(String),
+    /// A worker task died.
+    #[error("internal: {0}")]
+    Task(String),
     /// The source type is known but this build cannot serve it yet.
     #[error("{0}")]
     Unsupported(String),

@@ -14,7 +14,6 @@ pub mod error;
 pub mod export;
 pub mod finish;
 pub mod http;
-pub mod image;
 pub mod info;
 pub mod service;
 pub mod sink;

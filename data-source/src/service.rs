@@ -52,20 +52,18 @@ impl DataSource {
             path: tmp.clone(),
             source,
         })?;
-        for stale in [config.file_path(), config.work_path(), config.convert_path()] {
-            match std::fs::remove_file(&stale) {
-                Ok(()) => {
-                    tracing::warn!(path = %stale.display(), "removed a leftover of an earlier data source");
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => {
-                    return Err(ConfigError::Io {
-                        op: "removing",
-                        path: stale,
-                        source,
-                    });
-                }
-            }
+        let stale = config.owned_files().map_err(|source| ConfigError::Io {
+            op: "listing",
+            path: tmp.clone(),
+            source,
+        })?;
+        for path in stale {
+            std::fs::remove_file(&path).map_err(|source| ConfigError::Io {
+                op: "removing a leftover of an earlier data source",
+                path: path.clone(),
+                source,
+            })?;
+            tracing::warn!(path = %path.display(), "removed a leftover of an earlier data source");
         }
         let info = FileInfo {
             name: config.name.clone(),
@@ -248,12 +246,9 @@ impl DataSource {
 
     /// Fails the job: removes every file it made, records the message.
     pub(crate) fn fail(&self, e: &JobError) {
-        for path in [
-            self.config.work_path(),
-            self.config.convert_path(),
-            self.config.file_path(),
-        ] {
-            remove_if_exists(&path);
+        match self.config.owned_files() {
+            Ok(files) => files.iter().for_each(|p| remove_if_exists(p)),
+            Err(err) => tracing::warn!(error = %err, "cannot list the files to remove"),
         }
         let mut i = self.lock();
         tracing::error!(error = %e, "data source failed");

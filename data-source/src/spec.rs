@@ -195,6 +195,32 @@ impl DataSourceConfig {
         self.tmp_dir().join(format!("{}-{}.tmp", self.name, self.uuid))
     }
 
+    /// Every file of this image in `<disk>/tmp`: the final file, the work file, a conversion's output and the
+    /// temporary files of the tools writing them (an export's `.sync-partial`, a converter's `.<name>.tmp-PID`).
+    pub fn owned_files(&self) -> std::io::Result<Vec<PathBuf>> {
+        let stem = format!("{}-{}", self.name, self.uuid);
+        let convert_tmp = format!(".{stem}.convert.tmp.tmp-");
+        let known = [".tmp", ".convert.tmp", ".tmp.sync-partial", ".tmp.checksum"];
+        let mut out = Vec::new();
+        let rd = match std::fs::read_dir(self.tmp_dir()) {
+            Ok(rd) => rd,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            Err(e) => return Err(e),
+        };
+        for entry in rd {
+            let entry = entry?;
+            let name = entry.file_name();
+            let Some(name) = name.to_str() else { continue };
+            let ours = name == stem
+                || name.strip_prefix(&stem).is_some_and(|rest| known.contains(&rest))
+                || name.starts_with(&convert_tmp);
+            if ours {
+                out.push(entry.path());
+            }
+        }
+        Ok(out)
+    }
+
     /// `<disk>/tmp/<name>-<uuid>.convert.tmp`: the output of a format conversion.
     pub fn convert_path(&self) -> PathBuf {
         self.tmp_dir()

@@ -1,6 +1,9 @@
 //! `download` against a local HTTP server started by the test: plain, with and without Range support, cut half
 //! way, silent; raw and qcow2 images; expected checksums right and wrong.
 
+// Test sizes are a few MiB: casts to usize cannot truncate.
+#![allow(clippy::cast_possible_truncation)]
+
 mod common;
 
 use std::path::Path;
@@ -18,15 +21,32 @@ fn raw_download_without_checksum_is_ready_sparse_and_complete() {
     let disk = disk();
     let src = tempfile::tempdir().unwrap();
     let data = raw_image(&src.path().join("a.raw"), 24 * MIB);
-    let server = FileServer::start(data.clone(), ServeMode { range: true, ..Default::default() });
-    let ds = DataSourceProc::start(disk.path(), "download", &["--param", &format!("url={}", server.url)]);
+    let server = FileServer::start(
+        data.clone(),
+        ServeMode {
+            range: true,
+            ..Default::default()
+        },
+    );
+    let ds = DataSourceProc::start(
+        disk.path(),
+        "download",
+        &["--param", &format!("url={}", server.url)],
+    );
     let i = ds.expect_ready(&sha512(&data));
-    assert_eq!((i.size, i.virtual_size, i.processed_size), (24 * MIB, 24 * MIB, 24 * MIB));
+    assert_eq!(
+        (i.size, i.virtual_size, i.processed_size),
+        (24 * MIB, 24 * MIB, 24 * MIB)
+    );
     assert!(i.expected_checksum.is_empty());
     assert_eq!(i.parameters.get("url"), Some(&server.url));
     assert_eq!(i.disk_uuid, DISK_UUID);
     // Three quarters of the image are zeros: they must be holes, not written blocks.
-    assert!(i.real_size < 8 * MIB, "zero blocks were written: real size {}", i.real_size);
+    assert!(
+        i.real_size < 8 * MIB,
+        "zero blocks were written: real size {}",
+        i.real_size
+    );
     assert_eq!(i.real_size, allocated(Path::new(&i.file_path)));
     assert_eq!(i.file_path, disk.path().join("tmp/img-u1").display().to_string());
 }
@@ -41,7 +61,12 @@ fn raw_download_with_the_right_checksum_and_no_range_support_is_ready() {
     let ds = DataSourceProc::start(
         disk.path(),
         "download",
-        &["--param", &format!("url={}", server.url), "--expected-checksum", &sum.to_uppercase()],
+        &[
+            "--param",
+            &format!("url={}", server.url),
+            "--expected-checksum",
+            &sum.to_uppercase(),
+        ],
     );
     let i = ds.expect_ready(&sum);
     assert_eq!(i.expected_checksum, sum);
@@ -52,7 +77,13 @@ fn qcow2_download_with_and_without_checksum_keeps_the_qcow2_file() {
     let src = tempfile::tempdir().unwrap();
     let q = qcow2_image(src.path(), 16 * MIB);
     let sum = sha512(&q);
-    let server = FileServer::start(q.clone(), ServeMode { range: true, ..Default::default() });
+    let server = FileServer::start(
+        q.clone(),
+        ServeMode {
+            range: true,
+            ..Default::default()
+        },
+    );
     for expected in [None, Some(sum.clone())] {
         let disk = disk();
         let mut args = vec!["--param".to_owned(), format!("url={}", server.url)];
@@ -75,16 +106,29 @@ fn connection_cut_half_way_resumes_with_range_and_fetches_little_twice() {
     let sum = sha512(&data);
     let server = FileServer::start(
         data,
-        ServeMode { range: true, cut_after: Some(16 * MIB + 12345), ..Default::default() },
+        ServeMode {
+            range: true,
+            cut_after: Some(16 * MIB + 12345),
+            ..Default::default()
+        },
     );
     let ds = DataSourceProc::start(
         disk.path(),
         "download",
-        &["--param", &format!("url={}", server.url), "--expected-checksum", &sum],
+        &[
+            "--param",
+            &format!("url={}", server.url),
+            "--expected-checksum",
+            &sum,
+        ],
     );
     ds.expect_ready(&sum);
     let sent = server.sent.load(Ordering::Relaxed);
-    assert!(sent <= 32 * MIB * 12 / 10, "fetched {sent} bytes for a {} byte file", 32 * MIB);
+    assert!(
+        sent <= 32 * MIB * 12 / 10,
+        "fetched {sent} bytes for a {} byte file",
+        32 * MIB
+    );
     assert_eq!(server.requests.load(Ordering::Relaxed), 2, "one cut, one resume");
     assert_eq!(ds.metric("corral_datasource_download_attempts_total"), 2);
     assert_eq!(ds.metric("corral_datasource_download_restarts_total"), 0);
@@ -96,11 +140,22 @@ fn connection_cut_without_range_support_restarts_from_zero_and_finishes() {
     let src = tempfile::tempdir().unwrap();
     let data = raw_image(&src.path().join("a.raw"), 16 * MIB);
     let sum = sha512(&data);
-    let server = FileServer::start(data, ServeMode { cut_after: Some(8 * MIB), ..Default::default() });
+    let server = FileServer::start(
+        data,
+        ServeMode {
+            cut_after: Some(8 * MIB),
+            ..Default::default()
+        },
+    );
     let ds = DataSourceProc::start(
         disk.path(),
         "download",
-        &["--param", &format!("url={}", server.url), "--expected-checksum", &sum],
+        &[
+            "--param",
+            &format!("url={}", server.url),
+            "--expected-checksum",
+            &sum,
+        ],
     );
     ds.expect_ready(&sum);
     assert_eq!(ds.metric("corral_datasource_download_restarts_total"), 1);
@@ -110,15 +165,36 @@ fn connection_cut_without_range_support_restarts_from_zero_and_finishes() {
 #[test]
 fn server_that_never_sends_data_fails_after_the_default_30_s() {
     let disk = disk();
-    let server = FileServer::start(vec![1; 4096], ServeMode { silent: true, ..Default::default() });
+    let server = FileServer::start(
+        vec![1; 4096],
+        ServeMode {
+            silent: true,
+            ..Default::default()
+        },
+    );
     let t = Instant::now();
-    let ds = DataSourceProc::start(disk.path(), "download", &["--param", &format!("url={}", server.url)]);
+    let ds = DataSourceProc::start(
+        disk.path(),
+        "download",
+        &["--param", &format!("url={}", server.url)],
+    );
     let i = ds.wait_final(Duration::from_secs(60));
     let took = t.elapsed();
     assert_eq!(i.state, FileState::Failed);
-    assert!(i.message.contains("no data received") && i.message.contains("30 s"), "{}", i.message);
-    assert!(took >= Duration::from_secs(29) && took < Duration::from_secs(45), "failed after {took:?}");
-    assert!(tmp_entries(disk.path()).is_empty(), "{:?}", tmp_entries(disk.path()));
+    assert!(
+        i.message.contains("no data received") && i.message.contains("30 s"),
+        "{}",
+        i.message
+    );
+    assert!(
+        took >= Duration::from_secs(29) && took < Duration::from_secs(45),
+        "failed after {took:?}"
+    );
+    assert!(
+        tmp_entries(disk.path()).is_empty(),
+        "{:?}",
+        tmp_entries(disk.path())
+    );
 }
 
 #[test]
@@ -129,20 +205,33 @@ fn wrong_expected_checksum_fails_and_leaves_no_file() {
     let ds = DataSourceProc::start(
         disk.path(),
         "download",
-        &["--param", &format!("url={}", server.url), "--expected-checksum", &wrong],
+        &[
+            "--param",
+            &format!("url={}", server.url),
+            "--expected-checksum",
+            &wrong,
+        ],
     );
     let i = ds.wait_final(Duration::from_secs(60));
     assert_eq!(i.state, FileState::Failed);
     assert!(i.message.contains("checksum mismatch"), "{}", i.message);
     assert!(i.current_checksum.is_empty());
-    assert!(tmp_entries(disk.path()).is_empty(), "{:?}", tmp_entries(disk.path()));
+    assert!(
+        tmp_entries(disk.path()).is_empty(),
+        "{:?}",
+        tmp_entries(disk.path())
+    );
 }
 
 #[test]
 fn http_errors_fail_with_the_status_and_unaligned_raw_is_padded_to_sectors() {
     let disk = disk();
     let server = FileServer::start(vec![5; 1000], ServeMode::default());
-    let ds = DataSourceProc::start(disk.path(), "download", &["--param", &format!("url={}x", server.url)]);
+    let ds = DataSourceProc::start(
+        disk.path(),
+        "download",
+        &["--param", &format!("url={}x", server.url)],
+    );
     let i = ds.wait_final(Duration::from_secs(30));
     assert_eq!(i.state, FileState::Failed);
     assert!(i.message.contains("HTTP 404"), "{}", i.message);
@@ -153,7 +242,12 @@ fn http_errors_fail_with_the_status_and_unaligned_raw_is_padded_to_sectors() {
     let ds = DataSourceProc::start(
         disk.path(),
         "download",
-        &["--param", &format!("url={}", server.url), "--expected-checksum", &sum],
+        &[
+            "--param",
+            &format!("url={}", server.url),
+            "--expected-checksum",
+            &sum,
+        ],
     );
     let i = ds.wait_final(Duration::from_secs(30));
     assert_eq!(i.state, FileState::ReadyForTransfer, "{i:?}");
@@ -168,11 +262,22 @@ fn http_errors_fail_with_the_status_and_unaligned_raw_is_padded_to_sectors() {
 #[test]
 fn transfer_is_refused_until_ready_then_hands_the_file_over() {
     let disk = disk();
-    let server = FileServer::start(vec![3; 2 * MIB as usize], ServeMode { silent: true, ..Default::default() });
+    let server = FileServer::start(
+        vec![3; 2 * MIB as usize],
+        ServeMode {
+            silent: true,
+            ..Default::default()
+        },
+    );
     let ds = DataSourceProc::start(
         disk.path(),
         "download",
-        &["--param", &format!("url={}", server.url), "--no-data-timeout", "2"],
+        &[
+            "--param",
+            &format!("url={}", server.url),
+            "--no-data-timeout",
+            "2",
+        ],
     );
     let r = ds.post("action=transfer");
     assert_eq!(r.status(), 409);
@@ -181,22 +286,39 @@ fn transfer_is_refused_until_ready_then_hands_the_file_over() {
 
     let disk = common::disk();
     let server = FileServer::start(vec![3; 2 * MIB as usize], ServeMode::default());
-    let ds = DataSourceProc::start(disk.path(), "download", &["--param", &format!("url={}", server.url)]);
+    let ds = DataSourceProc::start(
+        disk.path(),
+        "download",
+        &["--param", &format!("url={}", server.url)],
+    );
     let i = ds.wait_final(Duration::from_secs(30));
     assert_eq!(i.state, FileState::ReadyForTransfer);
     let r = ds.post("action=transfer");
     assert_eq!(r.status(), 200);
     assert_eq!(ds.info().state, FileState::Ready);
     assert_eq!(ds.post("action=transfer").status(), 409, "a second transfer");
-    assert!(Path::new(&i.file_path).exists(), "the file stays for the manager to rename");
+    assert!(
+        Path::new(&i.file_path).exists(),
+        "the file stays for the manager to rename"
+    );
 }
 
 #[test]
 fn sigterm_during_a_download_cancels_it_and_removes_the_partial_file() {
     let disk = disk();
     // A server that never answers keeps the job running until the signal.
-    let silent = FileServer::start(vec![], ServeMode { silent: true, ..Default::default() });
-    let ds = DataSourceProc::start(disk.path(), "download", &["--param", &format!("url={}", silent.url)]);
+    let silent = FileServer::start(
+        vec![],
+        ServeMode {
+            silent: true,
+            ..Default::default()
+        },
+    );
+    let ds = DataSourceProc::start(
+        disk.path(),
+        "download",
+        &["--param", &format!("url={}", silent.url)],
+    );
     let deadline = Instant::now() + Duration::from_secs(10);
     while ds.info().state != FileState::Starting {
         assert!(Instant::now() < deadline);
@@ -204,7 +326,13 @@ fn sigterm_during_a_download_cancels_it_and_removes_the_partial_file() {
     }
     assert_eq!(tmp_entries(disk.path()), vec!["img-u1.tmp".to_owned()]);
     let pid = ds.child.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(
+        Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
     let mut ds = ds;
     let deadline = Instant::now() + Duration::from_secs(10);
     let status = loop {
@@ -215,5 +343,9 @@ fn sigterm_during_a_download_cancels_it_and_removes_the_partial_file() {
         std::thread::sleep(Duration::from_millis(20));
     };
     assert!(status.success(), "{status}");
-    assert!(tmp_entries(disk.path()).is_empty(), "{:?}", tmp_entries(disk.path()));
+    assert!(
+        tmp_entries(disk.path()).is_empty(),
+        "{:?}",
+        tmp_entries(disk.path())
+    );
 }

@@ -1,6 +1,6 @@
 //! Test harness: a data-source process with a kill-on-drop guard, a disk directory, and a tiny HTTP file server
 //! whose behaviour (Range support, a cut half way, silence) the test chooses.
-#![allow(dead_code, clippy::missing_panics_doc)]
+#![allow(dead_code, clippy::missing_panics_doc, clippy::cast_possible_truncation)]
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
@@ -285,10 +285,7 @@ async fn serve_file(State(s): State<Arc<Served>>, headers: HeaderMap) -> Respons
         .status(status)
         .header(header::CONTENT_LENGTH, len - start);
     if status == StatusCode::PARTIAL_CONTENT {
-        b = b.header(
-            header::CONTENT_RANGE,
-            format!("bytes {start}-{}/{len}", len - 1),
-        );
+        b = b.header(header::CONTENT_RANGE, format!("bytes {start}-{}/{len}", len - 1));
     }
     if s.mode.range {
         b = b.header(header::ACCEPT_RANGES, "bytes");
