@@ -1,10 +1,9 @@
 //! SHA-512 of a whole file, the checksum every backing image is identified by (hex, lower case).
 
-use std::fs::File;
-use std::io::{self, Read};
+use std::io;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 
-use sha2::{Digest, Sha512};
 use tokio_util::sync::CancellationToken;
 
 use crate::files::{FileFacts, facts};
@@ -28,44 +27,36 @@ pub fn check_checksum_syntax(checksum: &str) -> Result<(), String> {
     }
 }
 
-/// Hashes `path`, calling `progress` with the bytes hashed so far. Fails if the file changed while it was hashed
-/// (its mtime or size differ before and after), so a checksum always describes one version of the file.
+/// Hashes `path` (with `disk_image::sha512_file`), calling `progress` with the bytes hashed so far. Fails if the
+/// file changed while it was hashed (its mtime or size differ before and after), so a checksum always describes one
+/// version of the file.
 pub fn sha512_file(
     path: &Path,
     cancel: &CancellationToken,
-    mut progress: impl FnMut(u64),
+    progress: impl Fn(u64),
 ) -> io::Result<(String, FileFacts)> {
-    let before = facts(path)?
-        .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("{} is missing", path.display())))?;
-    let mut f = File::open(path)?;
-    let mut h = Sha512::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut done = 0u64;
-    loop {
-        if cancel.is_cancelled() {
-            return Err(io::Error::new(io::ErrorKind::Interrupted, "cancelled"));
-        }
-        let n = f.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-        done += n as u64;
-        progress(done);
-    }
-    let after = facts(path)?.ok_or_else(|| {
-        io::Error::new(
-            io::ErrorKind::NotFound,
-            format!("{} vanished while hashed", path.display()),
-        )
-    })?;
+    let missing = |what: &str| io::Error::new(io::ErrorKind::NotFound, format!("{} {what}", path.display()));
+    let before = facts(path)?.ok_or_else(|| missing("is missing"))?;
+    let stop = AtomicBool::new(false);
+    let sum = disk_image::sha512_file(
+        path,
+        &|done, _| {
+            if cancel.is_cancelled() {
+                stop.store(true, Ordering::Relaxed);
+            }
+            progress(done);
+        },
+        &stop,
+    )
+    .map_err(io::Error::other)?;
+    let after = facts(path)?.ok_or_else(|| missing("vanished while it was hashed"))?;
     if after != before {
         return Err(io::Error::other(format!(
             "{} was modified while it was hashed",
             path.display()
         )));
     }
-    Ok((hex::encode(h.finalize()), after))
+    Ok((sum, after))
 }
 
 #[cfg(test)]

@@ -3,33 +3,12 @@
 
 use std::time::Duration;
 
-use serde::Deserialize;
-
 use crate::error::BimError;
 
-/// The part of a data source's `GET /v1/file` reply the manager relies on.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DataSourceFile {
-    pub name: String,
-    pub uuid: String,
-    #[serde(rename = "diskUUID")]
-    pub disk_uuid: String,
-    pub file_path: String,
-    pub size: u64,
-    #[serde(default)]
-    pub virtual_size: u64,
-    pub state: String,
-    #[serde(default)]
-    pub expected_checksum: String,
-    #[serde(default)]
-    pub current_checksum: String,
-    #[serde(default)]
-    pub message: String,
-}
-
+/// A data source's `GET /v1/file` reply: the data-source crate's own type, so both sides share one definition.
+pub use data_source::FileInfo as DataSourceFile;
 /// The state a data source reports for a finished file nobody took yet.
-pub const READY_FOR_TRANSFER: &str = "ready-for-transfer";
+pub const READY_FOR_TRANSFER: data_source::FileState = data_source::FileState::ReadyForTransfer;
 
 /// A data source at `HOST:PORT` (or an `http://` URL).
 pub struct DataSourceClient {

@@ -175,17 +175,10 @@ pub fn write_config(path: &Path, cfg: &BackingConfig) -> io::Result<()> {
     write_file_atomic(path, &bytes)
 }
 
-/// Size a disk image describes: the qcow2 header's virtual size, or the file size for anything else (raw).
+/// Size of the disk an image describes (`disk_image::probe`: a qcow2 header's virtual size); `size` when the
+/// file cannot be probed (a raw file is its own size anyway).
 pub fn virtual_size(path: &Path, size: u64) -> u64 {
-    use std::io::Read;
-    let mut head = [0u8; 32];
-    let read = fs::File::open(path).and_then(|mut f| f.read_exact(&mut head));
-    if read.is_ok() && head[..4] == *b"QFI\xfb" {
-        let mut v = [0u8; 8];
-        v.copy_from_slice(&head[24..32]);
-        return u64::from_be_bytes(v);
-    }
-    size
+    disk_image::probe(path).map_or(size, |i| i.virtual_size)
 }
 
 #[cfg(test)]

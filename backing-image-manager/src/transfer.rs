@@ -138,7 +138,7 @@ fn verify_and_commit(
     spec: &ImageSpec,
     source_checksum: &str,
     cancel: &CancellationToken,
-    progress: impl FnMut(u64),
+    progress: impl Fn(u64),
 ) -> Result<BackingConfig, String> {
     let (sum, f) = sha512_file(&paths.temp, cancel, progress)
         .map_err(|e| format!("hashing {}: {e}", paths.temp.display()))?;

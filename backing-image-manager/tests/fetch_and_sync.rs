@@ -242,3 +242,122 @@ async fn data_source_file_is_taken_over_by_rename_then_synced_to_another_disk() 
     };
     assert_eq!(ev.image.unwrap().spec.unwrap().name, "ubuntu");
 }
+
+/// Serves `bytes` at `/image.raw` (GET and HEAD with Content-Length).
+async fn image_server(bytes: Vec<u8>) -> (String, tokio::task::JoinHandle<()>) {
+    let bytes = bytes::Bytes::from(bytes);
+    let app = axum::Router::new().route(
+        "/image.raw",
+        axum::routing::get(move || async move { bytes.clone() }),
+    );
+    let l = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/image.raw", l.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        axum::serve(l, app).await.unwrap();
+    });
+    (url, task)
+}
+
+struct Killed(std::process::Child);
+impl Drop for Killed {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_data_source_download_is_fetched_by_one_manager_and_synced_by_another() {
+    let (disk_a, disk_b) = (Disk::new("disk-a"), Disk::new("disk-b"));
+    let size = 6 * MIB;
+    let scratch = tempfile::tempdir().unwrap();
+    let original = scratch.path().join("image.raw");
+    write_image(&original, size, 42);
+    let sum = sha512_hex(&original);
+    let (url, _server) = image_server(std::fs::read(&original).unwrap()).await;
+
+    let ds_port = free_ports(1);
+    let ds_addr = format!("127.0.0.1:{ds_port}");
+    let _ds = Killed(
+        std::process::Command::new(workspace_bin("corral-datasource"))
+            .args(["serve", "--listen", &ds_addr, "--disk-path"])
+            .arg(disk_a.path())
+            .args([
+                "--disk-uuid",
+                "disk-a",
+                "--name",
+                "cirros",
+                "--uuid",
+                "c1",
+                "--source-type",
+                "download",
+            ])
+            .args(["--param", &format!("url={url}"), "--expected-checksum", &sum])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let info: serde_json::Value = eventually(60, "data source ready-for-transfer", || async {
+        let v: serde_json::Value = reqwest::get(format!("http://{ds_addr}/v1/file"))
+            .await
+            .ok()?
+            .json()
+            .await
+            .ok()?;
+        assert_ne!(v["state"], "failed", "{v}");
+        (v["state"] == "ready-for-transfer").then_some(v)
+    })
+    .await;
+    let ds_file = std::path::PathBuf::from(info["filePath"].as_str().unwrap());
+    let inode = std::fs::metadata(&ds_file).unwrap().ino();
+
+    let a = Bim::start(&disk_a, 2, &[]).await;
+    let b = Bim::start(&disk_b, 2, &[]).await;
+    let mut watch_a = a.client().await.watch(v1::Empty {}).await.unwrap().into_inner();
+    a.client()
+        .await
+        .fetch(v1::BimFetchRequest {
+            spec: spec("cirros", "c1", size, &sum),
+            data_source_address: ds_addr.clone(),
+        })
+        .await
+        .unwrap();
+    a.wait_state("cirros", "ready", 30).await;
+    let backing_a = disk_a.backing("cirros", "c1");
+    assert_eq!(
+        std::fs::metadata(&backing_a).unwrap().ino(),
+        inode,
+        "fetch copied the file"
+    );
+    assert!(!ds_file.exists());
+    let after: serde_json::Value = reqwest::get(format!("http://{ds_addr}/v1/file"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        after["state"], "ready",
+        "the data source did not record the transfer: {after}"
+    );
+    let mut states = Vec::new();
+    while states.last().map(String::as_str) != Some("ready") {
+        let ev = watch_a.message().await.unwrap().unwrap();
+        states.push(state(ev.image.as_ref().unwrap()));
+    }
+    assert_eq!(states.first().map(String::as_str), Some("starting"), "{states:?}");
+
+    b.client()
+        .await
+        .sync(v1::BimSyncRequest {
+            spec: spec("cirros", "c1", size, &sum),
+            from_address: a.addr(),
+        })
+        .await
+        .unwrap();
+    let ready_b = b.wait_state("cirros", "ready", 30).await;
+    assert_eq!(ready_b.status.unwrap().current_checksum, sum);
+    assert_eq!(sha512_hex(&disk_b.backing("cirros", "c1")), sum);
+    assert_eq!(sha512_hex(&backing_a), sum);
+}
