@@ -2,7 +2,16 @@
 //! spec/status documents with optimistic concurrency and watches), the resources (nodes and disks, volumes,
 //! engines, replicas, settings, snapshots), the controllers that turn volume specs into running `corral-replica`
 //! and `corral-engine` processes on each node (supervised, restarted, re-adopted after a manager restart), the REST
-//! API (`/v1/...`) and the user CLI `corral`.
+//! API (`/v1/...`) and the user CLI `corral` (its REST client is [`client`]).
 
+pub mod api;
+pub mod client;
+pub mod context;
+pub mod controller;
+pub mod error;
+pub mod metrics;
 pub mod model;
+pub mod process;
+pub mod scheduler;
+pub mod server;
 pub mod store;

@@ -194,6 +194,8 @@ pub struct ReplicaStatus {
     pub address: String,
     /// RW | WO | ERR as the engine sees it.
     pub mode: String,
+    /// Has been RW in an engine: holds the volume's data (a fresh replica joins only through a rebuild).
+    pub initialized: bool,
     pub message: String,
 }
 
@@ -235,6 +237,8 @@ pub struct EngineStatus {
     pub replica_modes: BTreeMap<String, String>,
     /// The size the running engine serves (expansion updates it).
     pub current_size: u64,
+    /// The next start passes `--salvage-requested` (every replica failed).
+    pub salvage_next: bool,
     pub message: String,
 }
 

@@ -1,1 +1,76 @@
-fn main() {}
+//! `corral-manager`: one node's control plane. Parses flags and wires.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Parser;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "corral-manager",
+    version,
+    about = "Corral manager: the control plane of one node"
+)]
+struct Cli {
+    /// Directory for the embedded store, the default disk, daemon logs and NBD sockets.
+    #[arg(long, env = "CORRAL_DATA_DIR", default_value = "/var/lib/corral")]
+    data_dir: PathBuf,
+    /// REST API address.
+    #[arg(long, env = "CORRAL_LISTEN", default_value = "127.0.0.1:9500")]
+    listen: SocketAddr,
+    /// State store: `embedded` (a redb file in the data directory) or `etcd://HOST:PORT[,HOST:PORT]`.
+    #[arg(long, env = "CORRAL_STORE", default_value = "embedded")]
+    store: String,
+    /// This node's name (default: the host name).
+    #[arg(long, env = "CORRAL_NODE_ID")]
+    node_id: Option<String>,
+    /// Address the node's daemons listen on and other nodes reach them at.
+    #[arg(long, env = "CORRAL_HOST", default_value = "127.0.0.1")]
+    host: String,
+    /// Directory holding corral-replica and corral-engine (default: beside this binary).
+    #[arg(long, env = "CORRAL_BIN_DIR")]
+    bin_dir: Option<PathBuf>,
+    /// Ports for daemons, FROM-TO.
+    #[arg(long, env = "CORRAL_PORT_RANGE", default_value = "20000-30000", value_parser = manager_bin::parse_range)]
+    port_range: (u16, u16),
+    /// Log format: text or json.
+    #[arg(long, default_value = "text", env = "CORRAL_LOG_FORMAT")]
+    log_format: String,
+}
+
+mod manager_bin {
+    pub fn parse_range(s: &str) -> Result<(u16, u16), String> {
+        let (a, b) = s
+            .split_once('-')
+            .ok_or_else(|| format!("{s:?}: expected FROM-TO"))?;
+        let a: u16 = a.trim().parse().map_err(|_| format!("{s:?}: bad port {a:?}"))?;
+        let b: u16 = b.trim().parse().map_err(|_| format!("{s:?}: bad port {b:?}"))?;
+        if a >= b {
+            return Err(format!("{s:?}: FROM must be below TO"));
+        }
+        Ok((a, b))
+    }
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    corral_daemon::init_logging(&cli.log_format, "info");
+    let node_id = match cli.node_id {
+        Some(n) => n,
+        None => std::fs::read_to_string("/proc/sys/kernel/hostname")?
+            .trim()
+            .to_owned(),
+    };
+    let cfg = manager::server::ServerConfig {
+        data_dir: cli.data_dir,
+        listen: cli.listen,
+        store: cli.store,
+        node_id,
+        host: cli.host,
+        bin_dir: cli.bin_dir.unwrap_or_else(manager::server::default_bin_dir),
+        port_range: cli.port_range,
+    };
+    let cancel = corral_daemon::shutdown_on_signal();
+    manager::server::run(cfg, cancel).await
+}

@@ -1,1 +1,592 @@
-fn main() {}
+//! `corral`: the user CLI. Talks to a manager's REST API (`--url`, `$CORRAL_URL`); `corral up` runs a single-node
+//! manager on the embedded store. Tables by default, `--json` for scripts.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Parser, Subcommand};
+use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use manager::api::views::*;
+use manager::client::Client;
+use manager::model::{Robustness, VolumeState};
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "corral",
+    version,
+    about = "Corral: replicated block volumes served over NBD"
+)]
+struct Cli {
+    /// Manager REST address.
+    #[arg(
+        long,
+        global = true,
+        env = "CORRAL_URL",
+        default_value = "http://127.0.0.1:9500"
+    )]
+    url: String,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
+    log_format: String,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand, Debug)]
+enum Cmd {
+    /// Run a single-node manager on the embedded store (foreground, or --detach).
+    Up {
+        #[arg(long, env = "CORRAL_DATA_DIR", default_value = "./corral-data")]
+        data_dir: PathBuf,
+        #[arg(long, default_value = "127.0.0.1:9500")]
+        listen: SocketAddr,
+        /// `embedded` or `etcd://HOST:PORT`.
+        #[arg(long, default_value = "embedded")]
+        store: String,
+        #[arg(long, default_value = "node-1")]
+        node_id: String,
+        /// Start in the background and return once the API answers.
+        #[arg(long)]
+        detach: bool,
+    },
+    /// Nodes and disks.
+    Node {
+        #[command(subcommand)]
+        cmd: NodeCmd,
+    },
+    /// Volumes.
+    Volume {
+        #[command(subcommand)]
+        cmd: VolumeCmd,
+    },
+    /// Snapshots of a volume.
+    Snapshot {
+        #[command(subcommand)]
+        cmd: SnapshotCmd,
+    },
+    /// Replicas of every volume.
+    Replica {
+        #[command(subcommand)]
+        cmd: ReplicaCmd,
+    },
+    /// Cluster settings.
+    Setting {
+        #[command(subcommand)]
+        cmd: SettingCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum NodeCmd {
+    Ls,
+    Get {
+        name: String,
+    },
+    /// Add a disk (a directory) to a node.
+    DiskAdd {
+        node: String,
+        disk: String,
+        path: String,
+        #[arg(long, default_value_t = 0, value_parser = corral_daemon::parse_size)]
+        reserved: u64,
+    },
+    DiskRm {
+        node: String,
+        disk: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum VolumeCmd {
+    Create {
+        name: String,
+        /// Size with an optional K/M/G/T (or Ki/Mi/Gi/Ti) suffix; a multiple of 4096.
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+        #[arg(long, default_value_t = 3)]
+        replicas: u32,
+        /// Override the disable-revision-counter setting.
+        #[arg(long)]
+        disable_revision_counter: Option<bool>,
+    },
+    Ls,
+    Get {
+        name: String,
+    },
+    /// Attach and print the NBD URI once served.
+    Attach {
+        name: String,
+        #[arg(long)]
+        node: Option<String>,
+        #[arg(long)]
+        no_wait: bool,
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
+    },
+    Detach {
+        name: String,
+        #[arg(long)]
+        no_wait: bool,
+    },
+    Rm {
+        name: String,
+    },
+    Expand {
+        name: String,
+        #[arg(long, value_parser = parse_size)]
+        size: u64,
+    },
+    /// Restart a faulted volume's engine from the best replica.
+    Salvage {
+        name: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+enum SnapshotCmd {
+    Create { volume: String, name: Option<String> },
+    Ls { volume: String },
+    Rm { volume: String, name: String },
+    Revert { volume: String, name: String },
+}
+
+#[derive(Subcommand, Debug)]
+enum ReplicaCmd {
+    Ls,
+}
+
+#[derive(Subcommand, Debug)]
+enum SettingCmd {
+    Ls,
+    Get { name: String },
+    Set { name: String, value: String },
+}
+
+/// Sizes accept `Gi`-style suffixes too.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t.strip_suffix('i').or_else(|| t.strip_suffix("iB")).unwrap_or(t);
+    corral_daemon::parse_size(t)
+}
+
+fn table(header: &[&str], rows: Vec<Vec<String>>) -> Table {
+    let mut t = Table::new();
+    t.load_style(UTF8_FULL_CONDENSED);
+    t.set_header(header.to_vec());
+    for r in rows {
+        t.add_row(r);
+    }
+    t
+}
+
+fn lower<T: serde::Serialize>(v: &T) -> String {
+    serde_json::to_string(v)
+        .unwrap_or_default()
+        .trim_matches('"')
+        .to_owned()
+}
+
+fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce() -> String) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(v)?);
+    } else {
+        println!("{}", human());
+    }
+    Ok(())
+}
+
+fn volume_table(vs: &[VolumeView]) -> String {
+    table(
+        &[
+            "NAME",
+            "SIZE",
+            "REPLICAS",
+            "STATE",
+            "ROBUSTNESS",
+            "NODE",
+            "ENDPOINT",
+        ],
+        vs.iter()
+            .map(|v| {
+                vec![
+                    v.name.clone(),
+                    corral_daemon::human_bytes(v.size),
+                    v.number_of_replicas.to_string(),
+                    lower(&v.state),
+                    lower(&v.robustness),
+                    v.current_node_id.clone().unwrap_or_default(),
+                    v.endpoints.last().cloned().unwrap_or_default(),
+                ]
+            })
+            .collect(),
+    )
+    .to_string()
+}
+
+fn volume_detail(v: &VolumeView) -> String {
+    let mut s = volume_table(std::slice::from_ref(v));
+    s.push('\n');
+    for e in &v.endpoints {
+        s.push_str(&format!("endpoint: {e}\n"));
+    }
+    if !v.message.is_empty() {
+        s.push_str(&format!("message: {}\n", v.message));
+    }
+    s.push_str(&replica_table(&v.replicas));
+    s
+}
+
+fn replica_table(rs: &[ReplicaView]) -> String {
+    table(
+        &["REPLICA", "VOLUME", "NODE", "DISK", "STATE", "MODE", "ADDRESS"],
+        rs.iter()
+            .map(|r| {
+                vec![
+                    r.name.clone(),
+                    r.volume.clone(),
+                    r.node_id.clone(),
+                    r.disk.clone(),
+                    if r.failed {
+                        "failed".into()
+                    } else {
+                        lower(&r.state)
+                    },
+                    r.mode.clone(),
+                    r.address.clone(),
+                ]
+            })
+            .collect(),
+    )
+    .to_string()
+}
+
+async fn wait_volume(
+    c: &Client,
+    name: &str,
+    timeout: Duration,
+    what: &str,
+    done: impl Fn(&VolumeView) -> bool,
+) -> anyhow::Result<VolumeView> {
+    let bar = corral_daemon::percent_bar(what);
+    let end = Instant::now() + timeout;
+    loop {
+        let v: VolumeView = c.get(&format!("/v1/volumes/{name}")).await?;
+        let total = v.replicas.len().max(1) + 1;
+        let ready = v
+            .replicas
+            .iter()
+            .filter(|r| r.mode == "RW" || r.state == manager::model::ProcessState::Running)
+            .count()
+            + usize::from(v.state == VolumeState::Attached);
+        bar.set_position(u64::try_from(ready * 100 / total).unwrap_or(0));
+        if done(&v) {
+            bar.finish_and_clear();
+            return Ok(v);
+        }
+        if Instant::now() > end {
+            bar.abandon();
+            bail!(
+                "volume {name} is {} after {timeout:?}: {}",
+                lower(&v.state),
+                v.message
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn up(
+    data_dir: PathBuf,
+    listen: SocketAddr,
+    store: String,
+    node_id: String,
+    detach: bool,
+) -> anyhow::Result<()> {
+    if detach {
+        std::fs::create_dir_all(data_dir.join("logs"))?;
+        let log = data_dir.join("logs").join("manager.log");
+        let f = std::fs::OpenOptions::new().create(true).append(true).open(&log)?;
+        let exe = std::env::current_exe()?;
+        let mut cmd = std::process::Command::new(exe);
+        cmd.arg("up")
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .arg("--listen")
+            .arg(listen.to_string())
+            .args(["--store", &store, "--node-id", &node_id])
+            .stdin(std::process::Stdio::null())
+            .stdout(f.try_clone()?)
+            .stderr(f);
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+        let child = cmd.spawn().context("start the manager")?;
+        let c = Client::new(&listen.to_string());
+        let end = Instant::now() + Duration::from_secs(30);
+        while c.get::<Vec<NodeView>>("/v1/nodes").await.is_err() {
+            if Instant::now() > end {
+                bail!("the manager did not answer within 30 s (log: {})", log.display());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        println!(
+            "corral manager running (pid {}) at http://{listen}; log {}",
+            child.id(),
+            log.display()
+        );
+        return Ok(());
+    }
+    let cfg = manager::server::ServerConfig {
+        data_dir,
+        listen,
+        store,
+        node_id,
+        host: listen.ip().to_string(),
+        bin_dir: manager::server::default_bin_dir(),
+        port_range: (20000, 30000),
+    };
+    manager::server::run(cfg, corral_daemon::shutdown_on_signal()).await
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
+    let level = if matches!(cli.cmd, Cmd::Up { .. }) {
+        "info"
+    } else {
+        "warn"
+    };
+    corral_daemon::init_logging(&cli.log_format, level);
+    let json = cli.json;
+    let c = Client::new(&cli.url);
+    match cli.cmd {
+        Cmd::Up {
+            data_dir,
+            listen,
+            store,
+            node_id,
+            detach,
+        } => up(data_dir, listen, store, node_id, detach).await?,
+        Cmd::Node { cmd } => match cmd {
+            NodeCmd::Ls => {
+                let ns: Vec<NodeView> = c.get("/v1/nodes").await?;
+                print(json, &ns, || {
+                    table(
+                        &["NODE", "READY", "ADDRESS", "DISKS"],
+                        ns.iter()
+                            .map(|n| {
+                                vec![
+                                    n.name.clone(),
+                                    n.ready.to_string(),
+                                    n.address.clone(),
+                                    n.disks
+                                        .iter()
+                                        .map(|d| {
+                                            format!(
+                                                "{} {} ({} free{})",
+                                                d.name,
+                                                d.path,
+                                                corral_daemon::human_bytes(d.storage_available),
+                                                if d.error.is_empty() {
+                                                    String::new()
+                                                } else {
+                                                    format!(", {}", d.error)
+                                                }
+                                            )
+                                        })
+                                        .collect::<Vec<_>>()
+                                        .join("\n"),
+                                ]
+                            })
+                            .collect(),
+                    )
+                    .to_string()
+                })?;
+            }
+            NodeCmd::Get { name } => {
+                let n: NodeView = c.get(&format!("/v1/nodes/{name}")).await?;
+                print(true, &n, String::new)?;
+            }
+            NodeCmd::DiskAdd {
+                node,
+                disk,
+                path,
+                reserved,
+            } => {
+                let body = DiskCreate {
+                    name: disk,
+                    path,
+                    allow_scheduling: true,
+                    storage_reserved: reserved,
+                };
+                let n: NodeView = c.post(&format!("/v1/nodes/{node}/disks"), &body).await?;
+                print(true, &n, String::new)?;
+            }
+            NodeCmd::DiskRm { node, disk } => {
+                c.delete(&format!("/v1/nodes/{node}/disks/{disk}")).await?;
+            }
+        },
+        Cmd::Volume { cmd } => match cmd {
+            VolumeCmd::Create {
+                name,
+                size,
+                replicas,
+                disable_revision_counter,
+            } => {
+                let body = VolumeCreate {
+                    name,
+                    size,
+                    number_of_replicas: replicas,
+                    disable_revision_counter,
+                    frontend: None,
+                };
+                let v: VolumeView = c.post("/v1/volumes", &body).await?;
+                print(json, &v, || volume_table(std::slice::from_ref(&v)))?;
+            }
+            VolumeCmd::Ls => {
+                let vs: Vec<VolumeView> = c.get("/v1/volumes").await?;
+                print(json, &vs, || volume_table(&vs))?;
+            }
+            VolumeCmd::Get { name } => {
+                let v: VolumeView = c.get(&format!("/v1/volumes/{name}")).await?;
+                print(json, &v, || volume_detail(&v))?;
+            }
+            VolumeCmd::Attach {
+                name,
+                node,
+                no_wait,
+                timeout,
+            } => {
+                let mut v: VolumeView = c
+                    .post(
+                        &format!("/v1/volumes/{name}/attach"),
+                        &AttachRequest { node_id: node },
+                    )
+                    .await?;
+                if !no_wait {
+                    v = wait_volume(&c, &name, Duration::from_secs(timeout), "attaching", |v| {
+                        v.state == VolumeState::Attached && !v.endpoints.is_empty()
+                    })
+                    .await?;
+                }
+                print(json, &v, || {
+                    if v.endpoints.is_empty() {
+                        format!("volume {name} is {}", lower(&v.state))
+                    } else {
+                        v.endpoints.join("\n")
+                    }
+                })?;
+            }
+            VolumeCmd::Detach { name, no_wait } => {
+                let mut v: VolumeView = c.post(&format!("/v1/volumes/{name}/detach"), &()).await?;
+                if !no_wait {
+                    v = wait_volume(&c, &name, Duration::from_secs(60), "detaching", |v| {
+                        v.state == VolumeState::Detached
+                    })
+                    .await?;
+                }
+                print(json, &v, || format!("volume {name} is {}", lower(&v.state)))?;
+            }
+            VolumeCmd::Rm { name } => {
+                c.delete(&format!("/v1/volumes/{name}")).await?;
+            }
+            VolumeCmd::Expand { name, size } => {
+                let v: VolumeView = c
+                    .post(&format!("/v1/volumes/{name}/expand"), &SizeRequest { size })
+                    .await?;
+                print(json, &v, || volume_table(std::slice::from_ref(&v)))?;
+            }
+            VolumeCmd::Salvage { name } => {
+                c.post::<VolumeView>(&format!("/v1/volumes/{name}/salvage"), &())
+                    .await?;
+                let v = wait_volume(&c, &name, Duration::from_secs(120), "salvaging", |v| {
+                    v.robustness != Robustness::Faulted && v.state == VolumeState::Attached
+                })
+                .await?;
+                print(json, &v, || volume_detail(&v))?;
+            }
+        },
+        Cmd::Snapshot { cmd } => match cmd {
+            SnapshotCmd::Create { volume, name } => {
+                let r: serde_json::Value = c
+                    .post(
+                        &format!("/v1/volumes/{volume}/snapshots"),
+                        &SnapshotCreate {
+                            name,
+                            labels: Default::default(),
+                        },
+                    )
+                    .await?;
+                print(json, &r, || r["name"].as_str().unwrap_or_default().to_owned())?;
+            }
+            SnapshotCmd::Ls { volume } => {
+                let ss: Vec<SnapshotView> = c.get(&format!("/v1/volumes/{volume}/snapshots")).await?;
+                print(json, &ss, || {
+                    table(
+                        &["SNAPSHOT", "PARENT", "CREATED", "SIZE", "REMOVED"],
+                        ss.iter()
+                            .map(|s| {
+                                vec![
+                                    s.name.clone(),
+                                    s.parent.clone(),
+                                    s.created.clone(),
+                                    corral_daemon::human_bytes(s.size),
+                                    s.removed.to_string(),
+                                ]
+                            })
+                            .collect(),
+                    )
+                    .to_string()
+                })?;
+            }
+            SnapshotCmd::Rm { volume, name } => {
+                c.delete(&format!("/v1/volumes/{volume}/snapshots/{name}"))
+                    .await?;
+            }
+            SnapshotCmd::Revert { volume, name } => {
+                let v: VolumeView = c
+                    .post(&format!("/v1/volumes/{volume}/snapshots/{name}/revert"), &())
+                    .await?;
+                print(json, &v, || format!("volume {volume} reverted to {name}"))?;
+            }
+        },
+        Cmd::Replica { cmd: ReplicaCmd::Ls } => {
+            let rs: Vec<ReplicaView> = c.get("/v1/replicas").await?;
+            print(json, &rs, || replica_table(&rs))?;
+        }
+        Cmd::Setting { cmd } => match cmd {
+            SettingCmd::Ls => {
+                let ss: Vec<SettingView> = c.get("/v1/settings").await?;
+                print(json, &ss, || {
+                    table(
+                        &["SETTING", "VALUE", "DEFAULT", "DESCRIPTION"],
+                        ss.iter()
+                            .map(|s| {
+                                vec![
+                                    s.name.clone(),
+                                    s.value.clone(),
+                                    s.default.clone(),
+                                    s.description.clone(),
+                                ]
+                            })
+                            .collect(),
+                    )
+                    .to_string()
+                })?;
+            }
+            SettingCmd::Get { name } => {
+                let s: SettingView = c.get(&format!("/v1/settings/{name}")).await?;
+                print(json, &s, || s.value.clone())?;
+            }
+            SettingCmd::Set { name, value } => {
+                let s: SettingView = c
+                    .put(&format!("/v1/settings/{name}"), &SettingValue { value })
+                    .await?;
+                print(json, &s, || format!("{} = {}", s.name, s.value))?;
+            }
+        },
+    }
+    Ok(())
+}

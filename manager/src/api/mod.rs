@@ -1,0 +1,718 @@
+//! The REST API (`/v1/...`, JSON). Every route is registered through [`Routes`], which also produces the OpenAPI
+//! document served at `/v1/openapi.json`, so the document cannot miss a route. Errors are `{code, message}` with
+//! the status of [`ApiError`]. Validation happens before anything is written: a refused request leaves nothing
+//! behind.
+
+pub mod views;
+
+use std::collections::BTreeMap;
+
+use axum::extract::{Path, Request, State};
+use axum::http::StatusCode;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodFilter, MethodRouter, on};
+use axum::{Json, Router};
+use corral_proto::v1;
+
+use crate::context::Ctx;
+use crate::controller::volume::{candidates, node_is_up};
+use crate::error::ApiError;
+use crate::model::{self, BLOCK, DiskSpec, Engine, Node, ProcessState, Replica, Setting, Volume, VolumeSpec};
+use crate::scheduler;
+use crate::store::StoreError;
+use views::*;
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+/// Registers routes and remembers them for the OpenAPI document.
+pub struct Routes {
+    paths: BTreeMap<&'static str, MethodRouter<Ctx>>,
+    /// (path, method, summary)
+    pub documented: Vec<(&'static str, &'static str, &'static str)>,
+}
+
+impl Routes {
+    fn new() -> Self {
+        Self {
+            paths: BTreeMap::new(),
+            documented: Vec::new(),
+        }
+    }
+
+    fn add<H, T>(&mut self, method: &'static str, path: &'static str, summary: &'static str, handler: H)
+    where
+        H: axum::handler::Handler<T, Ctx>,
+        T: 'static,
+    {
+        let filter = match method {
+            "get" => MethodFilter::GET,
+            "post" => MethodFilter::POST,
+            "put" => MethodFilter::PUT,
+            _ => MethodFilter::DELETE,
+        };
+        let mr = self.paths.remove(path).unwrap_or_default();
+        self.paths.insert(path, mr.merge(on(filter, handler)));
+        self.documented.push((path, method, summary));
+    }
+}
+
+/// Every route of the API.
+pub fn routes() -> Routes {
+    let mut r = Routes::new();
+    r.add("get", "/v1/nodes", "List nodes with their disks", list_nodes);
+    r.add("get", "/v1/nodes/{node}", "Get a node", get_node);
+    r.add("post", "/v1/nodes/{node}/disks", "Add a disk to a node", add_disk);
+    r.add(
+        "delete",
+        "/v1/nodes/{node}/disks/{disk}",
+        "Remove a disk without replicas",
+        remove_disk,
+    );
+    r.add("get", "/v1/volumes", "List volumes", list_volumes);
+    r.add("post", "/v1/volumes", "Create a volume", create_volume);
+    r.add(
+        "get",
+        "/v1/volumes/{volume}",
+        "Get a volume with its replicas",
+        get_volume,
+    );
+    r.add(
+        "delete",
+        "/v1/volumes/{volume}",
+        "Delete a detached volume and its replicas",
+        delete_volume,
+    );
+    r.add(
+        "post",
+        "/v1/volumes/{volume}/attach",
+        "Attach to a node (NBD frontend)",
+        attach_volume,
+    );
+    r.add(
+        "post",
+        "/v1/volumes/{volume}/detach",
+        "Detach (stop the engine; replicas keep the data)",
+        detach_volume,
+    );
+    r.add(
+        "post",
+        "/v1/volumes/{volume}/expand",
+        "Grow an attached volume",
+        expand_volume,
+    );
+    r.add(
+        "post",
+        "/v1/volumes/{volume}/salvage",
+        "Restart a faulted volume's engine with salvage",
+        salvage_volume,
+    );
+    r.add(
+        "get",
+        "/v1/volumes/{volume}/snapshots",
+        "List snapshots",
+        list_snapshots,
+    );
+    r.add(
+        "post",
+        "/v1/volumes/{volume}/snapshots",
+        "Take a snapshot",
+        create_snapshot,
+    );
+    r.add(
+        "delete",
+        "/v1/volumes/{volume}/snapshots/{snapshot}",
+        "Mark a snapshot removed",
+        delete_snapshot,
+    );
+    r.add(
+        "post",
+        "/v1/volumes/{volume}/snapshots/{snapshot}/revert",
+        "Revert the volume to a snapshot",
+        revert_snapshot,
+    );
+    r.add("get", "/v1/replicas", "List replicas", list_replicas);
+    r.add("get", "/v1/settings", "List settings", list_settings);
+    r.add("get", "/v1/settings/{setting}", "Get a setting", get_setting);
+    r.add("put", "/v1/settings/{setting}", "Set a setting", put_setting);
+    r.add("get", "/v1/openapi.json", "This document", openapi);
+    r.add("get", "/metrics", "Prometheus metrics", metrics);
+    r.add("get", "/healthz", "Liveness", healthz);
+    r
+}
+
+pub fn router(ctx: Ctx) -> Router {
+    let mut app = Router::new();
+    for (path, mr) in routes().paths {
+        app = app.route(path, mr);
+    }
+    app.fallback(|| async { ApiError::NotFound("no such route".into()) })
+        .layer(axum::middleware::from_fn_with_state(ctx.clone(), count_requests))
+        .with_state(ctx)
+}
+
+async fn count_requests(State(ctx): State<Ctx>, req: Request, next: Next) -> Response {
+    let method = req.method().to_string();
+    let resp = next.run(req).await;
+    ctx.metrics.request(&method, resp.status().as_u16());
+    resp
+}
+
+/// The OpenAPI 3 document of [`routes`].
+pub fn openapi_document() -> serde_json::Value {
+    let mut paths = serde_json::Map::new();
+    for (path, method, summary) in routes().documented {
+        let entry = paths
+            .entry(path.to_owned())
+            .or_insert_with(|| serde_json::json!({}));
+        let params: Vec<serde_json::Value> = path
+            .split('/')
+            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+            .map(|p| serde_json::json!({"name": p, "in": "path", "required": true, "schema": {"type": "string"}}))
+            .collect();
+        entry[method] = serde_json::json!({
+            "summary": summary,
+            "parameters": params,
+            "responses": {
+                "200": {"description": "OK (JSON)"},
+                "4XX": {"description": "Bad request", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
+            }
+        });
+    }
+    serde_json::json!({
+        "openapi": "3.0.3",
+        "info": {"title": "Corral manager", "version": env!("CARGO_PKG_VERSION")},
+        "paths": paths,
+        "components": {"schemas": {"Error": {
+            "type": "object",
+            "required": ["code", "message"],
+            "properties": {"code": {"type": "string"}, "message": {"type": "string"}}
+        }}}
+    })
+}
+
+async fn openapi() -> Json<serde_json::Value> {
+    Json(openapi_document())
+}
+
+async fn metrics(State(ctx): State<Ctx>) -> Response {
+    if let Ok(vols) = ctx.db.list::<Volume>().await {
+        let count = |s: model::VolumeState| {
+            i64::try_from(vols.iter().filter(|v| v.data.status.state == s).count()).unwrap_or(i64::MAX)
+        };
+        ctx.metrics.set_volume_counts(&[
+            ("detached", count(model::VolumeState::Detached)),
+            ("attaching", count(model::VolumeState::Attaching)),
+            ("attached", count(model::VolumeState::Attached)),
+            ("detaching", count(model::VolumeState::Detaching)),
+        ]);
+    }
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        ctx.metrics.encode(),
+    )
+        .into_response()
+}
+
+async fn healthz() -> &'static str {
+    "ok"
+}
+
+fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
+    corral_daemon::disk::check_path_component(what, name).map_err(ApiError::Invalid)
+}
+
+fn check_size(size: u64) -> Result<(), ApiError> {
+    if size == 0 || !size.is_multiple_of(BLOCK) {
+        return Err(ApiError::Invalid(format!(
+            "size {size} is not a positive multiple of {BLOCK} bytes"
+        )));
+    }
+    Ok(())
+}
+
+fn volume_not_found(name: &str) -> ApiError {
+    ApiError::NotFound(format!("volume {name:?} not found"))
+}
+
+async fn volume_view(ctx: &Ctx, name: &str) -> Result<VolumeView, ApiError> {
+    let v = ctx
+        .db
+        .get::<Volume>(name)
+        .await?
+        .ok_or_else(|| volume_not_found(name))?;
+    let e = ctx.db.get::<Engine>(name).await?;
+    let rs = ctx.db.list::<Replica>().await?;
+    Ok(VolumeView::new(&v, e.as_ref(), &rs))
+}
+
+async fn list_nodes(State(ctx): State<Ctx>) -> ApiResult<Vec<NodeView>> {
+    let mut out = Vec::new();
+    for n in ctx.db.list::<Node>().await? {
+        let up = node_is_up(&ctx, &n.data).await;
+        out.push(NodeView::new(&n, up));
+    }
+    Ok(Json(out))
+}
+
+async fn get_node(State(ctx): State<Ctx>, Path(node): Path<String>) -> ApiResult<NodeView> {
+    let n = ctx
+        .db
+        .get::<Node>(&node)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("node {node:?} not found")))?;
+    let up = node_is_up(&ctx, &n.data).await;
+    Ok(Json(NodeView::new(&n, up)))
+}
+
+async fn add_disk(
+    State(ctx): State<Ctx>,
+    Path(node): Path<String>,
+    Json(req): Json<DiskCreate>,
+) -> ApiResult<NodeView> {
+    check_name("disk name", &req.name)?;
+    let path = std::path::Path::new(&req.path);
+    if !path.is_absolute()
+        || path
+            .components()
+            .any(|c| matches!(c, std::path::Component::ParentDir))
+    {
+        return Err(ApiError::Invalid(format!(
+            "disk path {:?} must be absolute without '..'",
+            req.path
+        )));
+    }
+    let mut n = ctx
+        .db
+        .get::<Node>(&node)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("node {node:?} not found")))?;
+    if n.data.spec.disks.contains_key(&req.name) {
+        return Err(ApiError::Conflict(format!(
+            "node {node} already has a disk {:?}",
+            req.name
+        )));
+    }
+    if n.data.spec.disks.values().any(|d| d.path == req.path) {
+        return Err(ApiError::Conflict(format!(
+            "node {node} already uses {}",
+            req.path
+        )));
+    }
+    // A directory that already is a Corral disk keeps its identity.
+    let uuid = match corral_daemon::disk::read_disk_config(path) {
+        Ok(c) if n.data.spec.host == ctx.cfg.host || node == ctx.cfg.node_id => c.disk_uuid,
+        _ => uuid::Uuid::new_v4().to_string(),
+    };
+    n.data.spec.disks.insert(
+        req.name,
+        DiskSpec {
+            path: req.path,
+            disk_uuid: uuid,
+            allow_scheduling: req.allow_scheduling,
+            storage_reserved: req.storage_reserved,
+        },
+    );
+    ctx.db.update(&mut n).await?;
+    let up = node_is_up(&ctx, &n.data).await;
+    Ok(Json(NodeView::new(&n, up)))
+}
+
+async fn remove_disk(
+    State(ctx): State<Ctx>,
+    Path((node, disk)): Path<(String, String)>,
+) -> ApiResult<NodeView> {
+    let mut n = ctx
+        .db
+        .get::<Node>(&node)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("node {node:?} not found")))?;
+    if !n.data.spec.disks.contains_key(&disk) {
+        return Err(ApiError::NotFound(format!("node {node} has no disk {disk:?}")));
+    }
+    let used = ctx
+        .db
+        .list::<Replica>()
+        .await?
+        .iter()
+        .filter(|r| r.data.spec.node_id == node && r.data.spec.disk == disk)
+        .count();
+    if used > 0 {
+        return Err(ApiError::Conflict(format!(
+            "disk {disk} of node {node} holds {used} replicas"
+        )));
+    }
+    n.data.spec.disks.remove(&disk);
+    ctx.db.update(&mut n).await?;
+    let up = node_is_up(&ctx, &n.data).await;
+    Ok(Json(NodeView::new(&n, up)))
+}
+
+async fn list_volumes(State(ctx): State<Ctx>) -> ApiResult<Vec<VolumeView>> {
+    let rs = ctx.db.list::<Replica>().await?;
+    let es = ctx.db.list::<Engine>().await?;
+    Ok(Json(
+        ctx.db
+            .list::<Volume>()
+            .await?
+            .iter()
+            .map(|v| VolumeView::new(v, es.iter().find(|e| e.name == v.name), &rs))
+            .collect(),
+    ))
+}
+
+async fn get_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<VolumeView> {
+    Ok(Json(volume_view(&ctx, &name).await?))
+}
+
+async fn create_volume(
+    State(ctx): State<Ctx>,
+    Json(req): Json<VolumeCreate>,
+) -> Result<(StatusCode, Json<VolumeView>), ApiError> {
+    check_name("volume name", &req.name)?;
+    check_size(req.size)?;
+    if let Some(f) = &req.frontend
+        && f != "nbd"
+    {
+        return Err(ApiError::Invalid(format!(
+            "frontend {f:?} is not supported (only nbd)"
+        )));
+    }
+    if req.number_of_replicas == 0 || req.number_of_replicas > 16 {
+        return Err(ApiError::Invalid(format!(
+            "numberOfReplicas {} is out of range 1..=16",
+            req.number_of_replicas
+        )));
+    }
+    // The replicas must be placeable now: the same check the scheduler makes at attach.
+    let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
+    let count = usize::try_from(req.number_of_replicas).unwrap_or(usize::MAX);
+    let cands = candidates(&ctx)
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("{e:#}")))?;
+    scheduler::place(cands, &[], count, req.size, soft).map_err(ApiError::Invalid)?;
+    let disabled = match req.disable_revision_counter {
+        Some(b) => b,
+        None => ctx.setting_bool("disable-revision-counter").await,
+    };
+    let vol = Volume {
+        spec: VolumeSpec {
+            size: req.size,
+            number_of_replicas: req.number_of_replicas,
+            frontend: model::Frontend::Nbd,
+            disable_revision_counter: req.disable_revision_counter,
+            node_id: None,
+            salvage_requested: false,
+        },
+        status: model::VolumeStatus {
+            revision_counter_disabled: disabled,
+            ..Default::default()
+        },
+    };
+    match ctx.db.create(&req.name, vol).await {
+        Ok(_) => {}
+        Err(StoreError::AlreadyExists { .. }) => {
+            return Err(ApiError::Conflict(format!(
+                "volume {:?} already exists",
+                req.name
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    }
+    Ok((StatusCode::CREATED, Json(volume_view(&ctx, &req.name).await?)))
+}
+
+async fn delete_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    let v = ctx
+        .db
+        .get::<Volume>(&name)
+        .await?
+        .ok_or_else(|| volume_not_found(&name))?;
+    if v.data.spec.node_id.is_some() || v.data.status.state != model::VolumeState::Detached {
+        return Err(ApiError::Conflict(format!(
+            "volume {name} is {}: detach it first",
+            serde_json::to_string(&v.data.status.state)
+                .unwrap_or_default()
+                .trim_matches('"')
+        )));
+    }
+    ctx.db.delete::<Volume>(&name, v.version).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn attach_volume(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    body: Option<Json<AttachRequest>>,
+) -> ApiResult<VolumeView> {
+    let node = body
+        .and_then(|b| b.0.node_id)
+        .unwrap_or_else(|| ctx.cfg.node_id.clone());
+    let target = ctx
+        .db
+        .get::<Node>(&node)
+        .await?
+        .ok_or_else(|| ApiError::Invalid(format!("node {node:?} does not exist")))?;
+    if !node_is_up(&ctx, &target.data).await {
+        return Err(ApiError::Conflict(format!("node {node} is down")));
+    }
+    let mut v = ctx
+        .db
+        .get::<Volume>(&name)
+        .await?
+        .ok_or_else(|| volume_not_found(&name))?;
+    if let Some(cur) = v.data.spec.node_id.clone()
+        && cur != node
+    {
+        // Moving is allowed only away from a dead node.
+        let cur_up = match ctx.db.get::<Node>(&cur).await? {
+            Some(n) => node_is_up(&ctx, &n.data).await,
+            None => false,
+        };
+        if cur_up {
+            return Err(ApiError::Conflict(format!(
+                "volume {name} is attached to node {cur}: detach it first"
+            )));
+        }
+    }
+    if v.data.spec.node_id.as_deref() != Some(node.as_str()) {
+        if v.data.status.state == model::VolumeState::Detaching {
+            return Err(ApiError::Conflict(format!("volume {name} is still detaching")));
+        }
+        v.data.spec.node_id = Some(node);
+        ctx.db.update(&mut v).await?;
+    }
+    Ok(Json(volume_view(&ctx, &name).await?))
+}
+
+async fn detach_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<VolumeView> {
+    let mut v = ctx
+        .db
+        .get::<Volume>(&name)
+        .await?
+        .ok_or_else(|| volume_not_found(&name))?;
+    if v.data.spec.node_id.is_some() {
+        v.data.spec.node_id = None;
+        ctx.db.update(&mut v).await?;
+    }
+    Ok(Json(volume_view(&ctx, &name).await?))
+}
+
+/// The running engine of an attached volume.
+async fn engine_client(
+    ctx: &Ctx,
+    name: &str,
+) -> Result<v1::controller_service_client::ControllerServiceClient<tonic::transport::Channel>, ApiError> {
+    ctx.db
+        .get::<Volume>(name)
+        .await?
+        .ok_or_else(|| volume_not_found(name))?;
+    let e = ctx
+        .db
+        .get::<Engine>(name)
+        .await?
+        .filter(|e| e.data.status.state == ProcessState::Running)
+        .ok_or_else(|| ApiError::Conflict(format!("volume {name} is not attached")))?;
+    crate::controller::engine::client(&e.data.status.address)
+        .await
+        .map_err(|err| ApiError::Unavailable(format!("engine of {name} at {}: {err}", e.data.status.address)))
+}
+
+async fn expand_volume(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    Json(req): Json<SizeRequest>,
+) -> ApiResult<VolumeView> {
+    check_size(req.size)?;
+    let v = ctx
+        .db
+        .get::<Volume>(&name)
+        .await?
+        .ok_or_else(|| volume_not_found(&name))?;
+    if req.size < v.data.spec.size {
+        return Err(ApiError::Invalid(format!(
+            "size {} is smaller than the volume ({}): volumes only grow",
+            req.size, v.data.spec.size
+        )));
+    }
+    if req.size == v.data.spec.size {
+        return Ok(Json(volume_view(&ctx, &name).await?));
+    }
+    let mut c = engine_client(&ctx, &name).await?;
+    c.volume_expand(v1::ExpandRequest { size: req.size }).await?;
+    ctx.db
+        .modify::<Volume>(&name, |v| {
+            v.spec.size = req.size;
+            true
+        })
+        .await?;
+    for r in ctx
+        .db
+        .list::<Replica>()
+        .await?
+        .iter()
+        .filter(|r| r.data.spec.volume == name)
+    {
+        ctx.db
+            .modify::<Replica>(&r.name, |r| {
+                r.spec.size = req.size;
+                true
+            })
+            .await?;
+    }
+    Ok(Json(volume_view(&ctx, &name).await?))
+}
+
+async fn salvage_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<VolumeView> {
+    let v = ctx
+        .db
+        .get::<Volume>(&name)
+        .await?
+        .ok_or_else(|| volume_not_found(&name))?;
+    if v.data.status.robustness != model::Robustness::Faulted {
+        return Err(ApiError::Conflict(format!(
+            "volume {name} is not faulted: nothing to salvage"
+        )));
+    }
+    ctx.db
+        .modify::<Volume>(&name, |v| {
+            v.spec.salvage_requested = true;
+            true
+        })
+        .await?;
+    Ok(Json(volume_view(&ctx, &name).await?))
+}
+
+async fn list_snapshots(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<Vec<SnapshotView>> {
+    let mut c = engine_client(&ctx, &name).await?;
+    let l = c.snapshot_list(v1::Empty {}).await?.into_inner();
+    let mut out: Vec<SnapshotView> = l
+        .disks
+        .into_values()
+        .filter(|d| d.name.starts_with("volume-snap-"))
+        .map(|d| SnapshotView {
+            name: snapshot_name(&d.name),
+            parent: snapshot_name(&d.parent),
+            children: d.children.iter().map(|c| snapshot_name(c)).collect(),
+            created: d.created,
+            size: d.size,
+            removed: d.removed,
+            user_created: d.user_created,
+            labels: d.labels.into_iter().collect(),
+        })
+        .collect();
+    out.sort_by(|a, b| a.created.cmp(&b.created));
+    Ok(Json(out))
+}
+
+fn snapshot_name(file: &str) -> String {
+    file.strip_prefix("volume-snap-")
+        .and_then(|s| s.strip_suffix(".img"))
+        .unwrap_or(file)
+        .to_owned()
+}
+
+async fn create_snapshot(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    body: Option<Json<SnapshotCreate>>,
+) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
+    let req = body.map(|b| b.0).unwrap_or_default();
+    if let Some(s) = &req.name {
+        check_name("snapshot name", s)?;
+    }
+    let mut c = engine_client(&ctx, &name).await?;
+    let r = c
+        .snapshot_create(v1::SnapshotCreateRequest {
+            name: req.name.unwrap_or_default(),
+            labels: req.labels.into_iter().collect(),
+        })
+        .await?
+        .into_inner();
+    Ok((StatusCode::CREATED, Json(serde_json::json!({"name": r.name}))))
+}
+
+async fn delete_snapshot(
+    State(ctx): State<Ctx>,
+    Path((name, snap)): Path<(String, String)>,
+) -> Result<StatusCode, ApiError> {
+    check_name("snapshot name", &snap)?;
+    let mut c = engine_client(&ctx, &name).await?;
+    c.snapshot_remove(v1::SnapshotName { name: snap }).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn revert_snapshot(
+    State(ctx): State<Ctx>,
+    Path((name, snap)): Path<(String, String)>,
+) -> ApiResult<VolumeView> {
+    check_name("snapshot name", &snap)?;
+    let mut c = engine_client(&ctx, &name).await?;
+    c.frontend_shutdown(v1::Empty {}).await?;
+    let reverted = c.snapshot_revert(v1::SnapshotName { name: snap }).await;
+    // The frontend comes back whether or not the revert worked.
+    c.frontend_start(v1::Empty {}).await?;
+    reverted?;
+    Ok(Json(volume_view(&ctx, &name).await?))
+}
+
+async fn list_replicas(State(ctx): State<Ctx>) -> ApiResult<Vec<ReplicaView>> {
+    Ok(Json(
+        ctx.db
+            .list::<Replica>()
+            .await?
+            .iter()
+            .map(ReplicaView::from)
+            .collect(),
+    ))
+}
+
+async fn setting_view(ctx: &Ctx, name: &str) -> Result<SettingView, ApiError> {
+    let (n, default, desc) = model::SETTINGS
+        .iter()
+        .find(|s| s.0 == name)
+        .ok_or_else(|| ApiError::NotFound(format!("unknown setting {name:?}")))?;
+    Ok(SettingView {
+        name: (*n).to_owned(),
+        value: ctx.setting(name).await,
+        default: (*default).to_owned(),
+        description: (*desc).to_owned(),
+    })
+}
+
+async fn list_settings(State(ctx): State<Ctx>) -> ApiResult<Vec<SettingView>> {
+    let mut out = Vec::new();
+    for s in model::SETTINGS {
+        out.push(setting_view(&ctx, s.0).await?);
+    }
+    Ok(Json(out))
+}
+
+async fn get_setting(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<SettingView> {
+    Ok(Json(setting_view(&ctx, &name).await?))
+}
+
+async fn put_setting(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    Json(req): Json<SettingValue>,
+) -> ApiResult<SettingView> {
+    if !model::SETTINGS.iter().any(|s| s.0 == name) {
+        return Err(ApiError::NotFound(format!("unknown setting {name:?}")));
+    }
+    model::validate_setting(&name, &req.value).map_err(ApiError::Invalid)?;
+    let value = Setting { value: req.value };
+    match ctx.db.get::<Setting>(&name).await? {
+        Some(mut s) => {
+            s.data = value;
+            ctx.db.update(&mut s).await?;
+        }
+        None => {
+            ctx.db.create(&name, value).await?;
+        }
+    }
+    Ok(Json(setting_view(&ctx, &name).await?))
+}

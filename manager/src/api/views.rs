@@ -1,0 +1,253 @@
+//! The JSON shapes of the REST API (requests and responses), shared by the server and the CLI.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::{Node, Replica, Robustness, Volume, VolumeState};
+use crate::store::Object;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeCreate {
+    pub name: String,
+    pub size: u64,
+    #[serde(default = "three")]
+    pub number_of_replicas: u32,
+    #[serde(default)]
+    pub disable_revision_counter: Option<bool>,
+    /// Only `nbd`.
+    #[serde(default)]
+    pub frontend: Option<String>,
+}
+
+fn three() -> u32 {
+    3
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AttachRequest {
+    /// Defaults to the node whose manager answers.
+    #[serde(default)]
+    pub node_id: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SizeRequest {
+    pub size: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+pub struct SnapshotCreate {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SettingValue {
+    pub value: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskCreate {
+    pub name: String,
+    pub path: String,
+    #[serde(default = "yes")]
+    pub allow_scheduling: bool,
+    #[serde(default)]
+    pub storage_reserved: u64,
+}
+
+fn yes() -> bool {
+    true
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ReplicaView {
+    pub name: String,
+    pub volume: String,
+    pub node_id: String,
+    pub disk: String,
+    pub data_path: String,
+    pub state: crate::model::ProcessState,
+    pub desire_state: crate::model::DesireState,
+    /// RW | WO | ERR in the volume's engine, empty when not in one.
+    pub mode: String,
+    pub address: String,
+    pub pid: Option<i32>,
+    pub failed: bool,
+    pub message: String,
+}
+
+impl From<&Object<Replica>> for ReplicaView {
+    fn from(o: &Object<Replica>) -> Self {
+        let r = &o.data;
+        Self {
+            name: o.name.clone(),
+            volume: r.spec.volume.clone(),
+            node_id: r.spec.node_id.clone(),
+            disk: r.spec.disk.clone(),
+            data_path: r.spec.data_path.clone(),
+            state: r.status.state,
+            desire_state: r.spec.desire_state,
+            mode: r.status.mode.clone(),
+            address: r.status.address.clone(),
+            pid: r.status.process.as_ref().map(|p| p.pid),
+            failed: r.spec.failed_at.is_some(),
+            message: r.status.message.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct EngineView {
+    pub node_id: String,
+    pub state: crate::model::ProcessState,
+    pub address: String,
+    pub pid: Option<i32>,
+    pub restarts: u32,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeView {
+    pub name: String,
+    pub size: u64,
+    pub number_of_replicas: u32,
+    pub frontend: crate::model::Frontend,
+    pub disable_revision_counter: Option<bool>,
+    pub revision_counter_disabled: bool,
+    pub node_id: Option<String>,
+    pub current_node_id: Option<String>,
+    pub state: VolumeState,
+    pub robustness: Robustness,
+    pub endpoints: Vec<String>,
+    pub salvage_requested: bool,
+    pub message: String,
+    pub engine: Option<EngineView>,
+    pub replicas: Vec<ReplicaView>,
+}
+
+impl VolumeView {
+    pub fn new(
+        v: &Object<Volume>,
+        engine: Option<&Object<crate::model::Engine>>,
+        replicas: &[Object<Replica>],
+    ) -> Self {
+        let d = &v.data;
+        Self {
+            name: v.name.clone(),
+            size: d.spec.size,
+            number_of_replicas: d.spec.number_of_replicas,
+            frontend: d.spec.frontend,
+            disable_revision_counter: d.spec.disable_revision_counter,
+            revision_counter_disabled: d.status.revision_counter_disabled,
+            node_id: d.spec.node_id.clone(),
+            current_node_id: d.status.current_node_id.clone(),
+            state: d.status.state,
+            robustness: d.status.robustness,
+            endpoints: d.status.endpoints.clone(),
+            salvage_requested: d.spec.salvage_requested,
+            message: d.status.message.clone(),
+            engine: engine.map(|e| EngineView {
+                node_id: e.data.spec.node_id.clone(),
+                state: e.data.status.state,
+                address: e.data.status.address.clone(),
+                pid: e.data.status.process.as_ref().map(|p| p.pid),
+                restarts: e.data.status.process.as_ref().map_or(0, |p| p.restarts),
+            }),
+            replicas: replicas
+                .iter()
+                .filter(|r| r.data.spec.volume == v.name)
+                .map(ReplicaView::from)
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskView {
+    pub name: String,
+    pub path: String,
+    #[serde(rename = "diskUUID")]
+    pub disk_uuid: String,
+    pub allow_scheduling: bool,
+    pub storage_reserved: u64,
+    pub storage_maximum: u64,
+    pub storage_available: u64,
+    pub storage_scheduled: u64,
+    pub error: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeView {
+    pub name: String,
+    pub address: String,
+    pub host: String,
+    pub ready: bool,
+    pub allow_scheduling: bool,
+    pub heartbeat: i64,
+    pub disks: Vec<DiskView>,
+}
+
+impl NodeView {
+    pub fn new(n: &Object<Node>, ready: bool) -> Self {
+        let d = &n.data;
+        Self {
+            name: n.name.clone(),
+            address: d.spec.address.clone(),
+            host: d.spec.host.clone(),
+            ready,
+            allow_scheduling: d.spec.allow_scheduling,
+            heartbeat: d.status.heartbeat,
+            disks: d
+                .spec
+                .disks
+                .iter()
+                .map(|(name, s)| {
+                    let st = d.status.disks.get(name).cloned().unwrap_or_default();
+                    DiskView {
+                        name: name.clone(),
+                        path: s.path.clone(),
+                        disk_uuid: s.disk_uuid.clone(),
+                        allow_scheduling: s.allow_scheduling,
+                        storage_reserved: s.storage_reserved,
+                        storage_maximum: st.storage_maximum,
+                        storage_available: st.storage_available,
+                        storage_scheduled: st.storage_scheduled,
+                        error: st.error,
+                    }
+                })
+                .collect(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SettingView {
+    pub name: String,
+    pub value: String,
+    pub default: String,
+    pub description: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotView {
+    pub name: String,
+    pub parent: String,
+    pub children: Vec<String>,
+    pub created: String,
+    pub size: u64,
+    pub removed: bool,
+    pub user_created: bool,
+    pub labels: BTreeMap<String, String>,
+}

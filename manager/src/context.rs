@@ -1,0 +1,102 @@
+//! What every part of one node's manager shares: the store, who this node is, where its daemons' binaries and
+//! data live, and the daemons it knows it started.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use crate::model::{ProcessRecord, Setting};
+use crate::store::Db;
+
+/// Static configuration of one node's manager.
+#[derive(Debug, Clone)]
+pub struct NodeConfig {
+    pub node_id: String,
+    /// Host the node's daemons listen on and other nodes reach them at.
+    pub host: String,
+    /// `http://HOST:PORT` of this manager's REST API.
+    pub address: String,
+    pub data_dir: PathBuf,
+    /// Directory holding `corral-replica` and `corral-engine`.
+    pub bin_dir: PathBuf,
+    /// Ports handed to daemons: [from, to).
+    pub port_range: (u16, u16),
+}
+
+/// A daemon this manager process has seen, kept to clean up after its document is deleted.
+#[derive(Debug, Clone, Default)]
+pub struct LocalDaemon {
+    pub data_path: Option<PathBuf>,
+    pub process: Option<ProcessRecord>,
+    /// When this manager last started it (for restart backoff).
+    pub last_start: Option<std::time::Instant>,
+}
+
+#[derive(Clone)]
+pub struct Ctx {
+    pub db: Db,
+    pub cfg: Arc<NodeConfig>,
+    pub metrics: crate::metrics::Metrics,
+    pub replicas: Arc<Mutex<HashMap<String, LocalDaemon>>>,
+    pub engines: Arc<Mutex<HashMap<String, LocalDaemon>>>,
+}
+
+impl Ctx {
+    pub fn new(db: Db, cfg: NodeConfig) -> Self {
+        Self {
+            db,
+            cfg: Arc::new(cfg),
+            metrics: crate::metrics::Metrics::default(),
+            replicas: Arc::default(),
+            engines: Arc::default(),
+        }
+    }
+
+    /// The value of a setting, or its default.
+    pub async fn setting(&self, name: &str) -> String {
+        if let Ok(Some(s)) = self.db.get::<Setting>(name).await {
+            return s.data.value;
+        }
+        crate::model::SETTINGS
+            .iter()
+            .find(|s| s.0 == name)
+            .map(|s| s.1.to_owned())
+            .unwrap_or_default()
+    }
+
+    pub async fn setting_bool(&self, name: &str) -> bool {
+        self.setting(name).await == "true"
+    }
+
+    pub async fn setting_u64(&self, name: &str) -> u64 {
+        self.setting(name).await.parse().unwrap_or(0)
+    }
+
+    /// Ports held by daemons of this node that the store knows about (running or not).
+    pub async fn reserved_ports(&self) -> BTreeSet<u16> {
+        let mut out = BTreeSet::new();
+        if let Ok(rs) = self.db.list::<crate::model::Replica>().await {
+            for r in rs.iter().filter(|r| r.data.spec.node_id == self.cfg.node_id) {
+                if let Some(p) = &r.data.status.process {
+                    out.extend(p.port..p.port + 3);
+                }
+            }
+        }
+        if let Ok(es) = self.db.list::<crate::model::Engine>().await {
+            for e in es.iter().filter(|e| e.data.spec.node_id == self.cfg.node_id) {
+                if let Some(p) = &e.data.status.process {
+                    out.extend(p.port..p.port + 3);
+                }
+            }
+        }
+        out
+    }
+
+    pub fn binary(&self, name: &str) -> PathBuf {
+        self.cfg.bin_dir.join(name)
+    }
+
+    pub fn log_path(&self, what: &str) -> PathBuf {
+        self.cfg.data_dir.join("logs").join(format!("{what}.log"))
+    }
+}

@@ -1,0 +1,373 @@
+//! Node-local: runs the `corral-engine` of every engine document of this node once its replicas run, watches the
+//! replicas' modes through the engine's ControllerService, and repairs: an ERR replica next to a healthy one is
+//! failed (the volume controller schedules a replacement), a replica in the spec but not in the engine is added
+//! with a rebuild, one in the engine but not in the spec is removed; when every replica is ERR the engine is
+//! restarted (with `--salvage-requested` when the volume keeps no revision counter).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use corral_proto::v1::{self, controller_service_client::ControllerServiceClient};
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use super::{Requeue, WorkQueue, feed, now, replica::restart_backoff, run_worker};
+use crate::context::{Ctx, LocalDaemon};
+use crate::model::{DesireState, Engine, ProcessState, Replica};
+use crate::process;
+use crate::store::{Event, Object};
+
+pub const BINARY: &str = "corral-engine";
+
+/// How often a running engine's replica modes are polled.
+const POLL: Duration = Duration::from_secs(2);
+
+pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
+    let q = Arc::new(WorkQueue::default());
+    let me = ctx.cfg.node_id.clone();
+    let me2 = me.clone();
+    feed::<Engine>(
+        ctx.db.clone(),
+        q.clone(),
+        cancel.clone(),
+        Duration::from_secs(3),
+        move |ev| match ev {
+            Event::Put(o) if o.data.spec.node_id == me => Some(o.name.clone()),
+            Event::Put(_) => None,
+            Event::Delete { name, .. } => Some(name.clone()),
+        },
+        move |o| (o.data.spec.node_id == me2).then(|| o.name.clone()),
+    );
+    // A replica that changes may unblock an engine start: requeue the engines of its volume.
+    let db = ctx.db.clone();
+    let q2 = q.clone();
+    feed::<Replica>(
+        db,
+        q2,
+        cancel.clone(),
+        Duration::from_secs(3600),
+        move |ev| match ev {
+            Event::Put(o) => Some(o.data.spec.volume.clone()),
+            Event::Delete { .. } => None,
+        },
+        |_| None,
+    );
+    let ctx = ctx.clone();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        let m = ctx.metrics.clone();
+        run_worker("engine", q, c, m, |name| reconcile(ctx.clone(), name)).await;
+    });
+}
+
+/// A client of the engine's ControllerService.
+pub async fn client(address: &str) -> Result<ControllerServiceClient<Channel>, tonic::transport::Error> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(30))
+        .connect()
+        .await?;
+    Ok(ControllerServiceClient::new(ch))
+}
+
+async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
+    let Some(obj) = ctx.db.get::<Engine>(&name).await? else {
+        let gone = ctx.engines.lock().ok().and_then(|mut m| m.remove(&name));
+        if let Some(p) = gone.and_then(|d| d.process) {
+            process::stop(&p, BINARY, Duration::from_secs(10)).await;
+        }
+        return Ok(None);
+    };
+    let e = &obj.data;
+    if e.spec.node_id != ctx.cfg.node_id {
+        return Ok(None);
+    }
+    let alive = e
+        .status
+        .process
+        .as_ref()
+        .is_some_and(|p| process::is_alive(p, BINARY));
+    if let Ok(mut m) = ctx.engines.lock() {
+        m.entry(name.clone())
+            .or_default()
+            .process
+            .clone_from(&e.status.process);
+    }
+    if e.spec.desire_state == DesireState::Stopped {
+        if alive && let Some(p) = &e.status.process {
+            tracing::info!(engine = name, "stopping engine");
+            process::stop(p, BINARY, Duration::from_secs(15)).await;
+        }
+        if e.status.state != ProcessState::Stopped {
+            ctx.db
+                .modify::<Engine>(&name, |e| {
+                    e.status.state = ProcessState::Stopped;
+                    e.status.endpoints.clear();
+                    e.status.replica_modes.clear();
+                    true
+                })
+                .await?;
+        }
+        return Ok(None);
+    }
+    let replicas = spec_replicas(&ctx, e).await?;
+    if alive {
+        return watch_running(&ctx, &obj, &replicas).await;
+    }
+    start_engine(&ctx, &obj, &replicas).await
+}
+
+async fn spec_replicas(ctx: &Ctx, e: &Engine) -> anyhow::Result<Vec<Object<Replica>>> {
+    let mut out = Vec::new();
+    for r in &e.spec.replicas {
+        if let Some(o) = ctx.db.get::<Replica>(r).await? {
+            out.push(o);
+        }
+    }
+    Ok(out)
+}
+
+fn running(r: &Object<Replica>) -> bool {
+    r.data.status.state == ProcessState::Running && !r.data.status.address.is_empty()
+}
+
+async fn start_engine(
+    ctx: &Ctx,
+    obj: &Object<Engine>,
+    replicas: &[Object<Replica>],
+) -> anyhow::Result<Requeue> {
+    let name = &obj.name;
+    let e = &obj.data;
+    let crashed = e.status.process.is_some() && e.status.state != ProcessState::Stopped;
+    let restarts = e.status.process.as_ref().map_or(0, |p| p.restarts) + u32::from(crashed);
+    if crashed {
+        let last = ctx
+            .engines
+            .lock()
+            .ok()
+            .and_then(|m| m.get(name).and_then(|d| d.last_start));
+        let wait = restart_backoff(restarts);
+        if let Some(last) = last
+            && last.elapsed() < wait
+        {
+            return Ok(Some(wait - last.elapsed()));
+        }
+    }
+    // Replicas that held the volume's data must all be up (a new volume: every replica); fresh ones join later
+    // through a rebuild.
+    let initialized: Vec<&Object<Replica>> = replicas.iter().filter(|r| r.data.status.initialized).collect();
+    let members: Vec<&Object<Replica>> = if initialized.is_empty() {
+        replicas.iter().collect()
+    } else {
+        initialized
+    };
+    if members.is_empty() || !members.iter().all(|r| running(r)) {
+        return Ok(Some(Duration::from_millis(500)));
+    }
+    let reserved = ctx.reserved_ports().await;
+    let old = e.status.process.as_ref().map(|p| p.port).filter(|p| *p != 0);
+    let host = ctx.cfg.host.clone();
+    let port = match old {
+        Some(p) if (p..p + 3).all(|q| std::net::TcpListener::bind((host.as_str(), q)).is_ok()) => p,
+        _ => process::allocate_ports(&host, ctx.cfg.port_range, 3, &reserved)?,
+    };
+    let (nbd_port, metrics_port) = (port + 1, port + 2);
+    let sock_dir = ctx.cfg.data_dir.join("sockets");
+    std::fs::create_dir_all(&sock_dir).with_context(|| format!("create {}", sock_dir.display()))?;
+    let sock = sock_dir.join(format!("{name}.sock"));
+    let _ = std::fs::remove_file(&sock);
+    let salvage = e.spec.revision_counter_disabled && (e.spec.salvage_requested || e.status.salvage_next);
+    let mut args = vec![
+        "serve".to_owned(),
+        "--volume".to_owned(),
+        e.spec.volume.clone(),
+        "--size".to_owned(),
+        e.spec.size.to_string(),
+        "--listen".to_owned(),
+        format!("{host}:{port}"),
+        "--nbd-listen".to_owned(),
+        format!("unix:{}", sock.display()),
+        "--nbd-listen".to_owned(),
+        format!("tcp:{host}:{nbd_port}"),
+        "--metrics-listen".to_owned(),
+        format!("{host}:{metrics_port}"),
+        "--replica-timeout".to_owned(),
+        ctx.setting_u64("replica-timeout").await.max(1).to_string(),
+    ];
+    for r in &members {
+        args.push("--replica".to_owned());
+        args.push(r.data.status.address.clone());
+    }
+    if e.spec.revision_counter_disabled {
+        args.push("--disable-revision-counter".to_owned());
+    }
+    if salvage {
+        args.push("--salvage-requested".to_owned());
+    }
+    let mut rec = process::spawn(
+        &ctx.binary(BINARY),
+        &args,
+        &ctx.log_path(&format!("engine-{name}")),
+        port,
+    )?;
+    rec.restarts = restarts;
+    ctx.metrics.daemon_started();
+    tracing::info!(
+        engine = name,
+        pid = rec.pid,
+        port,
+        salvage,
+        replicas = members.len(),
+        "started engine"
+    );
+    if let Ok(mut m) = ctx.engines.lock() {
+        m.insert(
+            name.clone(),
+            LocalDaemon {
+                data_path: None,
+                process: Some(rec.clone()),
+                last_start: Some(Instant::now()),
+            },
+        );
+    }
+    let vol = e.spec.volume.clone();
+    let endpoints = vec![
+        format!("nbd+unix:///{vol}?socket={}", sock.display()),
+        format!("nbd://{host}:{nbd_port}/{vol}"),
+    ];
+    ctx.db
+        .modify::<Engine>(name, |e| {
+            e.status.state = ProcessState::Starting;
+            e.status.process = Some(rec.clone());
+            e.status.address = format!("{host}:{port}");
+            e.status.nbd_port = nbd_port;
+            e.status.metrics_port = metrics_port;
+            e.status.endpoints.clone_from(&endpoints);
+            e.status.salvage_next = false;
+            true
+        })
+        .await?;
+    Ok(Some(Duration::from_millis(300)))
+}
+
+async fn watch_running(
+    ctx: &Ctx,
+    obj: &Object<Engine>,
+    replicas: &[Object<Replica>],
+) -> anyhow::Result<Requeue> {
+    let name = &obj.name;
+    let e = &obj.data;
+    let mut c = match client(&e.status.address).await {
+        Ok(c) => c,
+        Err(err) if e.status.state == ProcessState::Starting => {
+            tracing::debug!(engine = name, error = %err, "engine not answering yet");
+            return Ok(Some(Duration::from_millis(300)));
+        }
+        Err(err) => return Err(err).context("connect to the engine"),
+    };
+    let list = c.replica_list(v1::Empty {}).await?.into_inner().replicas;
+    let vol = c.volume_get(v1::Empty {}).await?.into_inner();
+    let modes: std::collections::BTreeMap<String, String> =
+        list.iter().map(|r| (r.address.clone(), r.mode.clone())).collect();
+    let rw = list.iter().filter(|r| r.mode == "RW").count();
+    let frontend_up = vol.frontend_state == "attached" || !vol.endpoints.is_empty();
+    ctx.db
+        .modify::<Engine>(name, |e| {
+            let before = e.status.clone();
+            e.status.state = ProcessState::Running;
+            e.status.replica_modes.clone_from(&modes);
+            e.status.current_size = vol.size;
+            if !frontend_up {
+                e.status.message = "frontend down".into();
+            } else {
+                e.status.message.clear();
+            }
+            e.status != before
+        })
+        .await?;
+    // Record what each replica is in this engine.
+    for r in replicas {
+        let mode = modes.get(&r.data.status.address).cloned().unwrap_or_default();
+        if r.data.status.mode != mode || (mode == "RW" && !r.data.status.initialized) {
+            ctx.db
+                .modify::<Replica>(&r.name, |x| {
+                    let changed = x.status.mode != mode || (mode == "RW" && !x.status.initialized);
+                    x.status.mode.clone_from(&mode);
+                    x.status.initialized |= mode == "RW";
+                    changed
+                })
+                .await?;
+        }
+    }
+    if rw == 0 {
+        // Faulted: restart once every replica process runs again; the engine's start picks the best replica.
+        if !replicas.iter().all(running) {
+            return Ok(Some(Duration::from_millis(500)));
+        }
+        tracing::warn!(
+            engine = name,
+            "every replica is ERR: restarting the engine to salvage"
+        );
+        if let Some(p) = &e.status.process {
+            process::stop(p, BINARY, Duration::from_secs(10)).await;
+        }
+        ctx.db
+            .modify::<Engine>(name, |e| {
+                e.status.state = ProcessState::Stopped;
+                e.status.salvage_next = true;
+                true
+            })
+            .await?;
+        return Ok(Some(Duration::from_millis(100)));
+    }
+    let spec_addrs: Vec<&str> = replicas
+        .iter()
+        .filter(|r| running(r))
+        .map(|r| r.data.status.address.as_str())
+        .collect();
+    for r in &list {
+        let wanted = spec_addrs.contains(&r.address.as_str());
+        if r.mode == "ERR" || !wanted {
+            tracing::warn!(
+                engine = name,
+                replica = r.address,
+                mode = r.mode,
+                error = r.error,
+                "removing replica from engine"
+            );
+            c.replica_remove(v1::ReplicaAddress {
+                address: r.address.clone(),
+            })
+            .await?;
+            if r.mode == "ERR"
+                && let Some(o) = replicas.iter().find(|o| o.data.status.address == r.address)
+            {
+                // The volume controller replaces a failed replica with a new one.
+                ctx.db
+                    .modify::<Replica>(&o.name, |x| {
+                        x.spec.failed_at = Some(now());
+                        x.status.message = format!("ERR in engine: {}", r.error);
+                        true
+                    })
+                    .await?;
+            }
+        }
+    }
+    let rebuilding = list.iter().any(|r| r.mode == "WO");
+    if !rebuilding
+        && let Some(new) = replicas.iter().find(|r| {
+            running(r) && !modes.contains_key(&r.data.status.address) && r.data.spec.failed_at.is_none()
+        })
+    {
+        tracing::info!(engine = name, replica = new.name, "adding replica with a rebuild");
+        c.replica_add(v1::ReplicaAddRequest {
+            address: new.data.status.address.clone(),
+            rebuild: true,
+            timeout_seconds: 0,
+        })
+        .await?;
+        return Ok(Some(Duration::from_millis(500)));
+    }
+    Ok(Some(POLL))
+}

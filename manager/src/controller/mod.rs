@@ -1,0 +1,164 @@
+//! Level-triggered controllers: each keeps a work queue of resource names fed by store watches and a periodic
+//! resync, and reconciles one name at a time towards its spec; a failed reconcile is retried with per-name
+//! exponential backoff. Node-local controllers (replicas, engines, the node heartbeat) act only on this node's
+//! daemons; cluster-wide ones (volumes, node failure) run on the leader only.
+
+pub mod engine;
+pub mod node;
+pub mod replica;
+pub mod volume;
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+use crate::store::{Db, Event, Resource};
+
+/// Names waiting for a reconcile; a name is queued at most once.
+#[derive(Default)]
+pub struct WorkQueue {
+    inner: Mutex<(VecDeque<String>, HashSet<String>)>,
+    notify: Notify,
+}
+
+impl WorkQueue {
+    pub fn add(&self, name: &str) {
+        let Ok(mut g) = self.inner.lock() else { return };
+        if g.1.insert(name.to_owned()) {
+            g.0.push_back(name.to_owned());
+            drop(g);
+            self.notify.notify_one();
+        }
+    }
+
+    async fn next(&self) -> String {
+        loop {
+            let notified = self.notify.notified();
+            if let Ok(mut g) = self.inner.lock()
+                && let Some(n) = g.0.pop_front()
+            {
+                g.1.remove(&n);
+                return n;
+            }
+            notified.await;
+        }
+    }
+
+    /// Adds `name` after `delay`.
+    pub fn add_after(self: &Arc<Self>, name: String, delay: Duration) {
+        let q = self.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(delay).await;
+            q.add(&name);
+        });
+    }
+}
+
+/// What a reconcile asks for next.
+pub type Requeue = Option<Duration>;
+
+/// Runs `reconcile` over the queue until `cancel`. Errors back off per name (0.5 s doubling to 30 s).
+pub async fn run_worker<F, Fut>(
+    controller: &'static str,
+    queue: Arc<WorkQueue>,
+    cancel: CancellationToken,
+    metrics: crate::metrics::Metrics,
+    reconcile: F,
+) where
+    F: Fn(String) -> Fut,
+    Fut: Future<Output = anyhow::Result<Requeue>>,
+{
+    let mut failures: HashMap<String, u32> = HashMap::new();
+    loop {
+        let name = tokio::select! {
+            () = cancel.cancelled() => return,
+            n = queue.next() => n,
+        };
+        match reconcile(name.clone()).await {
+            Ok(requeue) => {
+                metrics.reconciled(controller, true);
+                failures.remove(&name);
+                if let Some(d) = requeue {
+                    queue.add_after(name, d);
+                }
+            }
+            Err(e) => {
+                metrics.reconciled(controller, false);
+                let n = failures.entry(name.clone()).or_default();
+                *n = n.saturating_add(1);
+                let delay = Duration::from_millis(500u64.saturating_mul(1 << (*n).min(6)).min(30_000));
+                tracing::warn!(
+                    controller,
+                    name,
+                    error = format!("{e:#}"),
+                    ?delay,
+                    "reconcile failed"
+                );
+                queue.add_after(name, delay);
+            }
+        }
+    }
+}
+
+/// Feeds `queue` from the changes of `R` (mapped to a queue name by `key`) and from a full list every `resync`.
+pub fn feed<R: Resource>(
+    db: Db,
+    queue: Arc<WorkQueue>,
+    cancel: CancellationToken,
+    resync: Duration,
+    key: impl Fn(&Event<R>) -> Option<String> + Send + Sync + 'static,
+    list_key: impl Fn(&crate::store::Object<R>) -> Option<String> + Send + Sync + 'static,
+) {
+    let db2 = db.clone();
+    let q2 = queue.clone();
+    let c2 = cancel.clone();
+    tokio::spawn(async move {
+        loop {
+            match db2.watch::<R>().await {
+                Ok(mut w) => loop {
+                    tokio::select! {
+                        () = c2.cancelled() => return,
+                        ev = w.next() => match ev {
+                            Some(Ok(ev)) => if let Some(k) = key(&ev) { q2.add(&k) },
+                            Some(Err(e)) => { tracing::debug!(error = %e, "watch ended"); break }
+                            None => break,
+                        }
+                    }
+                },
+                Err(e) => tracing::warn!(kind = R::KIND, error = %e, "cannot watch"),
+            }
+            tokio::select! {
+                () = c2.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_secs(1)) => {}
+            }
+        }
+    });
+    tokio::spawn(async move {
+        loop {
+            match db.list::<R>().await {
+                Ok(all) => {
+                    for o in &all {
+                        if let Some(k) = list_key(o) {
+                            queue.add(&k);
+                        }
+                    }
+                }
+                Err(e) => tracing::warn!(kind = R::KIND, error = %e, "cannot list for resync"),
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(resync) => {}
+            }
+        }
+    });
+}
+
+/// Unix seconds now.
+pub fn now() -> i64 {
+    chrono::Utc::now().timestamp()
+}

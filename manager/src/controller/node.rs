@@ -1,0 +1,141 @@
+//! The node's own heartbeat (every 2 s: disk identity checked or written, capacity measured) and, on the leader,
+//! failing the replicas of nodes whose heartbeat stopped so the volume controller replaces them.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::now;
+use crate::context::Ctx;
+use crate::model::{DiskStatus, Node, Replica};
+
+const HEARTBEAT: Duration = Duration::from_secs(2);
+
+/// Checks (or, on a new empty disk, writes) the identity file and measures the file system.
+fn disk_status(path: &Path, uuid: &str) -> DiskStatus {
+    let mut st = DiskStatus::default();
+    if let Err(e) = std::fs::create_dir_all(path) {
+        st.error = format!("cannot create {}: {e}", path.display());
+        return st;
+    }
+    match corral_daemon::disk::verify_disk(path, uuid) {
+        Ok(()) => {}
+        Err(corral_daemon::disk::DiskIdentityError::Missing { .. }) => {
+            if let Err(e) = corral_daemon::disk::write_disk_config(path, uuid) {
+                st.error = format!("cannot write the disk identity in {}: {e}", path.display());
+                return st;
+            }
+        }
+        Err(e) => {
+            st.error = e.to_string();
+            return st;
+        }
+    }
+    match nix::sys::statvfs::statvfs(path) {
+        Ok(v) => {
+            let frag = v.fragment_size();
+            st.storage_maximum = v.blocks().saturating_mul(frag);
+            st.storage_available = v.blocks_available().saturating_mul(frag);
+        }
+        Err(e) => st.error = format!("statvfs {}: {e}", path.display()),
+    }
+    st
+}
+
+pub async fn heartbeat_once(ctx: &Ctx) -> anyhow::Result<()> {
+    let node = ctx.db.must_get::<Node>(&ctx.cfg.node_id).await?;
+    let disks: Vec<(String, String, String)> = node
+        .data
+        .spec
+        .disks
+        .iter()
+        .map(|(n, d)| (n.clone(), d.path.clone(), d.disk_uuid.clone()))
+        .collect();
+    let statuses = tokio::task::spawn_blocking(move || {
+        disks
+            .into_iter()
+            .map(|(n, p, u)| (n, disk_status(Path::new(&p), &u)))
+            .collect::<BTreeMap<_, _>>()
+    })
+    .await?;
+    let replicas = ctx.db.list::<Replica>().await?;
+    ctx.db
+        .modify::<Node>(&ctx.cfg.node_id, |n| {
+            n.status.heartbeat = now();
+            n.status.disks = statuses.clone();
+            for (disk, st) in &mut n.status.disks {
+                st.storage_scheduled = replicas
+                    .iter()
+                    .filter(|r| r.data.spec.node_id == ctx.cfg.node_id && r.data.spec.disk == *disk)
+                    .map(|r| r.data.spec.size)
+                    .sum();
+            }
+            true
+        })
+        .await?;
+    Ok(())
+}
+
+pub fn start_heartbeat(ctx: &Ctx, cancel: &CancellationToken) {
+    let ctx = ctx.clone();
+    let cancel = cancel.clone();
+    tokio::spawn(async move {
+        loop {
+            if let Err(e) = heartbeat_once(&ctx).await {
+                tracing::warn!(error = format!("{e:#}"), "heartbeat failed");
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(HEARTBEAT) => {}
+            }
+        }
+    });
+}
+
+/// Leader: replicas on nodes without a recent heartbeat are failed.
+pub fn start_failure_detector(ctx: &Ctx, cancel: &CancellationToken) {
+    let ctx = ctx.clone();
+    let cancel = cancel.clone();
+    tokio::spawn(async move {
+        loop {
+            if let Err(e) = fail_replicas_of_down_nodes(&ctx).await {
+                tracing::warn!(error = format!("{e:#}"), "node failure check failed");
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return,
+                () = tokio::time::sleep(HEARTBEAT) => {}
+            }
+        }
+    });
+}
+
+async fn fail_replicas_of_down_nodes(ctx: &Ctx) -> anyhow::Result<()> {
+    let mut down = Vec::new();
+    for n in ctx.db.list::<Node>().await? {
+        if !super::volume::node_is_up(ctx, &n.data).await {
+            down.push(n.name);
+        }
+    }
+    if down.is_empty() {
+        return Ok(());
+    }
+    for r in ctx.db.list::<Replica>().await? {
+        if down.contains(&r.data.spec.node_id) && r.data.spec.failed_at.is_none() {
+            tracing::warn!(
+                replica = r.name,
+                node = r.data.spec.node_id,
+                "node is down: failing its replica"
+            );
+            ctx.db
+                .modify::<Replica>(&r.name, |x| {
+                    x.spec.failed_at = Some(now());
+                    x.status.message = format!("node {} is down", x.spec.node_id);
+                    true
+                })
+                .await?;
+        }
+    }
+    Ok(())
+}

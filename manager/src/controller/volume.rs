@@ -1,0 +1,337 @@
+//! Cluster-wide (leader only): turns a volume's spec into replica and engine documents. Attached: enough healthy
+//! replicas placed by the scheduler and running, one engine on the attach node serving them; detached: the engine
+//! stopped and deleted, replicas stopped (their data stays). Failed replicas are deleted (their node's manager
+//! removes the process and data) and replaced. The volume's status (state, robustness, endpoints) is derived here.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::{Requeue, WorkQueue, feed, run_worker};
+use crate::context::Ctx;
+use crate::model::{
+    DesireState, Engine, EngineSpec, Node, ProcessState, Replica, ReplicaSpec, Robustness, Volume,
+    VolumeState,
+};
+use crate::scheduler::{self, DiskCandidate};
+use crate::store::{Event, Object};
+
+pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
+    let q = Arc::new(WorkQueue::default());
+    feed::<Volume>(
+        ctx.db.clone(),
+        q.clone(),
+        cancel.clone(),
+        Duration::from_secs(3),
+        |ev| Some(ev.name().to_owned()),
+        |o| Some(o.name.clone()),
+    );
+    feed::<Replica>(
+        ctx.db.clone(),
+        q.clone(),
+        cancel.clone(),
+        Duration::from_secs(3),
+        |ev| match ev {
+            Event::Put(o) => Some(o.data.spec.volume.clone()),
+            Event::Delete { .. } => None,
+        },
+        |o| Some(o.data.spec.volume.clone()),
+    );
+    feed::<Engine>(
+        ctx.db.clone(),
+        q.clone(),
+        cancel.clone(),
+        Duration::from_secs(3600),
+        |ev| Some(ev.name().to_owned()),
+        |_| None,
+    );
+    let ctx = ctx.clone();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        let m = ctx.metrics.clone();
+        run_worker("volume", q, c, m, |name| reconcile(ctx.clone(), name)).await;
+    });
+}
+
+/// A node is up when its manager's heartbeat is recent.
+pub async fn node_is_up(ctx: &Ctx, n: &Node) -> bool {
+    let timeout = i64::try_from(ctx.setting_u64("node-down-timeout").await).unwrap_or(15);
+    super::now() - n.status.heartbeat <= timeout
+}
+
+/// Disks that could take a replica now, with their free space after the replicas already scheduled on them.
+pub async fn candidates(ctx: &Ctx) -> anyhow::Result<Vec<DiskCandidate>> {
+    let nodes = ctx.db.list::<Node>().await?;
+    let replicas = ctx.db.list::<Replica>().await?;
+    let over = ctx
+        .setting_u64("storage-over-provisioning-percentage")
+        .await
+        .max(1);
+    let mut out = Vec::new();
+    for n in &nodes {
+        if !n.data.spec.allow_scheduling || !node_is_up(ctx, &n.data).await {
+            continue;
+        }
+        for (disk, d) in &n.data.spec.disks {
+            let Some(st) = n.data.status.disks.get(disk) else {
+                continue;
+            };
+            if !d.allow_scheduling || !st.error.is_empty() {
+                continue;
+            }
+            let scheduled: u64 = replicas
+                .iter()
+                .filter(|r| r.data.spec.node_id == n.name && r.data.spec.disk == *disk)
+                .map(|r| r.data.spec.size)
+                .sum();
+            let usable = st.storage_maximum.saturating_sub(d.storage_reserved);
+            let limit = u64::try_from(u128::from(usable) * u128::from(over) / 100).unwrap_or(u64::MAX);
+            out.push(DiskCandidate {
+                node_id: n.name.clone(),
+                disk: disk.clone(),
+                disk_uuid: d.disk_uuid.clone(),
+                path: d.path.clone(),
+                free: limit.saturating_sub(scheduled),
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn replica_name(volume: &str) -> String {
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    format!("{volume}-r-{}", &id[..8])
+}
+
+async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
+    let all: Vec<Object<Replica>> = ctx
+        .db
+        .list::<Replica>()
+        .await?
+        .into_iter()
+        .filter(|r| r.data.spec.volume == name)
+        .collect();
+    let Some(vol) = ctx.db.get::<Volume>(&name).await? else {
+        ctx.db.delete_any::<Engine>(&name).await?;
+        for r in &all {
+            ctx.db.delete_any::<Replica>(&r.name).await?;
+        }
+        return Ok(None);
+    };
+    let v = &vol.data;
+    // Failed replicas go: their node's manager stops them and removes their data.
+    let (failed, mut healthy): (Vec<_>, Vec<_>) =
+        all.into_iter().partition(|r| r.data.spec.failed_at.is_some());
+    for r in &failed {
+        tracing::info!(volume = name, replica = r.name, "deleting failed replica");
+        ctx.db.delete_any::<Replica>(&r.name).await?;
+    }
+    let engine = ctx.db.get::<Engine>(&name).await?;
+    let mut status = v.status.clone();
+    status.message.clear();
+    let mut requeue = None;
+    match &v.spec.node_id {
+        Some(node) => {
+            let want = usize::try_from(v.spec.number_of_replicas).unwrap_or(0);
+            if healthy.len() < want {
+                let existing: Vec<(String, String)> = healthy
+                    .iter()
+                    .map(|r| (r.data.spec.node_id.clone(), r.data.spec.disk.clone()))
+                    .collect();
+                let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
+                match scheduler::place(
+                    candidates(&ctx).await?,
+                    &existing,
+                    want - healthy.len(),
+                    v.spec.size,
+                    soft,
+                ) {
+                    Ok(places) => {
+                        for p in places {
+                            let rname = replica_name(&name);
+                            let data_path = std::path::Path::new(&p.path).join("replicas").join(&rname);
+                            let spec = ReplicaSpec {
+                                volume: name.clone(),
+                                node_id: p.node_id,
+                                disk: p.disk,
+                                disk_uuid: p.disk_uuid,
+                                data_path: data_path.display().to_string(),
+                                size: v.spec.size,
+                                revision_counter_disabled: v.status.revision_counter_disabled,
+                                desire_state: DesireState::Running,
+                                failed_at: None,
+                            };
+                            tracing::info!(
+                                volume = name,
+                                replica = rname,
+                                node = spec.node_id,
+                                disk = spec.disk,
+                                "scheduled replica"
+                            );
+                            let o = ctx
+                                .db
+                                .create(
+                                    &rname,
+                                    Replica {
+                                        spec,
+                                        status: Default::default(),
+                                    },
+                                )
+                                .await?;
+                            healthy.push(o);
+                        }
+                    }
+                    Err(msg) => status.message = msg,
+                }
+            }
+            for r in healthy
+                .iter()
+                .filter(|r| r.data.spec.desire_state != DesireState::Running)
+            {
+                ctx.db
+                    .modify::<Replica>(&r.name, |x| {
+                        x.spec.desire_state = DesireState::Running;
+                        true
+                    })
+                    .await?;
+            }
+            let mut names: Vec<String> = healthy.iter().map(|r| r.name.clone()).collect();
+            names.sort();
+            let spec = EngineSpec {
+                volume: name.clone(),
+                node_id: node.clone(),
+                size: v.spec.size,
+                replicas: names,
+                revision_counter_disabled: v.status.revision_counter_disabled,
+                salvage_requested: v.spec.salvage_requested,
+                desire_state: DesireState::Running,
+            };
+            match engine {
+                Some(e) if e.data.spec.node_id != *node => {
+                    // Attached elsewhere before (that node died): that engine document goes, a new one follows.
+                    ctx.db.delete_any::<Engine>(&name).await?;
+                    requeue = Some(Duration::from_millis(200));
+                    status.state = VolumeState::Attaching;
+                }
+                Some(mut e) => {
+                    if e.data.spec != spec {
+                        e.data.spec = spec;
+                        ctx.db.update(&mut e).await?;
+                    }
+                    let running = e.data.status.state == ProcessState::Running;
+                    status.state = if running {
+                        VolumeState::Attached
+                    } else {
+                        VolumeState::Attaching
+                    };
+                    status.current_node_id = Some(node.clone());
+                    status.endpoints = if running {
+                        e.data.status.endpoints.clone()
+                    } else {
+                        Vec::new()
+                    };
+                    status.robustness = robustness(&e.data, &healthy, want);
+                    if running && v.spec.salvage_requested && status.robustness != Robustness::Faulted {
+                        ctx.db
+                            .modify::<Volume>(&name, |v| {
+                                v.spec.salvage_requested = false;
+                                true
+                            })
+                            .await?;
+                    }
+                }
+                None => {
+                    ctx.db
+                        .create(
+                            &name,
+                            Engine {
+                                spec,
+                                status: Default::default(),
+                            },
+                        )
+                        .await?;
+                    status.state = VolumeState::Attaching;
+                    status.current_node_id = Some(node.clone());
+                }
+            }
+        }
+        None => {
+            status.endpoints.clear();
+            match engine {
+                Some(mut e)
+                    if e.data.status.state != ProcessState::Stopped
+                        || e.data.spec.desire_state == DesireState::Running =>
+                {
+                    if e.data.spec.desire_state != DesireState::Stopped {
+                        e.data.spec.desire_state = DesireState::Stopped;
+                        ctx.db.update(&mut e).await?;
+                    }
+                    // The engine's node may be gone: it cannot report stopped. Then the document just goes.
+                    let node_up = match ctx.db.get::<Node>(&e.data.spec.node_id).await? {
+                        Some(n) => node_is_up(&ctx, &n.data).await,
+                        None => false,
+                    };
+                    if !node_up {
+                        ctx.db.delete_any::<Engine>(&name).await?;
+                    }
+                    status.state = VolumeState::Detaching;
+                    requeue = Some(Duration::from_millis(300));
+                }
+                Some(e) => {
+                    ctx.db.delete::<Engine>(&name, e.version).await?;
+                    status.state = VolumeState::Detaching;
+                    requeue = Some(Duration::from_millis(100));
+                }
+                None => {
+                    for r in healthy
+                        .iter()
+                        .filter(|r| r.data.spec.desire_state != DesireState::Stopped)
+                    {
+                        ctx.db
+                            .modify::<Replica>(&r.name, |x| {
+                                x.spec.desire_state = DesireState::Stopped;
+                                true
+                            })
+                            .await?;
+                    }
+                    status.state = VolumeState::Detached;
+                    status.current_node_id = None;
+                    status.robustness = Robustness::Unknown;
+                }
+            }
+        }
+    }
+    if status != v.status {
+        ctx.db
+            .modify::<Volume>(&name, |v| {
+                let changed = v.status != status;
+                v.status = status.clone();
+                changed
+            })
+            .await?;
+    }
+    Ok(requeue)
+}
+
+fn robustness(e: &Engine, healthy: &[Object<Replica>], want: usize) -> Robustness {
+    if e.status.state != ProcessState::Running {
+        return Robustness::Unknown;
+    }
+    let rw = healthy
+        .iter()
+        .filter(|r| {
+            e.status
+                .replica_modes
+                .get(&r.data.status.address)
+                .is_some_and(|m| m == "RW")
+        })
+        .count();
+    if rw == 0 {
+        Robustness::Faulted
+    } else if rw >= want {
+        Robustness::Healthy
+    } else {
+        Robustness::Degraded
+    }
+}

@@ -1,0 +1,153 @@
+//! Wires one node's manager: opens the store, registers the node (with a default disk under the data directory
+//! on first start), starts the node-local controllers, campaigns for leadership of the cluster-wide ones, and
+//! serves the REST API. Stopping the manager leaves the daemons running: the next start re-adopts them.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use anyhow::Context;
+use tokio_util::sync::CancellationToken;
+
+use crate::context::{Ctx, NodeConfig};
+use crate::model::{DiskSpec, Node, NodeSpec};
+use crate::store::{Db, StoreError};
+
+#[derive(Debug, Clone)]
+pub struct ServerConfig {
+    pub data_dir: PathBuf,
+    pub listen: SocketAddr,
+    /// `embedded` or `etcd://HOST:PORT[,HOST:PORT]`.
+    pub store: String,
+    pub node_id: String,
+    /// Host daemons listen on (reachable by the other nodes).
+    pub host: String,
+    pub bin_dir: PathBuf,
+    pub port_range: (u16, u16),
+}
+
+/// The directory of the running executable: where the workspace puts `corral-replica` and `corral-engine` too.
+pub fn default_bin_dir() -> PathBuf {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(std::path::Path::to_path_buf))
+        .unwrap_or_else(|| PathBuf::from("."))
+}
+
+async fn register_node(db: &Db, cfg: &ServerConfig, address: &str) -> Result<(), StoreError> {
+    loop {
+        match db.get::<Node>(&cfg.node_id).await? {
+            Some(mut n) => {
+                if n.data.spec.address == address && n.data.spec.host == cfg.host {
+                    return Ok(());
+                }
+                n.data.spec.address = address.to_owned();
+                n.data.spec.host.clone_from(&cfg.host);
+                match db.update(&mut n).await {
+                    Err(StoreError::Conflict { .. }) => continue,
+                    r => return r,
+                }
+            }
+            None => {
+                let disk_path = cfg.data_dir.join("disks").join("default");
+                let uuid = corral_daemon::disk::read_disk_config(&disk_path)
+                    .map_or_else(|_| uuid::Uuid::new_v4().to_string(), |c| c.disk_uuid);
+                let spec = NodeSpec {
+                    address: address.to_owned(),
+                    host: cfg.host.clone(),
+                    allow_scheduling: true,
+                    disks: [(
+                        "default".to_owned(),
+                        DiskSpec {
+                            path: disk_path.display().to_string(),
+                            disk_uuid: uuid,
+                            allow_scheduling: true,
+                            storage_reserved: 0,
+                        },
+                    )]
+                    .into_iter()
+                    .collect(),
+                };
+                match db
+                    .create(
+                        &cfg.node_id,
+                        Node {
+                            spec,
+                            status: Default::default(),
+                        },
+                    )
+                    .await
+                {
+                    Err(StoreError::AlreadyExists { .. }) => continue,
+                    r => return r.map(|_| ()),
+                }
+            }
+        }
+    }
+}
+
+pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result<()> {
+    corral_daemon::disk::check_path_component("node id", &cfg.node_id).map_err(anyhow::Error::msg)?;
+    std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("create {}", cfg.data_dir.display()))?;
+    let data_dir = cfg.data_dir.canonicalize()?;
+    let cfg = ServerConfig { data_dir, ..cfg };
+    tracing::info!(?cfg, "corral-manager starting");
+    let store = crate::store::open(&cfg.store, &cfg.data_dir)
+        .await
+        .with_context(|| format!("open store {}", cfg.store))?;
+    let db = Db::new(store);
+    let listener = tokio::net::TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("listen on {}", cfg.listen))?;
+    let address = format!("http://{}", listener.local_addr()?);
+    register_node(&db, &cfg, &address).await?;
+    let ctx = Ctx::new(
+        db.clone(),
+        NodeConfig {
+            node_id: cfg.node_id.clone(),
+            host: cfg.host.clone(),
+            address: address.clone(),
+            data_dir: cfg.data_dir.clone(),
+            bin_dir: cfg.bin_dir.clone(),
+            port_range: cfg.port_range,
+        },
+    );
+    crate::controller::node::heartbeat_once(&ctx).await?;
+    crate::controller::node::start_heartbeat(&ctx, &cancel);
+    crate::controller::replica::start(&ctx, &cancel);
+    crate::controller::engine::start(&ctx, &cancel);
+    let leader_ctx = ctx.clone();
+    let leader_cancel = cancel.clone();
+    let node_id = cfg.node_id.clone();
+    tokio::spawn(async move {
+        loop {
+            let lead = tokio::select! {
+                () = leader_cancel.cancelled() => return,
+                r = leader_ctx.db.raw().campaign(&node_id) => r,
+            };
+            match lead {
+                Ok(lost) => {
+                    tracing::info!(node = node_id, "leading the cluster-wide controllers");
+                    let scope = leader_cancel.child_token();
+                    crate::controller::volume::start(&leader_ctx, &scope);
+                    crate::controller::node::start_failure_detector(&leader_ctx, &scope);
+                    tokio::select! {
+                        () = leader_cancel.cancelled() => { lost.cancel(); scope.cancel(); return }
+                        () = lost.cancelled() => { scope.cancel(); tracing::warn!("lost leadership") }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "campaign failed; retrying");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+                }
+            }
+        }
+    });
+    tracing::info!(%address, node = cfg.node_id, store = ctx.db.raw().backend(), "REST API listening");
+    let app = crate::api::router(ctx);
+    let c = cancel.clone();
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move { c.cancelled().await })
+        .await?;
+    tracing::info!("manager stopped; daemons keep running and are re-adopted at the next start");
+    Ok(())
+}
