@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use backon::{BackoffBuilder, ExponentialBuilder};
 use futures::StreamExt;
 use reqwest::StatusCode;
-use reqwest::header::{CONTENT_RANGE, RANGE};
+use reqwest::header::{CONTENT_RANGE, ETAG, HeaderValue, IF_RANGE, LAST_MODIFIED, RANGE};
 
 use crate::error::JobError;
 use crate::service::{Counters, DataSource};
@@ -63,6 +63,8 @@ pub async fn run(ds: &Arc<DataSource>, url: &str, work: &Path) -> Result<(), Job
     let mut delays = backoff(cfg.download_retries);
     let mut last_data = Instant::now();
     let mut total: Option<u64> = None;
+    // ETag (or Last-Modified) of the first response: a resume asks `If-Range` so a changed file comes back whole.
+    let mut validator: Option<HeaderValue> = None;
     let mut attempts = 0u32;
     let cancel = ds.cancel_token().clone();
     loop {
@@ -71,7 +73,7 @@ pub async fn run(ds: &Arc<DataSource>, url: &str, work: &Path) -> Result<(), Job
         let before = sink.len();
         let r = tokio::select! {
             () = cancel.cancelled() => return Err(JobError::Cancelled("the data source is shutting down")),
-            r = attempt(ds, &client, url, &mut sink, &mut total, &mut last_data, no_data) => r,
+            r = attempt(ds, &client, url, &mut sink, (&mut total, &mut validator), &mut last_data, no_data) => r,
         };
         let reason = match r {
             Ok(()) => break,
@@ -126,7 +128,7 @@ async fn attempt(
     client: &reqwest::Client,
     url: &str,
     sink: &mut FileSink,
-    total: &mut Option<u64>,
+    (total, validator): (&mut Option<u64>, &mut Option<HeaderValue>),
     last_data: &mut Instant,
     no_data: Duration,
 ) -> Result<(), Broken> {
@@ -134,6 +136,9 @@ async fn attempt(
     let mut req = client.get(url);
     if offset > 0 {
         req = req.header(RANGE, format!("bytes={offset}-"));
+        if let Some(v) = validator.as_ref() {
+            req = req.header(IF_RANGE, v.clone());
+        }
     }
     let remaining = no_data.saturating_sub(last_data.elapsed());
     let resp = match tokio::time::timeout(remaining, req.send()).await {
@@ -150,7 +155,7 @@ async fn attempt(
                 .and_then(|v| v.to_str().ok())
                 .and_then(content_range);
             match cr {
-                Some((start, t)) if start == offset => {
+                Some((start, t)) if start == offset && (total.is_none() || t.is_none() || t == *total) => {
                     if t.is_some() {
                         *total = t;
                     }
@@ -158,7 +163,9 @@ async fn attempt(
                 _ => {
                     return Err(Broken::Fatal(JobError::Protocol {
                         url: url.to_owned(),
-                        reason: format!("asked for bytes from {offset}, got Content-Range {cr:?}"),
+                        reason: format!(
+                            "asked for bytes from {offset} of {total:?}, got Content-Range {cr:?} (did the file change?)"
+                        ),
                     }));
                 }
             }
@@ -176,6 +183,11 @@ async fn attempt(
                 ds.set_processed(0);
             }
             *total = resp.content_length();
+            *validator = resp
+                .headers()
+                .get(ETAG)
+                .or_else(|| resp.headers().get(LAST_MODIFIED))
+                .cloned();
             ds.set_size(total.unwrap_or(0));
         }
         s if s.is_server_error()

@@ -15,6 +15,8 @@ use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
+use tracing::Instrument;
+
 use crate::error::ApiError;
 use crate::info::FileInfo;
 use crate::service::DataSource;
@@ -65,7 +67,8 @@ async fn post_file(
                 })?;
             // Own task: a client that disconnects drops this handler, but the job must still fail and clean up.
             let ds = app.ds.clone();
-            tokio::spawn(async move { upload::receive(&ds, size, form).await })
+            let span = ds.span();
+            tokio::spawn(async move { upload::receive(&ds, size, form).await }.instrument(span))
                 .await
                 .map_err(|e| ApiError::UploadFailed(format!("upload task: {e}")))?
                 .map(Json)

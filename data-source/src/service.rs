@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument;
 
 use crate::error::{ApiError, ConfigError, JobError};
 use crate::info::{FileInfo, FileState, SourceType};
@@ -123,10 +124,31 @@ impl DataSource {
         }
         self.set_state(FileState::Starting);
         let this = self.clone();
-        self.tasks.spawn(async move {
-            let r = this.fetch().await;
-            this.complete(r).await;
-        });
+        let span = self.span();
+        self.tasks.spawn(
+            async move {
+                let r = this.fetch().await;
+                this.complete(r).await;
+            }
+            .instrument(span),
+        );
+    }
+
+    /// Post-processes uploaded data on a tracked task (joined at shutdown).
+    pub(crate) fn finish_in_background(self: &Arc<Self>) {
+        let this = self.clone();
+        self.tasks
+            .spawn(async move { this.complete(Ok(())).await }.instrument(self.span()));
+    }
+
+    /// The span every log line of this job is in (image name, uuid, source type).
+    pub fn span(&self) -> tracing::Span {
+        tracing::info_span!(
+            "datasource",
+            name = %self.config.name,
+            uuid = %self.config.uuid,
+            source = %self.config.source_type
+        )
     }
 
     /// Waits for the running job to stop (after the cancel token fired).

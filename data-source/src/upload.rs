@@ -33,8 +33,7 @@ pub async fn receive(ds: &Arc<DataSource>, size: u64, mut form: Multipart) -> Re
     let r = stream(ds, size, &mut form).await;
     match r {
         Ok(()) => {
-            let this = ds.clone();
-            tokio::spawn(async move { this.complete(Ok(())).await });
+            ds.finish_in_background();
             Ok(ds.info())
         }
         Err(e) => {
