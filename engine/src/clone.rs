@@ -328,12 +328,19 @@ pub async fn export_to_file(
 }
 
 async fn to_qcow2(raw: &Path, to: &Path) -> Result<(), EngineError> {
-    Err(EngineError::FailedPrecondition(format!(
-        "qcow2 export of {} needs the disk-image crate, which this build does not have yet; export raw ({}) and \
-         convert it",
-        to.display(),
-        raw.display()
-    )))
+    let (raw, to) = (raw.to_owned(), to.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let cancel = std::sync::atomic::AtomicBool::new(false);
+        disk_image::convert(&raw, &to, disk_image::ImageFormat::Qcow2, &|_, _| {}, &cancel).map_err(|e| {
+            EngineError::Internal(format!(
+                "convert {} to qcow2 {}: {e}",
+                raw.display(),
+                to.display()
+            ))
+        })
+    })
+    .await
+    .map_err(|e| EngineError::Internal(format!("conversion task: {e}")))?
 }
 
 /// Allocated bytes of `snapshot`'s chain (snapshot name or file name): an upper bound of its flattened data.

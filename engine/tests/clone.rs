@@ -195,20 +195,67 @@ async fn clone_equals_the_snapshot_not_later_writes_on_every_replica_and_export_
         .output()
         .unwrap();
     assert!(cmp.status.success(), "{}", String::from_utf8_lossy(&cmp.stdout));
+    // qcow2 (through disk-image): qemu-img reads back the same data and finds the image clean.
+    let qcow = t.path().join("s1.qcow2");
+    ok(&src.cli(&[
+        "snapshot",
+        "export",
+        "s1",
+        "--to",
+        qcow.to_str().unwrap(),
+        "--format",
+        "qcow2",
+    ]));
+    let check = Command::new("qemu-img")
+        .args(["check", "-f", "qcow2"])
+        .arg(&qcow)
+        .output()
+        .unwrap();
+    assert!(
+        check.status.success(),
+        "{}",
+        String::from_utf8_lossy(&check.stdout)
+    );
+    let back = t.path().join("s1-back.raw");
+    let st = Command::new("qemu-img")
+        .args(["convert", "-f", "qcow2", "-O", "raw"])
+        .arg(&qcow)
+        .arg(&back)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    assert!(
+        std::fs::read(&back).unwrap() == at_s1,
+        "qcow2 export differs from s1"
+    );
+    assert!(
+        !t.path().join("s1.qcow2.export-raw").exists(),
+        "temporary raw export left behind"
+    );
     // An existing file is not overwritten.
     let err = fails(&src.cli(&["snapshot", "export", "s1", "--to", raw.to_str().unwrap()]));
     assert!(err.contains("exists"), "{err}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clone_with_backing_image_sends_only_volume_data_or_includes_the_backing_data_when_asked() {
+/// Clone of a volume over a backing image (`format`: raw or qcow2, made by the test with qemu-img).
+async fn clone_with_backing_image(format: &str) {
     let t = tempfile::tempdir().unwrap();
-    // A raw backing image with data in the first 8 MiB and at 24 MiB.
-    let backing = t.path().join("base.raw");
+    // A backing image with data in the first 8 MiB and at 24 MiB.
+    let raw = t.path().join("base.raw");
     let mut base = vec![0u8; usize::try_from(SIZE).unwrap()];
     base[..8 * MIB].fill(0x42);
     base[24 * MIB..25 * MIB].fill(0x24);
-    std::fs::write(&backing, &base).unwrap();
+    std::fs::write(&raw, &base).unwrap();
+    let backing = t.path().join(format!("base.{format}"));
+    if format != "raw" {
+        let st = Command::new("qemu-img")
+            .args(["convert", "-f", "raw", "-O", format])
+            .arg(&raw)
+            .arg(&backing)
+            .status()
+            .unwrap();
+        assert!(st.success());
+    }
     let b = backing.to_str().unwrap();
     let (_srcs, src, at_s1) = source(t.path(), 1, &["--backing-file", b]).await;
     assert_eq!(
@@ -255,6 +302,16 @@ async fn clone_with_backing_image_sends_only_volume_data_or_includes_the_backing
         sent >= 8 << 20,
         "sent only {sent} bytes although backing data was asked for"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clone_with_raw_backing_image_sends_only_volume_data_or_includes_the_backing_data_when_asked() {
+    clone_with_backing_image("raw").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clone_with_qcow2_backing_image_sends_only_volume_data_or_includes_the_backing_data_when_asked() {
+    clone_with_backing_image("qcow2").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

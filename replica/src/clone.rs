@@ -446,3 +446,132 @@ pub(crate) fn leftovers(
     }
     repairs
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ReplicaOptions;
+
+    const SIZE: u64 = 1 << 20;
+
+    /// A closed replica holding 0x11 in its first block, and a received clone file holding 0x22 there.
+    fn fixture() -> (tempfile::TempDir, PathBuf) {
+        let t = tempfile::tempdir().unwrap();
+        let dir = t.path().to_owned();
+        let r = Replica::create(&dir, SIZE, &ReplicaOptions::default()).unwrap();
+        r.write_at(0, &[0x11; 4096]).unwrap();
+        r.close().unwrap();
+        received(&dir);
+        (t, dir)
+    }
+
+    fn received(dir: &Path) {
+        let f = std::fs::File::create(dir.join("volume-snap-c.img.clone")).unwrap();
+        f.set_len(SIZE).unwrap();
+        std::os::unix::fs::FileExt::write_all_at(&f, &[0x22; 4096], 0).unwrap();
+    }
+
+    fn first_byte(r: &Replica) -> u8 {
+        let mut b = [0u8; 1];
+        r.read_at(0, &mut b).unwrap();
+        b[0]
+    }
+
+    fn names(dir: &Path) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        v.sort();
+        v
+    }
+
+    /// The steps of [`Replica::adopt_clone`] before its commit point, `n` of them done.
+    fn uncommitted(dir: &Path, n: usize) {
+        if n >= 1 {
+            create_layer_file(&dir.join("volume-head-001.img"), SIZE).unwrap();
+            let m = DiskMeta {
+                name: "volume-head-001.img".into(),
+                parent: "volume-snap-c.img".into(),
+                ..Default::default()
+            };
+            write_json_atomic(dir, "volume-head-001.img.meta", &m).unwrap();
+        }
+        if n >= 2 {
+            let m = DiskMeta {
+                name: "volume-snap-c.img".into(),
+                ..Default::default()
+            };
+            write_json_atomic(dir, "volume-snap-c.img.meta", &m).unwrap();
+        }
+        if n >= 3 {
+            std::fs::hard_link(dir.join("volume-snap-c.img.clone"), dir.join("volume-snap-c.img")).unwrap();
+        }
+    }
+
+    #[test]
+    fn an_uncommitted_clone_disappears_at_open_at_every_step() {
+        for n in 0..=3 {
+            let (_t, dir) = fixture();
+            let before = names(&dir);
+            std::fs::write(dir.join("volume-snap-c.img.clone.sync-partial"), b"x").unwrap();
+            uncommitted(&dir, n);
+            let r = Replica::open(&dir, &ReplicaOptions::default()).unwrap();
+            let s = r.status().unwrap();
+            assert_eq!(s.chain, vec!["volume-head-000.img"], "step {n}");
+            assert!(!s.disks.contains_key("volume-snap-c.img"), "step {n}");
+            assert_eq!(first_byte(&r), 0x11, "step {n}");
+            let mut want = before.clone();
+            want.retain(|f| f != "volume-snap-c.img.clone");
+            assert_eq!(names(&dir), want, "step {n}: leftovers remain");
+        }
+    }
+
+    #[test]
+    fn a_committed_clone_keeps_its_snapshot_and_loses_the_clone_name_at_open() {
+        let (_t, dir) = fixture();
+        uncommitted(&dir, 3);
+        let mut info: crate::meta::VolumeInfo =
+            crate::meta::load_json(&dir.join(VOLUME_META)).unwrap().unwrap();
+        info.head = "volume-head-001.img".into();
+        info.parent = "volume-snap-c.img".into();
+        write_json_atomic(&dir, VOLUME_META, &info).unwrap();
+        let r = Replica::open(&dir, &ReplicaOptions::default()).unwrap();
+        assert_eq!(
+            r.status().unwrap().chain,
+            vec!["volume-head-001.img", "volume-snap-c.img"]
+        );
+        assert_eq!(first_byte(&r), 0x22);
+        let files = names(&dir);
+        assert!(!files.iter().any(|f| f.ends_with(CLONE_SUFFIX)), "{files:?}");
+        assert!(
+            !files.iter().any(|f| f.starts_with("volume-head-000")),
+            "{files:?}"
+        );
+    }
+
+    #[test]
+    fn adopting_a_clone_makes_it_the_chain_and_refuses_a_wrong_size() {
+        let (_t, dir) = fixture();
+        let r = Replica::open(&dir, &ReplicaOptions::default()).unwrap();
+        received(&dir); // open removed the one of the fixture as a leftover
+        std::fs::write(dir.join("volume-snap-short.img.clone"), b"short").unwrap();
+        let e = r
+            .adopt_clone("volume-snap-short.img", "volume-snap-short.img.clone")
+            .unwrap_err();
+        assert!(e.to_string().contains("is 5 bytes"), "{e}");
+        assert_eq!(r.status().unwrap().chain, vec!["volume-head-000.img"]);
+        r.adopt_clone("volume-snap-c.img", "volume-snap-c.img.clone")
+            .unwrap();
+        assert_eq!(first_byte(&r), 0x22);
+        assert_eq!(
+            r.status().unwrap().chain,
+            vec!["volume-head-001.img", "volume-snap-c.img"]
+        );
+        assert!(!dir.join("volume-snap-c.img.clone").exists());
+        r.write_at(0, &[0x33; 512]).unwrap();
+        drop(r);
+        let r = Replica::open(&dir, &ReplicaOptions::default()).unwrap();
+        assert_eq!(first_byte(&r), 0x33);
+    }
+}

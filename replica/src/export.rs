@@ -22,6 +22,7 @@ use sparse_sync::{DataRanges, Progress, SyncContent};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+use crate::backing::Backing;
 use crate::error::{IoContext, ReplicaError, Result};
 use crate::extent_map::{BLOCK_SIZE, ExtentMap, LayerIndex};
 use crate::io::pread_full;
@@ -37,7 +38,7 @@ pub struct SnapshotView {
     /// Root first, the snapshot last.
     layers: Vec<Layer>,
     /// The backing image, when its data is part of the view.
-    backing: Option<(PathBuf, File, u64)>,
+    backing: Option<Backing>,
     map: ExtentMap,
     size: u64,
 }
@@ -99,11 +100,14 @@ impl SnapshotView {
                 name: n,
             });
         }
-        let backing = match (&chain.backing, with_backing) {
-            (Some(b), true) => Some((b.path.clone(), File::open(&b.path).ctx("open", &b.path)?, b.size)),
-            _ => None,
-        };
+        // Its own handle of the image: the view outlives any reload of the chain.
+        let backing_path = chain
+            .backing
+            .as_ref()
+            .filter(|_| with_backing)
+            .map(|b| b.path.clone());
         drop(chain);
+        let backing = backing_path.map(|p| Backing::open(&p)).transpose()?;
         let size = layers[layers.len() - 1]
             .file
             .metadata()
@@ -125,7 +129,7 @@ impl SnapshotView {
         &self.snapshot
     }
 
-    fn collect_ranges(&self, range: Range<u64>) -> io::Result<Vec<Range<u64>>> {
+    fn collect_ranges(&self, range: Range<u64>) -> Vec<Range<u64>> {
         fn push(out: &mut Vec<Range<u64>>, r: Range<u64>) {
             if r.start >= r.end {
                 return;
@@ -136,35 +140,22 @@ impl SnapshotView {
             }
         }
         let range = range.start.min(self.size)..range.end.min(self.size);
-        // (bytes, held by a layer?)
-        let mut pieces = Vec::new();
+        let clip = |s: u64, e: u64| (s * BLOCK_SIZE).max(range.start)..(e * BLOCK_SIZE).min(range.end);
+        let mut out = Vec::new();
         self.map.visit(
             range.start / BLOCK_SIZE,
             range.end.div_ceil(BLOCK_SIZE),
             |s, e, l| {
-                let r = (s * BLOCK_SIZE).max(range.start)..(e * BLOCK_SIZE).min(range.end);
-                if l.is_some() || self.backing.is_some() {
-                    pieces.push((r, l.is_some()));
+                match (l, &self.backing) {
+                    (Some(_), _) => push(&mut out, clip(s, e)),
+                    // Blocks no layer holds: where the backing image holds data.
+                    (None, Some(b)) => b.data_blocks(s, e, |bs, be| push(&mut out, clip(bs, be))),
+                    (None, None) => {}
                 }
                 true
             },
         );
-        let mut out = Vec::new();
-        for (r, layered) in pieces {
-            match &self.backing {
-                // Blocks no layer holds: the backing image's own data extents.
-                Some((_, bfile, bsize)) if !layered => {
-                    let r = r.start..r.end.min(*bsize);
-                    if r.start < r.end {
-                        for x in sparse_sync::data_extents(bfile, r) {
-                            push(&mut out, x?);
-                        }
-                    }
-                }
-                _ => push(&mut out, r),
-            }
-        }
-        Ok(out)
+        out
     }
 
     fn read_piece(&self, layer: Option<LayerIndex>, offset: u64, dst: &mut [u8]) -> io::Result<()> {
@@ -174,13 +165,8 @@ impl SnapshotView {
                 pread_full(&l.file, dst, offset)
             }
             None => match &self.backing {
-                Some((_, f, bsize)) if offset < *bsize => {
-                    let n = usize::try_from((bsize - offset).min(dst.len() as u64)).unwrap_or(0);
-                    pread_full(f, &mut dst[..n], offset)?;
-                    dst[n..].fill(0);
-                    Ok(())
-                }
-                _ => {
+                Some(b) => b.read(dst, offset).map_err(io::Error::other),
+                None => {
                     dst.fill(0);
                     Ok(())
                 }
@@ -195,10 +181,7 @@ impl SyncContent for SnapshotView {
     }
 
     fn data_ranges(&self, range: Range<u64>) -> DataRanges<'_> {
-        match self.collect_ranges(range) {
-            Ok(v) => Box::new(v.into_iter().map(Ok)),
-            Err(e) => Box::new(std::iter::once(Err(e))),
-        }
+        Box::new(self.collect_ranges(range).into_iter().map(Ok))
     }
 
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
