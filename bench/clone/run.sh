@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Volume clone benchmark: `corral-engine snapshot clone` of a 4 GiB volume holding 1 GiB of data (source replica
+# -> target replica over loopback, through VolumeExport/SnapshotClone and sparse-sync) against
+# `cp --sparse=always` of the source snapshot file on the same disk, in one run. Prints both and the ratio.
+#
+#   bench/clone/run.sh                              # 4 GiB volume, 1 GiB data
+#   SIZE_MIB=1024 DATA_MIB=256 bench/clone/run.sh   # smaller, quicker
+#
+# Both timings start from a warm page cache for the source and include making the copy durable (the clone's
+# receiver fsyncs before its commit; cp is followed by `sync FILE`). Needs ~2.5x DATA_MIB free in BENCH_DIR.
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
+DIR="${BENCH_DIR:-/var/tmp/corral-bench-clone}"
+SIZE_MIB="${SIZE_MIB:-4096}"
+DATA_MIB="${DATA_MIB:-1024}"
+
+if [[ -z "${BIN_DIR:-}" ]]; then
+  (cd "$ROOT" && cargo build --release -q -p replica -p engine --bins)
+  BIN_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/release"
+fi
+REPLICA="$BIN_DIR/corral-replica"
+ENGINE="$BIN_DIR/corral-engine"
+
+PIDS=()
+cleanup() {
+  for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+  wait 2>/dev/null || true
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+rm -rf "$DIR"; mkdir -p "$DIR"
+
+free_port() { python3 -c 'import socket
+for _ in range(200):
+    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
+    if p > 65000: continue
+    ok = True
+    for i in range(3):
+        t = socket.socket()
+        try: t.bind(("127.0.0.1", p + i))
+        except OSError: ok = False
+        t.close()
+    if ok: print(p); break'; }
+wait_port() { for _ in $(seq 1 300); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done
+  echo "port $1 not ready" >&2; exit 1; }
+
+start_volume() { # name -> sets PORT_<name> (engine gRPC)
+  local name=$1 rport eport
+  rport=$(free_port); eport=$(free_port)
+  "$REPLICA" serve --dir "$DIR/$name-r" --listen "127.0.0.1:$rport" >"$DIR/$name-r.log" 2>&1 & PIDS+=($!)
+  wait_port "$rport"; wait_port $((rport + 2))
+  "$ENGINE" serve --volume "$name" --size "$((SIZE_MIB << 20))" --listen "127.0.0.1:$eport" \
+    --replica "tcp://127.0.0.1:$rport" --nbd-listen "unix:$DIR/$name.sock" >"$DIR/$name-e.log" 2>&1 & PIDS+=($!)
+  wait_port "$eport"
+  for _ in $(seq 1 100); do [[ -S "$DIR/$name.sock" ]] && break; sleep 0.1; done
+  printf -v "PORT_$name" '%s' "$eport"
+}
+
+now() { date +%s.%N; }
+
+start_volume src
+start_volume tgt
+half=$((DATA_MIB / 2))
+echo "writing ${DATA_MIB} MiB into the ${SIZE_MIB} MiB source volume through NBD..." >&2
+qemu-io -f raw "nbd+unix:///src?socket=$DIR/src.sock" \
+  -c "write -P 0x5a 0 ${half}M" -c "write -P 0x6b $((SIZE_MIB / 2))M $((DATA_MIB - half))M" -c flush >/dev/null
+"$ENGINE" --url "127.0.0.1:$PORT_src" snapshot create s1 >/dev/null
+SNAP="$DIR/src-r/volume-snap-s1.img"
+cat "$SNAP" >/dev/null   # warm cache for both runs
+
+t0=$(now)
+"$ENGINE" --url "127.0.0.1:$PORT_tgt" snapshot clone --from-engine "127.0.0.1:$PORT_src" --snapshot s1 >/dev/null
+t1=$(now)
+clone_s=$(echo "$t1 - $t0" | bc -l)
+cloned="$DIR/tgt-r/volume-snap-s1.img"
+cmp "$SNAP" "$cloned" || { echo "clone differs from the source snapshot" >&2; exit 1; }
+
+t0=$(now)
+cp --sparse=always "$SNAP" "$DIR/cp.img"
+sync "$DIR/cp.img"
+t1=$(now)
+cp_s=$(echo "$t1 - $t0" | bc -l)
+
+alloc() { echo $(( $(stat -c %b "$1") * 512 >> 20 )); }
+printf '%-38s %10s %12s %14s\n' "method" "seconds" "MiB/s data" "allocated MiB"
+printf '%-38s %10.2f %12.0f %14s\n' "corral-engine snapshot clone" "$clone_s" "$(echo "$DATA_MIB / $clone_s" | bc -l)" "$(alloc "$cloned")"
+printf '%-38s %10.2f %12.0f %14s\n' "cp --sparse=always (same disk)" "$cp_s" "$(echo "$DATA_MIB / $cp_s" | bc -l)" "$(alloc "$DIR/cp.img")"
+printf 'clone / cp time ratio: %.2f  (volume %s MiB, data %s MiB, loopback, one run)\n' \
+  "$(echo "$clone_s / $cp_s" | bc -l)" "$SIZE_MIB" "$DATA_MIB"
