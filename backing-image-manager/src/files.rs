@@ -52,6 +52,29 @@ pub struct BackingConfig {
     pub modification_time: String,
 }
 
+impl BackingConfig {
+    /// The record of the file at `path` (whose `stat` is `facts`) verified to have SHA-512 `checksum`.
+    pub fn verified(
+        name: &str,
+        uuid: &str,
+        expected_checksum: &str,
+        checksum: String,
+        facts: FileFacts,
+        path: &Path,
+    ) -> Self {
+        BackingConfig {
+            name: name.to_owned(),
+            uuid: uuid.to_owned(),
+            size: facts.size,
+            virtual_size: virtual_size(path, facts.size),
+            real_size: facts.real_size,
+            expected_checksum: expected_checksum.to_owned(),
+            current_checksum: checksum,
+            modification_time: facts.modification_time,
+        }
+    }
+}
+
 /// Paths of one image on a disk.
 #[derive(Debug, Clone)]
 pub struct ImagePaths {

@@ -562,16 +562,8 @@ impl Manager {
                         "backing file corrupted: its SHA-512 is now {sum}, verified was {verified}"
                     ));
                 }
-                let cfg = BackingConfig {
-                    name: spec.name.clone(),
-                    uuid: spec.uuid.clone(),
-                    size: facts.size,
-                    virtual_size: files::virtual_size(&paths.backing, facts.size),
-                    real_size: facts.real_size,
-                    expected_checksum: expected,
-                    current_checksum: sum,
-                    modification_time: facts.modification_time,
-                };
+                let cfg =
+                    BackingConfig::verified(&spec.name, &spec.uuid, &expected, sum, facts, &paths.backing);
                 files::write_config(&paths.config, &cfg).map_err(|e| e.to_string())?;
                 Ok(cfg)
             })

@@ -115,16 +115,7 @@ fn try_reuse(
             spec.checksum
         )));
     }
-    let cfg = BackingConfig {
-        name: spec.name.clone(),
-        uuid: spec.uuid.clone(),
-        size: f.size,
-        virtual_size: files::virtual_size(&paths.backing, f.size),
-        real_size: f.real_size,
-        expected_checksum: spec.checksum.clone(),
-        current_checksum: sum,
-        modification_time: f.modification_time,
-    };
+    let cfg = BackingConfig::verified(&spec.name, &spec.uuid, &spec.checksum, sum, f, &paths.backing);
     if recorded.as_ref() != Some(&cfg) {
         files::write_config(&paths.config, &cfg).map_err(|e| BimError::io("write", &paths.config, e))?;
     }
@@ -156,16 +147,7 @@ fn verify_and_commit(
             "checksum mismatch: the source's file has SHA-512 {source_checksum}, the copy has {sum}"
         ));
     }
-    let cfg = BackingConfig {
-        name: spec.name.clone(),
-        uuid: spec.uuid.clone(),
-        size: f.size,
-        virtual_size: files::virtual_size(&paths.temp, f.size),
-        real_size: f.real_size,
-        expected_checksum: spec.checksum.clone(),
-        current_checksum: sum,
-        modification_time: f.modification_time,
-    };
+    let cfg = BackingConfig::verified(&spec.name, &spec.uuid, &spec.checksum, sum, f, &paths.temp);
     files::write_config(&paths.config, &cfg)
         .map_err(|e| format!("writing {}: {e}", paths.config.display()))?;
     std::fs::rename(&paths.temp, &paths.backing)

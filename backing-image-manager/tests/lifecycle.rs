@@ -9,30 +9,13 @@ use std::time::{Duration, SystemTime};
 use common::*;
 use corral_proto::v1;
 
-/// Puts a file at the image's place on `disk` and has `bim` adopt it with a Fetch without data source.
-async fn reuse_fetch(bim: &Bim, disk: &Disk, name: &str, size: u64, seed: u8) -> String {
-    let path = disk.backing(name, "u1");
-    write_image(&path, size, seed);
-    let sum = sha512_hex(&path);
-    bim.client()
-        .await
-        .fetch(v1::BimFetchRequest {
-            spec: spec(name, "u1", size, &sum),
-            data_source_address: String::new(),
-        })
-        .await
-        .unwrap();
-    bim.wait_state(name, "ready", 30).await;
-    sum
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_readopts_ready_images_without_rewriting_them() {
     let disk = Disk::new("disk-a");
     let mut a = Bim::start(&disk, 2, &[]).await;
     let mut sums = Vec::new();
     for (i, name) in ["img0", "img1", "img2"].into_iter().enumerate() {
-        sums.push(reuse_fetch(&a, &disk, name, 4 * MIB, u8::try_from(i).unwrap()).await);
+        sums.push(place_and_fetch(&a, &disk, name, 4 * MIB, u8::try_from(i).unwrap()).await);
     }
     let before: Vec<_> = ["img0", "img1", "img2"]
         .iter()
@@ -102,7 +85,7 @@ async fn sender_killed_mid_sync_fails_the_copy_and_a_retry_succeeds() {
     // 12 MiB of data at 4 MiB/s: the transfer runs for about 3 s.
     let mut a = Bim::start(&disk_a, 2, &["--send-max-rate", "4M"]).await;
     let b = Bim::start(&disk_b, 2, &[]).await;
-    let sum = reuse_fetch(&a, &disk_a, "big", size, 3).await;
+    let sum = place_and_fetch(&a, &disk_a, "big", size, 3).await;
 
     let a_addr = a.addr();
     let sync = || async {
@@ -146,7 +129,7 @@ async fn sender_killed_mid_sync_fails_the_copy_and_a_retry_succeeds() {
 async fn modified_file_is_reverified_and_a_corrupted_one_fails_and_is_never_served() {
     let disk = Disk::new("disk-a");
     let a = Bim::start(&disk, 2, &["--check-interval", "0.3"]).await;
-    let sum = reuse_fetch(&a, &disk, "img", 4 * MIB, 1).await;
+    let sum = place_and_fetch(&a, &disk, "img", 4 * MIB, 1).await;
     let path = disk.backing("img", "u1");
     let url = format!("{}/v1/files/img/download", a.http());
 
@@ -181,7 +164,7 @@ async fn modified_file_is_reverified_and_a_corrupted_one_fails_and_is_never_serv
     assert_eq!(reqwest::get(&url).await.unwrap().status(), 409);
 
     // A missing file fails too.
-    let _ = reuse_fetch(&a, &disk, "gone", 2 * MIB, 2).await;
+    let _ = place_and_fetch(&a, &disk, "gone", 2 * MIB, 2).await;
     std::fs::remove_file(disk.backing("gone", "u1")).unwrap();
     let failed = a.wait_state("gone", "failed", 5).await;
     assert!(failed.status.unwrap().message.contains("disappeared"));
@@ -214,7 +197,7 @@ async fn lost_disk_identity_reports_unknown_and_touches_nothing() {
     assert!(err.contains("disk-z") && err.contains("disk-a"), "{err}");
 
     let a = Bim::start(&disk, 2, &["--check-interval", "0.3"]).await;
-    let sum = reuse_fetch(&a, &disk, "img", 2 * MIB, 1).await;
+    let sum = place_and_fetch(&a, &disk, "img", 2 * MIB, 1).await;
     let cfg = disk.path().join("corral-disk.cfg");
     std::fs::rename(&cfg, disk.path().join("moved.cfg")).unwrap();
     eventually(5, "image unknown", || async {

@@ -6,22 +6,6 @@ mod common;
 use common::*;
 use corral_proto::v1;
 
-async fn place_and_fetch(bim: &Bim, disk: &Disk, name: &str, size: u64) -> String {
-    let path = disk.backing(name, "u1");
-    write_image(&path, size, 5);
-    let sum = sha512_hex(&path);
-    bim.client()
-        .await
-        .fetch(v1::BimFetchRequest {
-            spec: spec(name, "u1", size, &sum),
-            data_source_address: String::new(),
-        })
-        .await
-        .unwrap();
-    bim.wait_state(name, "ready", 30).await;
-    sum
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_limit_and_port_range_exhaustion_are_resource_exhausted_and_failed_syncs_release_ports() {
     let (disk_a, disk_b) = (Disk::new("disk-a"), Disk::new("disk-b"));
@@ -29,9 +13,9 @@ async fn send_limit_and_port_range_exhaustion_are_resource_exhausted_and_failed_
     // One receiver port only.
     let b = Bim::start(&disk_b, 1, &[]).await;
     let size = 2 * MIB;
-    let busy_sum = place_and_fetch(&a, &disk_a, "busy", size).await;
-    let slow_sum = place_and_fetch(&a, &disk_a, "slow", 16 * MIB).await;
-    let other_sum = place_and_fetch(&a, &disk_a, "other", size).await;
+    let busy_sum = place_and_fetch(&a, &disk_a, "busy", size, 5).await;
+    let slow_sum = place_and_fetch(&a, &disk_a, "slow", 16 * MIB, 5).await;
+    let other_sum = place_and_fetch(&a, &disk_a, "other", size, 5).await;
 
     // Three sends of "busy" to receivers that never answer hold its send slots.
     let holes: Vec<_> = (0..3).map(|_| black_hole()).collect();
@@ -267,7 +251,7 @@ async fn bad_input_gets_clear_errors_and_leaves_no_files() {
     assert_eq!(b.metric("corral_bim_receiver_ports_in_use").await, 0.0);
 
     // A size disagreeing with a file already on the disk: refused, the file left alone.
-    let sum = place_and_fetch(&a, &disk_a, "kept", 2 * MIB).await;
+    let sum = place_and_fetch(&a, &disk_a, "kept", 2 * MIB, 5).await;
     let err = c
         .sync(v1::BimSyncRequest {
             spec: spec("kept", "u1", 3 * MIB, ""),

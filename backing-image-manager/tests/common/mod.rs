@@ -340,6 +340,23 @@ pub fn state(img: &v1::BimImage) -> String {
     img.status.clone().unwrap_or_default().state
 }
 
+/// Puts an image file at its place on `disk` (uuid `u1`) and has `bim` adopt it with a Fetch without data source.
+pub async fn place_and_fetch(bim: &Bim, disk: &Disk, name: &str, size: u64, seed: u8) -> String {
+    let path = disk.backing(name, "u1");
+    write_image(&path, size, seed);
+    let sum = sha512_hex(&path);
+    bim.client()
+        .await
+        .fetch(v1::BimFetchRequest {
+            spec: spec(name, "u1", size, &sum),
+            data_source_address: String::new(),
+        })
+        .await
+        .unwrap();
+    bim.wait_state(name, "ready", 30).await;
+    sum
+}
+
 /// A stand-in for a data source's HTTP API (`GET /v1/file`, `POST /v1/file?action=transfer`) serving a fixed JSON
 /// document; counts transfers.
 pub struct FakeDataSource {
