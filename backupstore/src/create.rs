@@ -108,7 +108,7 @@ pub struct CreateOptions {
     pub compression: Option<Compression>,
     /// Backing image name and checksum, recorded in `volume.cfg`.
     pub backing_image: Option<(String, String)>,
-    /// Upload at most this many stored bytes per second (0: unlimited).
+    /// Upload at most this many bytes of block data (before compression) per second (0: unlimited).
     pub max_upload_rate: u64,
     /// How long to wait for a conflicting deletion to finish.
     pub lock_wait: Duration,
@@ -375,7 +375,7 @@ impl BackupStore {
                             .await
                             .map_err(|e| join_error(&e))?;
                         let n = enc.len() as u64;
-                        throttle.account(n).await;
+                        throttle.account(len).await;
                         self.put_bytes(&path, enc).await?;
                         let mut s = lock_stats();
                         if existed {

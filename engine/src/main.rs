@@ -1,5 +1,7 @@
 //! `corral-engine`: the volume controller daemon and its operator CLI. Parses flags and wires.
 
+mod backup;
+
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -92,6 +94,11 @@ enum Cmd {
     RebuildStatus,
     /// IO counters.
     Metrics,
+    /// Backups to a file or S3 target, and restores.
+    Backup {
+        #[command(subcommand)]
+        cmd: backup::BackupCmd,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -307,6 +314,7 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
         Cmd::Snapshot { cmd } => snapshot(&cli.url, json, cmd).await,
+        Cmd::Backup { cmd } => backup::run(&cli.url, json, cmd).await,
         Cmd::Expand { size } => {
             let v = client(&cli.url)
                 .await?

@@ -9,7 +9,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 use corral_proto::v1::{
-    replica_service_server::ReplicaServiceServer, sync_agent_service_server::SyncAgentServiceServer,
+    replica_backup_service_server::ReplicaBackupServiceServer, replica_service_server::ReplicaServiceServer,
+    sync_agent_service_server::SyncAgentServiceServer,
 };
 use corral_proto::{REPLICA_DATA_PORT_OFFSET, REPLICA_SYNC_AGENT_PORT_OFFSET};
 use data_protocol::{BlockBackend, DataServer, ServerConfig};
@@ -18,6 +19,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+use crate::backup_service::ReplicaBackupGrpc;
 use crate::layout::DirLayout;
 use crate::metrics::serve_metrics;
 use crate::replica::{Replica, ReplicaOptions};
@@ -133,9 +135,11 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
     });
     let c = cancel.clone();
     let svc = SyncAgentServiceServer::new(grpc);
+    let backup_svc = ReplicaBackupServiceServer::new(ReplicaBackupGrpc::new(host.clone()));
     tasks.spawn(async move {
         tonic::transport::Server::builder()
             .add_service(svc)
+            .add_service(backup_svc)
             .serve_with_incoming_shutdown(TcpListenerStream::new(sync), c.cancelled())
             .await
             .context("SyncAgentService")

@@ -5,6 +5,8 @@
 //! gRPC `SyncAgentService` (P+2). See `docs/formats.md` for every file format.
 
 pub mod backing;
+pub mod backup;
+pub mod backup_service;
 pub mod clone;
 pub mod error;
 pub mod export;

@@ -1,0 +1,464 @@
+//! Backups end to end: real replicas and engines, data written with qemu-io over NBD, backups to a local
+//! directory and to a real S3 server (`rclone serve s3`) on loopback, restores into fresh volumes compared byte
+//! for byte with the snapshot they came from.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{Engine, Replica, free_ports, qemu_io};
+
+const SIZE: u64 = 24 << 20;
+const BS: &str = "256K";
+const BLOCK: u64 = 256 << 10;
+
+struct Volume {
+    replicas: Vec<Replica>,
+    engine: Engine,
+}
+
+impl Volume {
+    fn start(dir: &Path, name: &str, n: usize) -> Self {
+        let replicas: Vec<Replica> = (0..n)
+            .map(|i| Replica::start(&dir.join(format!("{name}-r{i}")), &[]))
+            .collect();
+        let addrs: Vec<String> = replicas.iter().map(Replica::address).collect();
+        let engine = Engine::start(dir, name, SIZE, &addrs, &[]);
+        Self { replicas, engine }
+    }
+
+    fn write(&self, cmds: &[&str]) {
+        let mut all = cmds.to_vec();
+        all.push("flush");
+        let (ok, out) = qemu_io(&self.engine.unix_uri(), &all);
+        assert!(ok, "{out}");
+    }
+
+    /// Runs the CLI against this volume's engine with `env`; asserts success; returns stdout.
+    fn cli(&self, env: &[(&str, &str)], args: &[&str]) -> String {
+        let out = self.cli_raw(env, args);
+        assert!(
+            out.status.success(),
+            "corral-engine {args:?} failed: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8(out.stdout).unwrap()
+    }
+
+    fn cli_raw(&self, env: &[(&str, &str)], args: &[&str]) -> Output {
+        Command::new(common::bin("corral-engine"))
+            .args(["--url", &format!("127.0.0.1:{}", self.engine.port)])
+            .args(args)
+            .envs(env.iter().copied())
+            .output()
+            .unwrap()
+    }
+
+    fn snapshot(&self, name: &str) {
+        self.cli(&[], &["snapshot", "create", name]);
+    }
+
+    /// The volume's data, read through every replica; asserts they agree.
+    async fn data(&self) -> Vec<u8> {
+        let first = self.replicas[0].flattened(SIZE).await;
+        for r in &self.replicas[1..] {
+            assert!(
+                r.flattened(SIZE).await == first,
+                "replica {} differs",
+                r.address()
+            );
+        }
+        first
+    }
+
+    /// `backup create --json` → the job status.
+    fn backup(
+        &self,
+        env: &[(&str, &str)],
+        target: &str,
+        snapshot: &str,
+        extra: &[&str],
+    ) -> serde_json::Value {
+        let mut args = vec![
+            "--json",
+            "backup",
+            "create",
+            "--snapshot",
+            snapshot,
+            "--target",
+            target,
+        ];
+        args.extend(["--block-size", BS]);
+        args.extend(extra);
+        serde_json::from_str(&self.cli(env, &args)).unwrap()
+    }
+}
+
+fn url(status: &serde_json::Value) -> String {
+    status["url"].as_str().unwrap().to_owned()
+}
+
+/// `rclone serve s3` on a free loopback port, killed on drop.
+struct S3Server {
+    child: Child,
+    endpoint: String,
+}
+
+impl S3Server {
+    fn start(dir: &Path) -> Self {
+        std::fs::create_dir_all(dir.join("bk")).unwrap();
+        let port = free_ports(1);
+        let child = Command::new("rclone")
+            .args(["serve", "s3"])
+            .arg(dir)
+            .args([
+                "--addr",
+                &format!("127.0.0.1:{port}"),
+                "--auth-key",
+                "corral,corral-secret",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("rclone (see scripts/test.sh)");
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(Instant::now() < deadline, "rclone serve s3 not ready within 30 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const S3_ENV: [(&str, &str); 2] = [
+    ("AWS_ACCESS_KEY_ID", "corral"),
+    ("AWS_SECRET_ACCESS_KEY", "corral-secret"),
+];
+
+async fn round_trip(t: &Path, target: &str, env: &[(&str, &str)]) {
+    let src = Volume::start(t, "src", 1);
+    src.write(&[
+        "write -P 0x11 0 3M",
+        "write -P 0x22 10M 1M",
+        "write -P 0x23 23M 64k",
+    ]);
+    src.snapshot("s1");
+    let s1 = src.data().await;
+    let b1 = src.backup(env, target, "s1", &[]);
+    assert_eq!(b1["isIncremental"], false);
+    assert_eq!(b1["fullReason"], "first backup of the volume");
+
+    src.write(&[
+        "write -P 0x33 1M 256k",
+        "write -P 0x34 1280k 256k",
+        "write -P 0x44 20M 64k",
+        "write -z 10M 1M",
+    ]);
+    src.snapshot("s2");
+    let s2 = src.data().await;
+    let b2 = src.backup(env, target, "s2", &[]);
+    assert_eq!(b2["isIncremental"], true);
+    assert_eq!(b2["diffFromSnapshot"], "s1");
+    // Changed: 2 blocks at 1M, 1 at 20M, 4 zeroed at 10M; only the 3 with data are new.
+    assert_eq!(b2["readBytes"].as_u64().unwrap(), 7 * BLOCK, "{b2}");
+    assert_eq!(b2["newBlocks"].as_u64().unwrap(), 3, "{b2}");
+
+    // Each backup restores into a fresh two-replica volume; the first then follows incrementally (standby).
+    let dst = Volume::start(t, "dst", 2);
+    dst.cli(env, &["backup", "restore", &url(&b1)]);
+    assert!(
+        dst.data().await == s1,
+        "restore of the full backup differs from s1"
+    );
+    let fresh = Volume::start(t, "fresh", 1);
+    fresh.cli(env, &["backup", "restore", &url(&b2)]);
+    assert!(
+        fresh.data().await == s2,
+        "restore of the incremental differs from s2"
+    );
+    let out = dst.cli(env, &["--json", "backup", "restore", "--incremental", &url(&b2)]);
+    let st: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(st[0]["status"]["incremental"], true, "{st}");
+    assert_eq!(st[0]["status"]["blocksWritten"].as_u64().unwrap(), 3, "{st}");
+    assert!(dst.data().await == s2, "incremental restore differs from s2");
+    // Holes stay holes: the restored volume allocates about what the snapshot holds.
+    let info = Command::new("nbdinfo")
+        .args(["--map", &fresh.engine.unix_uri()])
+        .output()
+        .unwrap();
+    let map = String::from_utf8_lossy(&info.stdout);
+    assert!(map.contains("hole"), "{map}");
+
+    let ls = dst.cli(env, &["--json", "backup", "ls", target]);
+    let ls: serde_json::Value = serde_json::from_str(&ls).unwrap();
+    assert_eq!(ls.as_array().unwrap().len(), 2, "{ls}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_to_a_directory_full_and_incremental_restore_equal_their_snapshots() {
+    let t = tempfile::tempdir().unwrap();
+    let target = format!("file://{}", t.path().join("store").display());
+    round_trip(t.path(), &target, &[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn round_trip_to_an_s3_server_full_and_incremental_restore_equal_their_snapshots() {
+    let t = tempfile::tempdir().unwrap();
+    let s3 = S3Server::start(&t.path().join("s3"));
+    let target = format!("s3://bk/backups?endpoint={}&region=us-east-1", s3.endpoint);
+    round_trip(t.path(), &target, &S3_ENV).await;
+    // Without credentials the target is refused with the reason.
+    let v = Volume::start(t.path(), "nocred", 1);
+    let out = v.cli_raw(&[], &["backup", "ls", &target]);
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("credentials"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn incremental_after_the_base_snapshot_was_deleted_uploads_only_changed_blocks() {
+    let t = tempfile::tempdir().unwrap();
+    let target = format!("file://{}", t.path().join("store").display());
+    let v = Volume::start(t.path(), "vol", 1);
+    // Eight distinct blocks, so deduplication cannot hide a re-upload.
+    let w: Vec<String> = (0..8)
+        .map(|i| format!("write -P {} {}k 256k", 0x40 + i, i * 256))
+        .collect();
+    v.write(&w.iter().map(String::as_str).collect::<Vec<_>>());
+    v.snapshot("s1");
+    let b1 = v.backup(&[], &target, "s1", &[]);
+    assert_eq!(b1["newBlocks"].as_u64().unwrap(), 8);
+
+    v.write(&["write -P 0x71 512k 256k", "write -P 0x72 5M 4k"]);
+    v.snapshot("s2");
+    let s2 = v.data().await;
+    v.cli(&[], &["snapshot", "rm", "s1"]);
+    v.cli(&[], &["snapshot", "purge"]);
+    let ls = v.cli(&[], &["--json", "snapshot", "ls"]);
+    assert!(!ls.contains("volume-snap-s1.img"), "s1 still present: {ls}");
+
+    let b2 = v.backup(&[], &target, "s2", &[]);
+    assert_eq!(
+        b2["isIncremental"], true,
+        "deleting the base snapshot must not force a full: {b2}"
+    );
+    assert_eq!(b2["newBlocks"].as_u64().unwrap(), 2, "{b2}");
+    assert_eq!(b2["newBytes"].as_u64().unwrap(), 2 * BLOCK, "{b2}");
+    assert_eq!(b2["deduplicatedBlocks"].as_u64().unwrap(), 7, "{b2}");
+    let insp: serde_json::Value =
+        serde_json::from_str(&v.cli(&[], &["--json", "backup", "inspect", &url(&b2)])).unwrap();
+    assert_eq!(insp["backup"]["stats"]["newBytes"].as_u64().unwrap(), 2 * BLOCK);
+    assert_eq!(insp["chain"].as_array().unwrap().len(), 2);
+
+    let fresh = Volume::start(t.path(), "fresh", 1);
+    fresh.cli(&[], &["backup", "restore", &url(&b2)]);
+    assert!(fresh.data().await == s2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn delta_max_two_chains_survive_deletes_and_a_corrupt_block_is_reported_then_healed_by_the_next_full() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let target = format!("file://{}", store.display());
+    let v = Volume::start(t.path(), "vol", 1);
+    v.write(&["write -P 0x10 0 2M"]);
+    let mut backups = Vec::new();
+    let mut data = Vec::new();
+    for i in 1..=6u32 {
+        v.write(&[&format!("write -P {} {}M 256k", 0x20 + i, 2 + i)]);
+        v.snapshot(&format!("s{i}"));
+        data.push(v.data().await);
+        let b = v.backup(&[], &target, &format!("s{i}"), &["--delta-max", "2"]);
+        backups.push(b);
+    }
+    let kinds: Vec<bool> = backups
+        .iter()
+        .map(|b| b["isIncremental"].as_bool().unwrap())
+        .collect();
+    assert_eq!(kinds, [false, true, true, false, true, true]);
+    assert!(
+        backups[3]["fullReason"]
+            .as_str()
+            .unwrap()
+            .contains("backup-delta-max")
+    );
+
+    for b in &backups[..2] {
+        v.cli(&[], &["backup", "rm", "--gc-margin", "0", &url(b)]);
+    }
+    let fresh = Volume::start(t.path(), "fresh", 1);
+    fresh.cli(&[], &["backup", "restore", &url(&backups[2])]);
+    assert!(fresh.data().await == data[2], "backup 3 after deleting 1 and 2");
+
+    // Damage one stored block that backup 6 uses: verify and restore report it, nothing is silently restored.
+    let insp: serde_json::Value =
+        serde_json::from_str(&v.cli(&[], &["--json", "backup", "inspect", &url(&backups[5])])).unwrap();
+    assert!(
+        insp["backup"]["blocks"].as_array().unwrap().is_empty(),
+        "inspect omits the map"
+    );
+    let cfg = std::fs::read_to_string(store.join("volumes/vol/backups").join(format!(
+        "backup_{}.cfg",
+        backups[5]["backupName"].as_str().unwrap()
+    )))
+    .unwrap();
+    let cfg: serde_json::Value = serde_json::from_str(&cfg).unwrap();
+    let victim = &cfg["blocks"][0];
+    let hash = victim["hash"].as_str().unwrap();
+    let blk = store.join(format!(
+        "volumes/vol/blocks/{}/{}/{hash}.blk",
+        &hash[..2],
+        &hash[2..4]
+    ));
+    let mut bytes = std::fs::read(&blk).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 0xff;
+    std::fs::write(&blk, bytes).unwrap();
+    let out = v.cli_raw(&[], &["backup", "inspect", "--verify", &url(&backups[5])]);
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(text.contains(&format!("offset {}", victim["offset"])), "{text}");
+    let bad = Volume::start(t.path(), "bad", 1);
+    let out = bad.cli_raw(&[], &["backup", "restore", &url(&backups[5])]);
+    assert!(!out.status.success(), "a corrupt block must fail the restore");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("checksum"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Backup 7 is full (delta-max) and uploads every block again: backup 6 verifies and restores again.
+    v.snapshot("s7");
+    let b7 = v.backup(&[], &target, "s7", &["--delta-max", "2"]);
+    assert_eq!(b7["isIncremental"], false);
+    assert!(b7["reuploadedBytes"].as_u64().unwrap() > 0);
+    v.cli(&[], &["backup", "inspect", "--verify", &url(&backups[5])]);
+    let healed = Volume::start(t.path(), "healed", 1);
+    healed.cli(&[], &["backup", "restore", &url(&backups[5])]);
+    assert!(healed.data().await == data[5]);
+}
+
+fn blk_files(dir: &Path) -> usize {
+    fn walk(d: &Path, n: &mut usize) {
+        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, n);
+            } else if p.extension().is_some_and(|x| x == "blk") {
+                *n += 1;
+            }
+        }
+    }
+    let mut n = 0;
+    walk(dir, &mut n);
+    n
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_killed_mid_upload_claims_nothing_blocks_deletion_meanwhile_and_a_rerun_completes() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let target = format!("file://{}", store.display());
+    let mut v = Volume::start(t.path(), "vol", 1);
+    v.write(&["write -P 0x01 0 256k"]);
+    v.snapshot("s0");
+    let b0 = v.backup(&[], &target, "s0", &[]);
+    let w: Vec<String> = (0..40)
+        .map(|i| format!("write -P {} {}k 256k", 0x80 + i, 256 + i * 256))
+        .collect();
+    v.write(&w.iter().map(String::as_str).collect::<Vec<_>>());
+    v.snapshot("s1");
+    let s1 = v.data().await;
+
+    // 40 new blocks at ~1 MiB/s: about 10 s of uploading.
+    let out = v.cli(
+        &[],
+        &[
+            "backup",
+            "create",
+            "--snapshot",
+            "s1",
+            "--target",
+            &target,
+            "--block-size",
+            BS,
+            "--rate-limit",
+            "1M",
+            "--concurrency",
+            "2",
+            "--no-wait",
+        ],
+    );
+    let killed_url = out.trim().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while blk_files(&store) < 1 + 4 {
+        assert!(Instant::now() < deadline, "no upload progress");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Deletion (and its GC) cannot run while the backup holds its lock.
+    let out = v.cli_raw(
+        &[],
+        &["backup", "rm", "--gc-margin", "0", "--lock-wait", "1", &url(&b0)],
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("locked"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    let uploaded = blk_files(&store);
+    v.replicas[0].kill();
+    v.engine.kill();
+    let ls: serde_json::Value = serde_json::from_str(
+        &v.cli_raw(&[], &["--json", "backup", "ls", &target])
+            .stdout
+            .iter()
+            .map(|&b| b as char)
+            .collect::<String>(),
+    )
+    .unwrap();
+    let killed = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| killed_url.contains(b["name"].as_str().unwrap()))
+        .unwrap();
+    assert_eq!(
+        killed["state"], "in-progress",
+        "a killed backup must not claim completion: {killed}"
+    );
+    assert!(killed["completed"].as_str().unwrap().is_empty());
+    assert!(
+        blk_files(&store) >= uploaded,
+        "blocks of the interrupted backup are kept"
+    );
+    let out = v.cli_raw(&[], &["backup", "restore", &killed_url]);
+    assert!(!out.status.success(), "an interrupted backup cannot be restored");
+
+    // Restart replica and engine; the rerun completes and reuses what was uploaded.
+    let port = v.replicas[0].port;
+    v.replicas[0] = Replica::start_on(&t.path().join("vol-r0"), port, &[]);
+    v.engine = Engine::start(t.path(), "vol", SIZE, &[v.replicas[0].address()], &[]);
+    let b1 = v.backup(&[], &target, "s1", &[]);
+    assert_eq!(b1["isIncremental"], true);
+    assert!(
+        b1["deduplicatedBlocks"].as_u64().unwrap() >= (uploaded - 1) as u64,
+        "{b1}"
+    );
+    let fresh = Volume::start(t.path(), "fresh", 1);
+    fresh.cli(&[], &["backup", "restore", &url(&b1)]);
+    assert!(fresh.data().await == s1);
+}

@@ -1,0 +1,406 @@
+//! gRPC `ReplicaBackupService` (served on the sync-agent port P+2): backup jobs of this replica's snapshots and
+//! the restore job into this replica. Each replica restores itself (the engine's CLI asks every RW replica, with
+//! the frontend down), so the same path serves a data source or a standby volume without an engine.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use backupstore::{
+    BackupConfig, BackupMode, BackupStore, BackupStoreError, BackupUrl, Compression, CreateOptions,
+    ErrorKind, GcOptions, Progress, RestoreOptions,
+};
+use corral_proto::v1::{self, replica_backup_service_server::ReplicaBackupService};
+use tonic::{Request, Response, Status};
+use tracing::{Instrument, error, info, info_span};
+
+use crate::backup::{ReplicaSink, RestoreState, SnapshotSource};
+use crate::error::ReplicaError;
+use crate::replica::lock;
+use crate::service::ReplicaHost;
+
+/// The one mapping from backup-store errors to gRPC statuses.
+pub fn backup_status(e: &BackupStoreError) -> Status {
+    let msg = e.to_string();
+    match e.kind() {
+        ErrorKind::InvalidArgument => Status::invalid_argument(msg),
+        ErrorKind::NotFound => Status::not_found(msg),
+        ErrorKind::FailedPrecondition => Status::failed_precondition(msg),
+        ErrorKind::Corrupt => Status::data_loss(msg),
+        ErrorKind::Io => Status::unavailable(msg),
+        ErrorKind::Cancelled => Status::cancelled(msg),
+    }
+}
+
+#[derive(Debug)]
+struct BackupJob {
+    status: v1::BackupJobStatus,
+    progress: Arc<Progress>,
+}
+
+#[derive(Debug, Default)]
+struct RestoreJob {
+    status: v1::RestoreJobStatus,
+    progress: Arc<Progress>,
+}
+
+/// Implements `ReplicaBackupService` over one [`ReplicaHost`].
+#[derive(Debug, Clone)]
+pub struct ReplicaBackupGrpc {
+    host: Arc<ReplicaHost>,
+    backups: Arc<Mutex<HashMap<String, BackupJob>>>,
+    restore: Arc<Mutex<RestoreJob>>,
+}
+
+fn fill_from(s: &mut v1::BackupJobStatus, c: &BackupConfig) {
+    s.is_incremental = c.is_incremental;
+    s.chain_position = c.chain_position;
+    s.full_reason = c
+        .full_reason
+        .as_ref()
+        .map(ToString::to_string)
+        .unwrap_or_default();
+    s.diff_from_snapshot.clone_from(&c.diff_from_snapshot);
+    s.read_bytes = c.stats.read_bytes;
+    s.new_blocks = c.stats.new_blocks;
+    s.new_bytes = c.stats.new_bytes;
+    s.new_stored_bytes = c.stats.new_stored_bytes;
+    s.reuploaded_bytes = c.stats.reuploaded_bytes;
+    s.deduplicated_blocks = c.stats.deduplicated_blocks;
+}
+
+fn state_of(e: &BackupStoreError) -> &'static str {
+    if e.kind() == ErrorKind::Cancelled {
+        "cancelled"
+    } else {
+        "error"
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ReplicaError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("task failed: {e}")))?
+        .map_err(Status::from)
+}
+
+impl ReplicaBackupGrpc {
+    /// The service for `host`.
+    pub fn new(host: Arc<ReplicaHost>) -> Self {
+        Self {
+            host,
+            backups: Arc::default(),
+            restore: Arc::default(),
+        }
+    }
+
+    fn restoring(&self) -> bool {
+        lock(&self.restore).status.state == "in-progress"
+    }
+
+    fn backing_up(&self) -> bool {
+        lock(&self.backups)
+            .values()
+            .any(|j| j.status.state == "in-progress")
+    }
+}
+
+#[tonic::async_trait]
+impl ReplicaBackupService for ReplicaBackupGrpc {
+    async fn backup_create(
+        &self,
+        req: Request<v1::BackupCreateRequest>,
+    ) -> Result<Response<v1::BackupCreateResponse>, Status> {
+        let r = req.into_inner();
+        if self.restoring() {
+            return Err(Status::failed_precondition(
+                "a restore into this replica is in progress",
+            ));
+        }
+        let url = BackupUrl::parse(&r.target).map_err(|e| backup_status(&e))?;
+        let volume = match (&url.volume, r.volume.as_str(), self.host.volume()) {
+            (Some(v), _, _) => v.clone(),
+            (None, v, _) if !v.is_empty() => v.to_owned(),
+            (None, _, v) if !v.is_empty() => v.to_owned(),
+            _ => return Err(Status::invalid_argument("no backup volume name: pass volume")),
+        };
+        let name = if r.backup_name.is_empty() {
+            format!("backup-{}", &uuid::Uuid::new_v4().simple().to_string()[..16])
+        } else {
+            r.backup_name.clone()
+        };
+        backupstore::validate_name("volume", &volume).map_err(|e| backup_status(&e))?;
+        backupstore::validate_name("backup", &name).map_err(|e| backup_status(&e))?;
+        let mode: BackupMode = r.mode.parse().map_err(Status::invalid_argument)?;
+        let compression = match r.compression.as_str() {
+            "" => None,
+            c => Some(c.parse::<Compression>().map_err(Status::invalid_argument)?),
+        };
+        let store = BackupStore::open(
+            &url,
+            &r.credentials
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        )
+        .map_err(|e| backup_status(&e))?;
+        let replica = self.host.replica()?;
+        let snapshot = r.snapshot.clone();
+        let source = blocking(move || SnapshotSource::open(&replica, &snapshot)).await?;
+        let backup_url = store.backup_url(&volume, &name);
+        {
+            let mut jobs = lock(&self.backups);
+            if jobs.get(&name).is_some_and(|j| j.status.state == "in-progress") {
+                return Err(Status::already_exists(format!("backup {name} is in progress")));
+            }
+            jobs.insert(
+                name.clone(),
+                BackupJob {
+                    status: v1::BackupJobStatus {
+                        backup_name: name.clone(),
+                        url: backup_url.clone(),
+                        snapshot: r.snapshot.clone(),
+                        state: "in-progress".into(),
+                        ..Default::default()
+                    },
+                    progress: Arc::default(),
+                },
+            );
+        }
+        let progress = lock(&self.backups)[&name].progress.clone();
+        let mut opts = CreateOptions {
+            volume: volume.clone(),
+            name: name.clone(),
+            mode,
+            labels: r.labels.into_iter().collect::<BTreeMap<_, _>>(),
+            retain: (r.retain > 0).then_some(r.retain),
+            block_size: (r.block_size > 0).then_some(r.block_size),
+            compression,
+            max_upload_rate: r.max_upload_rate,
+            ..Default::default()
+        };
+        if r.delta_max > 0 {
+            opts.delta_max = r.delta_max;
+        }
+        if r.concurrency > 0 {
+            opts.concurrency = r.concurrency as usize;
+        }
+        if r.gc_margin_seconds > 0 {
+            opts.gc = GcOptions {
+                margin: Duration::from_secs(r.gc_margin_seconds),
+                ..GcOptions::default()
+            };
+        }
+        let jobs = self.backups.clone();
+        let span = info_span!("backup", backup = %name, volume = %volume, snapshot = %r.snapshot);
+        tokio::spawn(
+            async move {
+                let source = Arc::new(source);
+                let src = source.clone();
+                let result = async {
+                    opts.backing_image = tokio::task::spawn_blocking(move || src.backing_image())
+                        .await
+                        .map_err(|e| BackupStoreError::FailedPrecondition(e.to_string()))?
+                        .map_err(|e| BackupStoreError::FailedPrecondition(e.to_string()))?;
+                    store.create_backup(source, &opts, &progress).await
+                }
+                .await;
+                let mut jobs = lock(&jobs);
+                let Some(job) = jobs.get_mut(&opts.name) else {
+                    return;
+                };
+                match result {
+                    Ok(c) => {
+                        fill_from(&mut job.status, &c);
+                        job.status.state = "complete".into();
+                        job.status.progress = 100;
+                        info!("backup complete");
+                    }
+                    Err(e) => {
+                        error!(error = %e, "backup failed");
+                        job.status.state = state_of(&e).into();
+                        job.status.error = e.to_string();
+                        job.status.progress = progress.percent();
+                    }
+                }
+            }
+            .instrument(span),
+        );
+        Ok(Response::new(v1::BackupCreateResponse {
+            backup_name: name,
+            url: backup_url,
+        }))
+    }
+
+    async fn backup_status(
+        &self,
+        req: Request<v1::BackupJobRef>,
+    ) -> Result<Response<v1::BackupJobStatus>, Status> {
+        let name = req.into_inner().backup_name;
+        let jobs = lock(&self.backups);
+        let job = jobs
+            .get(&name)
+            .ok_or_else(|| Status::not_found(format!("no backup job {name} on this replica")))?;
+        let mut s = job.status.clone();
+        if s.state == "in-progress" {
+            s.progress = job.progress.percent();
+        }
+        Ok(Response::new(s))
+    }
+
+    async fn backup_cancel(
+        &self,
+        req: Request<v1::BackupJobRef>,
+    ) -> Result<Response<v1::BackupJobStatus>, Status> {
+        let name = req.into_inner().backup_name.clone();
+        if let Some(j) = lock(&self.backups).get(&name) {
+            j.progress.cancel();
+        }
+        self.backup_status(Request::new(v1::BackupJobRef { backup_name: name }))
+            .await
+    }
+
+    async fn backup_restore(
+        &self,
+        req: Request<v1::BackupRestoreRequest>,
+    ) -> Result<Response<v1::RestoreJobStatus>, Status> {
+        let r = req.into_inner();
+        let url = BackupUrl::parse(&r.url).map_err(|e| backup_status(&e))?;
+        let volume = url.require_volume().map_err(|e| backup_status(&e))?.to_owned();
+        let backup = url.require_backup().map_err(|e| backup_status(&e))?.to_owned();
+        if self.backing_up() {
+            return Err(Status::failed_precondition(
+                "a backup of this replica is in progress",
+            ));
+        }
+        let store = BackupStore::open(
+            &url,
+            &r.credentials
+                .iter()
+                .map(|(k, v)| (k.clone(), v.clone()))
+                .collect(),
+        )
+        .map_err(|e| backup_status(&e))?;
+        let replica = self.host.replica()?;
+        let cfg = store
+            .backup_config(&volume, &backup)
+            .await
+            .map_err(|e| backup_status(&e))?;
+        if cfg.size > replica.size() {
+            return Err(Status::failed_precondition(format!(
+                "backup {backup} is {} bytes, larger than this volume ({} bytes): expand the volume first",
+                cfg.size,
+                replica.size()
+            )));
+        }
+        let dir = replica.dir().to_owned();
+        let d = dir.clone();
+        let state = blocking(move || RestoreState::load(&d)).await?;
+        let since = (r.incremental && state.volume == volume && !state.last_restored.is_empty())
+            .then(|| state.last_restored.clone());
+        let progress = Arc::new(Progress::default());
+        {
+            let mut job = lock(&self.restore);
+            if job.status.state == "in-progress" {
+                return Err(Status::failed_precondition("a restore is already in progress"));
+            }
+            *job = RestoreJob {
+                status: v1::RestoreJobStatus {
+                    state: "in-progress".into(),
+                    backup_url: r.url.clone(),
+                    last_restored: state.last_restored.clone(),
+                    incremental: since.is_some(),
+                    ..Default::default()
+                },
+                progress: progress.clone(),
+            };
+        }
+        let opts = RestoreOptions {
+            concurrency: if r.concurrency > 0 {
+                r.concurrency as usize
+            } else {
+                8
+            },
+            since,
+            ..Default::default()
+        };
+        let job = self.restore.clone();
+        let span = info_span!("restore", backup = %backup, volume = %volume);
+        tokio::spawn(
+            async move {
+                let sink = Arc::new(ReplicaSink {
+                    replica: replica.clone(),
+                });
+                let result = store.restore(&volume, &backup, sink, &opts, &progress).await;
+                let saved = match &result {
+                    Ok(_) => {
+                        let st = RestoreState {
+                            volume: volume.clone(),
+                            last_restored: backup.clone(),
+                            url: r.url.clone(),
+                        };
+                        tokio::task::spawn_blocking(move || {
+                            replica.flush()?;
+                            st.save(&dir)
+                        })
+                        .await
+                        .map_err(|e| e.to_string())
+                        .and_then(|x| x.map_err(|e| e.to_string()))
+                    }
+                    Err(_) => Ok(()),
+                };
+                let mut job = lock(&job);
+                match (result, saved) {
+                    (Ok(o), Ok(())) => {
+                        info!(
+                            blocks = o.blocks_written,
+                            bytes = o.bytes_written,
+                            "restore complete"
+                        );
+                        job.status.state = "complete".into();
+                        job.status.progress = 100;
+                        job.status.last_restored = backup;
+                        job.status.incremental = o.incremental;
+                        job.status.blocks_written = o.blocks_written;
+                        job.status.bytes_written = o.bytes_written;
+                        job.status.zeroed_bytes = o.zeroed_bytes;
+                    }
+                    (Err(e), _) => {
+                        error!(error = %e, "restore failed");
+                        job.status.state = state_of(&e).into();
+                        job.status.error = e.to_string();
+                    }
+                    (Ok(_), Err(e)) => {
+                        error!(error = %e, "restore: flushing or recording the state failed");
+                        job.status.state = "error".into();
+                        job.status.error = e;
+                    }
+                }
+            }
+            .instrument(span),
+        );
+        self.restore_status(Request::new(v1::RestoreStatusRequest {}))
+            .await
+    }
+
+    async fn restore_status(
+        &self,
+        _req: Request<v1::RestoreStatusRequest>,
+    ) -> Result<Response<v1::RestoreJobStatus>, Status> {
+        let job = lock(&self.restore);
+        let mut s = job.status.clone();
+        if s.state.is_empty() {
+            s.state = "none".into();
+            let dir = self.host.status().map(|st| st.dir).unwrap_or_default();
+            if let Ok(st) = RestoreState::load(std::path::Path::new(&dir)) {
+                s.last_restored = st.last_restored;
+                s.backup_url = st.url;
+            }
+        } else if s.state == "in-progress" {
+            s.progress = job.progress.percent();
+        }
+        Ok(Response::new(s))
+    }
+}
