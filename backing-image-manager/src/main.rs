@@ -115,6 +115,18 @@ async fn main() -> anyhow::Result<()> {
         "warn"
     };
     corral_daemon::init_logging(&cli.log_format, level);
+    let result = run(cli).await;
+    // A refused request is the server's message, not a Rust error chain.
+    if let Err(e) = &result
+        && let Some(s) = e.downcast_ref::<tonic::Status>()
+    {
+        eprintln!("corral-bim: {:?}: {}", s.code(), s.message());
+        std::process::exit(1);
+    }
+    result
+}
+
+async fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.cmd {
         Cmd::Serve {
             listen,
