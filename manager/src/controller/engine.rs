@@ -177,7 +177,10 @@ async fn start_engine(
     std::fs::create_dir_all(&sock_dir).with_context(|| format!("create {}", sock_dir.display()))?;
     let sock = sock_dir.join(format!("{name}.sock"));
     let _ = std::fs::remove_file(&sock);
-    let salvage = e.spec.revision_counter_disabled && (e.spec.salvage_requested || e.status.salvage_next);
+    // Without a revision counter the engine cannot tell stale replicas at start: after any unclean end of the
+    // previous engine (crash, or every replica ERR) it must pick the best replica itself.
+    let salvage =
+        e.spec.revision_counter_disabled && (e.spec.salvage_requested || e.status.salvage_next || crashed);
     let mut args = vec![
         "serve".to_owned(),
         "--volume".to_owned(),

@@ -181,6 +181,7 @@ impl Manager {
             .arg(bin.parent().unwrap())
             .args(["--port-range", &format!("{}-{}", self.ports.0, self.ports.1)])
             .env("RUST_LOG", "info,manager=debug")
+            .env("NO_COLOR", "1")
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
