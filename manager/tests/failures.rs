@@ -16,8 +16,8 @@ fn volume(m: &Manager, name: &str) -> Value {
     v
 }
 
-fn create_and_attach(m: &Manager, name: &str, body: Value) -> Value {
-    let (code, v) = rest("POST", &format!("{}/v1/volumes", m.url), Some(&body));
+fn create_and_attach(m: &Manager, name: &str, body: &Value) -> Value {
+    let (code, v) = rest("POST", &format!("{}/v1/volumes", m.url), Some(body));
     assert_eq!(code, 201, "{v}");
     let (code, v) = rest(
         "POST",
@@ -123,7 +123,7 @@ fn every_replica_killed_while_writing_without_revision_counter_is_salvaged_with_
     let v = create_and_attach(
         &m,
         "salv",
-        json!({"name": "salv", "size": 32 << 20, "numberOfReplicas": 3, "disableRevisionCounter": true}),
+        &json!({"name": "salv", "size": 32 << 20, "numberOfReplicas": 3, "disableRevisionCounter": true}),
     );
     assert_eq!(v["revisionCounterDisabled"], true);
     let (engine, replicas) = daemon_pids(&v);
