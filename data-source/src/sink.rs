@@ -223,3 +223,58 @@ impl Writer {
         Ok(end)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::MetadataExt;
+
+    #[tokio::test]
+    async fn odd_chunks_land_in_place_and_zero_blocks_stay_holes() {
+        let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+        let path = dir.path().join("f");
+        // 4 MiB: data in the first and last 64 KiB and one unaligned 10-byte run in the middle, zeros elsewhere.
+        let mut want = vec![0u8; 4 << 20];
+        want[..65536].fill(1);
+        want[(2 << 20) + 5..(2 << 20) + 15].fill(2);
+        let n = want.len();
+        want[n - 65536..].fill(3);
+        want.truncate(n - 100); // an unaligned end
+        let mut sink = FileSink::create(&path).unwrap();
+        // Write "garbage" first, then reset: a server that cannot resume.
+        sink.write(&[7u8; 5000]).await.unwrap();
+        sink.reset().await.unwrap();
+        assert!(sink.is_empty());
+        for chunk in want.chunks(4093) {
+            sink.write(chunk).await.unwrap();
+        }
+        assert_eq!(sink.len(), want.len() as u64);
+        assert_eq!(sink.finish().await.unwrap(), want.len() as u64);
+        assert_eq!(std::fs::read(&path).unwrap(), want);
+        let allocated = std::fs::metadata(&path).unwrap().blocks() * 512;
+        assert!(
+            allocated <= 256 << 10,
+            "zero blocks were written: {allocated} bytes allocated"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_write_error_is_reported_with_the_path() {
+        // Every write to /dev/full fails with ENOSPC.
+        let path = Path::new("/dev/full");
+        let mut sink = FileSink::create(path).unwrap();
+        let mut err = None;
+        for _ in 0..16 {
+            if let Err(e) = sink.write(&[1u8; BATCH]).await {
+                err = Some(e);
+                break;
+            }
+        }
+        let err = match err {
+            Some(e) => e,
+            None => sink.finish().await.unwrap_err(),
+        };
+        let msg = err.to_string();
+        assert!(msg.contains("/dev/full") && msg.contains("space"), "{msg}");
+    }
+}
