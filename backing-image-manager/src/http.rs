@@ -105,7 +105,7 @@ async fn download(
             if head {
                 return Ok((h, Body::empty()).into_response());
             }
-            let file = File::open(&path).map_err(|e| BimError::io("open", &path, e))?;
+            let file = open_at(path, 0).await?;
             let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(4);
             let m = s.manager.clone();
             tokio::task::spawn_blocking(move || {
@@ -184,6 +184,18 @@ async fn download(
         }
     });
     Ok((status, h, Body::from_stream(ReceiverStream::new(rx))).into_response())
+}
+
+/// Opens `path` positioned at `offset` (off the reactor).
+async fn open_at(path: std::path::PathBuf, offset: u64) -> Result<File, BimError> {
+    tokio::task::spawn_blocking(move || {
+        let mut f = File::open(&path).map_err(|e| BimError::io("open", &path, e))?;
+        f.seek(SeekFrom::Start(offset))
+            .map_err(|e| BimError::io("seek", &path, e))?;
+        Ok(f)
+    })
+    .await
+    .map_err(|e| BimError::Internal(e.to_string()))?
 }
 
 /// Copies up to `len` bytes of `file` into `out` in 1 MiB pieces.

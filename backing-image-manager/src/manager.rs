@@ -13,7 +13,7 @@ use corral_proto::v1;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{info, warn};
+use tracing::{Instrument, info, warn};
 
 use crate::checksum::{check_checksum_syntax, sha512_file};
 use crate::error::BimError;
@@ -552,31 +552,42 @@ impl Manager {
         self.metrics.reverifications.inc();
         let m = self.clone();
         let name = name.to_owned();
-        self.tasks.spawn(async move {
-            let paths = m.paths(&spec.name, &spec.uuid);
-            let expected = spec.checksum.clone();
-            let r = tokio::task::spawn_blocking(move || -> Result<BackingConfig, String> {
-                let (sum, facts) = sha512_file(&paths.backing, &cancel, |_| {}).map_err(|e| e.to_string())?;
-                if sum != verified || (!expected.is_empty() && sum != expected) {
-                    return Err(format!(
-                        "backing file corrupted: its SHA-512 is now {sum}, verified was {verified}"
-                    ));
+        let span = tracing::info_span!("reverify", image = %name, uuid = %spec.uuid);
+        self.tasks.spawn(
+            async move {
+                let paths = m.paths(&spec.name, &spec.uuid);
+                let expected = spec.checksum.clone();
+                let r = tokio::task::spawn_blocking(move || -> Result<BackingConfig, String> {
+                    let (sum, facts) =
+                        sha512_file(&paths.backing, &cancel, |_| {}).map_err(|e| e.to_string())?;
+                    if sum != verified || (!expected.is_empty() && sum != expected) {
+                        return Err(format!(
+                            "backing file corrupted: its SHA-512 is now {sum}, verified was {verified}"
+                        ));
+                    }
+                    let cfg = BackingConfig::verified(
+                        &spec.name,
+                        &spec.uuid,
+                        &expected,
+                        sum,
+                        facts,
+                        &paths.backing,
+                    );
+                    files::write_config(&paths.config, &cfg).map_err(|e| e.to_string())?;
+                    Ok(cfg)
+                })
+                .await
+                .unwrap_or_else(|e| Err(e.to_string()));
+                match r {
+                    Ok(cfg) => {
+                        info!(image = %name, "modified backing file verified: content unchanged");
+                        m.update(&name, generation, |i| i.set_ready(&cfg));
+                    }
+                    Err(e) => m.fail(&name, generation, e).await,
                 }
-                let cfg =
-                    BackingConfig::verified(&spec.name, &spec.uuid, &expected, sum, facts, &paths.backing);
-                files::write_config(&paths.config, &cfg).map_err(|e| e.to_string())?;
-                Ok(cfg)
-            })
-            .await
-            .unwrap_or_else(|e| Err(e.to_string()));
-            match r {
-                Ok(cfg) => {
-                    info!(image = %name, "modified backing file verified: content unchanged");
-                    m.update(&name, generation, |i| i.set_ready(&cfg));
-                }
-                Err(e) => m.fail(&name, generation, e).await,
             }
-        });
+            .instrument(span),
+        );
     }
 }
 

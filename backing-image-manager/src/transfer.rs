@@ -15,7 +15,7 @@ use sparse_sync::receiver::{ReceiveError, ReceiveOutcome, Receiver, ReceiverConf
 use sparse_sync::{FileContent, LayoutMode, Progress, SendOptions};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Channel, Endpoint};
-use tracing::info;
+use tracing::{Instrument, info};
 
 use crate::checksum::sha512_file;
 use crate::datasource::{DataSourceClient, DataSourceFile, READY_FOR_TRANSFER};
@@ -400,23 +400,26 @@ impl Manager {
         let m = self.clone();
         let (name, uuid) = (spec.name.clone(), spec.uuid.clone());
         let job_name = name.clone();
-        self.tasks.spawn(async move {
-            let name = job_name;
-            let r = blocking(move || try_reuse(&paths, &spec, Some(&cancel))).await;
-            match r {
-                Ok(Reuse::Reused(cfg)) => {
-                    m.metrics.fetches.inc();
-                    info!(image = %name, "reused the backing file already on the disk");
-                    m.update(&name, generation, |i| i.set_ready(&cfg));
+        self.tasks.spawn(
+            async move {
+                let name = job_name;
+                let r = blocking(move || try_reuse(&paths, &spec, Some(&cancel))).await;
+                match r {
+                    Ok(Reuse::Reused(cfg)) => {
+                        m.metrics.fetches.inc();
+                        info!(image = %name, "reused the backing file already on the disk");
+                        m.update(&name, generation, |i| i.set_ready(&cfg));
+                    }
+                    Ok(Reuse::Mismatch(why)) => m.fail(&name, generation, why).await,
+                    Ok(Reuse::Absent | Reuse::NeedsHash) => {
+                        m.fail(&name, generation, "the backing file disappeared".into())
+                            .await;
+                    }
+                    Err(e) => m.fail(&name, generation, e.to_string()).await,
                 }
-                Ok(Reuse::Mismatch(why)) => m.fail(&name, generation, why).await,
-                Ok(Reuse::Absent | Reuse::NeedsHash) => {
-                    m.fail(&name, generation, "the backing file disappeared".into())
-                        .await;
-                }
-                Err(e) => m.fail(&name, generation, e.to_string()).await,
             }
-        });
+            .instrument(tracing::Span::current()),
+        );
         self.get(&name, &uuid)
     }
 
@@ -451,7 +454,8 @@ impl Manager {
                 }
                 Err(e) => m.fail(&name, generation, e).await,
             }
-        });
+        }
+        .instrument(tracing::Span::current()));
     }
 
     /// Sync: receive the image from the manager at `from` (which must hold it ready), or reuse a matching file.
@@ -541,7 +545,8 @@ impl Manager {
             cancel,
         };
         let m = self.clone();
-        self.tasks.spawn(async move { m.run_sync(job).await });
+        self.tasks
+            .spawn(async move { m.run_sync(job).await }.instrument(tracing::Span::current()));
         self.get(&spec.name, &spec.uuid)
     }
 
