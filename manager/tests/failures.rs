@@ -70,7 +70,7 @@ fn a_manager_sigkill_under_fio_load_interrupts_no_io_and_the_daemons_are_readopt
     let v = create_and_attach(
         &m,
         "load",
-        json!({"name": "load", "size": 32 << 20, "numberOfReplicas": 2}),
+        &json!({"name": "load", "size": 32 << 20, "numberOfReplicas": 2}),
     );
     let (engine, replicas) = daemon_pids(&v);
     let uri = endpoint(&v, "nbd+unix");
