@@ -9,6 +9,7 @@ pub mod blockmap;
 pub mod config;
 mod create;
 pub mod error;
+pub mod file;
 mod gc;
 pub mod lock;
 mod restore;

@@ -529,3 +529,40 @@ mod model {
         }
     }
 }
+
+#[tokio::test]
+async fn a_sparse_file_round_trips_through_file_source_and_sink_with_holes_kept() {
+    use std::os::unix::fs::{FileExt, MetadataExt};
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(&dir.path().join("store"));
+    let src = dir.path().join("src.img");
+    let f = std::fs::File::create(&src).unwrap();
+    f.set_len(64 * BS).unwrap();
+    let data = pattern(7);
+    f.write_all_at(&data[..(2 * BS) as usize], 8 * BS).unwrap();
+    f.write_all_at(&vec![0u8; BS as usize], 20 * BS).unwrap(); // allocated zeros: read, not stored
+    f.sync_all().unwrap();
+    let source = Arc::new(backupstore::file::FileSource::open(&src, "s").unwrap());
+    let b = s
+        .create_backup(source, &opts("f1"), &Progress::default())
+        .await
+        .unwrap();
+    assert_eq!((b.stats.new_blocks, b.stats.zero_blocks), (2, 1));
+    let out = dir.path().join("out.img");
+    let sink = Arc::new(backupstore::file::FileSink::create(&out, b.size).unwrap());
+    s.restore(
+        "vol",
+        "f1",
+        sink.clone(),
+        &RestoreOptions::default(),
+        &Progress::default(),
+    )
+    .await
+    .unwrap();
+    sink.sync().unwrap();
+    assert_eq!(std::fs::read(&out).unwrap(), std::fs::read(&src).unwrap());
+    assert!(
+        std::fs::metadata(&out).unwrap().blocks() * 512 <= 2 * BS + 4096,
+        "holes stay holes"
+    );
+}
