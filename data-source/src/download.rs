@@ -101,7 +101,8 @@ pub async fn run(ds: &Arc<DataSource>, url: &str, work: &Path) -> Result<(), Job
             () = tokio::time::sleep(delay) => {}
         }
     }
-    let size = sink.finish().await?;
+    let done = sink.finish().await?;
+    let size = done.size;
     if let Some(t) = total
         && t != size
     {
@@ -111,6 +112,7 @@ pub async fn run(ds: &Arc<DataSource>, url: &str, work: &Path) -> Result<(), Job
         });
     }
     tracing::info!(size, attempts, "download complete");
+    ds.set_received_checksum(done.sha512);
     Ok(())
 }
 

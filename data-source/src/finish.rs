@@ -1,6 +1,8 @@
 //! After the data is in: detect the format, convert when the target needs it (v2 engine: qcow2 → raw; an export
 //! asked as qcow2: raw → qcow2), pad a raw image to a whole number of 512-byte sectors, compute the SHA-512
-//! (streamed, progress reported), compare it with the expected one, and publish the file at its final name.
+//! (streamed, progress reported; a download or upload already computed it while the data arrived, so the file is
+//! read again only when conversion or padding changed it), compare it with the expected one, and publish the file
+//! at its final name.
 //!
 //! The expected checksum may name the image as the user has it (before a conversion or padding) or the file as
 //! stored; both are accepted, `currentChecksum` is always the file as stored.
@@ -110,10 +112,17 @@ pub async fn run(ds: &Arc<DataSource>) -> Result<(), JobError> {
     // Checksums the expected one may name: the image as received, before conversion and padding.
     let mut accepted = Vec::new();
     let mut notes = Vec::new();
+    // The SHA-512 of the work file as it is now, when the fetch computed it while the data arrived.
+    let mut as_is = ds.received_checksum();
     if let Some(to) = target {
         if expected.is_some() {
-            accepted.push(sha512(ds, &work, (TRANSFER_SHARE, 85)).await?);
+            let sum = match as_is.take() {
+                Some(sum) => sum,
+                None => sha512(ds, &work, (TRANSFER_SHARE, 85)).await?,
+            };
+            accepted.push(sum);
         }
+        as_is = None;
         let out = cfg.convert_path();
         let (src, dst) = (work.clone(), out.clone());
         blocking(ds, (85, 92), move |progress, cancel| {
@@ -135,7 +144,11 @@ pub async fn run(ds: &Arc<DataSource>) -> Result<(), JobError> {
     };
     if pad > 0 {
         // Rare (sector-aligned images are the rule): hash as received for the expected checksum, then padded.
-        accepted.push(sha512(ds, &work, (hash_from, 96)).await?);
+        let sum = match as_is.take() {
+            Some(sum) => sum,
+            None => sha512(ds, &work, (hash_from, 96)).await?,
+        };
+        accepted.push(sum);
         let f = File::options()
             .write(true)
             .open(&work)
@@ -146,7 +159,10 @@ pub async fn run(ds: &Arc<DataSource>) -> Result<(), JobError> {
         ));
         info.virtual_size = size + pad;
     }
-    let current = sha512(ds, &work, (if pad > 0 { 96 } else { hash_from }, 100)).await?;
+    let current = match as_is {
+        Some(sum) => sum,
+        None => sha512(ds, &work, (if pad > 0 { 96 } else { hash_from }, 100)).await?,
+    };
     if let Some(exp) = &expected {
         let ok = accepted
             .iter()

@@ -35,6 +35,8 @@ pub struct DataSource {
     config: DataSourceConfig,
     spec: SourceSpec,
     info: Mutex<FileInfo>,
+    /// SHA-512 of the data as received, when the fetch computed it on the way (download, upload).
+    received_sha512: Mutex<Option<String>>,
     /// Cancelled on shutdown: the running job stops and fails.
     cancel: CancellationToken,
     tasks: TaskTracker,
@@ -87,6 +89,7 @@ impl DataSource {
             config,
             spec,
             info: Mutex::new(info),
+            received_sha512: Mutex::new(None),
             cancel,
             tasks: TaskTracker::new(),
             counters: Counters::default(),
@@ -232,6 +235,22 @@ impl DataSource {
         tracing::info!(path = %i.file_path, "file transferred; it is no longer this data source's");
         i.state = FileState::Ready;
         Ok(i.clone())
+    }
+
+    /// Records the SHA-512 of the work file as received (saves a pass over it in post-processing).
+    pub(crate) fn set_received_checksum(&self, sha512: String) {
+        *self
+            .received_sha512
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sha512);
+    }
+
+    /// The SHA-512 of the work file as received, if the fetch computed it.
+    pub(crate) fn received_checksum(&self) -> Option<String> {
+        self.received_sha512
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Sets the known size of the source (0 while unknown).

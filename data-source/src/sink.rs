@@ -1,5 +1,6 @@
 //! [`FileSink`]: writes a byte stream (a download, an upload) to a file on a dedicated blocking thread, leaving
-//! all-zero 4 KiB blocks as holes. The async side batches chunks into 1 MiB buffers and hands them over through a
+//! all-zero 4 KiB blocks as holes, and computes the stream's SHA-512 on the way (zeros included), so the checksum
+//! is ready when the last byte is: no second pass over the file. The async side batches chunks into 1 MiB buffers and hands them over through a
 //! bounded channel, so memory stays bounded whatever the stream's size and the network never waits on one write.
 
 use std::fs::File;
@@ -8,6 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
+use sha2::{Digest, Sha512};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::JobError;
@@ -23,8 +25,17 @@ enum Cmd {
     Data(Bytes),
     /// Drop everything written so far (a server that cannot resume: start again from byte 0).
     Reset,
-    /// Write the tail, size the file, fdatasync; reply with the size.
-    Finish(oneshot::Sender<Result<u64, JobError>>),
+    /// Write the tail, size the file, fdatasync; reply with the size and checksum.
+    Finish(oneshot::Sender<Result<Finished, JobError>>),
+}
+
+/// What a finished sink holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    /// Bytes written (the file's size).
+    pub size: u64,
+    /// SHA-512 (hex) of those bytes.
+    pub sha512: String,
 }
 
 /// A file being written from a stream; see the module doc.
@@ -54,6 +65,7 @@ impl FileSink {
             path: path.to_path_buf(),
             offset: 0,
             carry: Vec::with_capacity(ZERO_BLOCK),
+            hasher: Sha512::new(),
         };
         let err_slot = error.clone();
         tokio::task::spawn_blocking(move || writer.run(rx, &err_slot));
@@ -108,8 +120,8 @@ impl FileSink {
         self.send(Cmd::Reset).await
     }
 
-    /// Writes what is buffered, sizes the file to the bytes accepted and flushes it; returns that size.
-    pub async fn finish(mut self) -> Result<u64, JobError> {
+    /// Writes what is buffered, sizes the file to the bytes accepted and flushes it.
+    pub async fn finish(mut self) -> Result<Finished, JobError> {
         if !self.buf.is_empty() {
             let batch = self.buf.split().freeze();
             self.send(Cmd::Data(batch)).await?;
@@ -127,6 +139,7 @@ struct Writer {
     offset: u64,
     /// The start of a block not complete yet.
     carry: Vec<u8>,
+    hasher: Sha512,
 }
 
 impl Writer {
@@ -150,6 +163,7 @@ impl Writer {
     }
 
     fn data(&mut self, mut b: &[u8]) -> Result<(), JobError> {
+        self.hasher.update(b);
         if !self.carry.is_empty() {
             let take = (ZERO_BLOCK - self.carry.len()).min(b.len());
             self.carry.extend_from_slice(&b[..take]);
@@ -203,10 +217,11 @@ impl Writer {
             .map_err(|e| JobError::io("truncating", &self.path, e))?;
         self.offset = 0;
         self.carry.clear();
+        self.hasher = Sha512::new();
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<u64, JobError> {
+    fn finish(&mut self) -> Result<Finished, JobError> {
         let tail = std::mem::take(&mut self.carry);
         let end = self.offset + tail.len() as u64;
         if tail.iter().any(|&x| x != 0) {
@@ -220,7 +235,8 @@ impl Writer {
         self.file
             .sync_data()
             .map_err(|e| JobError::io("flushing", &self.path, e))?;
-        Ok(end)
+        let sha512 = hex::encode(std::mem::take(&mut self.hasher).finalize());
+        Ok(Finished { size: end, sha512 })
     }
 }
 
@@ -249,7 +265,13 @@ mod tests {
             sink.write(chunk).await.unwrap();
         }
         assert_eq!(sink.len(), want.len() as u64);
-        assert_eq!(sink.finish().await.unwrap(), want.len() as u64);
+        let done = sink.finish().await.unwrap();
+        assert_eq!(done.size, want.len() as u64);
+        assert_eq!(
+            done.sha512,
+            hex::encode(Sha512::digest(&want)),
+            "the reset dropped the first bytes"
+        );
         assert_eq!(std::fs::read(&path).unwrap(), want);
         let allocated = std::fs::metadata(&path).unwrap().blocks() * 512;
         assert!(

@@ -76,10 +76,14 @@ async fn stream(ds: &DataSource, size: u64, form: &mut Multipart) -> Result<(), 
         sink.write(&chunk).await?;
         ds.set_processed(sink.len());
     }
-    let got = sink.finish().await?;
-    if got != size {
-        return Err(JobError::SizeMismatch { got, expected: size });
+    let done = sink.finish().await?;
+    if done.size != size {
+        return Err(JobError::SizeMismatch {
+            got: done.size,
+            expected: size,
+        });
     }
+    ds.set_received_checksum(done.sha512);
     tracing::info!(size, "upload received");
     Ok(())
 }
