@@ -462,3 +462,43 @@ async fn a_backup_killed_mid_upload_claims_nothing_blocks_deletion_meanwhile_and
     fresh.cli(&[], &["backup", "restore", &url(&b1)]);
     assert!(fresh.data().await == s1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_revert_ends_the_chain_and_the_next_backup_is_full_with_the_reason() {
+    let t = tempfile::tempdir().unwrap();
+    let target = format!("file://{}", t.path().join("store").display());
+    let v = Volume::start(t.path(), "vol", 1);
+    v.write(&["write -P 0x61 0 1M"]);
+    v.snapshot("s1");
+    v.backup(&[], &target, "s1", &[]);
+    v.write(&["write -P 0x62 2M 256k"]);
+    v.snapshot("s2");
+    assert_eq!(v.backup(&[], &target, "s2", &[])["isIncremental"], true);
+    v.cli(&[], &["snapshot", "revert", "s1"]);
+    v.write(&["write -P 0x63 4M 256k"]);
+    v.snapshot("s3");
+    let s3 = v.data().await;
+    let out = v.cli_raw(
+        &[],
+        &[
+            "backup",
+            "create",
+            "--snapshot",
+            "s3",
+            "--target",
+            &target,
+            "--mode",
+            "incremental",
+        ],
+    );
+    assert!(
+        !out.status.success(),
+        "an incremental across a revert must be refused"
+    );
+    let b3 = v.backup(&[], &target, "s3", &[]);
+    assert_eq!(b3["isIncremental"], false, "{b3}");
+    assert!(b3["fullReason"].as_str().unwrap().contains("reverted"), "{b3}");
+    let fresh = Volume::start(t.path(), "fresh", 1);
+    fresh.cli(&[], &["backup", "restore", &url(&b3)]);
+    assert!(fresh.data().await == s3);
+}
