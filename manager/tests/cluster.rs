@@ -1,0 +1,379 @@
+//! Several managers ("nodes": separate data directories and ports) sharing one etcd: bad input refused with 4xx
+//! and nothing half-created; a 4-node cluster that loses a replica process and then a whole node.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::*;
+
+fn start_cluster(dir: &std::path::Path, n: u16) -> (Etcd, Vec<Manager>) {
+    let etcd = Etcd::start(dir);
+    let store = format!("etcd://{}", etcd.endpoint());
+    let ms = (0..n)
+        .map(|i| {
+            Manager::start(
+                &dir.join(format!("n{i}")),
+                &format!("node-{i}"),
+                &store,
+                port_range(i),
+            )
+        })
+        .collect();
+    (etcd, ms)
+}
+
+fn volume(url: &str, name: &str) -> Value {
+    let (code, v) = rest("GET", &format!("{url}/v1/volumes/{name}"), None);
+    assert_eq!(code, 200, "{v}");
+    v
+}
+
+fn wait_nodes_ready(m: &Manager, n: usize) {
+    wait_for("every node ready", Duration::from_secs(30), || {
+        let (_, v) = rest("GET", &format!("{}/v1/nodes", m.url), None);
+        let ready = v
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|n| n["ready"] == true).count());
+        (ready == n).then_some(())
+    });
+}
+
+fn wait_healthy(url: &str, name: &str, timeout: Duration) -> Value {
+    wait_for(&format!("{name} attached and healthy"), timeout, || {
+        let v = volume(url, name);
+        let n = v["numberOfReplicas"].as_u64().unwrap_or(0);
+        let rw = v["replicas"]
+            .as_array()
+            .map_or(0, |rs| rs.iter().filter(|r| r["mode"] == "RW").count());
+        (v["state"] == "attached" && v["robustness"] == "healthy" && rw as u64 == n).then_some(v)
+    })
+}
+
+fn endpoint(v: &Value) -> String {
+    v["endpoints"]
+        .as_array()
+        .and_then(|e| {
+            e.iter()
+                .filter_map(Value::as_str)
+                .find(|s| s.starts_with("nbd+unix"))
+        })
+        .expect("unix endpoint")
+        .to_owned()
+}
+
+fn replica_nodes(v: &Value) -> BTreeSet<String> {
+    v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["nodeId"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+fn expect_4xx(method: &str, url: &str, body: Option<&Value>, status: u16, words: &str) {
+    let (code, v) = rest(method, url, body);
+    assert_eq!(code, status, "{method} {url} {body:?}: {v}");
+    let msg = v["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.contains(words),
+        "{method} {url}: message {msg:?} lacks {words:?}"
+    );
+    assert!(v["code"].is_string(), "{v}");
+}
+
+#[test]
+fn bad_input_is_refused_with_4xx_and_leaves_nothing_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_etcd, ms) = start_cluster(dir.path(), 2);
+    let url = ms[0].url.clone();
+    wait_nodes_ready(&ms[0], 2);
+
+    // The OpenAPI document lists every route the server registers.
+    let (code, doc) = rest("GET", &format!("{url}/v1/openapi.json"), None);
+    assert_eq!(code, 200);
+    for (path, method, _) in manager::api::routes().documented {
+        assert!(
+            doc["paths"][path][method].is_object(),
+            "{method} {path} missing from openapi.json"
+        );
+    }
+
+    let vols = format!("{url}/v1/volumes");
+    expect_4xx(
+        "POST",
+        &vols,
+        Some(&json!({"name": "v", "size": 1000})),
+        400,
+        "multiple of 4096",
+    );
+    expect_4xx(
+        "POST",
+        &vols,
+        Some(&json!({"name": "../etc", "size": 4096})),
+        400,
+        "not a valid name",
+    );
+    expect_4xx(
+        "POST",
+        &vols,
+        Some(&json!({"name": "a/b", "size": 4096})),
+        400,
+        "not a valid name",
+    );
+    expect_4xx(
+        "POST",
+        &vols,
+        Some(&json!({"name": "v", "size": 4096, "numberOfReplicas": 0})),
+        400,
+        "numberOfReplicas",
+    );
+    expect_4xx("GET", &format!("{vols}/nope"), None, 404, "not found");
+    expect_4xx(
+        "POST",
+        &format!("{vols}/nope/attach"),
+        Some(&json!({})),
+        404,
+        "not found",
+    );
+    expect_4xx(
+        "PUT",
+        &format!("{url}/v1/settings/replica-soft-anti-affinity"),
+        Some(&json!({"value": "maybe"})),
+        400,
+        "true or false",
+    );
+    expect_4xx(
+        "POST",
+        &format!("{url}/v1/nodes/node-0/disks"),
+        Some(&json!({"name": "d2", "path": "rel/dir"})),
+        400,
+        "absolute",
+    );
+    let (code, _) = rest(
+        "PUT",
+        &format!("{url}/v1/settings/replica-soft-anti-affinity"),
+        Some(&json!({"value": "false"})),
+    );
+    assert_eq!(code, 200);
+    expect_4xx(
+        "POST",
+        &vols,
+        Some(&json!({"name": "three", "size": 1 << 20, "numberOfReplicas": 3})),
+        400,
+        "anti-affinity",
+    );
+    rest(
+        "PUT",
+        &format!("{url}/v1/settings/replica-soft-anti-affinity"),
+        Some(&json!({"value": "true"})),
+    );
+
+    // Attached on one node, an attach to another is refused.
+    let (code, v) = rest(
+        "POST",
+        &vols,
+        Some(&json!({"name": "ok", "size": 8 << 20, "numberOfReplicas": 1})),
+    );
+    assert_eq!(code, 201, "{v}");
+    let (code, v) = rest(
+        "POST",
+        &format!("{vols}/ok/attach"),
+        Some(&json!({"nodeId": "node-0"})),
+    );
+    assert_eq!(code, 200, "{v}");
+    expect_4xx(
+        "POST",
+        &format!("{vols}/ok/attach"),
+        Some(&json!({"nodeId": "node-1"})),
+        409,
+        "detach it first",
+    );
+    expect_4xx(
+        "POST",
+        &format!("{vols}/ok/attach"),
+        Some(&json!({"nodeId": "ghost"})),
+        400,
+        "does not exist",
+    );
+    expect_4xx(
+        "POST",
+        &vols,
+        Some(&json!({"name": "ok", "size": 8 << 20})),
+        409,
+        "already exists",
+    );
+    expect_4xx(
+        "POST",
+        &format!("{vols}/ok/expand"),
+        Some(&json!({"size": 12345})),
+        400,
+        "multiple of 4096",
+    );
+
+    // The CLI reports the same refusals and exits non-zero.
+    let cli = |args: &[&str]| {
+        let out = Command::new(cli_bin())
+            .args(["--url", &url])
+            .args(args)
+            .output()
+            .unwrap();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (ok, err) = cli(&["volume", "create", "bad", "--size", "1000"]);
+    assert!(!ok && err.contains("multiple of 4096"), "{err}");
+    let (ok, err) = cli(&["volume", "get", "nope"]);
+    assert!(!ok && err.contains("not found"), "{err}");
+    let (ok, err) = cli(&["volume", "create", "..", "--size", "1Mi"]);
+    assert!(!ok && err.contains("not a valid name"), "{err}");
+
+    // Nothing half-created: one volume, and replicas only for it.
+    let (_, all) = rest("GET", &vols, None);
+    let names: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["name"].as_str())
+        .collect();
+    assert_eq!(names, ["ok"]);
+    wait_healthy(&url, "ok", Duration::from_secs(60));
+    let (_, reps) = rest("GET", &format!("{url}/v1/replicas"), None);
+    assert!(
+        reps.as_array().unwrap().iter().all(|r| r["volume"] == "ok"),
+        "{reps}"
+    );
+}
+
+#[test]
+fn a_four_node_cluster_heals_a_killed_replica_and_survives_losing_a_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_etcd, mut ms) = start_cluster(dir.path(), 4);
+    let url = ms[0].url.clone();
+    wait_nodes_ready(&ms[0], 4);
+    let (code, _) = rest(
+        "PUT",
+        &format!("{url}/v1/settings/node-down-timeout"),
+        Some(&json!({"value": "6"})),
+    );
+    assert_eq!(code, 200);
+    // Replicas on distinct nodes: a node may hold at most one replica of a volume.
+    rest(
+        "PUT",
+        &format!("{url}/v1/settings/replica-soft-anti-affinity"),
+        Some(&json!({"value": "false"})),
+    );
+    for name in ["va", "vb"] {
+        let (code, v) = rest(
+            "POST",
+            &format!("{url}/v1/volumes"),
+            Some(&json!({"name": name, "size": 16 << 20, "numberOfReplicas": 3})),
+        );
+        assert_eq!(code, 201, "{v}");
+    }
+    let (code, v) = rest(
+        "POST",
+        &format!("{url}/v1/volumes/va/attach"),
+        Some(&json!({"nodeId": "node-0"})),
+    );
+    assert_eq!(code, 200, "{v}");
+    let va = wait_healthy(&url, "va", Duration::from_secs(90));
+    let va_nodes = replica_nodes(&va);
+    assert_eq!(va_nodes.len(), 3, "replicas share a node: {va}");
+    // The node to lose holds a replica of va and will run vb's engine.
+    let victim = va_nodes.iter().find(|n| *n != "node-0").unwrap().clone();
+    let vi: usize = victim.trim_start_matches("node-").parse().unwrap();
+    let (code, v) = rest(
+        "POST",
+        &format!("{url}/v1/volumes/vb/attach"),
+        Some(&json!({"nodeId": victim})),
+    );
+    assert_eq!(code, 200, "{v}");
+    let vb = wait_healthy(&url, "vb", Duration::from_secs(90));
+    let (ok, out) = qemu_io(&endpoint(&va), &["write -P 0xa1 0 4M", "flush"]);
+    assert!(ok, "{out}");
+    let (ok, out) = qemu_io(&endpoint(&vb), &["write -P 0xb1 0 4M", "flush"]);
+    assert!(ok, "{out}");
+
+    // 1. SIGKILL one replica process of va (not the victim's): degraded, replaced, rebuilt, healthy, data intact.
+    let r0 = va["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["nodeId"] != victim.as_str())
+        .unwrap()
+        .clone();
+    let r0 = &r0;
+    sigkill(r0["pid"].as_i64().unwrap());
+    let (ok, out) = qemu_io(&endpoint(&va), &["write -P 0xa2 4M 4M", "flush"]);
+    assert!(ok, "{out}");
+    let va = wait_for("va replaced its killed replica", Duration::from_secs(90), || {
+        let v = wait_healthy(&url, "va", Duration::from_secs(90));
+        v["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["name"] != r0["name"])
+            .then_some(v)
+    });
+    let (ok, out) = qemu_io(&endpoint(&va), &["read -P 0xa1 0 4M", "read -P 0xa2 4M 4M"]);
+    assert!(ok, "{out}");
+
+    // 2. Lose the victim node entirely (manager and every daemon it started).
+    assert!(replica_nodes(&va).contains(&victim));
+    ms[vi].kill_node();
+    let survivor = if vi == 0 { &ms[1] } else { &ms[0] };
+    {
+        let v = wait_for(
+            "va rebuilt on the remaining nodes",
+            Duration::from_secs(120),
+            || {
+                let v = volume(&survivor.url, "va");
+                let ok = v["state"] == "attached"
+                    && v["robustness"] == "healthy"
+                    && !replica_nodes(&v).contains(&victim)
+                    && v["replicas"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .filter(|r| r["mode"] == "RW")
+                        .count()
+                        == 3;
+                ok.then_some(v)
+            },
+        );
+        assert_eq!(replica_nodes(&v).len(), 3);
+    }
+    let va = volume(&survivor.url, "va");
+    assert_eq!(va["state"], "attached");
+    let (ok, out) = qemu_io(&endpoint(&va), &["read -P 0xa1 0 4M", "read -P 0xa2 4M 4M"]);
+    assert!(ok, "va after losing {victim}: {out}");
+
+    // vb's engine died with its node: attach it on a live node; its data is there.
+    let target = if vi == 0 { "node-1" } else { "node-0" };
+    let v = wait_for("vb attachable elsewhere", Duration::from_secs(60), || {
+        let (code, v) = rest(
+            "POST",
+            &format!("{}/v1/volumes/vb/attach", survivor.url),
+            Some(&json!({"nodeId": target})),
+        );
+        (code == 200).then_some(v)
+    });
+    assert_eq!(v["nodeId"], target);
+    let vb = wait_for("vb attached on the new node", Duration::from_secs(120), || {
+        let v = volume(&survivor.url, "vb");
+        (v["state"] == "attached"
+            && v["currentNodeId"] == target
+            && !v["endpoints"].as_array().unwrap().is_empty())
+        .then_some(v)
+    });
+    let (ok, out) = qemu_io(&endpoint(&vb), &["read -P 0xb1 0 4M"]);
+    assert!(ok, "vb after moving off {victim}: {out}");
+    let vb = wait_healthy(&survivor.url, "vb", Duration::from_secs(120));
+    assert!(!replica_nodes(&vb).contains(&victim));
+}
