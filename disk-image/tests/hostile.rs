@@ -77,6 +77,17 @@ fn l2_table_past_the_end_of_the_file_is_refused() {
 }
 
 #[test]
+fn l1_entries_sharing_an_l2_table_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let p = image(t.path(), "shared.qcow2");
+    // Grow the virtual size so the L1 table has room, then point entry 1 at entry 0's L2 table.
+    run("qemu-img", &["resize", "-q", p.to_str().unwrap(), "2G"]);
+    let l1 = be64(&p, L1_OFFSET);
+    put64(&p, l1 + 8, be64(&p, l1));
+    assert_refused(&p, ErrorKind::Corrupt, "referenced by two L1 entries");
+}
+
+#[test]
 fn refcount_loops_are_refused() {
     let t = tempfile::tempdir().unwrap();
     let p = image(t.path(), "self.qcow2");

@@ -24,8 +24,8 @@ const L2_COMPRESSED: u64 = 1 << 62;
 /// Version 3: the cluster reads as zeros.
 const L2_ZERO: u64 = 1;
 /// Budget of cached L2 tables, and of cached decompressed clusters.
-const L2_CACHE_BYTES: u64 = 32 << 20;
-const CLUSTER_CACHE_BYTES: u64 = 8 << 20;
+const L2_CACHE_BYTES: u64 = 8 << 20;
+const CLUSTER_CACHE_BYTES: u64 = 4 << 20;
 
 /// Where one guest cluster's data is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -149,6 +149,16 @@ impl Qcow2 {
                 )));
             }
             *e = off;
+        }
+        // An L2 table used by two L1 entries is never valid in the active table, and would let a small file
+        // describe an unbounded amount of data (the layout walk is bounded by the file's size only without it).
+        let mut l2s: Vec<u64> = l1.iter().copied().filter(|&o| o != 0).collect();
+        l2s.sort_unstable();
+        if let Some(w) = l2s.windows(2).find(|w| w[0] == w[1]) {
+            return Err(corrupt(format!(
+                "L2 table at offset {} is referenced by two L1 entries",
+                w[0]
+            )));
         }
         check_refcount_table(&file, path, &header, file_len)?;
 
