@@ -124,20 +124,34 @@ fn url(e: &Engine) -> String {
     format!("127.0.0.1:{}", e.port)
 }
 
+/// `corral-engine --url TGT snapshot clone --from-engine SRC --snapshot s1 EXTRA...`.
+fn clone_s1(tgt: &Engine, src: &Engine, extra: &[&str]) -> Output {
+    let from = url(src);
+    let args = [
+        &["snapshot", "clone", "--from-engine", &from, "--snapshot", "s1"],
+        extra,
+    ]
+    .concat();
+    tgt.cli(&args)
+}
+
+/// A replica-level `SnapshotClone` of `s1` from the replica at `from`.
+fn clone_s1_from(from: String) -> v1::SnapshotCloneRequest {
+    v1::SnapshotCloneRequest {
+        from_address: from,
+        snapshot_file_name: "s1".into(),
+        export_backing_image_if_exist: false,
+        max_bytes_per_second: 0,
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clone_equals_the_snapshot_not_later_writes_on_every_replica_and_export_writes_the_same_image() {
     let t = tempfile::tempdir().unwrap();
     let (srcs, src, at_s1) = source(t.path(), 1, &[]).await;
     let (tgts, tgt) = target(t.path(), "tgt", 2, SIZE, &[]);
 
-    let out = ok(&tgt.cli(&[
-        "snapshot",
-        "clone",
-        "--from-engine",
-        &url(&src),
-        "--snapshot",
-        "s1",
-    ]));
+    let out = ok(&clone_s1(&tgt, &src, &[]));
     assert!(out.contains("cloned volume-snap-s1.img"), "{out}");
     let st = clone_status(&tgt).await;
     assert_eq!(st.state, "complete");
@@ -267,14 +281,7 @@ async fn clone_with_backing_image(format: &str) {
 
     // Target with the same backing image: only the volume's own data travels.
     let (same, tgt_same) = target(t.path(), "same", 1, SIZE, &["--backing-file", b]);
-    ok(&tgt_same.cli(&[
-        "snapshot",
-        "clone",
-        "--from-engine",
-        &url(&src),
-        "--snapshot",
-        "s1",
-    ]));
+    ok(&clone_s1(&tgt_same, &src, &[]));
     assert!(same[0].flattened(SIZE).await == at_s1);
     let st = clone_status(&tgt_same).await;
     let sent = st.replicas.values().next().unwrap().bytes_transferred;
@@ -286,15 +293,7 @@ async fn clone_with_backing_image(format: &str) {
 
     // Target without a backing image: --export-backing-image brings the backing data along.
     let (bare, tgt_bare) = target(t.path(), "bare", 1, SIZE, &[]);
-    ok(&tgt_bare.cli(&[
-        "snapshot",
-        "clone",
-        "--from-engine",
-        &url(&src),
-        "--snapshot",
-        "s1",
-        "--export-backing-image",
-    ]));
+    ok(&clone_s1(&tgt_bare, &src, &["--export-backing-image"]));
     assert!(bare[0].flattened(SIZE).await == at_s1);
     let st = clone_status(&tgt_bare).await;
     let sent = st.replicas.values().next().unwrap().bytes_transferred;
@@ -355,14 +354,7 @@ async fn clone_refuses_bad_input_and_leaves_the_target_unchanged() {
 
     // A source of another size.
     let (_small, small_engine) = target(t.path(), "small", 1, SIZE / 2, &[]);
-    let err = fails(&small_engine.cli(&[
-        "snapshot",
-        "clone",
-        "--from-engine",
-        &url(&src),
-        "--snapshot",
-        "s1",
-    ]));
+    let err = fails(&clone_s1(&small_engine, &src, &[]));
     assert!(err.contains("same size"), "{err}");
 
     // The replica checks the size itself too (a caller that skips the engine).
@@ -373,12 +365,7 @@ async fn clone_refuses_bad_input_and_leaves_the_target_unchanged() {
     let e2 = Engine::start(t.path(), "small-src", SIZE / 2, &[small_src.address()], &[]);
     ok(&e2.cli(&["snapshot", "create", "s1"]));
     let err = sync
-        .snapshot_clone(v1::SnapshotCloneRequest {
-            from_address: small_src.address(),
-            snapshot_file_name: "s1".into(),
-            export_backing_image_if_exist: false,
-            max_bytes_per_second: 0,
-        })
+        .snapshot_clone(clone_s1_from(small_src.address()))
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
@@ -404,12 +391,7 @@ async fn clone_refuses_bad_input_and_leaves_the_target_unchanged() {
         .await
         .unwrap();
     let err = rsync
-        .snapshot_clone(v1::SnapshotCloneRequest {
-            from_address: srcs[0].address(),
-            snapshot_file_name: "s1".into(),
-            export_backing_image_if_exist: false,
-            max_bytes_per_second: 0,
-        })
+        .snapshot_clone(clone_s1_from(srcs[0].address()))
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
@@ -448,17 +430,9 @@ async fn interrupted_clone(size_mib: usize, rate: &str) {
     let (tgts, tgt) = target(t.path(), "tgt", 1, size, &[]);
     let before = (replica_get(&tgts[0]).await.chain, files(&tgts[0].dir));
 
-    let start = [
-        "snapshot",
-        "clone",
-        "--from-engine",
-        &url(&src),
-        "--snapshot",
-        "s1",
-    ];
-    ok(&tgt.cli(&[&start[..], &["--max-rate", rate, "--no-wait"]].concat()));
+    ok(&clone_s1(&tgt, &src, &["--max-rate", rate, "--no-wait"]));
     assert_eq!(clone_status(&tgt).await.state, "in-progress");
-    let err = fails(&tgt.cli(&start));
+    let err = fails(&clone_s1(&tgt, &src, &[]));
     assert!(err.contains("already cloning"), "{err}");
     eventually("clone data arriving", 20, async || {
         let s = clone_status(&tgt).await;
@@ -491,14 +465,7 @@ async fn interrupted_clone(size_mib: usize, rate: &str) {
             .any(|(a, m)| *a == rs[0].address() && m == "ERR")
     })
     .await;
-    ok(&tgt.cli(&[
-        "snapshot",
-        "clone",
-        "--from-engine",
-        &url(&src),
-        "--snapshot",
-        "s1",
-    ]));
+    ok(&clone_s1(&tgt, &src, &[]));
     assert_eq!(clone_status(&tgt).await.from_replica_address, rs[1].address());
     assert!(tgts[0].flattened(size).await == want, "clone differs from s1");
 }
