@@ -21,18 +21,8 @@ fn raw_download_without_checksum_is_ready_sparse_and_complete() {
     let disk = disk();
     let src = tempfile::tempdir().unwrap();
     let data = raw_image(&src.path().join("a.raw"), 24 * MIB);
-    let server = FileServer::start(
-        data.clone(),
-        ServeMode {
-            range: true,
-            ..Default::default()
-        },
-    );
-    let ds = DataSourceProc::start(
-        disk.path(),
-        "download",
-        &["--param", &format!("url={}", server.url)],
-    );
+    let server = FileServer::start(data.clone(), ServeMode::range());
+    let ds = DataSourceProc::download(disk.path(), &server.url, &[]);
     let i = ds.expect_ready(&sha512(&data));
     assert_eq!(
         (i.size, i.virtual_size, i.processed_size),
@@ -58,15 +48,10 @@ fn raw_download_with_the_right_checksum_and_no_range_support_is_ready() {
     let data = raw_image(&src.path().join("a.raw"), 8 * MIB);
     let sum = sha512(&data);
     let server = FileServer::start(data, ServeMode::default());
-    let ds = DataSourceProc::start(
+    let ds = DataSourceProc::download(
         disk.path(),
-        "download",
-        &[
-            "--param",
-            &format!("url={}", server.url),
-            "--expected-checksum",
-            &sum.to_uppercase(),
-        ],
+        &server.url,
+        &["--expected-checksum", &sum.to_uppercase()],
     );
     let i = ds.expect_ready(&sum);
     assert_eq!(i.expected_checksum, sum);
@@ -77,13 +62,7 @@ fn qcow2_download_with_and_without_checksum_keeps_the_qcow2_file() {
     let src = tempfile::tempdir().unwrap();
     let q = qcow2_image(src.path(), 16 * MIB);
     let sum = sha512(&q);
-    let server = FileServer::start(
-        q.clone(),
-        ServeMode {
-            range: true,
-            ..Default::default()
-        },
-    );
+    let server = FileServer::start(q.clone(), ServeMode::range());
     for expected in [None, Some(sum.clone())] {
         let disk = disk();
         let mut args = vec!["--param".to_owned(), format!("url={}", server.url)];
@@ -112,16 +91,7 @@ fn connection_cut_half_way_resumes_with_range_and_fetches_little_twice() {
             ..Default::default()
         },
     );
-    let ds = DataSourceProc::start(
-        disk.path(),
-        "download",
-        &[
-            "--param",
-            &format!("url={}", server.url),
-            "--expected-checksum",
-            &sum,
-        ],
-    );
+    let ds = DataSourceProc::download(disk.path(), &server.url, &["--expected-checksum", &sum]);
     ds.expect_ready(&sum);
     let sent = server.sent.load(Ordering::Relaxed);
     assert!(
@@ -147,16 +117,7 @@ fn connection_cut_without_range_support_restarts_from_zero_and_finishes() {
             ..Default::default()
         },
     );
-    let ds = DataSourceProc::start(
-        disk.path(),
-        "download",
-        &[
-            "--param",
-            &format!("url={}", server.url),
-            "--expected-checksum",
-            &sum,
-        ],
-    );
+    let ds = DataSourceProc::download(disk.path(), &server.url, &["--expected-checksum", &sum]);
     ds.expect_ready(&sum);
     assert_eq!(ds.metric("corral_datasource_download_restarts_total"), 1);
     assert!(server.sent.load(Ordering::Relaxed) >= 24 * MIB);
@@ -165,19 +126,9 @@ fn connection_cut_without_range_support_restarts_from_zero_and_finishes() {
 #[test]
 fn server_that_never_sends_data_fails_after_the_default_30_s() {
     let disk = disk();
-    let server = FileServer::start(
-        vec![1; 4096],
-        ServeMode {
-            silent: true,
-            ..Default::default()
-        },
-    );
+    let server = FileServer::start(vec![1; 4096], ServeMode::silent());
     let t = Instant::now();
-    let ds = DataSourceProc::start(
-        disk.path(),
-        "download",
-        &["--param", &format!("url={}", server.url)],
-    );
+    let ds = DataSourceProc::download(disk.path(), &server.url, &[]);
     let i = ds.wait_final(Duration::from_secs(60));
     let took = t.elapsed();
     assert_eq!(i.state, FileState::Failed);
@@ -202,16 +153,7 @@ fn wrong_expected_checksum_fails_and_leaves_no_file() {
     let disk = disk();
     let server = FileServer::start(vec![7; 3 * MIB as usize], ServeMode::default());
     let wrong = sha512(b"something else");
-    let ds = DataSourceProc::start(
-        disk.path(),
-        "download",
-        &[
-            "--param",
-            &format!("url={}", server.url),
-            "--expected-checksum",
-            &wrong,
-        ],
-    );
+    let ds = DataSourceProc::download(disk.path(), &server.url, &["--expected-checksum", &wrong]);
     let i = ds.wait_final(Duration::from_secs(60));
     assert_eq!(i.state, FileState::Failed);
     assert!(i.message.contains("checksum mismatch"), "{}", i.message);
@@ -227,11 +169,7 @@ fn wrong_expected_checksum_fails_and_leaves_no_file() {
 fn http_errors_fail_with_the_status_and_unaligned_raw_is_padded_to_sectors() {
     let disk = disk();
     let server = FileServer::start(vec![5; 1000], ServeMode::default());
-    let ds = DataSourceProc::start(
-        disk.path(),
-        "download",
-        &["--param", &format!("url={}x", server.url)],
-    );
+    let ds = DataSourceProc::download(disk.path(), &format!("{}x", server.url), &[]);
     let i = ds.wait_final(Duration::from_secs(30));
     assert_eq!(i.state, FileState::Failed);
     assert!(i.message.contains("HTTP 404"), "{}", i.message);
@@ -239,16 +177,7 @@ fn http_errors_fail_with_the_status_and_unaligned_raw_is_padded_to_sectors() {
 
     let disk = common::disk();
     let sum = sha512(&[5; 1000]);
-    let ds = DataSourceProc::start(
-        disk.path(),
-        "download",
-        &[
-            "--param",
-            &format!("url={}", server.url),
-            "--expected-checksum",
-            &sum,
-        ],
-    );
+    let ds = DataSourceProc::download(disk.path(), &server.url, &["--expected-checksum", &sum]);
     let i = ds.wait_final(Duration::from_secs(30));
     assert_eq!(i.state, FileState::ReadyForTransfer, "{i:?}");
     assert_eq!(i.size, 1024);
@@ -262,23 +191,8 @@ fn http_errors_fail_with_the_status_and_unaligned_raw_is_padded_to_sectors() {
 #[test]
 fn transfer_is_refused_until_ready_then_hands_the_file_over() {
     let disk = disk();
-    let server = FileServer::start(
-        vec![3; 2 * MIB as usize],
-        ServeMode {
-            silent: true,
-            ..Default::default()
-        },
-    );
-    let ds = DataSourceProc::start(
-        disk.path(),
-        "download",
-        &[
-            "--param",
-            &format!("url={}", server.url),
-            "--no-data-timeout",
-            "2",
-        ],
-    );
+    let server = FileServer::start(vec![3; 2 * MIB as usize], ServeMode::silent());
+    let ds = DataSourceProc::download(disk.path(), &server.url, &["--no-data-timeout", "2"]);
     let r = ds.post("action=transfer");
     assert_eq!(r.status(), 409);
     assert!(r.text().unwrap().contains("ready-for-transfer"));
@@ -286,11 +200,7 @@ fn transfer_is_refused_until_ready_then_hands_the_file_over() {
 
     let disk = common::disk();
     let server = FileServer::start(vec![3; 2 * MIB as usize], ServeMode::default());
-    let ds = DataSourceProc::start(
-        disk.path(),
-        "download",
-        &["--param", &format!("url={}", server.url)],
-    );
+    let ds = DataSourceProc::download(disk.path(), &server.url, &[]);
     let i = ds.wait_final(Duration::from_secs(30));
     assert_eq!(i.state, FileState::ReadyForTransfer);
     let r = ds.post("action=transfer");
@@ -307,18 +217,8 @@ fn transfer_is_refused_until_ready_then_hands_the_file_over() {
 fn sigterm_during_a_download_cancels_it_and_removes_the_partial_file() {
     let disk = disk();
     // A server that never answers keeps the job running until the signal.
-    let silent = FileServer::start(
-        vec![],
-        ServeMode {
-            silent: true,
-            ..Default::default()
-        },
-    );
-    let ds = DataSourceProc::start(
-        disk.path(),
-        "download",
-        &["--param", &format!("url={}", silent.url)],
-    );
+    let silent = FileServer::start(vec![], ServeMode::silent());
+    let ds = DataSourceProc::download(disk.path(), &silent.url, &[]);
     let deadline = Instant::now() + Duration::from_secs(10);
     while ds.info().state != FileState::Starting {
         assert!(Instant::now() < deadline);

@@ -208,45 +208,23 @@ fn v2_engine_converts_a_qcow2_download_to_the_raw_qemu_img_makes() {
     let q = qcow2_image(src.path(), 24 * MIB);
     let qpath = src.path().join("src.qcow2");
     let reference = src.path().join("ref.raw");
-    let st = Command::new("qemu-img")
-        .args(["convert", "-f", "qcow2", "-O", "raw"])
-        .arg(&qpath)
-        .arg(&reference)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    qemu_img(&["convert", "-f", "qcow2", "-O", "raw"], &[&qpath, &reference]);
     let want = sha512_file(&reference);
-    let server = FileServer::start(
-        q.clone(),
-        ServeMode {
-            range: true,
-            ..Default::default()
-        },
-    );
+    let server = FileServer::start(q.clone(), ServeMode::range());
     // The expected checksum names the qcow2 as the user has it; the stored raw file has another.
     let disk = disk();
-    let ds = DataSourceProc::start(
+    let ds = DataSourceProc::download(
         disk.path(),
-        "download",
-        &[
-            "--param",
-            &format!("url={}", server.url),
-            "--data-engine",
-            "v2",
-            "--expected-checksum",
-            &sha512(&q),
-        ],
+        &server.url,
+        &["--data-engine", "v2", "--expected-checksum", &sha512(&q)],
     );
     let i = ds.expect_ready(&want);
     assert_eq!((i.size, i.virtual_size), (24 * MIB, 24 * MIB));
     assert!(i.message.contains("converted qcow2 to raw"), "{}", i.message);
-    let st = Command::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "raw"])
-        .arg(&i.file_path)
-        .arg(&reference)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    qemu_img(
+        &["compare", "-f", "raw", "-F", "raw"],
+        &[Path::new(&i.file_path), &reference],
+    );
 }
 
 // --- export-from-volume against a stand-in replica sync agent whose VolumeExport runs `corral-sync send`'s
@@ -381,13 +359,11 @@ fn export_from_volume_receives_the_snapshot_as_raw_and_as_qcow2() {
     assert_eq!(i.state, FileState::ReadyForTransfer, "{i:?}");
     assert_eq!(i.virtual_size, 16 * MIB);
     assert!(i.message.contains("converted raw to qcow2"), "{}", i.message);
-    let st = Command::new("qemu-img")
-        .args(["compare", "-f", "qcow2", "-F", "raw"])
-        .arg(&i.file_path)
-        .arg(&snap)
-        .status()
-        .unwrap();
-    assert!(st.success(), "the qcow2 file does not hold the snapshot");
+    // The qcow2 file holds the snapshot.
+    qemu_img(
+        &["compare", "-f", "qcow2", "-F", "raw"],
+        &[Path::new(&i.file_path), &snap],
+    );
 
     // A sender that does not answer fails the job with its address in the message.
     let disk = common::disk();

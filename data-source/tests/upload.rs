@@ -147,24 +147,12 @@ fn partial_upload(ds: &DataSourceProc, size: u64, bytes: usize) -> TcpStream {
     s
 }
 
-fn wait_state(ds: &DataSourceProc, want: FileState) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let i = ds.info();
-        if i.state == want {
-            return;
-        }
-        assert!(Instant::now() < deadline, "never reached {want}: {i:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
 #[test]
 fn client_disconnect_mid_upload_fails_and_removes_the_file() {
     let disk = disk();
     let ds = DataSourceProc::start(disk.path(), "upload", &[]);
     let conn = partial_upload(&ds, 16 * MIB, 3 * MIB as usize);
-    wait_state(&ds, FileState::InProgress);
+    ds.wait_state(FileState::InProgress);
     assert_eq!(tmp_entries(disk.path()), vec!["img-u1.tmp".to_owned()]);
     drop(conn);
     let i = ds.wait_final(Duration::from_secs(20));
@@ -185,7 +173,7 @@ fn second_upload_while_one_runs_is_refused_and_changes_nothing() {
     std::fs::write(&img, vec![1u8; MIB as usize]).unwrap();
     let ds = DataSourceProc::start(disk.path(), "upload", &[]);
     let conn = partial_upload(&ds, 8 * MIB, 2 * MIB as usize);
-    wait_state(&ds, FileState::InProgress);
+    ds.wait_state(FileState::InProgress);
     let before = ds.info();
     let (code, body) = curl_upload(&ds, &img, &format!("action=upload&size={MIB}"));
     assert_eq!(code, 409, "{body}");
@@ -232,18 +220,8 @@ fn uploads_the_source_cannot_take_are_refused_with_4xx_and_change_nothing() {
 
     // A download source takes no upload, while it runs or before it has any data.
     let disk = common::disk();
-    let silent = FileServer::start(
-        vec![],
-        ServeMode {
-            silent: true,
-            ..Default::default()
-        },
-    );
-    let ds = DataSourceProc::start(
-        disk.path(),
-        "download",
-        &["--param", &format!("url={}", silent.url)],
-    );
+    let silent = FileServer::start(vec![], ServeMode::silent());
+    let ds = DataSourceProc::download(disk.path(), &silent.url, &[]);
     let (code, body) = curl_upload(&ds, &img, "action=upload&size=4096");
     assert_eq!(code, 409, "{body}");
     assert!(body.contains("download"), "{body}");

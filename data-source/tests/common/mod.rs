@@ -148,6 +148,27 @@ impl DataSourceProc {
         p
     }
 
+    /// Starts a `download` source of `url` with `extra` arguments.
+    pub fn download(disk: &Path, url: &str, extra: &[&str]) -> Self {
+        let param = format!("url={url}");
+        let mut args = vec!["--param", param.as_str()];
+        args.extend_from_slice(extra);
+        Self::start(disk, "download", &args)
+    }
+
+    /// Polls until the state is `want`.
+    pub fn wait_state(&self, want: FileState) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let i = self.info();
+            if i.state == want {
+                return;
+            }
+            assert!(Instant::now() < deadline, "never reached {want}: {i:?}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     pub fn info(&self) -> FileInfo {
         self.client
             .get(format!("{}/v1/file", self.base))
@@ -218,6 +239,24 @@ pub struct ServeMode {
     pub cut_after: Option<u64>,
     /// Accept, then never answer.
     pub silent: bool,
+}
+
+impl ServeMode {
+    /// Answers Range requests.
+    pub fn range() -> Self {
+        ServeMode {
+            range: true,
+            ..Default::default()
+        }
+    }
+
+    /// Accepts, never answers.
+    pub fn silent() -> Self {
+        ServeMode {
+            silent: true,
+            ..Default::default()
+        }
+    }
 }
 
 pub struct FileServer {
@@ -358,14 +397,14 @@ pub fn qcow2_image(dir: &Path, size: u64) -> Vec<u8> {
     let raw = dir.join("src.raw");
     raw_image(&raw, size);
     let q = dir.join("src.qcow2");
-    let st = Command::new("qemu-img")
-        .args(["convert", "-f", "raw", "-O", "qcow2"])
-        .arg(&raw)
-        .arg(&q)
-        .status()
-        .unwrap();
-    assert!(st.success());
+    qemu_img(&["convert", "-f", "raw", "-O", "qcow2"], &[&raw, &q]);
     std::fs::read(q).unwrap()
+}
+
+/// Runs `qemu-img ARGS PATHS...` and asserts it succeeds.
+pub fn qemu_img(args: &[&str], paths: &[&Path]) {
+    let st = Command::new("qemu-img").args(args).args(paths).status().unwrap();
+    assert!(st.success(), "qemu-img {args:?} {paths:?}: {st}");
 }
 
 /// Allocated bytes of a file.
