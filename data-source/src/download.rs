@@ -2,8 +2,10 @@
 //!
 //! A broken transfer (connection reset, truncated body, 5xx) is retried with exponential backoff; when the server
 //! answers a `Range: bytes=N-` request with `206` the download continues at byte N, when it answers `200` it starts
-//! again from byte 0. The retry budget is renewed whenever an attempt brought data. Independently of retries, the
-//! job fails when no data arrives for the no-data limit: nothing ever hangs in an unknown state.
+//! again from byte 0. The retry budget is renewed whenever an attempt brought data. A connection that goes quiet
+//! for a third of the no-data limit (a silently dropped TCP connection sends no reset) is abandoned and the
+//! download resumes on a new one. Independently of retries, the job fails when no data arrives for the no-data
+//! limit: nothing ever hangs in an unknown state.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -116,6 +118,24 @@ pub async fn run(ds: &Arc<DataSource>, url: &str, work: &Path) -> Result<(), Job
     Ok(())
 }
 
+/// How long one connection may stay quiet before it is given up for a new one.
+fn stall_limit(no_data: Duration) -> Duration {
+    (no_data / 3).max(Duration::from_secs(1))
+}
+
+/// Waits for `fut` at most until the next stall check; `Err` carries whether the no-data limit is exhausted.
+async fn quiet_wait<T>(
+    fut: impl std::future::Future<Output = T>,
+    last_data: Instant,
+    no_data: Duration,
+) -> Result<T, bool> {
+    let remaining = no_data.saturating_sub(last_data.elapsed());
+    let wait = remaining.min(stall_limit(no_data));
+    tokio::time::timeout(wait, fut)
+        .await
+        .map_err(|_| wait >= remaining)
+}
+
 fn no_data_error(url: &str, no_data: Duration, received: u64) -> JobError {
     JobError::NoData {
         url: url.to_owned(),
@@ -142,9 +162,13 @@ async fn attempt(
             req = req.header(IF_RANGE, v.clone());
         }
     }
-    let remaining = no_data.saturating_sub(last_data.elapsed());
-    let resp = match tokio::time::timeout(remaining, req.send()).await {
-        Err(_) => return Err(Broken::Fatal(no_data_error(url, no_data, offset))),
+    let resp = match quiet_wait(req.send(), *last_data, no_data).await {
+        Err(true) => return Err(Broken::Fatal(no_data_error(url, no_data, offset))),
+        Err(false) => {
+            return Err(Broken::Transient(
+                "no response yet; trying a new connection".into(),
+            ));
+        }
         Ok(Err(e)) => return Err(Broken::Transient(error_chain(&e))),
         Ok(Ok(r)) => r,
     };
@@ -207,14 +231,16 @@ async fn attempt(
     }
     let mut body = resp.bytes_stream();
     loop {
-        let remaining = no_data.saturating_sub(last_data.elapsed());
-        let next = match tokio::time::timeout(remaining, body.next()).await {
-            Err(_) if sink.len() > offset => {
-                // Data flowed in this attempt, then stalled: treat as a broken connection, the outer loop
-                // decides whether the no-data limit leaves room for a retry.
-                return Err(Broken::Transient("the transfer stalled".into()));
+        let next = match quiet_wait(body.next(), *last_data, no_data).await {
+            Err(true) => return Err(Broken::Fatal(no_data_error(url, no_data, sink.len()))),
+            Err(false) => {
+                // The connection went quiet: give it up and resume on a new one (the outer loop checks that
+                // the no-data limit leaves room for that).
+                return Err(Broken::Transient(format!(
+                    "no data for {} s on this connection",
+                    stall_limit(no_data).as_secs()
+                )));
             }
-            Err(_) => return Err(Broken::Fatal(no_data_error(url, no_data, sink.len()))),
             Ok(n) => n,
         };
         match next {

@@ -105,6 +105,34 @@ fn connection_cut_half_way_resumes_with_range_and_fetches_little_twice() {
 }
 
 #[test]
+fn connection_that_goes_quiet_half_way_is_replaced_and_the_download_resumes() {
+    let disk = disk();
+    let src = tempfile::tempdir().unwrap();
+    let data = raw_image(&src.path().join("a.raw"), 8 * MIB);
+    let sum = sha512(&data);
+    let server = FileServer::start(
+        data,
+        ServeMode {
+            range: true,
+            cut_after: Some(3 * MIB),
+            stall: true,
+            ..Default::default()
+        },
+    );
+    // No-data limit 6 s: a connection quiet for 2 s is given up and the download resumes on a new one.
+    let t = Instant::now();
+    let ds = DataSourceProc::download(disk.path(), &server.url, &["--no-data-timeout", "6"]);
+    ds.expect_ready(&sum);
+    assert!(t.elapsed() < Duration::from_secs(6), "took {:?}", t.elapsed());
+    assert_eq!(
+        server.requests.load(Ordering::Relaxed),
+        2,
+        "one stalled, one resumed"
+    );
+    assert!(server.sent.load(Ordering::Relaxed) <= 8 * MIB * 12 / 10);
+}
+
+#[test]
 fn connection_cut_without_range_support_restarts_from_zero_and_finishes() {
     let disk = disk();
     let src = tempfile::tempdir().unwrap();

@@ -237,6 +237,9 @@ pub struct ServeMode {
     pub range: bool,
     /// Cut the connection of the first response after this many body bytes.
     pub cut_after: Option<u64>,
+    /// With `cut_after`: instead of cutting, keep the connection open and send nothing more (a silently dead
+    /// connection).
+    pub stall: bool,
     /// Accept, then never answer.
     pub silent: bool,
 }
@@ -302,6 +305,7 @@ async fn serve_file(State(s): State<Arc<Served>>, headers: HeaderMap) -> Respons
     };
     let data = s.data.slice(usize::try_from(start).unwrap()..);
     let sent = s.sent.clone();
+    let stall = s.mode.stall;
     let stream = futures::stream::unfold((data, 0u64), move |(rest, off)| {
         let sent = sent.clone();
         async move {
@@ -311,6 +315,9 @@ async fn serve_file(State(s): State<Arc<Served>>, headers: HeaderMap) -> Respons
             if let Some(c) = cut
                 && off >= c
             {
+                if stall {
+                    std::future::pending::<()>().await;
+                }
                 return Some((Err(std::io::Error::other("cut by the test")), (Bytes::new(), off)));
             }
             let n = rest.len().min(64 << 10);
