@@ -27,24 +27,24 @@ pub fn check_checksum_syntax(checksum: &str) -> Result<(), String> {
     }
 }
 
-/// Hashes `path` (with `disk_image::sha512_file`), calling `progress` with the bytes hashed so far. Fails if the
+/// Hashes `path` (with `disk_image::sha512_file`), calling `progress(done, total)` as bytes are hashed. Fails if the
 /// file changed while it was hashed (its mtime or size differ before and after), so a checksum always describes one
 /// version of the file.
 pub fn sha512_file(
     path: &Path,
     cancel: &CancellationToken,
-    progress: impl Fn(u64),
+    progress: impl Fn(u64, u64),
 ) -> io::Result<(String, FileFacts)> {
     let missing = |what: &str| io::Error::new(io::ErrorKind::NotFound, format!("{} {what}", path.display()));
     let before = facts(path)?.ok_or_else(|| missing("is missing"))?;
     let stop = AtomicBool::new(false);
     let sum = disk_image::sha512_file(
         path,
-        &|done, _| {
+        &|done, total| {
             if cancel.is_cancelled() {
                 stop.store(true, Ordering::Relaxed);
             }
-            progress(done);
+            progress(done, total);
         },
         &stop,
     )
@@ -68,7 +68,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let p = dir.path().join("f");
         std::fs::write(&p, b"abc").unwrap();
-        let (sum, facts) = sha512_file(&p, &CancellationToken::new(), |_| {}).unwrap();
+        let (sum, facts) = sha512_file(&p, &CancellationToken::new(), |_, _| {}).unwrap();
         assert!(sum.starts_with("ddaf35a193617aba"), "{sum}");
         assert_eq!(facts.size, 3);
         check_checksum_syntax(&sum).unwrap();

@@ -559,7 +559,7 @@ impl Manager {
                 let expected = spec.checksum.clone();
                 let r = tokio::task::spawn_blocking(move || -> Result<BackingConfig, String> {
                     let (sum, facts) =
-                        sha512_file(&paths.backing, &cancel, |_| {}).map_err(|e| e.to_string())?;
+                        sha512_file(&paths.backing, &cancel, |_, _| {}).map_err(|e| e.to_string())?;
                     if sum != verified || (!expected.is_empty() && sum != expected) {
                         return Err(format!(
                             "backing file corrupted: its SHA-512 is now {sum}, verified was {verified}"

@@ -28,6 +28,9 @@ use crate::state::FileState;
 /// Sends of one image running at once (each ready copy feeds at most this many syncs).
 pub const SEND_LIMIT: u32 = 3;
 
+/// A sync's progress: receiving counts up to this percentage, verifying the copy the rest.
+const SYNC_VERIFY_PROGRESS: u8 = 80;
+
 /// A gRPC client of another manager.
 pub type BimClient = BackingImageManagerServiceClient<Channel>;
 
@@ -74,6 +77,12 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| BimError::Internal(e.to_string()))?
 }
 
+/// Maps a percentage onto `from..=to`.
+fn scale(pct: u8, from: u8, to: u8) -> u8 {
+    let share = u16::from(pct.min(100)) * u16::from(to.saturating_sub(from)) / 100;
+    u8::try_from(u16::from(from) + share).unwrap_or(to)
+}
+
 fn percent(done: u64, total: u64) -> u8 {
     u8::try_from((done.saturating_mul(100) / total.max(1)).min(100)).unwrap_or(100)
 }
@@ -106,7 +115,7 @@ fn try_reuse(
     let (sum, f) = match (&recorded, hash) {
         (Some(c), _) => (c.current_checksum.clone(), f),
         (None, None) => return Ok(Reuse::NeedsHash),
-        (None, Some(cancel)) => sha512_file(&paths.backing, cancel, |_| {}).map_err(|e| io("hash", e))?,
+        (None, Some(cancel)) => sha512_file(&paths.backing, cancel, |_, _| {}).map_err(|e| io("hash", e))?,
     };
     if !spec.checksum.is_empty() && sum != spec.checksum {
         return Ok(Reuse::Mismatch(format!(
@@ -129,7 +138,7 @@ fn verify_and_commit(
     spec: &ImageSpec,
     source_checksum: &str,
     cancel: &CancellationToken,
-    progress: impl Fn(u64),
+    progress: impl Fn(u64, u64),
 ) -> Result<BackingConfig, String> {
     let (sum, f) = sha512_file(&paths.temp, cancel, progress)
         .map_err(|e| format!("hashing {}: {e}", paths.temp.display()))?;
@@ -367,7 +376,7 @@ impl Manager {
         info!(image = %spec.name, uuid = %spec.uuid, from = %file.file_path, "took over the data source's file");
         self.metrics.fetches.inc();
         self.update(&spec.name, generation, |i| i.state = FileState::InProgress);
-        self.spawn_commit(spec.clone(), generation, file.current_checksum, cancel, true);
+        self.spawn_commit(spec.clone(), generation, file.current_checksum, cancel, 0);
         self.get(&spec.name, &spec.uuid)
     }
 
@@ -423,26 +432,25 @@ impl Manager {
         self.get(&name, &uuid)
     }
 
-    /// Verifies `backing.tmp` and makes it the image (in the background).
+    /// Verifies `backing.tmp` and makes it the image (in the background); progress runs from `progress_from`
+    /// to 99 while it is hashed.
     fn spawn_commit(
         self: &Arc<Self>,
         spec: ImageSpec,
         generation: u64,
         source_checksum: String,
         cancel: CancellationToken,
-        report_progress: bool,
+        progress_from: u8,
     ) {
         let m = self.clone();
         self.tasks.spawn(async move {
             let paths = m.paths(&spec.name, &spec.uuid);
-            let (name, total) = (spec.name.clone(), spec.size);
+            let name = spec.name.clone();
             let mp = m.clone();
             let s = spec.clone();
             let r = tokio::task::spawn_blocking(move || {
-                verify_and_commit(&paths, &s, &source_checksum, &cancel, |done| {
-                    if report_progress && total != 0 {
-                        mp.set_progress(&s.name, generation, percent(done, total).min(99));
-                    }
+                verify_and_commit(&paths, &s, &source_checksum, &cancel, |done, total| {
+                    mp.set_progress(&s.name, generation, scale(percent(done, total), progress_from, 99));
                 })
             })
             .await
@@ -608,7 +616,11 @@ impl Manager {
                     }
                     let p = partial.clone();
                     if let Ok(Ok(Some(f))) = tokio::task::spawn_blocking(move || files::facts(&p)).await {
-                        m.set_progress(&name, generation, percent(f.real_size, total).min(99));
+                        m.set_progress(
+                            &name,
+                            generation,
+                            scale(percent(f.real_size, total), 0, SYNC_VERIFY_PROGRESS),
+                        );
                     }
                 }
             })
@@ -661,7 +673,13 @@ impl Manager {
             Ok(summary) => {
                 self.metrics.received_bytes.inc_by(summary.bytes_written);
                 info!(image = %name, written = summary.bytes_written, holes = summary.hole_bytes_punched, "received; verifying");
-                self.spawn_commit(spec, generation, source.current_checksum, cancel, false);
+                self.spawn_commit(
+                    spec,
+                    generation,
+                    source.current_checksum,
+                    cancel,
+                    SYNC_VERIFY_PROGRESS,
+                );
             }
             Err(e) => self.fail(&name, generation, e).await,
         }
@@ -764,4 +782,19 @@ struct SyncJob {
     lease: PortLease,
     receiver: Receiver,
     cancel: CancellationToken,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_shares_map_onto_their_ranges() {
+        assert_eq!(percent(50, 100), 50);
+        assert_eq!(percent(5, 0), 100);
+        assert_eq!(scale(100, 0, SYNC_VERIFY_PROGRESS), SYNC_VERIFY_PROGRESS);
+        assert_eq!(scale(0, SYNC_VERIFY_PROGRESS, 99), SYNC_VERIFY_PROGRESS);
+        assert_eq!(scale(100, SYNC_VERIFY_PROGRESS, 99), 99);
+        assert_eq!(scale(255, 0, 99), 99);
+    }
 }
