@@ -49,6 +49,13 @@ impl DataSource {
     pub fn new(config: DataSourceConfig, cancel: CancellationToken) -> Result<Arc<Self>, ConfigError> {
         let spec = config.validate()?;
         corral_daemon::disk::verify_disk(&config.disk_path, &config.disk_uuid)?;
+        // `filePath` is read by another process: make it absolute.
+        let mut config = config;
+        config.disk_path = std::fs::canonicalize(&config.disk_path).map_err(|source| ConfigError::Io {
+            op: "resolving",
+            path: config.disk_path.clone(),
+            source,
+        })?;
         let tmp = config.tmp_dir();
         std::fs::create_dir_all(&tmp).map_err(|source| ConfigError::Io {
             op: "creating",
@@ -148,7 +155,7 @@ impl DataSource {
     pub fn span(&self) -> tracing::Span {
         tracing::info_span!(
             "datasource",
-            name = %self.config.name,
+            image = %self.config.name,
             uuid = %self.config.uuid,
             source = %self.config.source_type
         )
