@@ -1,8 +1,8 @@
 //! The operator commands of `corral-bim`: tables by default, JSON with `--json`, a progress bar while waiting.
 
 use anyhow::{Context, bail};
+use backing_image_manager::client::connect;
 use backing_image_manager::manager::check_ref;
-use backing_image_manager::transfer_client::connect;
 use clap::Args;
 use comfy_table::Table;
 use corral_proto::v1;

@@ -19,7 +19,7 @@ pub mod state;
 mod transfer;
 
 /// The client side of the gRPC service (connect to another manager).
-pub mod transfer_client {
+pub mod client {
     pub use crate::transfer::{BimClient, SEND_LIMIT, connect};
 }
 

@@ -4,7 +4,6 @@
 #![allow(dead_code, clippy::cast_possible_truncation)]
 
 use std::fs;
-use std::io::Write;
 use std::net::TcpListener;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -12,7 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use backing_image_manager::transfer_client::{BimClient, connect};
+use backing_image_manager::client::{BimClient, connect};
 use corral_proto::v1;
 use sha2::{Digest, Sha512};
 
@@ -423,9 +422,4 @@ pub fn black_hole() -> (std::net::TcpListener, String) {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = l.local_addr().unwrap().to_string();
     (l, addr)
-}
-
-/// Flushes stdout of a failing test's context (keeps `Write` used in helpers).
-pub fn note(msg: &str) {
-    let _ = writeln!(std::io::stderr(), "{msg}");
 }
