@@ -277,3 +277,37 @@ fn sigterm_during_a_download_cancels_it_and_removes_the_partial_file() {
         tmp_entries(disk.path())
     );
 }
+
+/// Unmounts on drop.
+struct Mount(std::path::PathBuf);
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_full_disk_fails_the_download_with_a_clear_message_and_frees_the_space() {
+    // A 6 MiB disk (tmpfs, as the toolbox allows on the project's machines) for a 16 MiB image.
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=6M", "tmpfs"])
+        .arg(dir.path())
+        .status()
+        .unwrap();
+    assert!(st.success(), "mounting a small tmpfs needs root");
+    let _mount = Mount(dir.path().to_path_buf());
+    corral_daemon::disk::write_disk_config(dir.path(), DISK_UUID).unwrap();
+    let server = FileServer::start(vec![0x6b; 16 * MIB as usize], ServeMode::range());
+    let ds = DataSourceProc::download(dir.path(), &server.url, &[]);
+    let i = ds.wait_final(Duration::from_secs(60));
+    assert_eq!(i.state, FileState::Failed);
+    assert!(i.message.contains("No space left"), "{}", i.message);
+    assert!(i.message.contains("img-u1.tmp"), "{}", i.message);
+    assert!(
+        tmp_entries(dir.path()).is_empty(),
+        "{:?}",
+        tmp_entries(dir.path())
+    );
+}
