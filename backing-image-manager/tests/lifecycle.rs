@@ -41,11 +41,11 @@ async fn restart_readopts_ready_images_without_rewriting_them() {
         let t = std::time::Instant::now();
         a.restart().await;
         for (i, name) in ["img0", "img1", "img2"].iter().enumerate() {
-            let img = a.wait_state(name, "ready", 5).await;
+            let img = a.wait_state(name, "ready", 10).await;
             assert_eq!(img.status.unwrap().current_checksum, sums[i], "{how}");
         }
         assert!(
-            t.elapsed() < Duration::from_secs(5),
+            t.elapsed() < Duration::from_secs(10),
             "{how}: re-adoption took {:?}",
             t.elapsed()
         );
