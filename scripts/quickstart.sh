@@ -1,68 +1,71 @@
 #!/usr/bin/env bash
-# Corral's main job on one machine with the embedded defaults: a volume with 3 replicas kept in a local directory,
-# served over NBD, until Ctrl-C (then every daemon shuts down cleanly). Restarting reuses the same data.
+# Corral's main job on one machine: a single-node manager on the embedded store with a local data directory, a
+# volume with 3 replicas, attached and served over NBD, written and read back; then it keeps running until Ctrl-C
+# (the volume is detached — engine and replicas stop cleanly — and the manager stops). Restarting reuses the data.
 #   CORRAL_DATA (./corral-data)  CORRAL_SIZE (10G)  CORRAL_REPLICAS (3)  CORRAL_VOLUME (vol1)
+#   CORRAL_PORT (9500)  CORRAL_PROFILE (release; `debug` reuses a debug build)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 data=${CORRAL_DATA:-./corral-data}
 size=${CORRAL_SIZE:-10G}
 n=${CORRAL_REPLICAS:-3}
 volume=${CORRAL_VOLUME:-vol1}
-engine_port=9501
-nbd_port=10809
+port=${CORRAL_PORT:-9500}
+profile=${CORRAL_PROFILE:-release}
 
-cargo build --release --bins -q
-bin=target/release
-mkdir -p "$data"
+if [ "$profile" = release ]; then
+  cargo build --release -q -p manager -p replica -p engine --bins
+else
+  cargo build -q -p manager -p replica -p engine --bins --features replica/fault-injection
+fi
+bin=target/$profile
+mkdir -p "$data/logs"
 data=$(cd "$data" && pwd)
-# Daemons run in their own sessions so Ctrl-C reaches only this script, which stops them in order.
-pids=()
+export CORRAL_URL=http://127.0.0.1:$port
+corral() { "$bin/corral" "$@"; }
+
+# The manager runs in its own session so Ctrl-C reaches only this script, which detaches and stops it in order.
+setsid "$bin/corral-manager" --data-dir "$data" --listen "127.0.0.1:$port" --node-id node-1 \
+  >>"$data/logs/manager.log" 2>&1 &
+manager=$!
 stop() {
   trap "" INT TERM
   trap - EXIT
-  echo "stopping..."
-  # Engine first (it flushes every replica on the way out), then the replicas.
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do
-    kill -TERM "${pids[$i]}" 2>/dev/null || true
-    wait "${pids[$i]}" 2>/dev/null || true
-  done
+  echo "stopping: detaching $volume (engine, then replicas), then the manager..."
+  corral volume detach "$volume" >/dev/null 2>&1 || true
+  kill -TERM "$manager" 2>/dev/null || true
+  wait "$manager" 2>/dev/null || true
 }
 trap stop INT TERM EXIT
-
-wait_port() { # port what
-  for _ in $(seq 300); do
-    if (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; then return 0; fi
-    sleep 0.1
-  done
-  echo "$2 did not come up on port $1 (logs in $data/*.log)" >&2
-  exit 1
-}
-
-replicas=()
-for i in $(seq 0 $((n - 1))); do
-  port=$((9502 + 10 * i))
-  setsid "$bin/corral-replica" serve --dir "$data/replica-$i" --listen "127.0.0.1:$port" --size "$size" \
-    --volume "$volume" >"$data/replica-$i.log" 2>&1 &
-  pids+=($!)
-  replicas+=(--replica "tcp://127.0.0.1:$port")
-  wait_port "$port" "replica $i"
+for _ in $(seq 300); do
+  if corral node ls >/dev/null 2>&1; then break; fi
+  if ! kill -0 "$manager" 2>/dev/null; then
+    echo "the manager exited; see $data/logs/manager.log" >&2
+    exit 1
+  fi
+  sleep 0.1
 done
-setsid "$bin/corral-engine" serve --volume "$volume" --size "$size" --listen "127.0.0.1:$engine_port" "${replicas[@]}" \
-  --nbd-listen "unix:$data/$volume.sock" --nbd-listen "tcp:127.0.0.1:$nbd_port" \
-  --metrics-listen 127.0.0.1:9601 >"$data/engine.log" 2>&1 &
-pids+=($!)
-wait_port "$engine_port" "engine"
-wait_port "$nbd_port" "NBD frontend"
 
-"$bin/corral-engine" --url "127.0.0.1:$engine_port" info
-"$bin/corral-engine" --url "127.0.0.1:$engine_port" replica ls
+corral node ls
+corral volume get "$volume" >/dev/null 2>&1 || corral volume create "$volume" --size "$size" --replicas "$n"
+corral volume attach "$volume" >/dev/null
+corral volume get "$volume"
+uri=$(corral volume get "$volume" --json | python3 -c 'import json,sys; print([e for e in json.load(sys.stdin)["endpoints"] if e.startswith("nbd+unix")][0])')
+tcp=$(corral volume get "$volume" --json | python3 -c 'import json,sys; print([e for e in json.load(sys.stdin)["endpoints"] if e.startswith("nbd://")][0])')
+
+echo "writing and reading 1 MiB through NBD..."
+qemu-io -f raw "$uri" -c 'write -P 0xab 0 1M' -c 'flush' -c 'read -P 0xab 0 1M'
+
 cat <<TXT
 
-Volume $volume is served over NBD:
-  nbd+unix:///$volume?socket=$data/$volume.sock
-  nbd://127.0.0.1:$nbd_port/$volume
-Try:   qemu-io -f raw nbd://127.0.0.1:$nbd_port/$volume -c 'write -P 0xab 0 1M' -c 'read -P 0xab 0 1M'
-       $bin/corral-engine --url 127.0.0.1:$engine_port snapshot create first
-Metrics: http://127.0.0.1:9601/metrics   Logs: $data/*.log   Ctrl-C stops everything.
+Volume $volume ($n replicas) is served over NBD:
+  $uri
+  $tcp
+Next:  export CORRAL_URL=$CORRAL_URL
+       $bin/corral volume ls            $bin/corral snapshot create $volume first
+       $bin/corral volume get $volume --json   $bin/corral setting ls
+       qemu-img convert -O raw $tcp copy.raw
+API:   $CORRAL_URL/v1/openapi.json   Metrics: $CORRAL_URL/metrics   Logs: $data/logs/
+Ctrl-C detaches the volume and stops everything.
 TXT
-wait "${pids[@]}"
+wait "$manager"

@@ -148,3 +148,106 @@ fn a_volume_attaches_serves_nbd_heals_a_killed_replica_and_survives_detach() {
             .then_some(())
     });
 }
+
+fn corral(url: &str, args: &[&str]) -> (bool, String, String) {
+    let out = std::process::Command::new(cli_bin())
+        .args(["--url", url])
+        .args(args)
+        .output()
+        .expect("corral");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_cli_brings_up_a_node_creates_attaches_and_snapshots_a_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    let port = free_port();
+    let url = format!("http://127.0.0.1:{port}");
+    // `corral up --detach` returns once the API answers; the manager runs on.
+    let listen = format!("127.0.0.1:{port}");
+    let (ok, out, err) = corral(
+        &url,
+        &[
+            "up",
+            "--detach",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--listen",
+            &listen,
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    struct KillAll(std::path::PathBuf);
+    impl Drop for KillAll {
+        fn drop(&mut self) {
+            kill_under(&self.0);
+        }
+    }
+    let _guard = KillAll(data.clone());
+    let (ok, out, err) = corral(&url, &["node", "ls"]);
+    assert!(ok && out.contains("node-1"), "{out}{err}");
+    let (ok, out, err) = corral(
+        &url,
+        &["volume", "create", "cli1", "--size", "16Mi", "--replicas", "2"],
+    );
+    assert!(
+        ok && out.contains("cli1") && out.contains("detached"),
+        "{out}{err}"
+    );
+    let (ok, out, err) = corral(&url, &["volume", "attach", "cli1"]);
+    assert!(ok, "{out}{err}");
+    let uri = out
+        .lines()
+        .find(|l| l.starts_with("nbd+unix://"))
+        .expect("attach prints the NBD URI")
+        .to_owned();
+    let (ok, o) = qemu_io(&uri, &["write -P 0x42 0 1M", "read -P 0x42 0 1M"]);
+    assert!(ok, "{o}");
+    let (ok, out, err) = corral(&url, &["volume", "get", "cli1", "--json"]);
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["state"], "attached");
+    assert_eq!(v["replicas"].as_array().unwrap().len(), 2);
+    let (ok, out, _) = corral(&url, &["volume", "ls"]);
+    assert!(ok && out.contains("cli1") && out.contains("attached"), "{out}");
+    let (ok, out, err) = corral(&url, &["snapshot", "create", "cli1", "snap1"]);
+    assert!(ok && out.contains("snap1"), "{out}{err}");
+    let (ok, out, _) = corral(&url, &["snapshot", "ls", "cli1"]);
+    assert!(ok && out.contains("snap1"), "{out}");
+    // Revert: data written after the snapshot is gone, the snapshot's data is back.
+    let (ok, o) = qemu_io(&uri, &["write -P 0x43 0 1M", "flush"]);
+    assert!(ok, "{o}");
+    let (ok, out, err) = corral(&url, &["snapshot", "revert", "cli1", "snap1"]);
+    assert!(ok, "{out}{err}");
+    let (ok, o) = qemu_io(&uri, &["read -P 0x42 0 1M"]);
+    assert!(ok, "after revert: {o}");
+    // Expand while attached: the new end is writable.
+    let (ok, out, err) = corral(&url, &["volume", "expand", "cli1", "--size", "32Mi"]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, _) = corral(&url, &["volume", "get", "cli1", "--json"]);
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(ok && v["size"] == 32 << 20, "{v}");
+    let (ok, o) = qemu_io(&uri, &["write -P 0x44 30M 1M", "read -P 0x44 30M 1M"]);
+    assert!(ok, "after expand: {o}");
+    let (ok, out, err) = corral(&url, &["setting", "set", "replica-timeout", "10"]);
+    assert!(ok, "{out}{err}");
+    let (ok, out, _) = corral(&url, &["setting", "get", "replica-timeout"]);
+    assert!(ok && out.trim() == "10", "{out}");
+    let metrics = std::process::Command::new("curl")
+        .args(["-sf", &format!("{url}/metrics")])
+        .output()
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    assert!(metrics.contains("corral_manager_reconciles_total"), "{metrics}");
+    assert!(
+        metrics.contains("corral_manager_volumes{state=\"attached\"} 1"),
+        "{metrics}"
+    );
+    let (ok, out, err) = corral(&url, &["volume", "detach", "cli1"]);
+    assert!(ok && out.contains("detached"), "{out}{err}");
+}

@@ -16,7 +16,7 @@ use super::{Requeue, WorkQueue, feed, now, replica::restart_backoff, run_worker}
 use crate::context::{Ctx, LocalDaemon};
 use crate::model::{DesireState, Engine, ProcessState, Replica};
 use crate::process;
-use crate::store::{Event, Object};
+use crate::store::{Event, Object, absent_ok};
 
 pub const BINARY: &str = "corral-engine";
 
@@ -293,14 +293,16 @@ async fn watch_running(
     for r in replicas {
         let mode = modes.get(&r.data.status.address).cloned().unwrap_or_default();
         if r.data.status.mode != mode || (mode == "RW" && !r.data.status.initialized) {
-            ctx.db
-                .modify::<Replica>(&r.name, |x| {
-                    let changed = x.status.mode != mode || (mode == "RW" && !x.status.initialized);
-                    x.status.mode.clone_from(&mode);
-                    x.status.initialized |= mode == "RW";
-                    changed
-                })
-                .await?;
+            absent_ok(
+                ctx.db
+                    .modify::<Replica>(&r.name, |x| {
+                        let changed = x.status.mode != mode || (mode == "RW" && !x.status.initialized);
+                        x.status.mode.clone_from(&mode);
+                        x.status.initialized |= mode == "RW";
+                        changed
+                    })
+                    .await,
+            )?;
         }
     }
     if rw == 0 {
@@ -347,13 +349,15 @@ async fn watch_running(
                 && let Some(o) = replicas.iter().find(|o| o.data.status.address == r.address)
             {
                 // The volume controller replaces a failed replica with a new one.
-                ctx.db
-                    .modify::<Replica>(&o.name, |x| {
-                        x.spec.failed_at = Some(now());
-                        x.status.message = format!("ERR in engine: {}", r.error);
-                        true
-                    })
-                    .await?;
+                absent_ok(
+                    ctx.db
+                        .modify::<Replica>(&o.name, |x| {
+                            x.spec.failed_at = Some(now());
+                            x.status.message = format!("ERR in engine: {}", r.error);
+                            true
+                        })
+                        .await,
+                )?;
             }
         }
     }

@@ -12,7 +12,7 @@ use super::{Requeue, WorkQueue, feed, run_worker};
 use crate::context::{Ctx, LocalDaemon};
 use crate::model::{DesireState, ProcessState, Replica};
 use crate::process;
-use crate::store::Event;
+use crate::store::{Event, absent_ok};
 
 pub const BINARY: &str = "corral-replica";
 
@@ -82,13 +82,15 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             process::stop(p, BINARY, Duration::from_secs(10)).await;
         }
         if r.status.state != ProcessState::Stopped || !r.status.address.is_empty() {
-            ctx.db
-                .modify::<Replica>(&name, |r| {
-                    r.status.state = ProcessState::Stopped;
-                    r.status.address.clear();
-                    true
-                })
-                .await?;
+            absent_ok(
+                ctx.db
+                    .modify::<Replica>(&name, |r| {
+                        r.status.state = ProcessState::Stopped;
+                        r.status.address.clear();
+                        true
+                    })
+                    .await,
+            )?;
         }
         return Ok(None);
     }
@@ -98,12 +100,14 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             if !process::accepts(&addr) {
                 return Ok(Some(Duration::from_millis(300)));
             }
-            ctx.db
-                .modify::<Replica>(&name, |r| {
-                    r.status.state = ProcessState::Running;
-                    true
-                })
-                .await?;
+            absent_ok(
+                ctx.db
+                    .modify::<Replica>(&name, |r| {
+                        r.status.state = ProcessState::Running;
+                        true
+                    })
+                    .await,
+            )?;
         }
         return Ok(None);
     }

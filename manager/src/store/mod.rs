@@ -233,6 +233,15 @@ impl Db {
     }
 }
 
+/// A write to a document that went meanwhile (deleted by another controller) is not an error for the caller.
+pub fn absent_ok<T>(r: Result<T, StoreError>) -> Result<Option<T>, StoreError> {
+    match r {
+        Ok(v) => Ok(Some(v)),
+        Err(StoreError::NotFound { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// Opens the store named by `--store`: `embedded` (a redb file under `data_dir`) or `etcd://HOST:PORT[,HOST:PORT]`.
 pub async fn open(spec: &str, data_dir: &std::path::Path) -> Result<Arc<dyn Store>, StoreError> {
     if spec == "embedded" || spec.is_empty() {
