@@ -312,15 +312,27 @@ fn a_four_node_cluster_heals_a_killed_replica_and_survives_losing_a_node() {
     sigkill(r0["pid"].as_i64().unwrap());
     let (ok, out) = qemu_io(&endpoint(&va), &["write -P 0xa2 4M 4M", "flush"]);
     assert!(ok, "{out}");
+    let mut saw_degraded = false;
     let va = wait_for("va replaced its killed replica", Duration::from_secs(90), || {
-        let v = wait_healthy(&url, "va", Duration::from_secs(90));
-        v["replicas"]
+        let v = volume(&url, "va");
+        saw_degraded |= v["robustness"] == "degraded";
+        let rw = v["replicas"]
             .as_array()
             .unwrap()
             .iter()
-            .all(|r| r["name"] != r0["name"])
-            .then_some(v)
+            .filter(|r| r["mode"] == "RW")
+            .count();
+        let replaced = v["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["name"] != r0["name"]);
+        (replaced && rw == 3 && v["robustness"] == "healthy").then_some(v)
     });
+    assert!(
+        saw_degraded,
+        "va never reported degraded while a replica was missing"
+    );
     let (ok, out) = qemu_io(&endpoint(&va), &["read -P 0xa1 0 4M", "read -P 0xa2 4M 4M"]);
     assert!(ok, "{out}");
 

@@ -78,8 +78,10 @@ fn a_volume_attaches_serves_nbd_heals_a_killed_replica_and_survives_detach() {
     sigkill(victim);
     let (ok, out) = qemu_io(&uri, &["write -P 0xcd 4M 4M", "flush"]);
     assert!(ok, "IO must continue with two replicas: {out}");
+    let mut saw_degraded = false;
     let v = wait_for("a replacement replica", Duration::from_secs(60), || {
         let v = volume(&m, "vol1");
+        saw_degraded |= v["robustness"] == "degraded";
         let names: Vec<String> = v["replicas"]
             .as_array()
             .unwrap()
@@ -94,6 +96,10 @@ fn a_volume_attaches_serves_nbd_heals_a_killed_replica_and_survives_detach() {
             .count();
         (names.iter().any(|n| !before.contains(n)) && rw == 3 && v["robustness"] == "healthy").then_some(v)
     });
+    assert!(
+        saw_degraded,
+        "the volume never reported degraded while a replica was missing"
+    );
     assert!(!pids(&v).contains(&victim));
     let (ok, out) = qemu_io(&uri, &["read -P 0xab 0 4M", "read -P 0xcd 4M 4M"]);
     assert!(ok, "data after the rebuild: {out}");
