@@ -235,6 +235,9 @@ pub struct EngineStatus {
     pub endpoints: Vec<String>,
     /// Replica address → mode (RW | WO | ERR) as last listed.
     pub replica_modes: BTreeMap<String, String>,
+    /// Replica address → rebuild progress (0–100) of replicas being rebuilt (WO).
+    #[serde(default)]
+    pub rebuild_progress: BTreeMap<String, u32>,
     /// The size the running engine serves (expansion updates it).
     pub current_size: u64,
     /// The next start passes `--salvage-requested` (every replica failed).

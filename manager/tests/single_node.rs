@@ -214,6 +214,8 @@ fn the_cli_brings_up_a_node_creates_attaches_and_snapshots_a_volume() {
         .to_owned();
     let (ok, o) = qemu_io(&uri, &["write -P 0x42 0 1M", "read -P 0x42 0 1M"]);
     assert!(ok, "{o}");
+    let (ok, out, err) = corral(&url, &["volume", "wait-healthy", "cli1", "--timeout", "60"]);
+    assert!(ok && out.contains("healthy"), "{out}{err}");
     let (ok, out, err) = corral(&url, &["volume", "get", "cli1", "--json"]);
     assert!(ok, "{err}");
     let v: Value = serde_json::from_str(&out).unwrap();

@@ -78,6 +78,8 @@ pub struct ReplicaView {
     pub desire_state: crate::model::DesireState,
     /// RW | WO | ERR in the volume's engine, empty when not in one.
     pub mode: String,
+    /// 0–100 while the replica is rebuilt.
+    pub rebuild_progress: Option<u32>,
     pub address: String,
     pub pid: Option<i32>,
     pub failed: bool,
@@ -96,6 +98,7 @@ impl From<&Object<Replica>> for ReplicaView {
             state: r.status.state,
             desire_state: r.spec.desire_state,
             mode: r.status.mode.clone(),
+            rebuild_progress: None,
             address: r.status.address.clone(),
             pid: r.status.process.as_ref().map(|p| p.pid),
             failed: r.spec.failed_at.is_some(),
@@ -165,7 +168,17 @@ impl VolumeView {
             replicas: replicas
                 .iter()
                 .filter(|r| r.data.spec.volume == v.name)
-                .map(ReplicaView::from)
+                .map(|r| {
+                    let mut view = ReplicaView::from(r);
+                    view.rebuild_progress = engine.and_then(|e| {
+                        e.data
+                            .status
+                            .rebuild_progress
+                            .get(&r.data.status.address)
+                            .copied()
+                    });
+                    view
+                })
                 .collect(),
         }
     }

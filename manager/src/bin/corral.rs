@@ -144,6 +144,12 @@ enum VolumeCmd {
     Salvage {
         name: String,
     },
+    /// Wait (progress bar over attach and rebuilds) until the volume is attached and healthy.
+    WaitHealthy {
+        name: String,
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -255,7 +261,10 @@ fn replica_table(rs: &[ReplicaView]) -> String {
                     } else {
                         lower(&r.state)
                     },
-                    r.mode.clone(),
+                    match r.rebuild_progress {
+                        Some(p) => format!("{} (rebuild {p}%)", r.mode),
+                        None => r.mode.clone(),
+                    },
                     r.address.clone(),
                 ]
             })
@@ -276,13 +285,18 @@ async fn wait_volume(
     loop {
         let v: VolumeView = c.get(&format!("/v1/volumes/{name}")).await?;
         let total = v.replicas.len().max(1) + 1;
-        let ready = v
+        // Each replica counts 100 when RW, its rebuild progress while WO; the engine counts 100 once attached.
+        let ready: usize = v
             .replicas
             .iter()
-            .filter(|r| r.mode == "RW" || r.state == manager::model::ProcessState::Running)
-            .count()
-            + usize::from(v.state == VolumeState::Attached);
-        bar.set_position(u64::try_from(ready * 100 / total).unwrap_or(0));
+            .map(|r| match (r.mode.as_str(), r.rebuild_progress) {
+                ("RW", _) => 100,
+                (_, Some(p)) => usize::try_from(p).unwrap_or(0),
+                _ => 0,
+            })
+            .sum::<usize>()
+            + 100 * usize::from(v.state == VolumeState::Attached);
+        bar.set_position(u64::try_from(ready / total).unwrap_or(0));
         if done(&v) {
             bar.finish_and_clear();
             return Ok(v);
@@ -497,6 +511,13 @@ async fn main() -> anyhow::Result<()> {
                     .post(&format!("/v1/volumes/{name}/expand"), &SizeRequest { size })
                     .await?;
                 print(json, &v, || volume_table(std::slice::from_ref(&v)))?;
+            }
+            VolumeCmd::WaitHealthy { name, timeout } => {
+                let v = wait_volume(&c, &name, Duration::from_secs(timeout), "rebuilding", |v| {
+                    v.state == VolumeState::Attached && v.robustness == Robustness::Healthy
+                })
+                .await?;
+                print(json, &v, || volume_detail(&v))?;
             }
             VolumeCmd::Salvage { name } => {
                 c.post::<VolumeView>(&format!("/v1/volumes/{name}/salvage"), &())

@@ -274,12 +274,25 @@ async fn watch_running(
     let modes: std::collections::BTreeMap<String, String> =
         list.iter().map(|r| (r.address.clone(), r.mode.clone())).collect();
     let rw = list.iter().filter(|r| r.mode == "RW").count();
+    let rebuild_progress: std::collections::BTreeMap<String, u32> = if list.iter().any(|r| r.mode == "WO") {
+        c.rebuild_status(v1::Empty {})
+            .await?
+            .into_inner()
+            .replicas
+            .into_iter()
+            .filter(|r| r.is_rebuilding)
+            .map(|r| (r.address, r.progress))
+            .collect()
+    } else {
+        Default::default()
+    };
     let frontend_up = vol.frontend_state == "attached" || !vol.endpoints.is_empty();
     ctx.db
         .modify::<Engine>(name, |e| {
             let before = e.status.clone();
             e.status.state = ProcessState::Running;
             e.status.replica_modes.clone_from(&modes);
+            e.status.rebuild_progress.clone_from(&rebuild_progress);
             e.status.current_size = vol.size;
             if !frontend_up {
                 e.status.message = "frontend down".into();
