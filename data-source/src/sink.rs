@@ -1,7 +1,8 @@
 //! [`FileSink`]: writes a byte stream (a download, an upload) to a file on a dedicated blocking thread, leaving
-//! all-zero 4 KiB blocks as holes, and computes the stream's SHA-512 on the way (zeros included), so the checksum
-//! is ready when the last byte is: no second pass over the file. The async side batches chunks into 1 MiB buffers and hands them over through a
-//! bounded channel, so memory stays bounded whatever the stream's size and the network never waits on one write.
+//! all-zero 4 KiB blocks as holes, while a second thread computes the stream's SHA-512 (zeros included), so the
+//! checksum is ready when the last byte is: no second pass over the file. The async side batches chunks into
+//! 1 MiB buffers (shared, not copied, between the two threads) and hands them over through bounded channels, so
+//! memory stays bounded whatever the stream's size and the network never waits on one write or one hash.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;
@@ -25,8 +26,28 @@ enum Cmd {
     Data(Bytes),
     /// Drop everything written so far (a server that cannot resume: start again from byte 0).
     Reset,
-    /// Write the tail, size the file, fdatasync; reply with the size and checksum.
-    Finish(oneshot::Sender<Result<Finished, JobError>>),
+    /// Write the tail, size the file, fdatasync; reply with the size.
+    Finish(oneshot::Sender<Result<u64, JobError>>),
+}
+
+enum HashCmd {
+    Data(Bytes),
+    Reset,
+    Finish(oneshot::Sender<String>),
+}
+
+fn hash_stream(mut rx: mpsc::Receiver<HashCmd>) {
+    let mut h = Sha512::new();
+    while let Some(cmd) = rx.blocking_recv() {
+        match cmd {
+            HashCmd::Data(b) => h.update(&b),
+            HashCmd::Reset => h = Sha512::new(),
+            HashCmd::Finish(reply) => {
+                let _ = reply.send(hex::encode(h.finalize()));
+                return;
+            }
+        }
+    }
 }
 
 /// What a finished sink holds.
@@ -41,6 +62,7 @@ pub struct Finished {
 /// A file being written from a stream; see the module doc.
 pub struct FileSink {
     tx: mpsc::Sender<Cmd>,
+    hash_tx: mpsc::Sender<HashCmd>,
     buf: BytesMut,
     /// Bytes accepted so far (= the offset the stream continues at).
     len: u64,
@@ -65,12 +87,14 @@ impl FileSink {
             path: path.to_path_buf(),
             offset: 0,
             carry: Vec::with_capacity(ZERO_BLOCK),
-            hasher: Sha512::new(),
         };
         let err_slot = error.clone();
         tokio::task::spawn_blocking(move || writer.run(rx, &err_slot));
+        let (hash_tx, hash_rx) = mpsc::channel(DEPTH);
+        tokio::task::spawn_blocking(move || hash_stream(hash_rx));
         Ok(FileSink {
             tx,
+            hash_tx,
             buf: BytesMut::with_capacity(BATCH),
             len: 0,
             error,
@@ -102,12 +126,20 @@ impl FileSink {
         self.tx.send(cmd).await.map_err(|_| self.broken())
     }
 
+    async fn send_hash(&self, cmd: HashCmd) -> Result<(), JobError> {
+        self.hash_tx
+            .send(cmd)
+            .await
+            .map_err(|_| JobError::Task("the checksum thread stopped".into()))
+    }
+
     /// Appends `chunk`.
     pub async fn write(&mut self, chunk: &[u8]) -> Result<(), JobError> {
         self.buf.extend_from_slice(chunk);
         self.len += chunk.len() as u64;
         if self.buf.len() >= BATCH {
             let batch = self.buf.split().freeze();
+            self.send_hash(HashCmd::Data(batch.clone())).await?;
             self.send(Cmd::Data(batch)).await?;
         }
         Ok(())
@@ -117,6 +149,7 @@ impl FileSink {
     pub async fn reset(&mut self) -> Result<(), JobError> {
         self.buf.clear();
         self.len = 0;
+        self.send_hash(HashCmd::Reset).await?;
         self.send(Cmd::Reset).await
     }
 
@@ -124,11 +157,18 @@ impl FileSink {
     pub async fn finish(mut self) -> Result<Finished, JobError> {
         if !self.buf.is_empty() {
             let batch = self.buf.split().freeze();
+            self.send_hash(HashCmd::Data(batch.clone())).await?;
             self.send(Cmd::Data(batch)).await?;
         }
         let (tx, rx) = oneshot::channel();
         self.send(Cmd::Finish(tx)).await?;
-        rx.await.map_err(|_| self.broken())?
+        let size = rx.await.map_err(|_| self.broken())??;
+        let (tx, rx) = oneshot::channel();
+        self.send_hash(HashCmd::Finish(tx)).await?;
+        let sha512 = rx
+            .await
+            .map_err(|_| JobError::Task("the checksum thread stopped".into()))?;
+        Ok(Finished { size, sha512 })
     }
 }
 
@@ -139,7 +179,6 @@ struct Writer {
     offset: u64,
     /// The start of a block not complete yet.
     carry: Vec<u8>,
-    hasher: Sha512,
 }
 
 impl Writer {
@@ -163,7 +202,6 @@ impl Writer {
     }
 
     fn data(&mut self, mut b: &[u8]) -> Result<(), JobError> {
-        self.hasher.update(b);
         if !self.carry.is_empty() {
             let take = (ZERO_BLOCK - self.carry.len()).min(b.len());
             self.carry.extend_from_slice(&b[..take]);
@@ -217,11 +255,10 @@ impl Writer {
             .map_err(|e| JobError::io("truncating", &self.path, e))?;
         self.offset = 0;
         self.carry.clear();
-        self.hasher = Sha512::new();
         Ok(())
     }
 
-    fn finish(&mut self) -> Result<Finished, JobError> {
+    fn finish(&mut self) -> Result<u64, JobError> {
         let tail = std::mem::take(&mut self.carry);
         let end = self.offset + tail.len() as u64;
         if tail.iter().any(|&x| x != 0) {
@@ -235,8 +272,7 @@ impl Writer {
         self.file
             .sync_data()
             .map_err(|e| JobError::io("flushing", &self.path, e))?;
-        let sha512 = hex::encode(std::mem::take(&mut self.hasher).finalize());
-        Ok(Finished { size: end, sha512 })
+        Ok(end)
     }
 }
 
