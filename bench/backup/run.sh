@@ -4,7 +4,7 @@
 #   bench/backup/run.sh [SIZE_MIB]        (default 2048; data goes to $BENCH_DIR, default /var/tmp)
 #
 # Builds `backupstore`'s file_backup example in release. Sources: 2 GiB of random data (incompressible) and
-# 2 GiB of half random / half zero-filled 1 MiB chunks (zeros written, not holes: the backup must read them).
+# 2 GiB of alternating random / zero-filled 4 MiB chunks (zeros written, not holes: the backup must read them).
 # Target: a local directory on the same disk (file://, every object fsynced). tar and cp are followed by sync.
 # Not part of the test suite.
 set -euo pipefail
@@ -14,17 +14,17 @@ BENCH_DIR=${BENCH_DIR:-/var/tmp}
 W=$(mktemp -d "$BENCH_DIR/corral-backup-bench.XXXXXX")
 trap 'rm -rf "$W"' EXIT
 cargo build --release -q -p backupstore --examples
-BIN=target/release/examples/file_backup
+BIN=${CARGO_TARGET_DIR:-target}/release/examples/file_backup
 
 echo "generating ${SIZE_MIB} MiB sources in $W ..." >&2
 head -c "$((SIZE_MIB << 20))" /dev/urandom > "$W/random.img"
 python3 - "$W/random.img" "$W/halfzero.img" <<'PY'
 import sys
 src, dst = open(sys.argv[1], 'rb'), open(sys.argv[2], 'wb')
-zero = bytes(1 << 20)
+zero = bytes(4 << 20)
 i = 0
 while True:
-    b = src.read(1 << 20)
+    b = src.read(4 << 20)
     if not b:
         break
     dst.write(b if i % 2 == 0 else zero[:len(b)])
@@ -36,8 +36,8 @@ secs() { python3 -c 'import json,sys; print(json.loads(sys.stdin.readline())["se
 timed() { local s e; s=$(date +%s.%N); "$@"; sync; e=$(date +%s.%N); python3 -c "print($e - $s)"; }
 mbs() { python3 -c "print(f'{$SIZE_MIB / $1:8.0f}')"; }
 
-printf '%-10s | %-28s | %8s | %9s | %s\n' "data" "operation" "seconds" "MiB/s" "vs cp"
-printf -- '-----------|------------------------------|----------|-----------|------\n'
+printf '%-10s | %-34s | %8s | %9s | %s\n' "data" "operation" "seconds" "MiB/s" "vs cp"
+printf -- '-----------|------------------------------------|----------|-----------|------\n'
 for kind in random halfzero; do
     f="$W/$kind.img"
     t_cp=$(timed cp "$f" "$W/copy.img"); rm -f "$W/copy.img"
@@ -48,16 +48,16 @@ for kind in random halfzero; do
     rm -f "$W/restored.img"
     for row in "cp+sync:$t_cp" "tar -cf+sync:$t_tar" "backup (lz4, 2 MiB, 8 in flight):$t_bk" "restore (8 in flight):$t_rs"; do
         op=${row%%:*}; t=${row##*:}
-        printf '%-10s | %-28s | %8.2f | %9s | %5.2fx\n' "$kind" "$op" "$t" "$(mbs "$t")" "$(python3 -c "print($t_cp / $t)")"
+        printf '%-10s | %-34s | %8.2f | %9s | %5.2fx\n' "$kind" "$op" "$t" "$(mbs "$t")" "$(python3 -c "print($t_cp / $t)")"
     done
     stored=$(du -sb "$W/store-$kind" | cut -f1)
     echo "$kind: stored $((stored >> 20)) MiB for ${SIZE_MIB} MiB" >&2
 done
 
-# 1 % change: 1 MiB written at every 100th 2 MiB-aligned block (about 1 % of the data), then an incremental.
+# 1 % change: 1 MiB written at every 50th 2 MiB-aligned block (about 1 % of the data), then an incremental.
 cp "$W/random.img" "$W/changed.img"
 blocks=$((SIZE_MIB / 2)); n=0
-for ((b = 0; b < blocks; b += 100)); do
+for ((b = 0; b < blocks; b += 50)); do
     dd if=/dev/urandom of="$W/changed.img" bs=1M count=1 seek=$((b * 2)) conv=notrunc status=none; n=$((n + 1))
 done
 "$BIN" backup "$W/changed.img" "file://$W/store-random" vol b2 > "$W/inc.json"
