@@ -14,4 +14,5 @@ pub mod model;
 pub mod process;
 pub mod scheduler;
 pub mod server;
+pub mod snapshot;
 pub mod store;

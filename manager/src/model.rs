@@ -266,6 +266,7 @@ pub struct Snapshot {
     pub volume: String,
     pub name: String,
     pub parent: String,
+    pub children: Vec<String>,
     pub created: String,
     pub size: u64,
     pub removed: bool,

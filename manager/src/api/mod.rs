@@ -587,32 +587,24 @@ async fn salvage_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> Api
 }
 
 async fn list_snapshots(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<Vec<SnapshotView>> {
+    ctx.db
+        .get::<Volume>(&name)
+        .await?
+        .ok_or_else(|| volume_not_found(&name))?;
+    let running = ctx
+        .db
+        .get::<Engine>(&name)
+        .await?
+        .is_some_and(|e| e.data.status.state == ProcessState::Running);
+    if !running {
+        // Detached: what the engine showed last.
+        return Ok(Json(crate::snapshot::recorded(&ctx.db, &name).await?));
+    }
     let mut c = engine_client(&ctx, &name).await?;
     let l = c.snapshot_list(v1::Empty {}).await?.into_inner();
-    let mut out: Vec<SnapshotView> = l
-        .disks
-        .into_values()
-        .filter(|d| d.name.starts_with("volume-snap-"))
-        .map(|d| SnapshotView {
-            name: snapshot_name(&d.name),
-            parent: snapshot_name(&d.parent),
-            children: d.children.iter().map(|c| snapshot_name(c)).collect(),
-            created: d.created,
-            size: d.size,
-            removed: d.removed,
-            user_created: d.user_created,
-            labels: d.labels.into_iter().collect(),
-        })
-        .collect();
-    out.sort_by(|a, b| a.created.cmp(&b.created));
-    Ok(Json(out))
-}
-
-fn snapshot_name(file: &str) -> String {
-    file.strip_prefix("volume-snap-")
-        .and_then(|s| s.strip_suffix(".img"))
-        .unwrap_or(file)
-        .to_owned()
+    let snaps = crate::snapshot::from_engine(&name, &l);
+    crate::snapshot::record(&ctx.db, &name, &snaps).await?;
+    Ok(Json(snaps))
 }
 
 async fn create_snapshot(

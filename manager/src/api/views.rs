@@ -252,15 +252,5 @@ pub struct SettingView {
     pub description: String,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct SnapshotView {
-    pub name: String,
-    pub parent: String,
-    pub children: Vec<String>,
-    pub created: String,
-    pub size: u64,
-    pub removed: bool,
-    pub user_created: bool,
-    pub labels: BTreeMap<String, String>,
-}
+/// A snapshot as the API shows it: the observed document.
+pub type SnapshotView = crate::model::Snapshot;

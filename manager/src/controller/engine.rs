@@ -374,6 +374,14 @@ async fn watch_running(
             }
         }
     }
+    // Keep the observed snapshots current (listed from the store while detached).
+    let snaps = c.snapshot_list(v1::Empty {}).await?.into_inner();
+    crate::snapshot::record(
+        &ctx.db,
+        &e.spec.volume,
+        &crate::snapshot::from_engine(&e.spec.volume, &snaps),
+    )
+    .await?;
     let rebuilding = list.iter().any(|r| r.mode == "WO");
     if !rebuilding
         && let Some(new) = replicas.iter().find(|r| {

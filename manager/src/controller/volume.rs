@@ -117,6 +117,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         for r in &all {
             ctx.db.delete_any::<Replica>(&r.name).await?;
         }
+        crate::snapshot::record(&ctx.db, &name, &[]).await?;
         return Ok(None);
     };
     let v = &vol.data;
