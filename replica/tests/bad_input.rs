@@ -228,6 +228,24 @@ async fn hostile_frames_drop_only_their_connection_and_grpc_rejects_bad_names() 
         .volume_export(v1::VolumeExportRequest::default())
         .await
         .unwrap_err();
-    assert_eq!(st.code(), tonic::Code::Unimplemented);
-    assert!(st.message().contains("not implemented"), "{st:?}");
+    assert_eq!(st.code(), tonic::Code::InvalidArgument, "{st:?}");
+    assert!(st.message().contains("bad receiver address"), "{st:?}");
+    for (snap, code) in [
+        ("nope", tonic::Code::NotFound),
+        ("volume-head-000.img", tonic::Code::InvalidArgument),
+        ("../x", tonic::Code::InvalidArgument),
+    ] {
+        let st = d
+            .sync_agent()
+            .await
+            .volume_export(v1::VolumeExportRequest {
+                snapshot_file_name: snap.into(),
+                host: "127.0.0.1".into(),
+                port: 9,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(st.code(), code, "{snap}: {st:?}");
+    }
 }
