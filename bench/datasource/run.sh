@@ -91,12 +91,16 @@ real=$(du -B1 "$DIR/disk/tmp/img-u1" 2>/dev/null | cut -f1 || echo "?")
 
 printf '\nDownload of %d MiB (half data, half zeros) from python3 http.server on loopback, best of %s\n\n' \
   $((SIZE >> 20)) "$REPEAT"
-printf '%-44s %9s %8s %9s\n' "client" "seconds" "MiB/s" "vs curl"
-printf '%-44s %9.2f %8s %9s\n' "curl -o FILE + sync" "$best_curl" "$(mibs "$best_curl")" "1.00"
-printf '%-44s %9.2f %8s %9.2f\n' "corral-datasource: data on disk" "$best_xfer" "$(mibs "$best_xfer")" \
+printf '%-48s %9s %8s %9s\n' "client" "seconds" "MiB/s" "vs curl"
+printf '%-48s %9.2f %8s %9s\n' "curl -o FILE + sync" "$best_curl" "$(mibs "$best_curl")" "1.00"
+printf '%-48s %9.2f %8s %9.2f\n' "corral-datasource: data on disk" "$best_xfer" "$(mibs "$best_xfer")" \
   "$(python3 -c "print($best_curl / $best_xfer)")"
-printf '%-44s %9.2f %8s %9.2f\n' "corral-datasource: ready-for-transfer (+SHA-512)" "$best_ready" \
+printf '%-48s %9.2f %8s %9.2f\n' "corral-datasource: ready-for-transfer (+SHA-512)" "$best_ready" \
   "$(mibs "$best_ready")" "$(python3 -c "print($best_curl / $best_ready)")"
-printf '%-44s %9.2f %8s %9s\n' "(reference: sha512sum of the file)" "$sha" "$(mibs "$sha")" "-"
+printf '%-48s %9.2f %8s %9s\n' "(reference: sha512sum of the file)" "$sha" "$(mibs "$sha")" "-"
+both=$(python3 -c "print($best_curl + $sha)")
+printf '%-48s %9.2f %8s %9.2f\n' "curl -o + sync, then sha512sum (verified copy)" "$both" "$(mibs "$both")" \
+  "$(python3 -c "print($best_curl / $both)")"
+printf '%-48s %9s %8s %9.2f\n' "  data source ready-for-transfer vs that" "" "" "$(python3 -c "print($both / $best_ready)")"
 printf '\nallocated: curl output %s bytes, data-source file %s bytes (zeros kept as holes)\n' \
   "$(du -B1 "$DIR/curl.out" | cut -f1)" "$real"
