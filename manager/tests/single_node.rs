@@ -261,5 +261,10 @@ fn the_cli_brings_up_a_node_creates_attaches_and_snapshots_a_volume() {
     // Detached, the snapshots the engine showed last are listed from the store.
     let (ok, out, err) = corral(&url, &["snapshot", "ls", "cli1", "--json"]);
     let snaps: Value = serde_json::from_str(&out).unwrap_or(Value::Null);
-    assert!(ok && snaps.as_array().is_some_and(|a| a.iter().any(|s| s["name"] == "snap1")), "{out}{err}");
+    assert!(
+        ok && snaps
+            .as_array()
+            .is_some_and(|a| a.iter().any(|s| s["name"] == "snap1")),
+        "{out}{err}"
+    );
 }

@@ -1,5 +1,6 @@
 //! The node's own heartbeat (every 2 s: disk identity checked or written, capacity measured) and, on the leader,
-//! failing the replicas of nodes whose heartbeat stopped so the volume controller replaces them.
+//! failing the replicas (of attached volumes) on nodes whose heartbeat stopped so the volume controller replaces
+//! them.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -121,8 +122,21 @@ async fn fail_replicas_of_down_nodes(ctx: &Ctx) -> anyhow::Result<()> {
     if down.is_empty() {
         return Ok(());
     }
+    // Only replicas of attached volumes are failed (and so replaced): a detached volume keeps its replicas
+    // through a node's outage; attaching it later fails the ones still unreachable then.
+    let attached: Vec<String> = ctx
+        .db
+        .list::<crate::model::Volume>()
+        .await?
+        .into_iter()
+        .filter(|v| v.data.spec.node_id.is_some())
+        .map(|v| v.name)
+        .collect();
     for r in ctx.db.list::<Replica>().await? {
-        if down.contains(&r.data.spec.node_id) && r.data.spec.failed_at.is_none() {
+        if down.contains(&r.data.spec.node_id)
+            && r.data.spec.failed_at.is_none()
+            && attached.contains(&r.data.spec.volume)
+        {
             tracing::warn!(
                 replica = r.name,
                 node = r.data.spec.node_id,
