@@ -68,15 +68,28 @@ fi
 created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 
 # --- binaries ------------------------------------------------------------------------------------------------------
+# An image holds the binary it is named after, plus those listed in docker/<image>/binaries (one per line, # for
+# comments): the manager's image carries the engine and replica it starts.
+binaries_of() {
+  echo "$1"
+  if [ -f "$docker_dir/$1/binaries" ]; then
+    sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$docker_dir/$1/binaries"
+  fi
+}
+all_bins=()
+for image in "${images[@]}"; do
+  mapfile -t -O "${#all_bins[@]}" all_bins < <(binaries_of "$image")
+done
+mapfile -t all_bins < <(printf '%s\n' "${all_bins[@]}" | sort -u)
 if [ "${CORRAL_SKIP_CARGO:-0}" != 1 ]; then
   bin_flags=()
-  for image in "${images[@]}"; do bin_flags+=(--bin "$image"); done
+  for bin in "${all_bins[@]}"; do bin_flags+=(--bin "$bin"); done
   log "cargo build --release ${bin_flags[*]} (target dir $target_dir)"
   (cd "$repo" && CARGO_TARGET_DIR="$target_dir" cargo build --release --locked "${bin_flags[@]}")
 fi
-for image in "${images[@]}"; do
-  [ -x "$target_dir/release/$image" ] || {
-    echo "build.sh: $target_dir/release/$image is missing (is $image a binary of the workspace?)" >&2
+for bin in "${all_bins[@]}"; do
+  [ -x "$target_dir/release/$bin" ] || {
+    echo "build.sh: $target_dir/release/$bin is missing (is $bin a binary of the workspace?)" >&2
     exit 1
   }
 done
@@ -121,7 +134,9 @@ for image in "${images[@]}"; do
   ctx=$context_root/$image
   rm -rf "$ctx" "$ctx.log"
   mkdir -p "$ctx"
-  objcopy --strip-debug "$target_dir/release/$image" "$ctx/$image"
+  while read -r bin; do
+    objcopy --strip-debug "$target_dir/release/$bin" "$ctx/$bin"
+  done < <(binaries_of "$image")
   cp "$docker_dir/lib/runtime-rootfs.sh" "$docker_dir/lib/corral-healthz" "$ctx/"
   log "docker build $image:$version (base $BASE)"
   build_log=$ctx.log

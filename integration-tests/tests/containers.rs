@@ -14,7 +14,14 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 /// Runtime images should stay under this (issue 11); `docker/build.sh` prints the sizes.
 const MAX_IMAGE_MIB: f64 = 60.0;
 /// The images that exist today: one per binary of the workspace that has a `docker/<binary>/Dockerfile`.
-const IMAGES: &[&str] = &["corral-replica", "corral-engine", "corral-sync"];
+const IMAGES: &[&str] = &[
+    "corral-replica",
+    "corral-engine",
+    "corral-sync",
+    "corral-datasource",
+    "corral-bim",
+    "corral-manager",
+];
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
