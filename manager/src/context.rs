@@ -92,6 +92,19 @@ impl Ctx {
         out
     }
 
+    /// Three consecutive ports for a daemon: its previous ones when still free (clients keep their address),
+    /// otherwise new ones from the node's range.
+    pub async fn daemon_ports(&self, previous: Option<u16>) -> Result<u16, crate::process::ProcessError> {
+        let host = self.cfg.host.as_str();
+        if let Some(p) = previous.filter(|p| *p != 0)
+            && (p..p.saturating_add(3)).all(|q| std::net::TcpListener::bind((host, q)).is_ok())
+        {
+            return Ok(p);
+        }
+        let reserved = self.reserved_ports().await;
+        crate::process::allocate_ports(host, self.cfg.port_range, 3, &reserved)
+    }
+
     pub fn binary(&self, name: &str) -> PathBuf {
         self.cfg.bin_dir.join(name)
     }

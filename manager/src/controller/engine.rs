@@ -165,13 +165,10 @@ async fn start_engine(
     if members.is_empty() || !members.iter().all(|r| running(r)) {
         return Ok(Some(Duration::from_millis(500)));
     }
-    let reserved = ctx.reserved_ports().await;
-    let old = e.status.process.as_ref().map(|p| p.port).filter(|p| *p != 0);
     let host = ctx.cfg.host.clone();
-    let port = match old {
-        Some(p) if (p..p + 3).all(|q| std::net::TcpListener::bind((host.as_str(), q)).is_ok()) => p,
-        _ => process::allocate_ports(&host, ctx.cfg.port_range, 3, &reserved)?,
-    };
+    let port = ctx
+        .daemon_ports(e.status.process.as_ref().map(|p| p.port))
+        .await?;
     let (nbd_port, metrics_port) = (port + 1, port + 2);
     let sock_dir = ctx.cfg.data_dir.join("sockets");
     std::fs::create_dir_all(&sock_dir).with_context(|| format!("create {}", sock_dir.display()))?;

@@ -136,12 +136,9 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         )
     })?;
     corral_daemon::disk::verify_disk(std::path::Path::new(&disk.path), &r.spec.disk_uuid)?;
-    let reserved = ctx.reserved_ports().await;
-    let old = r.status.process.as_ref().map(|p| p.port).filter(|p| *p != 0);
-    let port = match old {
-        Some(p) if (p..p + 3).all(|q| std::net::TcpListener::bind((ctx.cfg.host.as_str(), q)).is_ok()) => p,
-        _ => process::allocate_ports(&ctx.cfg.host, ctx.cfg.port_range, 3, &reserved)?,
-    };
+    let port = ctx
+        .daemon_ports(r.status.process.as_ref().map(|p| p.port))
+        .await?;
     let mut args = vec![
         "serve".to_owned(),
         "--dir".to_owned(),
