@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use corral_daemon::disk::{check_path_component, verify_disk};
+use corral_daemon::disk::{check_path_component, sync_parent_dir, verify_disk};
 use corral_proto::v1;
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
@@ -157,6 +157,15 @@ impl Registry {
     pub(crate) fn next_generation(&mut self) -> u64 {
         self.next_generation += 1;
         self.next_generation
+    }
+
+    /// The registered image of another name whose directory `<name>-<uuid>` is also the directory of `name`/`uuid`
+    /// (`a`/`b-c` and `a-b`/`c` share `a-b-c`): its files must not be taken, rewritten or removed for `name`.
+    pub(crate) fn dir_owner(&self, name: &str, uuid: &str) -> Option<&Image> {
+        let dir = files::dir_name(name, uuid);
+        self.images
+            .values()
+            .find(|i| i.spec.name != name && files::dir_name(&i.spec.name, &i.spec.uuid) == dir)
     }
 }
 
@@ -408,6 +417,13 @@ impl Manager {
                     deleted: true,
                     resync: false,
                 });
+            } else if let Some(owner) = reg.dir_owner(name, uuid) {
+                return Err(BimError::NotFound(format!(
+                    "image {name} with uuid {uuid} is not on this disk (its directory {} belongs to image {} with uuid {})",
+                    files::dir_name(name, uuid),
+                    owner.spec.name,
+                    owner.spec.uuid
+                )));
             }
         }
         let paths = self.paths(name, uuid);
@@ -627,6 +643,9 @@ fn adopt(disk: &Path) -> Result<Vec<(BackingConfig, FileState, String)>, BimErro
             continue;
         }
         let paths = ImagePaths::new(disk, &cfg.name, &cfg.uuid);
+        if let Err(e) = finish_interrupted_commit(&paths, &cfg) {
+            warn!(path = %paths.temp.display(), error = %e, "cannot finish the rename of a verified file");
+        }
         let _ = paths.remove_temp_files();
         let (state, message) = match files::facts(&paths.backing) {
             Ok(Some(_)) => (FileState::Ready, String::new()),
@@ -645,6 +664,24 @@ fn adopt(disk: &Path) -> Result<Vec<(BackingConfig, FileState, String)>, BimErro
     Ok(out)
 }
 
+/// `backing.cfg` is written before the verified `backing.tmp` is renamed onto `backing` (the rename keeps the mtime
+/// the config records): a crash between the two leaves the verified file under its temporary name. When `backing`
+/// is missing and `backing.tmp` has the recorded size and mtime, the rename is finished instead of the file removed.
+fn finish_interrupted_commit(paths: &ImagePaths, cfg: &BackingConfig) -> std::io::Result<()> {
+    if files::facts(&paths.backing)?.is_some() {
+        return Ok(());
+    }
+    match files::facts(&paths.temp)? {
+        Some(f) if f.size == cfg.size && f.modification_time == cfg.modification_time => {
+            std::fs::rename(&paths.temp, &paths.backing)?;
+            sync_parent_dir(&paths.backing)?;
+            info!(image = %cfg.name, uuid = %cfg.uuid, "finished the interrupted rename of a verified backing file");
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
 fn remove_leftovers(dir: &Path) -> std::io::Result<()> {
     for f in [files::TEMP_FILE, "backing.tmp.sync-partial", "backing.cfg.tmp"] {
         files::remove_if_exists(&dir.join(f))?;
@@ -654,4 +691,80 @@ fn remove_leftovers(dir: &Path) -> std::io::Result<()> {
         info!(dir = %dir.display(), "removed the directory of an unfinished fetch or sync");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config(disk: &Path) -> ManagerConfig {
+        ManagerConfig {
+            disk_path: disk.to_owned(),
+            disk_uuid: "disk-1".into(),
+            port_range: "40000-40001".parse().unwrap(),
+            receiver_ip: IpAddr::from([127, 0, 0, 1]),
+            advertise_host: "127.0.0.1".into(),
+            http_address: "127.0.0.1:1".into(),
+            check_interval: Duration::from_secs(3600),
+            sync_idle_timeout: Duration::from_secs(5),
+            send_max_rate: None,
+        }
+    }
+
+    /// A disk holding `backing.tmp` verified and recorded in `backing.cfg`, as `verify_and_commit` leaves it just
+    /// before its rename.
+    fn verified_temp(disk: &Path, name: &str, uuid: &str, content: &[u8]) -> ImagePaths {
+        corral_daemon::disk::write_disk_config(disk, "disk-1").unwrap();
+        let paths = ImagePaths::new(disk, name, uuid);
+        paths.create_dir().unwrap();
+        std::fs::write(&paths.temp, content).unwrap();
+        let (sum, facts) = sha512_file(&paths.temp, &CancellationToken::new(), |_, _| {}).unwrap();
+        let cfg = BackingConfig::verified(name, uuid, "", sum, facts, &paths.temp);
+        files::write_config(&paths.config, &cfg).unwrap();
+        paths
+    }
+
+    fn state_of(m: &Manager, name: &str) -> String {
+        m.get(name, "").unwrap().status.unwrap().state
+    }
+
+    #[tokio::test]
+    async fn a_crash_between_config_and_rename_keeps_the_verified_file() {
+        let disk = tempfile::tempdir().unwrap();
+        let paths = verified_temp(disk.path(), "img", "u1", b"verified content");
+        let m = Manager::open(config(disk.path()), CancellationToken::new())
+            .await
+            .unwrap();
+        m.check_once().await;
+        assert_eq!(state_of(&m, "img"), "ready");
+        assert_eq!(std::fs::read(&paths.backing).unwrap(), b"verified content");
+        assert!(!paths.temp.exists());
+    }
+
+    #[tokio::test]
+    async fn names_sharing_a_directory_cannot_take_or_remove_each_others_files() {
+        let disk = tempfile::tempdir().unwrap();
+        let a = verified_temp(disk.path(), "a", "b-c", b"image a");
+        std::fs::rename(&a.temp, &a.backing).unwrap();
+        let m = Manager::open(config(disk.path()), CancellationToken::new())
+            .await
+            .unwrap();
+        assert_eq!(state_of(&m, "a"), "ready");
+        let other = ImageSpec {
+            name: "a-b".into(),
+            uuid: "c".into(),
+            size: 0,
+            checksum: String::new(),
+        };
+        let e = m.fetch(other, "").await.unwrap_err();
+        assert!(matches!(e, BimError::AlreadyExists(_)), "{e:?}");
+        let e = m.delete("a-b", "c").await.unwrap_err();
+        assert!(matches!(e, BimError::NotFound(_)), "{e:?}");
+        m.tasks.close();
+        m.tasks.wait().await;
+        assert_eq!(std::fs::read(&a.backing).unwrap(), b"image a");
+        assert_eq!(files::read_config(&a.config).unwrap().unwrap().name, "a");
+        assert_eq!(state_of(&m, "a"), "ready");
+        assert!(m.get("a-b", "").is_err());
+    }
 }

@@ -305,6 +305,16 @@ impl Manager {
                 return Ok(Registered::Existing);
             }
         }
+        if let Some(owner) = reg.dir_owner(&spec.name, &spec.uuid) {
+            return Err(BimError::AlreadyExists(format!(
+                "image {} with uuid {} uses the directory {} that image {}/{} needs: choose another name or uuid",
+                owner.spec.name,
+                owner.spec.uuid,
+                files::dir_name(&spec.name, &spec.uuid),
+                spec.name,
+                spec.uuid
+            )));
+        }
         let generation = reg.next_generation();
         let mut img = Image::new(spec.clone(), generation, state, &self.cancel);
         img.sender_address = sender.to_owned();
