@@ -266,7 +266,22 @@ impl BackupStore {
                         .map_err(|source| BackupStoreError::SourceRead { offset: 0, source })?;
                     match ch {
                         Changes::ChainEnded(why) => Err(FullReason::ChainEnded(why)),
-                        Changes::Since { diff_from, ranges } => Ok((l.clone(), diff_from, ranges)),
+                        Changes::Since { diff_from, ranges } if diff_from == l.snapshot => {
+                            Ok((l.clone(), diff_from, ranges))
+                        }
+                        // The base snapshot is gone locally: the ranges are relative to a surviving ancestor,
+                        // whose content is not the base backup's (the base may have been reverted away before it
+                        // was deleted, so what it wrote is in no layer of this chain). Read every allocated
+                        // block and every block of the base map; unchanged ones deduplicate against the store.
+                        Changes::Since { diff_from, .. } => {
+                            let src = source.clone();
+                            let mut r = tokio::task::spawn_blocking(move || src.allocated())
+                                .await
+                                .map_err(|e| join_error(&e))?
+                                .map_err(|source| BackupStoreError::SourceRead { offset: 0, source })?;
+                            r.extend(l.blocks.iter().map(|b| b.offset..b.offset + bs));
+                            Ok((l.clone(), diff_from, r))
+                        }
                     }
                 }
             };

@@ -40,10 +40,10 @@ impl BackupSource for Snap {
     fn allocated(&self) -> std::io::Result<Vec<Range<u64>>> {
         Ok(vec![0..self.size()])
     }
-    fn changes_since(&self, _base: &str, _anc: &[String]) -> std::io::Result<Changes> {
+    fn changes_since(&self, base: &str, _anc: &[String]) -> std::io::Result<Changes> {
         Ok(match &self.changed {
             Some(r) => Changes::Since {
-                diff_from: "base".into(),
+                diff_from: base.into(),
                 ranges: r.clone(),
             },
             None => Changes::ChainEnded("reverted".into()),
@@ -214,6 +214,69 @@ async fn incremental_uploads_only_changed_blocks_and_both_backups_restore_exactl
 
     let vol = s.volume_config("vol").await.unwrap();
     assert_eq!((vol.last_backup_name.as_str(), vol.block_size), ("b2", BS));
+}
+
+/// A snapshot whose last backed-up snapshot was deleted locally: the ranges are relative to a surviving
+/// ancestor (here: they name only the block written since that ancestor).
+struct FromAncestor(Snap);
+
+impl BackupSource for FromAncestor {
+    fn size(&self) -> u64 {
+        self.0.size()
+    }
+    fn snapshot(&self) -> SnapshotInfo {
+        self.0.snapshot()
+    }
+    fn allocated(&self) -> std::io::Result<Vec<Range<u64>>> {
+        // Only the blocks the snapshot's layers hold (the base snapshot's data was reverted away).
+        Ok(self.0.changed.clone().unwrap_or_default())
+    }
+    fn changes_since(&self, _base: &str, _anc: &[String]) -> std::io::Result<Changes> {
+        Ok(Changes::Since {
+            diff_from: "ancestor".into(),
+            ranges: self.0.changed.clone().unwrap_or_default(),
+        })
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
+        self.0.read_at(offset, buf)
+    }
+}
+
+#[tokio::test]
+async fn an_incremental_from_a_surviving_ancestor_drops_what_the_deleted_base_wrote() {
+    // b1 backs up s1 (= ancestor + 13 blocks of data); the volume is reverted to the empty ancestor, s1 deleted,
+    // one block written and s2 taken. The diff from the ancestor names only that block, yet b2 must not keep s1's
+    // blocks.
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let v1 = pattern(1);
+    backup(
+        &s,
+        "b1",
+        &Snap {
+            name: "s1".into(),
+            data: Arc::new(v1.clone()),
+            changed: None,
+        },
+    )
+    .await;
+    let mut v2 = vec![0u8; SIZE as usize];
+    v2[(2 * BS) as usize..(3 * BS) as usize].copy_from_slice(&v1[(2 * BS) as usize..(3 * BS) as usize]);
+    v2[(14 * BS) as usize..(15 * BS) as usize].fill(9);
+    let src = FromAncestor(Snap {
+        name: "s2".into(),
+        data: Arc::new(v2.clone()),
+        changed: Some(vec![2 * BS..3 * BS, 14 * BS..15 * BS]),
+    });
+    let b2 = s
+        .create_backup(Arc::new(src), &opts("b2"), &Progress::default())
+        .await
+        .unwrap();
+    assert!(b2.is_incremental);
+    assert_eq!(b2.diff_from_snapshot, "ancestor");
+    assert_eq!(b2.stats.new_blocks, 1, "only the new block is uploaded");
+    assert_eq!(b2.blocks.len(), 2);
+    assert_eq!(restored(&s, "b2").await, v2);
 }
 
 #[tokio::test]
@@ -480,15 +543,17 @@ mod model {
                 );
                 let mut vol = vec![0u8; SIZE as usize];
                 let mut live: Vec<(String, Vec<u8>)> = Vec::new();
+                // Ranges changed since the newest live backup (all of them once that one is deleted).
+                let mut since_newest: Vec<Range<u64>> = Vec::new();
                 for (i, op) in ops.into_iter().enumerate() {
                     match op {
                         Op::Backup(writes, full) => {
-                            let mut changed = Vec::new();
                             for (blk, v) in writes {
                                 let o = u64::from(blk) * BS;
                                 vol[o as usize..(o + BS) as usize].fill(v);
-                                changed.push(o..o + BS);
+                                since_newest.push(o..o + BS);
                             }
+                            let changed = std::mem::take(&mut since_newest);
                             let name = format!("b{i}");
                             let snap = Snap { name: name.clone(), data: Arc::new(vol.clone()), changed: Some(changed) };
                             let mut o = opts(&name);
@@ -497,6 +562,9 @@ mod model {
                             live.push((name, vol.clone()));
                         }
                         Op::Delete(k) if !live.is_empty() => {
+                            if k % live.len() == live.len() - 1 {
+                                since_newest = vec![0..SIZE];
+                            }
                             let (name, _) = live.remove(k % live.len());
                             s.delete_backup("vol", &name, &gc0()).await.unwrap();
                         }
