@@ -82,6 +82,15 @@ pub enum JobError {
     /// The replica export failed.
     #[error("export from volume: {0}")]
     Export(String),
+    /// The restore from a backup failed (unknown backup, unreachable target, corrupt block, ...).
+    #[error("restore of {url}: {source}")]
+    Restore {
+        url: String,
+        source: Box<backupstore::BackupStoreError>,
+    },
+    /// The backup target stopped answering.
+    #[error("restore of {url}: {reason}")]
+    RestoreStalled { url: String, reason: String },
     /// Detecting, converting or checksumming the image failed.
     #[error(transparent)]
     Image(#[from] disk_image::ImageError),

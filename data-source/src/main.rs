@@ -57,7 +57,8 @@ enum Cmd {
         /// v1 | v2 (v2: qcow2 images are converted to raw before checksumming).
         #[arg(long, default_value = "v1", env = "CORRAL_DATA_ENGINE")]
         data_engine: DataEngine,
-        /// Seconds without any data before a download or export fails.
+        /// Seconds without any data before a download or export fails (a restore: without progress, plus as
+        /// long again for a conflicting backup-store lock).
         #[arg(long, default_value_t = 30, env = "CORRAL_NO_DATA_TIMEOUT")]
         no_data_timeout: u64,
         /// Retries of a broken download (renewed whenever data flowed; each resumes with a Range request).

@@ -12,7 +12,7 @@ use tracing::Instrument;
 use crate::error::{ApiError, ConfigError, JobError};
 use crate::info::{FileInfo, FileState, SourceType};
 use crate::spec::{DataSourceConfig, SourceSpec};
-use crate::{clone, download, export, finish};
+use crate::{clone, download, export, finish, restore};
 
 /// Share of the progress bar the data transfer takes; format conversion and checksumming fill the rest.
 pub const TRANSFER_SHARE: u8 = 80;
@@ -176,15 +176,22 @@ impl DataSource {
                 sender_address,
                 volume_size,
                 file_type,
-            } => export::run(self, snapshot_name, sender_address, *volume_size, *file_type, &work).await,
+            } => {
+                export::run(
+                    self,
+                    snapshot_name,
+                    sender_address,
+                    *volume_size,
+                    *file_type,
+                    &work,
+                )
+                .await
+            }
             SourceSpec::Clone {
                 backing_image,
                 backing_image_uuid,
             } => clone::run(self, backing_image, backing_image_uuid, &work).await,
-            SourceSpec::Restore { .. } => Err(JobError::Unsupported(
-                "restore from a backup is not yet supported by this data source (the backup store is being built)"
-                    .into(),
-            )),
+            SourceSpec::Restore { backup_url } => restore::run(self, backup_url, &work).await,
             SourceSpec::Upload => Err(JobError::Unsupported("an upload source has no fetch step".into())),
         }
     }

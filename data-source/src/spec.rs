@@ -107,9 +107,13 @@ impl SourceSpec {
                     file_type,
                 }
             }
-            SourceType::Restore => SourceSpec::Restore {
-                backup_url: required(params, source_type, "backup-url")?.to_owned(),
-            },
+            SourceType::Restore => {
+                let backup_url = required(params, source_type, "backup-url")?;
+                crate::restore::parse_backup_url(backup_url).map_err(|e| bad("backup-url", e.to_string()))?;
+                SourceSpec::Restore {
+                    backup_url: backup_url.to_owned(),
+                }
+            }
             SourceType::Clone => {
                 let backing_image = required(params, source_type, "backing-image")?;
                 check_path_component("backing-image", backing_image).map_err(ConfigError::InvalidName)?;
@@ -263,6 +267,22 @@ mod tests {
             (
                 SourceType::Clone,
                 params(&[("backing-image", "../x"), ("backing-image-uuid", "u")]),
+            ),
+            (
+                SourceType::Restore,
+                params(&[("backup-url", "ftp://host/x?backup=b&volume=v")]),
+            ),
+            (
+                SourceType::Restore,
+                params(&[("backup-url", "file:///srv/backups?volume=v")]),
+            ),
+            (
+                SourceType::Restore,
+                params(&[("backup-url", "s3://bucket/p?backup=b")]),
+            ),
+            (
+                SourceType::Restore,
+                params(&[("backup-url", "file:///srv?backup=../b&volume=v")]),
             ),
             (
                 SourceType::ExportFromVolume,

@@ -1,4 +1,4 @@
-//! The other source types (clone, export-from-volume, restore), the v2 engine's qcow2 → raw conversion, and bad
+//! The other source types (clone, export-from-volume; restore is in `restore.rs`), the v2 engine's qcow2 → raw conversion, and bad
 //! input refused at start with nothing on disk changed.
 
 // Test sizes are a few MiB: casts to usize cannot truncate.
@@ -85,6 +85,24 @@ fn bad_input_is_refused_at_start_and_nothing_on_disk_changes() {
             "sender-address",
         ),
         (vec!["--source-type", "restore"], "backup-url"),
+        (
+            vec![
+                "--source-type",
+                "restore",
+                "--param",
+                "backup-url=file:///srv/backups?volume=v",
+            ],
+            "missing backup=NAME",
+        ),
+        (
+            vec![
+                "--source-type",
+                "restore",
+                "--param",
+                "backup-url=ftp://h/x?backup=b&volume=v",
+            ],
+            "unsupported scheme",
+        ),
         (vec!["--param", "novalue"], "KEY=VALUE"),
         (vec!["--expected-checksum", "abc"], "SHA-512"),
         (vec!["--disk-uuid", "another-disk"], "another-disk"),
@@ -138,20 +156,6 @@ fn bad_input_is_refused_at_start_and_nothing_on_disk_changes() {
             "{overrides:?} changed the disk"
         );
     }
-}
-
-#[test]
-fn restore_is_reported_as_not_yet_supported() {
-    let disk = disk();
-    let ds = DataSourceProc::start(
-        disk.path(),
-        "restore",
-        &["--param", "backup-url=s3://bucket/backups/x"],
-    );
-    let i = ds.wait_final(Duration::from_secs(20));
-    assert_eq!(i.state, FileState::Failed);
-    assert!(i.message.contains("not yet supported"), "{}", i.message);
-    assert!(tmp_entries(disk.path()).is_empty());
 }
 
 #[test]

@@ -111,11 +111,17 @@ pub fn serve_args(disk: &Path, port: u16, source_type: &str) -> Vec<String> {
 impl DataSourceProc {
     /// Starts a data source with `extra` arguments after the base ones; waits until it answers.
     pub fn start(disk: &Path, source_type: &str, extra: &[&str]) -> Self {
+        Self::start_with_env(disk, source_type, extra, &[])
+    }
+
+    /// [`DataSourceProc::start`] with extra environment variables.
+    pub fn start_with_env(disk: &Path, source_type: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
         let port = free_port();
         let mut args = serve_args(disk, port, source_type);
         args.extend(extra.iter().map(|s| (*s).to_owned()));
         let child = Command::new(bin())
             .args(&args)
+            .envs(env.iter().copied())
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
