@@ -112,6 +112,13 @@ pub fn decode_block(stored: &[u8], hash: &str) -> Result<Vec<u8>, String> {
     let method = Compression::from_code(h[9]).ok_or_else(|| format!("unknown compression code {}", h[9]))?;
     let le32 = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
     let (raw_len, payload_len) = (le32(&h[12..16]), le32(&h[16..20]));
+    // Bounded before anything is allocated for it: a hostile header must not make a restore allocate 4 GiB per block.
+    if raw_len as u64 > crate::config::MAX_BLOCK_SIZE {
+        return Err(format!(
+            "header says {raw_len} bytes, more than the largest block size {}",
+            crate::config::MAX_BLOCK_SIZE
+        ));
+    }
     let payload = &stored[BLOCK_HEADER_LEN..];
     if payload.len() != payload_len {
         return Err(format!(
@@ -174,5 +181,15 @@ mod tests {
             assert!(decode_block(&bad, &h).is_err(), "flip at {pos} not detected");
         }
         assert!(decode_block(&enc[..10], &h).is_err());
+    }
+
+    #[test]
+    fn a_hostile_uncompressed_length_is_refused_before_allocating() {
+        let data = b"abc".repeat(5000);
+        let h = block_hash(&data);
+        let mut enc = encode_block(&data, &h, Compression::Lz4);
+        enc[12..16].copy_from_slice(&u32::MAX.to_le_bytes());
+        let e = decode_block(&enc, &h).unwrap_err();
+        assert!(e.contains("largest block size"), "{e}");
     }
 }
