@@ -1,6 +1,7 @@
-//! `restore`: a sparse raw file backed up with the backup store library to a `file://` target, restored by a real
-//! `corral-datasource` process; a missing backup, a corrupted block and an unreachable S3 target fail the job with
-//! a message and leave nothing in `<disk>/tmp`.
+//! `restore`: a sparse raw file backed up with the backup store library to a `file://` target (also served as S3
+//! by `rclone serve s3`), restored by a real `corral-datasource` process; a missing backup, a corrupted block and
+//! an unreachable S3 target fail the job with a message and leave nothing in `<disk>/tmp`; SIGTERM mid-restore
+//! stops it and removes the partial file.
 
 // Test sizes are a few MiB: casts to usize cannot truncate.
 #![allow(clippy::cast_possible_truncation)]
@@ -224,6 +225,130 @@ fn an_unreachable_s3_target_fails_instead_of_hanging() {
         "{}",
         i.message
     );
+    assert!(
+        tmp_entries(disk.path()).is_empty(),
+        "{:?}",
+        tmp_entries(disk.path())
+    );
+}
+
+/// `rclone serve s3 <dir>` on a free loopback port (optionally bandwidth-limited), killed on drop.
+struct S3Server {
+    child: std::process::Child,
+    endpoint: String,
+}
+
+impl S3Server {
+    fn start(dir: &Path, extra: &[&str]) -> Self {
+        let port = free_port();
+        let child = std::process::Command::new("rclone")
+            .args(["serve", "s3"])
+            .arg(dir)
+            .args([
+                "--addr",
+                &format!("127.0.0.1:{port}"),
+                "--auth-key",
+                "corral,corral-secret",
+            ])
+            .args(extra)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("rclone (see scripts/test.sh)");
+        let deadline = std::time::Instant::now() + Duration::from_secs(30);
+        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "rclone serve s3 not ready within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        Self {
+            child,
+            endpoint: format!("http://127.0.0.1:{port}"),
+        }
+    }
+}
+
+impl Drop for S3Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+const S3_ENV: [(&str, &str); 2] = [
+    ("AWS_ACCESS_KEY_ID", "corral"),
+    ("AWS_SECRET_ACCESS_KEY", "corral-secret"),
+];
+
+/// A backup written to `file://<root>/bk/backups`, served as `s3://bk/backups` by rclone over `<root>`.
+fn s3_fixture(rclone_args: &[&str]) -> (tempfile::TempDir, PathBuf, S3Server, String) {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let src = dir.path().join("src.raw");
+    sparse_source(&src);
+    let root = dir.path().join("s3");
+    let target = root.join("bk/backups");
+    std::fs::create_dir_all(&target).unwrap();
+    back_up(&src, &target);
+    let s3 = S3Server::start(&root, rclone_args);
+    let url = format!(
+        "s3://bk/backups?endpoint={}&region=us-east-1&backup=b1&volume=vol1",
+        s3.endpoint
+    );
+    (dir, src, s3, url)
+}
+
+#[test]
+fn restore_from_an_s3_target_is_ready_with_the_right_checksum() {
+    let (_dir, src, _s3, url) = s3_fixture(&[]);
+    let want = sha512_file(&src);
+    let disk = disk();
+    let param = format!("backup-url={url}");
+    let ds = DataSourceProc::start_with_env(disk.path(), "restore", &["--param", &param], &S3_ENV);
+    let i = ds.expect_ready(&want);
+    assert_eq!(extents(Path::new(&i.file_path)), extents(&src));
+}
+
+#[test]
+fn sigterm_during_a_slow_s3_restore_stops_it_and_removes_the_partial_file() {
+    // 2 MiB of data at 128 KiB/s: about 15 s unless stopped.
+    let (_dir, _src, _s3, url) = s3_fixture(&["--bwlimit", "128K"]);
+    let disk = disk();
+    let param = format!("backup-url={url}");
+    let mut ds = DataSourceProc::start_with_env(disk.path(), "restore", &["--param", &param], &S3_ENV);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let i = loop {
+        let i = ds.info();
+        if i.state == FileState::InProgress && i.progress > 0 {
+            break i;
+        }
+        assert!(!i.state.is_final(), "finished before the signal: {i:?}");
+        assert!(std::time::Instant::now() < deadline, "no progress: {i:?}");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(i.progress < 80, "{i:?}");
+    assert_eq!(i.size, 6 * MIB);
+    assert!(i.processed_size > 0 && i.processed_size < 6 * MIB, "{i:?}");
+    assert_eq!(tmp_entries(disk.path()), vec!["img-u1.tmp".to_owned()]);
+    let pid = ds.child.id().to_string();
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(s) = ds.child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still running 10 s after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "{status}");
     assert!(
         tmp_entries(disk.path()).is_empty(),
         "{:?}",
