@@ -4,6 +4,7 @@
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
+use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -233,6 +234,20 @@ fn check_data_source_file(
             f.size
         )));
     }
+    check_own_file(&got, &md)
+}
+
+/// A file taken over must be a regular file of its own: a symlink or a hard link would make whatever file it
+/// shares its content with the image (hashed, served over HTTP, removed with it).
+fn check_own_file(path: &Path, md: &std::fs::Metadata) -> Result<(), BimError> {
+    if !md.file_type().is_file() || md.nlink() != 1 {
+        return Err(BimError::InvalidArgument(format!(
+            "{} is not a regular file of its own ({} hard links, {:?}): refusing to take it",
+            path.display(),
+            md.nlink(),
+            md.file_type()
+        )));
+    }
     Ok(())
 }
 
@@ -375,7 +390,10 @@ impl Manager {
                 std::fs::rename(&src, &p.temp)
                     .and_then(|()| sync_parent_dir(&p.temp))
                     .and_then(|()| sync_parent_dir(&src))
-                    .map_err(|e| BimError::io("rename into place", &src, e))
+                    .map_err(|e| BimError::io("rename into place", &src, e))?;
+                // What was renamed may not be what was checked (the data source's directory is not ours).
+                let md = std::fs::symlink_metadata(&p.temp).map_err(|e| BimError::io("stat", &p.temp, e))?;
+                check_own_file(&p.temp, &md)
             })
             .await
         };

@@ -278,3 +278,35 @@ async fn bad_input_gets_clear_errors_and_leaves_no_files() {
         assert!(st == 404 || st == 400, "{name}: {st}");
     }
 }
+
+/// A data source's file that shares its content with another file (a hard link made by a data source that went
+/// wrong) is not taken: the manager would hash it, serve that other file over HTTP and remove it with the image.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_data_source_file_linked_to_another_file_is_not_taken() {
+    let disk = Disk::new("disk-a");
+    let bim = Bim::start(&disk, 1, &[]).await;
+    let secret = disk.path().join("secret");
+    write_image(&secret, MIB, 3);
+    let src = disk.path().join("tmp/img-u1");
+    std::fs::create_dir_all(src.parent().unwrap()).unwrap();
+    std::fs::hard_link(&secret, &src).unwrap();
+    let ds = FakeDataSource::start(FakeDataSource::ready_info(&disk, "img", "u1")).await;
+    let err = bim
+        .client()
+        .await
+        .fetch(v1::BimFetchRequest {
+            spec: spec("img", "u1", 0, ""),
+            data_source_address: ds.addr.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err}");
+    assert!(err.message().contains("hard links"), "{err}");
+    assert_eq!(*ds.transfers.lock().unwrap(), 0);
+    assert!(disk.image_dirs().is_empty(), "{:?}", disk.image_dirs());
+    let resp = reqwest::get(format!("{}/v1/files/img/download", bim.http()))
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), reqwest::StatusCode::NOT_FOUND);
+    assert!(secret.exists() && src.exists());
+}
