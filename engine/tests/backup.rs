@@ -502,3 +502,60 @@ async fn a_revert_ends_the_chain_and_the_next_backup_is_full_with_the_reason() {
     fresh.cli(&[], &["backup", "restore", &url(&b3)]);
     assert!(fresh.data().await == s3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_is_refused_while_a_backup_reads_the_snapshot_and_the_backup_equals_it() {
+    // Without the guard, purging the removed s1 prunes it (holes punched where the head has data) under the
+    // running backup, which then stores zeros for those blocks.
+    let t = tempfile::tempdir().unwrap();
+    let target = format!("file://{}", t.path().join("store").display());
+    let v = Volume::start(t.path(), "vol", 1);
+    let w: Vec<String> = (0..8)
+        .map(|i| format!("write -P {} {}k 256k", 0x30 + i, i * 256))
+        .collect();
+    v.write(&w.iter().map(String::as_str).collect::<Vec<_>>());
+    v.snapshot("s1");
+    let s1 = v.data().await;
+    v.write(&["write -P 0x99 0 2M"]);
+    // 8 blocks at ~512 KiB/s: about 4 s of uploading.
+    let out = v.cli(
+        &[],
+        &[
+            "backup",
+            "create",
+            "--snapshot",
+            "s1",
+            "--target",
+            &target,
+            "--block-size",
+            BS,
+            "--rate-limit",
+            "512K",
+            "--concurrency",
+            "1",
+            "--no-wait",
+        ],
+    );
+    let backup_url = out.trim().to_owned();
+    v.cli(&[], &["snapshot", "rm", "s1"]);
+    let out = v.cli_raw(&[], &["snapshot", "purge"]);
+    assert!(!out.status.success(), "purge ran under a backup");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("backup is running"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ls: serde_json::Value =
+            serde_json::from_str(&v.cli(&[], &["--json", "backup", "ls", &target])).unwrap();
+        if ls.as_array().unwrap().iter().any(|b| b["state"] == "complete") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "backup did not complete: {ls}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let fresh = Volume::start(t.path(), "fresh", 1);
+    fresh.cli(&[], &["backup", "restore", &backup_url]);
+    assert!(fresh.data().await == s1, "the restored backup differs from s1");
+}

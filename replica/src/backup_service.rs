@@ -77,6 +77,26 @@ fn state_of(e: &BackupStoreError) -> &'static str {
     }
 }
 
+/// One backup reading a snapshot, counted in [`ReplicaHost::backups_running`] until dropped.
+#[derive(Debug)]
+struct BackupReading(Arc<ReplicaHost>);
+
+impl BackupReading {
+    fn new(host: Arc<ReplicaHost>) -> Self {
+        host.backups_running
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Self(host)
+    }
+}
+
+impl Drop for BackupReading {
+    fn drop(&mut self) {
+        self.0
+            .backups_running
+            .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ReplicaError> + Send + 'static,
 ) -> Result<T, Status> {
@@ -147,6 +167,14 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
         )
         .map_err(|e| backup_status(&e))?;
         let replica = self.host.replica()?;
+        // Counted as running first, so a purge starting now sees the backup; a purge punches or overwrites the
+        // files the source reads (a pruned or folded snapshot would be backed up with the wrong data).
+        let reading = BackupReading::new(self.host.clone());
+        if self.host.jobs.status(crate::service::grpc::PURGE).state == crate::jobs::JobState::InProgress {
+            return Err(Status::failed_precondition(
+                "a purge is running; back up after it finishes",
+            ));
+        }
         let snapshot = r.snapshot.clone();
         let source = blocking(move || SnapshotSource::open(&replica, &snapshot)).await?;
         let backup_url = store.backup_url(&volume, &name);
@@ -197,6 +225,7 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
         let span = info_span!("backup", backup = %name, volume = %volume, snapshot = %r.snapshot);
         tokio::spawn(
             async move {
+                let _reading = reading;
                 let source = Arc::new(source);
                 let src = source.clone();
                 let result = async {

@@ -16,7 +16,7 @@ use crate::jobs::{JobState, JobStatus};
 use crate::replica::SnapshotRequest;
 
 /// Job key of the purge.
-const PURGE: &str = "purge";
+pub(crate) const PURGE: &str = "purge";
 
 fn hash_key(file: &str) -> String {
     format!("hash/{file}")
@@ -193,6 +193,19 @@ impl SyncAgentService for ReplicaGrpc {
         let Some(ctl) = host.jobs.start(PURGE) else {
             return Err(Status::failed_precondition("a purge is already running"));
         };
+        // Checked after the purge is registered: a backup starting now sees it (and a running one is seen here).
+        if host.backups_running.load(std::sync::atomic::Ordering::SeqCst) > 0 {
+            let msg = "a backup is running; purge after it finishes";
+            host.jobs.finish(
+                PURGE,
+                JobStatus {
+                    state: JobState::Error,
+                    error: msg.into(),
+                    ..Default::default()
+                },
+            );
+            return Err(Status::failed_precondition(msg));
+        }
         tokio::task::spawn_blocking(move || {
             let result = replica.purge(&ctl);
             let status = match result {

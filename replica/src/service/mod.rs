@@ -26,6 +26,8 @@ pub struct ReplicaHost {
     current: RwLock<Option<Arc<Replica>>>,
     /// Long-running jobs (purge, hash), kept across close/open.
     pub jobs: JobTable,
+    /// Backups reading a snapshot now: a purge would punch or overwrite the files they read, so it is refused.
+    pub backups_running: std::sync::atomic::AtomicUsize,
     /// Rules consulted before every data-protocol operation.
     #[cfg(feature = "fault-injection")]
     faults: Arc<FaultInjector>,
@@ -40,6 +42,7 @@ impl ReplicaHost {
             opts: RwLock::new(opts),
             current: RwLock::new(replica.map(Arc::new)),
             jobs: JobTable::default(),
+            backups_running: std::sync::atomic::AtomicUsize::new(0),
             #[cfg(feature = "fault-injection")]
             faults: Arc::default(),
         }
