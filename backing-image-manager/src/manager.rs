@@ -511,11 +511,12 @@ impl Manager {
                 return;
             }
         }
-        let candidates: Vec<(String, u64, String, u64, PathBuf)> = {
+        // Ready images, and those a failed stat left unknown (not busy: no job runs on them).
+        let candidates: Vec<(String, u64, String, u64, PathBuf, FileState)> = {
             let reg = self.lock();
             reg.images
                 .values()
-                .filter(|i| i.state == FileState::Ready && !i.busy)
+                .filter(|i| matches!(i.state, FileState::Ready | FileState::Unknown) && !i.busy)
                 .map(|i| {
                     (
                         i.spec.name.clone(),
@@ -523,29 +524,42 @@ impl Manager {
                         i.modification_time.clone(),
                         i.size,
                         self.paths(&i.spec.name, &i.spec.uuid).backing,
+                        i.state,
                     )
                 })
                 .collect()
         };
-        for (name, generation, mtime, size, backing) in candidates {
+        for (name, generation, mtime, size, backing, state) in candidates {
             let p = backing.clone();
             let facts = tokio::task::spawn_blocking(move || files::facts(&p))
                 .await
                 .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
             match facts {
-                Ok(Some(f)) if f.modification_time == mtime && f.size == size => {}
+                Ok(Some(f)) if f.modification_time == mtime && f.size == size => {
+                    if state == FileState::Unknown {
+                        info!(image = %name, "backing file can be checked again: unchanged");
+                        self.update(&name, generation, |i| {
+                            i.state = FileState::Ready;
+                            i.message.clear();
+                        });
+                    }
+                }
                 Ok(Some(_)) => self.reverify(&name, generation),
                 Ok(None) => {
                     self.fail(&name, generation, format!("{} disappeared", backing.display()))
                         .await;
                 }
+                // A stat that fails (EIO, EACCES, a file replaced by something else) says nothing about the data:
+                // the image is unknown (not served) and its files stay until a check can tell.
                 Err(e) => {
-                    self.fail(
-                        &name,
-                        generation,
-                        format!("cannot stat {}: {e}", backing.display()),
-                    )
-                    .await;
+                    let message = format!("cannot stat {}: {e}", backing.display());
+                    if state == FileState::Ready {
+                        warn!(image = %name, error = %message, "backing file cannot be checked");
+                    }
+                    self.update(&name, generation, |i| {
+                        i.state = FileState::Unknown;
+                        i.message = message;
+                    });
                 }
             }
         }
@@ -739,6 +753,33 @@ mod tests {
         assert_eq!(state_of(&m, "img"), "ready");
         assert_eq!(std::fs::read(&paths.backing).unwrap(), b"verified content");
         assert!(!paths.temp.exists());
+    }
+
+    #[tokio::test]
+    async fn a_failing_stat_leaves_the_image_unknown_and_its_files_alone() {
+        let disk = tempfile::tempdir().unwrap();
+        let paths = verified_temp(disk.path(), "img", "u1", b"verified content");
+        let aside = paths.dir.join("aside");
+        std::fs::rename(&paths.temp, &paths.backing).unwrap();
+        let m = Manager::open(config(disk.path()), CancellationToken::new())
+            .await
+            .unwrap();
+        m.check_once().await;
+        assert_eq!(state_of(&m, "img"), "ready");
+        // `backing` becomes a symlink loop: stat fails with ELOOP.
+        std::fs::rename(&paths.backing, &aside).unwrap();
+        std::os::unix::fs::symlink(&paths.backing, &paths.backing).unwrap();
+        m.check_once().await;
+        m.check_once().await;
+        assert_eq!(state_of(&m, "img"), "unknown");
+        assert!(m.download_target("img").await.is_err());
+        assert_eq!(std::fs::read(&aside).unwrap(), b"verified content");
+        // The file is back as it was verified: ready again, without hashing.
+        std::fs::remove_file(&paths.backing).unwrap();
+        std::fs::rename(&aside, &paths.backing).unwrap();
+        m.check_once().await;
+        assert_eq!(state_of(&m, "img"), "ready");
+        assert!(m.download_target("img").await.is_ok());
     }
 
     #[tokio::test]
