@@ -248,11 +248,16 @@ fn sigterm_during_a_download_cancels_it_and_removes_the_partial_file() {
     let silent = FileServer::start(vec![], ServeMode::silent());
     let ds = DataSourceProc::download(disk.path(), &silent.url, &[]);
     let deadline = Instant::now() + Duration::from_secs(10);
-    while ds.info().state != FileState::Starting {
-        assert!(Instant::now() < deadline);
+    // The state turns `starting` just before the job task creates the work file: wait for both.
+    while ds.info().state != FileState::Starting || tmp_entries(disk.path()) != ["img-u1.tmp"] {
+        assert!(
+            Instant::now() < deadline,
+            "{:?} {:?}",
+            ds.info(),
+            tmp_entries(disk.path())
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert_eq!(tmp_entries(disk.path()), vec!["img-u1.tmp".to_owned()]);
     let pid = ds.child.id().to_string();
     assert!(
         Command::new("kill")
