@@ -170,4 +170,29 @@ impl BackupConfig {
             .map(|b| self.block_size.min(self.size.saturating_sub(b.offset)))
             .sum()
     }
+
+    /// Checks what a restore or an incremental relies on in a record read from the store: a valid block size,
+    /// block offsets aligned, inside the volume and strictly ascending, hashes of 64 lower-case hex digits.
+    pub fn check(&self) -> Result<(), String> {
+        let bs = self.block_size;
+        if !((MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&bs) && bs.is_power_of_two()) {
+            return Err(format!(
+                "block size {bs} is not a power of two from {MIN_BLOCK_SIZE} to {MAX_BLOCK_SIZE}"
+            ));
+        }
+        let mut next = 0;
+        for b in &self.blocks {
+            if b.offset % bs != 0 || b.offset >= self.size || b.offset < next {
+                return Err(format!(
+                    "block offset {} is unaligned, past the size {} or out of order",
+                    b.offset, self.size
+                ));
+            }
+            next = b.offset + 1;
+            if b.hash.len() != 64 || !b.hash.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
+                return Err(format!("block at offset {}: bad hash {:?}", b.offset, b.hash));
+            }
+        }
+        Ok(())
+    }
 }

@@ -259,6 +259,16 @@ impl BackupStore {
                     Err(FullReason::DeltaMaxReached(l.chain_position))
                 }
                 (Some(l), _) => {
+                    l.check()
+                        .and_then(|()| {
+                            (l.block_size == bs).then_some(()).ok_or_else(|| {
+                                format!("block size {} differs from the volume's {bs}", l.block_size)
+                            })
+                        })
+                        .map_err(|reason| BackupStoreError::Corrupt {
+                            path: self.backup_cfg_path(volume, &l.name).to_string(),
+                            reason,
+                        })?;
                     let (base, anc) = (l.snapshot.clone(), l.snapshot_ancestors.clone());
                     let ch = tokio::task::spawn_blocking(move || src.changes_since(&base, &anc))
                         .await

@@ -85,6 +85,10 @@ pub struct VerifyOutcome {
 impl BackupStore {
     async fn complete_backup(&self, volume: &str, backup: &str) -> Result<BackupConfig> {
         let c = self.backup_config(volume, backup).await?;
+        c.check().map_err(|reason| BackupStoreError::Corrupt {
+            path: self.backup_cfg_path(volume, backup).to_string(),
+            reason,
+        })?;
         if c.state != BackupState::Complete {
             return Err(BackupStoreError::FailedPrecondition(format!(
                 "backup {backup} of volume {volume} is not complete (in progress, or its upload was interrupted)"
@@ -166,6 +170,7 @@ impl BackupStore {
         .map_err(|e| join_error(&e))??;
         progress.step(0);
         let n = writes.len() as u64;
+        let size = to.size;
         let bytes: u64 = futures::stream::iter(writes)
             .map(|b| {
                 let sink = sink.clone();
@@ -179,6 +184,16 @@ impl BackupStore {
                         e => e,
                     })?;
                     let len = data.len() as u64;
+                    let want = bs.min(size - b.offset);
+                    if len != want {
+                        return Err(BackupStoreError::Corrupt {
+                            path: self.block_path(volume, &b.hash).to_string(),
+                            reason: format!(
+                                "block at volume offset {} is {len} bytes, expected {want}",
+                                b.offset
+                            ),
+                        });
+                    }
                     tokio::task::spawn_blocking(move || sink.write_at(b.offset, &data))
                         .await
                         .map_err(|e| join_error(&e))?

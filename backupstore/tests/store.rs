@@ -280,6 +280,49 @@ async fn an_incremental_from_a_surviving_ancestor_drops_what_the_deleted_base_wr
 }
 
 #[tokio::test]
+async fn a_malformed_block_map_from_the_store_is_refused_by_restore_and_the_next_incremental() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(dir.path());
+    let v1 = pattern(1);
+    let snap = Snap {
+        name: "s1".into(),
+        data: Arc::new(v1),
+        changed: None,
+    };
+    backup(&s, "b1", &snap).await;
+    let p = object_store::path::Path::from("volumes/vol/backups/backup_b1.cfg");
+    let raw = s.object_store().get(&p).await.unwrap().bytes().await.unwrap();
+    let mut cfg: serde_json::Value = serde_json::from_slice(&raw).unwrap();
+    cfg["blocks"][1]["offset"] = serde_json::json!(u64::MAX - 7);
+    s.object_store()
+        .put(&p, serde_json::to_vec(&cfg).unwrap().into())
+        .await
+        .unwrap();
+    let err = s
+        .restore(
+            "vol",
+            "b1",
+            MemSink::new(0),
+            &RestoreOptions::default(),
+            &Progress::default(),
+        )
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("block offset"), "{err}");
+    let mut o = opts("b2");
+    o.mode = BackupMode::Incremental;
+    let snap2 = Snap {
+        changed: Some(vec![0..BS]),
+        ..snap
+    };
+    let err = s
+        .create_backup(Arc::new(snap2), &o, &Progress::default())
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("block offset"), "{err}");
+}
+
+#[tokio::test]
 async fn delta_max_two_gives_full_inc_inc_full_inc_inc_and_deleting_ancestors_keeps_the_third_restorable() {
     let dir = tempfile::tempdir().unwrap();
     let s = store(dir.path());
