@@ -92,7 +92,10 @@ async fn download(
     method: Method,
     headers: HeaderMap,
 ) -> Result<Response, BimError> {
-    let (path, size) = s.manager.download_target(&name).await?;
+    let (path, size, checksum) = s.manager.download_target(&name).await?;
+    // The verified SHA-512 names the content: a client resuming with `If-Range` gets the whole file when the image
+    // behind the name is not the one it started with (deleted and fetched again), never a splice of two files.
+    let etag = HeaderValue::from_str(&format!("\"{checksum}\"")).ok();
     let head = method == Method::HEAD;
     match q.compress.as_deref() {
         None | Some("" | "none") => {}
@@ -132,8 +135,13 @@ async fn download(
             )));
         }
     }
+    let if_range_matches = match headers.get(header::IF_RANGE) {
+        None => true,
+        Some(v) => etag.as_ref() == Some(v),
+    };
     let range = match headers.get(header::RANGE) {
         None => None,
+        Some(_) if !if_range_matches => None,
         Some(v) => {
             let v = v.to_str().unwrap_or_default();
             match parse_range(v, size) {
@@ -158,6 +166,9 @@ async fn download(
         HeaderValue::from_static("application/octet-stream"),
     );
     h.insert(header::ACCEPT_RANGES, HeaderValue::from_static("bytes"));
+    if let Some(v) = etag {
+        h.insert(header::ETAG, v);
+    }
     h.insert(header::CONTENT_LENGTH, HeaderValue::from(len));
     if let Some((a, b)) = range
         && let Ok(v) = HeaderValue::from_str(&format!("bytes {a}-{b}/{size}"))

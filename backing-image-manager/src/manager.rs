@@ -439,9 +439,10 @@ impl Manager {
     }
 
     /// The file to serve for a download of `name`: only a ready image whose file still has the verified mtime.
-    pub async fn download_target(&self, name: &str) -> Result<(PathBuf, u64), BimError> {
+    /// Returns its path, size and verified SHA-512.
+    pub async fn download_target(&self, name: &str) -> Result<(PathBuf, u64, String), BimError> {
         check_path_component("image name", name).map_err(BimError::InvalidArgument)?;
-        let (path, mtime, size) = {
+        let (path, mtime, size, checksum) = {
             let reg = self.lock();
             if let Some(p) = &reg.disk_problem {
                 return Err(BimError::DiskUnavailable(p.clone()));
@@ -460,6 +461,7 @@ impl Manager {
                 self.paths(name, &img.spec.uuid).backing,
                 img.modification_time.clone(),
                 img.size,
+                img.current_checksum.clone(),
             )
         };
         let p = path.clone();
@@ -468,7 +470,7 @@ impl Manager {
             .map_err(|e| BimError::Internal(e.to_string()))?
             .map_err(|e| BimError::io("stat", &path, e))?;
         match now {
-            Some(f) if f.modification_time == mtime && f.size == size => Ok((path, size)),
+            Some(f) if f.modification_time == mtime && f.size == size => Ok((path, size, checksum)),
             _ => Err(BimError::FailedPrecondition(format!(
                 "image {name} changed on disk since it was verified; it is being checked again"
             ))),

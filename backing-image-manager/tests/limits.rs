@@ -310,3 +310,49 @@ async fn a_data_source_file_linked_to_another_file_is_not_taken() {
     assert_eq!(resp.status(), reqwest::StatusCode::NOT_FOUND);
     assert!(secret.exists() && src.exists());
 }
+
+/// A download resumed with `If-Range` after the image behind the name was replaced (deleted, fetched again with
+/// other content of the same size) gets the whole new file, not the new file's tail after the old file's head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resumed_download_of_a_replaced_image_starts_over() {
+    let disk = Disk::new("disk-a");
+    let bim = Bim::start(&disk, 1, &[]).await;
+    let url = format!("{}/v1/files/img/download", bim.http());
+    let http = reqwest::Client::new();
+    let old_sum = place_and_fetch(&bim, &disk, "img", 2 * MIB, 1).await;
+    let first = http.get(&url).send().await.unwrap();
+    let etag = first.headers()["etag"].clone();
+    assert_eq!(etag, format!("\"{old_sum}\"").as_str());
+    let resumed = http
+        .get(&url)
+        .header("Range", "bytes=4096-")
+        .header("If-Range", etag.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 206);
+
+    bim.client()
+        .await
+        .delete(v1::BimImageRef {
+            name: "img".into(),
+            uuid: "u1".into(),
+        })
+        .await
+        .unwrap();
+    let new_sum = place_and_fetch(&bim, &disk, "img", 2 * MIB, 2).await;
+    assert_ne!(new_sum, old_sum);
+    let resumed = http
+        .get(&url)
+        .header("Range", "bytes=4096-")
+        .header("If-Range", etag)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resumed.status(), 200);
+    assert_eq!(resumed.content_length(), Some(2 * MIB));
+    assert_eq!(
+        resumed.bytes().await.unwrap().as_ref(),
+        std::fs::read(disk.backing("img", "u1")).unwrap().as_slice()
+    );
+}
