@@ -559,3 +559,53 @@ async fn a_purge_is_refused_while_a_backup_reads_the_snapshot_and_the_backup_equ
     fresh.cli(&[], &["backup", "restore", &backup_url]);
     assert!(fresh.data().await == s1, "the restored backup differs from s1");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_restore_forgets_the_last_restored_backup_so_no_incremental_builds_on_a_mix() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let target = format!("file://{}", store.display());
+    let v = Volume::start(t.path(), "vol", 1);
+    v.write(&["write -P 0x10 0 256k", "write -P 0x11 1M 256k"]);
+    v.snapshot("s1");
+    let b1 = v.backup(&[], &target, "s1", &[]);
+    v.write(&["write -P 0x20 0 256k", "write -P 0x21 1M 256k"]);
+    v.snapshot("s2");
+    let b2 = v.backup(&[], &target, "s2", &[]);
+    let dst = Volume::start(t.path(), "dst", 1);
+    dst.cli(&[], &["backup", "restore", &url(&b1)]);
+    let state_file = dst.replicas[0].dir.join("backup-restore.json");
+    let state =
+        || -> serde_json::Value { serde_json::from_slice(&std::fs::read(&state_file).unwrap()).unwrap() };
+    assert_eq!(state()["lastRestored"], b1["backupName"]);
+
+    // Damage the block b2 stored at 1M: the incremental restore fails part-way.
+    let name = b2["backupName"].as_str().unwrap();
+    let cfg: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(store.join(format!("volumes/vol/backups/backup_{name}.cfg"))).unwrap(),
+    )
+    .unwrap();
+    let victim = cfg["blocks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["offset"] == 1 << 20)
+        .unwrap();
+    let hash = victim["hash"].as_str().unwrap();
+    let blk = store.join(format!(
+        "volumes/vol/blocks/{}/{}/{hash}.blk",
+        &hash[..2],
+        &hash[2..4]
+    ));
+    let mut bytes = std::fs::read(&blk).unwrap();
+    let n = bytes.len();
+    bytes[n - 1] ^= 0xff;
+    std::fs::write(&blk, bytes).unwrap();
+    let out = dst.cli_raw(&[], &["backup", "restore", "--incremental", &url(&b2)]);
+    assert!(!out.status.success(), "a corrupt block must fail the restore");
+    assert_ne!(
+        state()["lastRestored"],
+        b1["backupName"],
+        "the volume no longer equals b1, yet an incremental would build on it"
+    );
+}

@@ -362,7 +362,23 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
                 let sink = Arc::new(ReplicaSink {
                     replica: replica.clone(),
                 });
-                let result = store.restore(&volume, &backup, sink, &opts, &progress).await;
+                // Forget the last restored backup before the data changes: after a failed or killed restore the
+                // volume holds a mix, and an incremental from the old base would skip blocks this one changed.
+                let (d, v) = (dir.clone(), volume.clone());
+                let cleared = tokio::task::spawn_blocking(move || {
+                    RestoreState {
+                        volume: v,
+                        ..Default::default()
+                    }
+                    .save(&d)
+                })
+                .await
+                .map_err(|e| BackupStoreError::FailedPrecondition(e.to_string()))
+                .and_then(|r| r.map_err(|e| BackupStoreError::FailedPrecondition(e.to_string())));
+                let result = match cleared {
+                    Ok(()) => store.restore(&volume, &backup, sink, &opts, &progress).await,
+                    Err(e) => Err(e),
+                };
                 let saved = match &result {
                     Ok(_) => {
                         let st = RestoreState {
