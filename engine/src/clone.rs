@@ -120,16 +120,36 @@ impl Volume {
                 )));
             }
         }
+        // From the first started clone on, the replicas may end with different data: the watcher puts every
+        // replica that did not complete out of the volume once one has completed.
+        let mut any_started = false;
+        let mut start_error = None;
         for r in &targets {
-            sync_client(r)?
-                .snapshot_clone(v1::SnapshotCloneRequest {
-                    from_address: from.clone(),
-                    snapshot_file_name: req.snapshot_name.clone(),
-                    export_backing_image_if_exist: req.export_backing_image_if_exist,
-                    max_bytes_per_second: req.max_bytes_per_second,
-                })
-                .await
-                .map_err(|e| EngineError::replica(&r.address, &e))?;
+            let res = match sync_client(r) {
+                Ok(mut c) => c
+                    .snapshot_clone(v1::SnapshotCloneRequest {
+                        from_address: from.clone(),
+                        snapshot_file_name: req.snapshot_name.clone(),
+                        export_backing_image_if_exist: req.export_backing_image_if_exist,
+                        max_bytes_per_second: req.max_bytes_per_second,
+                    })
+                    .await
+                    .map_err(|e| EngineError::replica(&r.address, &e)),
+                Err(e) => Err(e),
+            };
+            match res {
+                Ok(_) => any_started = true,
+                Err(e) => {
+                    start_error = Some(e);
+                    break;
+                }
+            }
+        }
+        if any_started {
+            watch_clone_outcome(self.name.clone(), targets.clone());
+        }
+        if let Some(e) = start_error {
+            return Err(e);
         }
         info!(
             volume = %self.name, from = %from, snapshot = %req.snapshot_name, replicas = targets.len(),
@@ -174,6 +194,55 @@ impl Volume {
         };
         Ok(out)
     }
+}
+
+/// Waits until no replica of `targets` is cloning any more, then, if the clone completed on some of them, puts
+/// every other one ERR: those still hold the volume's old data (a failed clone leaves a replica as it was), so
+/// serving reads from both would return two different volumes. Rebuild brings them back from a completed one.
+/// When no replica completed, every one kept its old data and nothing changes.
+fn watch_clone_outcome(volume: String, targets: Vec<Arc<ReplicaEntry>>) {
+    tokio::spawn(async move {
+        // A replica whose status cannot be read this many times in a row counts as not completed.
+        const MAX_STATUS_FAILURES: u32 = 20;
+        let mut failures = vec![0u32; targets.len()];
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let mut running = false;
+            let mut completed = vec![false; targets.len()];
+            for (i, r) in targets.iter().enumerate() {
+                if r.mode() == Mode::Err {
+                    continue;
+                }
+                let status = match sync_client(r) {
+                    Ok(mut c) => c
+                        .snapshot_clone_status(v1::Empty {})
+                        .await
+                        .map(tonic::Response::into_inner)
+                        .ok(),
+                    Err(_) => None,
+                };
+                match status {
+                    Some(s) if s.is_running => running = true,
+                    Some(s) => completed[i] = s.state == "complete",
+                    None => {
+                        failures[i] += 1;
+                        running |= failures[i] < MAX_STATUS_FAILURES;
+                    }
+                }
+            }
+            if running {
+                continue;
+            }
+            if completed.iter().any(|c| *c) {
+                for (r, done) in targets.iter().zip(&completed) {
+                    if !done && r.set_err("the clone did not complete on this replica while it did on others: its data differs") {
+                        tracing::warn!(volume = %volume, replica = %r.address, "clone incomplete on this replica: set ERR");
+                    }
+                }
+            }
+            return;
+        }
+    });
 }
 
 /// Image format of an exported snapshot.

@@ -480,3 +480,74 @@ async fn killing_the_source_fails_the_clone_leaves_the_target_unchanged_and_a_re
 async fn killing_the_source_of_a_1_gib_clone_fails_it_and_a_retry_completes() {
     interrupted_clone(2048, "256M").await;
 }
+
+/// Unmounts a test's small tmpfs.
+struct Tmpfs(std::path::PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_that_completes_on_one_replica_but_not_another_puts_the_other_err() {
+    let t = tempfile::tempdir_in("/var/tmp").unwrap();
+    let (_srcs, src, at_s1) = source(t.path(), 1, &[]).await;
+    // The second target replica lives on a 3 MiB disk: the snapshot's ~6 MiB of data cannot land there.
+    let small = t.path().join("small");
+    std::fs::create_dir_all(&small).unwrap();
+    let st = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=3M", "tmpfs"])
+        .arg(&small)
+        .status()
+        .unwrap();
+    assert!(st.success(), "mounting a small tmpfs needs root");
+    let _mount = Tmpfs(small.clone());
+    let big = Replica::start(&t.path().join("tgt0"), &[]);
+    let full = Replica::start(&small.join("tgt1"), &[]);
+    let tgt = Engine::start(t.path(), "tgt", SIZE, &[big.address(), full.address()], &[]);
+
+    let err = fails(&clone_s1(&tgt, &src, &[]));
+    assert!(
+        err.contains(&full.address()) || err.to_lowercase().contains("space"),
+        "{err}"
+    );
+
+    // The replica that completed keeps serving the clone; the one that did not is out of the volume.
+    eventually("the incomplete replica goes ERR", 30, async || {
+        tgt.client()
+            .await
+            .replica_list(v1::Empty {})
+            .await
+            .unwrap()
+            .into_inner()
+            .replicas
+            .iter()
+            .any(|r| r.address.contains(&full.port.to_string()) && r.mode == "ERR")
+    })
+    .await;
+    let list = tgt
+        .client()
+        .await
+        .replica_list(v1::Empty {})
+        .await
+        .unwrap()
+        .into_inner()
+        .replicas;
+    let modes: Vec<(String, String)> = list.iter().map(|r| (r.address.clone(), r.mode.clone())).collect();
+    assert!(
+        list.iter()
+            .any(|r| r.address.contains(&big.port.to_string()) && r.mode == "RW"),
+        "{modes:?}"
+    );
+    assert!(
+        big.flattened(SIZE).await == at_s1,
+        "the completed replica differs from s1"
+    );
+    let (good, out) = qemu_io(
+        &tgt.unix_uri(),
+        &["read -P 0xa1 0 4M", "read -P 0xb2 20M 2M", "read -P 0 28M 1M"],
+    );
+    assert!(good, "{out}");
+}
