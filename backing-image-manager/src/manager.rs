@@ -310,33 +310,35 @@ impl Manager {
 
     /// Marks the image failed and removes its files (not when the disk cannot be verified: then nothing is touched).
     pub(crate) async fn fail(&self, name: &str, generation: u64, message: String) {
-        let current = self.update(name, generation, |i| {
-            i.state = FileState::Failed;
-            i.message.clone_from(&message);
-            i.progress = 0;
-            i.busy = false;
-        });
-        if !current {
-            return;
-        }
-        warn!(image = name, error = %message, "backing image failed");
-        if self.cancel.is_cancelled() {
-            // The daemon is stopping: leave the files; the next start removes temp files and re-adopts the rest.
-            return;
-        }
-        self.metrics.failures.inc();
+        // The files go first and the state after: a client that sees `failed` (and retries at once) finds no
+        // leftovers, and its retry cannot race with this removal (the image stays busy until then).
         let (paths, disk_ok) = {
             let reg = self.lock();
-            let Some(img) = reg.images.get(name) else { return };
-            (self.paths(name, &img.spec.uuid), reg.disk_problem.is_none())
+            match reg.images.get(name) {
+                Some(img) if img.generation == generation => {
+                    (self.paths(name, &img.spec.uuid), reg.disk_problem.is_none())
+                }
+                _ => return,
+            }
         };
-        if disk_ok {
+        warn!(image = name, error = %message, "backing image failed");
+        // The daemon stopping leaves the files: the next start removes temp files and re-adopts the rest.
+        if disk_ok && !self.cancel.is_cancelled() {
             let _ = tokio::task::spawn_blocking(move || {
                 if let Err(e) = paths.remove_all() {
                     warn!(dir = %paths.dir.display(), error = %e, "cannot remove the files of a failed image");
                 }
             })
             .await;
+        }
+        let current = self.update(name, generation, |i| {
+            i.state = FileState::Failed;
+            i.message.clone_from(&message);
+            i.progress = 0;
+            i.busy = false;
+        });
+        if current && !self.cancel.is_cancelled() {
+            self.metrics.failures.inc();
         }
     }
 

@@ -681,11 +681,21 @@ impl Manager {
                 }
             },
             r = &mut recv => match received(r) {
-                Ok(summary) => match send.await {
-                    Ok(_) => Ok(summary),
-                    Err(s) => Err(format!("the sender {from} failed: {}", s.message())),
+                // The data is in; the sender's answer should follow at once. A peer that never answers must not
+                // keep the image in-progress (and its port leased) for ever, nor outlive a Delete or shutdown.
+                Ok(summary) => tokio::select! {
+                    r = &mut send => match r {
+                        Ok(_) => Ok(summary),
+                        Err(s) => Err(format!("the sender {from} failed: {}", s.message())),
+                    },
+                    () = tokio::time::sleep(self.cfg.sync_idle_timeout) => Err(format!(
+                        "the sender {from} did not confirm the transfer within {:?}",
+                        self.cfg.sync_idle_timeout
+                    )),
+                    () = cancel.cancelled() => Err("cancelled".to_owned()),
                 },
-                Err(e) => Err(e),
+                // Name the peer: a receiver that ends early usually means the sender went away.
+                Err(e) => Err(format!("the transfer from the sender {from} broke off: {e}")),
             },
             () = cancel.cancelled() => {
                 rcancel.cancel();
