@@ -99,7 +99,9 @@ done
 # runtime images, so its size does not matter. mmdebstrap downloads from the Debian mirror apt is configured with.
 make_local_base() {
   local tar=$cache_dir/base-bookworm.tar
-  if [ ! -s "$tar" ]; then
+  # A regular, non-empty file: anything else (an interrupted run, a directory) is made again.
+  if [ ! -f "$tar" ] || [ ! -s "$tar" ]; then
+    rm -rf "$tar" "$tar.partial"
     if ! command -v mmdebstrap >/dev/null; then
       log "installing mmdebstrap"
       if [ "$(id -u)" = 0 ]; then
@@ -112,7 +114,8 @@ make_local_base() {
     fi
     mkdir -p "$cache_dir"
     log "mmdebstrap bookworm -> $tar (a few minutes, once)"
-    mmdebstrap --quiet --variant=minbase --include=ca-certificates bookworm "$tar.partial"
+    # --format: the output name ends in .partial, from which mmdebstrap would guess a directory.
+    mmdebstrap --quiet --format=tar --variant=minbase --include=ca-certificates bookworm "$tar.partial"
     mv "$tar.partial" "$tar"
   fi
   log "docker import $tar $local_base"
