@@ -272,11 +272,13 @@ fn images_build_and_compose_cluster_keeps_serving_nbd_after_a_replica_container_
         .parse()
         .expect("image size");
         let mib = bytes / 1048576.0;
-        eprintln!("{tag}: {mib:.1} MiB");
-        assert!(
-            mib < MAX_IMAGE_MIB,
-            "{tag} is {mib:.1} MiB, over {MAX_IMAGE_MIB} MiB"
-        );
+        // An image carrying several binaries (the manager's) states its own target in docker/<image>/max-mib.
+        let max_mib = std::fs::read_to_string(repo.join("docker").join(image).join("max-mib"))
+            .map_or(MAX_IMAGE_MIB, |s| {
+                s.trim().parse().expect("docker/<image>/max-mib holds a number")
+            });
+        eprintln!("{tag}: {mib:.1} MiB (target {max_mib} MiB)");
+        assert!(mib < max_mib, "{tag} is {mib:.1} MiB, over {max_mib} MiB");
 
         let v = stdout(&run(Command::new("docker").args([
             "run",
