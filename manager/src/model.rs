@@ -108,7 +108,9 @@ pub struct VolumeSpec {
     pub disable_revision_counter: Option<bool>,
     /// The node the volume should be attached to; None = detached.
     pub node_id: Option<String>,
-    /// Set by the volume controller when every replica failed; cleared once the engine salvaged.
+    /// Set by `POST /v1/volumes/{name}/salvage` (`corral volume salvage`); cleared by the volume controller once
+    /// the engine runs with a robustness other than faulted. The engine controller passes `--salvage-requested`
+    /// only when the volume also keeps no revision counter.
     pub salvage_requested: bool,
 }
 
