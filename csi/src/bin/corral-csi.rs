@@ -1,0 +1,54 @@
+//! `corral-csi`: Corral's CSI v1 plugin on a unix socket.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use corral_csi::server::{Mode, PluginConfig, serve};
+
+/// Corral's CSI plugin: Identity, Controller and Node services (CSI v1) on a unix socket, on top of a Corral
+/// manager's REST API.
+#[derive(Parser, Debug)]
+#[command(name = "corral-csi", version)]
+struct Args {
+    /// The socket the CO connects to: unix:///ABSOLUTE/PATH.
+    #[arg(long, env = "CSI_ENDPOINT", default_value = "unix:///csi/csi.sock")]
+    endpoint: String,
+    /// The Corral manager's REST address.
+    #[arg(long, env = "CORRAL_MANAGER_URL", default_value = "http://127.0.0.1:9500")]
+    manager_url: String,
+    /// This node's name in Corral (the manager's --node-id); the node service reports it as its CSI node ID and
+    /// as topology corral.io/node. Required unless --mode controller.
+    #[arg(long, env = "CORRAL_NODE_ID", default_value = "")]
+    node_id: String,
+    /// Where the node service records what it staged (kept across restarts).
+    #[arg(long, env = "CORRAL_CSI_STATE_DIR", default_value = "/var/lib/corral-csi")]
+    state_dir: PathBuf,
+    /// Which services to serve: controller (the Deployment), node (the DaemonSet) or all.
+    #[arg(long, env = "CORRAL_CSI_MODE", value_enum, default_value = "all")]
+    mode: Mode,
+    /// Log format: text or json.
+    #[arg(long, env = "CORRAL_LOG_FORMAT", default_value = "text")]
+    log_format: String,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let a = Args::parse();
+    corral_daemon::init_logging(&a.log_format, "info");
+    tracing::info!(
+        endpoint = %a.endpoint, manager = %a.manager_url, node_id = %a.node_id,
+        state_dir = %a.state_dir.display(), mode = ?a.mode, "corral-csi starting"
+    );
+    let cancel = corral_daemon::shutdown_on_signal();
+    serve(
+        PluginConfig {
+            endpoint: a.endpoint,
+            manager_url: a.manager_url,
+            node_id: a.node_id,
+            state_dir: a.state_dir,
+            mode: a.mode,
+        },
+        cancel,
+    )
+    .await
+}

@@ -1,0 +1,241 @@
+//! The manager's REST API as the plugin uses it: typed calls over `manager::client::Client`, waits for a volume to
+//! reach a state (polling with a deadline), and the clone fields (`dataSource`, `cloneStatus`) read from the raw
+//! JSON so the plugin follows the contract of issue 19 whether or not this manager build carries them yet.
+
+use std::time::{Duration, Instant};
+
+use manager::api::views::{NodeView, SnapshotView, VolumeView};
+use manager::client::{Client, ClientError};
+use manager::model::VolumeState;
+use serde::Deserialize;
+use serde_json::json;
+
+use crate::error::{CsiError, CsiResult};
+
+/// A volume with the clone fields the manager may or may not report.
+#[derive(Debug, Clone)]
+pub struct ManagedVolume {
+    pub view: VolumeView,
+    /// `vol://NAME` or `snap://NAME/SNAP` when the volume was created from one.
+    pub data_source: Option<String>,
+    pub clone: Option<CloneStatus>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CloneStatus {
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub progress: Option<u32>,
+    #[serde(default)]
+    pub message: String,
+}
+
+/// What a new volume should be.
+#[derive(Debug, Clone)]
+pub struct VolumeRequest {
+    pub name: String,
+    pub size: u64,
+    pub number_of_replicas: Option<u32>,
+    pub disable_revision_counter: Option<bool>,
+    pub data_source: Option<String>,
+}
+
+#[derive(Clone)]
+pub struct ManagerApi {
+    client: Client,
+}
+
+fn not_found(e: &ClientError) -> bool {
+    matches!(e, ClientError::Api { status: 404, .. })
+}
+
+impl ManagerApi {
+    pub fn new(url: &str) -> Self {
+        Self {
+            client: Client::new(url),
+        }
+    }
+
+    pub fn url(&self) -> &str {
+        self.client.base()
+    }
+
+    pub async fn healthy(&self) -> CsiResult<()> {
+        let nodes: Vec<NodeView> = self.client.get("/v1/nodes").await?;
+        let _ = nodes;
+        Ok(())
+    }
+
+    pub async fn volume(&self, name: &str) -> CsiResult<Option<ManagedVolume>> {
+        match self
+            .client
+            .get::<serde_json::Value>(&format!("/v1/volumes/{name}"))
+            .await
+        {
+            Ok(raw) => Ok(Some(managed(raw)?)),
+            Err(e) if not_found(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn volumes(&self) -> CsiResult<Vec<ManagedVolume>> {
+        let raw: Vec<serde_json::Value> = self.client.get("/v1/volumes").await?;
+        raw.into_iter().map(managed).collect()
+    }
+
+    pub async fn node(&self, name: &str) -> CsiResult<Option<NodeView>> {
+        match self.client.get(&format!("/v1/nodes/{name}")).await {
+            Ok(n) => Ok(Some(n)),
+            Err(e) if not_found(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn nodes(&self) -> CsiResult<Vec<NodeView>> {
+        Ok(self.client.get("/v1/nodes").await?)
+    }
+
+    /// Whether the manager takes `dataSource` on volume create: its OpenAPI document names the field once the
+    /// clone flow exists (issue 19), so the answer comes from the running manager, not from this build.
+    pub async fn supports_data_source(&self) -> CsiResult<bool> {
+        let doc: serde_json::Value = self.client.get("/v1/openapi.json").await?;
+        Ok(doc.to_string().contains("\"dataSource\""))
+    }
+
+    pub async fn create_volume(&self, req: &VolumeRequest) -> CsiResult<ManagedVolume> {
+        let mut body = json!({"name": req.name, "size": req.size});
+        if let Some(n) = req.number_of_replicas {
+            body["numberOfReplicas"] = json!(n);
+        }
+        if let Some(d) = req.disable_revision_counter {
+            body["disableRevisionCounter"] = json!(d);
+        }
+        if let Some(src) = &req.data_source {
+            body["dataSource"] = json!(src);
+        }
+        let raw: serde_json::Value = self.client.post("/v1/volumes", &body).await?;
+        managed(raw)
+    }
+
+    pub async fn delete_volume(&self, name: &str) -> CsiResult<()> {
+        match self.client.delete(&format!("/v1/volumes/{name}")).await {
+            Ok(()) => Ok(()),
+            Err(e) if not_found(&e) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Asks for the volume on `node` (None: the answering manager's node).
+    pub async fn attach(&self, name: &str, node: Option<&str>) -> CsiResult<()> {
+        let body = json!({"nodeId": node});
+        let _: serde_json::Value = self
+            .client
+            .post(&format!("/v1/volumes/{name}/attach"), &body)
+            .await?;
+        Ok(())
+    }
+
+    pub async fn detach(&self, name: &str) -> CsiResult<()> {
+        let _: serde_json::Value = self
+            .client
+            .post(&format!("/v1/volumes/{name}/detach"), &json!({}))
+            .await?;
+        Ok(())
+    }
+
+    pub async fn expand(&self, name: &str, size: u64) -> CsiResult<()> {
+        let _: serde_json::Value = self
+            .client
+            .post(&format!("/v1/volumes/{name}/expand"), &json!({"size": size}))
+            .await?;
+        Ok(())
+    }
+
+    pub async fn snapshots(&self, volume: &str) -> CsiResult<Vec<SnapshotView>> {
+        Ok(self
+            .client
+            .get(&format!("/v1/volumes/{volume}/snapshots"))
+            .await?)
+    }
+
+    pub async fn create_snapshot(&self, volume: &str, name: &str) -> CsiResult<()> {
+        let _: serde_json::Value = self
+            .client
+            .post(&format!("/v1/volumes/{volume}/snapshots"), &json!({"name": name}))
+            .await?;
+        Ok(())
+    }
+
+    pub async fn delete_snapshot(&self, volume: &str, name: &str) -> CsiResult<()> {
+        Ok(self
+            .client
+            .delete(&format!("/v1/volumes/{volume}/snapshots/{name}"))
+            .await?)
+    }
+
+    /// Polls until `done` holds for the volume, failing after `timeout` with DEADLINE_EXCEEDED (the CO retries
+    /// the call, which finds the state reached or keeps waiting).
+    pub async fn wait_volume(
+        &self,
+        name: &str,
+        what: &str,
+        timeout: Duration,
+        done: impl Fn(&ManagedVolume) -> bool,
+    ) -> CsiResult<ManagedVolume> {
+        let end = Instant::now() + timeout;
+        loop {
+            let v = self.volume(name).await?.ok_or_else(|| {
+                CsiError::NotFound(format!("volume {name} disappeared while waiting until {what}"))
+            })?;
+            if done(&v) {
+                return Ok(v);
+            }
+            if Instant::now() >= end {
+                return Err(CsiError::DeadlineExceeded(format!(
+                    "volume {name} is not {what} after {timeout:?} (state {:?}, message {:?})",
+                    v.view.state, v.view.message
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Attached on `node` with its NBD endpoints published.
+    pub async fn wait_attached(&self, name: &str, node: &str, timeout: Duration) -> CsiResult<ManagedVolume> {
+        self.wait_volume(name, &format!("attached on {node}"), timeout, |v| {
+            v.view.state == VolumeState::Attached
+                && v.view.current_node_id.as_deref() == Some(node)
+                && !v.view.endpoints.is_empty()
+        })
+        .await
+    }
+
+    pub async fn wait_detached(&self, name: &str, timeout: Duration) -> CsiResult<ManagedVolume> {
+        self.wait_volume(name, "detached", timeout, |v| {
+            v.view.node_id.is_none() && v.view.state == VolumeState::Detached
+        })
+        .await
+    }
+}
+
+fn managed(raw: serde_json::Value) -> CsiResult<ManagedVolume> {
+    let data_source = raw
+        .get("dataSource")
+        .and_then(|d| d.as_str())
+        .filter(|s| !s.is_empty())
+        .map(str::to_owned);
+    let clone = raw
+        .get("cloneStatus")
+        .or_else(|| raw.get("status").and_then(|s| s.get("cloneStatus")))
+        .filter(|c| !c.is_null())
+        .and_then(|c| serde_json::from_value::<CloneStatus>(c.clone()).ok());
+    let view = serde_json::from_value::<VolumeView>(raw)
+        .map_err(|e| CsiError::Internal(format!("manager: unexpected volume document: {e}")))?;
+    Ok(ManagedVolume {
+        view,
+        data_source,
+        clone,
+    })
+}

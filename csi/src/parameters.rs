@@ -1,0 +1,178 @@
+//! StorageClass and VolumeSnapshotClass parameters: parsed and checked before anything is created, so a typo or a
+//! bad value is a clear INVALID_ARGUMENT and leaves nothing behind. The table in the crate README lists them.
+
+use std::collections::HashMap;
+
+use crate::error::{CsiError, CsiResult};
+
+/// File systems the node plugin makes and grows.
+pub const FS_TYPES: &[&str] = &["ext4", "xfs"];
+
+/// What a StorageClass asks of a volume.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct VolumeParameters {
+    /// None: the manager's default (3).
+    pub number_of_replicas: Option<u32>,
+    /// None: the manager's `disable-revision-counter` setting.
+    pub disable_revision_counter: Option<bool>,
+    /// None: ext4 (unless the volume capability names one).
+    pub fs_type: Option<String>,
+}
+
+const VOLUME_KEYS: &[&str] = &[
+    "numberOfReplicas",
+    "disableRevisionCounter",
+    "dataEngine",
+    "fsType",
+    "backingImage",
+    "backingImageDataSourceType",
+    "backingImageDataSourceParameters",
+];
+
+/// Keys Kubernetes' external-provisioner and snapshotter reserve for themselves (secrets, fstype).
+fn reserved(key: &str) -> bool {
+    key.starts_with("csi.storage.k8s.io/") || key.starts_with("csi.storage.k8s.io_")
+}
+
+fn bad(key: &str, value: &str, want: &str) -> CsiError {
+    CsiError::InvalidArgument(format!("parameter {key}={value:?} is invalid: {want}"))
+}
+
+impl VolumeParameters {
+    pub fn parse(params: &HashMap<String, String>) -> CsiResult<VolumeParameters> {
+        let mut out = VolumeParameters::default();
+        let mut keys: Vec<&String> = params.keys().collect();
+        keys.sort();
+        for key in keys {
+            let value = params[key].as_str();
+            match key.as_str() {
+                "numberOfReplicas" => {
+                    let n: u32 = value
+                        .parse()
+                        .ok()
+                        .filter(|n| (1..=16).contains(n))
+                        .ok_or_else(|| bad(key, value, "a whole number from 1 to 16"))?;
+                    out.number_of_replicas = Some(n);
+                }
+                "disableRevisionCounter" => {
+                    out.disable_revision_counter = Some(match value {
+                        "true" => true,
+                        "false" => false,
+                        _ => return Err(bad(key, value, "true or false")),
+                    });
+                }
+                "dataEngine" => {
+                    if value != "v1" {
+                        return Err(bad(key, value, "Corral has one data engine, v1"));
+                    }
+                }
+                "fsType" => {
+                    if !FS_TYPES.contains(&value) {
+                        return Err(bad(key, value, "ext4 or xfs"));
+                    }
+                    out.fs_type = Some(value.to_owned());
+                }
+                "backingImage" | "backingImageDataSourceType" | "backingImageDataSourceParameters" => {
+                    return Err(CsiError::InvalidArgument(format!(
+                        "parameter {key} is not supported yet: the manager has no backing-image API"
+                    )));
+                }
+                k if reserved(k) => {}
+                k => {
+                    return Err(CsiError::InvalidArgument(format!(
+                        "unknown parameter {k:?}; known: {}",
+                        VOLUME_KEYS.join(", ")
+                    )));
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Where a snapshot is kept (VolumeSnapshotClass parameter `type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SnapshotKind {
+    /// A snapshot in the volume's own chain (`snap://`), the default.
+    InVolume,
+    /// A backup in the backup store (`backup://`).
+    Backup,
+}
+
+pub fn snapshot_kind(params: &HashMap<String, String>) -> CsiResult<SnapshotKind> {
+    let mut kind = SnapshotKind::InVolume;
+    for (key, value) in params {
+        match key.as_str() {
+            "type" => {
+                kind = match value.as_str() {
+                    "snap" => SnapshotKind::InVolume,
+                    "backup" => SnapshotKind::Backup,
+                    _ => return Err(bad(key, value, "snap or backup")),
+                }
+            }
+            k if reserved(k) => {}
+            k => {
+                return Err(CsiError::InvalidArgument(format!(
+                    "unknown snapshot parameter {k:?}; known: type"
+                )));
+            }
+        }
+    }
+    Ok(kind)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(kv: &[(&str, &str)]) -> HashMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+            .collect()
+    }
+
+    #[test]
+    fn known_parameters_parse_and_reserved_ones_are_ignored() {
+        let got = VolumeParameters::parse(&p(&[
+            ("numberOfReplicas", "2"),
+            ("disableRevisionCounter", "true"),
+            ("dataEngine", "v1"),
+            ("fsType", "xfs"),
+            ("csi.storage.k8s.io/fstype", "ext4"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            got,
+            VolumeParameters {
+                number_of_replicas: Some(2),
+                disable_revision_counter: Some(true),
+                fs_type: Some("xfs".into()),
+            }
+        );
+    }
+
+    #[test]
+    fn bad_values_and_unknown_keys_are_invalid_arguments_that_name_the_key() {
+        for (k, v) in [
+            ("numberOfReplicas", "0"),
+            ("numberOfReplicas", "three"),
+            ("disableRevisionCounter", "yes"),
+            ("dataEngine", "v2"),
+            ("fsType", "btrfs"),
+            ("numberOfReplica", "3"),
+            ("backingImage", "img"),
+        ] {
+            let e = VolumeParameters::parse(&p(&[(k, v)])).unwrap_err();
+            assert!(
+                matches!(&e, CsiError::InvalidArgument(m) if m.contains(k)),
+                "{k}={v}: {e}"
+            );
+        }
+        assert!(snapshot_kind(&p(&[("type", "tape")])).is_err());
+        assert_eq!(
+            snapshot_kind(&p(&[("type", "backup")])).unwrap(),
+            SnapshotKind::Backup
+        );
+        assert_eq!(snapshot_kind(&p(&[])).unwrap(), SnapshotKind::InVolume);
+    }
+}

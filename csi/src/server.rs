@@ -1,0 +1,101 @@
+//! Serves the CSI services on a unix socket until cancelled.
+
+use std::path::{Path, PathBuf};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::controller::ControllerService;
+use crate::error::{CsiError, CsiResult};
+use crate::identity::IdentityService;
+use crate::in_flight::InFlight;
+use crate::manager_api::ManagerApi;
+use crate::node::NodeService;
+use crate::node::staging::StateDir;
+use crate::proto::controller_server::ControllerServer;
+use crate::proto::identity_server::IdentityServer;
+use crate::proto::node_server::NodeServer;
+
+/// Which services this process serves: a Kubernetes deployment runs the controller in a Deployment and the node
+/// plugin in a DaemonSet; tests and single hosts run both.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    Controller,
+    Node,
+    All,
+}
+
+#[derive(Debug, Clone)]
+pub struct PluginConfig {
+    /// `unix:///path/csi.sock` or a plain path.
+    pub endpoint: String,
+    pub manager_url: String,
+    pub node_id: String,
+    pub state_dir: PathBuf,
+    pub mode: Mode,
+}
+
+/// The socket path of a CSI endpoint.
+pub fn socket_path(endpoint: &str) -> CsiResult<PathBuf> {
+    let p = endpoint.strip_prefix("unix://").unwrap_or(endpoint);
+    if !p.starts_with('/') {
+        return Err(CsiError::InvalidArgument(format!(
+            "endpoint {endpoint:?} is not unix:///ABSOLUTE/PATH"
+        )));
+    }
+    Ok(PathBuf::from(p))
+}
+
+fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    // A socket left by a previous run would refuse the bind.
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e.into()),
+    }
+    Ok(tokio::net::UnixListener::bind(path)?)
+}
+
+pub async fn serve(cfg: PluginConfig, cancel: CancellationToken) -> anyhow::Result<()> {
+    let path = socket_path(&cfg.endpoint)?;
+    let manager = ManagerApi::new(&cfg.manager_url);
+    let controller = matches!(cfg.mode, Mode::Controller | Mode::All);
+    let node = matches!(cfg.mode, Mode::Node | Mode::All);
+    let identity = IdentityServer::new(IdentityService {
+        manager: manager.clone(),
+        controller,
+    });
+    let controller = controller.then(|| {
+        ControllerServer::new(ControllerService {
+            manager: manager.clone(),
+            in_flight: InFlight::default(),
+        })
+    });
+    let node = if node {
+        if cfg.node_id.is_empty() {
+            anyhow::bail!("--node-id is required for the node service");
+        }
+        let state = StateDir::open(&cfg.state_dir)?;
+        let svc = NodeService::new(cfg.node_id.clone(), manager.clone(), state);
+        let n = svc.recover().await?;
+        tracing::info!(staged = n, state_dir = %cfg.state_dir.display(), "node state read");
+        Some(NodeServer::new(svc))
+    } else {
+        None
+    };
+    let listener = bind(&path)?;
+    tracing::info!(socket = %path.display(), "serving CSI");
+    tonic::transport::Server::builder()
+        .add_service(identity)
+        .add_optional_service(controller)
+        .add_optional_service(node)
+        .serve_with_incoming_shutdown(
+            tokio_stream::wrappers::UnixListenerStream::new(listener),
+            cancel.cancelled_owned(),
+        )
+        .await?;
+    let _ = std::fs::remove_file(&path);
+    Ok(())
+}
