@@ -27,5 +27,23 @@ echo "kubectl kustomize: $(grep -c '^kind:' "$rendered") objects rendered"
 versions=("$@")
 [ ${#versions[@]} -gt 0 ] || versions=(1.29.0 "$(kubernetes-validate --version)")
 for v in "${versions[@]}"; do
-  kubernetes-validate --strict --kubernetes-version "$v" "$rendered"
+  out=$(kubernetes-validate --strict --kubernetes-version "$v" "$rendered" 2>&1) || { echo "$out"; exit 1; }
+  echo "$out"
+  # A kind without a schema is only a warning there: here it is an error (CRD kinds are checked below).
+  if grep -q "Couldn't find schema" <<<"$out"; then
+    echo "failed validation: a rendered object has no schema" >&2
+    exit 1
+  fi
 done
+
+# Objects of CRD kinds (applied outside the kustomization, after their CRDs): against the CRD schemas in crds/.
+python3 "$deploy_dir/validate-crd-objects.py" "$deploy_dir/crds" "$deploy_dir/csi-snapshotclass.yaml"
+
+# Every sidecar image the manifests use is listed, with the same version, in csi-sidecar-images.txt.
+for image in $(grep -oE 'registry\.k8s\.io/[^ "]+' "$rendered" | sort -u); do
+  if ! grep -q "^$image " "$deploy_dir/csi-sidecar-images.txt"; then
+    echo "failed validation: $image is not listed in csi-sidecar-images.txt" >&2
+    exit 1
+  fi
+done
+echo "sidecar images: every registry.k8s.io image is listed in csi-sidecar-images.txt"
