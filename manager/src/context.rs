@@ -89,6 +89,7 @@ impl Ctx {
                 }
             }
         }
+        crate::backing_image::reserve_ports(self, &mut out).await;
         out
     }
 

@@ -5,6 +5,7 @@
 //! API (`/v1/...`) and the user CLI `corral` (its REST client is [`client`]).
 
 pub mod api;
+pub mod backing_image;
 pub mod client;
 pub mod context;
 pub mod controller;

@@ -112,6 +112,9 @@ pub struct VolumeSpec {
     /// the engine runs with a robustness other than faulted. The engine controller passes `--salvage-requested`
     /// only when the volume also keeps no revision counter.
     pub salvage_requested: bool,
+    /// The backing image under the volume's data (its replicas start with `--backing-file`).
+    #[serde(default)]
+    pub backing_image: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -306,6 +309,16 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
         "storage-over-provisioning-percentage",
         "100",
         "Scheduled replica bytes a disk may hold, in percent of its usable space.",
+    ),
+    (
+        "backing-image-cleanup-wait-interval",
+        "60",
+        "Minutes a backing-image copy no replica uses is kept before it is removed (0 = at the next reconcile; never below the image's minimum copies).",
+    ),
+    (
+        "backing-image-min-copies",
+        "1",
+        "Default minNumberOfCopies of new backing images: ready copies kept on distinct nodes, then disks.",
     ),
 ];
 

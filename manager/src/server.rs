@@ -115,6 +115,7 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
     crate::controller::node::start_heartbeat(&ctx, &cancel);
     crate::controller::replica::start(&ctx, &cancel);
     crate::controller::engine::start(&ctx, &cancel);
+    crate::backing_image::start_node(&ctx, &cancel);
     let leader_ctx = ctx.clone();
     let leader_cancel = cancel.clone();
     let node_id = cfg.node_id.clone();
@@ -130,6 +131,7 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
                     let scope = leader_cancel.child_token();
                     crate::controller::volume::start(&leader_ctx, &scope);
                     crate::controller::node::start_failure_detector(&leader_ctx, &scope);
+                    crate::backing_image::start_leader(&leader_ctx, &scope);
                     tokio::select! {
                         () = leader_cancel.cancelled() => { lost.cancel(); scope.cancel(); return }
                         () = lost.cancelled() => { scope.cancel(); tracing::warn!("lost leadership") }

@@ -40,7 +40,7 @@ impl Routes {
         }
     }
 
-    fn add<H, T>(&mut self, method: &'static str, path: &'static str, summary: &'static str, handler: H)
+    pub fn add<H, T>(&mut self, method: &'static str, path: &'static str, summary: &'static str, handler: H)
     where
         H: axum::handler::Handler<T, Ctx>,
         T: 'static,
@@ -135,6 +135,7 @@ pub fn routes() -> Routes {
     r.add("get", "/v1/settings", "List settings", list_settings);
     r.add("get", "/v1/settings/{setting}", "Get a setting", get_setting);
     r.add("put", "/v1/settings/{setting}", "Set a setting", put_setting);
+    crate::backing_image::routes::register(&mut r);
     r.add("get", "/v1/openapi.json", "This document", openapi);
     r.add("get", "/metrics", "Prometheus metrics", metrics);
     r.add("get", "/healthz", "Liveness", healthz);
@@ -374,6 +375,7 @@ async fn create_volume(
 ) -> Result<(StatusCode, Json<VolumeView>), ApiError> {
     check_name("volume name", &req.name)?;
     check_size(req.size)?;
+    crate::backing_image::routes::check_volume_image(&ctx, req.backing_image.as_deref(), req.size).await?;
     if let Some(f) = &req.frontend
         && f != "nbd"
     {
@@ -406,6 +408,7 @@ async fn create_volume(
             disable_revision_counter: req.disable_revision_counter,
             node_id: None,
             salvage_requested: false,
+            backing_image: req.backing_image.clone(),
         },
         status: model::VolumeStatus {
             revision_counter_disabled: disabled,

@@ -19,6 +19,9 @@ pub struct VolumeCreate {
     /// Only `nbd`.
     #[serde(default)]
     pub frontend: Option<String>,
+    /// A backing image (its virtual size must fit in `size`).
+    #[serde(default)]
+    pub backing_image: Option<String>,
 }
 
 fn three() -> u32 {

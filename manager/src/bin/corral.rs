@@ -78,6 +78,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: SettingCmd,
     },
+    /// Backing images (read-only base images of volumes).
+    BackingImage {
+        #[command(subcommand)]
+        cmd: manager::backing_image::cli::BackingImageCmd,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -112,6 +117,9 @@ enum VolumeCmd {
         /// Override the disable-revision-counter setting.
         #[arg(long)]
         disable_revision_counter: Option<bool>,
+        /// A backing image under the volume's data.
+        #[arg(long)]
+        backing_image: Option<String>,
     },
     Ls,
     Get {
@@ -448,6 +456,7 @@ async fn main() -> anyhow::Result<()> {
                 size,
                 replicas,
                 disable_revision_counter,
+                backing_image,
             } => {
                 let body = VolumeCreate {
                     name,
@@ -455,6 +464,7 @@ async fn main() -> anyhow::Result<()> {
                     number_of_replicas: replicas,
                     disable_revision_counter,
                     frontend: None,
+                    backing_image,
                 };
                 let v: VolumeView = c.post("/v1/volumes", &body).await?;
                 print(json, &v, || volume_table(std::slice::from_ref(&v)))?;
@@ -577,6 +587,7 @@ async fn main() -> anyhow::Result<()> {
             let rs: Vec<ReplicaView> = c.get("/v1/replicas").await?;
             print(json, &rs, || replica_table(&rs))?;
         }
+        Cmd::BackingImage { cmd } => manager::backing_image::cli::run(&c, json, cmd).await?,
         Cmd::Setting { cmd } => match cmd {
             SettingCmd::Ls => {
                 let ss: Vec<SettingView> = c.get("/v1/settings").await?;

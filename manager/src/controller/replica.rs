@@ -153,6 +153,24 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     if r.spec.revision_counter_disabled {
         args.push("--disable-revision-counter".to_owned());
     }
+    match crate::backing_image::replica_backing(&ctx, r).await? {
+        None => {}
+        Some(crate::backing_image::ReplicaBacking::Ready { path, .. }) => {
+            args.extend(["--backing-file".to_owned(), path]);
+        }
+        Some(crate::backing_image::ReplicaBacking::Waiting(message)) => {
+            absent_ok(
+                ctx.db
+                    .modify::<Replica>(&name, |r| {
+                        let c = r.status.message != message;
+                        r.status.message.clone_from(&message);
+                        c
+                    })
+                    .await,
+            )?;
+            return Ok(Some(Duration::from_secs(1)));
+        }
+    }
     let mut rec = process::spawn(
         &ctx.binary(BINARY),
         &args,

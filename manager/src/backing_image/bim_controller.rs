@@ -1,0 +1,501 @@
+//! Node-local: one supervised `corral-bim` per disk of this node that has a `BackingImageManager` document. It
+//! reports the daemon's files (List, refreshed on every Watch event), and makes the files of the spec ready: the
+//! first copy is taken from the image's data source with Fetch, a copy whose image has a ready copy elsewhere is
+//! synced from the least busy ready copy (at most 3 sends per source), and when no ready copy exists anywhere
+//! (e.g. every `corral-bim` was restarted: live upgrade) the file already on the disk is reused with an empty
+//! Fetch. Files the spec no longer names are deleted — never one a replica on this disk uses. While the disk is
+//! not ready or names another UUID the manager and all its files are `unknown` and nothing is touched.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use corral_proto::v1;
+use futures::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::model::{BackingImage, BackingImageDataSource, BackingImageManager, ManagerFile, state};
+use crate::context::Ctx;
+use crate::controller::{Requeue, WorkQueue, feed, run_worker};
+use crate::model::{Node, ProcessRecord, Replica, Volume};
+use crate::process;
+use crate::store::{Event, Object, absent_ok};
+
+pub const BINARY: &str = "corral-bim";
+/// Ports a `corral-bim` takes: P gRPC, P+1 HTTP, P+2.. sync receivers.
+pub const PORTS: u16 = 12;
+/// Concurrent sends one ready copy feeds (the seed's limit; `corral-bim` enforces it too).
+pub const SENDS_PER_SOURCE: u32 = 3;
+const RESYNC: Duration = Duration::from_secs(2);
+
+#[derive(Default)]
+struct Local {
+    /// Manager name → the daemon this process started and when.
+    daemons: Mutex<HashMap<String, (ProcessRecord, Instant)>>,
+    /// Manager name → (gRPC address, cancel) of its Watch task.
+    watches: Mutex<HashMap<String, (String, CancellationToken)>>,
+}
+
+pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
+    let q = Arc::new(WorkQueue::default());
+    let me = ctx.cfg.node_id.clone();
+    let me2 = me.clone();
+    feed::<BackingImageManager>(
+        ctx.db.clone(),
+        q.clone(),
+        cancel.clone(),
+        RESYNC,
+        move |ev| match ev {
+            Event::Put(o) if o.data.spec.node_id == me => Some(o.name.clone()),
+            Event::Put(_) => None,
+            Event::Delete { name, .. } => Some(name.clone()),
+        },
+        move |o| (o.data.spec.node_id == me2).then(|| o.name.clone()),
+    );
+    let ctx = ctx.clone();
+    let c = cancel.clone();
+    let local = Arc::new(Local::default());
+    tokio::spawn(async move {
+        let m = ctx.metrics.clone();
+        let q2 = q.clone();
+        run_worker("backing-image-manager", q, c.clone(), m, |name| {
+            reconcile(ctx.clone(), local.clone(), q2.clone(), c.clone(), name)
+        })
+        .await;
+    });
+}
+
+/// Requeues the manager on every change the daemon streams, until cancelled or the stream ends.
+fn watch(local: &Local, q: &Arc<WorkQueue>, cancel: &CancellationToken, name: &str, address: &str) {
+    let Ok(mut w) = local.watches.lock() else { return };
+    if w.get(name)
+        .is_some_and(|(a, t)| a == address && !t.is_cancelled())
+    {
+        return;
+    }
+    if let Some((_, t)) = w.remove(name) {
+        t.cancel();
+    }
+    let token = cancel.child_token();
+    w.insert(name.to_owned(), (address.to_owned(), token.clone()));
+    let (q, name, address) = (q.clone(), name.to_owned(), address.to_owned());
+    tokio::spawn(async move {
+        let stream = async {
+            let mut c = super::bim_client(&address).await?;
+            let mut s = c.watch(v1::Empty {}).await?.into_inner();
+            while let Some(ev) = s.next().await {
+                ev?;
+                q.add(&name);
+            }
+            anyhow::Ok(())
+        };
+        tokio::select! {
+            () = token.cancelled() => {}
+            r = stream => if let Err(e) = r { tracing::debug!(manager = name, error = %e, "watch ended") },
+        }
+        // The next reconcile starts a new watch.
+        token.cancel();
+    });
+}
+
+async fn stop(local: &Local, name: &str, rec: Option<&ProcessRecord>) {
+    if let Some((_, t)) = local.watches.lock().ok().and_then(|mut w| w.remove(name)) {
+        t.cancel();
+    }
+    let started = local.daemons.lock().ok().and_then(|mut m| m.remove(name));
+    for p in rec.into_iter().chain(started.as_ref().map(|(p, _)| p)) {
+        process::stop(p, BINARY, Duration::from_secs(10)).await;
+    }
+}
+
+/// Why the disk cannot be used now, if so.
+async fn disk_problem(ctx: &Ctx, m: &BackingImageManager) -> anyhow::Result<Option<String>> {
+    let node = ctx.db.must_get::<Node>(&ctx.cfg.node_id).await?;
+    let Some(disk) = node.data.spec.disks.get(&m.spec.disk_name) else {
+        return Ok(Some(format!(
+            "disk {} is not on node {}",
+            m.spec.disk_name, ctx.cfg.node_id
+        )));
+    };
+    if disk.disk_uuid != m.spec.disk_uuid {
+        return Ok(Some(format!(
+            "disk {} now has UUID {}, not {}",
+            m.spec.disk_name, disk.disk_uuid, m.spec.disk_uuid
+        )));
+    }
+    match node.data.status.disks.get(&m.spec.disk_name) {
+        Some(st) if st.error.is_empty() => Ok(None),
+        Some(st) => Ok(Some(st.error.clone())),
+        None => Ok(Some(format!("disk {} has not reported yet", m.spec.disk_name))),
+    }
+}
+
+async fn set_status(
+    ctx: &Ctx,
+    name: &str,
+    f: impl Fn(&mut super::model::ManagerStatus) + Send + Sync,
+) -> anyhow::Result<()> {
+    absent_ok(
+        ctx.db
+            .modify::<BackingImageManager>(name, |m| {
+                let before = m.status.clone();
+                f(&mut m.status);
+                m.status != before
+            })
+            .await,
+    )?;
+    Ok(())
+}
+
+async fn reconcile(
+    ctx: Ctx,
+    local: Arc<Local>,
+    q: Arc<WorkQueue>,
+    cancel: CancellationToken,
+    name: String,
+) -> anyhow::Result<Requeue> {
+    let Some(obj) = ctx.db.get::<BackingImageManager>(&name).await? else {
+        stop(&local, &name, None).await;
+        return Ok(None);
+    };
+    let m = &obj.data;
+    if m.spec.node_id != ctx.cfg.node_id {
+        return Ok(None);
+    }
+    if let Some(problem) = disk_problem(&ctx, m).await? {
+        // The files may be fine; nothing can be said or done about them now.
+        set_status(&ctx, &name, |s| {
+            s.state = state::UNKNOWN.to_owned();
+            s.message.clone_from(&problem);
+            for f in s.files.values_mut() {
+                if f.state != state::FAILED {
+                    f.state = state::UNKNOWN.to_owned();
+                }
+            }
+        })
+        .await?;
+        return Ok(Some(RESYNC));
+    }
+    let rec = m.status.process.clone();
+    let alive = rec.as_ref().is_some_and(|p| process::is_alive(p, BINARY));
+    if !alive {
+        let last = local
+            .daemons
+            .lock()
+            .ok()
+            .and_then(|d| d.get(&name).map(|(_, at)| *at));
+        if let Some(last) = last
+            && last.elapsed() < Duration::from_secs(1)
+        {
+            return Ok(Some(Duration::from_secs(1) - last.elapsed()));
+        }
+        spawn(&ctx, &local, &name, m).await?;
+        return Ok(Some(Duration::from_millis(300)));
+    }
+    let Ok(mut client) = super::bim_client(&m.status.address).await else {
+        return Ok(Some(Duration::from_millis(300)));
+    };
+    let list = match client.list(v1::Empty {}).await {
+        Ok(l) => l.into_inner(),
+        Err(_) => return Ok(Some(Duration::from_millis(300))),
+    };
+    watch(&local, &q, &cancel, &name, &m.status.address);
+    let files: BTreeMap<String, ManagerFile> = list
+        .images
+        .iter()
+        .filter_map(|i| {
+            let spec = i.spec.as_ref()?;
+            let st = i.status.clone().unwrap_or_default();
+            Some((
+                spec.name.clone(),
+                ManagerFile {
+                    uuid: spec.uuid.clone(),
+                    state: st.state,
+                    progress: st.progress,
+                    message: st.message,
+                    size: st.size,
+                    virtual_size: st.virtual_size,
+                    current_checksum: st.current_checksum,
+                    path: i.path.clone(),
+                    sending_reference: st.sending_reference,
+                    sender_address: st.sender_address,
+                },
+            ))
+        })
+        .collect();
+    let (mstate, message) = if list.disk_message.is_empty() {
+        (state::RUNNING, String::new())
+    } else {
+        (state::UNKNOWN, list.disk_message.clone())
+    };
+    set_status(&ctx, &name, |s| {
+        s.state = mstate.to_owned();
+        s.message.clone_from(&message);
+        s.files.clone_from(&files);
+    })
+    .await?;
+    if !list.disk_message.is_empty() {
+        return Ok(Some(RESYNC));
+    }
+    let managers = ctx.db.list::<BackingImageManager>().await?;
+    for (image, uuid) in &m.spec.backing_images {
+        if let Err(e) = make_ready(&ctx, &mut client, m, &managers, &files, image, uuid).await {
+            tracing::warn!(
+                manager = name,
+                image,
+                error = format!("{e:#}"),
+                "cannot prepare backing image file"
+            );
+        }
+    }
+    delete_unwanted(&ctx, &mut client, m, &files).await?;
+    Ok(Some(RESYNC))
+}
+
+async fn spawn(ctx: &Ctx, local: &Local, name: &str, m: &BackingImageManager) -> anyhow::Result<()> {
+    let port = super::allocate(ctx, PORTS).await?;
+    let host = &ctx.cfg.host;
+    let args = vec![
+        "serve".to_owned(),
+        "--listen".to_owned(),
+        format!("{host}:{port}"),
+        "--http-listen".to_owned(),
+        format!("{host}:{}", port + 1),
+        "--disk-path".to_owned(),
+        m.spec.disk_path.clone(),
+        "--disk-uuid".to_owned(),
+        m.spec.disk_uuid.clone(),
+        "--port-range".to_owned(),
+        format!("{}-{}", port + 2, port + PORTS - 1),
+        "--advertise-host".to_owned(),
+        host.clone(),
+    ];
+    let mut rec = process::spawn(
+        &ctx.binary(BINARY),
+        &args,
+        &ctx.log_path(&format!("bim-{}", m.spec.disk_name)),
+        port,
+    )?;
+    rec.restarts = m.status.process.as_ref().map_or(0, |p| p.restarts + 1);
+    ctx.metrics.daemon_started();
+    tracing::info!(
+        manager = name,
+        pid = rec.pid,
+        port,
+        disk = m.spec.disk_path,
+        "started corral-bim"
+    );
+    if let Ok(mut d) = local.daemons.lock() {
+        d.insert(name.to_owned(), (rec.clone(), Instant::now()));
+    }
+    let (address, http) = (format!("{host}:{port}"), format!("{host}:{}", port + 1));
+    set_status(ctx, name, |s| {
+        s.state = "starting".to_owned();
+        s.process = Some(rec.clone());
+        s.address.clone_from(&address);
+        s.http_address.clone_from(&http);
+    })
+    .await
+}
+
+fn spec(name: &str, uuid: &str, size: u64, checksum: &str) -> v1::BimImageSpec {
+    v1::BimImageSpec {
+        name: name.to_owned(),
+        uuid: uuid.to_owned(),
+        size,
+        checksum: checksum.to_owned(),
+    }
+}
+
+/// Sends one ready copy is feeding now: what it reports, or the receivers naming it if more (a sync just asked).
+fn sends_from(managers: &[Object<BackingImageManager>], source: &BackingImageManager, image: &str) -> u32 {
+    let reported = source.status.files.get(image).map_or(0, |f| f.sending_reference);
+    let receiving = managers
+        .iter()
+        .filter_map(|m| m.data.status.files.get(image))
+        .filter(|f| {
+            matches!(
+                f.state.as_str(),
+                state::STARTING | state::IN_PROGRESS | state::PENDING
+            ) && f.sender_address == source.status.address
+        })
+        .count();
+    reported.max(u32::try_from(receiving).unwrap_or(u32::MAX))
+}
+
+async fn make_ready(
+    ctx: &Ctx,
+    client: &mut v1::backing_image_manager_service_client::BackingImageManagerServiceClient<
+        tonic::transport::Channel,
+    >,
+    me: &BackingImageManager,
+    managers: &[Object<BackingImageManager>],
+    files: &BTreeMap<String, ManagerFile>,
+    image: &str,
+    uuid: &str,
+) -> anyhow::Result<()> {
+    if let Some(f) = files.get(image)
+        && f.uuid == uuid
+        && f.state != state::FAILED
+    {
+        return Ok(());
+    }
+    if let Some(f) = files.get(image)
+        && f.uuid != uuid
+    {
+        // An older image of the same name: its files go before the new one is prepared.
+        client
+            .delete(v1::BimImageRef {
+                name: image.to_owned(),
+                uuid: f.uuid.clone(),
+            })
+            .await?;
+    }
+    let Some(bi) = ctx.db.get::<BackingImage>(image).await? else {
+        return Ok(());
+    };
+    if bi.data.spec.uuid != uuid || bi.data.spec.deletion_timestamp.is_some() {
+        return Ok(());
+    }
+    let ds = ctx.db.get::<BackingImageDataSource>(image).await?;
+    let started = ds.as_ref().is_none_or(|d| d.data.spec.started);
+    if !started {
+        let Some(ds) = ds else { return Ok(()) };
+        let d = &ds.data;
+        if d.spec.disk_uuid == me.spec.disk_uuid && d.status.state == state::READY_FOR_TRANSFER {
+            tracing::info!(image, disk = me.spec.disk_path, "taking the data source's file");
+            client
+                .fetch(v1::BimFetchRequest {
+                    spec: Some(spec(image, uuid, d.status.size, &d.status.current_checksum)),
+                    data_source_address: d.status.address.clone(),
+                })
+                .await?;
+        }
+        return Ok(());
+    }
+    let checksum = if bi.data.status.current_checksum.is_empty() {
+        bi.data.spec.expected_checksum.clone()
+    } else {
+        bi.data.status.current_checksum.clone()
+    };
+    let ready: Vec<&BackingImageManager> = managers
+        .iter()
+        .map(|m| &m.data)
+        .filter(|m| m.spec.disk_uuid != me.spec.disk_uuid && m.status.state == state::RUNNING)
+        .filter(|m| {
+            m.status
+                .files
+                .get(image)
+                .is_some_and(|f| f.uuid == uuid && f.state == state::READY)
+        })
+        .collect();
+    if ready.is_empty() {
+        let anywhere_ready = managers.iter().any(|m| {
+            m.data
+                .status
+                .files
+                .get(image)
+                .is_some_and(|f| f.uuid == uuid && f.state == state::READY)
+        });
+        if !anywhere_ready && files.get(image).is_none_or(|f| f.state != state::FAILED) {
+            // No ready copy in the cluster (daemons restarted): adopt what is on this disk, if it matches.
+            let r = client
+                .fetch(v1::BimFetchRequest {
+                    spec: Some(spec(image, uuid, bi.data.status.size, &checksum)),
+                    data_source_address: String::new(),
+                })
+                .await;
+            if let Err(e) = r {
+                tracing::debug!(image, error = %e, "no file to reuse on this disk");
+            }
+        }
+        return Ok(());
+    }
+    let Some(source) = ready
+        .iter()
+        .map(|m| (sends_from(managers, m, image), *m))
+        .filter(|(n, _)| *n < SENDS_PER_SOURCE)
+        .min_by_key(|(n, m)| (*n, m.spec.disk_uuid.clone()))
+        .map(|(_, m)| m)
+    else {
+        tracing::debug!(
+            image,
+            "every ready copy is sending {SENDS_PER_SOURCE} copies: waiting"
+        );
+        return Ok(());
+    };
+    tracing::info!(
+        image,
+        from = source.status.address,
+        to = me.spec.disk_path,
+        "syncing backing image"
+    );
+    client
+        .sync(v1::BimSyncRequest {
+            spec: Some(spec(image, uuid, bi.data.status.size, &checksum)),
+            from_address: source.status.address.clone(),
+        })
+        .await?;
+    Ok(())
+}
+
+/// Deletes files the spec does not name (or of another UUID), except what a replica on this disk uses.
+async fn delete_unwanted(
+    ctx: &Ctx,
+    client: &mut v1::backing_image_manager_service_client::BackingImageManagerServiceClient<
+        tonic::transport::Channel,
+    >,
+    me: &BackingImageManager,
+    files: &BTreeMap<String, ManagerFile>,
+) -> anyhow::Result<()> {
+    let unwanted: Vec<(&String, &ManagerFile)> = files
+        .iter()
+        .filter(|(n, f)| me.spec.backing_images.get(*n) != Some(&f.uuid))
+        .collect();
+    if unwanted.is_empty() {
+        return Ok(());
+    }
+    let in_use = images_in_use_on(ctx, &me.spec.disk_uuid).await?;
+    for (image, f) in unwanted {
+        if in_use.contains_key(image.as_str()) {
+            tracing::warn!(
+                image,
+                disk = me.spec.disk_path,
+                "not deleting a backing file a replica uses"
+            );
+            continue;
+        }
+        tracing::info!(
+            image,
+            uuid = f.uuid,
+            disk = me.spec.disk_path,
+            "deleting backing image file"
+        );
+        client
+            .delete(v1::BimImageRef {
+                name: image.clone(),
+                uuid: f.uuid.clone(),
+            })
+            .await?;
+    }
+    Ok(())
+}
+
+/// Image name → replicas on the disk whose volume uses it.
+pub async fn images_in_use_on(ctx: &Ctx, disk_uuid: &str) -> anyhow::Result<BTreeMap<String, Vec<String>>> {
+    let volumes = ctx.db.list::<Volume>().await?;
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for r in ctx.db.list::<Replica>().await? {
+        if r.data.spec.disk_uuid != disk_uuid {
+            continue;
+        }
+        if let Some(img) = volumes
+            .iter()
+            .find(|v| v.name == r.data.spec.volume)
+            .and_then(|v| v.data.spec.backing_image.clone())
+        {
+            out.entry(img).or_default().push(r.name.clone());
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,560 @@
+//! Cluster-wide (leader): for every backing image, decides which disks hold a copy and tells their disk managers.
+//! The disks are: those of replicas whose volume uses the image, the data source's disk until a manager took the
+//! first file, disks added to reach `minNumberOfCopies` (distinct nodes first, then disks) once a copy is ready,
+//! minus disks whose file nobody used for `backing-image-cleanup-wait-interval` minutes (in [`super::cleanup`]'s
+//! order, never below the minimum). It marks the data source started once a manager reports the file ready, runs
+//! the source again when every copy failed (not for uploads), aggregates the per-disk status, and removes a
+//! deleted image once no disk manager reports its file.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use super::cleanup::{DiskUse, FileClass, expired, last_ref_marks};
+use super::model::{
+    BackingImage, BackingImageDataSource, BackingImageManager, DataSourceSpec, DiskFileSpec, DiskFileStatus,
+    ManagerSpec, SourceType, manager_name, state,
+};
+use crate::context::Ctx;
+use crate::controller::volume::node_is_up;
+use crate::controller::{Requeue, WorkQueue, feed, now, run_worker};
+use crate::model::{Node, ProcessState, Replica, Volume};
+use crate::store::{Object, StoreError, absent_ok};
+
+pub const CLEANUP_SETTING: &str = "backing-image-cleanup-wait-interval";
+pub const MIN_COPIES_SETTING: &str = "backing-image-min-copies";
+
+pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
+    let q = Arc::new(WorkQueue::default());
+    feed::<BackingImage>(
+        ctx.db.clone(),
+        q.clone(),
+        cancel.clone(),
+        Duration::from_secs(2),
+        |ev| Some(ev.name().to_owned()),
+        |o| Some(o.name.clone()),
+    );
+    feed::<BackingImageDataSource>(
+        ctx.db.clone(),
+        q.clone(),
+        cancel.clone(),
+        Duration::from_secs(30),
+        |ev| Some(ev.name().to_owned()),
+        |o| Some(o.name.clone()),
+    );
+    let ctx = ctx.clone();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        let m = ctx.metrics.clone();
+        run_worker("backing-image", q, c, m, |name| reconcile(ctx.clone(), name)).await;
+    });
+}
+
+/// A disk of the cluster, by UUID.
+#[derive(Debug, Clone)]
+pub struct DiskRef {
+    pub node_id: String,
+    pub disk_name: String,
+    pub disk_uuid: String,
+    pub path: String,
+    /// Node up, disk reporting no error, scheduling allowed.
+    pub ready: bool,
+}
+
+pub async fn disks(ctx: &Ctx) -> anyhow::Result<Vec<DiskRef>> {
+    let mut out = Vec::new();
+    for n in ctx.db.list::<Node>().await? {
+        let up = node_is_up(ctx, &n.data).await;
+        for (disk, d) in &n.data.spec.disks {
+            let ok = n.data.status.disks.get(disk).is_some_and(|s| s.error.is_empty());
+            out.push(DiskRef {
+                node_id: n.name.clone(),
+                disk_name: disk.clone(),
+                disk_uuid: d.disk_uuid.clone(),
+                path: d.path.clone(),
+                ready: up && ok && d.allow_scheduling && n.data.spec.allow_scheduling,
+            });
+        }
+    }
+    Ok(out)
+}
+
+fn selected(bi: &BackingImage, d: &DiskRef) -> bool {
+    (bi.spec.disk_selector.is_empty() || bi.spec.disk_selector.contains(&d.disk_name))
+        && (bi.spec.node_selector.is_empty() || bi.spec.node_selector.contains(&d.node_id))
+}
+
+/// The data source of a new image (or of one whose source runs again): a random ready disk that can hold it, and
+/// the image's parameters as `corral-datasource` takes them. Errors are messages for the user.
+pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImageDataSource, String> {
+    let all = disks(ctx).await.map_err(|e| format!("{e:#}"))?;
+    let mut pool: Vec<&DiskRef> = all.iter().filter(|d| d.ready && selected(bi, d)).collect();
+    let p = &bi.spec.parameters;
+    let param = |k: &str| {
+        p.get(k).filter(|v| !v.is_empty()).cloned().ok_or_else(|| {
+            format!(
+                "source type {} needs the parameter {k:?}",
+                bi.spec.source_type.as_str()
+            )
+        })
+    };
+    let mut params = BTreeMap::new();
+    match bi.spec.source_type {
+        SourceType::Download => {
+            let url = param("url")?;
+            if !(url.starts_with("http://") || url.starts_with("https://")) {
+                return Err(format!("url {url:?} is not an http:// or https:// URL"));
+            }
+            params.insert("url".to_owned(), url);
+        }
+        SourceType::Upload => {}
+        SourceType::Restore => {
+            params.insert("backup-url".to_owned(), param("backupURL")?);
+        }
+        SourceType::Clone => {
+            let src = param("backingImage")?;
+            let s = ctx
+                .db
+                .get::<BackingImage>(&src)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("backing image {src:?} to clone does not exist"))?;
+            // The clone reads the source's file on the same disk.
+            let holders: BTreeSet<String> = ctx
+                .db
+                .list::<BackingImageManager>()
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .filter(|m| {
+                    m.data
+                        .status
+                        .files
+                        .get(&src)
+                        .is_some_and(|f| f.uuid == s.data.spec.uuid && f.state == state::READY)
+                })
+                .map(|m| m.data.spec.disk_uuid)
+                .collect();
+            pool.retain(|d| holders.contains(&d.disk_uuid));
+            if pool.is_empty() {
+                return Err(format!(
+                    "backing image {src:?} has no ready copy on a ready disk to clone"
+                ));
+            }
+            params.insert("backing-image".to_owned(), src);
+            params.insert("backing-image-uuid".to_owned(), s.data.spec.uuid);
+        }
+        SourceType::ExportFromVolume => {
+            let volume = param("volume")?;
+            let snapshot = param("snapshot")?;
+            let export_type = p.get("exportType").cloned().unwrap_or_else(|| "raw".to_owned());
+            if export_type != "raw" && export_type != "qcow2" {
+                return Err(format!("exportType {export_type:?} is not raw or qcow2"));
+            }
+            let v = ctx
+                .db
+                .get::<Volume>(&volume)
+                .await
+                .map_err(|e| e.to_string())?
+                .ok_or_else(|| format!("volume {volume:?} does not exist"))?;
+            let replica = ctx
+                .db
+                .list::<Replica>()
+                .await
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .find(|r| {
+                    r.data.spec.volume == volume
+                        && r.data.status.state == ProcessState::Running
+                        && r.data.status.mode == "RW"
+                })
+                .ok_or_else(|| {
+                    format!("volume {volume} has no running healthy replica to export from (attach it)")
+                })?;
+            let port = replica.data.status.process.as_ref().map_or(0, |p| p.port);
+            let host = replica
+                .data
+                .status
+                .address
+                .trim_start_matches("tcp://")
+                .rsplit_once(':')
+                .map(|(h, _)| h.to_owned())
+                .unwrap_or_default();
+            params.insert("snapshot-name".to_owned(), snapshot);
+            params.insert(
+                "sender-address".to_owned(),
+                format!("{host}:{}", port + corral_proto::REPLICA_SYNC_AGENT_PORT_OFFSET),
+            );
+            params.insert("volume-size".to_owned(), v.data.spec.size.to_string());
+            params.insert("file-type".to_owned(), export_type);
+        }
+    }
+    if pool.is_empty() {
+        return Err("no ready disk can hold the backing image's first copy".to_owned());
+    }
+    // Random, so new images spread over the cluster.
+    let idx = usize::try_from(uuid::Uuid::new_v4().as_u128() % pool.len() as u128).unwrap_or(0);
+    let d = pool[idx];
+    Ok(BackingImageDataSource {
+        spec: DataSourceSpec {
+            uuid: bi.spec.uuid.clone(),
+            node_id: d.node_id.clone(),
+            disk_uuid: d.disk_uuid.clone(),
+            disk_path: d.path.clone(),
+            source_type: bi.spec.source_type,
+            parameters: params,
+            expected_checksum: bi.spec.expected_checksum.clone(),
+            started: false,
+            generation: 0,
+        },
+        status: Default::default(),
+    })
+}
+
+/// Disk UUID → node of the replicas whose volume uses `image`.
+pub async fn replica_disks(ctx: &Ctx, image: &str) -> anyhow::Result<BTreeMap<String, String>> {
+    let vols: BTreeSet<String> = ctx
+        .db
+        .list::<Volume>()
+        .await?
+        .into_iter()
+        .filter(|v| v.data.spec.backing_image.as_deref() == Some(image))
+        .map(|v| v.name)
+        .collect();
+    Ok(ctx
+        .db
+        .list::<Replica>()
+        .await?
+        .into_iter()
+        .filter(|r| vols.contains(&r.data.spec.volume))
+        .map(|r| (r.data.spec.disk_uuid, r.data.spec.node_id))
+        .collect())
+}
+
+fn file_of<'a>(m: &'a BackingImageManager, image: &str, uuid: &str) -> Option<&'a super::model::ManagerFile> {
+    m.status.files.get(image).filter(|f| f.uuid == uuid)
+}
+
+/// Sets or removes `image` in the spec of every disk manager; creates the managers of new disks and deletes
+/// managers left with nothing to hold.
+async fn push_to_managers(
+    ctx: &Ctx,
+    image: &str,
+    uuid: Option<&str>,
+    wanted: &BTreeMap<String, DiskFileSpec>,
+    managers: &[Object<BackingImageManager>],
+    all_disks: &[DiskRef],
+) -> anyhow::Result<()> {
+    for m in managers {
+        let want = uuid.filter(|_| wanted.contains_key(&m.data.spec.disk_uuid));
+        if m.data.spec.backing_images.get(image).map(String::as_str) != want {
+            absent_ok(
+                ctx.db
+                    .modify::<BackingImageManager>(&m.name, |x| {
+                        match want {
+                            Some(u) => x.spec.backing_images.insert(image.to_owned(), u.to_owned()),
+                            None => x.spec.backing_images.remove(image),
+                        };
+                        true
+                    })
+                    .await,
+            )?;
+        } else if want.is_none() && m.data.spec.backing_images.is_empty() && m.data.status.files.is_empty() {
+            // Nothing left on the disk: its daemon goes (a later image brings it back).
+            match ctx.db.delete::<BackingImageManager>(&m.name, m.version).await {
+                Ok(()) | Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+    let Some(uuid) = uuid else { return Ok(()) };
+    for disk_uuid in wanted.keys() {
+        let name = manager_name(disk_uuid);
+        if managers.iter().any(|m| m.name == name) {
+            continue;
+        }
+        let Some(d) = all_disks.iter().find(|d| &d.disk_uuid == disk_uuid) else {
+            continue;
+        };
+        let m = BackingImageManager {
+            spec: ManagerSpec {
+                node_id: d.node_id.clone(),
+                disk_name: d.disk_name.clone(),
+                disk_uuid: d.disk_uuid.clone(),
+                disk_path: d.path.clone(),
+                backing_images: [(image.to_owned(), uuid.to_owned())].into_iter().collect(),
+            },
+            status: Default::default(),
+        };
+        match ctx.db.create(&name, m).await {
+            Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(())
+}
+
+async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
+    let managers = ctx.db.list::<BackingImageManager>().await?;
+    let all_disks = disks(&ctx).await?;
+    let Some(obj) = ctx.db.get::<BackingImage>(&name).await? else {
+        ctx.db.delete_any::<BackingImageDataSource>(&name).await?;
+        push_to_managers(&ctx, &name, None, &BTreeMap::new(), &managers, &all_disks).await?;
+        return Ok(None);
+    };
+    let bi = &obj.data;
+    let uuid = bi.spec.uuid.clone();
+    if bi.spec.deletion_timestamp.is_some() {
+        ctx.db.delete_any::<BackingImageDataSource>(&name).await?;
+        push_to_managers(&ctx, &name, None, &BTreeMap::new(), &managers, &all_disks).await?;
+        // Gone once no reachable disk manager reports the file (a down node's leftovers are removed by its
+        // manager when it comes back: its spec no longer names the image).
+        let remaining = managers.iter().any(|m| {
+            file_of(&m.data, &name, &uuid).is_some()
+                && all_disks
+                    .iter()
+                    .any(|d| d.disk_uuid == m.data.spec.disk_uuid && d.ready)
+        });
+        if !remaining {
+            tracing::info!(image = name, "backing image deleted");
+            match ctx.db.delete::<BackingImage>(&name, obj.version).await {
+                Ok(()) | Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => {}
+                Err(e) => return Err(e.into()),
+            }
+            return Ok(None);
+        }
+        return Ok(Some(Duration::from_secs(1)));
+    }
+    let mut ds = match ctx.db.get::<BackingImageDataSource>(&name).await? {
+        Some(d) => d,
+        None => match data_source_for(&ctx, bi).await {
+            Ok(d) => match ctx.db.create(&name, d).await {
+                Ok(o) => o,
+                Err(StoreError::AlreadyExists { .. }) => return Ok(Some(Duration::ZERO)),
+                Err(e) => return Err(e.into()),
+            },
+            Err(msg) => {
+                ctx.db
+                    .modify::<BackingImage>(&name, |b| {
+                        let changed = b.status.message != msg;
+                        b.status.message.clone_from(&msg);
+                        changed
+                    })
+                    .await?;
+                return Ok(Some(Duration::from_secs(5)));
+            }
+        },
+    };
+    let any_ready = managers
+        .iter()
+        .any(|m| file_of(&m.data, &name, &uuid).is_some_and(|f| f.state == state::READY));
+    if !ds.data.spec.started && any_ready {
+        tracing::info!(
+            image = name,
+            "a disk manager took the first file: stopping the data source"
+        );
+        ds = ctx
+            .db
+            .modify::<BackingImageDataSource>(&name, |d| {
+                d.spec.started = true;
+                true
+            })
+            .await?;
+    }
+    let started = ds.data.spec.started;
+    let ds_disk = ds.data.spec.disk_uuid.clone();
+
+    // What every disk holds.
+    let mut files: BTreeMap<String, DiskFileStatus> = BTreeMap::new();
+    for m in &managers {
+        let in_spec = m.data.spec.backing_images.get(&name) == Some(&uuid);
+        let f = file_of(&m.data, &name, &uuid);
+        if !in_spec && f.is_none() {
+            continue;
+        }
+        let mut st = match f {
+            Some(f) => DiskFileStatus {
+                state: f.state.clone(),
+                progress: f.progress,
+                message: f.message.clone(),
+                node_id: m.data.spec.node_id.clone(),
+            },
+            None => DiskFileStatus {
+                state: state::PENDING.to_owned(),
+                node_id: m.data.spec.node_id.clone(),
+                ..Default::default()
+            },
+        };
+        if m.data.status.state == state::UNKNOWN && st.state != state::FAILED {
+            st.state = state::UNKNOWN.to_owned();
+            st.message.clone_from(&m.data.status.message);
+        }
+        files.insert(m.data.spec.disk_uuid.clone(), st);
+    }
+    if !started {
+        let d = &ds.data.status;
+        let st = files.entry(ds_disk.clone()).or_default();
+        if st.state != state::READY && st.state != state::IN_PROGRESS {
+            *st = DiskFileStatus {
+                state: if d.state.is_empty() {
+                    state::PENDING.to_owned()
+                } else {
+                    d.state.clone()
+                },
+                progress: d.progress,
+                message: d.message.clone(),
+                node_id: ds.data.spec.node_id.clone(),
+            };
+        }
+    }
+
+    // Every copy failed: the source runs again where it can.
+    let all_failed = !files.is_empty() && files.values().all(|f| f.state == state::FAILED);
+    if started && all_failed && bi.spec.source_type.refetchable() {
+        tracing::warn!(
+            image = name,
+            "every copy of the backing image failed: preparing it from its source again"
+        );
+        let fresh = data_source_for(&ctx, bi).await.ok();
+        ctx.db
+            .modify::<BackingImageDataSource>(&name, |d| {
+                if let Some(f) = &fresh {
+                    d.spec.node_id.clone_from(&f.spec.node_id);
+                    d.spec.disk_uuid.clone_from(&f.spec.disk_uuid);
+                    d.spec.disk_path.clone_from(&f.spec.disk_path);
+                    d.spec.parameters.clone_from(&f.spec.parameters);
+                }
+                d.spec.started = false;
+                d.spec.generation += 1;
+                true
+            })
+            .await?;
+        return Ok(Some(Duration::from_secs(1)));
+    }
+
+    // The disks that must hold a copy.
+    let used = replica_disks(&ctx, &name).await?;
+    let mut wanted = bi.spec.disk_file_spec_map.clone();
+    for (disk, node) in &used {
+        wanted.insert(
+            disk.clone(),
+            DiskFileSpec {
+                node_id: node.clone(),
+            },
+        );
+    }
+    if !started {
+        wanted.insert(
+            ds_disk.clone(),
+            DiskFileSpec {
+                node_id: ds.data.spec.node_id.clone(),
+            },
+        );
+    }
+    let min = usize::try_from(bi.spec.min_number_of_copies).unwrap_or(1);
+    let healthy = |w: &BTreeMap<String, DiskFileSpec>| {
+        w.keys()
+            .filter(|d| files.get(*d).is_none_or(|f| f.state != state::FAILED))
+            .count()
+    };
+    if any_ready && healthy(&wanted) < min {
+        // HA: more ready disks, on nodes without a copy first.
+        let mut nodes: BTreeSet<String> = wanted.values().map(|s| s.node_id.clone()).collect();
+        let mut pool: Vec<&DiskRef> = all_disks
+            .iter()
+            .filter(|d| d.ready && selected(bi, d) && !wanted.contains_key(&d.disk_uuid))
+            .collect();
+        while healthy(&wanted) < min {
+            pool.sort_by_key(|d| (nodes.contains(&d.node_id), d.disk_uuid.clone()));
+            if pool.is_empty() {
+                break;
+            }
+            let d = pool.remove(0);
+            nodes.insert(d.node_id.clone());
+            wanted.insert(
+                d.disk_uuid.clone(),
+                DiskFileSpec {
+                    node_id: d.node_id.clone(),
+                },
+            );
+        }
+    }
+
+    // Cleanup of files nobody uses.
+    let uses: Vec<DiskUse> = wanted
+        .iter()
+        .map(|(disk, s)| DiskUse {
+            disk_uuid: disk.clone(),
+            node_id: s.node_id.clone(),
+            file: match files.get(disk).map(|f| f.state.as_str()) {
+                Some(state::READY) => FileClass::Ready,
+                Some(state::FAILED) => FileClass::Failed,
+                _ => FileClass::InProgress,
+            },
+            in_use: used.contains_key(disk) || (!started && *disk == ds_disk),
+        })
+        .collect();
+    let t = now();
+    let mut marks = last_ref_marks(&uses, &bi.status.disk_last_ref_at_map, min, t);
+    let wait = i64::try_from(ctx.setting_u64(CLEANUP_SETTING).await.saturating_mul(60)).unwrap_or(i64::MAX);
+    for disk in expired(&marks, wait, t) {
+        tracing::info!(image = name, disk, "removing an unused backing image file");
+        wanted.remove(&disk);
+        marks.remove(&disk);
+        files.remove(&disk);
+    }
+
+    // Status.
+    let first_ready = managers
+        .iter()
+        .filter_map(|m| file_of(&m.data, &name, &uuid))
+        .find(|f| f.state == state::READY);
+    let (size, virtual_size, checksum) = match first_ready {
+        Some(f) => (f.size, f.virtual_size, f.current_checksum.clone()),
+        None if !ds.data.status.current_checksum.is_empty() => (
+            ds.data.status.size,
+            ds.data.status.virtual_size,
+            ds.data.status.current_checksum.clone(),
+        ),
+        None => (
+            bi.status.size,
+            bi.status.virtual_size,
+            bi.status.current_checksum.clone(),
+        ),
+    };
+    let message = if all_failed {
+        let why: Vec<String> = files
+            .values()
+            .map(|f| f.message.clone())
+            .filter(|m| !m.is_empty())
+            .collect();
+        format!("every copy failed: {}", why.join("; "))
+    } else {
+        String::new()
+    };
+    let wanted2 = wanted.clone();
+    let updated = ctx
+        .db
+        .modify::<BackingImage>(&name, |b| {
+            if b.spec.uuid != uuid {
+                return false;
+            }
+            let before = b.clone();
+            b.spec.disk_file_spec_map.clone_from(&wanted2);
+            b.status.disk_file_status_map.clone_from(&files);
+            b.status.disk_last_ref_at_map.clone_from(&marks);
+            b.status.message.clone_from(&message);
+            if b.status.size == 0 || first_ready.is_some() {
+                b.status.size = size;
+                b.status.virtual_size = virtual_size;
+                b.status.current_checksum.clone_from(&checksum);
+            }
+            *b != before
+        })
+        .await;
+    absent_ok(updated)?;
+    push_to_managers(&ctx, &name, Some(&uuid), &wanted, &managers, &all_disks).await?;
+    Ok(Some(Duration::from_secs(2)))
+}

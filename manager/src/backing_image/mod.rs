@@ -1,0 +1,125 @@
+//! Backing images in the control plane (seed 000): the resources ([`model`]), the controllers that run
+//! `corral-datasource` for an image's first copy ([`datasource_controller`], node-local), one `corral-bim` per
+//! disk that fetches, syncs, re-adopts and deletes files ([`bim_controller`], node-local), and the cluster-wide
+//! [`image_controller`] (leader) that decides which disks hold a copy (replicas, HA, cleanup in [`cleanup`]'s
+//! order), aggregates status and re-runs a download when every copy failed. [`routes`] is the REST API
+//! (`/v1/backingimages`), [`cli`] the `corral backing-image` commands.
+
+pub mod bim_controller;
+pub mod cleanup;
+pub mod cli;
+pub mod datasource_controller;
+pub mod image_controller;
+pub mod model;
+pub mod routes;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use corral_proto::v1::backing_image_manager_service_client::BackingImageManagerServiceClient;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::Channel;
+
+use crate::context::Ctx;
+use crate::model::{Replica, Volume};
+use model::{BackingImage, BackingImageDataSource, BackingImageManager, manager_name, state};
+
+/// Node-local controllers: this node's data sources and disk managers.
+pub fn start_node(ctx: &Ctx, cancel: &CancellationToken) {
+    datasource_controller::start(ctx, cancel);
+    bim_controller::start(ctx, cancel);
+}
+
+/// Cluster-wide controller (the leader only).
+pub fn start_leader(ctx: &Ctx, cancel: &CancellationToken) {
+    image_controller::start(ctx, cancel);
+}
+
+/// A client of a disk's `corral-bim`.
+pub async fn bim_client(address: &str) -> anyhow::Result<BackingImageManagerServiceClient<Channel>> {
+    let ch = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
+        .connect_timeout(Duration::from_secs(2))
+        .timeout(Duration::from_secs(60))
+        .connect()
+        .await?;
+    Ok(BackingImageManagerServiceClient::new(ch))
+}
+
+/// What a replica of a volume with a backing image starts with.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaBacking {
+    /// The file is ready on the replica's disk: `--backing-file PATH`; the image's name and SHA-512.
+    Ready {
+        path: String,
+        image: String,
+        checksum: String,
+    },
+    /// Not (yet) on the disk; the image controller adds the disk to the image's spec because the replica is there.
+    Waiting(String),
+}
+
+/// The backing file of a replica, resolved again at every start (the disk may have moved). None: the volume has
+/// no backing image.
+pub async fn replica_backing(ctx: &Ctx, r: &Replica) -> anyhow::Result<Option<ReplicaBacking>> {
+    let Some(vol) = ctx.db.get::<Volume>(&r.spec.volume).await? else {
+        return Ok(None);
+    };
+    let Some(image) = vol.data.spec.backing_image.clone() else {
+        return Ok(None);
+    };
+    let Some(bi) = ctx.db.get::<BackingImage>(&image).await? else {
+        return Ok(Some(ReplicaBacking::Waiting(format!(
+            "backing image {image} does not exist"
+        ))));
+    };
+    let bim = ctx
+        .db
+        .get::<BackingImageManager>(&manager_name(&r.spec.disk_uuid))
+        .await?;
+    let file = bim.as_ref().and_then(|m| {
+        m.data
+            .status
+            .files
+            .get(&image)
+            .filter(|f| f.uuid == bi.data.spec.uuid)
+    });
+    Ok(Some(match file {
+        Some(f) if f.state == state::READY && !f.path.is_empty() => ReplicaBacking::Ready {
+            path: f.path.clone(),
+            image,
+            checksum: f.current_checksum.clone(),
+        },
+        Some(f) => ReplicaBacking::Waiting(format!(
+            "waiting for backing image {image} on disk {}: {} {}% {}",
+            r.spec.disk, f.state, f.progress, f.message
+        )),
+        None => ReplicaBacking::Waiting(format!(
+            "waiting for backing image {image} to be copied to disk {}",
+            r.spec.disk
+        )),
+    }))
+}
+
+/// Ports of this node's `corral-bim` and `corral-datasource` daemons (kept while their documents exist).
+pub async fn reserve_ports(ctx: &Ctx, out: &mut BTreeSet<u16>) {
+    if let Ok(ms) = ctx.db.list::<BackingImageManager>().await {
+        for m in ms.iter().filter(|m| m.data.spec.node_id == ctx.cfg.node_id) {
+            if let Some(p) = &m.data.status.process {
+                out.extend(p.port..p.port.saturating_add(bim_controller::PORTS));
+            }
+        }
+    }
+    if let Ok(ds) = ctx.db.list::<BackingImageDataSource>().await {
+        for d in ds.iter().filter(|d| d.data.spec.node_id == ctx.cfg.node_id) {
+            if let Some(p) = &d.data.status.process {
+                out.insert(p.port);
+            }
+        }
+    }
+}
+
+/// `width` free ports of the node's range that no known daemon holds.
+pub async fn allocate(ctx: &Ctx, width: u16) -> Result<u16, crate::process::ProcessError> {
+    let reserved = ctx.reserved_ports().await;
+    crate::process::allocate_ports(&ctx.cfg.host, ctx.cfg.port_range, width, &reserved)
+}

@@ -1,0 +1,246 @@
+//! The three backing-image resources (seed 000, "Design"): a `BackingImage` (what the user asked for and what the
+//! cluster holds of it), its `BackingImageDataSource` (the daemon that prepares the first copy) and one
+//! `BackingImageManager` per disk (the `corral-bim` that owns the files on that disk).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::model::ProcessRecord;
+use crate::store::Resource;
+
+/// Where the first copy of an image comes from.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum SourceType {
+    #[default]
+    Download,
+    Upload,
+    ExportFromVolume,
+    Restore,
+    Clone,
+}
+
+impl SourceType {
+    /// The `--source-type` of `corral-datasource`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SourceType::Download => "download",
+            SourceType::Upload => "upload",
+            SourceType::ExportFromVolume => "export-from-volume",
+            SourceType::Restore => "restore",
+            SourceType::Clone => "clone",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "download" => SourceType::Download,
+            "upload" => SourceType::Upload,
+            "export-from-volume" => SourceType::ExportFromVolume,
+            "restore" => SourceType::Restore,
+            "clone" => SourceType::Clone,
+            _ => return None,
+        })
+    }
+
+    /// Whether the source can produce the file again after every copy failed (an upload cannot).
+    pub fn refetchable(self) -> bool {
+        !matches!(self, SourceType::Upload)
+    }
+}
+
+/// File states as `corral-bim` and `corral-datasource` report them (`ready-for-transfer` is the data source's
+/// finished file before a manager took it).
+pub mod state {
+    pub const PENDING: &str = "pending";
+    pub const STARTING: &str = "starting";
+    pub const IN_PROGRESS: &str = "in-progress";
+    pub const READY_FOR_TRANSFER: &str = "ready-for-transfer";
+    pub const READY: &str = "ready";
+    pub const FAILED: &str = "failed";
+    pub const UNKNOWN: &str = "unknown";
+    /// A disk manager whose daemon answers.
+    pub const RUNNING: &str = "running";
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackingImage {
+    pub spec: BackingImageSpec,
+    pub status: BackingImageStatus,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackingImageSpec {
+    /// Generated at creation and stored with the first write: the work directories are `<name>-<uuid>`, so a
+    /// re-created image of the same name never meets the old one's leftovers.
+    pub uuid: String,
+    pub source_type: SourceType,
+    /// download: `url`; export-from-volume: `volume`, `snapshot`, `exportType`; restore: `backupURL`; clone:
+    /// `backingImage`.
+    pub parameters: BTreeMap<String, String>,
+    /// SHA-512 (lower-case hex) the file must have; empty = whatever arrives.
+    pub expected_checksum: String,
+    pub min_number_of_copies: u32,
+    /// Disk names copies may be placed on (empty = any); replicas' disks always get a copy.
+    #[serde(default)]
+    pub disk_selector: Vec<String>,
+    /// Nodes copies may be placed on (empty = any).
+    #[serde(default)]
+    pub node_selector: Vec<String>,
+    /// Disk UUID → the disk must hold a copy (replicas use it, the data source is there, or HA needs it).
+    pub disk_file_spec_map: BTreeMap<String, DiskFileSpec>,
+    /// `v1` (issue 18 adds `v2`).
+    pub data_engine: String,
+    /// Unix seconds the user asked for deletion; the image goes once every file is removed.
+    pub deletion_timestamp: Option<i64>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskFileSpec {
+    /// Node of the disk.
+    pub node_id: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackingImageStatus {
+    /// Bytes of the file.
+    pub size: u64,
+    /// Size of the disk the image holds (qcow2 header; raw: the size). A volume must be at least this large.
+    pub virtual_size: u64,
+    /// SHA-512 of the first verified copy.
+    pub current_checksum: String,
+    /// Disk UUID → what is on that disk.
+    pub disk_file_status_map: BTreeMap<String, DiskFileStatus>,
+    /// Disk UUID → unix seconds since no replica uses the file there (cleanup after the wait interval).
+    pub disk_last_ref_at_map: BTreeMap<String, i64>,
+    pub message: String,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskFileStatus {
+    /// pending | starting | in-progress | ready-for-transfer | ready | failed | unknown
+    pub state: String,
+    pub progress: u32,
+    pub message: String,
+    pub node_id: String,
+}
+
+impl Resource for BackingImage {
+    const KIND: &'static str = "backingimage";
+}
+
+/// One per image, same name: the first copy's preparation on one disk.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackingImageDataSource {
+    pub spec: DataSourceSpec,
+    pub status: DataSourceStatus,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DataSourceSpec {
+    pub uuid: String,
+    pub node_id: String,
+    pub disk_uuid: String,
+    pub disk_path: String,
+    pub source_type: SourceType,
+    /// The `--param` pairs of `corral-datasource` (already translated from the image's parameters).
+    pub parameters: BTreeMap<String, String>,
+    pub expected_checksum: String,
+    /// A manager took the file: the daemon is stopped and the document only waits for the image's deletion.
+    pub started: bool,
+    /// Bumped to run the source again (all copies failed): the node restarts its daemon.
+    pub generation: u32,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DataSourceStatus {
+    pub state: String,
+    pub progress: u32,
+    pub message: String,
+    pub size: u64,
+    pub virtual_size: u64,
+    pub current_checksum: String,
+    /// HOST:PORT of the data source's HTTP API while it runs.
+    pub address: String,
+    pub process: Option<ProcessRecord>,
+    /// The `generation` the running (or last) daemon was started for.
+    pub generation: u32,
+    /// Consecutive failed polls of the running daemon.
+    pub poll_failures: u32,
+    /// Starts of the daemon for this generation (download retries back off by it).
+    pub attempts: u32,
+}
+
+impl Resource for BackingImageDataSource {
+    const KIND: &'static str = "backingimagedatasource";
+}
+
+/// One per disk (`bim-<disk UUID>`): the `corral-bim` of that disk and the images it must hold.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackingImageManager {
+    pub spec: ManagerSpec,
+    pub status: ManagerStatus,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagerSpec {
+    pub node_id: String,
+    pub disk_name: String,
+    pub disk_uuid: String,
+    pub disk_path: String,
+    /// Image name → image UUID.
+    pub backing_images: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagerStatus {
+    /// running | starting | stopped | unknown (disk not ready or another disk) | error
+    pub state: String,
+    pub message: String,
+    pub process: Option<ProcessRecord>,
+    /// gRPC HOST:PORT (`BackingImageManagerService`).
+    pub address: String,
+    /// HTTP HOST:PORT (downloads).
+    pub http_address: String,
+    /// Image name → the file as the daemon reports it.
+    pub files: BTreeMap<String, ManagerFile>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ManagerFile {
+    pub uuid: String,
+    pub state: String,
+    pub progress: u32,
+    pub message: String,
+    pub size: u64,
+    pub virtual_size: u64,
+    pub current_checksum: String,
+    /// The `backing` file: a replica's `--backing-file`.
+    pub path: String,
+    /// Sends running from this copy.
+    pub sending_reference: u32,
+    /// gRPC address of the manager this copy is synced from (while in progress).
+    pub sender_address: String,
+}
+
+impl Resource for BackingImageManager {
+    const KIND: &'static str = "backingimagemanager";
+}
+
+/// The document name of a disk's manager.
+pub fn manager_name(disk_uuid: &str) -> String {
+    format!("bim-{disk_uuid}")
+}

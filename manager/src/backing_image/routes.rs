@@ -1,0 +1,443 @@
+//! REST: `/v1/backingimages` (create, get, list, delete, cleanup of disks, upload) and the checks a volume with a
+//! backing image must pass. Every check runs before the first write.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use serde::{Deserialize, Serialize};
+
+use super::image_controller::{MIN_COPIES_SETTING, data_source_for};
+use super::model::{
+    BackingImage, BackingImageDataSource, BackingImageSpec, DiskFileStatus, SourceType, state,
+};
+use crate::api::Routes;
+use crate::context::Ctx;
+use crate::error::ApiError;
+use crate::model::Volume;
+use crate::store::{Object, StoreError};
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+pub fn register(r: &mut Routes) {
+    r.add("get", "/v1/backingimages", "List backing images", list);
+    r.add(
+        "post",
+        "/v1/backingimages",
+        "Create a backing image (sourceType download | upload | export-from-volume | restore | clone)",
+        create,
+    );
+    r.add(
+        "get",
+        "/v1/backingimages/{backingimage}",
+        "Get a backing image with its copies",
+        get,
+    );
+    r.add(
+        "delete",
+        "/v1/backingimages/{backingimage}",
+        "Delete a backing image no volume uses (its files go with it)",
+        delete,
+    );
+    r.add(
+        "post",
+        "/v1/backingimages/{backingimage}/cleanup",
+        "Remove the copies on some disks (`{disks: [diskUUID]}`); refused for disks whose replicas use it",
+        cleanup,
+    );
+    r.add(
+        "post",
+        "/v1/backingimages/{backingimage}/upload",
+        "Upload the file of an upload-source image: `?size=BYTES`, multipart body (`curl -F file=@IMAGE`)",
+        upload,
+    );
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackingImageCreate {
+    pub name: String,
+    pub source_type: String,
+    #[serde(default)]
+    pub parameters: BTreeMap<String, String>,
+    #[serde(default)]
+    pub expected_checksum: String,
+    /// Default: the `backing-image-min-copies` setting.
+    #[serde(default)]
+    pub min_number_of_copies: Option<u32>,
+    #[serde(default)]
+    pub disk_selector: Vec<String>,
+    #[serde(default)]
+    pub node_selector: Vec<String>,
+    /// `v1` (default).
+    #[serde(default)]
+    pub data_engine: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CleanupRequest {
+    /// Disk UUIDs.
+    pub disks: Vec<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DiskFileView {
+    #[serde(rename = "diskUUID")]
+    pub disk_uuid: String,
+    pub node_id: String,
+    pub state: String,
+    pub progress: u32,
+    pub message: String,
+    /// Unix seconds since when no replica uses this copy.
+    pub last_ref_at: Option<i64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackingImageView {
+    pub name: String,
+    pub uuid: String,
+    pub source_type: SourceType,
+    pub parameters: BTreeMap<String, String>,
+    pub expected_checksum: String,
+    pub current_checksum: String,
+    pub min_number_of_copies: u32,
+    pub size: u64,
+    pub virtual_size: u64,
+    /// ready (a ready copy exists) | failed (every copy failed) | deleting | the first copy's state.
+    pub state: String,
+    /// Progress of the most advanced copy that is not ready.
+    pub progress: u32,
+    pub message: String,
+    pub deletion_timestamp: Option<i64>,
+    pub disks: Vec<DiskFileView>,
+}
+
+impl BackingImageView {
+    pub fn new(o: &Object<BackingImage>) -> Self {
+        let b = &o.data;
+        let files: Vec<&DiskFileStatus> = b.status.disk_file_status_map.values().collect();
+        let state = if b.spec.deletion_timestamp.is_some() {
+            "deleting".to_owned()
+        } else if files.iter().any(|f| f.state == state::READY) {
+            state::READY.to_owned()
+        } else if !files.is_empty() && files.iter().all(|f| f.state == state::FAILED) {
+            state::FAILED.to_owned()
+        } else {
+            files
+                .iter()
+                .max_by_key(|f| f.progress)
+                .map_or_else(|| state::PENDING.to_owned(), |f| f.state.clone())
+        };
+        let message = if b.status.message.is_empty() {
+            files
+                .iter()
+                .map(|f| f.message.as_str())
+                .find(|m| !m.is_empty())
+                .unwrap_or_default()
+                .to_owned()
+        } else {
+            b.status.message.clone()
+        };
+        Self {
+            name: o.name.clone(),
+            uuid: b.spec.uuid.clone(),
+            source_type: b.spec.source_type,
+            parameters: b.spec.parameters.clone(),
+            expected_checksum: b.spec.expected_checksum.clone(),
+            current_checksum: b.status.current_checksum.clone(),
+            min_number_of_copies: b.spec.min_number_of_copies,
+            size: b.status.size,
+            virtual_size: b.status.virtual_size,
+            progress: files
+                .iter()
+                .filter(|f| f.state != state::READY)
+                .map(|f| f.progress)
+                .max()
+                .unwrap_or(if state == state::READY { 100 } else { 0 }),
+            state,
+            message,
+            deletion_timestamp: b.spec.deletion_timestamp,
+            disks: b
+                .status
+                .disk_file_status_map
+                .iter()
+                .map(|(d, f)| DiskFileView {
+                    disk_uuid: d.clone(),
+                    node_id: f.node_id.clone(),
+                    state: f.state.clone(),
+                    progress: f.progress,
+                    message: f.message.clone(),
+                    last_ref_at: b.status.disk_last_ref_at_map.get(d).copied(),
+                })
+                .collect(),
+        }
+    }
+}
+
+fn not_found(name: &str) -> ApiError {
+    ApiError::NotFound(format!("backing image {name:?} not found"))
+}
+
+async fn must_get(ctx: &Ctx, name: &str) -> Result<Object<BackingImage>, ApiError> {
+    ctx.db
+        .get::<BackingImage>(name)
+        .await?
+        .ok_or_else(|| not_found(name))
+}
+
+async fn list(State(ctx): State<Ctx>) -> ApiResult<Vec<BackingImageView>> {
+    Ok(Json(
+        ctx.db
+            .list::<BackingImage>()
+            .await?
+            .iter()
+            .map(BackingImageView::new)
+            .collect(),
+    ))
+}
+
+async fn get(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<BackingImageView> {
+    Ok(Json(BackingImageView::new(&must_get(&ctx, &name).await?)))
+}
+
+/// A SHA-512 in hex (any case) → lower case; empty stays empty.
+fn check_checksum(c: &str) -> Result<String, ApiError> {
+    if c.is_empty() {
+        return Ok(String::new());
+    }
+    if c.len() != 128 || !c.chars().all(|x| x.is_ascii_hexdigit()) {
+        return Err(ApiError::Invalid(format!(
+            "expectedChecksum must be a SHA-512 (128 hex digits), got {} characters",
+            c.len()
+        )));
+    }
+    Ok(c.to_ascii_lowercase())
+}
+
+async fn create(
+    State(ctx): State<Ctx>,
+    Json(req): Json<BackingImageCreate>,
+) -> Result<(StatusCode, Json<BackingImageView>), ApiError> {
+    corral_daemon::disk::check_path_component("backing image name", &req.name).map_err(ApiError::Invalid)?;
+    let source_type = SourceType::parse(&req.source_type).ok_or_else(|| {
+        ApiError::Invalid(format!(
+            "unknown sourceType {:?}; use download, upload, export-from-volume, restore or clone",
+            req.source_type
+        ))
+    })?;
+    let expected_checksum = check_checksum(&req.expected_checksum)?;
+    let data_engine = req.data_engine.clone().unwrap_or_else(|| "v1".to_owned());
+    if data_engine != "v1" {
+        return Err(ApiError::Invalid(format!(
+            "dataEngine {data_engine:?} is not supported (v1)"
+        )));
+    }
+    let min = match req.min_number_of_copies {
+        Some(n) => n,
+        None => u32::try_from(ctx.setting_u64(MIN_COPIES_SETTING).await).unwrap_or(1),
+    };
+    if !(1..=16).contains(&min) {
+        return Err(ApiError::Invalid(format!(
+            "minNumberOfCopies {min} is out of range 1..=16"
+        )));
+    }
+    if ctx.db.get::<BackingImage>(&req.name).await?.is_some() {
+        return Err(ApiError::Conflict(format!(
+            "backing image {:?} already exists",
+            req.name
+        )));
+    }
+    let bi = BackingImage {
+        spec: BackingImageSpec {
+            // The UUID is part of the first write: nothing of this image exists before it is stored.
+            uuid: uuid::Uuid::new_v4().to_string(),
+            source_type,
+            parameters: req.parameters.clone(),
+            expected_checksum,
+            min_number_of_copies: min,
+            disk_selector: req.disk_selector.clone(),
+            node_selector: req.node_selector.clone(),
+            disk_file_spec_map: BTreeMap::new(),
+            data_engine,
+            deletion_timestamp: None,
+        },
+        status: Default::default(),
+    };
+    let ds = data_source_for(&ctx, &bi).await.map_err(ApiError::Invalid)?;
+    let obj = match ctx.db.create(&req.name, bi).await {
+        Ok(o) => o,
+        Err(StoreError::AlreadyExists { .. }) => {
+            return Err(ApiError::Conflict(format!(
+                "backing image {:?} already exists",
+                req.name
+            )));
+        }
+        Err(e) => return Err(e.into()),
+    };
+    // A leftover data source of an earlier image of this name goes first (the controller would replace it too).
+    ctx.db.delete_any::<BackingImageDataSource>(&req.name).await?;
+    ctx.db.create(&req.name, ds).await?;
+    Ok((StatusCode::CREATED, Json(BackingImageView::new(&obj))))
+}
+
+/// Volumes that use `image`.
+async fn users(ctx: &Ctx, image: &str) -> Result<Vec<String>, ApiError> {
+    Ok(ctx
+        .db
+        .list::<Volume>()
+        .await?
+        .into_iter()
+        .filter(|v| v.data.spec.backing_image.as_deref() == Some(image))
+        .map(|v| v.name)
+        .collect())
+}
+
+async fn delete(State(ctx): State<Ctx>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    let obj = must_get(&ctx, &name).await?;
+    let vols = users(&ctx, &name).await?;
+    if !vols.is_empty() {
+        return Err(ApiError::Conflict(format!(
+            "backing image {name} is used by volume(s) {}: delete them first",
+            vols.join(", ")
+        )));
+    }
+    if obj.data.spec.deletion_timestamp.is_none() {
+        let mut o = obj;
+        o.data.spec.deletion_timestamp = Some(crate::controller::now());
+        ctx.db.update(&mut o).await?;
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn cleanup(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    Json(req): Json<CleanupRequest>,
+) -> ApiResult<BackingImageView> {
+    let mut obj = must_get(&ctx, &name).await?;
+    let used = super::image_controller::replica_disks(&ctx, &name)
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("{e:#}")))?;
+    for d in &req.disks {
+        if !obj.data.spec.disk_file_spec_map.contains_key(d) {
+            return Err(ApiError::NotFound(format!(
+                "backing image {name} has no copy on disk {d}"
+            )));
+        }
+        if used.contains_key(d) {
+            return Err(ApiError::Conflict(format!(
+                "the copy of backing image {name} on disk {d} is used by replicas"
+            )));
+        }
+    }
+    for d in &req.disks {
+        obj.data.spec.disk_file_spec_map.remove(d);
+    }
+    ctx.db.update(&mut obj).await?;
+    Ok(Json(BackingImageView::new(&obj)))
+}
+
+#[derive(Debug, Deserialize)]
+pub struct UploadQuery {
+    pub size: Option<u64>,
+}
+
+/// Streams the request body (the multipart form, unchanged) to the image's data source once it waits for data.
+async fn upload(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    Query(q): Query<UploadQuery>,
+    headers: HeaderMap,
+    body: Body,
+) -> ApiResult<BackingImageView> {
+    let size = q
+        .size
+        .filter(|s| *s > 0)
+        .ok_or_else(|| ApiError::Invalid("upload needs ?size=BYTES (the file's size, more than 0)".into()))?;
+    let bi = must_get(&ctx, &name).await?;
+    if bi.data.spec.source_type != SourceType::Upload {
+        return Err(ApiError::Conflict(format!(
+            "backing image {name} comes from {}, not from an upload",
+            bi.data.spec.source_type.as_str()
+        )));
+    }
+    // The data source is ready for the data once its daemon answers in state `pending` (seed: wait up to 30 s).
+    let end = Instant::now() + Duration::from_secs(30);
+    let address = loop {
+        let ds = ctx.db.get::<BackingImageDataSource>(&name).await?;
+        if let Some(d) = &ds {
+            if d.data.spec.started
+                || (!d.data.status.state.is_empty()
+                    && d.data.status.state != state::PENDING
+                    && d.data.status.state != state::STARTING)
+            {
+                return Err(ApiError::Conflict(format!(
+                    "backing image {name} does not wait for an upload (its data source is {})",
+                    d.data.status.state
+                )));
+            }
+            if d.data.status.state == state::PENDING && !d.data.status.address.is_empty() {
+                break d.data.status.address.clone();
+            }
+        }
+        if Instant::now() > end {
+            return Err(ApiError::Unavailable(format!(
+                "the data source of backing image {name} is not ready for the upload after 30 s"
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let mut req = reqwest::Client::new()
+        .post(format!("http://{address}/v1/file?action=upload&size={size}"))
+        .body(reqwest::Body::wrap_stream(body.into_data_stream()));
+    if let Some(ct) = headers.get(axum::http::header::CONTENT_TYPE) {
+        req = req.header(reqwest::header::CONTENT_TYPE, ct.as_bytes());
+    }
+    let resp = req
+        .send()
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("data source of {name} at {address}: {e}")))?;
+    let status = resp.status();
+    if !status.is_success() {
+        let text = resp.text().await.unwrap_or_default();
+        let message = serde_json::from_str::<serde_json::Value>(&text)
+            .ok()
+            .and_then(|v| v["message"].as_str().map(str::to_owned))
+            .unwrap_or(text);
+        let message = format!("upload of {name} refused: {message}");
+        return Err(if status == reqwest::StatusCode::CONFLICT {
+            ApiError::Conflict(message)
+        } else {
+            ApiError::Invalid(message)
+        });
+    }
+    Ok(Json(BackingImageView::new(&must_get(&ctx, &name).await?)))
+}
+
+/// A volume's backing image must exist, not be deleted, and fit: the volume at least its virtual size.
+pub async fn check_volume_image(ctx: &Ctx, image: Option<&str>, size: u64) -> Result<(), ApiError> {
+    let Some(image) = image else { return Ok(()) };
+    let bi = ctx
+        .db
+        .get::<BackingImage>(image)
+        .await?
+        .ok_or_else(|| ApiError::Invalid(format!("backing image {image:?} does not exist")))?;
+    if bi.data.spec.deletion_timestamp.is_some() {
+        return Err(ApiError::Conflict(format!(
+            "backing image {image} is being deleted"
+        )));
+    }
+    let vsize = bi.data.status.virtual_size;
+    if vsize > size {
+        return Err(ApiError::Invalid(format!(
+            "volume size {size} is smaller than the virtual size {vsize} of backing image {image}"
+        )));
+    }
+    Ok(())
+}
