@@ -584,12 +584,15 @@ impl ControllerService {
             .volume(volume)
             .await?
             .ok_or_else(|| CsiError::NotFound(format!("source volume {volume} does not exist")))?;
-        self.with_engine(&v, async || self.manager.create_snapshot(volume, name).await)
+        // Listed while the engine runs: a detached volume shows the snapshots the manager recorded when it last
+        // listed them through the engine, so the list is taken (and recorded) before the volume is detached again.
+        let listed = self
+            .with_engine(&v, async || {
+                self.manager.create_snapshot(volume, name).await?;
+                self.manager.snapshots(volume).await
+            })
             .await?;
-        let s = self
-            .manager
-            .snapshots(volume)
-            .await?
+        let s = listed
             .into_iter()
             .find(|s| s.name == name && !s.removed)
             .ok_or_else(|| {
@@ -617,8 +620,10 @@ impl ControllerService {
             .iter()
             .any(|s| s.name == snapshot && !s.removed);
         if live {
+            // Listed again while attached, so the record of a detached volume drops it too.
             self.with_engine(&v, async || {
-                self.manager.delete_snapshot(&volume, &snapshot).await
+                self.manager.delete_snapshot(&volume, &snapshot).await?;
+                self.manager.snapshots(&volume).await
             })
             .await?;
         }
