@@ -1,12 +1,25 @@
 //! Corral's wire types: every gRPC service and message of package `corral.v1`, generated from the `.proto` files
 //! in `proto/corral/v1` with protox (no system `protoc`). Messages derive serde so CLIs can print them as JSON.
-//! This crate holds no logic beyond small conversions.
+//! Also the client side of etcd v3's API (`proto/etcd`, trimmed to what the manager's etcd store uses), so no
+//! crate needs a `protoc`-built etcd client. This crate holds no logic beyond small conversions.
 
 #![allow(clippy::pedantic, clippy::cast_possible_truncation)]
 
 /// Package `corral.v1`.
 pub mod v1 {
     tonic::include_proto!("corral.v1");
+}
+
+/// etcd v3's gRPC API, client side only, with etcd's own package names (the gRPC paths depend on them).
+pub mod etcd {
+    /// Package `etcdserverpb`: the KV, Watch and Lease services.
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
+    /// Package `mvccpb`: stored key-values and watch events.
+    pub mod mvccpb {
+        tonic::include_proto!("mvccpb");
+    }
 }
 
 /// Offset between a replica's gRPC control port (P) and its data-protocol port.

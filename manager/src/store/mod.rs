@@ -3,11 +3,10 @@
 //! [`StoreError::Conflict`]); watches deliver every change of a kind in commit order.
 //!
 //! Two backends implement [`Store`]: [`embedded::EmbeddedStore`] (a redb file under the data directory, one node)
-//! and, with the `etcd` feature, [`etcd::EtcdStore`] (several nodes; also elects the leader with a lease).
+//! and [`etcd::EtcdStore`] (several nodes; also elects the leader with a lease).
 //! [`Db`] is the typed layer the rest of the manager uses.
 
 pub mod embedded;
-#[cfg(feature = "etcd")]
 pub mod etcd;
 
 use std::pin::Pin;
@@ -249,19 +248,9 @@ pub async fn open(spec: &str, data_dir: &std::path::Path) -> Result<Arc<dyn Stor
         return Ok(Arc::new(s));
     }
     if let Some(rest) = spec.strip_prefix("etcd://") {
-        #[cfg(feature = "etcd")]
-        {
-            let endpoints: Vec<String> = rest.split(',').map(|e| format!("http://{e}")).collect();
-            let s = etcd::EtcdStore::connect(&endpoints, "/corral").await?;
-            return Ok(Arc::new(s));
-        }
-        #[cfg(not(feature = "etcd"))]
-        {
-            let _ = rest;
-            return Err(StoreError::Backend(
-                "this build has no etcd support (cargo feature `etcd`)".into(),
-            ));
-        }
+        let endpoints: Vec<String> = rest.split(',').map(|e| format!("http://{e}")).collect();
+        let s = etcd::EtcdStore::connect(&endpoints, "/corral").await?;
+        return Ok(Arc::new(s));
     }
     Err(StoreError::Backend(format!(
         "unknown store {spec:?}: use `embedded` or `etcd://HOST:PORT`"
