@@ -25,6 +25,8 @@ use crate::snapshot_id::SnapshotId;
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long CreateVolume waits for a clone to complete before answering ABORTED (the CO retries).
 const CLONE_WAIT: Duration = Duration::from_secs(30);
+/// How long CreateVolume waits for a backing image to be ready before answering ABORTED (the CO retries).
+const BACKING_IMAGE_WAIT: Duration = Duration::from_secs(30);
 
 /// The publish-context keys the node plugin reads.
 pub const CONTEXT_NBD_UNIX: &str = "nbdUnix";
@@ -238,6 +240,54 @@ impl ControllerService {
         Ok(v)
     }
 
+    /// The StorageClass's backing image, made from its data source when the manager has none of that name (seed
+    /// 000), and ready. ABORTED with the progress while it is prepared; the CO retries CreateVolume.
+    async fn backing_image_ready(&self, params: &VolumeParameters) -> CsiResult<()> {
+        let Some(name) = &params.backing_image else {
+            return Ok(());
+        };
+        if self.manager.backing_image(name).await?.is_none() {
+            let Some(src) = &params.backing_image_source else {
+                return Err(CsiError::InvalidArgument(format!(
+                    "backingImage {name} does not exist, and no backingImageDataSourceType says how to make it"
+                )));
+            };
+            match self
+                .manager
+                .create_backing_image(name, &src.source_type, &src.parameters)
+                .await
+            {
+                // Another CreateVolume made it meanwhile.
+                Ok(()) | Err(CsiError::FailedPrecondition(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let end = std::time::Instant::now() + BACKING_IMAGE_WAIT;
+        loop {
+            let b = self
+                .manager
+                .backing_image(name)
+                .await?
+                .ok_or_else(|| CsiError::NotFound(format!("backing image {name} disappeared")))?;
+            match b.state.as_str() {
+                "ready" => return Ok(()),
+                "failed" => {
+                    return Err(CsiError::FailedPrecondition(format!(
+                        "backing image {name} failed: {}",
+                        b.message
+                    )));
+                }
+                _ if std::time::Instant::now() >= end => {
+                    return Err(CsiError::Aborted(format!(
+                        "backing image {name} is being prepared ({}, {}%)",
+                        b.state, b.progress
+                    )));
+                }
+                _ => tokio::time::sleep(Duration::from_millis(200)).await,
+            }
+        }
+    }
+
     /// Requested topology resolved to Corral nodes that exist; RESOURCE_EXHAUSTED when none does.
     async fn accessible(&self, req: Option<&TopologyRequirement>) -> CsiResult<Vec<Topology>> {
         let Some(req) = req else {
@@ -314,6 +364,7 @@ impl ControllerService {
             )));
         }
         let size = size_for(req.capacity_range.as_ref(), source_size)?;
+        self.backing_image_ready(&params).await?;
         if let Some((ds, _)) = &source
             && !self.manager.supports_data_source().await?
         {
@@ -331,6 +382,7 @@ impl ControllerService {
                 number_of_replicas: params.number_of_replicas,
                 disable_revision_counter: params.disable_revision_counter,
                 data_source: source.as_ref().map(|s| s.0.clone()),
+                backing_image: params.backing_image.clone(),
             })
             .await
             .map_err(|e| match e {

@@ -40,6 +40,19 @@ pub struct VolumeRequest {
     pub number_of_replicas: Option<u32>,
     pub disable_revision_counter: Option<bool>,
     pub data_source: Option<String>,
+    pub backing_image: Option<String>,
+}
+
+/// A backing image as far as the plugin cares: whether volumes can use it yet.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackingImageState {
+    #[serde(default)]
+    pub state: String,
+    #[serde(default)]
+    pub progress: u32,
+    #[serde(default)]
+    pub message: String,
 }
 
 #[derive(Clone)]
@@ -115,8 +128,30 @@ impl ManagerApi {
         if let Some(src) = &req.data_source {
             body["dataSource"] = json!(src);
         }
+        if let Some(bi) = &req.backing_image {
+            body["backingImage"] = json!(bi);
+        }
         let raw: serde_json::Value = self.client.post("/v1/volumes", &body).await?;
         managed(raw)
+    }
+
+    pub async fn backing_image(&self, name: &str) -> CsiResult<Option<BackingImageState>> {
+        match self.client.get(&format!("/v1/backingimages/{name}")).await {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if not_found(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub async fn create_backing_image(
+        &self,
+        name: &str,
+        source_type: &str,
+        parameters: &std::collections::BTreeMap<String, String>,
+    ) -> CsiResult<()> {
+        let body = json!({"name": name, "sourceType": source_type, "parameters": parameters});
+        let _: serde_json::Value = self.client.post("/v1/backingimages", &body).await?;
+        Ok(())
     }
 
     pub async fn delete_volume(&self, name: &str) -> CsiResult<()> {

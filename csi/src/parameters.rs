@@ -1,7 +1,7 @@
 //! StorageClass and VolumeSnapshotClass parameters: parsed and checked before anything is created, so a typo or a
 //! bad value is a clear INVALID_ARGUMENT and leaves nothing behind. The table in the crate README lists them.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 
 use crate::error::{CsiError, CsiResult};
 
@@ -17,6 +17,17 @@ pub struct VolumeParameters {
     pub disable_revision_counter: Option<bool>,
     /// None: ext4 (unless the volume capability names one).
     pub fs_type: Option<String>,
+    /// The backing image under the volume's data.
+    pub backing_image: Option<String>,
+    /// How to make the backing image when the manager has none of that name (seed 000): the manager's
+    /// `sourceType` and its parameters.
+    pub backing_image_source: Option<BackingImageSource>,
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct BackingImageSource {
+    pub source_type: String,
+    pub parameters: BTreeMap<String, String>,
 }
 
 const VOLUME_KEYS: &[&str] = &[
@@ -72,10 +83,25 @@ impl VolumeParameters {
                     }
                     out.fs_type = Some(value.to_owned());
                 }
-                "backingImage" | "backingImageDataSourceType" | "backingImageDataSourceParameters" => {
-                    return Err(CsiError::InvalidArgument(format!(
-                        "parameter {key} is not supported yet: the manager has no backing-image API"
-                    )));
+                "backingImage" => {
+                    corral_daemon::disk::check_path_component("backingImage", value)
+                        .map_err(|e| bad(key, value, &e))?;
+                    out.backing_image = Some(value.to_owned());
+                }
+                "backingImageDataSourceType" => {
+                    if value.is_empty() {
+                        return Err(bad(key, value, "a source type such as download"));
+                    }
+                    out.backing_image_source
+                        .get_or_insert_with(Default::default)
+                        .source_type = value.to_owned();
+                }
+                "backingImageDataSourceParameters" => {
+                    let parameters: BTreeMap<String, String> = serde_json::from_str(value)
+                        .map_err(|e| bad(key, value, &format!("a JSON object of strings ({e})")))?;
+                    out.backing_image_source
+                        .get_or_insert_with(Default::default)
+                        .parameters = parameters;
                 }
                 k if reserved(k) => {}
                 k => {
@@ -84,6 +110,18 @@ impl VolumeParameters {
                         VOLUME_KEYS.join(", ")
                     )));
                 }
+            }
+        }
+        if let Some(src) = &out.backing_image_source {
+            if out.backing_image.is_none() {
+                return Err(CsiError::InvalidArgument(
+                    "backingImageDataSourceType/Parameters need backingImage (the image's name)".into(),
+                ));
+            }
+            if src.source_type.is_empty() {
+                return Err(CsiError::InvalidArgument(
+                    "backingImageDataSourceParameters needs backingImageDataSourceType".into(),
+                ));
             }
         }
         Ok(out)
@@ -139,6 +177,12 @@ mod tests {
             ("dataEngine", "v1"),
             ("fsType", "xfs"),
             ("csi.storage.k8s.io/fstype", "ext4"),
+            ("backingImage", "img-1"),
+            ("backingImageDataSourceType", "download"),
+            (
+                "backingImageDataSourceParameters",
+                "{\"url\": \"http://h/i.qcow2\"}",
+            ),
         ]))
         .unwrap();
         assert_eq!(
@@ -147,6 +191,11 @@ mod tests {
                 number_of_replicas: Some(2),
                 disable_revision_counter: Some(true),
                 fs_type: Some("xfs".into()),
+                backing_image: Some("img-1".into()),
+                backing_image_source: Some(BackingImageSource {
+                    source_type: "download".into(),
+                    parameters: [("url".to_owned(), "http://h/i.qcow2".to_owned())].into(),
+                }),
             }
         );
     }
@@ -160,7 +209,9 @@ mod tests {
             ("dataEngine", "v2"),
             ("fsType", "btrfs"),
             ("numberOfReplica", "3"),
-            ("backingImage", "img"),
+            ("backingImage", "../img"),
+            ("backingImageDataSourceParameters", "{\"url\": 3}"),
+            ("backingImageDataSourceType", "download"),
         ] {
             let e = VolumeParameters::parse(&p(&[(k, v)])).unwrap_err();
             assert!(
