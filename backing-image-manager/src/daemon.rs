@@ -28,6 +28,8 @@ pub struct ServeConfig {
     pub check_interval: Duration,
     pub sync_idle_timeout: Duration,
     pub send_max_rate: Option<u64>,
+    /// Where to write the ready report (`corral_daemon::ready`).
+    pub ready_file: Option<PathBuf>,
 }
 
 /// Serves until `cancel`; fails at start when the disk is not the expected one or an address is taken.
@@ -84,6 +86,13 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> Result<(), Bi
                 .await
         })
     };
+    // /metrics is served on the HTTP listener.
+    corral_daemon::ready::ReadyReport::new()
+        .tcp("grpc", grpc_addr)
+        .tcp("http", http_addr)
+        .tcp("metrics", http_addr)
+        .announce(cfg.ready_file.as_deref())
+        .map_err(|e| BimError::Internal(e.to_string()))?;
     let served = tonic::transport::Server::builder()
         .add_service(BackingImageManagerServiceServer::new(BimService::new(
             manager.clone(),

@@ -28,6 +28,8 @@ struct Cli {
     /// Log format: text or json.
     #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
     log_format: String,
+    #[command(flatten)]
+    ready: corral_daemon::ready::ReadyFileArg,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -153,6 +155,7 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 check_interval: Duration::from_secs_f64(check_interval),
                 sync_idle_timeout: Duration::from_secs(sync_idle_timeout.max(1)),
                 send_max_rate,
+                ready_file: cli.ready.ready_file,
             };
             let cancel = corral_daemon::shutdown_on_signal();
             serve(cfg, cancel).await.context("corral-bim serve")

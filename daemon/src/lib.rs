@@ -1,9 +1,10 @@
 //! The conventions every Corral binary follows, in one place so the daemons behave alike: logs on stderr as text or
 //! JSON (`--log-format`, `RUST_LOG`), SIGTERM/SIGINT turned into a cancellation, byte sizes with binary suffixes on
 //! the command line, progress bars only when a human is watching, and the identity and durable-write rules of a disk
-//! directory ([`disk`]).
+//! directory ([`disk`]), and the ready report a daemon gives once its listeners are bound ([`ready`]).
 
 pub mod disk;
+pub mod ready;
 
 use std::time::Duration;
 

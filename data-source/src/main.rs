@@ -20,6 +20,8 @@ struct Cli {
     /// Log format on stderr: text or json.
     #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
     log_format: String,
+    #[command(flatten)]
+    ready: corral_daemon::ready::ReadyFileArg,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -87,6 +89,7 @@ fn main() -> anyhow::Result<()> {
         download_retries,
         receiver_ip,
     } = cli.cmd;
+    let ready_file = cli.ready.ready_file;
     let source_type: SourceType = source_type.parse().map_err(anyhow::Error::msg)?;
     let parameters: BTreeMap<String, String> = params.into_iter().collect();
     let config = DataSourceConfig {
@@ -110,7 +113,12 @@ fn main() -> anyhow::Result<()> {
         let listener = tokio::net::TcpListener::bind(listen)
             .await
             .with_context(|| format!("binding {listen}"))?;
-        tracing::info!(addr = %listener.local_addr()?, "listening");
+        let addr = listener.local_addr()?;
+        // /metrics is served on the HTTP listener.
+        corral_daemon::ready::ReadyReport::new()
+            .tcp("http", addr)
+            .tcp("metrics", addr)
+            .announce(ready_file.as_deref())?;
         data_source::serve(listener, ds, cancel)
             .await
             .context("serving HTTP")

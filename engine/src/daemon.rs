@@ -14,6 +14,8 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+use corral_daemon::ready::ReadyReport;
+
 use crate::frontend::{Frontend, NbdListen};
 use crate::nbd::NbdConfig;
 use crate::rebuild::RebuildTracker;
@@ -41,6 +43,8 @@ pub struct ServeConfig {
     pub replica_timeout: Duration,
     /// Prometheus `/metrics` and `/healthz`.
     pub metrics_listen: Option<SocketAddr>,
+    /// Where to write the ready report (`corral_daemon::ready`).
+    pub ready_file: Option<std::path::PathBuf>,
 }
 
 /// Runs the engine until `cancel`.
@@ -70,8 +74,15 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
     let listener = TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("bind {}", cfg.listen))?;
+    let mut ready = ReadyReport::new().tcp("control", listener.local_addr()?);
     if !cfg.nbd.is_empty() {
         frontend.start().await.context("start NBD frontend")?;
+    }
+    for l in frontend.listeners() {
+        ready = match l {
+            NbdListen::Tcp(a) => ready.tcp("nbd", a.parse().context("bound NBD address")?),
+            NbdListen::Unix(p) => ready.unix("nbd-unix", &p),
+        };
     }
     let grpc = EngineGrpc {
         volume: volume.clone(),
@@ -93,6 +104,7 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
         let l = TcpListener::bind(addr)
             .await
             .with_context(|| format!("bind metrics {addr}"))?;
+        ready = ready.tcp("metrics", l.local_addr()?);
         let (v, c) = (volume.clone(), cancel.clone());
         tasks.spawn(async move { crate::metrics_http::serve(l, v, c).await });
     }
@@ -106,7 +118,8 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
             }
         }
     });
-    info!(volume = %cfg.volume, control = %cfg.listen, nbd = ?frontend.endpoints(), "corral-engine serving");
+    info!(volume = %cfg.volume, "corral-engine serving");
+    ready.announce(cfg.ready_file.as_deref())?;
     cancel.cancelled().await;
     frontend.stop().await;
     let _ = volume.flush().await;

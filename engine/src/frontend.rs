@@ -54,7 +54,9 @@ struct Running {
 /// The frontend of one volume.
 pub struct Frontend {
     volume: Arc<Volume>,
-    listens: Vec<NbdListen>,
+    /// The configured listeners; a TCP port 0 is replaced by the port bound first, so a frontend stopped and
+    /// started again (revert) comes back where its clients and the ready report expect it.
+    listens: std::sync::Mutex<Vec<NbdListen>>,
     config: NbdConfig,
     running: Mutex<Option<Running>>,
 }
@@ -64,15 +66,23 @@ impl Frontend {
     pub fn new(volume: Arc<Volume>, listens: Vec<NbdListen>, config: NbdConfig) -> Self {
         Self {
             volume,
-            listens,
+            listens: std::sync::Mutex::new(listens),
             config,
             running: Mutex::new(None),
         }
     }
 
-    /// Endpoints as strings.
+    /// Endpoints as strings (after a start: the addresses actually bound).
     pub fn endpoints(&self) -> Vec<String> {
-        self.listens.iter().map(ToString::to_string).collect()
+        self.listeners().iter().map(ToString::to_string).collect()
+    }
+
+    /// The listeners (after a start: TCP port 0 resolved to the port bound).
+    pub fn listeners(&self) -> Vec<NbdListen> {
+        self.listens
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Is it serving?
@@ -89,8 +99,9 @@ impl Frontend {
         let server = Arc::new(NbdServer::new(self.volume.clone(), self.config.clone()));
         let cancel = CancellationToken::new();
         let mut tasks = JoinSet::new();
-        for l in &self.listens {
-            match l {
+        let mut bound = Vec::new();
+        for l in self.listeners() {
+            match &l {
                 NbdListen::Unix(path) => {
                     // A socket file left by a killed engine would make bind fail.
                     if std::fs::symlink_metadata(path)
@@ -108,12 +119,17 @@ impl Frontend {
                         }
                         let _ = std::fs::remove_file(&p);
                     });
+                    bound.push(l.clone());
                 }
                 NbdListen::Tcp(addr) => {
                     let listener = TcpListener::bind(addr)
                         .await
                         .map_err(|e| EngineError::Internal(format!("bind NBD address {addr}: {e}")))?;
-                    let (s, c, a) = (server.clone(), cancel.clone(), addr.clone());
+                    let local = listener
+                        .local_addr()
+                        .map_err(|e| EngineError::Internal(format!("NBD address {addr}: {e}")))?;
+                    bound.push(NbdListen::Tcp(local.to_string()));
+                    let (s, c, a) = (server.clone(), cancel.clone(), local.to_string());
                     tasks.spawn(async move {
                         if let Err(e) = s.serve_tcp(listener, c).await {
                             error!(address = %a, error = %e, "NBD frontend stopped");
@@ -122,6 +138,10 @@ impl Frontend {
                 }
             }
         }
+        *self
+            .listens
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = bound;
         self.volume.frontend_up.store(true, Ordering::Release);
         info!(volume = %self.volume.name, endpoints = ?self.endpoints(), "NBD frontend up");
         *running = Some(Running { cancel, tasks });

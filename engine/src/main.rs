@@ -34,6 +34,8 @@ struct Cli {
     /// Log format: text or json.
     #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
     log_format: String,
+    #[command(flatten)]
+    ready: corral_daemon::ready::ReadyFileArg,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -198,6 +200,7 @@ async fn main() -> anyhow::Result<()> {
                 salvage_requested,
                 replica_timeout: Duration::from_secs(replica_timeout),
                 metrics_listen,
+                ready_file: cli.ready.ready_file,
             };
             serve(cfg, cancel).await
         }

@@ -23,6 +23,8 @@ pub struct ServerConfig {
     pub host: String,
     pub bin_dir: PathBuf,
     pub port_range: (u16, u16),
+    /// Where to write the ready report (`corral_daemon::ready`).
+    pub ready_file: Option<PathBuf>,
 }
 
 /// The directory of the running executable: where the workspace puts `corral-replica` and `corral-engine` too.
@@ -145,6 +147,9 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
         }
     });
     tracing::info!(%address, node = cfg.node_id, store = ctx.db.raw().backend(), "REST API listening");
+    corral_daemon::ready::ReadyReport::new()
+        .tcp("http", listener.local_addr()?)
+        .announce(cfg.ready_file.as_deref())?;
     let app = crate::api::router(ctx);
     let c = cancel.clone();
     axum::serve(listener, app)

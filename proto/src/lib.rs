@@ -1,7 +1,8 @@
 //! Corral's wire types: every gRPC service and message of package `corral.v1`, generated from the `.proto` files
 //! in `proto/corral/v1` with protox (no system `protoc`). Messages derive serde so CLIs can print them as JSON.
 //! Also the client side of etcd v3's API (`proto/etcd`, trimmed to what the manager's etcd store uses), so no
-//! crate needs a `protoc`-built etcd client. This crate holds no logic beyond small conversions.
+//! crate needs a `protoc`-built etcd client. This crate holds no logic beyond small conversions, the text form of a
+//! replica's address ([`ReplicaAddress`]) and the one way clients open a gRPC channel ([`grpc`]).
 
 #![allow(clippy::pedantic, clippy::cast_possible_truncation)]
 
@@ -21,6 +22,11 @@ pub mod etcd {
         tonic::include_proto!("mvccpb");
     }
 }
+
+pub mod grpc;
+pub mod replica_address;
+
+pub use replica_address::{Endpoint, ReplicaAddress};
 
 /// Offset between a replica's gRPC control port (P) and its data-protocol port.
 pub const REPLICA_DATA_PORT_OFFSET: u16 = 1;

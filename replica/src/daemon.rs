@@ -1,6 +1,6 @@
-//! The `corral-replica serve` daemon: opens (or creates) the replica, serves gRPC `ReplicaService` on port P, the
-//! data protocol on P+1, gRPC `SyncAgentService` on P+2 and, optionally, Prometheus metrics and `/healthz` on
-//! their own address. On cancellation (SIGTERM) it stops accepting, finishes in-flight IO, and closes the
+//! The `corral-replica serve` daemon: opens (or creates) the replica, serves gRPC `ReplicaService`, the data
+//! protocol and gRPC `SyncAgentService` each on its own address and, optionally, Prometheus metrics and `/healthz`
+//! on theirs; once all are bound it writes the ready report (port 0 anywhere picks a free port). On cancellation (SIGTERM) it stops accepting, finishes in-flight IO, and closes the
 //! replica cleanly (`Dirty=false`).
 
 use std::net::SocketAddr;
@@ -8,11 +8,11 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, bail};
+use corral_daemon::ready::ReadyReport;
 use corral_proto::v1::{
     replica_backup_service_server::ReplicaBackupServiceServer, replica_service_server::ReplicaServiceServer,
     sync_agent_service_server::SyncAgentServiceServer,
 };
-use corral_proto::{REPLICA_DATA_PORT_OFFSET, REPLICA_SYNC_AGENT_PORT_OFFSET};
 use data_protocol::{BlockBackend, DataServer, ServerConfig};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -31,8 +31,14 @@ use crate::service::grpc::ReplicaGrpc;
 pub struct ServeConfig {
     /// Replica directory.
     pub dir: PathBuf,
-    /// gRPC control address (port P); the data protocol uses P+1, the sync agent P+2.
+    /// gRPC `ReplicaService` address.
     pub listen: SocketAddr,
+    /// Data-protocol address.
+    pub data_listen: SocketAddr,
+    /// gRPC `SyncAgentService` (and backup) address.
+    pub sync_listen: SocketAddr,
+    /// Where to write the ready report (`corral_daemon::ready`).
+    pub ready_file: Option<PathBuf>,
     /// Create the replica with this size when the directory holds none.
     pub size: Option<u64>,
     /// Backing file (raw image).
@@ -48,11 +54,6 @@ pub struct ServeConfig {
     /// Fault-injection rules in force from the start.
     #[cfg(feature = "fault-injection")]
     pub faults: Vec<crate::fault::FaultRule>,
-}
-
-fn offset_port(addr: SocketAddr, by: u16) -> anyhow::Result<SocketAddr> {
-    let port = addr.port().checked_add(by).context("port out of range")?;
-    Ok(SocketAddr::new(addr.ip(), port))
 }
 
 /// Raises the soft open-file limit to the hard limit: a replica keeps one descriptor per layer.
@@ -110,14 +111,16 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
     let control = TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("bind {}", cfg.listen))?;
-    let data_addr = offset_port(cfg.listen, REPLICA_DATA_PORT_OFFSET)?;
-    let data = TcpListener::bind(data_addr)
+    let data = TcpListener::bind(cfg.data_listen)
         .await
-        .with_context(|| format!("bind data port {data_addr}"))?;
-    let sync_addr = offset_port(cfg.listen, REPLICA_SYNC_AGENT_PORT_OFFSET)?;
-    let sync = TcpListener::bind(sync_addr)
+        .with_context(|| format!("bind data address {}", cfg.data_listen))?;
+    let sync = TcpListener::bind(cfg.sync_listen)
         .await
-        .with_context(|| format!("bind sync-agent port {sync_addr}"))?;
+        .with_context(|| format!("bind sync-agent address {}", cfg.sync_listen))?;
+    let mut ready = ReadyReport::new()
+        .tcp("control", control.local_addr()?)
+        .tcp("data", data.local_addr()?)
+        .tcp("sync", sync.local_addr()?);
 
     let data_server = DataServer::new(host.clone() as Arc<dyn BlockBackend>, cfg.data.clone())?;
     let data_metrics = data_server.metrics();
@@ -148,13 +151,11 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
         let listener = TcpListener::bind(addr)
             .await
             .with_context(|| format!("bind metrics {addr}"))?;
+        ready = ready.tcp("metrics", listener.local_addr()?);
         let (h, m, c) = (host.clone(), data_metrics, cancel.clone());
         tasks.spawn(async move { serve_metrics(listener, h, m, c).await });
     }
-    info!(
-        control = %cfg.listen, data = %data_addr, sync_agent = %sync_addr, metrics = ?cfg.metrics_listen,
-        "corral-replica serving"
-    );
+    ready.announce(cfg.ready_file.as_deref())?;
     data_server.serve_tcp(data, cancel.clone()).await;
     data_server.shutdown().await;
     while let Some(r) = tasks.join_next().await {

@@ -19,20 +19,30 @@ struct Cli {
     /// Log format: text or json.
     #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
     log_format: String,
+    #[command(flatten)]
+    ready: corral_daemon::ready::ReadyFileArg,
     #[command(subcommand)]
     cmd: Cmd,
 }
 
 #[derive(Subcommand, Debug)]
 enum Cmd {
-    /// Serve a replica directory: gRPC ReplicaService on PORT, data protocol on PORT+1, SyncAgentService on PORT+2.
+    /// Serve a replica directory: gRPC ReplicaService on --listen, the data protocol on --data-listen,
+    /// SyncAgentService on --sync-listen (port 0 picks a free port; --ready-file reports it).
     Serve {
         /// Replica directory (created if missing).
         #[arg(long, env = "CORRAL_REPLICA_DIR")]
         dir: PathBuf,
-        /// Control address HOST:PORT; PORT+1 and PORT+2 must be free too.
+        /// Control (gRPC ReplicaService) address HOST:PORT.
         #[arg(long, env = "CORRAL_REPLICA_LISTEN", default_value = "127.0.0.1:9502")]
         listen: SocketAddr,
+        /// Data-protocol address HOST:PORT (default: the --listen port + 1, or port 0 when that is 0).
+        #[arg(long, env = "CORRAL_REPLICA_DATA_LISTEN")]
+        data_listen: Option<SocketAddr>,
+        /// Sync-agent (gRPC SyncAgentService) address HOST:PORT (default: the --listen port + 2, or port 0 when
+        /// that is 0).
+        #[arg(long, env = "CORRAL_REPLICA_SYNC_LISTEN")]
+        sync_listen: Option<SocketAddr>,
         /// Create the replica with this size in bytes (a multiple of 4096) when the directory holds none;
         /// when it holds one, the size must match.
         #[arg(long, env = "CORRAL_REPLICA_SIZE", value_parser = corral_daemon::parse_size)]
@@ -159,6 +169,8 @@ async fn main() -> anyhow::Result<()> {
         Cmd::Serve {
             dir,
             listen,
+            data_listen,
+            sync_listen,
             size,
             backing_file,
             disable_revision_counter,
@@ -175,9 +187,20 @@ async fn main() -> anyhow::Result<()> {
                 io_threads,
                 ..Default::default()
             };
+            let legacy = |by: u16| {
+                let port = if listen.port() == 0 {
+                    0
+                } else {
+                    listen.port().saturating_add(by)
+                };
+                SocketAddr::new(listen.ip(), port)
+            };
             let cfg = ServeConfig {
                 dir,
                 listen,
+                data_listen: data_listen.unwrap_or_else(|| legacy(1)),
+                sync_listen: sync_listen.unwrap_or_else(|| legacy(2)),
+                ready_file: cli.ready.ready_file,
                 size,
                 backing_file,
                 disable_revision_counter,

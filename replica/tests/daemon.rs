@@ -232,3 +232,54 @@ fn offline_info_prints_json_with_chain_and_flags() {
         .unwrap();
     assert!(!bad.status.success());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn port_zero_listeners_are_bound_and_reported_in_the_ready_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ready = tmp.path().join("ready.json");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_corral-replica"))
+        .arg("--ready-file")
+        .arg(&ready)
+        .args(["serve", "--dir"])
+        .arg(tmp.path().join("r"))
+        .args(["--size", &SIZE.to_string()])
+        .args(["--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"])
+        .args(["--sync-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let report = loop {
+        if let Ok(r) = corral_daemon::ready::ReadyReport::read(&ready) {
+            break r;
+        }
+        assert!(Instant::now() < deadline, "no ready file within 30 s");
+        assert!(child.try_wait().unwrap().is_none(), "corral-replica exited");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert_eq!(report.pid, child.id());
+    let addrs: Vec<std::net::SocketAddr> = ["control", "data", "sync", "metrics"]
+        .iter()
+        .map(|n| {
+            report
+                .tcp_addr(n)
+                .unwrap_or_else(|| panic!("{n} missing: {report:?}"))
+        })
+        .collect();
+    let ports: std::collections::BTreeSet<u16> = addrs.iter().map(std::net::SocketAddr::port).collect();
+    assert!(!ports.contains(&0) && ports.len() == 4, "{report:?}");
+    // Each reported address is the live listener: the control port answers gRPC, the others accept.
+    let r = v1::replica_service_client::ReplicaServiceClient::connect(format!("http://{}", addrs[0]))
+        .await
+        .unwrap()
+        .replica_get(v1::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(r.replica.unwrap().size, SIZE);
+    for a in &addrs[1..] {
+        std::net::TcpStream::connect(a).unwrap();
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -27,6 +27,8 @@ struct Cli {
     /// Log format on stderr: text or json.
     #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
     log_format: String,
+    #[command(flatten)]
+    ready: corral_daemon::ready::ReadyFileArg,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -162,7 +164,7 @@ fn main() -> anyhow::Result<()> {
                 keep_partial,
             };
             tracing::info!(?config, %listen, "corral-sync serve starting");
-            runtime()?.block_on(serve(listen, config, cli.json))
+            runtime()?.block_on(serve(listen, config, cli.json, cli.ready.ready_file.as_deref()))
         }
         Cmd::Send {
             file,
@@ -276,9 +278,17 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread().enable_all().build()?)
 }
 
-async fn serve(listen: SocketAddr, config: ReceiverConfig, json: bool) -> anyhow::Result<()> {
+async fn serve(
+    listen: SocketAddr,
+    config: ReceiverConfig,
+    json: bool,
+    ready_file: Option<&Path>,
+) -> anyhow::Result<()> {
     let receiver = Receiver::bind(listen, config).await?;
     let addr = receiver.local_addr();
+    corral_daemon::ready::ReadyReport::new()
+        .tcp("http", addr)
+        .announce(ready_file)?;
     if json {
         print_json(&serde_json::json!({ "event": "listening", "address": addr.to_string() }))?;
     } else {

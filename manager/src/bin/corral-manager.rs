@@ -36,6 +36,8 @@ struct Cli {
     /// Log format: text or json.
     #[arg(long, default_value = "text", env = "CORRAL_LOG_FORMAT")]
     log_format: String,
+    #[command(flatten)]
+    ready: corral_daemon::ready::ReadyFileArg,
 }
 
 mod manager_bin {
@@ -70,6 +72,7 @@ async fn main() -> anyhow::Result<()> {
         host: cli.host,
         bin_dir: cli.bin_dir.unwrap_or_else(manager::server::default_bin_dir),
         port_range: cli.port_range,
+        ready_file: cli.ready.ready_file,
     };
     let cancel = corral_daemon::shutdown_on_signal();
     manager::server::run(cfg, cancel).await

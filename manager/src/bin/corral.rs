@@ -368,6 +368,7 @@ async fn up(
         host: listen.ip().to_string(),
         bin_dir: manager::server::default_bin_dir(),
         port_range: (20000, 30000),
+        ready_file: None,
     };
     manager::server::run(cfg, corral_daemon::shutdown_on_signal()).await
 }
