@@ -21,6 +21,7 @@ const IMAGES: &[&str] = &[
     "corral-datasource",
     "corral-bim",
     "corral-manager",
+    "corral-csi",
 ];
 
 fn repo_root() -> PathBuf {
