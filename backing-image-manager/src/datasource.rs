@@ -5,10 +5,12 @@ use std::time::Duration;
 
 use crate::error::BimError;
 
-/// A data source's `GET /v1/file` reply: the data-source crate's own type, so both sides share one definition.
-pub use data_source::FileInfo as DataSourceFile;
+/// A data source's `GET /v1/file` reply: the wire type the data source serializes, so both sides share one
+/// definition (without this crate depending on the data source's).
+pub use corral_proto::backing_image::FileInfo as DataSourceFile;
+use corral_proto::backing_image::FileState;
 /// The state a data source reports for a finished file nobody took yet.
-pub const READY_FOR_TRANSFER: data_source::FileState = data_source::FileState::ReadyForTransfer;
+pub const READY_FOR_TRANSFER: FileState = FileState::ReadyForTransfer;
 
 /// A data source at `HOST:PORT` (or an `http://` URL).
 pub struct DataSourceClient {

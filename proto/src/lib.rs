@@ -2,9 +2,13 @@
 //! in `proto/corral/v1` with protox (no system `protoc`). Messages derive serde so CLIs can print them as JSON.
 //! Also the client side of etcd v3's API (`proto/etcd`, trimmed to what the manager's etcd store uses), so no
 //! crate needs a `protoc`-built etcd client. This crate holds no logic beyond small conversions, the text form of a
-//! replica's address ([`ReplicaAddress`]) and the one way clients open a gRPC channel ([`grpc`]).
+//! replica's address ([`ReplicaAddress`]) and the one way clients open a gRPC channel ([`grpc`]). [`backing_image`]
+//! holds the backing-image JSON types (data source file, file states) shared by the data source, the backing-image
+//! manager and the manager.
 
 #![allow(clippy::pedantic, clippy::cast_possible_truncation)]
+
+pub mod backing_image;
 
 /// Package `corral.v1`.
 pub mod v1 {
