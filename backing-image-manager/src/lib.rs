@@ -5,22 +5,31 @@
 //! `backing.cfg` after a restart without copying or re-hashing it (live upgrade). A disk whose identity file
 //! (`corral-disk.cfg`) is missing or names another disk makes every image `unknown` and freezes all file changes.
 
+mod adopt;
+mod check;
 pub mod checksum;
+mod cleanup;
 pub mod daemon;
 pub mod datasource;
 pub mod error;
+mod fetch;
 pub mod files;
 pub mod grpc;
 pub mod http;
+pub mod image;
 pub mod manager;
 pub mod metrics;
+mod peer;
 pub mod ports;
+mod send;
 pub mod state;
-mod transfer;
+mod sync;
+mod verify;
 
 /// The client side of the gRPC service (connect to another manager).
 pub mod client {
-    pub use crate::transfer::{BimClient, SEND_LIMIT, connect};
+    pub use crate::peer::{BimClient, connect};
+    pub use crate::send::SEND_LIMIT;
 }
 
 pub use error::BimError;

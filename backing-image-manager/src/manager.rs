@@ -1,24 +1,26 @@
-//! The registry of the images on this disk: their states, the change events watchers receive, the disk identity
-//! check, adoption of existing files at start (live upgrade) and the background check that re-verifies files
-//! whose mtime changed. Fetch, Sync and Send live in `transfer`.
+//! The manager of one disk: the registry of its images and their states, the change events watchers receive,
+//! registration of new work, and the reads callers make (get, list, the file to download). The work on images is
+//! in its own modules: `fetch`, `sync` (receive), `send`, `verify`, `check` (the periodic disk and file check),
+//! `adopt` (after a restart), `cleanup` (delete, failure). Nothing here knows the wire format; `grpc` converts.
 
 use std::collections::BTreeMap;
 use std::net::IpAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use corral_daemon::disk::{check_path_component, sync_parent_dir, verify_disk};
-use corral_proto::v1;
+use corral_daemon::disk::{check_path_component, verify_disk};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
-use tracing::{Instrument, info, warn};
+use tracing::info;
 
-use crate::checksum::{check_checksum_syntax, sha512_file};
+use crate::adopt::adopt;
 use crate::error::BimError;
-use crate::files::{self, BackingConfig, IMAGES_DIR, ImagePaths};
-use crate::metrics::Metrics;
+use crate::files::{self, BackingConfig, ImagePaths};
+use crate::image::Image;
+pub use crate::image::{DiskImages, ImageEvent, ImageSpec, ImageView, check_ref};
+use crate::metrics::{ImageStats, Metrics};
 use crate::ports::{PortAllocator, PortRange};
 use crate::state::FileState;
 
@@ -45,107 +47,6 @@ pub struct ManagerConfig {
     pub send_max_rate: Option<u64>,
 }
 
-/// What a caller asks for.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ImageSpec {
-    pub name: String,
-    pub uuid: String,
-    /// 0 = unknown.
-    pub size: u64,
-    /// Expected SHA-512; empty = none.
-    pub checksum: String,
-}
-
-impl ImageSpec {
-    /// Checks a spec from the wire: names that stay one path component, a well-formed checksum.
-    pub fn from_proto(spec: Option<v1::BimImageSpec>) -> Result<Self, BimError> {
-        let s = spec.ok_or_else(|| BimError::InvalidArgument("spec is missing".into()))?;
-        check_ref(&s.name, &s.uuid)?;
-        check_checksum_syntax(&s.checksum).map_err(BimError::InvalidArgument)?;
-        Ok(ImageSpec {
-            name: s.name,
-            uuid: s.uuid,
-            size: s.size,
-            checksum: s.checksum,
-        })
-    }
-
-    pub fn to_proto(&self) -> v1::BimImageSpec {
-        v1::BimImageSpec {
-            name: self.name.clone(),
-            uuid: self.uuid.clone(),
-            size: self.size,
-            checksum: self.checksum.clone(),
-        }
-    }
-}
-
-/// Checks a name and uuid that become a directory name.
-pub fn check_ref(name: &str, uuid: &str) -> Result<(), BimError> {
-    check_path_component("image name", name).map_err(BimError::InvalidArgument)?;
-    check_path_component("image uuid", uuid).map_err(BimError::InvalidArgument)
-}
-
-/// One image in memory.
-#[derive(Debug)]
-pub(crate) struct Image {
-    pub(crate) spec: ImageSpec,
-    /// Distinguishes registrations of the same name, so a job of a deleted or replaced image changes nothing.
-    pub(crate) generation: u64,
-    pub(crate) state: FileState,
-    pub(crate) message: String,
-    pub(crate) progress: u8,
-    pub(crate) current_checksum: String,
-    pub(crate) sending: u32,
-    pub(crate) sender_address: String,
-    pub(crate) size: u64,
-    pub(crate) virtual_size: u64,
-    pub(crate) real_size: u64,
-    /// mtime of `backing` when it was verified.
-    pub(crate) modification_time: String,
-    /// A fetch, sync or verification runs on the image.
-    pub(crate) busy: bool,
-    pub(crate) cancel: CancellationToken,
-}
-
-impl Image {
-    pub(crate) fn new(
-        spec: ImageSpec,
-        generation: u64,
-        state: FileState,
-        parent: &CancellationToken,
-    ) -> Self {
-        Image {
-            spec,
-            generation,
-            state,
-            message: String::new(),
-            progress: 0,
-            current_checksum: String::new(),
-            sending: 0,
-            sender_address: String::new(),
-            size: 0,
-            virtual_size: 0,
-            real_size: 0,
-            modification_time: String::new(),
-            busy: false,
-            cancel: parent.child_token(),
-        }
-    }
-
-    pub(crate) fn set_ready(&mut self, cfg: &BackingConfig) {
-        self.state = FileState::Ready;
-        self.message.clear();
-        self.progress = 100;
-        self.current_checksum.clone_from(&cfg.current_checksum);
-        self.size = cfg.size;
-        self.virtual_size = cfg.virtual_size;
-        self.real_size = cfg.real_size;
-        self.modification_time.clone_from(&cfg.modification_time);
-        self.busy = false;
-    }
-}
-
 pub(crate) struct Registry {
     pub(crate) images: BTreeMap<String, Image>,
     /// Why the disk cannot be verified; `Some` reports every image unknown and freezes file changes.
@@ -169,11 +70,30 @@ impl Registry {
     }
 }
 
+/// The outcome of registering new work on an image.
+pub(crate) enum Registered {
+    New {
+        generation: u64,
+        cancel: CancellationToken,
+    },
+    /// Registered meanwhile by another request: report it.
+    Existing,
+}
+
+/// Runs blocking file work off the reactor.
+pub(crate) async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, BimError> + Send + 'static,
+) -> Result<T, BimError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| BimError::Internal(e.to_string()))?
+}
+
 /// The manager of one disk.
 pub struct Manager {
     pub(crate) cfg: ManagerConfig,
     registry: Mutex<Registry>,
-    events: broadcast::Sender<v1::BimImageEvent>,
+    events: broadcast::Sender<ImageEvent>,
     pub(crate) ports: PortAllocator,
     pub(crate) metrics: Metrics,
     pub(crate) cancel: CancellationToken,
@@ -184,12 +104,11 @@ impl Manager {
     /// Checks the disk identity (refusing another disk's directory) and adopts every image recorded on it.
     pub async fn open(cfg: ManagerConfig, cancel: CancellationToken) -> Result<Arc<Self>, BimError> {
         let (disk, uuid) = (cfg.disk_path.clone(), cfg.disk_uuid.clone());
-        let adopted = tokio::task::spawn_blocking(move || {
+        let adopted = blocking(move || {
             verify_disk(&disk, &uuid).map_err(|e| BimError::DiskUnavailable(e.to_string()))?;
             adopt(&disk)
         })
-        .await
-        .map_err(|e| BimError::Internal(e.to_string()))??;
+        .await?;
         let (events, _) = broadcast::channel(1024);
         let m = Arc::new(Manager {
             ports: PortAllocator::new(cfg.port_range),
@@ -236,25 +155,23 @@ impl Manager {
         ImagePaths::new(&self.cfg.disk_path, name, uuid)
     }
 
-    /// The wire form of an image, as the disk state makes it look.
-    pub(crate) fn image_proto(&self, img: &Image, disk_problem: Option<&str>) -> v1::BimImage {
+    /// An image as callers see it, as the disk state makes it look.
+    pub(crate) fn view(&self, img: &Image, disk_problem: Option<&str>) -> ImageView {
         let (state, message) = match disk_problem {
             Some(p) => (FileState::Unknown, p.to_owned()),
             None => (img.state, img.message.clone()),
         };
-        v1::BimImage {
-            spec: Some(img.spec.to_proto()),
-            status: Some(v1::BimImageStatus {
-                state: state.as_str().to_owned(),
-                message,
-                progress: u32::from(img.progress),
-                current_checksum: img.current_checksum.clone(),
-                sending_reference: img.sending,
-                sender_address: img.sender_address.clone(),
-                size: img.size,
-                virtual_size: img.virtual_size,
-                real_size: img.real_size,
-            }),
+        ImageView {
+            spec: img.spec.clone(),
+            state,
+            message,
+            progress: img.progress,
+            current_checksum: img.current_checksum.clone(),
+            sending: img.sending,
+            sender_address: img.sender_address.clone(),
+            size: img.size,
+            virtual_size: img.virtual_size,
+            real_size: img.real_size,
             disk_uuid: self.cfg.disk_uuid.clone(),
             path: self
                 .paths(&img.spec.name, &img.spec.uuid)
@@ -267,19 +184,21 @@ impl Manager {
     /// Tells watchers about `name` (call with the registry locked, after the change).
     pub(crate) fn emit(&self, reg: &Registry, name: &str) {
         if let Some(img) = reg.images.get(name) {
-            let image = self.image_proto(img, reg.disk_problem.as_deref());
-            let _ = self.events.send(v1::BimImageEvent {
-                image: Some(image),
-                deleted: false,
-                resync: false,
-            });
+            let _ = self
+                .events
+                .send(ImageEvent::Changed(self.view(img, reg.disk_problem.as_deref())));
         }
     }
 
-    fn emit_all(&self, reg: &Registry) {
+    pub(crate) fn emit_all(&self, reg: &Registry) {
         for name in reg.images.keys() {
             self.emit(reg, name);
         }
+    }
+
+    /// Tells watchers that an image is gone (its last view).
+    pub(crate) fn emit_deleted(&self, view: ImageView) {
+        let _ = self.events.send(ImageEvent::Deleted(view));
     }
 
     /// Applies `f` to the image if it is still registration `generation`, and tells watchers.
@@ -308,42 +227,8 @@ impl Manager {
         }
     }
 
-    /// Marks the image failed and removes its files (not when the disk cannot be verified: then nothing is touched).
-    pub(crate) async fn fail(&self, name: &str, generation: u64, message: String) {
-        // The files go first and the state after: a client that sees `failed` (and retries at once) finds no
-        // leftovers, and its retry cannot race with this removal (the image stays busy until then).
-        let (paths, disk_ok) = {
-            let reg = self.lock();
-            match reg.images.get(name) {
-                Some(img) if img.generation == generation => {
-                    (self.paths(name, &img.spec.uuid), reg.disk_problem.is_none())
-                }
-                _ => return,
-            }
-        };
-        warn!(image = name, error = %message, "backing image failed");
-        // The daemon stopping leaves the files: the next start removes temp files and re-adopts the rest.
-        if disk_ok && !self.cancel.is_cancelled() {
-            let _ = tokio::task::spawn_blocking(move || {
-                if let Err(e) = paths.remove_all() {
-                    warn!(dir = %paths.dir.display(), error = %e, "cannot remove the files of a failed image");
-                }
-            })
-            .await;
-        }
-        let current = self.update(name, generation, |i| {
-            i.state = FileState::Failed;
-            i.message.clone_from(&message);
-            i.progress = 0;
-            i.busy = false;
-        });
-        if current && !self.cancel.is_cancelled() {
-            self.metrics.failures.inc();
-        }
-    }
-
-    /// Watch stream source.
-    pub fn subscribe(&self) -> broadcast::Receiver<v1::BimImageEvent> {
+    /// Every change from now on (Watch). A receiver that lags behind loses events and must list again.
+    pub fn subscribe(&self) -> broadcast::Receiver<ImageEvent> {
         self.events.subscribe()
     }
 
@@ -355,12 +240,12 @@ impl Manager {
         }
     }
 
-    pub fn get(&self, name: &str, uuid: &str) -> Result<v1::BimImage, BimError> {
+    pub fn get(&self, name: &str, uuid: &str) -> Result<ImageView, BimError> {
         check_path_component("image name", name).map_err(BimError::InvalidArgument)?;
         let reg = self.lock();
         match reg.images.get(name) {
             Some(img) if uuid.is_empty() || img.spec.uuid == uuid => {
-                Ok(self.image_proto(img, reg.disk_problem.as_deref()))
+                Ok(self.view(img, reg.disk_problem.as_deref()))
             }
             Some(img) => Err(BimError::NotFound(format!(
                 "image {name} with uuid {uuid} (this disk holds uuid {})",
@@ -370,74 +255,109 @@ impl Manager {
         }
     }
 
-    pub fn list(&self) -> v1::BimImageList {
+    pub fn list(&self) -> DiskImages {
         let reg = self.lock();
-        v1::BimImageList {
+        DiskImages {
             images: reg
                 .images
                 .values()
-                .map(|i| self.image_proto(i, reg.disk_problem.as_deref()))
+                .map(|i| self.view(i, reg.disk_problem.as_deref()))
                 .collect(),
             disk_uuid: self.cfg.disk_uuid.clone(),
             disk_message: reg.disk_problem.clone().unwrap_or_default(),
         }
     }
 
-    /// Counts of images per reported state (metrics).
-    pub fn state_counts(&self) -> BTreeMap<FileState, u64> {
+    /// The registered image when it is not failed (such a request just reports it); an error when the name is
+    /// taken by another uuid or the spec disagrees with what is registered.
+    pub(crate) fn existing(&self, spec: &ImageSpec) -> Result<Option<ImageView>, BimError> {
         let reg = self.lock();
-        let mut out = BTreeMap::new();
-        for img in reg.images.values() {
-            let st = if reg.disk_problem.is_some() {
-                FileState::Unknown
-            } else {
-                img.state
-            };
-            *out.entry(st).or_default() += 1;
+        let Some(img) = reg.images.get(&spec.name) else {
+            return Ok(None);
+        };
+        if img.spec.uuid != spec.uuid {
+            return Err(BimError::AlreadyExists(format!(
+                "image {} with uuid {} is on this disk; delete it before adding uuid {}",
+                spec.name, img.spec.uuid, spec.uuid
+            )));
         }
-        out
+        if img.state == FileState::Failed {
+            return Ok(None);
+        }
+        let size = if img.size != 0 { img.size } else { img.spec.size };
+        if spec.size != 0 && size != 0 && size != spec.size {
+            return Err(BimError::InvalidArgument(format!(
+                "image {} is {size} bytes, the spec says {}",
+                spec.name, spec.size
+            )));
+        }
+        let sum = if img.current_checksum.is_empty() {
+            &img.spec.checksum
+        } else {
+            &img.current_checksum
+        };
+        if !spec.checksum.is_empty() && !sum.is_empty() && *sum != spec.checksum {
+            return Err(BimError::InvalidArgument(format!(
+                "image {} has SHA-512 {sum}, the spec expects {}",
+                spec.name, spec.checksum
+            )));
+        }
+        Ok(Some(self.view(img, reg.disk_problem.as_deref())))
     }
 
-    /// Stops work on the image and removes its directory. An image that is not registered but has a directory on
-    /// the disk (a leftover) is removed too.
-    pub async fn delete(&self, name: &str, uuid: &str) -> Result<(), BimError> {
-        check_ref(name, uuid)?;
-        self.check_disk()?;
-        {
-            let mut reg = self.lock();
-            if let Some(img) = reg.images.get(name) {
-                if img.spec.uuid != uuid {
-                    return Err(BimError::NotFound(format!(
-                        "image {name} with uuid {uuid} (this disk holds uuid {})",
-                        img.spec.uuid
-                    )));
-                }
-                img.cancel.cancel();
-                let img = reg.images.remove(name).map(|i| self.image_proto(&i, None));
-                let _ = self.events.send(v1::BimImageEvent {
-                    image: img,
-                    deleted: true,
-                    resync: false,
-                });
-            } else if let Some(owner) = reg.dir_owner(name, uuid) {
-                return Err(BimError::NotFound(format!(
-                    "image {name} with uuid {uuid} is not on this disk (its directory {} belongs to image {} with uuid {})",
-                    files::dir_name(name, uuid),
-                    owner.spec.name,
-                    owner.spec.uuid
+    /// Registers new work on `spec` (busy, in `state`), unless the image is registered and not failed.
+    pub(crate) fn register(
+        &self,
+        spec: &ImageSpec,
+        state: FileState,
+        sender: &str,
+    ) -> Result<Registered, BimError> {
+        let mut reg = self.lock();
+        if let Some(p) = &reg.disk_problem {
+            return Err(BimError::DiskUnavailable(p.clone()));
+        }
+        if let Some(img) = reg.images.get(&spec.name) {
+            if img.spec.uuid != spec.uuid {
+                return Err(BimError::AlreadyExists(format!(
+                    "image {} with uuid {} is on this disk",
+                    spec.name, img.spec.uuid
                 )));
             }
+            if img.state != FileState::Failed {
+                return Ok(Registered::Existing);
+            }
         }
-        let paths = self.paths(name, uuid);
-        tokio::task::spawn_blocking(move || {
-            paths
-                .remove_all()
-                .map_err(|e| BimError::io("remove", &paths.dir, e))
-        })
-        .await
-        .map_err(|e| BimError::Internal(e.to_string()))??;
-        info!(image = name, uuid, "backing image deleted");
-        Ok(())
+        if let Some(owner) = reg.dir_owner(&spec.name, &spec.uuid) {
+            return Err(BimError::AlreadyExists(format!(
+                "image {} with uuid {} uses the directory {} that image {}/{} needs: choose another name or uuid",
+                owner.spec.name,
+                owner.spec.uuid,
+                files::dir_name(&spec.name, &spec.uuid),
+                spec.name,
+                spec.uuid
+            )));
+        }
+        let generation = reg.next_generation();
+        let mut img = Image::new(spec.clone(), generation, state, &self.cancel);
+        img.sender_address = sender.to_owned();
+        img.busy = true;
+        let cancel = img.cancel.clone();
+        reg.images.insert(spec.name.clone(), img);
+        self.emit(&reg, &spec.name);
+        Ok(Registered::New { generation, cancel })
+    }
+
+    /// Registers an image whose file on the disk was found verified (reused without work).
+    pub(crate) fn register_ready(
+        &self,
+        spec: &ImageSpec,
+        cfg: &BackingConfig,
+    ) -> Result<ImageView, BimError> {
+        if let Registered::New { generation, .. } = self.register(spec, FileState::Pending, "")? {
+            self.update(&spec.name, generation, |i| i.set_ready(cfg));
+            info!(image = %spec.name, uuid = %spec.uuid, "reused the backing file already on the disk");
+        }
+        self.get(&spec.name, &spec.uuid)
     }
 
     /// The file to serve for a download of `name`: only a ready image whose file still has the verified mtime.
@@ -478,242 +398,38 @@ impl Manager {
             ))),
         }
     }
-
-    /// Runs the disk and file check every `check_interval` until cancelled.
-    pub async fn run_checks(self: Arc<Self>) {
-        loop {
-            self.check_once().await;
-            tokio::select! {
-                () = self.cancel.cancelled() => return,
-                () = tokio::time::sleep(self.cfg.check_interval) => {}
-            }
-        }
-    }
-
-    /// One pass: the disk identity, then every ready file's presence and mtime. A file whose mtime changed is
-    /// re-hashed in the background (unknown meanwhile); a missing one fails.
-    pub async fn check_once(self: &Arc<Self>) {
-        let (disk, uuid) = (self.cfg.disk_path.clone(), self.cfg.disk_uuid.clone());
-        let verified =
-            tokio::task::spawn_blocking(move || verify_disk(&disk, &uuid).map_err(|e| e.to_string()))
-                .await
-                .unwrap_or_else(|e| Err(e.to_string()));
-        {
-            let mut reg = self.lock();
-            let problem = verified.err();
-            if problem != reg.disk_problem {
-                match &problem {
-                    Some(p) => {
-                        warn!(problem = %p, "disk identity lost: every image is unknown, no file is touched");
-                    }
-                    None => info!("disk identity verified again"),
-                }
-                reg.disk_problem = problem;
-                self.emit_all(&reg);
-            }
-            if reg.disk_problem.is_some() {
-                return;
-            }
-        }
-        // Ready images, and those a failed stat left unknown (not busy: no job runs on them).
-        let candidates: Vec<(String, u64, String, u64, PathBuf, FileState)> = {
-            let reg = self.lock();
-            reg.images
-                .values()
-                .filter(|i| matches!(i.state, FileState::Ready | FileState::Unknown) && !i.busy)
-                .map(|i| {
-                    (
-                        i.spec.name.clone(),
-                        i.generation,
-                        i.modification_time.clone(),
-                        i.size,
-                        self.paths(&i.spec.name, &i.spec.uuid).backing,
-                        i.state,
-                    )
-                })
-                .collect()
-        };
-        for (name, generation, mtime, size, backing, state) in candidates {
-            let p = backing.clone();
-            let facts = tokio::task::spawn_blocking(move || files::facts(&p))
-                .await
-                .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
-            match facts {
-                Ok(Some(f)) if f.modification_time == mtime && f.size == size => {
-                    if state == FileState::Unknown {
-                        info!(image = %name, "backing file can be checked again: unchanged");
-                        self.update(&name, generation, |i| {
-                            i.state = FileState::Ready;
-                            i.message.clear();
-                        });
-                    }
-                }
-                Ok(Some(_)) => self.reverify(&name, generation),
-                Ok(None) => {
-                    self.fail(&name, generation, format!("{} disappeared", backing.display()))
-                        .await;
-                }
-                // A stat that fails (EIO, EACCES, a file replaced by something else) says nothing about the data:
-                // the image is unknown (not served) and its files stay until a check can tell.
-                Err(e) => {
-                    let message = format!("cannot stat {}: {e}", backing.display());
-                    if state == FileState::Ready {
-                        warn!(image = %name, error = %message, "backing file cannot be checked");
-                    }
-                    self.update(&name, generation, |i| {
-                        i.state = FileState::Unknown;
-                        i.message = message;
-                    });
-                }
-            }
-        }
-    }
-
-    /// The file changed under a ready image: unknown while hashing; ready if the content is what was verified,
-    /// failed otherwise.
-    fn reverify(self: &Arc<Self>, name: &str, generation: u64) {
-        let mut job = None;
-        self.update(name, generation, |i| {
-            i.state = FileState::Unknown;
-            i.message = "backing file modified on disk: verifying its checksum again".into();
-            i.busy = true;
-            job = Some((i.spec.clone(), i.current_checksum.clone(), i.cancel.clone()));
-        });
-        let Some((spec, verified, cancel)) = job else {
-            return;
-        };
-        warn!(image = name, "backing file modified on disk: re-verifying");
-        self.metrics.reverifications.inc();
-        let m = self.clone();
-        let name = name.to_owned();
-        let span = tracing::info_span!("reverify", image = %name, uuid = %spec.uuid);
-        self.tasks.spawn(
-            async move {
-                let paths = m.paths(&spec.name, &spec.uuid);
-                let expected = spec.checksum.clone();
-                let r = tokio::task::spawn_blocking(move || -> Result<BackingConfig, String> {
-                    let (sum, facts) =
-                        sha512_file(&paths.backing, &cancel, |_, _| {}).map_err(|e| e.to_string())?;
-                    if sum != verified || (!expected.is_empty() && sum != expected) {
-                        return Err(format!(
-                            "backing file corrupted: its SHA-512 is now {sum}, verified was {verified}"
-                        ));
-                    }
-                    let cfg = BackingConfig::verified(
-                        &spec.name,
-                        &spec.uuid,
-                        &expected,
-                        sum,
-                        facts,
-                        &paths.backing,
-                    );
-                    files::write_config(&paths.config, &cfg).map_err(|e| e.to_string())?;
-                    Ok(cfg)
-                })
-                .await
-                .unwrap_or_else(|e| Err(e.to_string()));
-                match r {
-                    Ok(cfg) => {
-                        info!(image = %name, "modified backing file verified: content unchanged");
-                        m.update(&name, generation, |i| i.set_ready(&cfg));
-                    }
-                    Err(e) => m.fail(&name, generation, e).await,
-                }
-            }
-            .instrument(span),
-        );
-    }
 }
 
-/// Reads every `backing.cfg` on the disk (blocking): each image comes back ready as recorded (the first check
-/// compares mtimes), or failed when its file is gone. Temp files of interrupted work are removed.
-fn adopt(disk: &Path) -> Result<Vec<(BackingConfig, FileState, String)>, BimError> {
-    let root = disk.join(IMAGES_DIR);
-    let entries = match std::fs::read_dir(&root) {
-        Ok(e) => e,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
-        Err(e) => return Err(BimError::io("read", &root, e)),
-    };
-    let mut out = Vec::new();
-    for entry in entries {
-        let entry = entry.map_err(|e| BimError::io("read", &root, e))?;
-        let dir = entry.path();
-        if !dir.is_dir() {
-            continue;
-        }
-        let cfg_path = dir.join(files::CONFIG_FILE);
-        let cfg = match files::read_config(&cfg_path) {
-            Ok(Some(c)) => c,
-            Ok(None) => {
-                // Work that never finished: its temp files go, an emptied directory too.
-                let _ = remove_leftovers(&dir);
-                continue;
-            }
-            Err(e) => {
-                warn!(path = %cfg_path.display(), error = %e, "unreadable backing.cfg: leaving the directory alone");
-                continue;
-            }
-        };
-        let dir_ok = check_ref(&cfg.name, &cfg.uuid).is_ok()
-            && entry.file_name().to_str() == Some(files::dir_name(&cfg.name, &cfg.uuid).as_str());
-        if !dir_ok {
-            warn!(path = %cfg_path.display(), "backing.cfg does not match its directory name: ignored");
-            continue;
-        }
-        let paths = ImagePaths::new(disk, &cfg.name, &cfg.uuid);
-        if let Err(e) = finish_interrupted_commit(&paths, &cfg) {
-            warn!(path = %paths.temp.display(), error = %e, "cannot finish the rename of a verified file");
-        }
-        let _ = paths.remove_temp_files();
-        let (state, message) = match files::facts(&paths.backing) {
-            Ok(Some(_)) => (FileState::Ready, String::new()),
-            Ok(None) => (
-                FileState::Failed,
-                format!("{} is missing", paths.backing.display()),
-            ),
-            Err(e) => (
-                FileState::Failed,
-                format!("cannot stat {}: {e}", paths.backing.display()),
-            ),
-        };
-        info!(image = %cfg.name, uuid = %cfg.uuid, state = %state, "adopted backing image from backing.cfg");
-        out.push((cfg, state, message));
+impl ImageStats for Manager {
+    fn metrics(&self) -> &Metrics {
+        &self.metrics
     }
-    Ok(out)
-}
 
-/// `backing.cfg` is written before the verified `backing.tmp` is renamed onto `backing` (the rename keeps the mtime
-/// the config records): a crash between the two leaves the verified file under its temporary name. When `backing`
-/// is missing and `backing.tmp` has the recorded size and mtime, the rename is finished instead of the file removed.
-fn finish_interrupted_commit(paths: &ImagePaths, cfg: &BackingConfig) -> std::io::Result<()> {
-    if files::facts(&paths.backing)?.is_some() {
-        return Ok(());
-    }
-    match files::facts(&paths.temp)? {
-        Some(f) if f.size == cfg.size && f.modification_time == cfg.modification_time => {
-            std::fs::rename(&paths.temp, &paths.backing)?;
-            sync_parent_dir(&paths.backing)?;
-            info!(image = %cfg.name, uuid = %cfg.uuid, "finished the interrupted rename of a verified backing file");
+    fn state_counts(&self) -> BTreeMap<FileState, u64> {
+        let reg = self.lock();
+        let mut out = BTreeMap::new();
+        for img in reg.images.values() {
+            let st = if reg.disk_problem.is_some() {
+                FileState::Unknown
+            } else {
+                img.state
+            };
+            *out.entry(st).or_default() += 1;
         }
-        _ => {}
+        out
     }
-    Ok(())
-}
 
-fn remove_leftovers(dir: &Path) -> std::io::Result<()> {
-    for f in [files::TEMP_FILE, "backing.tmp.sync-partial", "backing.cfg.tmp"] {
-        files::remove_if_exists(&dir.join(f))?;
+    fn receiver_ports_in_use(&self) -> usize {
+        self.ports.in_use()
     }
-    if std::fs::read_dir(dir)?.next().is_none() {
-        std::fs::remove_dir(dir)?;
-        info!(dir = %dir.display(), "removed the directory of an unfinished fetch or sync");
-    }
-    Ok(())
 }
 
 #[cfg(test)]
 mod tests {
+    use std::path::Path;
+
     use super::*;
+    use crate::checksum::sha512_file;
 
     fn config(disk: &Path) -> ManagerConfig {
         ManagerConfig {
@@ -743,7 +459,7 @@ mod tests {
     }
 
     fn state_of(m: &Manager, name: &str) -> String {
-        m.get(name, "").unwrap().status.unwrap().state
+        m.get(name, "").unwrap().state.to_string()
     }
 
     #[tokio::test]

@@ -1,5 +1,6 @@
 //! Prometheus metrics of the manager (`/metrics` on the HTTP address), gathered at scrape time.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
@@ -7,7 +8,6 @@ use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::gauge::ConstGauge;
 use prometheus_client::registry::Registry;
 
-use crate::manager::Manager;
 use crate::state::FileState;
 
 /// Counters updated as work happens.
@@ -23,7 +23,18 @@ pub struct Metrics {
     pub reverifications: Counter,
 }
 
-struct Collector(Arc<Manager>);
+/// What the scrape reads from the manager at scrape time (the manager implements it; this module does not depend
+/// on the manager's).
+pub trait ImageStats: Send + Sync + 'static {
+    /// The counters.
+    fn metrics(&self) -> &Metrics;
+    /// Images per reported state.
+    fn state_counts(&self) -> BTreeMap<FileState, u64>;
+    /// Ports of the receiver range held by syncs.
+    fn receiver_ports_in_use(&self) -> usize;
+}
+
+struct Collector(Arc<dyn ImageStats>);
 
 impl std::fmt::Debug for Collector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -33,7 +44,7 @@ impl std::fmt::Debug for Collector {
 
 impl prometheus_client::collector::Collector for Collector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let m = &self.0.metrics;
+        let m = self.0.metrics();
         let counters = [
             (
                 "bim_fetches",
@@ -79,7 +90,7 @@ impl prometheus_client::collector::Collector for Collector {
             let g = ConstGauge::new(i64::try_from(counts.get(&st).copied().unwrap_or(0)).unwrap_or(i64::MAX));
             g.encode(family.encode_family(&[("state", st.as_str())])?)?;
         }
-        let ports = ConstGauge::new(i64::try_from(self.0.ports.in_use()).unwrap_or(i64::MAX));
+        let ports = ConstGauge::new(i64::try_from(self.0.receiver_ports_in_use()).unwrap_or(i64::MAX));
         ports.encode(enc.encode_descriptor(
             "bim_receiver_ports_in_use",
             "Ports of the range held by sync receivers",
@@ -91,7 +102,7 @@ impl prometheus_client::collector::Collector for Collector {
 }
 
 /// A registry exposing `manager`'s metrics (prefix `corral_`).
-pub fn registry(manager: Arc<Manager>) -> Registry {
+pub fn registry(manager: Arc<dyn ImageStats>) -> Registry {
     let mut reg = Registry::with_prefix("corral");
     reg.register_collector(Box::new(Collector(manager)));
     reg
