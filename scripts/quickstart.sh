@@ -2,10 +2,34 @@
 # Corral's main job on one machine: a single-node manager on the embedded store with a local data directory, a
 # volume with 3 replicas, attached and served over NBD, written and read back; then it keeps running until Ctrl-C
 # (the volume is detached — engine and replicas stop cleanly — and the manager stops). Restarting reuses the data.
+#
+#   scripts/quickstart.sh [--once]
+#
+#   --once (or CORRAL_ONCE=1)  stop cleanly after the NBD round trip (detach, stop the manager, exit 0): CI runs this
 #   CORRAL_DATA (./corral-data)  CORRAL_SIZE (10G)  CORRAL_REPLICAS (3)  CORRAL_VOLUME (vol1)
-#   CORRAL_PORT (9500)  CORRAL_PROFILE (release; `debug` reuses a debug build)
+#   CORRAL_PORT (9500)  CORRAL_PROFILE (release; `debug` reuses the test suite's debug build)
+#
+# Needs a Rust toolchain, qemu-io (Debian qemu-utils) and python3; installs the last two when run as root and says
+# what to install otherwise. No protoc: every .proto is compiled by protox.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/install-deps.sh
+. scripts/install-deps.sh
+
+once=${CORRAL_ONCE:-0}
+for arg in "$@"; do
+  case $arg in
+    --once) once=1 ;;
+    -h | --help)
+      sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+      exit 0
+      ;;
+    *)
+      echo "quickstart.sh: unknown argument $arg (try --help)" >&2
+      exit 2
+      ;;
+  esac
+done
 data=${CORRAL_DATA:-./corral-data}
 size=${CORRAL_SIZE:-10G}
 n=${CORRAL_REPLICAS:-3}
@@ -13,34 +37,82 @@ volume=${CORRAL_VOLUME:-vol1}
 port=${CORRAL_PORT:-9500}
 profile=${CORRAL_PROFILE:-release}
 
+command -v cargo >/dev/null 2>&1 || {
+  echo "cargo is missing: install a Rust toolchain (https://rustup.rs), then run this again" >&2
+  exit 1
+}
+need_tools qemu-io python3 setsid flock || exit 1
+
 if [ "$profile" = release ]; then
-  cargo build --release -q -p manager -p replica -p engine --bins
+  cargo build --release -q --locked -p manager -p replica -p engine --bins
 else
-  cargo build -q -p manager -p replica -p engine --bins --features replica/fault-injection
+  # The exact build scripts/test.sh makes, so after the suite this compiles nothing.
+  cargo build -q --locked --workspace --bins --features replica/fault-injection
 fi
 bin=target/$profile
 mkdir -p "$data/logs"
 data=$(cd "$data" && pwd)
 export CORRAL_URL=http://127.0.0.1:$port
 corral() { "$bin/corral" "$@"; }
+pidfile=$data/manager.pid
 
+# --- already running? port taken? ----------------------------------------------------------------------------------
+# A manager holds a lock on its store file for as long as it runs: that finds one however it was started.
+if [ -f "$data/store.redb" ] && ! flock -n "$data/store.redb" true 2>/dev/null; then
+  read -r old_pid old_port old_script 2>/dev/null <"$pidfile" || true
+  echo "A Corral manager is already running on $data${old_pid:+ (pid $old_pid, http://127.0.0.1:$old_port)}." >&2
+  if [ -n "${old_pid:-}" ]; then
+    echo "  reach it:  export CORRAL_URL=http://127.0.0.1:$old_port; $bin/corral volume ls" >&2
+    echo "  stop it:   Ctrl-C where quickstart.sh runs, or kill $old_script (it detaches $volume, then stops the manager)" >&2
+  fi
+  echo "  or start a separate one: CORRAL_DATA=another-dir CORRAL_PORT=another-port $0" >&2
+  exit 1
+fi
+if ! python3 -c 'import socket, sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then
+  if corral node ls >/dev/null 2>&1; then
+    echo "Port $port already has a Corral manager (another data directory than $data):" >&2
+    echo "  reach it:  export CORRAL_URL=$CORRAL_URL; $bin/corral volume ls" >&2
+  else
+    echo "Port $port (127.0.0.1) is taken by another program." >&2
+  fi
+  echo "  choose another port:  CORRAL_PORT=9600 $0" >&2
+  exit 1
+fi
+
+# --- start ---------------------------------------------------------------------------------------------------------
 # The manager runs in its own session so Ctrl-C reaches only this script, which detaches and stops it in order.
 setsid "$bin/corral-manager" --data-dir "$data" --listen "127.0.0.1:$port" --node-id node-1 \
   >>"$data/logs/manager.log" 2>&1 &
 manager=$!
+# Manager pid, port, and this script's pid (a TERM to it stops everything in order).
+echo "$manager $port $$" >"$pidfile"
+# Detach, stop the manager, wait for it. Status 1 when the volume did not detach or the manager did not exit 0.
 stop() {
   trap "" INT TERM
   trap - EXIT
+  local status=0
   echo "stopping: detaching $volume (engine, then replicas), then the manager..."
-  corral volume detach "$volume" >/dev/null 2>&1 || true
+  corral volume detach "$volume" >/dev/null 2>&1 || {
+    echo "could not detach $volume; see $data/logs/" >&2
+    status=1
+  }
   kill -TERM "$manager" 2>/dev/null || true
-  wait "$manager" 2>/dev/null || true
+  wait "$manager" 2>/dev/null || {
+    echo "the manager did not exit cleanly; see $data/logs/manager.log" >&2
+    status=1
+  }
+  rm -f "$pidfile"
+  return $status
 }
-trap stop INT TERM EXIT
+trap 'stop; exit 130' INT TERM
+trap 'stop || true' EXIT
 for _ in $(seq 300); do
   if corral node ls >/dev/null 2>&1; then break; fi
   if ! kill -0 "$manager" 2>/dev/null; then
+    trap - EXIT
+    rm -f "$pidfile"
     echo "the manager exited; see $data/logs/manager.log" >&2
+    tail -5 "$data/logs/manager.log" >&2
     exit 1
   fi
   sleep 0.1
@@ -50,11 +122,22 @@ corral node ls
 corral volume get "$volume" >/dev/null 2>&1 || corral volume create "$volume" --size "$size" --replicas "$n"
 corral volume attach "$volume" >/dev/null
 corral volume get "$volume"
-uri=$(corral volume get "$volume" --json | python3 -c 'import json,sys; print([e for e in json.load(sys.stdin)["endpoints"] if e.startswith("nbd+unix")][0])')
-tcp=$(corral volume get "$volume" --json | python3 -c 'import json,sys; print([e for e in json.load(sys.stdin)["endpoints"] if e.startswith("nbd://")][0])')
+endpoint() {
+  corral volume get "$volume" --json |
+    python3 -c 'import json,sys; print([e for e in json.load(sys.stdin)["endpoints"] if e.startswith(sys.argv[1])][0])' "$1"
+}
+uri=$(endpoint nbd+unix)
+tcp=$(endpoint nbd://)
 
 echo "writing and reading 1 MiB through NBD..."
 qemu-io -f raw "$uri" -c 'write -P 0xab 0 1M' -c 'flush' -c 'read -P 0xab 0 1M'
+
+if [ "$once" = 1 ]; then
+  trap - EXIT
+  stop
+  echo "done: the 1 MiB round trip verified, $volume detached, the manager stopped (data kept in $data)"
+  exit 0
+fi
 
 cat <<TXT
 

