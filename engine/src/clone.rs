@@ -29,17 +29,10 @@ use crate::volume::Volume;
 
 /// Connects to an engine's `ControllerService` (`HOST:PORT`, `tcp://` or `http://` prefixes accepted).
 pub async fn engine_client(url: &str) -> Result<ControllerServiceClient<Channel>, EngineError> {
-    let u = format!(
-        "http://{}",
-        url.trim_start_matches("tcp://").trim_start_matches("http://")
-    );
-    let ep = tonic::transport::Endpoint::from_shared(u.clone())
-        .map_err(|e| EngineError::InvalidArgument(format!("engine address {url:?}: {e}")))?
-        .connect_timeout(Duration::from_secs(5));
-    ep.connect()
+    corral_proto::grpc::connect(url, corral_proto::grpc::GrpcTimeouts::OPERATOR)
         .await
         .map(ControllerServiceClient::new)
-        .map_err(|e| EngineError::FailedPrecondition(format!("connect to engine at {u}: {e}")))
+        .map_err(|e| EngineError::FailedPrecondition(format!("engine: {e}")))
 }
 
 fn engine_err(url: &str, s: &tonic::Status) -> EngineError {

@@ -140,13 +140,10 @@ enum SnapCmd {
 }
 
 async fn client(url: &str) -> anyhow::Result<ControllerServiceClient<Channel>> {
-    let u = format!(
-        "http://{}",
-        url.trim_start_matches("tcp://").trim_start_matches("http://")
-    );
-    ControllerServiceClient::connect(u.clone())
+    let ch = corral_proto::grpc::connect(url, corral_proto::grpc::GrpcTimeouts::OPERATOR)
         .await
-        .with_context(|| format!("connect to engine at {u}"))
+        .context("engine")?;
+    Ok(ControllerServiceClient::new(ch))
 }
 
 fn table(header: &[&str], rows: Vec<Vec<String>>) -> Table {

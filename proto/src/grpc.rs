@@ -29,6 +29,13 @@ impl GrpcTimeouts {
         keepalive: Duration::from_secs(10),
     };
 
+    /// A person's command (CLIs): some calls do the work before answering (a snapshot of every replica, a
+    /// backup's first steps); the person, not a timer, decides when to give up (Ctrl-C).
+    pub const OPERATOR: Self = Self {
+        request: Duration::from_secs(3600),
+        ..Self::CONTROL
+    };
+
     /// [`CONTROL`](Self::CONTROL) with another request timeout (streams that last as long as a transfer).
     pub const fn with_request(self, request: Duration) -> Self {
         Self { request, ..self }

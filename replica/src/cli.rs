@@ -33,17 +33,19 @@ pub fn endpoints(url: &str) -> anyhow::Result<(String, String)> {
 /// Connects to a replica's `ReplicaService`.
 pub async fn control(url: &str) -> anyhow::Result<ReplicaServiceClient<Channel>> {
     let (c, _) = endpoints(url)?;
-    ReplicaServiceClient::connect(c.clone())
+    let ch = corral_proto::grpc::connect(&c, corral_proto::grpc::GrpcTimeouts::OPERATOR)
         .await
-        .with_context(|| format!("connect to replica at {c}"))
+        .context("replica")?;
+    Ok(ReplicaServiceClient::new(ch))
 }
 
 /// Connects to a replica's `SyncAgentService`.
 pub async fn sync_agent(url: &str) -> anyhow::Result<SyncAgentServiceClient<Channel>> {
     let (_, s) = endpoints(url)?;
-    SyncAgentServiceClient::connect(s.clone())
+    let ch = corral_proto::grpc::connect(&s, corral_proto::grpc::GrpcTimeouts::OPERATOR)
         .await
-        .with_context(|| format!("connect to sync agent at {s}"))
+        .context("replica sync agent")?;
+    Ok(SyncAgentServiceClient::new(ch))
 }
 
 /// Prints an offline or online status as a table (or JSON).

@@ -101,12 +101,12 @@ fn split_address(address: &str) -> std::result::Result<(String, u16), String> {
 }
 
 async fn channel(host: &str, port: u16) -> std::result::Result<tonic::transport::Channel, String> {
-    tonic::transport::Endpoint::from_shared(format!("http://{host}:{port}"))
-        .map_err(|e| e.to_string())?
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .map_err(|e| format!("connect to {host}:{port}: {e}"))
+    corral_proto::grpc::connect(
+        &format!("{host}:{port}"),
+        corral_proto::grpc::GrpcTimeouts::CONTROL,
+    )
+    .await
+    .map_err(|e| e.to_string())
 }
 
 /// What the target checks on the source before it starts: the snapshot exists, is not removed, and the volume

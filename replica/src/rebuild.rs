@@ -98,13 +98,13 @@ async fn sync_agent(address: &str) -> Result<SyncAgentServiceClient<tonic::trans
     let port = port
         .checked_add(REPLICA_SYNC_AGENT_PORT_OFFSET)
         .ok_or("port out of range")?;
-    let ep = tonic::transport::Endpoint::from_shared(format!("http://{host}:{port}"))
-        .map_err(|e| e.to_string())?
-        .connect_timeout(Duration::from_secs(5));
-    ep.connect()
-        .await
-        .map(SyncAgentServiceClient::new)
-        .map_err(|e| format!("connect to {address}: {e}"))
+    corral_proto::grpc::connect(
+        &format!("{host}:{port}"),
+        corral_proto::grpc::GrpcTimeouts::CONTROL,
+    )
+    .await
+    .map(SyncAgentServiceClient::new)
+    .map_err(|e| format!("source replica {address}: {e}"))
 }
 
 /// Starts a rebuild (FilesSync) into `host`'s replica; returns once stale disks are removed and the job runs.
