@@ -189,10 +189,19 @@ impl ManagerApi {
     }
 
     pub async fn snapshots(&self, volume: &str) -> CsiResult<Vec<SnapshotView>> {
-        Ok(self
-            .client
-            .get(&format!("/v1/volumes/{volume}/snapshots"))
-            .await?)
+        // Listing an attached volume's snapshots also records them in the manager's store, and that write can
+        // lose an optimistic-concurrency race with the manager's own recording (409 "changed since it was
+        // read"): the list itself is fine, so ask again (for up to ~5 s on a busy machine).
+        let mut attempt: u64 = 0;
+        loop {
+            match self.client.get(&format!("/v1/volumes/{volume}/snapshots")).await {
+                Err(ClientError::Api { status: 409, .. }) if attempt < 30 => {
+                    attempt += 1;
+                    tokio::time::sleep(Duration::from_millis(20 * attempt.min(10))).await;
+                }
+                r => return Ok(r?),
+            }
+        }
     }
 
     pub async fn create_snapshot(&self, volume: &str, name: &str) -> CsiResult<()> {
