@@ -378,10 +378,18 @@ async fn make_ready(
     } else {
         bi.data.status.current_checksum.clone()
     };
+    // A dead node's manager still reads running and ready in the store: only nodes that are up can send.
+    let mut up_nodes = std::collections::BTreeSet::new();
+    for n in ctx.db.list::<Node>().await? {
+        if crate::controller::volume::node_is_up(ctx, &n.data).await {
+            up_nodes.insert(n.name);
+        }
+    }
     let ready: Vec<&BackingImageManager> = managers
         .iter()
         .map(|m| &m.data)
         .filter(|m| m.spec.disk_uuid != me.spec.disk_uuid && m.status.state == state::RUNNING)
+        .filter(|m| up_nodes.contains(&m.spec.node_id))
         .filter(|m| {
             m.status
                 .files

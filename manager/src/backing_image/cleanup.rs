@@ -18,6 +18,7 @@ pub enum FileClass {
     Ready,
     /// pending, starting, in-progress (or not reported yet).
     InProgress,
+    /// Failed, or unknown (its disk or node is not ready).
     Failed,
 }
 

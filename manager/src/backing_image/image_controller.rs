@@ -391,6 +391,18 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             st.state = state::UNKNOWN.to_owned();
             st.message.clone_from(&m.data.status.message);
         }
+        // A disk whose node is down (or that is not ready) cannot serve its copy, whatever was reported last.
+        if !all_disks
+            .iter()
+            .any(|d| d.disk_uuid == m.data.spec.disk_uuid && d.ready)
+            && st.state != state::FAILED
+        {
+            st.state = state::UNKNOWN.to_owned();
+            st.message = format!(
+                "disk {} of node {} is not ready",
+                m.data.spec.disk_name, m.data.spec.node_id
+            );
+        }
         files.insert(m.data.spec.disk_uuid.clone(), st);
     }
     if !started {
@@ -410,9 +422,17 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         }
     }
 
-    // Every copy failed: the source runs again where it can.
+    // Every copy failed: the source runs again where it can. Copies fail one by one (each disk manager checks on
+    // its own), and a failed copy's file is removed and waits (pending) for a ready copy to sync from: so "all
+    // failed" is no copy ready, none being made, none unreachable, and at least one failed.
     let all_failed = !files.is_empty() && files.values().all(|f| f.state == state::FAILED);
-    if started && all_failed && bi.spec.source_type.refetchable() {
+    let none_left = started
+        && !any_ready
+        && files.values().any(|f| f.state == state::FAILED)
+        && files
+            .values()
+            .all(|f| f.state == state::FAILED || f.state == state::PENDING);
+    if none_left && bi.spec.source_type.refetchable() {
         tracing::warn!(
             image = name,
             "every copy of the backing image failed: preparing it from its source again"
@@ -454,9 +474,14 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         );
     }
     let min = usize::try_from(bi.spec.min_number_of_copies).unwrap_or(1);
+    // Copies that count towards the minimum: not failed and on a disk that can serve.
     let healthy = |w: &BTreeMap<String, DiskFileSpec>| {
         w.keys()
-            .filter(|d| files.get(*d).is_none_or(|f| f.state != state::FAILED))
+            .filter(|d| {
+                files
+                    .get(*d)
+                    .is_none_or(|f| f.state != state::FAILED && f.state != state::UNKNOWN)
+            })
             .count()
     };
     if any_ready && healthy(&wanted) < min {
@@ -490,7 +515,8 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             node_id: s.node_id.clone(),
             file: match files.get(disk).map(|f| f.state.as_str()) {
                 Some(state::READY) => FileClass::Ready,
-                Some(state::FAILED) => FileClass::Failed,
+                // A copy that cannot be reached now is retained last, like a failed one.
+                Some(state::FAILED | state::UNKNOWN) => FileClass::Failed,
                 _ => FileClass::InProgress,
             },
             in_use: used.contains_key(disk) || (!started && *disk == ds_disk),

@@ -270,6 +270,9 @@ async fn create(
         status: Default::default(),
     };
     let ds = data_source_for(&ctx, &bi).await.map_err(ApiError::Invalid)?;
+    // A leftover data source of an earlier image of this name goes first (an image's deletion removes its data
+    // source before the image, so none can belong to a live image here).
+    ctx.db.delete_any::<BackingImageDataSource>(&req.name).await?;
     let obj = match ctx.db.create(&req.name, bi).await {
         Ok(o) => o,
         Err(StoreError::AlreadyExists { .. }) => {
@@ -280,9 +283,11 @@ async fn create(
         }
         Err(e) => return Err(e.into()),
     };
-    // A leftover data source of an earlier image of this name goes first (the controller would replace it too).
-    ctx.db.delete_any::<BackingImageDataSource>(&req.name).await?;
-    ctx.db.create(&req.name, ds).await?;
+    match ctx.db.create(&req.name, ds).await {
+        // The image controller saw the image first and made its data source: the same thing.
+        Ok(_) | Err(StoreError::AlreadyExists { .. }) => {}
+        Err(e) => return Err(e.into()),
+    }
     Ok((StatusCode::CREATED, Json(BackingImageView::new(&obj))))
 }
 
