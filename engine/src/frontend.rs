@@ -90,8 +90,15 @@ impl Frontend {
         self.running.lock().await.is_some()
     }
 
-    /// Binds every listener and starts serving (no-op when up).
+    /// Binds every listener and starts serving (no-op when up). An engine started without listeners runs without
+    /// a frontend (maintenance: revert, restore, clone target) and refuses, so nobody can reach it for IO.
     pub async fn start(&self) -> Result<(), EngineError> {
+        if self.listeners().is_empty() {
+            return Err(EngineError::FailedPrecondition(format!(
+                "volume {} runs without a frontend (no --nbd-listen): restart the engine with one to serve IO",
+                self.volume.name
+            )));
+        }
         let mut running = self.running.lock().await;
         if running.is_some() {
             return Ok(());

@@ -115,6 +115,10 @@ pub struct VolumeSpec {
     /// The backing image under the volume's data (its replicas start with `--backing-file`).
     #[serde(default)]
     pub backing_image: Option<String>,
+    /// Attached without a frontend (maintenance mode: revert of a detached volume, restore, clone target): the
+    /// engine runs but serves no NBD, so nobody can reach the volume for IO. Set by attach, cleared by detach.
+    #[serde(default)]
+    pub disable_frontend: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -124,8 +128,11 @@ pub struct VolumeStatus {
     pub robustness: Robustness,
     /// The node the engine runs on.
     pub current_node_id: Option<String>,
-    /// NBD URIs while attached.
+    /// NBD URIs while attached (none without a frontend).
     pub endpoints: Vec<String>,
+    /// The running engine serves no frontend (maintenance mode).
+    #[serde(default)]
+    pub frontend_disabled: bool,
     /// Effective value (volume override or the global setting at creation).
     pub revision_counter_disabled: bool,
     pub message: String,
@@ -225,6 +232,9 @@ pub struct EngineSpec {
     pub replicas: Vec<String>,
     pub revision_counter_disabled: bool,
     pub salvage_requested: bool,
+    /// Run without NBD listeners (maintenance mode); a change restarts the engine.
+    #[serde(default)]
+    pub disable_frontend: bool,
     pub desire_state: DesireState,
 }
 
@@ -247,6 +257,9 @@ pub struct EngineStatus {
     pub current_size: u64,
     /// The next start passes `--salvage-requested` (every replica failed).
     pub salvage_next: bool,
+    /// The running engine was started without a frontend.
+    #[serde(default)]
+    pub frontend_disabled: bool,
     pub message: String,
 }
 

@@ -55,8 +55,19 @@ pub async fn recorded(db: &Db, volume: &str) -> Result<Vec<Snapshot>, StoreError
     Ok(out)
 }
 
-/// Makes the store hold exactly `observed` for `volume`; writes only what changed.
+/// Makes the store hold exactly `observed` for `volume`; writes only what changed. The engine controller and the
+/// API both record: a write that lost to the other is retried from a fresh read.
 pub async fn record(db: &Db, volume: &str, observed: &[Snapshot]) -> Result<(), StoreError> {
+    let mut attempts = 0;
+    loop {
+        match record_once(db, volume, observed).await {
+            Err(StoreError::Conflict { .. }) if attempts < 5 => attempts += 1,
+            r => return r,
+        }
+    }
+}
+
+async fn record_once(db: &Db, volume: &str, observed: &[Snapshot]) -> Result<(), StoreError> {
     let current: BTreeMap<String, crate::store::Object<Snapshot>> = db
         .list::<Snapshot>()
         .await?

@@ -10,12 +10,6 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::*;
 
-fn volume(m: &Manager, name: &str) -> Value {
-    let (code, v) = rest("GET", &format!("{}/v1/volumes/{name}", m.url), None);
-    assert_eq!(code, 200, "{v}");
-    v
-}
-
 fn create_and_attach(m: &Manager, name: &str, body: &Value) -> Value {
     let (code, v) = rest("POST", &format!("{}/v1/volumes", m.url), Some(body));
     assert_eq!(code, 201, "{v}");

@@ -8,12 +8,6 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::*;
 
-fn volume(m: &Manager, name: &str) -> Value {
-    let (code, v) = rest("GET", &format!("{}/v1/volumes/{name}", m.url), None);
-    assert_eq!(code, 200, "{v}");
-    v
-}
-
 fn wait_healthy(m: &Manager, name: &str, replicas: usize, timeout: Duration) -> Value {
     wait_for(&format!("{name} attached and healthy"), timeout, || {
         let v = volume(m, name);
@@ -22,18 +16,6 @@ fn wait_healthy(m: &Manager, name: &str, replicas: usize, timeout: Duration) -> 
             .map_or(0, |rs| rs.iter().filter(|r| r["mode"] == "RW").count());
         (v["state"] == "attached" && v["robustness"] == "healthy" && rw == replicas).then_some(v)
     })
-}
-
-fn unix_endpoint(v: &Value) -> String {
-    v["endpoints"]
-        .as_array()
-        .and_then(|e| {
-            e.iter()
-                .find(|e| e.as_str().is_some_and(|s| s.starts_with("nbd+unix")))
-        })
-        .and_then(Value::as_str)
-        .expect("unix endpoint")
-        .to_owned()
 }
 
 fn pids(v: &Value) -> Vec<i64> {
@@ -153,19 +135,6 @@ fn a_volume_attaches_serves_nbd_heals_a_killed_replica_and_survives_detach() {
             .map_or(true, |mut d| d.next().is_none())
             .then_some(())
     });
-}
-
-fn corral(url: &str, args: &[&str]) -> (bool, String, String) {
-    let out = std::process::Command::new(cli_bin())
-        .args(["--url", url])
-        .args(args)
-        .output()
-        .expect("corral");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
 }
 
 #[test]

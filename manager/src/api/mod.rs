@@ -16,6 +16,7 @@ use axum::{Json, Router};
 use corral_proto::v1;
 
 use crate::context::Ctx;
+use crate::controller::maintenance::with_volume_in_maintenance;
 use crate::controller::volume::{candidates, node_is_up};
 use crate::error::ApiError;
 use crate::model::{self, BLOCK, DiskSpec, Engine, Node, ProcessState, Replica, Setting, Volume, VolumeSpec};
@@ -86,7 +87,7 @@ pub fn routes() -> Routes {
     r.add(
         "post",
         "/v1/volumes/{volume}/attach",
-        "Attach to a node (NBD frontend)",
+        "Attach to a node (NBD frontend, or none with disableFrontend: maintenance mode)",
         attach_volume,
     );
     r.add(
@@ -128,7 +129,7 @@ pub fn routes() -> Routes {
     r.add(
         "post",
         "/v1/volumes/{volume}/snapshots/{snapshot}/revert",
-        "Revert the volume to a snapshot",
+        "Revert the volume to a snapshot (a detached one is attached without a frontend for it, then detached)",
         revert_snapshot,
     );
     r.add("get", "/v1/replicas", "List replicas", list_replicas);
@@ -409,6 +410,7 @@ async fn create_volume(
             node_id: None,
             salvage_requested: false,
             backing_image: req.backing_image.clone(),
+            disable_frontend: false,
         },
         status: model::VolumeStatus {
             revision_counter_disabled: disabled,
@@ -451,9 +453,9 @@ async fn attach_volume(
     Path(name): Path<String>,
     body: Option<Json<AttachRequest>>,
 ) -> ApiResult<VolumeView> {
-    let node = body
-        .and_then(|b| b.0.node_id)
-        .unwrap_or_else(|| ctx.cfg.node_id.clone());
+    let req = body.map(|b| b.0).unwrap_or_default();
+    let disable_frontend = req.disable_frontend;
+    let node = req.node_id.unwrap_or_else(|| ctx.cfg.node_id.clone());
     let target = ctx
         .db
         .get::<Node>(&node)
@@ -486,7 +488,18 @@ async fn attach_volume(
             return Err(ApiError::Conflict(format!("volume {name} is still detaching")));
         }
         v.data.spec.node_id = Some(node);
+        v.data.spec.disable_frontend = disable_frontend;
         ctx.db.update(&mut v).await?;
+    } else if v.data.spec.disable_frontend != disable_frontend {
+        // Switching would cut off the clients of a served volume or expose one under maintenance.
+        return Err(ApiError::Conflict(format!(
+            "volume {name} is attached {}: detach it first",
+            if v.data.spec.disable_frontend {
+                "without a frontend (maintenance)"
+            } else {
+                "with a frontend"
+            }
+        )));
     }
     Ok(Json(volume_view(&ctx, &name).await?))
 }
@@ -497,8 +510,9 @@ async fn detach_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiR
         .get::<Volume>(&name)
         .await?
         .ok_or_else(|| volume_not_found(&name))?;
-    if v.data.spec.node_id.is_some() {
+    if v.data.spec.node_id.is_some() || v.data.spec.disable_frontend {
         v.data.spec.node_id = None;
+        v.data.spec.disable_frontend = false;
         ctx.db.update(&mut v).await?;
     }
     Ok(Json(volume_view(&ctx, &name).await?))
@@ -604,10 +618,19 @@ async fn list_snapshots(State(ctx): State<Ctx>, Path(name): Path<String>) -> Api
         return Ok(Json(crate::snapshot::recorded(&ctx.db, &name).await?));
     }
     let mut c = engine_client(&ctx, &name).await?;
+    Ok(Json(record_snapshots(&ctx, &name, &mut c).await?))
+}
+
+/// Lists the engine's snapshots and records them, so a detach right after a change still lists them.
+async fn record_snapshots(
+    ctx: &Ctx,
+    name: &str,
+    c: &mut v1::controller_service_client::ControllerServiceClient<tonic::transport::Channel>,
+) -> Result<Vec<SnapshotView>, ApiError> {
     let l = c.snapshot_list(v1::Empty {}).await?.into_inner();
-    let snaps = crate::snapshot::from_engine(&name, &l);
-    crate::snapshot::record(&ctx.db, &name, &snaps).await?;
-    Ok(Json(snaps))
+    let snaps = crate::snapshot::from_engine(name, &l);
+    crate::snapshot::record(&ctx.db, name, &snaps).await?;
+    Ok(snaps)
 }
 
 async fn create_snapshot(
@@ -627,6 +650,7 @@ async fn create_snapshot(
         })
         .await?
         .into_inner();
+    record_snapshots(&ctx, &name, &mut c).await?;
     Ok((StatusCode::CREATED, Json(serde_json::json!({"name": r.name}))))
 }
 
@@ -637,6 +661,7 @@ async fn delete_snapshot(
     check_name("snapshot name", &snap)?;
     let mut c = engine_client(&ctx, &name).await?;
     c.snapshot_remove(v1::SnapshotName { name: snap }).await?;
+    record_snapshots(&ctx, &name, &mut c).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -645,12 +670,44 @@ async fn revert_snapshot(
     Path((name, snap)): Path<(String, String)>,
 ) -> ApiResult<VolumeView> {
     check_name("snapshot name", &snap)?;
+    let v = ctx
+        .db
+        .get::<Volume>(&name)
+        .await?
+        .ok_or_else(|| volume_not_found(&name))?;
+    if v.data.spec.node_id.is_none() {
+        // Detached: borrow the volume in maintenance mode (no frontend) for the revert, then detach again.
+        let known = crate::snapshot::recorded(&ctx.db, &name)
+            .await?
+            .iter()
+            .any(|s| s.name == snap && !s.removed);
+        if !known {
+            return Err(ApiError::NotFound(format!(
+                "volume {name} has no snapshot {snap:?}"
+            )));
+        }
+        let (ctx2, vol) = (ctx.clone(), name.clone());
+        with_volume_in_maintenance(&ctx, &name, |mut c| async move {
+            c.snapshot_revert(v1::SnapshotName { name: snap }).await?;
+            record_snapshots(&ctx2, &vol, &mut c).await?;
+            Ok(())
+        })
+        .await?;
+        return Ok(Json(volume_view(&ctx, &name).await?));
+    }
     let mut c = engine_client(&ctx, &name).await?;
+    if v.data.spec.disable_frontend {
+        // Maintenance mode: no frontend to take down or bring back.
+        c.snapshot_revert(v1::SnapshotName { name: snap }).await?;
+        record_snapshots(&ctx, &name, &mut c).await?;
+        return Ok(Json(volume_view(&ctx, &name).await?));
+    }
     c.frontend_shutdown(v1::Empty {}).await?;
     let reverted = c.snapshot_revert(v1::SnapshotName { name: snap }).await;
     // The frontend comes back whether or not the revert worked.
     c.frontend_start(v1::Empty {}).await?;
     reverted?;
+    record_snapshots(&ctx, &name, &mut c).await?;
     Ok(Json(volume_view(&ctx, &name).await?))
 }
 

@@ -34,6 +34,10 @@ pub struct AttachRequest {
     /// Defaults to the node whose manager answers.
     #[serde(default)]
     pub node_id: Option<String>,
+    /// Maintenance mode: run the engine without its NBD frontend, so nobody can reach the volume for IO (revert,
+    /// restore and clone targets use it). Changing it needs a detach first.
+    #[serde(default)]
+    pub disable_frontend: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -134,6 +138,10 @@ pub struct VolumeView {
     pub state: VolumeState,
     pub robustness: Robustness,
     pub endpoints: Vec<String>,
+    /// Asked for: attach without a frontend (maintenance mode).
+    pub disable_frontend: bool,
+    /// The running engine serves no frontend: attached for maintenance, unreachable for IO.
+    pub frontend_disabled: bool,
     pub salvage_requested: bool,
     pub message: String,
     pub engine: Option<EngineView>,
@@ -159,6 +167,8 @@ impl VolumeView {
             state: d.status.state,
             robustness: d.status.robustness,
             endpoints: d.status.endpoints.clone(),
+            disable_frontend: d.spec.disable_frontend,
+            frontend_disabled: d.status.frontend_disabled,
             salvage_requested: d.spec.salvage_requested,
             message: d.status.message.clone(),
             engine: engine.map(|e| EngineView {

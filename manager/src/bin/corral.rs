@@ -130,6 +130,9 @@ enum VolumeCmd {
         name: String,
         #[arg(long)]
         node: Option<String>,
+        /// Maintenance mode: run the engine without its NBD frontend (snapshots, revert; no IO from anyone).
+        #[arg(long)]
+        maintenance: bool,
         #[arg(long)]
         no_wait: bool,
         #[arg(long, default_value_t = 120)]
@@ -162,10 +165,23 @@ enum VolumeCmd {
 
 #[derive(Subcommand, Debug)]
 enum SnapshotCmd {
-    Create { volume: String, name: Option<String> },
-    Ls { volume: String },
-    Rm { volume: String, name: String },
-    Revert { volume: String, name: String },
+    Create {
+        volume: String,
+        name: Option<String>,
+    },
+    Ls {
+        volume: String,
+    },
+    Rm {
+        volume: String,
+        name: String,
+    },
+    /// Revert to a snapshot. Attached: the frontend goes down for it (clients are disconnected). Detached: the
+    /// volume is attached without a frontend on this node, reverted and detached again.
+    Revert {
+        volume: String,
+        name: String,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -204,11 +220,32 @@ fn lower<T: serde::Serialize>(v: &T) -> String {
         .to_owned()
 }
 
+/// Writes one block of output and a newline to stdout. A reader that went away (`corral ... | head -1`: EPIPE)
+/// ends the CLI quietly with status 0, like any Unix filter; `println!` would panic. The signal is left ignored (as
+/// Rust sets it) rather than reset to SIGPIPE's default: that would also kill `corral up`'s foreground manager
+/// (same binary) when a socket or its log pipe closes.
+fn emit(text: &str) {
+    use std::io::Write;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_all(text.as_bytes())
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush());
+    match written {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
+        Err(e) => {
+            eprintln!("corral: cannot write to stdout: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
 fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce() -> String) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(v)?);
+        emit(&serde_json::to_string_pretty(v)?);
     } else {
-        println!("{}", human());
+        emit(&human());
     }
     Ok(())
 }
@@ -230,7 +267,11 @@ fn volume_table(vs: &[VolumeView]) -> String {
                     v.name.clone(),
                     corral_daemon::human_bytes(v.size),
                     v.number_of_replicas.to_string(),
-                    lower(&v.state),
+                    if v.frontend_disabled {
+                        format!("{} (maintenance)", lower(&v.state))
+                    } else {
+                        lower(&v.state)
+                    },
                     lower(&v.robustness),
                     v.current_node_id.clone().unwrap_or_default(),
                     v.endpoints.last().cloned().unwrap_or_default(),
@@ -353,11 +394,11 @@ async fn up(
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        println!(
+        emit(&format!(
             "corral manager running (pid {}) at http://{listen}; log {}",
             child.id(),
             log.display()
-        );
+        ));
         return Ok(());
     }
     let cfg = manager::server::ServerConfig {
@@ -481,23 +522,29 @@ async fn main() -> anyhow::Result<()> {
             VolumeCmd::Attach {
                 name,
                 node,
+                maintenance,
                 no_wait,
                 timeout,
             } => {
                 let mut v: VolumeView = c
                     .post(
                         &format!("/v1/volumes/{name}/attach"),
-                        &AttachRequest { node_id: node },
+                        &AttachRequest {
+                            node_id: node,
+                            disable_frontend: maintenance,
+                        },
                     )
                     .await?;
                 if !no_wait {
                     v = wait_volume(&c, &name, Duration::from_secs(timeout), "attaching", |v| {
-                        v.state == VolumeState::Attached && !v.endpoints.is_empty()
+                        v.state == VolumeState::Attached && (v.frontend_disabled || !v.endpoints.is_empty())
                     })
                     .await?;
                 }
                 print(json, &v, || {
-                    if v.endpoints.is_empty() {
+                    if v.frontend_disabled {
+                        format!("volume {name} is attached without a frontend (maintenance)")
+                    } else if v.endpoints.is_empty() {
                         format!("volume {name} is {}", lower(&v.state))
                     } else {
                         v.endpoints.join("\n")

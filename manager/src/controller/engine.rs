@@ -112,6 +112,26 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         return Ok(None);
     }
     let replicas = spec_replicas(&ctx, e).await?;
+    if alive && e.status.frontend_disabled != e.spec.disable_frontend {
+        // Listeners are fixed at start: a change of mode is a clean restart (the replicas stay open and are taken
+        // over by the new engine).
+        if let Some(p) = &e.status.process {
+            tracing::info!(
+                engine = name,
+                frontend = !e.spec.disable_frontend,
+                "restarting engine to change its frontend"
+            );
+            process::stop(p, BINARY, Duration::from_secs(15)).await;
+        }
+        ctx.db
+            .modify::<Engine>(&name, |e| {
+                e.status.state = ProcessState::Stopped;
+                e.status.endpoints.clear();
+                true
+            })
+            .await?;
+        return Ok(Some(Duration::from_millis(100)));
+    }
     if alive {
         return watch_running(&ctx, &obj, &replicas).await;
     }
@@ -186,15 +206,23 @@ async fn start_engine(
         e.spec.size.to_string(),
         "--listen".to_owned(),
         format!("{host}:{port}"),
-        "--nbd-listen".to_owned(),
-        format!("unix:{}", sock.display()),
-        "--nbd-listen".to_owned(),
-        format!("tcp:{host}:{nbd_port}"),
+    ];
+    // Maintenance mode: no listener at all, so nothing can reach the volume for IO (the engine refuses
+    // FrontendStart too).
+    if !e.spec.disable_frontend {
+        args.extend([
+            "--nbd-listen".to_owned(),
+            format!("unix:{}", sock.display()),
+            "--nbd-listen".to_owned(),
+            format!("tcp:{host}:{nbd_port}"),
+        ]);
+    }
+    args.extend([
         "--metrics-listen".to_owned(),
         format!("{host}:{metrics_port}"),
         "--replica-timeout".to_owned(),
         ctx.setting_u64("replica-timeout").await.max(1).to_string(),
-    ];
+    ]);
     for r in &members {
         args.push("--replica".to_owned());
         args.push(r.data.status.address.clone());
@@ -218,6 +246,7 @@ async fn start_engine(
         pid = rec.pid,
         port,
         salvage,
+        frontend = !e.spec.disable_frontend,
         replicas = members.len(),
         "started engine"
     );
@@ -232,10 +261,15 @@ async fn start_engine(
         );
     }
     let vol = e.spec.volume.clone();
-    let endpoints = vec![
-        format!("nbd+unix:///{vol}?socket={}", sock.display()),
-        format!("nbd://{host}:{nbd_port}/{vol}"),
-    ];
+    let endpoints = if e.spec.disable_frontend {
+        Vec::new()
+    } else {
+        vec![
+            format!("nbd+unix:///{vol}?socket={}", sock.display()),
+            format!("nbd://{host}:{nbd_port}/{vol}"),
+        ]
+    };
+    let frontend_disabled = e.spec.disable_frontend;
     ctx.db
         .modify::<Engine>(name, |e| {
             e.status.state = ProcessState::Starting;
@@ -245,6 +279,7 @@ async fn start_engine(
             e.status.metrics_port = metrics_port;
             e.status.endpoints.clone_from(&endpoints);
             e.status.salvage_next = false;
+            e.status.frontend_disabled = frontend_disabled;
             true
         })
         .await?;
@@ -291,7 +326,9 @@ async fn watch_running(
             e.status.replica_modes.clone_from(&modes);
             e.status.rebuild_progress.clone_from(&rebuild_progress);
             e.status.current_size = vol.size;
-            if !frontend_up {
+            if e.spec.disable_frontend {
+                e.status.message = "maintenance: no frontend".into();
+            } else if !frontend_up {
                 e.status.message = "frontend down".into();
             } else {
                 e.status.message.clear();

@@ -4,6 +4,7 @@
 //! daemons; cluster-wide ones (volumes, node failure) run on the leader only.
 
 pub mod engine;
+pub mod maintenance;
 pub mod node;
 pub mod replica;
 pub mod volume;

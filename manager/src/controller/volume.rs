@@ -206,6 +206,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                 replicas: names,
                 revision_counter_disabled: v.status.revision_counter_disabled,
                 salvage_requested: v.spec.salvage_requested,
+                disable_frontend: v.spec.disable_frontend,
                 desire_state: DesireState::Running,
             };
             match engine {
@@ -214,13 +215,17 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                     ctx.db.delete_any::<Engine>(&name).await?;
                     requeue = Some(Duration::from_millis(200));
                     status.state = VolumeState::Attaching;
+                    status.frontend_disabled = false;
                 }
                 Some(mut e) => {
                     if e.data.spec != spec {
                         e.data.spec = spec;
                         ctx.db.update(&mut e).await?;
                     }
-                    let running = e.data.status.state == ProcessState::Running;
+                    // Running in the mode asked for: a mode change restarts the engine, attaching until then.
+                    let running = e.data.status.state == ProcessState::Running
+                        && e.data.status.frontend_disabled == e.data.spec.disable_frontend;
+                    status.frontend_disabled = running && e.data.status.frontend_disabled;
                     status.state = if running {
                         VolumeState::Attached
                     } else {
@@ -253,12 +258,14 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                         )
                         .await?;
                     status.state = VolumeState::Attaching;
+                    status.frontend_disabled = false;
                     status.current_node_id = Some(node.clone());
                 }
             }
         }
         None => {
             status.endpoints.clear();
+            status.frontend_disabled = false;
             match engine {
                 Some(mut e)
                     if e.data.status.state != ProcessState::Stopped

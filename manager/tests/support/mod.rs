@@ -283,3 +283,37 @@ pub fn qemu_io(uri: &str, cmds: &[&str]) -> (bool, String) {
     let ok = out.status.success() && !s.contains("failed") && !s.contains("error");
     (ok, s)
 }
+
+/// Runs the `corral` CLI against `url`; returns (success, stdout, stderr).
+pub fn corral(url: &str, args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(cli_bin())
+        .args(["--url", url])
+        .args(args)
+        .output()
+        .expect("corral");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// GET a volume from `m`'s REST API (must exist).
+pub fn volume(m: &Manager, name: &str) -> serde_json::Value {
+    let (code, v) = rest("GET", &format!("{}/v1/volumes/{name}", m.url), None);
+    assert_eq!(code, 200, "{v}");
+    v
+}
+
+/// The `nbd+unix://` endpoint of a volume document.
+pub fn unix_endpoint(v: &serde_json::Value) -> String {
+    v["endpoints"]
+        .as_array()
+        .and_then(|e| {
+            e.iter()
+                .find(|e| e.as_str().is_some_and(|s| s.starts_with("nbd+unix")))
+        })
+        .and_then(serde_json::Value::as_str)
+        .expect("unix endpoint")
+        .to_owned()
+}
