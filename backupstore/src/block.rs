@@ -22,6 +22,12 @@ pub const BLOCK_FORMAT_VERSION: u8 = 1;
 /// Header length in bytes.
 pub const BLOCK_HEADER_LEN: usize = 52;
 const _: () = assert!(BLOCK_HEADER_LEN == 8 + 1 + 1 + 2 + 4 + 4 + 32);
+/// Default block size of a backup volume (2 MiB).
+pub const DEFAULT_BLOCK_SIZE: u64 = 2 << 20;
+/// Largest block size a backup volume may use (16 MiB); also the bound on a stored block's uncompressed length.
+pub const MAX_BLOCK_SIZE: u64 = 16 << 20;
+/// Smallest block size (the replica's 4 KiB block).
+pub const MIN_BLOCK_SIZE: u64 = 4096;
 
 /// Compression of a backup volume's blocks (a block is stored raw when compression does not shrink it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -113,10 +119,10 @@ pub fn decode_block(stored: &[u8], hash: &str) -> Result<Vec<u8>, String> {
     let le32 = |b: &[u8]| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize;
     let (raw_len, payload_len) = (le32(&h[12..16]), le32(&h[16..20]));
     // Bounded before anything is allocated for it: a hostile header must not make a restore allocate 4 GiB per block.
-    if raw_len as u64 > crate::config::MAX_BLOCK_SIZE {
+    if raw_len as u64 > MAX_BLOCK_SIZE {
         return Err(format!(
             "header says {raw_len} bytes, more than the largest block size {}",
-            crate::config::MAX_BLOCK_SIZE
+            MAX_BLOCK_SIZE
         ));
     }
     let payload = &stored[BLOCK_HEADER_LEN..];

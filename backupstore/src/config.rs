@@ -4,16 +4,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::block::Compression;
+use crate::block::{Compression, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 
 /// Version of the store layout and of these documents. Readers refuse newer versions.
 pub const FORMAT_VERSION: u32 = 1;
-/// Default block size (2 MiB).
-pub const DEFAULT_BLOCK_SIZE: u64 = 2 << 20;
-/// Largest block size a backup volume may use (16 MiB).
-pub const MAX_BLOCK_SIZE: u64 = 16 << 20;
-/// Smallest block size (the replica's 4 KiB block).
-pub const MIN_BLOCK_SIZE: u64 = 4096;
 /// Default `backup-delta-max`: incremental backups after a full before the next full.
 pub const DEFAULT_DELTA_MAX: u32 = 7;
 

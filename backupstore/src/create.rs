@@ -11,11 +11,8 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use tracing::{info, warn};
 
-use crate::block::{Compression, block_hash, encode_block};
-use crate::config::{
-    BackupConfig, BackupState, BackupStats, DEFAULT_BLOCK_SIZE, FORMAT_VERSION, FullReason, MAX_BLOCK_SIZE,
-    MIN_BLOCK_SIZE, VolumeConfig,
-};
+use crate::block::{Compression, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, block_hash, encode_block};
+use crate::config::{BackupConfig, BackupState, BackupStats, FORMAT_VERSION, FullReason, VolumeConfig};
 use crate::error::{BackupStoreError, Result};
 use crate::lock::LockKind;
 use crate::{BackupStore, GcOptions, Progress, blockmap, join_error, now_rfc3339, validate_name};
