@@ -4,7 +4,7 @@
 
 use std::path::Path;
 
-use corral_daemon::disk::sync_parent_dir;
+use corral_disk::durable::sync_parent_dir;
 use tracing::{info, warn};
 
 use crate::error::BimError;

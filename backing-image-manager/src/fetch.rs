@@ -7,7 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use corral_daemon::disk::sync_parent_dir;
+use corral_disk::durable::sync_parent_dir;
 use tracing::{Instrument, info};
 
 use crate::datasource::{DataSourceClient, DataSourceFile, READY_FOR_TRANSFER};

@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::time::SystemTime;
 
 use chrono::{DateTime, SecondsFormat, Utc};
-use corral_daemon::disk::{sync_parent_dir, write_file_atomic};
+use corral_disk::durable::{sync_parent_dir, write_atomic};
 use serde::{Deserialize, Serialize};
 
 /// Directory under the disk holding one directory per image.
@@ -195,7 +195,7 @@ pub fn read_config(path: &Path) -> io::Result<Option<BackingConfig>> {
 /// Writes `backing.cfg` atomically and durably.
 pub fn write_config(path: &Path, cfg: &BackingConfig) -> io::Result<()> {
     let bytes = serde_json::to_vec_pretty(cfg).map_err(io::Error::other)?;
-    write_file_atomic(path, &bytes)
+    write_atomic(path, &bytes)
 }
 
 /// Size of the disk an image describes (`disk_image::probe`: a qcow2 header's virtual size); `size` when the

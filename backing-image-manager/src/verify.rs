@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use corral_daemon::disk::sync_parent_dir;
+use corral_disk::durable::sync_parent_dir;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, info};
 

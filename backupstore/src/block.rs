@@ -27,7 +27,7 @@ pub const DEFAULT_BLOCK_SIZE: u64 = 2 << 20;
 /// Largest block size a backup volume may use (16 MiB); also the bound on a stored block's uncompressed length.
 pub const MAX_BLOCK_SIZE: u64 = 16 << 20;
 /// Smallest block size (the replica's 4 KiB block).
-pub const MIN_BLOCK_SIZE: u64 = 4096;
+pub const MIN_BLOCK_SIZE: u64 = corral_disk::BLOCK_SIZE;
 
 /// Compression of a backup volume's blocks (a block is stored raw when compression does not shrink it).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -121,8 +121,7 @@ pub fn decode_block(stored: &[u8], hash: &str) -> Result<Vec<u8>, String> {
     // Bounded before anything is allocated for it: a hostile header must not make a restore allocate 4 GiB per block.
     if raw_len as u64 > MAX_BLOCK_SIZE {
         return Err(format!(
-            "header says {raw_len} bytes, more than the largest block size {}",
-            MAX_BLOCK_SIZE
+            "header says {raw_len} bytes, more than the largest block size {MAX_BLOCK_SIZE}"
         ));
     }
     let payload = &stored[BLOCK_HEADER_LEN..];

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use tracing::{info, warn};
 
-use crate::block::{Compression, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, block_hash, encode_block};
+use crate::block::{
+    Compression, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, block_hash, encode_block,
+};
 use crate::config::{BackupConfig, BackupState, BackupStats, FORMAT_VERSION, FullReason, VolumeConfig};
 use crate::error::{BackupStoreError, Result};
 use crate::lock::LockKind;

@@ -1,12 +1,13 @@
-//! A Corral disk directory: its identity file and the durable-write rule every daemon that keeps files on a disk
-//! follows (data-source, backing-image manager, manager).
+//! A Corral disk directory: its identity file, checked by every daemon that keeps files on a disk (data-source,
+//! backing-image manager, manager), and the names allowed as path components in it. Files on it are written
+//! with [`corral_disk::durable`].
 //!
 //! `<disk>/corral-disk.cfg` holds `{"diskUUID": "..."}`. The manager writes it when a disk is added; every daemon
 //! started on the disk gets the UUID on its command line and checks it, so a daemon pointed at the wrong directory
 //! (or at a disk that was replaced under the same mount point) refuses to touch it.
 
-use std::fs::{self, File, OpenOptions};
-use std::io::{self, Write};
+use std::fs;
+use std::io;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -80,34 +81,7 @@ pub fn write_disk_config(dir: &Path, disk_uuid: &str) -> io::Result<()> {
         disk_uuid: disk_uuid.to_owned(),
     };
     let bytes = serde_json::to_vec_pretty(&cfg).map_err(io::Error::other)?;
-    write_file_atomic(&dir.join(DISK_CONFIG_FILE), &bytes)
-}
-
-/// Replaces `path` with `bytes` so that a crash leaves either the old or the new content, never a mix: write
-/// `<path>.tmp`, fsync it, rename over `path`, fsync the directory.
-pub fn write_file_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
-    let mut tmp_name = path.as_os_str().to_owned();
-    tmp_name.push(".tmp");
-    let tmp = PathBuf::from(tmp_name);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    drop(f);
-    fs::rename(&tmp, path)?;
-    sync_parent_dir(path)
-}
-
-/// fsyncs the directory holding `path`, making a create, rename or unlink of `path` durable.
-pub fn sync_parent_dir(path: &Path) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d,
-        _ => Path::new("."),
-    };
-    File::open(dir)?.sync_all()
+    corral_disk::durable::write_atomic(&dir.join(DISK_CONFIG_FILE), &bytes)
 }
 
 /// Checks a name that becomes one component of a path on disk (an image name, a uuid, a volume name): 1–200

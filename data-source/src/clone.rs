@@ -8,7 +8,7 @@ use std::time::Duration;
 use sparse_sync::{FileContent, LayoutMode, Progress, SyncContent};
 
 use crate::error::JobError;
-use crate::service::DataSource;
+use crate::job::JobContext;
 
 /// `<disk>/backing-images/<name>-<uuid>/backing`.
 pub fn backing_file(disk: &Path, name: &str, uuid: &str) -> PathBuf {
@@ -19,7 +19,7 @@ pub fn backing_file(disk: &Path, name: &str, uuid: &str) -> PathBuf {
 
 /// Copies the source image into `work`, holes kept as holes.
 pub async fn run(
-    ds: &Arc<DataSource>,
+    ds: &JobContext,
     backing_image: &str,
     backing_image_uuid: &str,
     work: &Path,

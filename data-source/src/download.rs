@@ -8,7 +8,6 @@
 //! limit: nothing ever hangs in an unknown state.
 
 use std::path::Path;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backon::{BackoffBuilder, ExponentialBuilder};
@@ -17,7 +16,7 @@ use reqwest::StatusCode;
 use reqwest::header::{CONTENT_RANGE, ETAG, HeaderValue, IF_RANGE, LAST_MODIFIED, RANGE};
 
 use crate::error::JobError;
-use crate::service::{Counters, DataSource};
+use crate::job::{Counters, JobContext};
 use crate::sink::FileSink;
 
 /// How one attempt ended when it did not finish the download.
@@ -51,7 +50,7 @@ fn content_range(v: &str) -> Option<(u64, Option<u64>)> {
 }
 
 /// Downloads `url` into `work`.
-pub async fn run(ds: &Arc<DataSource>, url: &str, work: &Path) -> Result<(), JobError> {
+pub async fn run(ds: &JobContext, url: &str, work: &Path) -> Result<(), JobError> {
     let cfg = ds.config();
     let no_data = cfg.no_data_timeout;
     let client = reqwest::Client::builder()
@@ -146,7 +145,7 @@ fn no_data_error(url: &str, no_data: Duration, received: u64) -> JobError {
 
 /// One GET, from `sink.len()` on.
 async fn attempt(
-    ds: &DataSource,
+    ds: &JobContext,
     client: &reqwest::Client,
     url: &str,
     sink: &mut FileSink,

@@ -5,7 +5,6 @@
 use std::net::SocketAddr;
 use std::os::unix::fs::MetadataExt;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 use corral_proto::v1;
@@ -14,12 +13,12 @@ use sparse_sync::receiver::{Receiver, ReceiverConfig, partial_path};
 use sparse_sync::{ReceiveOutcome, ReceiveSummary};
 
 use crate::error::JobError;
-use crate::service::{Counters, DataSource};
+use crate::job::{Counters, JobContext};
 use crate::spec::ExportFileType;
 
 /// Receives the snapshot into `work`.
 pub async fn run(
-    ds: &Arc<DataSource>,
+    ds: &JobContext,
     snapshot_name: &str,
     sender_address: &str,
     volume_size: u64,

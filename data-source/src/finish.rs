@@ -18,7 +18,7 @@ use disk_image::{ImageError, ImageFormat, ImageInfo};
 
 use crate::error::JobError;
 use crate::info::{DataEngine, FileState};
-use crate::service::{Counters, DataSource, TRANSFER_SHARE};
+use crate::job::{Counters, JobContext, TRANSFER_SHARE, remove_if_exists};
 use crate::spec::{ExportFileType, SourceSpec};
 
 /// Sector size replicas address a backing image in; a raw image is padded to a multiple of it.
@@ -27,7 +27,7 @@ pub const SECTOR: u64 = 512;
 /// Runs `f(progress, cancel)` on the blocking pool, reporting its progress as `[from, to)` of the bar every
 /// 200 ms; the shutdown token sets `cancel`.
 async fn blocking<T: Send + 'static>(
-    ds: &DataSource,
+    ds: &JobContext,
     (from, to): (u8, u8),
     f: impl FnOnce(&dyn Fn(u64, u64), &AtomicBool) -> Result<T, ImageError> + Send + 'static,
 ) -> Result<T, JobError> {
@@ -59,7 +59,7 @@ async fn blocking<T: Send + 'static>(
     }
 }
 
-async fn probe(ds: &DataSource, path: &Path) -> Result<ImageInfo, JobError> {
+async fn probe(ds: &JobContext, path: &Path) -> Result<ImageInfo, JobError> {
     let p = path.to_path_buf();
     let info = blocking(ds, (TRANSFER_SHARE, TRANSFER_SHARE), move |_, _| {
         disk_image::probe(&p)
@@ -75,7 +75,7 @@ async fn probe(ds: &DataSource, path: &Path) -> Result<ImageInfo, JobError> {
     Ok(info)
 }
 
-async fn sha512(ds: &DataSource, path: &Path, span: (u8, u8)) -> Result<String, JobError> {
+async fn sha512(ds: &JobContext, path: &Path, span: (u8, u8)) -> Result<String, JobError> {
     let p = path.to_path_buf();
     let sum = blocking(ds, span, move |progress, cancel| {
         disk_image::sha512_file(&p, progress, cancel)
@@ -91,7 +91,7 @@ fn io_err<'a>(op: &'static str, path: &'a Path) -> impl FnOnce(std::io::Error) -
 }
 
 /// Post-processes the work file and publishes it; the job is `ready-for-transfer` after.
-pub async fn run(ds: &Arc<DataSource>) -> Result<(), JobError> {
+pub async fn run(ds: &JobContext) -> Result<(), JobError> {
     let cfg = ds.config();
     let work = cfg.work_path();
     ds.set_state(FileState::InProgress);
@@ -129,7 +129,7 @@ pub async fn run(ds: &Arc<DataSource>) -> Result<(), JobError> {
             disk_image::convert(&src, &dst, to, progress, cancel)
         })
         .await
-        .inspect_err(|_| crate::service::remove_if_exists(&out))?;
+        .inspect_err(|_| remove_if_exists(&out))?;
         std::fs::rename(&out, &work).map_err(io_err("renaming the converted file to", &work))?;
         notes.push(format!("converted {} to {to}", info.format));
         info = probe(ds, &work).await?;
@@ -195,11 +195,6 @@ pub async fn run(ds: &Arc<DataSource>) -> Result<(), JobError> {
 
 /// fsyncs `work`, renames it to `final_path` and fsyncs the directory.
 fn publish(work: &Path, final_path: &Path) -> Result<PathBuf, JobError> {
-    File::open(work)
-        .and_then(|f| f.sync_all())
-        .map_err(io_err("flushing", work))?;
-    std::fs::rename(work, final_path).map_err(io_err("renaming to the final name", work))?;
-    corral_daemon::disk::sync_parent_dir(final_path)
-        .map_err(io_err("flushing the directory of", final_path))?;
+    corral_disk::durable::publish_path(work, final_path).map_err(io_err("publishing", work))?;
     Ok(final_path.to_path_buf())
 }

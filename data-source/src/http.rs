@@ -48,7 +48,7 @@ pub fn router(ds: Arc<DataSource>) -> Router {
 }
 
 async fn get_file(State(app): State<App>) -> Json<FileInfo> {
-    Json(app.ds.info())
+    Json(app.ds.job().info())
 }
 
 async fn post_file(
@@ -57,7 +57,7 @@ async fn post_file(
     req: Request,
 ) -> Result<Json<FileInfo>, ApiError> {
     match q.get("action").map(String::as_str) {
-        Some("transfer") => app.ds.transfer().map(Json),
+        Some("transfer") => app.ds.job().transfer().map(Json),
         Some("upload") => {
             let size = upload::parse_size(q.get("size"))?;
             let form = axum::extract::Multipart::from_request(req, &())
@@ -67,7 +67,7 @@ async fn post_file(
                 })?;
             // Own task: a client that disconnects drops this handler, but the job must still fail and clean up.
             let ds = app.ds.clone();
-            let span = ds.span();
+            let span = ds.job().span();
             tokio::spawn(async move { upload::receive(&ds, size, form).await }.instrument(span))
                 .await
                 .map_err(|e| ApiError::UploadFailed(format!("upload task: {e}")))?
@@ -96,14 +96,14 @@ struct Collector {
 impl std::fmt::Debug for DataSource {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DataSource")
-            .field("info", &self.info())
+            .field("info", &self.job().info())
             .finish_non_exhaustive()
     }
 }
 
 impl prometheus_client::collector::Collector for Collector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
-        let c = &self.ds.counters;
+        let c = &self.ds.job().counters;
         let counters = [
             (
                 "fetched_bytes",
@@ -130,7 +130,7 @@ impl prometheus_client::collector::Collector for Collector {
             let m = ConstCounter::new(v);
             m.encode(enc.encode_descriptor(name, help, None, m.metric_type())?)?;
         }
-        let info = self.ds.info();
+        let info = self.ds.job().info();
         let gauges = [
             (
                 "progress_percent",

@@ -15,6 +15,7 @@ pub mod export;
 pub mod finish;
 pub mod http;
 pub mod info;
+pub mod job;
 pub mod restore;
 pub mod service;
 pub mod sink;
@@ -23,6 +24,7 @@ pub mod upload;
 
 pub use error::{ApiError, ConfigError, JobError};
 pub use info::{DataEngine, FileInfo, FileState, SourceType};
+pub use job::JobContext;
 pub use service::DataSource;
 pub use spec::{DataSourceConfig, SourceSpec};
 
@@ -43,7 +45,7 @@ pub async fn serve(
     let r = axum::serve(listener, app)
         .with_graceful_shutdown(async move { c.cancelled().await })
         .await;
-    ds.cancel_token().cancel();
+    ds.job().cancel_token().cancel();
     ds.join().await;
     r
 }

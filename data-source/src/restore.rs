@@ -10,29 +10,21 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use backupstore::file::FileSink;
-use backupstore::{BackupStore, BackupStoreError, BackupUrl, Progress, RestoreOptions};
+use backupstore::{BackupStore, BackupStoreError, Progress, RestoreOptions};
 
 use crate::error::JobError;
-use crate::service::DataSource;
+use crate::job::JobContext;
 
 /// How long a cancelled restore may take to stop at its next block before it is abandoned.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
-/// The volume and backup a `backup-url` names (checked at start, see `spec`).
-pub fn parse_backup_url(url: &str) -> Result<(BackupUrl, String, String), BackupStoreError> {
-    let parsed = BackupUrl::parse(url)?;
-    let volume = parsed.require_volume()?.to_owned();
-    let backup = parsed.require_backup()?.to_owned();
-    Ok((parsed, volume, backup))
-}
-
 /// Restores the backup into `work`.
-pub async fn run(ds: &Arc<DataSource>, backup_url: &str, work: &Path) -> Result<(), JobError> {
+pub async fn run(ds: &JobContext, backup_url: &str, work: &Path) -> Result<(), JobError> {
     let err = |source| JobError::Restore {
         url: backup_url.to_owned(),
         source: Box::new(source),
     };
-    let (url, volume, backup) = parse_backup_url(backup_url).map_err(err)?;
+    let (url, volume, backup) = crate::spec::parse_backup_url(backup_url).map_err(err)?;
     let limit = ds.config().no_data_timeout;
     let cancel = ds.cancel_token().clone();
     let stalled = |what: &str, secs: u64| JobError::RestoreStalled {

@@ -1,146 +1,51 @@
-//! [`DataSource`]: the one job of a data-source server and its [`FileInfo`]. It owns the files under
-//! `<disk>/tmp/<name>-<uuid>*` until `transfer`; every failure removes them, so a failed job leaves nothing behind.
+//! [`DataSource`]: the server's one job. It builds the [`JobContext`], runs the fetch for the configured source and
+//! then the post-processing on a tracked task (joined at shutdown), and fails the job when either fails.
 
-use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use crate::error::{ApiError, ConfigError, JobError};
-use crate::info::{FileInfo, FileState, SourceType};
+use crate::error::{ConfigError, JobError};
+use crate::info::{FileState, SourceType};
+use crate::job::JobContext;
 use crate::spec::{DataSourceConfig, SourceSpec};
 use crate::{clone, download, export, finish, restore};
 
-/// Share of the progress bar the data transfer takes; format conversion and checksumming fill the rest.
-pub const TRANSFER_SHARE: u8 = 80;
-
-/// Counters exported on `/metrics`.
-#[derive(Debug, Default)]
-pub struct Counters {
-    /// Bytes received from the network (downloads, uploads, exports), retries included.
-    pub bytes_fetched: AtomicU64,
-    /// HTTP requests a download made (1 + retries).
-    pub download_attempts: AtomicU64,
-    /// Downloads that started again from byte 0 because the server ignored a Range request.
-    pub download_restarts: AtomicU64,
-    /// Bytes hashed for checksums.
-    pub bytes_hashed: AtomicU64,
-}
-
-/// The data source: config, the job's state, its cancellation.
+/// The data source: its job's context and the task running it.
 pub struct DataSource {
-    config: DataSourceConfig,
-    spec: SourceSpec,
-    info: Mutex<FileInfo>,
-    /// SHA-512 of the data as received, when the fetch computed it on the way (download, upload).
-    received_sha512: Mutex<Option<String>>,
-    /// Cancelled on shutdown: the running job stops and fails.
-    cancel: CancellationToken,
+    job: JobContext,
     tasks: TaskTracker,
-    pub counters: Counters,
 }
 
 impl DataSource {
-    /// Validates `config`, checks the disk identity, and prepares `<disk>/tmp` (removing leftovers of an earlier
-    /// run for the same image). Bad input is refused before anything on disk changes.
+    /// Validates `config`, checks the disk identity, and prepares `<disk>/tmp` (see [`JobContext::new`]).
     pub fn new(config: DataSourceConfig, cancel: CancellationToken) -> Result<Arc<Self>, ConfigError> {
-        let spec = config.validate()?;
-        corral_daemon::disk::verify_disk(&config.disk_path, &config.disk_uuid)?;
-        // `filePath` is read by another process: make it absolute.
-        let mut config = config;
-        config.disk_path = std::fs::canonicalize(&config.disk_path).map_err(|source| ConfigError::Io {
-            op: "resolving",
-            path: config.disk_path.clone(),
-            source,
-        })?;
-        let tmp = config.tmp_dir();
-        std::fs::create_dir_all(&tmp).map_err(|source| ConfigError::Io {
-            op: "creating",
-            path: tmp.clone(),
-            source,
-        })?;
-        let stale = config.owned_files().map_err(|source| ConfigError::Io {
-            op: "listing",
-            path: tmp.clone(),
-            source,
-        })?;
-        for path in stale {
-            std::fs::remove_file(&path).map_err(|source| ConfigError::Io {
-                op: "removing a leftover of an earlier data source",
-                path: path.clone(),
-                source,
-            })?;
-            tracing::warn!(path = %path.display(), "removed a leftover of an earlier data source");
-        }
-        let info = FileInfo {
-            name: config.name.clone(),
-            uuid: config.uuid.clone(),
-            source_type: config.source_type,
-            parameters: config.parameters.clone(),
-            disk_uuid: config.disk_uuid.clone(),
-            file_path: config.file_path().display().to_string(),
-            size: 0,
-            virtual_size: 0,
-            real_size: 0,
-            state: FileState::Pending,
-            progress: 0,
-            processed_size: 0,
-            expected_checksum: config.expected_checksum.clone().unwrap_or_default(),
-            current_checksum: String::new(),
-            message: String::new(),
-        };
         Ok(Arc::new(DataSource {
-            config,
-            spec,
-            info: Mutex::new(info),
-            received_sha512: Mutex::new(None),
-            cancel,
+            job: JobContext::new(config, cancel)?,
             tasks: TaskTracker::new(),
-            counters: Counters::default(),
         }))
     }
 
-    pub fn config(&self) -> &DataSourceConfig {
-        &self.config
-    }
-
-    pub fn spec(&self) -> &SourceSpec {
-        &self.spec
-    }
-
-    pub fn cancel_token(&self) -> &CancellationToken {
-        &self.cancel
-    }
-
-    fn lock(&self) -> MutexGuard<'_, FileInfo> {
-        // Plain data: a panic elsewhere does not make it unusable.
-        self.info
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// A copy of the current record.
-    pub fn info(&self) -> FileInfo {
-        self.lock().clone()
+    /// The job's config, state record, counters and cancellation.
+    pub fn job(&self) -> &JobContext {
+        &self.job
     }
 
     /// Starts the job (an upload source waits for its upload instead).
     pub fn start(self: &Arc<Self>) {
-        if self.config.source_type == SourceType::Upload {
+        if self.job.config().source_type == SourceType::Upload {
             return;
         }
-        self.set_state(FileState::Starting);
+        self.job.set_state(FileState::Starting);
         let this = self.clone();
-        let span = self.span();
         self.tasks.spawn(
             async move {
                 let r = this.fetch().await;
                 this.complete(r).await;
             }
-            .instrument(span),
+            .instrument(self.job.span()),
         );
     }
 
@@ -148,17 +53,7 @@ impl DataSource {
     pub(crate) fn finish_in_background(self: &Arc<Self>) {
         let this = self.clone();
         self.tasks
-            .spawn(async move { this.complete(Ok(())).await }.instrument(self.span()));
-    }
-
-    /// The span every log line of this job is in (image name, uuid, source type).
-    pub fn span(&self) -> tracing::Span {
-        tracing::info_span!(
-            "datasource",
-            image = %self.config.name,
-            uuid = %self.config.uuid,
-            source = %self.config.source_type
-        )
+            .spawn(async move { this.complete(Ok(())).await }.instrument(self.job.span()));
     }
 
     /// Waits for the running job to stop (after the cancel token fired).
@@ -167,10 +62,11 @@ impl DataSource {
         self.tasks.wait().await;
     }
 
-    async fn fetch(self: &Arc<Self>) -> Result<(), JobError> {
-        let work = self.config.work_path();
-        match &self.spec {
-            SourceSpec::Download { url } => download::run(self, url, &work).await,
+    async fn fetch(&self) -> Result<(), JobError> {
+        let job = &self.job;
+        let work = job.config().work_path();
+        match job.spec() {
+            SourceSpec::Download { url } => download::run(job, url, &work).await,
             SourceSpec::ExportFromVolume {
                 snapshot_name,
                 sender_address,
@@ -178,7 +74,7 @@ impl DataSource {
                 file_type,
             } => {
                 export::run(
-                    self,
+                    job,
                     snapshot_name,
                     sender_address,
                     *volume_size,
@@ -190,140 +86,20 @@ impl DataSource {
             SourceSpec::Clone {
                 backing_image,
                 backing_image_uuid,
-            } => clone::run(self, backing_image, backing_image_uuid, &work).await,
-            SourceSpec::Restore { backup_url } => restore::run(self, backup_url, &work).await,
+            } => clone::run(job, backing_image, backing_image_uuid, &work).await,
+            SourceSpec::Restore { backup_url } => restore::run(job, backup_url, &work).await,
             SourceSpec::Upload => Err(JobError::Unsupported("an upload source has no fetch step".into())),
         }
     }
 
     /// After the data is in (or the fetch failed): post-process, or fail and clean up.
-    pub(crate) async fn complete(self: &Arc<Self>, fetched: Result<(), JobError>) {
+    async fn complete(&self, fetched: Result<(), JobError>) {
         let r = match fetched {
-            Ok(()) => finish::run(self).await,
+            Ok(()) => finish::run(&self.job).await,
             Err(e) => Err(e),
         };
         if let Err(e) = r {
-            self.fail(&e);
+            self.job.fail(&e);
         }
-    }
-
-    pub(crate) fn set_state(&self, state: FileState) {
-        let mut i = self.lock();
-        if i.state != state {
-            tracing::info!(from = %i.state, to = %state, "state");
-            i.state = state;
-        }
-    }
-
-    /// Claims the pending upload source: pending → starting, or the reason it cannot.
-    pub(crate) fn claim_upload(&self) -> Result<(), ApiError> {
-        let mut i = self.lock();
-        if i.source_type != SourceType::Upload {
-            return Err(ApiError::WrongSourceType {
-                action: "upload".into(),
-                source_type: i.source_type.as_str(),
-            });
-        }
-        if i.state != FileState::Pending {
-            return Err(ApiError::WrongState {
-                action: "upload",
-                state: i.state,
-                hint: "an upload source takes exactly one upload",
-            });
-        }
-        tracing::info!(from = %i.state, to = %FileState::Starting, "state");
-        i.state = FileState::Starting;
-        Ok(())
-    }
-
-    /// Hands the finished file over: ready-for-transfer → ready.
-    pub fn transfer(&self) -> Result<FileInfo, ApiError> {
-        let mut i = self.lock();
-        if i.state != FileState::ReadyForTransfer {
-            return Err(ApiError::WrongState {
-                action: "transfer",
-                state: i.state,
-                hint: "only a file in state ready-for-transfer can be transferred",
-            });
-        }
-        tracing::info!(path = %i.file_path, "file transferred; it is no longer this data source's");
-        i.state = FileState::Ready;
-        Ok(i.clone())
-    }
-
-    /// Records the SHA-512 of the work file as received (saves a pass over it in post-processing).
-    pub(crate) fn set_received_checksum(&self, sha512: String) {
-        *self
-            .received_sha512
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(sha512);
-    }
-
-    /// The SHA-512 of the work file as received, if the fetch computed it.
-    pub(crate) fn received_checksum(&self) -> Option<String> {
-        self.received_sha512
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
-    }
-
-    /// Sets the known size of the source (0 while unknown).
-    pub(crate) fn set_size(&self, size: u64) {
-        self.lock().size = size;
-    }
-
-    /// Records `processed` bytes of source data received in all; the first moves starting → in-progress.
-    pub(crate) fn set_processed(&self, processed: u64) {
-        let mut i = self.lock();
-        i.processed_size = processed;
-        if i.state == FileState::Starting && processed > 0 {
-            tracing::info!(from = %i.state, to = %FileState::InProgress, "state");
-            i.state = FileState::InProgress;
-        }
-        if i.size > 0 {
-            let pct = u128::from(processed.min(i.size)) * u128::from(TRANSFER_SHARE) / u128::from(i.size);
-            i.progress = u8::try_from(pct).unwrap_or(TRANSFER_SHARE);
-        }
-    }
-
-    /// Sets the progress of a post-processing phase spanning `[from, to)` of the bar.
-    pub(crate) fn set_phase_progress(&self, from: u8, to: u8, done: u64, total: u64) {
-        let span = u64::from(to.saturating_sub(from));
-        let p = (done.min(total) * span).checked_div(total).unwrap_or(0);
-        let mut i = self.lock();
-        i.state = FileState::InProgress;
-        i.progress = from.saturating_add(u8::try_from(p).unwrap_or(0)).min(99);
-    }
-
-    pub(crate) fn update(&self, f: impl FnOnce(&mut FileInfo)) {
-        f(&mut self.lock());
-    }
-
-    /// Fails the job: removes every file it made, records the message.
-    pub(crate) fn fail(&self, e: &JobError) {
-        match self.config.owned_files() {
-            Ok(files) => files.iter().for_each(|p| remove_if_exists(p)),
-            Err(err) => tracing::warn!(error = %err, "cannot list the files to remove"),
-        }
-        let mut i = self.lock();
-        tracing::error!(error = %e, "data source failed");
-        i.state = FileState::Failed;
-        i.message = e.to_string();
-        i.current_checksum.clear();
-    }
-}
-
-/// Removes `path`; a missing file is fine, other errors are logged (the job already failed for another reason).
-pub(crate) fn remove_if_exists(path: &Path) {
-    match std::fs::remove_file(path) {
-        Ok(()) => tracing::info!(path = %path.display(), "removed"),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove"),
-    }
-}
-
-impl Counters {
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
     }
 }

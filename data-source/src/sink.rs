@@ -10,13 +10,13 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use bytes::{Bytes, BytesMut};
+// Blocks whose bytes are all zero are not written (the file keeps a hole there).
+use corral_disk::BLOCK_BYTES;
 use sha2::{Digest, Sha512};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::error::JobError;
 
-/// Blocks whose bytes are all zero are not written (the file keeps a hole there).
-pub const ZERO_BLOCK: usize = 4096;
 /// Bytes batched before a hand-over to the writer thread.
 const BATCH: usize = 1 << 20;
 /// Batches in flight between the stream and the writer thread.
@@ -86,7 +86,7 @@ impl FileSink {
             file,
             path: path.to_path_buf(),
             offset: 0,
-            carry: Vec::with_capacity(ZERO_BLOCK),
+            carry: Vec::with_capacity(BLOCK_BYTES),
         };
         let err_slot = error.clone();
         tokio::task::spawn_blocking(move || writer.run(rx, &err_slot));
@@ -175,7 +175,7 @@ impl FileSink {
 struct Writer {
     file: File,
     path: PathBuf,
-    /// File offset of `carry[0]`; always a multiple of `ZERO_BLOCK`.
+    /// File offset of `carry[0]`; always a multiple of `BLOCK_BYTES`.
     offset: u64,
     /// The start of a block not complete yet.
     carry: Vec<u8>,
@@ -203,10 +203,10 @@ impl Writer {
 
     fn data(&mut self, mut b: &[u8]) -> Result<(), JobError> {
         if !self.carry.is_empty() {
-            let take = (ZERO_BLOCK - self.carry.len()).min(b.len());
+            let take = (BLOCK_BYTES - self.carry.len()).min(b.len());
             self.carry.extend_from_slice(&b[..take]);
             b = &b[take..];
-            if self.carry.len() < ZERO_BLOCK {
+            if self.carry.len() < BLOCK_BYTES {
                 return Ok(());
             }
             let block = std::mem::take(&mut self.carry);
@@ -214,7 +214,7 @@ impl Writer {
             self.carry = block;
             self.carry.clear();
         }
-        let whole = b.len() - b.len() % ZERO_BLOCK;
+        let whole = b.len() - b.len() % BLOCK_BYTES;
         self.write_blocks(&b[..whole])?;
         self.carry.extend_from_slice(&b[whole..]);
         Ok(())
@@ -223,12 +223,12 @@ impl Writer {
     /// Writes whole blocks at `offset`, skipping all-zero ones and coalescing the rest into few writes.
     fn write_blocks(&mut self, b: &[u8]) -> Result<(), JobError> {
         let mut run_start: Option<usize> = None;
-        for (i, block) in b.chunks(ZERO_BLOCK).enumerate() {
+        for (i, block) in b.chunks(BLOCK_BYTES).enumerate() {
             let zero = block.iter().all(|&x| x == 0);
             match (zero, run_start) {
-                (false, None) => run_start = Some(i * ZERO_BLOCK),
+                (false, None) => run_start = Some(i * BLOCK_BYTES),
                 (true, Some(s)) => {
-                    self.pwrite(&b[s..i * ZERO_BLOCK], s)?;
+                    self.pwrite(&b[s..i * BLOCK_BYTES], s)?;
                     run_start = None;
                 }
                 _ => {}

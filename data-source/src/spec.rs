@@ -6,6 +6,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use backupstore::{BackupStoreError, BackupUrl};
 use corral_daemon::disk::check_path_component;
 
 use crate::error::ConfigError;
@@ -109,7 +110,7 @@ impl SourceSpec {
             }
             SourceType::Restore => {
                 let backup_url = required(params, source_type, "backup-url")?;
-                crate::restore::parse_backup_url(backup_url).map_err(|e| bad("backup-url", e.to_string()))?;
+                parse_backup_url(backup_url).map_err(|e| bad("backup-url", e.to_string()))?;
                 SourceSpec::Restore {
                     backup_url: backup_url.to_owned(),
                 }
@@ -230,6 +231,14 @@ impl DataSourceConfig {
         self.tmp_dir()
             .join(format!("{}-{}.convert.tmp", self.name, self.uuid))
     }
+}
+
+/// The volume and backup a `backup-url` names (checked at start, used again by the restore job).
+pub fn parse_backup_url(url: &str) -> Result<(BackupUrl, String, String), BackupStoreError> {
+    let parsed = BackupUrl::parse(url)?;
+    let volume = parsed.require_volume()?.to_owned();
+    let backup = parsed.require_backup()?.to_owned();
+    Ok((parsed, volume, backup))
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use axum::extract::Multipart;
 
 use crate::error::{ApiError, JobError};
 use crate::info::FileInfo;
-use crate::service::{Counters, DataSource};
+use crate::job::{Counters, JobContext};
+use crate::service::DataSource;
 use crate::sink::FileSink;
 
 /// Parses the announced size.
@@ -27,24 +28,25 @@ pub fn parse_size(size: Option<&String>) -> Result<u64, ApiError> {
 
 /// Receives the upload; returns when the data is in (checksumming continues in the background).
 pub async fn receive(ds: &Arc<DataSource>, size: u64, mut form: Multipart) -> Result<FileInfo, ApiError> {
-    ds.claim_upload()?;
-    ds.set_size(size);
+    let job = ds.job();
+    job.claim_upload()?;
+    job.set_size(size);
     tracing::info!(size, "upload started");
-    let r = stream(ds, size, &mut form).await;
+    let r = stream(job, size, &mut form).await;
     match r {
         Ok(()) => {
             ds.finish_in_background();
-            Ok(ds.info())
+            Ok(job.info())
         }
         Err(e) => {
             let message = e.to_string();
-            ds.fail(&e);
+            job.fail(&e);
             Err(ApiError::UploadFailed(message))
         }
     }
 }
 
-async fn stream(ds: &DataSource, size: u64, form: &mut Multipart) -> Result<(), JobError> {
+async fn stream(ds: &JobContext, size: u64, form: &mut Multipart) -> Result<(), JobError> {
     let work = ds.config().work_path();
     let cancel = ds.cancel_token().clone();
     let mut field = loop {

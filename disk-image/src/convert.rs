@@ -14,6 +14,7 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use corral_disk::BLOCK_BYTES;
 use sparse_sync::SyncContent;
 
 use crate::ImageFormat;
@@ -24,7 +25,6 @@ use crate::image::DiskImage;
 pub const QCOW2_CLUSTER_BITS: u32 = 16;
 const QCOW2_COPIED: u64 = 1 << 63;
 /// Raw output is written (and zero-checked) in blocks of this size; zero blocks stay holes.
-const RAW_BLOCK: usize = 4096;
 /// Bytes read from the source per step.
 const CHUNK: u64 = 1 << 20;
 
@@ -62,9 +62,7 @@ pub fn convert_content(
         ImageFormat::Raw => write_raw(src, &file, &tmp, progress, cancel),
         ImageFormat::Qcow2 => write_qcow2(src, &file, &tmp, progress, cancel),
     }
-    .and_then(|()| file.sync_all().ctx("fsync", &tmp))
-    .and_then(|()| std::fs::rename(&tmp, dst).ctx("rename into place", dst))
-    .and_then(|()| corral_daemon::disk::sync_parent_dir(dst).ctx("fsync directory of", dst));
+    .and_then(|()| corral_disk::durable::publish(&file, &tmp, dst).ctx("publish", dst));
     if result.is_err() {
         let _ = std::fs::remove_file(&tmp);
     }
@@ -132,12 +130,12 @@ fn write_raw(
     Ok(())
 }
 
-/// Writes the runs of `data` (at file offset `at`) that are not all zeros, in [`RAW_BLOCK`] granularity.
+/// Writes the runs of `data` (at file offset `at`) that are not all zeros, in [`BLOCK_BYTES`] granularity.
 fn write_nonzero_blocks(file: &File, data: &[u8], at: u64) -> io::Result<()> {
     let mut run_start: Option<usize> = None;
     let mut i = 0;
     while i < data.len() {
-        let end = (i + RAW_BLOCK).min(data.len());
+        let end = (i + BLOCK_BYTES).min(data.len());
         let zero = data[i..end].iter().all(|&b| b == 0);
         match (zero, run_start) {
             (false, None) => run_start = Some(i),

@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use corral_disk::BLOCK_SIZE;
 use corral_proto::v1;
 use tracing::{info, warn};
 
@@ -236,9 +237,9 @@ impl Volume {
     /// Grows the volume on every RW and WO replica (each takes an `expand-<size>` system snapshot).
     pub async fn expand(&self, size: u64) -> Result<(), EngineError> {
         let cur = self.size();
-        if size <= cur || !size.is_multiple_of(4096) {
+        if size <= cur || !size.is_multiple_of(BLOCK_SIZE) {
             return Err(EngineError::InvalidArgument(format!(
-                "new size {size} must be larger than {cur} and a multiple of 4096"
+                "new size {size} must be larger than {cur} and a multiple of {BLOCK_SIZE}"
             )));
         }
         let reps = self.replicas.write().await;

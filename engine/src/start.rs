@@ -6,6 +6,7 @@
 
 use std::sync::Arc;
 
+use corral_disk::BLOCK_SIZE;
 use corral_proto::v1;
 use data_protocol::ClientConfig;
 use tracing::{info, warn};
@@ -41,9 +42,9 @@ struct Candidate {
 
 /// Connects and checks the replicas and returns the volume. Fails when no replica is usable.
 pub async fn start(addresses: &[String], opts: &StartOptions) -> Result<Volume, EngineError> {
-    if opts.size == 0 || !opts.size.is_multiple_of(4096) {
+    if opts.size == 0 || !opts.size.is_multiple_of(BLOCK_SIZE) {
         return Err(EngineError::InvalidArgument(format!(
-            "volume size {} must be a positive multiple of 4096",
+            "volume size {} must be a positive multiple of {BLOCK_SIZE}",
             opts.size
         )));
     }

@@ -12,12 +12,12 @@ use std::time::Instant;
 use data_protocol::{ClientError, DataClient};
 use tokio::sync::RwLock;
 
+use corral_disk::{BLOCK_BYTES, BLOCK_SIZE};
+
 use crate::error::EngineError;
 use crate::metrics::VolumeMetrics;
 use crate::replica_client::{Mode, ReplicaEntry};
 
-/// Granularity of the replicas' location maps; writes are widened to it while a replica rebuilds.
-pub const BLOCK: u64 = 4096;
 /// Zeros for write-zeroes during a rebuild.
 static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 /// Replicas handled by the allocation-free fan-out; more fall back to a heap-allocated join.
@@ -234,7 +234,7 @@ impl Volume {
         let start = Instant::now();
         let reps = self.replicas.read().await;
         let rebuilding = reps.iter().any(|r| r.mode() == Mode::Wo);
-        let aligned = offset.is_multiple_of(BLOCK) && (data.len() as u64).is_multiple_of(BLOCK);
+        let aligned = offset.is_multiple_of(BLOCK_SIZE) && (data.len() as u64).is_multiple_of(BLOCK_SIZE);
         let r = if rebuilding && !aligned {
             self.write_widened(&reps, offset, data).await
         } else {
@@ -256,23 +256,23 @@ impl Volume {
         offset: u64,
         data: &[u8],
     ) -> Result<(), EngineError> {
-        let start = offset - offset % BLOCK;
-        let end = (offset + data.len() as u64).div_ceil(BLOCK) * BLOCK;
+        let start = offset - offset % BLOCK_SIZE;
+        let end = (offset + data.len() as u64).div_ceil(BLOCK_SIZE) * BLOCK_SIZE;
         let len = usize::try_from(end - start)
             .map_err(|_| EngineError::InvalidArgument("write too large".into()))?;
-        let block = usize::try_from(BLOCK).unwrap_or(4096);
+        let block = BLOCK_BYTES;
         let mut buf = vec![0u8; len];
         // Only the partial first and last blocks need their current contents.
-        let need_head = !offset.is_multiple_of(BLOCK);
+        let need_head = !offset.is_multiple_of(BLOCK_SIZE);
         // The last block needs reading unless the write ends aligned or it is the first block, already read.
-        let ends_aligned = (offset + data.len() as u64).is_multiple_of(BLOCK);
-        let tail_is_head_block = need_head && end - BLOCK == start;
+        let ends_aligned = (offset + data.len() as u64).is_multiple_of(BLOCK_SIZE);
+        let tail_is_head_block = need_head && end - BLOCK_SIZE == start;
         let need_tail = !(ends_aligned || tail_is_head_block);
         if need_head {
             self.read_locked(reps, start, &mut buf[..block]).await?;
         }
         if need_tail {
-            self.read_locked(reps, end - BLOCK, &mut buf[len - block..])
+            self.read_locked(reps, end - BLOCK_SIZE, &mut buf[len - block..])
                 .await?;
         }
         let head = usize::try_from(offset - start).unwrap_or(0);
@@ -310,7 +310,7 @@ impl Volume {
             while pos < end {
                 let n = (end - pos).min(ZEROS.len() as u64);
                 let chunk = &ZEROS[..usize::try_from(n).unwrap_or(ZEROS.len())];
-                if pos.is_multiple_of(BLOCK) && n.is_multiple_of(BLOCK) {
+                if pos.is_multiple_of(BLOCK_SIZE) && n.is_multiple_of(BLOCK_SIZE) {
                     self.fan_out(&reps, "write", |d| d.write(pos, chunk)).await?;
                 } else {
                     self.write_widened(&reps, pos, chunk).await?;

@@ -8,9 +8,6 @@ use serde::{Deserialize, Serialize};
 
 use crate::store::Resource;
 
-/// The block size every volume size is a multiple of.
-pub const BLOCK: u64 = 4096;
-
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Node {

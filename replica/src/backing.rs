@@ -10,8 +10,9 @@ use std::sync::Arc;
 
 use disk_image::DiskImage;
 
+use corral_disk::BLOCK_SIZE;
+
 use crate::error::{IoContext, ReplicaError, Result};
-use crate::extent_map::BLOCK_SIZE;
 
 /// File name the backing-image manager gives an image inside its directory
 /// (`<disk>/backing-images/<name>-<uuid>/backing`).

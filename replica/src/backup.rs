@@ -21,11 +21,15 @@ use backupstore::{BackupSource, Changes, RestoreSink, SnapshotInfo};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use corral_disk::BLOCK_SIZE;
+
+use crate::chain::{Layer, build_map};
 use crate::error::{IoContext, ReplicaError, Result};
-use crate::extent_map::{BLOCK_SIZE, ExtentMap};
+use crate::extent_map::ExtentMap;
+use crate::locks::read_lock;
 use crate::meta::{DiskMeta, load_json, write_json_atomic};
 use crate::names;
-use crate::replica::{Layer, Replica, build_map, read_lock};
+use crate::replica::Replica;
 
 /// Where a replica records the backup its data equals after a restore (for incremental / DR restores).
 pub const RESTORE_STATE_FILE: &str = "backup-restore.json";

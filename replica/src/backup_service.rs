@@ -16,7 +16,7 @@ use tracing::{Instrument, error, info, info_span};
 
 use crate::backup::{ReplicaSink, RestoreState, SnapshotSource};
 use crate::error::ReplicaError;
-use crate::replica::lock;
+use crate::locks::lock;
 use crate::service::ReplicaHost;
 
 /// The one mapping from backup-store errors to gRPC statuses.

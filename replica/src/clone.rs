@@ -7,14 +7,14 @@
 //! `<snapshot>.img.clone.sync-partial` and renames it only after an fsync at the sender's close). The commit then
 //! runs in the order of a revert: new head + its meta, the snapshot's meta, the snapshot's image as a hard link of
 //! the `.clone` file, and `volume.meta` naming the new head (the commit point); the `.clone` name, the old head and
-//! its meta go last. [`leftovers`] recognises every intermediate state at open: a `.clone` file whose snapshot is
+//! its meta go last. [`crate::layout`] recognises every intermediate state at open: a `.clone` file whose snapshot is
 //! not in the live chain is an uncommitted clone, and it goes together with the snapshot image that shares its
 //! inode and that image's meta; a committed one loses only its `.clone` name.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
 use std::os::unix::fs::MetadataExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,17 +28,15 @@ use sparse_sync::{ReceiveOutcome, ReceiveSummary};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::chain::{Layer, build_map, create_layer_file};
 use crate::error::{IoContext, ReplicaError, Result};
 use crate::export::snapshot_file;
 use crate::jobs::JobState;
-use crate::layout::Repair;
-use crate::meta::{DiskMeta, remove_if_exists, sync_dir, write_json_atomic};
-use crate::names::{self, VOLUME_META};
-use crate::replica::{Layer, Replica, build_map, create_layer_file, lock, now_rfc3339, write_lock};
-use crate::service::ReplicaHost;
+use crate::locks::{lock, write_lock};
+use crate::meta::{DiskMeta, now_rfc3339, remove_if_exists, sync_dir, write_json_atomic};
+use crate::names::{self, CLONE_SUFFIX, VOLUME_META};
+use crate::replica::Replica;
 
-/// Suffix of the file a clone receives into.
-pub const CLONE_SUFFIX: &str = ".clone";
 /// How long the receiver waits for the source's next request before the clone fails.
 const RECEIVER_IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// How long the export's answer may lag behind the receiver's commit.
@@ -46,13 +44,15 @@ const EXPORT_REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Status of the clone into this replica.
 #[derive(Debug, Clone, Default)]
-struct CloneStatus {
-    state: JobState,
-    error: String,
-    from: String,
-    snapshot: String,
-    progress: u32,
-    bytes_sent: u64,
+pub struct CloneStatus {
+    pub state: JobState,
+    pub error: String,
+    /// The source replica's address.
+    pub from: String,
+    /// The snapshot's file name.
+    pub snapshot: String,
+    pub progress: u32,
+    pub bytes_sent: u64,
 }
 
 /// The clone job slot of one replica daemon.
@@ -67,26 +67,23 @@ impl CloneTracker {
         lock(&self.status).state == JobState::InProgress
     }
 
-    /// Current status as the wire message.
-    pub fn to_proto(&self) -> v1::JobStatusResponse {
-        let s = lock(&self.status).clone();
-        v1::JobStatusResponse {
-            is_running: s.state == JobState::InProgress,
-            state: s.state.as_str().into(),
-            progress: if s.state == JobState::Complete {
-                100
-            } else {
-                s.progress
-            },
-            error: s.error,
-            bytes_transferred: s.bytes_sent,
-            from_addresses: if s.from.is_empty() { vec![] } else { vec![s.from] },
-            files_done: u32::from(s.state == JobState::Complete),
-            files_total: u32::from(s.state != JobState::None),
-            snapshot_name: s.snapshot,
-            ..Default::default()
-        }
+    /// The current status.
+    pub fn status(&self) -> CloneStatus {
+        lock(&self.status).clone()
     }
+}
+
+/// What a `SnapshotClone` asks for.
+#[derive(Debug, Clone, Default)]
+pub struct CloneRequest {
+    /// The source replica's address (`tcp://host:port` of its `ReplicaService`).
+    pub from_address: String,
+    /// The snapshot to clone (name or file name).
+    pub snapshot_file_name: String,
+    /// Blocks no snapshot layer holds come from the source's backing image.
+    pub export_backing_image_if_exist: bool,
+    /// Send rate limit of the source's export (0: none).
+    pub max_bytes_per_second: u64,
 }
 
 fn split_address(address: &str) -> std::result::Result<(String, u16), String> {
@@ -153,17 +150,16 @@ async fn check_source(address: &str, snapshot: &str, size: u64) -> Result<u64> {
     Ok(estimate)
 }
 
-/// Starts a clone into `host`'s replica; returns once the request is validated and the job runs.
+/// Starts a clone into `replica`; returns once the request is validated and the job runs.
 pub async fn start(
-    host: Arc<ReplicaHost>,
+    replica: Arc<Replica>,
     tracker: Arc<CloneTracker>,
     rebuilding: bool,
     listen_ip: IpAddr,
-    req: v1::SnapshotCloneRequest,
+    req: CloneRequest,
     cancel: CancellationToken,
 ) -> Result<()> {
     let file = snapshot_file(&req.snapshot_file_name)?;
-    let replica = host.replica()?;
     let status = replica.status()?;
     if rebuilding || status.rebuilding {
         return Err(ReplicaError::FailedPrecondition(
@@ -222,7 +218,7 @@ async fn run(
     replica: &Arc<Replica>,
     tracker: &CloneTracker,
     listen_ip: IpAddr,
-    req: &v1::SnapshotCloneRequest,
+    req: &CloneRequest,
     file: &str,
     estimate: u64,
     cancel: &CancellationToken,
@@ -257,7 +253,7 @@ async fn receive(
     replica: &Replica,
     tracker: &CloneTracker,
     listen_ip: IpAddr,
-    req: &v1::SnapshotCloneRequest,
+    req: &CloneRequest,
     file: &str,
     tmp: &Path,
     estimate: u64,
@@ -411,44 +407,10 @@ impl Replica {
     }
 }
 
-/// Leftovers of clones, for [`crate::layout::DirLayout::load`]: partial receives, `.clone` names of committed
-/// clones, and uncommitted clones (the `.clone` file, the snapshot image that shares its inode, and its meta).
-/// Removes the uncommitted snapshots from `disks`.
-pub(crate) fn leftovers(
-    dir: &Path,
-    files: &[String],
-    live: &[String],
-    disks: &mut BTreeMap<String, DiskMeta>,
-) -> Vec<Repair> {
-    let mut repairs = Vec::new();
-    let inode = |p: PathBuf| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-    for f in files {
-        if f.ends_with(&format!("{CLONE_SUFFIX}.sync-partial")) {
-            repairs.push(Repair::Remove(f.clone()));
-            continue;
-        }
-        let Some(snap) = f.strip_suffix(CLONE_SUFFIX) else {
-            continue;
-        };
-        if names::snapshot_name(snap).is_none() {
-            continue;
-        }
-        repairs.push(Repair::Remove(f.clone()));
-        if !live.iter().any(|l| l == snap)
-            && inode(dir.join(snap)).is_some()
-            && inode(dir.join(snap)) == inode(dir.join(f))
-        {
-            repairs.push(Repair::Remove(snap.to_owned()));
-            repairs.push(Repair::Remove(names::meta_file(snap)));
-            repairs.push(Repair::Remove(names::checksum_file(snap)));
-            disks.remove(snap);
-        }
-    }
-    repairs
-}
-
 #[cfg(test)]
 mod tests {
+    use std::path::PathBuf;
+
     use super::*;
     use crate::ReplicaOptions;
 

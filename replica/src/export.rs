@@ -17,18 +17,19 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use corral_proto::v1;
 use sparse_sync::{DataRanges, Progress, SyncContent};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
+use corral_disk::BLOCK_SIZE;
+
 use crate::backing::Backing;
+use crate::chain::{Layer, build_map};
 use crate::error::{IoContext, ReplicaError, Result};
-use crate::extent_map::{BLOCK_SIZE, ExtentMap, LayerIndex};
+use crate::extent_map::{ExtentMap, LayerIndex};
 use crate::io::pread_full;
 use crate::names;
-use crate::replica::{Layer, Replica, build_map};
-use crate::service::ReplicaHost;
+use crate::replica::Replica;
 
 /// A snapshot of an open replica, flattened over its ancestors (and optionally the backing image).
 #[derive(Debug)]
@@ -235,20 +236,40 @@ impl Drop for Running<'_> {
     }
 }
 
-/// `VolumeExport`: streams a snapshot of `host`'s replica to the receiver at `req.host:req.port`; returns when
-/// the receiver has committed the file.
+/// What a `VolumeExport` asks for.
+#[derive(Debug, Clone, Default)]
+pub struct ExportRequest {
+    /// The snapshot to export (name or file name).
+    pub snapshot_file_name: String,
+    /// The sparse-sync receiver, `host:port`.
+    pub to: String,
+    /// Blocks no snapshot layer holds are read from the backing image (when there is one).
+    pub export_backing_image_if_exist: bool,
+    /// The receiving volume's size; the export is refused when the snapshot's differs (0: not checked).
+    pub expected_size: u64,
+    /// Send rate limit (0: none).
+    pub max_bytes_per_second: u64,
+}
+
+/// What an export sent.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ExportSummary {
+    /// Bytes on the wire.
+    pub bytes_sent: u64,
+    /// Data bytes of the snapshot (holes excluded).
+    pub data_bytes: u64,
+    /// The snapshot's size.
+    pub size: u64,
+}
+
+/// `VolumeExport`: streams a snapshot of `replica` to the receiver at `req.to`; returns when the receiver has
+/// committed the file.
 pub async fn volume_export(
-    host: &Arc<ReplicaHost>,
+    replica: Arc<Replica>,
     tracker: &ExportTracker,
     purging: impl Fn() -> bool,
-    req: &v1::VolumeExportRequest,
-) -> Result<v1::VolumeExportResponse> {
-    if req.host.is_empty() || req.port == 0 || req.port > u32::from(u16::MAX) {
-        return Err(ReplicaError::InvalidArgument(format!(
-            "bad receiver address {}:{}",
-            req.host, req.port
-        )));
-    }
+    req: &ExportRequest,
+) -> Result<ExportSummary> {
     tracker.running.fetch_add(1, Ordering::AcqRel);
     let _running = Running(tracker);
     // Counted as running first, so a purge starting now sees the export.
@@ -257,7 +278,6 @@ pub async fn volume_export(
             "a purge is running; export after it finishes".into(),
         ));
     }
-    let replica = host.replica()?;
     let dir = replica.dir().to_owned();
     let (snap, with_backing) = (req.snapshot_file_name.clone(), req.export_backing_image_if_exist);
     let view = tokio::task::spawn_blocking(move || SnapshotView::open(&replica, &snap, with_backing))
@@ -270,10 +290,10 @@ pub async fn volume_export(
         )));
     }
     let (snapshot, size) = (view.snapshot.clone(), view.size);
-    let to = format!("{}:{}", req.host, req.port);
+    let to = &req.to;
     let s = sparse_sync::send(
         Arc::new(view),
-        &to,
+        to,
         &sparse_sync::SendOptions {
             max_rate: (req.max_bytes_per_second > 0).then_some(req.max_bytes_per_second),
             ..Default::default()
@@ -287,7 +307,7 @@ pub async fn volume_export(
         dir = %dir.display(), snapshot = %snapshot, to = %to, sent = s.bytes_sent,
         data = s.data_bytes, backing = req.export_backing_image_if_exist, "snapshot exported"
     );
-    Ok(v1::VolumeExportResponse {
+    Ok(ExportSummary {
         bytes_sent: s.bytes_sent,
         data_bytes: s.data_bytes,
         size,

@@ -7,9 +7,6 @@
 
 use std::collections::BTreeMap;
 
-/// Granularity of the map in bytes.
-pub const BLOCK_SIZE: u64 = 4096;
-
 /// Index of a layer in the live chain, 0 = oldest snapshot (the backing file is not a layer).
 pub type LayerIndex = u32;
 

@@ -15,14 +15,15 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 
 use sha2::{Digest, Sha512};
 
+use corral_disk::{BLOCK_BYTES, BLOCK_SIZE};
+
 use crate::error::{IoContext, ReplicaError, Result};
-use crate::extent_map::BLOCK_SIZE;
 use crate::jobs::JobControl;
 use sparse_sync::record::ChecksumRecord;
 
-use crate::meta::{load_json, write_json_atomic};
+use crate::meta::{load_json, now_rfc3339, write_json_atomic};
 use crate::names;
-use crate::replica::{Replica, now_rfc3339};
+use crate::replica::Replica;
 
 /// Checksum method name written to records.
 pub const METHOD: &str = "sha512-layout";
@@ -63,7 +64,7 @@ pub fn checksum_file(file: &File, ctl: &JobControl) -> std::io::Result<Option<St
             let chunk = &mut buf[..n];
             let got = read_up_to(file, chunk, pos)?;
             chunk[got..].fill(0);
-            for (i, block) in chunk.chunks(4096).enumerate() {
+            for (i, block) in chunk.chunks(BLOCK_BYTES).enumerate() {
                 h.update((pos / BLOCK_SIZE + i as u64).to_le_bytes());
                 h.update(block);
             }

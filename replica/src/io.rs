@@ -11,13 +11,16 @@ use std::io;
 use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
+use corral_disk::{BLOCK_BYTES, BLOCK_SIZE};
+
+use crate::chain::Chain;
 use crate::error::{IoContext, ReplicaError, Result};
-use crate::extent_map::{BLOCK_SIZE, LayerIndex};
-use crate::replica::{Chain, RMW_STRIPES_PUB, Replica, lock, read_lock, write_lock};
+use crate::extent_map::LayerIndex;
+use crate::locks::{lock, read_lock, write_lock};
+use crate::replica::{RMW_STRIPES, Replica};
 
 /// Pieces looked up per map lock acquisition; bounds stack use and lock hold time.
 const PIECES: usize = 32;
-const BLOCK: usize = 4096;
 /// Zeros for write-zeroes; static so the hot path allocates nothing.
 static ZEROS: [u8; 1 << 20] = [0; 1 << 20];
 
@@ -155,7 +158,7 @@ impl Replica {
         let block = offset / BLOCK_SIZE;
         let head = chain.head();
         let head_idx = chain.head_index();
-        let _stripe = lock(&self.rmw[to_usize(block % RMW_STRIPES_PUB as u64)]);
+        let _stripe = lock(&self.rmw[to_usize(block % RMW_STRIPES as u64)]);
         if read_lock(&self.map).layer_of(block) == Some(head_idx) {
             return head
                 .file
@@ -163,7 +166,7 @@ impl Replica {
                 .ctx("write", self.dir.join(&head.name));
         }
         let start = block * BLOCK_SIZE;
-        let mut buf = [0u8; BLOCK];
+        let mut buf = [0u8; BLOCK_BYTES];
         self.read_locked(chain, start, &mut buf)?;
         let at = to_usize(offset - start);
         buf[at..at + data.len()].copy_from_slice(data);

@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use serde::Serialize;
 
-use crate::replica::lock;
+use crate::locks::lock;
 
 /// State of a job, serialised as in the API.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

@@ -22,10 +22,11 @@ use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 
+use corral_disk::BLOCK_SIZE;
+
 use crate::error::{IoContext, ReplicaError, Result};
-use crate::extent_map::BLOCK_SIZE;
 use crate::meta::{DiskMeta, VolumeInfo, load_json};
-use crate::names::{self, CHECKSUM_SUFFIX, META_SUFFIX, TMP_SUFFIX, VOLUME_META};
+use crate::names::{self, CHECKSUM_SUFFIX, CLONE_SUFFIX, META_SUFFIX, TMP_SUFFIX, VOLUME_META};
 
 /// A repair applied by `open` (never by offline inspection).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -202,7 +203,7 @@ impl DirLayout {
                 });
             }
         }
-        repairs.extend(crate::clone::leftovers(dir, &files, &live, &mut disks));
+        repairs.extend(clone_leftovers(dir, &files, &live, &mut disks));
         live.reverse();
         Ok(Some(Self {
             dir: dir.to_owned(),
@@ -243,4 +244,39 @@ fn validate_info(path: &Path, info: &VolumeInfo) -> Result<()> {
         return bad("Encrypted replicas are not supported".into());
     }
     Ok(())
+}
+/// Leftovers of snapshot clones ([`crate::clone`]): partial receives, `.clone` names of committed
+/// clones, and uncommitted clones (the `.clone` file, the snapshot image that shares its inode, and its meta).
+/// Removes the uncommitted snapshots from `disks`.
+fn clone_leftovers(
+    dir: &Path,
+    files: &[String],
+    live: &[String],
+    disks: &mut BTreeMap<String, DiskMeta>,
+) -> Vec<Repair> {
+    let mut repairs = Vec::new();
+    let inode = |p: PathBuf| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    for f in files {
+        if f.ends_with(&format!("{CLONE_SUFFIX}.sync-partial")) {
+            repairs.push(Repair::Remove(f.clone()));
+            continue;
+        }
+        let Some(snap) = f.strip_suffix(CLONE_SUFFIX) else {
+            continue;
+        };
+        if names::snapshot_name(snap).is_none() {
+            continue;
+        }
+        repairs.push(Repair::Remove(f.clone()));
+        if !live.iter().any(|l| l == snap)
+            && inode(dir.join(snap)).is_some()
+            && inode(dir.join(snap)) == inode(dir.join(f))
+        {
+            repairs.push(Repair::Remove(snap.to_owned()));
+            repairs.push(Repair::Remove(names::meta_file(snap)));
+            repairs.push(Repair::Remove(names::checksum_file(snap)));
+            disks.remove(snap);
+        }
+    }
+    repairs
 }

@@ -7,6 +7,7 @@
 pub mod backing;
 pub mod backup;
 pub mod backup_service;
+mod chain;
 pub mod clone;
 pub mod error;
 pub mod export;
@@ -18,6 +19,7 @@ pub mod image_cli;
 mod io;
 pub mod jobs;
 pub mod layout;
+mod locks;
 pub mod meta;
 pub mod names;
 mod purge;

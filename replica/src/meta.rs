@@ -5,14 +5,13 @@
 //! Corral one read by Longhorn tools. Keys Longhorn does not know are ignored by its decoder.
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
-use std::io::Write;
+use std::fs;
 use std::path::Path;
 
+use corral_disk::durable;
 use serde::{Deserialize, Serialize, de::DeserializeOwned};
 
 use crate::error::{IoContext, ReplicaError, Result};
-use crate::names::TMP_SUFFIX;
 
 /// Contents of `volume.meta`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -100,31 +99,13 @@ pub fn load_json<T: DeserializeOwned>(path: &Path) -> Result<Option<T>> {
 pub fn write_json_atomic<T: Serialize>(dir: &Path, name: &str, value: &T) -> Result<()> {
     let bytes = serde_json::to_vec(value)
         .map_err(|e| ReplicaError::InvalidArgument(format!("cannot encode {name}: {e}")))?;
-    write_file_atomic(dir, name, &bytes)
-}
-
-/// Byte-level form of [`write_json_atomic`].
-pub fn write_file_atomic(dir: &Path, name: &str, bytes: &[u8]) -> Result<()> {
     let path = dir.join(name);
-    let tmp = dir.join(format!("{name}{TMP_SUFFIX}"));
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)
-        .ctx("create", &tmp)?;
-    f.write_all(bytes).ctx("write", &tmp)?;
-    f.sync_all().ctx("fsync", &tmp)?;
-    drop(f);
-    fs::rename(&tmp, &path).ctx("rename", &path)?;
-    sync_dir(dir)
+    durable::write_atomic(&path, &bytes).ctx("write crash-safely", &path)
 }
 
 /// fsyncs a directory so that renames, links and unlinks in it are durable.
 pub fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .ctx("fsync directory", dir)
+    durable::sync_dir(dir).ctx("fsync directory", dir)
 }
 
 /// Removes a file if it exists.
@@ -134,6 +115,11 @@ pub fn remove_if_exists(path: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
         Err(e) => Err(ReplicaError::io("remove", path, e)),
     }
+}
+
+/// The current time as recorded in metadata (`Created` of a disk, `lastHashedAt` of a checksum).
+pub(crate) fn now_rfc3339() -> String {
+    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
 }
 
 #[cfg(test)]

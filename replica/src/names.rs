@@ -11,7 +11,9 @@ pub const META_SUFFIX: &str = ".meta";
 /// Suffix of a snapshot's checksum record.
 pub const CHECKSUM_SUFFIX: &str = ".checksum";
 /// Suffix of temporary files of atomic writes.
-pub const TMP_SUFFIX: &str = ".tmp";
+pub const TMP_SUFFIX: &str = corral_disk::durable::TEMP_SUFFIX;
+/// Suffix of the file a snapshot clone receives into (`<snapshot>.img.clone`).
+pub const CLONE_SUFFIX: &str = ".clone";
 
 const HEAD_PREFIX: &str = "volume-head-";
 const SNAP_PREFIX: &str = "volume-snap-";

@@ -21,13 +21,17 @@ use std::sync::atomic::Ordering;
 
 use tracing::info;
 
+use corral_disk::BLOCK_SIZE;
+
+use crate::chain::Layer;
 use crate::error::{IoContext, ReplicaError, Result};
-use crate::extent_map::{BLOCK_SIZE, LayerIndex};
+use crate::extent_map::LayerIndex;
 use crate::jobs::JobControl;
 use crate::layout::DirLayout;
+use crate::locks::{lock, read_lock, write_lock};
 use crate::meta::{remove_if_exists, sync_dir, write_json_atomic};
 use crate::names;
-use crate::replica::{Layer, Replica, lock, read_lock, write_lock};
+use crate::replica::Replica;
 
 const COPY_CHUNK: usize = 1 << 20;
 const PRUNE_RUNS_PER_LOCK: usize = 1024;

@@ -19,9 +19,9 @@ use tracing::{info, warn};
 
 use crate::error::ReplicaError;
 use crate::jobs::JobState;
+use crate::locks::lock;
 use crate::meta::{DiskMeta, remove_if_exists, sync_dir, write_json_atomic};
 use crate::names;
-use crate::replica::lock;
 use crate::service::ReplicaHost;
 
 /// Attempts per file before the rebuild fails.

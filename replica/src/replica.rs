@@ -3,27 +3,30 @@
 //! Block IO is in [`crate::io`], purge in [`crate::purge`], hashing in [`crate::hash`].
 
 use std::collections::BTreeMap;
-use std::fs::{self, File, OpenOptions};
+use std::fs;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
+use corral_disk::BLOCK_SIZE;
 use serde::Serialize;
 use tracing::{info, warn};
 
+use crate::backing::Backing;
+use crate::chain::{Chain, Layer, build_map, create_layer_file, open_ro, open_rw};
 use crate::error::{IoContext, ReplicaError, Result};
-use crate::extent_map::{BLOCK_SIZE, ExtentMap, LayerIndex};
+use crate::extent_map::ExtentMap;
 use crate::layout::{DirLayout, Repair};
-use crate::meta::{DiskMeta, VolumeInfo, remove_if_exists, sync_dir, write_json_atomic};
+use crate::locks::{lock, read_lock, write_lock};
+use crate::meta::{DiskMeta, VolumeInfo, now_rfc3339, remove_if_exists, sync_dir, write_json_atomic};
 use crate::names::{self, VOLUME_META};
 use crate::revision::RevisionCounter;
 
 /// Sector size reported to the engine; the map works on 4 KiB blocks, IO is accepted at 512-byte granularity.
 pub const SECTOR_SIZE: u64 = 512;
 /// Number of stripes of the lock serialising read-modify-write of partially written blocks.
-pub(crate) const RMW_STRIPES_PUB: usize = 64;
-const RMW_STRIPES: usize = RMW_STRIPES_PUB;
+pub(crate) const RMW_STRIPES: usize = 64;
 
 /// Options for create/open.
 #[derive(Debug, Clone, Default)]
@@ -34,37 +37,6 @@ pub struct ReplicaOptions {
     /// Do not keep the revision counter (faster; salvage uses head mtime and allocated size instead).
     /// `None` keeps what `volume.meta` says.
     pub disable_revision_counter: Option<bool>,
-}
-
-/// One layer of the live chain.
-#[derive(Debug)]
-pub(crate) struct Layer {
-    pub(crate) name: String,
-    pub(crate) file: File,
-}
-
-pub(crate) use crate::backing::Backing;
-
-/// Chain state guarded by the structure lock: IO holds it shared, shape changes hold it exclusively.
-#[derive(Debug)]
-pub(crate) struct Chain {
-    pub(crate) info: VolumeInfo,
-    pub(crate) disks: BTreeMap<String, DiskMeta>,
-    /// Live chain, root first, head last.
-    pub(crate) layers: Vec<Layer>,
-    pub(crate) backing: Option<Backing>,
-    pub(crate) closed: bool,
-}
-
-impl Chain {
-    pub(crate) fn head(&self) -> &Layer {
-        // Invariant: an open chain always has a head.
-        &self.layers[self.layers.len() - 1]
-    }
-
-    pub(crate) fn head_index(&self) -> LayerIndex {
-        LayerIndex::try_from(self.layers.len() - 1).unwrap_or(LayerIndex::MAX)
-    }
 }
 
 /// An open replica directory.
@@ -153,47 +125,6 @@ pub struct ReplicaStatus {
     pub head_file_size: u64,
     /// Number of runs in the location map (memory indicator); 0 offline.
     pub extent_map_runs: usize,
-}
-
-pub(crate) fn read_lock<T>(l: &RwLock<T>) -> RwLockReadGuard<'_, T> {
-    l.read().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub(crate) fn write_lock<T>(l: &RwLock<T>) -> RwLockWriteGuard<'_, T> {
-    l.write().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub(crate) fn lock<T>(l: &Mutex<T>) -> MutexGuard<'_, T> {
-    l.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-pub(crate) fn now_rfc3339() -> String {
-    chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
-}
-
-fn open_rw(path: &Path) -> Result<File> {
-    OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(path)
-        .ctx("open", path)
-}
-
-fn open_ro(path: &Path) -> Result<File> {
-    File::open(path).ctx("open", path)
-}
-
-/// Creates an empty sparse layer file of `size` bytes and makes it durable.
-pub(crate) fn create_layer_file(path: &Path, size: u64) -> Result<File> {
-    let f = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(path)
-        .ctx("create", path)?;
-    f.set_len(size).ctx("truncate", path)?;
-    f.sync_all().ctx("fsync", path)?;
-    Ok(f)
 }
 
 impl Replica {
@@ -745,19 +676,4 @@ fn status_of(
         head_file_size: head_alloc,
         extent_map_runs: 0,
     })
-}
-
-/// Builds the location map from each layer's data extents, oldest first so newer layers win.
-pub(crate) fn build_map(dir: &Path, layers: &[Layer]) -> Result<ExtentMap> {
-    let mut map = ExtentMap::new();
-    for (i, l) in layers.iter().enumerate() {
-        let idx =
-            LayerIndex::try_from(i).map_err(|_| ReplicaError::InvalidArgument("too many layers".into()))?;
-        let len = l.file.metadata().ctx("stat", dir.join(&l.name))?.len();
-        for r in sparse_sync::data_extents(&l.file, 0..len) {
-            let r = r.ctx("seek data", dir.join(&l.name))?;
-            map.set(r.start / BLOCK_SIZE, r.end.div_ceil(BLOCK_SIZE), idx);
-        }
-    }
-    Ok(map)
 }

@@ -15,10 +15,10 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use corral_disk::BLOCK_BYTES;
+
 use crate::error::{IoContext, ReplicaError, Result};
 use crate::names::REVISION_COUNTER;
-
-const BLOCK: usize = 4096;
 
 /// An open revision counter file.
 #[derive(Debug)]
@@ -68,7 +68,7 @@ impl RevisionCounter {
     }
 
     fn parse(path: &Path, file: &File) -> Result<u64> {
-        let mut buf = [0u8; BLOCK];
+        let mut buf = [0u8; BLOCK_BYTES];
         let n = file.read_at(&mut buf, 0).ctx("read", path)?;
         let text = std::str::from_utf8(&buf[..n])
             .unwrap_or("")
@@ -112,7 +112,7 @@ impl RevisionCounter {
         if *persisted == v {
             return Ok(());
         }
-        let mut block = [0u8; BLOCK];
+        let mut block = [0u8; BLOCK_BYTES];
         let text = v.to_string();
         block[..text.len()].copy_from_slice(text.as_bytes());
         self.file.write_all_at(&block, 0).ctx("write", &self.path)?;
@@ -137,7 +137,7 @@ mod tests {
         drop(c);
         assert_eq!(RevisionCounter::open(dir.path()).unwrap().get(), 2);
         let raw = std::fs::read(dir.path().join(REVISION_COUNTER)).unwrap();
-        assert_eq!(raw.len(), BLOCK);
+        assert_eq!(raw.len(), BLOCK_BYTES);
         assert_eq!(&raw[..2], b"2\0");
     }
 

@@ -41,7 +41,7 @@ pub(crate) fn plan<E>(
     mut emit: impl FnMut(Work) -> Result<(), E>,
     layout_error: impl Fn(io::Error) -> E,
 ) -> Result<(), E> {
-    let batch_size = batch_size.max(4096);
+    let batch_size = batch_size.max(corral_disk::BLOCK_SIZE);
     let size = src.size();
     let mut pos = 0u64;
     let mut data: Vec<Range<u64>> = Vec::new();

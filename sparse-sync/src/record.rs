@@ -112,24 +112,11 @@ pub fn write_record(file: &Path, sum: &FileChecksum) -> Result<(), RecordError> 
         ),
         silently_corrupted: false,
     };
-    let tmp = {
-        let mut s = path.as_os_str().to_owned();
-        s.push(".tmp");
-        PathBuf::from(s)
-    };
     let json = serde_json::to_vec(&record).map_err(|source| RecordError::Malformed {
         path: path.clone(),
         source,
     })?;
-    {
-        use std::io::Write;
-        let mut f = std::fs::File::create(&tmp).map_err(io_err)?;
-        f.write_all(&json).map_err(io_err)?;
-        f.sync_all().map_err(io_err)?;
-    }
-    std::fs::rename(&tmp, &path).map_err(io_err)?;
-    sync_parent(&path).map_err(io_err)?;
-    Ok(())
+    corral_disk::durable::write_atomic(&path, &json).map_err(io_err)
 }
 
 /// Removes the record beside `file`, if any.
@@ -138,15 +125,6 @@ pub fn remove_record(file: &Path) -> io::Result<()> {
         Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
         _ => Ok(()),
     }
-}
-
-/// fsyncs the directory holding `path`, making a rename in it durable.
-pub(crate) fn sync_parent(path: &Path) -> io::Result<()> {
-    let dir = path
-        .parent()
-        .filter(|p| !p.as_os_str().is_empty())
-        .unwrap_or(Path::new("."));
-    std::fs::File::open(dir)?.sync_all()
 }
 
 /// Checksum of a source's content *and* layout ([`CONTENT_CHECKSUM_METHOD`]): xxh3-128 over each data range's

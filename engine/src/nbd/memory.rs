@@ -5,11 +5,12 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 
+use corral_disk::{BLOCK_BYTES, BLOCK_SIZE};
+
 use super::{Allocation, BlockDevice, DeviceError};
 
-/// Allocation granularity of the memory device.
-pub const MEMORY_BLOCK: u64 = 4096;
-const BLOCK_BYTES: usize = 4096;
+/// Allocation granularity of the memory device: the volume block.
+const MEMORY_BLOCK: u64 = BLOCK_SIZE;
 
 /// A sparse-looking device in RAM. Fully covered blocks become holes on trim (and on write-zeroes that may
 /// trim), written blocks become data, so `base:allocation` answers are predictable in tests.

@@ -13,13 +13,14 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodFilter, MethodRouter, on};
 use axum::{Json, Router};
+use corral_disk::BLOCK_SIZE;
 use corral_proto::v1;
 
 use crate::context::Ctx;
 use crate::controller::maintenance::with_volume_in_maintenance;
 use crate::controller::volume::{candidates, node_is_up};
 use crate::error::ApiError;
-use crate::model::{self, BLOCK, DiskSpec, Engine, Node, ProcessState, Replica, Setting, Volume, VolumeSpec};
+use crate::model::{self, DiskSpec, Engine, Node, ProcessState, Replica, Setting, Volume, VolumeSpec};
 use crate::scheduler;
 use crate::store::StoreError;
 use views::*;
@@ -228,9 +229,9 @@ fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
 }
 
 fn check_size(size: u64) -> Result<(), ApiError> {
-    if size == 0 || !size.is_multiple_of(BLOCK) {
+    if size == 0 || !size.is_multiple_of(BLOCK_SIZE) {
         return Err(ApiError::Invalid(format!(
-            "size {size} is not a positive multiple of {BLOCK} bytes"
+            "size {size} is not a positive multiple of {BLOCK_SIZE} bytes"
         )));
     }
     Ok(())

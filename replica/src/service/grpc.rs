@@ -11,7 +11,9 @@ use tonic::{Request, Response, Status};
 use tracing::{error, info};
 
 use super::{ReplicaHost, to_proto};
+use crate::clone::{CloneRequest, CloneStatus};
 use crate::error::ReplicaError;
+use crate::export::ExportRequest;
 use crate::jobs::{JobState, JobStatus};
 use crate::replica::SnapshotRequest;
 
@@ -351,23 +353,46 @@ impl SyncAgentService for ReplicaGrpc {
         &self,
         req: Request<v1::VolumeExportRequest>,
     ) -> Result<Response<v1::VolumeExportResponse>, Status> {
+        let req = req.into_inner();
+        if req.host.is_empty() || req.port == 0 || req.port > u32::from(u16::MAX) {
+            return Err(Status::invalid_argument(format!(
+                "bad receiver address {}:{}",
+                req.host, req.port
+            )));
+        }
+        let export = ExportRequest {
+            snapshot_file_name: req.snapshot_file_name,
+            to: format!("{}:{}", req.host, req.port),
+            export_backing_image_if_exist: req.export_backing_image_if_exist,
+            expected_size: req.expected_size,
+            max_bytes_per_second: req.max_bytes_per_second,
+        };
         let host = &self.host;
         let purging = || host.jobs.status(PURGE).state == JobState::InProgress;
-        Ok(Response::new(
-            crate::export::volume_export(host, &self.exports, purging, &req.into_inner()).await?,
-        ))
+        let s = crate::export::volume_export(host.replica()?, &self.exports, purging, &export).await?;
+        Ok(Response::new(v1::VolumeExportResponse {
+            bytes_sent: s.bytes_sent,
+            data_bytes: s.data_bytes,
+            size: s.size,
+        }))
     }
 
     async fn snapshot_clone(
         &self,
         req: Request<v1::SnapshotCloneRequest>,
     ) -> Result<Response<v1::Empty>, Status> {
+        let req = req.into_inner();
         crate::clone::start(
-            self.host.clone(),
+            self.host.replica()?,
             self.clone.clone(),
             self.rebuild.to_proto().is_running,
             self.listen_ip,
-            req.into_inner(),
+            CloneRequest {
+                from_address: req.from_address,
+                snapshot_file_name: req.snapshot_file_name,
+                export_backing_image_if_exist: req.export_backing_image_if_exist,
+                max_bytes_per_second: req.max_bytes_per_second,
+            },
             self.cancel.child_token(),
         )
         .await?;
@@ -378,6 +403,30 @@ impl SyncAgentService for ReplicaGrpc {
         &self,
         _: Request<v1::Empty>,
     ) -> Result<Response<v1::JobStatusResponse>, Status> {
-        Ok(Response::new(self.clone.to_proto()))
+        Ok(Response::new(clone_status(&self.clone.status())))
+    }
+}
+
+/// A clone's status as the wire message.
+fn clone_status(s: &CloneStatus) -> v1::JobStatusResponse {
+    v1::JobStatusResponse {
+        is_running: s.state == JobState::InProgress,
+        state: s.state.as_str().into(),
+        progress: if s.state == JobState::Complete {
+            100
+        } else {
+            s.progress
+        },
+        error: s.error.clone(),
+        bytes_transferred: s.bytes_sent,
+        from_addresses: if s.from.is_empty() {
+            vec![]
+        } else {
+            vec![s.from.clone()]
+        },
+        files_done: u32::from(s.state == JobState::Complete),
+        files_total: u32::from(s.state != JobState::None),
+        snapshot_name: s.snapshot.clone(),
+        ..Default::default()
     }
 }

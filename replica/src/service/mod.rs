@@ -15,7 +15,8 @@ use crate::error::{ErrorKind, ReplicaError};
 #[cfg(feature = "fault-injection")]
 use crate::fault::{FaultInjector, FaultOp};
 use crate::jobs::JobTable;
-use crate::replica::{Replica, ReplicaOptions, ReplicaStatus, read_lock, write_lock};
+use crate::locks::{read_lock, write_lock};
+use crate::replica::{Replica, ReplicaOptions, ReplicaStatus};
 
 /// One replica directory as served by a daemon: the open replica (or none while closed) and its jobs.
 #[derive(Debug)]

@@ -14,7 +14,7 @@ use axum::extract::{Query, State};
 use axum::http::StatusCode;
 
 use super::{ReceiveError, ReceiveOutcome, Session, Shared, TransferState, lock};
-use crate::aligned::AlignedBuf;
+use crate::aligned::{AlignedBuf, DIRECT_IO_ALIGN};
 use crate::layout::{data_extents, punch_hole};
 use crate::record;
 use crate::wire::{
@@ -213,8 +213,12 @@ pub(super) async fn data(
             let piece = &payload[at..at + len];
             at += len;
             let res = match &handle.direct {
-                Some(direct) if r.start % 4096 == 0 && len % 4096 == 0 => {
-                    let buf = aligned.get_or_insert_with(|| AlignedBuf::new(payload.len().max(4096)));
+                Some(direct)
+                    if r.start.is_multiple_of(DIRECT_IO_ALIGN as u64)
+                        && len.is_multiple_of(DIRECT_IO_ALIGN) =>
+                {
+                    let buf =
+                        aligned.get_or_insert_with(|| AlignedBuf::new(payload.len().max(DIRECT_IO_ALIGN)));
                     let dst = &mut buf.as_mut_slice()[..len];
                     dst.copy_from_slice(piece);
                     direct.write_all_at(dst, r.start)
@@ -275,14 +279,8 @@ pub(super) async fn close(
             return Err(ReceiveError::Failed(reason.clone()));
         }
         let target = &s.config.target;
-        session
-            .file
-            .sync_all()
-            .map_err(|e| ReceiveError::io("flushing", &s.partial, 0, e))?;
-        std::fs::rename(&s.partial, target)
-            .map_err(|e| ReceiveError::io("renaming into place", target, 0, e))?;
-        record::sync_parent(target)
-            .map_err(|e| ReceiveError::io("flushing the directory of", target, 0, e))?;
+        corral_disk::durable::publish(&session.file, &s.partial, target)
+            .map_err(|e| ReceiveError::io("publishing", target, 0, e))?;
         if let Some(sum) = &req.checksum {
             record::write_record(target, sum)
                 .map_err(|e| ReceiveError::io("recording the checksum of", target, 0, io::Error::other(e)))?;

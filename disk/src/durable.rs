@@ -1,0 +1,97 @@
+//! Crash-safe file writes. A file that other code trusts after a crash appears under its name only complete and
+//! durable: it is written under a temporary name in the same directory (a rename is atomic only within one file
+//! system), fsynced, renamed over the name, and the directory is fsynced so the rename itself survives. A crash
+//! leaves the old content or the new, never a mix, plus at most a temporary file that the owner's start-up cleanup
+//! recognises by [`TEMP_SUFFIX`].
+
+use std::ffi::OsString;
+use std::fs::{self, File, OpenOptions};
+use std::io::{self, Write};
+use std::path::{Path, PathBuf};
+
+/// Suffix of the temporary file [`write_atomic`] writes beside its target (`<path>.tmp`).
+pub const TEMP_SUFFIX: &str = ".tmp";
+
+/// The temporary name [`write_atomic`] uses for `path`: `<path>.tmp`, in the same directory.
+pub fn temp_path(path: &Path) -> PathBuf {
+    let mut name = OsString::from(path.as_os_str());
+    name.push(TEMP_SUFFIX);
+    PathBuf::from(name)
+}
+
+/// Replaces `path` with `bytes`: writes `<path>.tmp`, fsyncs it, renames it over `path`, fsyncs the directory.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    let tmp = temp_path(path);
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&tmp)?;
+    f.write_all(bytes)?;
+    publish(&f, &tmp, path)
+}
+
+/// Publishes a completely written file: fsyncs `file` (open at `from`), renames `from` to `to` (same directory or
+/// file system) and fsyncs the directory of `to`. For files written in pieces (a conversion, a download) whose
+/// writer chose the temporary name.
+pub fn publish(file: &File, from: &Path, to: &Path) -> io::Result<()> {
+    file.sync_all()?;
+    fs::rename(from, to)?;
+    sync_parent_dir(to)
+}
+
+/// [`publish`] for a file that is no longer open.
+pub fn publish_path(from: &Path, to: &Path) -> io::Result<()> {
+    publish(&File::open(from)?, from, to)
+}
+
+/// fsyncs `dir`, making creates, renames, links and unlinks in it durable.
+pub fn sync_dir(dir: &Path) -> io::Result<()> {
+    File::open(dir)?.sync_all()
+}
+
+/// fsyncs the directory holding `path` (the current directory for a bare file name).
+pub fn sync_parent_dir(path: &Path) -> io::Result<()> {
+    match path.parent() {
+        Some(d) if !d.as_os_str().is_empty() => sync_dir(d),
+        _ => sync_dir(Path::new(".")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn write_atomic_replaces_the_content_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("volume.meta");
+        write_atomic(&path, b"old").unwrap();
+        write_atomic(&path, b"new content").unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"new content");
+        assert!(!temp_path(&path).exists());
+        assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_content() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("cfg");
+        write_atomic(&path, b"old").unwrap();
+        // The temporary name is taken by a directory: the write fails before the rename.
+        fs::create_dir(temp_path(&path)).unwrap();
+        assert!(write_atomic(&path, b"new").is_err());
+        assert_eq!(fs::read(&path).unwrap(), b"old");
+    }
+
+    #[test]
+    fn publish_moves_a_written_file_into_place() {
+        let dir = tempfile::tempdir().unwrap();
+        let (from, to) = (dir.path().join(".img.part"), dir.path().join("img"));
+        fs::write(&from, b"data").unwrap();
+        publish_path(&from, &to).unwrap();
+        assert_eq!(fs::read(&to).unwrap(), b"data");
+        assert!(!from.exists());
+        assert!(publish_path(&from, &to).is_err(), "a missing source is an error");
+    }
+}
