@@ -305,7 +305,11 @@ fn a_cycle_through_crate_and_super_paths_is_found() {
     let graph = module_graph(src.path());
     assert_eq!(
         graph["spec"],
-        BTreeSet::from(["error".to_owned(), "service::grpc".to_owned()])
+        BTreeSet::from([
+            "error".to_owned(),
+            "service".to_owned(),
+            "service::grpc".to_owned()
+        ])
     );
     assert_eq!(
         cycles(&graph),
