@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use corral_disk::BLOCK_SIZE;
 use manager::api::views::SnapshotView;
 use tonic::{Request, Response, Status};
 
@@ -52,7 +53,7 @@ fn manager_name(what: &str, v: &str) -> CsiResult<()> {
 }
 
 fn round_up(n: u64) -> u64 {
-    n.div_ceil(manager::model::BLOCK) * manager::model::BLOCK
+    n.div_ceil(BLOCK_SIZE) * BLOCK_SIZE
 }
 
 /// The size a capacity range asks for, rounded up to the manager's 4 KiB block; OUT_OF_RANGE when no size fits.
@@ -71,11 +72,11 @@ fn size_for(range: Option<&CapacityRange>, minimum: u64) -> CsiResult<u64> {
     };
     if lim > 0 && size > lim {
         if req == 0 && minimum <= lim {
-            size = lim / manager::model::BLOCK * manager::model::BLOCK;
+            size = lim / BLOCK_SIZE * BLOCK_SIZE;
         }
         if size == 0 || size > lim || size < minimum {
             return Err(CsiError::OutOfRange(format!(
-                "no size fits: required {req} bytes (at least {minimum}), limit {lim} bytes, sizes are multiples of 4096"
+                "no size fits: required {req} bytes (at least {minimum}), limit {lim} bytes, sizes are multiples of {BLOCK_SIZE}"
             )));
         }
     }
@@ -589,7 +590,7 @@ impl ControllerService {
         Ok(GetCapacityResponse {
             available_capacity: as_i64(available),
             maximum_volume_size: Some(as_i64(largest)),
-            minimum_volume_size: Some(as_i64(manager::model::BLOCK)),
+            minimum_volume_size: Some(as_i64(BLOCK_SIZE)),
         })
     }
 

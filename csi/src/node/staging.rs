@@ -77,14 +77,14 @@ impl StateDir {
     pub fn save(&self, v: &StagedVolume) -> CsiResult<()> {
         let p = self.record_path(&v.volume_id);
         let bytes = serde_json::to_vec_pretty(v).map_err(|e| CsiError::Internal(e.to_string()))?;
-        corral_daemon::disk::write_file_atomic(&p, &bytes)
+        corral_disk::durable::write_atomic(&p, &bytes)
             .map_err(|e| CsiError::Internal(format!("cannot write {}: {e}", p.display())))
     }
 
     pub fn remove(&self, volume: &str) -> CsiResult<()> {
         let p = self.record_path(volume);
         match std::fs::remove_file(&p) {
-            Ok(()) => corral_daemon::disk::sync_parent_dir(&p)
+            Ok(()) => corral_disk::durable::sync_parent_dir(&p)
                 .map_err(|e| CsiError::Internal(format!("cannot sync {}: {e}", p.display()))),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
             Err(e) => Err(CsiError::Internal(format!("cannot remove {}: {e}", p.display()))),
