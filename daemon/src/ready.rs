@@ -84,7 +84,7 @@ impl ReadyReport {
             path: path.to_owned(),
             source: std::io::Error::other(e),
         })?;
-        crate::disk::write_file_atomic(path, &bytes).map_err(|source| ReadyError {
+        corral_disk::durable::write_atomic(path, &bytes).map_err(|source| ReadyError {
             path: path.to_owned(),
             source,
         })
