@@ -35,8 +35,8 @@ fn copy_reproduces_content_and_keeps_holes_as_holes() {
     let progress = Progress::new();
     let content = FileContent::open(&src, LayoutMode::SeekData).unwrap();
     let summary = copy(&content, &open_rw(&dst), &progress, &CancellationToken::new()).unwrap();
-    assert_eq!(content_hash(&dst), content_hash(&src));
-    assert_eq!(layout_of(&dst), layout_of(&src));
+    assert_eq!(sha256_file(&dst), sha256_file(&src));
+    assert_eq!(data_extents(&dst), data_extents(&src));
     assert_eq!(summary.data_bytes, data_bytes(&ranges));
     assert_eq!(progress.percent(), 100);
     assert_eq!(progress.done(), (24 << 20) + 1234);
@@ -73,7 +73,7 @@ fn fold_grows_the_parent_and_keeps_parent_data_under_child_holes() {
     p.read_exact_at(&mut buf, 0).unwrap();
     assert!(buf[..4096].iter().all(|&b| b == 1) && buf[4096..].iter().all(|&b| b == 2));
     assert_eq!(
-        layout_of(&parent),
+        data_extents(&parent),
         vec![0..8192, 65536..65536 + 4096, (2 << 20) - 4096..2 << 20]
     );
 }
@@ -93,7 +93,7 @@ fn write_model(path: &std::path::Path, blocks: &[Option<u8>]) {
 fn read_model(path: &std::path::Path) -> Vec<Option<u8>> {
     let f = File::open(path).unwrap();
     let n = f.metadata().unwrap().len() / 4096;
-    let layout: Vec<Range<u64>> = layout_of(path);
+    let layout: Vec<Range<u64>> = data_extents(path);
     (0..n)
         .map(|i| {
             let off = i * 4096;

@@ -80,15 +80,15 @@ async fn sync_file(src: &Path, dst: &Path, opts: &SendOptions) -> (SendSummary, 
 
 fn assert_same_file(a: &Path, b: &Path) {
     assert_eq!(
-        content_hash(a),
-        content_hash(b),
+        sha256_file(a),
+        sha256_file(b),
         "content of {} and {} differs",
         a.display(),
         b.display()
     );
     assert_eq!(
-        layout_of(a),
-        layout_of(b),
+        data_extents(a),
+        data_extents(b),
         "data layout of {} and {} differs",
         a.display(),
         b.display()
@@ -141,7 +141,7 @@ async fn delta_sync_sends_only_what_differs_and_punches_stale_data() {
     let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
     let f = std::fs::File::create(&src).unwrap();
     f.set_len(48 << 20).unwrap();
-    let mut rng = Rng::new(5);
+    let mut rng = TestRng::new(5);
     let mut buf = vec![0u8; 40 << 20];
     rng.fill(&mut buf);
     f.write_all_at(&buf, 0).unwrap();
@@ -383,14 +383,12 @@ async fn partial_file_kept_by_a_stopped_receiver_is_resumed_by_the_next_receiver
         tokio::spawn(async move { send(content, &addr.to_string(), &opts, &Progress::new(), &cancel).await })
     };
     let partial = partial_path(&dst);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    while !partial.exists() || data_bytes(&layout_of(&partial)) < data / 3 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "transfer made no progress"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_async(
+        "a third of the data at the receiver",
+        Duration::from_secs(30),
+        async || (partial.exists() && data_bytes(&data_extents(&partial)) >= data / 3).then_some(()),
+    )
+    .await;
     cancel.cancel();
     assert!(matches!(sending.await.unwrap(), Err(SendError::Cancelled)));
     let stopped = first.stop().await;
@@ -498,7 +496,7 @@ async fn bad_ranges_are_refused_with_a_clear_error_and_the_transfer_cannot_commi
             err.message
         );
         // Nothing of the refused request reached the file.
-        assert_eq!(layout_of(&partial_path(&dst)), before);
+        assert_eq!(data_extents(&partial_path(&dst)), before);
         let r = http
             .post(format!("http://{addr}/v1/sync/close?session={session}"))
             .json(&serde_json::json!({}))
@@ -544,7 +542,7 @@ async fn body_shorter_than_its_content_length_writes_nothing() {
         "unexpected reply {reply:?}"
     );
     assert_eq!(
-        layout_of(&partial_path(&dst)),
+        data_extents(&partial_path(&dst)),
         Vec::<Range<u64>>::new(),
         "a cut-off body reached the file"
     );
