@@ -5,11 +5,12 @@ mod common;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Duration, Instant};
 
-use common::{KillableServer, MemBackend, TestServer, eventually};
+use common::{KillableServer, MemBackend, TestServer};
 use data_protocol::{
     ClientConfig, ClientError, DataClient, ErrorKind, FrameHeader, FrameKind, HEADER_LEN, MAX_IO,
     ServerConfig, VERSION,
 };
+use testkit::wait_for_async;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -48,14 +49,12 @@ async fn assert_dropped_while_others_keep_working(frames: &[u8]) {
     let mut raw = TcpStream::connect(&server.addr).await.unwrap();
     raw.write_all(frames).await.unwrap();
     read_until_closed(&mut raw).await;
-    assert!(
-        eventually(Duration::from_secs(5), || server
-            .metrics
-            .snapshot()
-            .protocol_violations
-            == 1)
-        .await
-    );
+    wait_for_async(
+        "one protocol violation counted",
+        Duration::from_secs(5),
+        async || (server.metrics.snapshot().protocol_violations == 1).then_some(()),
+    )
+    .await;
 
     let mut buf = [0u8; 4096];
     client.read(0, &mut buf).await.unwrap();
@@ -166,7 +165,12 @@ fn server_killed_mid_request_fails_pending_and_later_requests_with_disconnected(
         backend.close_gate();
         let c = client.clone();
         let pending = tokio::spawn(async move { c.write(0, &[1; 4096]).await });
-        assert!(eventually(Duration::from_secs(5), || backend.inside.load(SeqCst) == 1).await);
+        wait_for_async(
+            "backend.inside.load(SeqCst) == 1",
+            Duration::from_secs(5),
+            async || (backend.inside.load(SeqCst) == 1).then_some(()),
+        )
+        .await;
         let started = Instant::now();
         server.kill();
         let err = tokio::time::timeout(Duration::from_secs(5), pending)
@@ -199,7 +203,10 @@ fn idle_client_notices_a_dead_server_through_pings() {
         let client = DataClient::connect(&server.addr, cfg).await.unwrap();
         assert!(client.failure().is_none());
         server.kill();
-        assert!(eventually(Duration::from_secs(5), || client.failure().is_some()).await);
+        wait_for_async("client.failure().is_some()", Duration::from_secs(5), async || {
+            (client.failure().is_some()).then_some(())
+        })
+        .await;
         let err = client.ping().await.unwrap_err();
         assert!(matches!(err, ClientError::Disconnected(_)), "{err:?}");
     });

@@ -7,8 +7,9 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Duration;
 
-use common::{MemBackend, Rng, SECTOR, TestServer, eventually};
+use common::{MemBackend, SECTOR, TestServer};
 use data_protocol::{ClientConfig, ClientError, DataClient, ErrorKind, ServerConfig};
+use testkit::{TestRng, wait_for_async};
 
 const MIB: usize = 1 << 20;
 
@@ -33,7 +34,7 @@ async fn concurrent_io_matches_model(server: &TestServer, backend: &MemBackend) 
         tasks.push(tokio::spawn(async move {
             let base = t * REGION;
             let mut model = vec![0u8; usize::try_from(REGION).unwrap()];
-            let mut rng = Rng::new(t + 1);
+            let mut rng = TestRng::new(t + 1);
             for _ in 0..60 {
                 let off = rng.below(REGION - 1) & !511;
                 let len = (1 + rng.below((REGION - off).min(64 << 10) / 512)) * 512;
@@ -107,10 +108,20 @@ async fn out_of_order_replies_are_matched_to_their_requests() {
         }));
         if i == 0 {
             // Make sure the slow read is on the wire first.
-            assert!(eventually(Duration::from_secs(5), || backend.inside.load(SeqCst) == 1).await);
+            wait_for_async(
+                "backend.inside.load(SeqCst) == 1",
+                Duration::from_secs(5),
+                async || (backend.inside.load(SeqCst) == 1).then_some(()),
+            )
+            .await;
         }
     }
-    assert!(eventually(Duration::from_secs(10), || order.lock().unwrap().len() == 8).await);
+    wait_for_async(
+        "order.lock().unwrap().len() == 8",
+        Duration::from_secs(10),
+        async || (order.lock().unwrap().len() == 8).then_some(()),
+    )
+    .await;
     assert!(
         !order.lock().unwrap().contains(&0),
         "the held-back read is still pending"
@@ -213,7 +224,12 @@ async fn window_bounds_the_requests_that_reach_the_backend() {
             async move { client.write(i * 4096, &[7; 4096]).await },
         ));
     }
-    assert!(eventually(Duration::from_secs(5), || backend.inside.load(SeqCst) == 4).await);
+    wait_for_async(
+        "backend.inside.load(SeqCst) == 4",
+        Duration::from_secs(5),
+        async || (backend.inside.load(SeqCst) == 4).then_some(()),
+    )
+    .await;
     // Give the other 12 every chance to sneak past the window before checking the peak.
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert_eq!(backend.max_inside.load(SeqCst), 4);
@@ -238,7 +254,12 @@ async fn shutdown_lets_in_flight_requests_finish_then_returns() {
     let client = DataClient::connect(&server.addr, cfg).await.unwrap();
     let c = client.clone();
     let write = tokio::spawn(async move { c.write(0, &[9; 4096]).await });
-    assert!(eventually(Duration::from_secs(5), || backend.inside.load(SeqCst) == 1).await);
+    wait_for_async(
+        "backend.inside.load(SeqCst) == 1",
+        Duration::from_secs(5),
+        async || (backend.inside.load(SeqCst) == 1).then_some(()),
+    )
+    .await;
     server.cancel.cancel();
     backend.open_gate();
     write.await.unwrap().unwrap();
