@@ -295,11 +295,8 @@ async fn sender_retries_until_a_late_receiver_comes_up() {
     let dir = scratch_dir();
     let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
     random_sparse_file(&src, 3 << 20, 64 << 10, 4);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    // An address with no receiver yet, where one comes up later: a probed port.
+    let port = testkit::ports::unbound_port();
     let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
     let content = Arc::new(FileContent::open(&src, LayoutMode::SeekData).unwrap());
     let sending = tokio::spawn(async move {

@@ -461,6 +461,31 @@ impl Drop for Daemon {
     }
 }
 
+/// SIGKILLs every process (but this one) whose command line mentions `dir`: the daemons a manager started for a
+/// test under its data directory, which outlive the manager when it is killed.
+pub fn kill_under(dir: &Path) {
+    let needle = dir.to_string_lossy().into_owned();
+    let Ok(rd) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    for e in rd.flatten() {
+        let Some(pid) = e
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<i32>().ok())
+            .filter(|&p| u32::try_from(p).ok() != Some(std::process::id()))
+            .and_then(rustix::process::Pid::from_raw)
+        else {
+            continue;
+        };
+        if std::fs::read(e.path().join("cmdline"))
+            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+        {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+    }
+}
+
 /// The last [`LOG_TAIL_BYTES`] of a log file.
 fn log_tail(path: &Path) -> String {
     use std::io::{Read, Seek, SeekFrom};

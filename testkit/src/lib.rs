@@ -28,7 +28,7 @@ pub mod scratch;
 pub mod servers;
 
 pub use binary::workspace_bin;
-pub use daemon::{Daemon, DaemonCommand, ReadyReport};
+pub use daemon::{Daemon, DaemonCommand, ReadyReport, kill_under};
 pub use digest::{nbd_sha256, sha256_bytes, sha256_file, sha512_bytes, sha512_file};
 pub use extents::{allocated_bytes, data_extents};
 pub use nbd::qemu_io;

@@ -1,6 +1,5 @@
 //! Waiting for a condition with a deadline: the one replacement for sleeps in tests.
 
-use std::fmt::Display;
 use std::time::{Duration, Instant};
 
 /// How often a condition is polled: fast enough that a test does not idle, slow enough not to spin.
@@ -10,7 +9,7 @@ pub const POLL_INTERVAL: Duration = Duration::from_millis(20);
 ///
 /// # Panics
 /// After `timeout`, naming `what` it was waiting for.
-pub fn wait_for<T>(what: impl Display, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+pub fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f() {
@@ -28,11 +27,7 @@ pub fn wait_for<T>(what: impl Display, timeout: Duration, mut f: impl FnMut() ->
 ///
 /// # Panics
 /// After `timeout`, naming `what` it was waiting for.
-pub async fn wait_for_async<T>(
-    what: impl Display,
-    timeout: Duration,
-    mut f: impl AsyncFnMut() -> Option<T>,
-) -> T {
+pub async fn wait_for_async<T>(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> Option<T>) -> T {
     let deadline = Instant::now() + timeout;
     loop {
         if let Some(v) = f().await {
