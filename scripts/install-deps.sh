@@ -1,4 +1,4 @@
-# Sourced by scripts/test.sh, scripts/quickstart.sh and docker/build.sh: the one place that knows which Debian
+# Sourced by scripts/test.sh and scripts/quickstart.sh: the one place that knows which Debian
 # package provides each system tool Corral's scripts and tests run, and how to get what is missing.
 #
 #   need_tools CMD...   every CMD on PATH afterwards, or a message naming the packages to install and status 1.
