@@ -17,7 +17,7 @@ use crate::client::Client;
 
 #[derive(Subcommand, Debug)]
 pub enum BackingImageCmd {
-    /// Create an image from a URL (--source download --url), a local file (--from-file), a volume snapshot
+    /// Create an image from a URL (--source download --download-url), a local file (--from-file), a volume snapshot
     /// (--source export-from-volume --volume V --snapshot S), a backup (--source restore --backup-url U) or another
     /// image (--source clone --backing-image B); waits with a progress bar until a copy is ready.
     Create(Box<CreateArgs>),
@@ -44,8 +44,9 @@ pub struct CreateArgs {
     /// download | upload | export-from-volume | restore | clone (default: download, or upload with --from-file).
     #[arg(long)]
     source: Option<String>,
+    /// The image's URL (download). Not `--url`: that global flag is the manager's address.
     #[arg(long)]
-    url: Option<String>,
+    download_url: Option<String>,
     /// Upload this file through the manager.
     #[arg(long)]
     from_file: Option<PathBuf>,
@@ -170,7 +171,7 @@ pub async fn run(c: &Client, json: bool, cmd: BackingImageCmd) -> anyhow::Result
             let CreateArgs {
                 name,
                 source,
-                url,
+                download_url,
                 from_file,
                 volume,
                 snapshot,
@@ -189,7 +190,7 @@ pub async fn run(c: &Client, json: bool, cmd: BackingImageCmd) -> anyhow::Result
             }
             let mut parameters = BTreeMap::new();
             for (k, v) in [
-                ("url", url),
+                ("url", download_url),
                 ("volume", volume),
                 ("snapshot", snapshot),
                 ("exportType", export_type),
