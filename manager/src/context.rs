@@ -1,7 +1,7 @@
 //! What every part of one node's manager shares: the store, who this node is, where its daemons' binaries and
 //! data live, and the daemons it knows it started.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
@@ -70,40 +70,6 @@ impl Ctx {
 
     pub async fn setting_u64(&self, name: &str) -> u64 {
         self.setting(name).await.parse().unwrap_or(0)
-    }
-
-    /// Ports held by daemons of this node that the store knows about (running or not).
-    pub async fn reserved_ports(&self) -> BTreeSet<u16> {
-        let mut out = BTreeSet::new();
-        if let Ok(rs) = self.db.list::<crate::model::Replica>().await {
-            for r in rs.iter().filter(|r| r.data.spec.node_id == self.cfg.node_id) {
-                if let Some(p) = &r.data.status.process {
-                    out.extend(p.port..p.port + 3);
-                }
-            }
-        }
-        if let Ok(es) = self.db.list::<crate::model::Engine>().await {
-            for e in es.iter().filter(|e| e.data.spec.node_id == self.cfg.node_id) {
-                if let Some(p) = &e.data.status.process {
-                    out.extend(p.port..p.port + 3);
-                }
-            }
-        }
-        crate::backing_image::reserve_ports(self, &mut out).await;
-        out
-    }
-
-    /// Three consecutive ports for a daemon: its previous ones when still free (clients keep their address),
-    /// otherwise new ones from the node's range.
-    pub async fn daemon_ports(&self, previous: Option<u16>) -> Result<u16, crate::process::ProcessError> {
-        let host = self.cfg.host.as_str();
-        if let Some(p) = previous.filter(|p| *p != 0)
-            && (p..p.saturating_add(3)).all(|q| std::net::TcpListener::bind((host, q)).is_ok())
-        {
-            return Ok(p);
-        }
-        let reserved = self.reserved_ports().await;
-        crate::process::allocate_ports(host, self.cfg.port_range, 3, &reserved)
     }
 
     pub fn binary(&self, name: &str) -> PathBuf {

@@ -3,15 +3,13 @@
 //! the status of [`ApiError`]. Validation happens before anything is written: a refused request leaves nothing
 //! behind.
 
+pub mod routes;
 pub mod views;
-
-use std::collections::BTreeMap;
 
 use axum::extract::{Path, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
-use axum::routing::{MethodFilter, MethodRouter, on};
 use axum::{Json, Router};
 use corral_disk::BLOCK_SIZE;
 use corral_proto::v1;
@@ -25,39 +23,9 @@ use crate::scheduler;
 use crate::store::StoreError;
 use views::*;
 
+pub use routes::Routes;
+
 type ApiResult<T> = Result<Json<T>, ApiError>;
-
-/// Registers routes and remembers them for the OpenAPI document.
-pub struct Routes {
-    paths: BTreeMap<&'static str, MethodRouter<Ctx>>,
-    /// (path, method, summary)
-    pub documented: Vec<(&'static str, &'static str, &'static str)>,
-}
-
-impl Routes {
-    fn new() -> Self {
-        Self {
-            paths: BTreeMap::new(),
-            documented: Vec::new(),
-        }
-    }
-
-    pub fn add<H, T>(&mut self, method: &'static str, path: &'static str, summary: &'static str, handler: H)
-    where
-        H: axum::handler::Handler<T, Ctx>,
-        T: 'static,
-    {
-        let filter = match method {
-            "get" => MethodFilter::GET,
-            "post" => MethodFilter::POST,
-            "put" => MethodFilter::PUT,
-            _ => MethodFilter::DELETE,
-        };
-        let mr = self.paths.remove(path).unwrap_or_default();
-        self.paths.insert(path, mr.merge(on(filter, handler)));
-        self.documented.push((path, method, summary));
-    }
-}
 
 /// Every route of the API.
 pub fn routes() -> Routes {

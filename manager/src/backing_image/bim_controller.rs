@@ -23,7 +23,6 @@ use crate::store::{Event, Object, absent_ok};
 
 pub const BINARY: &str = "corral-bim";
 /// Ports a `corral-bim` takes: P gRPC, P+1 HTTP, P+2.. sync receivers.
-pub const PORTS: u16 = 12;
 /// Concurrent sends one ready copy feeds (the seed's limit; `corral-bim` enforces it too).
 pub const SENDS_PER_SOURCE: u32 = 3;
 const RESYNC: Duration = Duration::from_secs(2);
@@ -253,7 +252,7 @@ async fn reconcile(
 }
 
 async fn spawn(ctx: &Ctx, local: &Local, name: &str, m: &BackingImageManager) -> anyhow::Result<()> {
-    let port = super::allocate(ctx, PORTS).await?;
+    let port = crate::ports::allocate(ctx, crate::ports::BIM_PORTS).await?;
     let host = &ctx.cfg.host;
     let args = vec![
         "serve".to_owned(),
@@ -266,7 +265,7 @@ async fn spawn(ctx: &Ctx, local: &Local, name: &str, m: &BackingImageManager) ->
         "--disk-uuid".to_owned(),
         m.spec.disk_uuid.clone(),
         "--port-range".to_owned(),
-        format!("{}-{}", port + 2, port + PORTS - 1),
+        format!("{}-{}", port + 2, port + crate::ports::BIM_PORTS - 1),
         "--advertise-host".to_owned(),
         host.clone(),
     ];

@@ -248,7 +248,7 @@ async fn monitor(
 
 async fn spawn(ctx: &Ctx, local: &Local, name: &str, ds: &BackingImageDataSource) -> anyhow::Result<()> {
     corral_daemon::disk::verify_disk(std::path::Path::new(&ds.spec.disk_path), &ds.spec.disk_uuid)?;
-    let port = super::allocate(ctx, 1).await?;
+    let port = crate::ports::allocate(ctx, 1).await?;
     let mut args = vec![
         "serve".to_owned(),
         "--listen".to_owned(),

@@ -13,7 +13,6 @@ pub mod image_controller;
 pub mod model;
 pub mod routes;
 
-use std::collections::BTreeSet;
 use std::time::Duration;
 
 use corral_proto::v1::backing_image_manager_service_client::BackingImageManagerServiceClient;
@@ -22,7 +21,7 @@ use tonic::transport::Channel;
 
 use crate::context::Ctx;
 use crate::model::{Replica, Volume};
-use model::{BackingImage, BackingImageDataSource, BackingImageManager, manager_name, state};
+use model::{BackingImage, BackingImageManager, manager_name, state};
 
 /// Node-local controllers: this node's data sources and disk managers.
 pub fn start_node(ctx: &Ctx, cancel: &CancellationToken) {
@@ -98,28 +97,4 @@ pub async fn replica_backing(ctx: &Ctx, r: &Replica) -> anyhow::Result<Option<Re
             r.spec.disk
         )),
     }))
-}
-
-/// Ports of this node's `corral-bim` and `corral-datasource` daemons (kept while their documents exist).
-pub async fn reserve_ports(ctx: &Ctx, out: &mut BTreeSet<u16>) {
-    if let Ok(ms) = ctx.db.list::<BackingImageManager>().await {
-        for m in ms.iter().filter(|m| m.data.spec.node_id == ctx.cfg.node_id) {
-            if let Some(p) = &m.data.status.process {
-                out.extend(p.port..p.port.saturating_add(bim_controller::PORTS));
-            }
-        }
-    }
-    if let Ok(ds) = ctx.db.list::<BackingImageDataSource>().await {
-        for d in ds.iter().filter(|d| d.data.spec.node_id == ctx.cfg.node_id) {
-            if let Some(p) = &d.data.status.process {
-                out.insert(p.port);
-            }
-        }
-    }
-}
-
-/// `width` free ports of the node's range that no known daemon holds.
-pub async fn allocate(ctx: &Ctx, width: u16) -> Result<u16, crate::process::ProcessError> {
-    let reserved = ctx.reserved_ports().await;
-    crate::process::allocate_ports(&ctx.cfg.host, ctx.cfg.port_range, width, &reserved)
 }

@@ -14,7 +14,7 @@ use super::image_controller::{MIN_COPIES_SETTING, data_source_for};
 use super::model::{
     BackingImage, BackingImageDataSource, BackingImageSpec, DiskFileStatus, SourceType, state,
 };
-use crate::api::Routes;
+use crate::api::routes::Routes;
 use crate::context::Ctx;
 use crate::error::ApiError;
 use crate::model::Volume;

@@ -186,9 +186,7 @@ async fn start_engine(
         return Ok(Some(Duration::from_millis(500)));
     }
     let host = ctx.cfg.host.clone();
-    let port = ctx
-        .daemon_ports(e.status.process.as_ref().map(|p| p.port))
-        .await?;
+    let port = crate::ports::daemon_ports(ctx, e.status.process.as_ref().map(|p| p.port)).await?;
     let (nbd_port, metrics_port) = (port + 1, port + 2);
     let sock_dir = ctx.cfg.data_dir.join("sockets");
     std::fs::create_dir_all(&sock_dir).with_context(|| format!("create {}", sock_dir.display()))?;

@@ -136,9 +136,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         )
     })?;
     corral_daemon::disk::verify_disk(std::path::Path::new(&disk.path), &r.spec.disk_uuid)?;
-    let port = ctx
-        .daemon_ports(r.status.process.as_ref().map(|p| p.port))
-        .await?;
+    let port = crate::ports::daemon_ports(&ctx, r.status.process.as_ref().map(|p| p.port)).await?;
     let mut args = vec![
         "serve".to_owned(),
         "--dir".to_owned(),
