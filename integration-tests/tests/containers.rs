@@ -6,7 +6,6 @@
 //! The docker daemon may be shared (CI, other sessions): the compose project name and the published port are unique
 //! to this run, and the project is torn down (containers, networks, volumes) on every exit, panics included.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -106,13 +105,6 @@ fn workspace_version() -> String {
         .next()
         .expect("pkgid has a version")
         .to_owned()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("bind an ephemeral port")
-        .port()
 }
 
 /// A running compose project; `Drop` takes everything down, volumes included.
@@ -239,6 +231,61 @@ fn replica_modes(engine_container: &str) -> Option<Vec<(String, String)>> {
     )
 }
 
+/// Builds `IMAGES` with `docker/build.sh` from the `profile` build's binaries (no cargo run: the binaries are
+/// already in the target dir) and returns the tag they carry.
+fn build_images(profile: &str, version: &str) -> String {
+    let started = Instant::now();
+    let build = run(Command::new(repo_root().join("docker/build.sh"))
+        .args(IMAGES)
+        .env("CARGO_TARGET_DIR", target_dir())
+        .env("CORRAL_PROFILE", profile)
+        .env("CORRAL_SKIP_CARGO", "1"));
+    eprintln!("{}", stdout(&build));
+    eprintln!("{profile} images built in {:.0?}", started.elapsed());
+    match profile {
+        "release" => version.to_owned(),
+        _ => format!("{version}-{profile}"),
+    }
+}
+
+/// Size of an image in MiB, as `docker image inspect` reports it.
+fn image_mib(reference: &str) -> f64 {
+    let bytes: f64 = stdout(&run(Command::new("docker").args([
+        "image",
+        "inspect",
+        "--format",
+        "{{.Size}}",
+        reference,
+    ])))
+    .parse()
+    .expect("image size");
+    bytes / 1048576.0
+}
+
+/// Release images fit their size targets. Not in CI (the suite builds no release binaries): run it with
+/// `cargo build --release --bins && cargo nextest run -p integration-tests --run-ignored ignored-only`.
+#[test]
+#[ignore = "needs release binaries: cargo build --release --bins"]
+fn release_images_fit_their_size_targets() {
+    if let Some(reason) = docker_unavailable() {
+        eprintln!("SKIPPED release image sizes: {reason}");
+        return;
+    }
+    let repo = repo_root();
+    let tag = build_images("release", &workspace_version());
+    for image in IMAGES {
+        let reference = format!("{image}:{tag}");
+        let mib = image_mib(&reference);
+        // An image carrying several binaries (the manager's) states its own target in docker/<image>/max-mib.
+        let max_mib = std::fs::read_to_string(repo.join("docker").join(image).join("max-mib"))
+            .map_or(MAX_IMAGE_MIB, |s| {
+                s.trim().parse().expect("docker/<image>/max-mib holds a number")
+            });
+        eprintln!("{reference}: {mib:.1} MiB (target {max_mib} MiB)");
+        assert!(mib < max_mib, "{reference} is {mib:.1} MiB, over {max_mib} MiB");
+    }
+}
+
 #[test]
 fn images_build_and_compose_cluster_keeps_serving_nbd_after_a_replica_container_is_killed() {
     if let Some(reason) = docker_unavailable() {
@@ -246,61 +293,36 @@ fn images_build_and_compose_cluster_keeps_serving_nbd_after_a_replica_container_
         return;
     }
     let started = Instant::now();
-    let repo = repo_root();
     let version = workspace_version();
 
-    // 1. Images. Under nextest the target dir is free and the release build is shared with everything else;
-    // `cargo test` holds the target dir's lock while tests run, so there the release build goes to a dir of its own.
-    let mut target = target_dir();
-    if std::env::var_os("NEXTEST_RUN_ID").is_none() {
-        target = target.join("containers");
-    }
-    let build = run(Command::new(repo.join("docker/build.sh"))
-        .args(IMAGES)
-        .env("CARGO_TARGET_DIR", &target));
-    eprintln!("{}", stdout(&build));
-    eprintln!("images built in {:.0?}", started.elapsed());
-
+    // 1. Images, from the debug binaries the suite already built (`cargo build --workspace --bins`): one build
+    // serves the tests and the images. Their sizes are release's concern (the ignored test above).
+    let tag = build_images("debug", &version);
     for image in IMAGES {
-        let tag = format!("{image}:{version}");
-        let bytes: f64 = stdout(&run(Command::new("docker").args([
-            "image",
-            "inspect",
-            "--format",
-            "{{.Size}}",
-            &tag,
-        ])))
-        .parse()
-        .expect("image size");
-        let mib = bytes / 1048576.0;
-        // An image carrying several binaries (the manager's) states its own target in docker/<image>/max-mib.
-        let max_mib = std::fs::read_to_string(repo.join("docker").join(image).join("max-mib"))
-            .map_or(MAX_IMAGE_MIB, |s| {
-                s.trim().parse().expect("docker/<image>/max-mib holds a number")
-            });
-        eprintln!("{tag}: {mib:.1} MiB (target {max_mib} MiB)");
-        assert!(mib < max_mib, "{tag} is {mib:.1} MiB, over {max_mib} MiB");
-
+        let reference = format!("{image}:{tag}");
+        eprintln!("{reference}: {:.1} MiB", image_mib(&reference));
         let v = stdout(&run(Command::new("docker").args([
             "run",
             "--rm",
-            &tag,
+            &reference,
             "--version",
         ])));
-        assert_eq!(v, format!("{image} {version}"), "{tag} --version");
-        let help = stdout(&run(Command::new("docker").args(["run", "--rm", &tag, "--help"])));
-        assert!(help.contains("Usage:"), "{tag} --help:\n{help}");
+        assert_eq!(v, format!("{image} {version}"), "{reference} --version");
+        let help = stdout(&run(
+            Command::new("docker").args(["run", "--rm", &reference, "--help"])
+        ));
+        assert!(help.contains("Usage:"), "{reference} --help:\n{help}");
         let labels = stdout(&run(Command::new("docker").args([
             "image",
             "inspect",
             "--format",
             "{{index .Config.Labels \"org.opencontainers.image.version\"}} {{.Config.User}}",
-            &tag,
+            &reference,
         ])));
         assert_eq!(
             labels,
             format!("{version} 10001:10001"),
-            "{tag} version label and user"
+            "{reference} version label and user"
         );
     }
 
@@ -309,14 +331,14 @@ fn images_build_and_compose_cluster_keeps_serving_nbd_after_a_replica_container_
         .duration_since(UNIX_EPOCH)
         .map(|d| d.subsec_nanos())
         .unwrap_or_default();
-    let port = free_port();
     let project = ComposeProject {
         compose: compose_command().expect("compose checked above"),
-        file: repo.join("docker/compose.yaml"),
+        file: repo_root().join("docker/compose.yaml"),
         name: format!("corraltest{}x{nanos}", std::process::id()),
         env: vec![
-            ("CORRAL_TAG".into(), version.clone()),
-            ("CORRAL_NBD_PORT".into(), port.to_string()),
+            ("CORRAL_TAG".into(), tag.clone()),
+            // Empty: docker publishes the NBD port on a free host port of its choosing (read back below).
+            ("CORRAL_NBD_PORT".into(), String::new()),
             ("CORRAL_VOLUME_SIZE".into(), "256M".into()),
         ],
     };
@@ -334,7 +356,8 @@ fn images_build_and_compose_cluster_keeps_serving_nbd_after_a_replica_container_
     eprintln!("cluster up in {:.0?}: {modes:?}", up.elapsed());
 
     // 3. IO from the host through the published NBD port.
-    let uri = format!("nbd://127.0.0.1:{port}");
+    let published = stdout(&run(project.command().args(["port", "engine", "10809"])));
+    let uri = format!("nbd://{published}");
     qemu_io(
         &uri,
         &[
