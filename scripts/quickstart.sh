@@ -7,7 +7,7 @@
 #
 #   --once (or CORRAL_ONCE=1)  stop cleanly after the NBD round trip (detach, stop the manager, exit 0): CI runs this
 #   CORRAL_DATA (./corral-data)  CORRAL_SIZE (10G)  CORRAL_REPLICAS (3)  CORRAL_VOLUME (vol1)
-#   CORRAL_PORT (9500)  CORRAL_PROFILE (release; `debug` reuses the test suite's debug build)
+#   CORRAL_PORT (9500; 0 = a free port, printed)  CORRAL_PROFILE (release; `debug` reuses the test suite's debug build)
 #
 # Needs a Rust toolchain, qemu-io (Debian qemu-utils) and python3; installs the last two when run as root and says
 # what to install otherwise. No protoc: every .proto is compiled by protox.
@@ -68,7 +68,7 @@ if [ -f "$data/store.redb" ] && ! flock -n "$data/store.redb" true 2>/dev/null; 
   echo "  or start a separate one: CORRAL_DATA=another-dir CORRAL_PORT=another-port $0" >&2
   exit 1
 fi
-if ! python3 -c 'import socket, sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then
+if [ "$port" != 0 ] && ! python3 -c 'import socket, sys; socket.socket().bind(("127.0.0.1", int(sys.argv[1])))' "$port" 2>/dev/null; then
   if corral node ls >/dev/null 2>&1; then
     echo "Port $port already has a Corral manager (another data directory than $data):" >&2
     echo "  reach it:  export CORRAL_URL=$CORRAL_URL; $bin/corral volume ls" >&2
@@ -81,7 +81,10 @@ fi
 
 # --- start ---------------------------------------------------------------------------------------------------------
 # The manager runs in its own session so Ctrl-C reaches only this script, which detaches and stops it in order.
-setsid "$bin/corral-manager" --data-dir "$data" --listen "127.0.0.1:$port" --node-id node-1 \
+# CORRAL_PORT=0: the manager takes a free port and reports it in its ready file (what the test suite uses).
+ready=$data/manager.ready
+rm -f "$ready"
+setsid "$bin/corral-manager" --data-dir "$data" --listen "127.0.0.1:$port" --node-id node-1 --ready-file "$ready" \
   >>"$data/logs/manager.log" 2>&1 &
 manager=$!
 # Manager pid, port, and this script's pid (a TERM to it stops everything in order).
@@ -107,7 +110,13 @@ stop() {
 trap 'stop; exit 130' INT TERM
 trap 'stop || true' EXIT
 for _ in $(seq 300); do
-  if corral node ls >/dev/null 2>&1; then break; fi
+  if [ -s "$ready" ]; then
+    # {"pid":..,"listen":{"http":"127.0.0.1:PORT"}}, written once the manager listens.
+    port=$(python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["listen"]["http"].rsplit(":", 1)[1])' "$ready")
+    export CORRAL_URL=http://127.0.0.1:$port
+    echo "$manager $port $$" >"$pidfile"
+    if corral node ls >/dev/null 2>&1; then break; fi
+  fi
   if ! kill -0 "$manager" 2>/dev/null; then
     trap - EXIT
     rm -f "$pidfile"

@@ -30,10 +30,10 @@ cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests start the daemons as processes: build every binary first.
 cargo build --workspace --bins --locked "${features[@]}"
 # The README's quick start, non-interactively, on that same debug build (its debug branch builds exactly the above,
-# so nothing is compiled again): a fresh data dir, a free port, the 1 MiB NBD round trip, a clean stop.
+# so nothing is compiled again): a fresh data dir, port 0 (the manager picks one and reports it), the 1 MiB NBD
+# round trip, a clean stop.
 quickstart_data=$(mktemp -d)
-quickstart_port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-CORRAL_PROFILE=debug CORRAL_DATA=$quickstart_data CORRAL_PORT=$quickstart_port CORRAL_SIZE=64M \
+CORRAL_PROFILE=debug CORRAL_DATA=$quickstart_data CORRAL_PORT=0 CORRAL_SIZE=64M \
   scripts/quickstart.sh --once
 rm -rf "$quickstart_data"
 if cargo nextest --version >/dev/null 2>&1; then
