@@ -43,10 +43,9 @@ fi
 SIZE=$(stat -c %s "$IMG")
 cat "$IMG" > /dev/null  # warm the page cache: both clients read from memory
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-HTTP_PORT=$(free_port)
-python3 -m http.server "$HTTP_PORT" --bind 127.0.0.1 --directory "$DIR/www" >/dev/null 2>&1 &
-HTTP_PID=$!
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
+http_serve "$DIR/www"
 for _ in $(seq 100); do curl -sf -o /dev/null -r 0-0 "http://127.0.0.1:$HTTP_PORT/image.raw" && break; sleep 0.1; done
 URL="http://127.0.0.1:$HTTP_PORT/image.raw"
 
@@ -66,14 +65,16 @@ sha=$(python3 -c "print($t1 - $t0)")
 best_xfer="" best_ready=""
 for _ in $(seq "$REPEAT"); do
   rm -rf "$DIR/disk"; mkdir -p "$DIR/disk"; echo '{"diskUUID":"bench"}' > "$DIR/disk/corral-disk.cfg"; sync
-  DS_PORT=$(free_port)
+  rm -f "$DIR/ds.ready"
   t0=$(now)
-  "$BIN" serve --listen "127.0.0.1:$DS_PORT" --disk-path "$DIR/disk" --disk-uuid bench --name img --uuid u1 \
+  "$BIN" --ready-file "$DIR/ds.ready" serve --listen 127.0.0.1:0 --disk-path "$DIR/disk" --disk-uuid bench --name img --uuid u1 \
     --source-type download --param "url=$URL" 2>"$DIR/ds.log" &
   DS_PID=$!
+  ready_wait "$DIR/ds.ready" "$DS_PID"
+  DS_ADDR=$(ready_addr "$DIR/ds.ready" http)
   xfer=""
   while :; do
-    j=$(curl -sf "http://127.0.0.1:$DS_PORT/v1/file" || true)
+    j=$(curl -sf "http://$DS_ADDR/v1/file" || true)
     [[ -z "$j" ]] && { sleep 0.02; continue; }
     state=$(python3 -c 'import json,sys; d=json.loads(sys.argv[1]); print(d["state"], d["processedSize"])' "$j")
     set -- $state
