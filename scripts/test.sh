@@ -37,7 +37,11 @@ CORRAL_PROFILE=debug CORRAL_DATA=$quickstart_data CORRAL_PORT=0 CORRAL_SIZE=64M 
   scripts/quickstart.sh --once
 rm -rf "$quickstart_data"
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --workspace --locked --no-fail-fast "${features[@]}" "$@"
+  status=0
+  cargo nextest run --workspace --locked --no-fail-fast "${features[@]}" "$@" || status=$?
+  # The slowest tests of this run (CONTRIBUTING.md keeps the list; anything past ~2 minutes is #[ignore]d).
+  python3 scripts/slowest-tests.py 15 || true
+  exit $status
 else
   cargo test --workspace --locked --no-fail-fast "${features[@]}" "$@"
 fi
