@@ -6,34 +6,51 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use corral_daemon::{human_bytes, percent_bar};
-use corral_proto::REPLICA_SYNC_AGENT_PORT_OFFSET;
+use corral_proto::grpc::{self, GrpcTimeouts};
 use corral_proto::v1::{
     self, replica_service_client::ReplicaServiceClient, sync_agent_service_client::SyncAgentServiceClient,
 };
+use corral_proto::{Endpoint, ReplicaAddress};
 use tonic::transport::Channel;
 
 use crate::replica::ReplicaStatus;
 
-/// `HOST:PORT` (or `tcp://HOST:PORT`, `http://HOST:PORT`) → the control URL and the sync-agent URL.
-pub fn endpoints(url: &str) -> anyhow::Result<(String, String)> {
-    let hostport = url
+/// What `--url` names: a replica address (`tcp://HOST:PORT?data=…&sync=…`, `docs/formats.md`), or only the
+/// control endpoint (`HOST:PORT`, `tcp://HOST:PORT`, `unix:PATH`), whose sync endpoint is then asked from the
+/// replica itself (`ReplicaResponse.sync_endpoint`). Returns the control endpoint and the sync endpoint if given.
+pub fn parse_url(url: &str) -> anyhow::Result<(Endpoint, Option<Endpoint>)> {
+    if url.contains('?') {
+        let a: ReplicaAddress = url.parse()?;
+        return Ok((a.control, Some(a.sync)));
+    }
+    let control = url
         .trim_start_matches("tcp://")
         .trim_start_matches("http://")
         .trim_end_matches('/');
-    let (host, port) = hostport
-        .rsplit_once(':')
-        .with_context(|| format!("{url}: expected HOST:PORT"))?;
-    let port: u16 = port.parse().with_context(|| format!("{url}: bad port"))?;
-    let sync = port
-        .checked_add(REPLICA_SYNC_AGENT_PORT_OFFSET)
-        .context("port out of range")?;
-    Ok((format!("http://{host}:{port}"), format!("http://{host}:{sync}")))
+    Ok((control.parse::<Endpoint>()?, None))
+}
+
+/// The sync endpoint a replica reported, reached on the control's host when it was bound to every interface.
+pub fn reported_sync(control: &Endpoint, reported: &str) -> anyhow::Result<Endpoint> {
+    let sync: Endpoint = reported
+        .parse()
+        .with_context(|| format!("the replica at {control} reported no usable sync endpoint"))?;
+    Ok(match (sync, control.host()) {
+        (Endpoint::Tcp { host, port }, Some(ch))
+            if host
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_unspecified()) =>
+        {
+            Endpoint::tcp(ch, port)
+        }
+        (sync, _) => sync,
+    })
 }
 
 /// Connects to a replica's `ReplicaService`.
 pub async fn control(url: &str) -> anyhow::Result<ReplicaServiceClient<Channel>> {
-    let (c, _) = endpoints(url)?;
-    let ch = corral_proto::grpc::connect(&c, corral_proto::grpc::GrpcTimeouts::OPERATOR)
+    let (c, _) = parse_url(url)?;
+    let ch = grpc::connect_endpoint(&c, GrpcTimeouts::OPERATOR)
         .await
         .context("replica")?;
     Ok(ReplicaServiceClient::new(ch))
@@ -41,8 +58,19 @@ pub async fn control(url: &str) -> anyhow::Result<ReplicaServiceClient<Channel>>
 
 /// Connects to a replica's `SyncAgentService`.
 pub async fn sync_agent(url: &str) -> anyhow::Result<SyncAgentServiceClient<Channel>> {
-    let (_, s) = endpoints(url)?;
-    let ch = corral_proto::grpc::connect(&s, corral_proto::grpc::GrpcTimeouts::OPERATOR)
+    let sync = match parse_url(url)? {
+        (_, Some(sync)) => sync,
+        (c, None) => {
+            let reported = control(url)
+                .await?
+                .replica_get(v1::Empty {})
+                .await?
+                .into_inner()
+                .sync_endpoint;
+            reported_sync(&c, &reported)?
+        }
+    };
+    let ch = grpc::connect_endpoint(&sync, GrpcTimeouts::OPERATOR)
         .await
         .context("replica sync agent")?;
     Ok(SyncAgentServiceClient::new(ch))
@@ -189,14 +217,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn urls_map_to_control_and_sync_agent_ports() {
+    fn url_is_a_replica_address_or_a_control_endpoint() {
+        let (c, s) = parse_url("tcp://10.0.0.1:9502?data=9610&sync=9720").unwrap();
+        assert_eq!(c, Endpoint::tcp("10.0.0.1", 9502));
+        assert_eq!(s, Some(Endpoint::tcp("10.0.0.1", 9720)));
+        for control in ["10.0.0.1:9502", "tcp://10.0.0.1:9502", "http://10.0.0.1:9502/"] {
+            assert_eq!(
+                parse_url(control).unwrap(),
+                (Endpoint::tcp("10.0.0.1", 9502), None)
+            );
+        }
+        assert!(parse_url("nohost").is_err());
+        assert!(parse_url("tcp://10.0.0.1:9502?data=1").is_err());
+    }
+
+    #[test]
+    fn a_wildcard_sync_listener_is_reached_on_the_control_host() {
+        let c = Endpoint::tcp("10.0.0.1", 9502);
         assert_eq!(
-            endpoints("tcp://10.0.0.1:9502").unwrap(),
-            (
-                "http://10.0.0.1:9502".to_owned(),
-                "http://10.0.0.1:9504".to_owned()
-            )
+            reported_sync(&c, "0.0.0.0:7000").unwrap(),
+            Endpoint::tcp("10.0.0.1", 7000)
         );
-        assert!(endpoints("nohost").is_err());
+        assert_eq!(
+            reported_sync(&c, "[::]:7000").unwrap(),
+            Endpoint::tcp("10.0.0.1", 7000)
+        );
+        assert_eq!(
+            reported_sync(&c, "10.0.0.2:7000").unwrap(),
+            Endpoint::tcp("10.0.0.2", 7000)
+        );
+        assert!(reported_sync(&c, "").is_err());
     }
 }

@@ -19,7 +19,8 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use corral_proto::REPLICA_SYNC_AGENT_PORT_OFFSET;
+use corral_proto::ReplicaAddress;
+use corral_proto::grpc::{GrpcTimeouts, connect_endpoint};
 use corral_proto::v1::{
     self, replica_service_client::ReplicaServiceClient, sync_agent_service_client::SyncAgentServiceClient,
 };
@@ -74,10 +75,10 @@ impl CloneTracker {
 }
 
 /// What a `SnapshotClone` asks for.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CloneRequest {
-    /// The source replica's address (`tcp://host:port` of its `ReplicaService`).
-    pub from_address: String,
+    /// The source replica: its control endpoint answers `ReplicaGet`, its sync endpoint serves the export.
+    pub from: ReplicaAddress,
     /// The snapshot to clone (name or file name).
     pub snapshot_file_name: String,
     /// Blocks no snapshot layer holds come from the source's backing image.
@@ -86,31 +87,10 @@ pub struct CloneRequest {
     pub max_bytes_per_second: u64,
 }
 
-fn split_address(address: &str) -> std::result::Result<(String, u16), String> {
-    let (host, port) = address
-        .trim_start_matches("tcp://")
-        .rsplit_once(':')
-        .ok_or_else(|| format!("bad source address {address:?}: expected HOST:PORT"))?;
-    let port = port
-        .parse()
-        .map_err(|_| format!("bad source address {address:?}: bad port"))?;
-    Ok((host.to_owned(), port))
-}
-
-async fn channel(host: &str, port: u16) -> std::result::Result<tonic::transport::Channel, String> {
-    corral_proto::grpc::connect(
-        &format!("{host}:{port}"),
-        corral_proto::grpc::GrpcTimeouts::CONTROL,
-    )
-    .await
-    .map_err(|e| e.to_string())
-}
-
 /// What the target checks on the source before it starts: the snapshot exists, is not removed, and the volume
 /// sizes agree. Returns the sum of the allocated sizes of the snapshot's chain (the progress estimate).
-async fn check_source(address: &str, snapshot: &str, size: u64) -> Result<u64> {
-    let (host, port) = split_address(address).map_err(ReplicaError::InvalidArgument)?;
-    let ch = channel(&host, port)
+async fn check_source(address: &ReplicaAddress, snapshot: &str, size: u64) -> Result<u64> {
+    let ch = connect_endpoint(&address.control, GrpcTimeouts::CONTROL)
         .await
         .map_err(|e| ReplicaError::FailedPrecondition(format!("source replica {address}: {e}")))?;
     let src = ReplicaServiceClient::new(ch)
@@ -176,7 +156,7 @@ pub async fn start(
             "a clone is already running on this replica".into(),
         ));
     }
-    let estimate = check_source(&req.from_address, &file, status.size).await?;
+    let estimate = check_source(&req.from, &file, status.size).await?;
     {
         let mut s = lock(&tracker.status);
         if s.state == JobState::InProgress {
@@ -186,12 +166,12 @@ pub async fn start(
         }
         *s = CloneStatus {
             state: JobState::InProgress,
-            from: req.from_address.clone(),
+            from: req.from.to_string(),
             snapshot: file.clone(),
             ..Default::default()
         };
     }
-    info!(dir = %replica.dir().display(), snapshot = %file, from = %req.from_address, "clone started");
+    info!(dir = %replica.dir().display(), snapshot = %file, from = %req.from, "clone started");
     tokio::spawn(async move {
         let result = run(&replica, &tracker, listen_ip, &req, &file, estimate, &cancel).await;
         let mut s = lock(&tracker.status);
@@ -268,12 +248,11 @@ async fn receive(
     let rcancel = cancel.child_token();
     let mut recv = tokio::spawn(receiver.run(rcancel.clone()));
 
-    let (host, port) = split_address(&req.from_address)?;
-    let sync_port = port
-        .checked_add(REPLICA_SYNC_AGENT_PORT_OFFSET)
-        .ok_or("source port out of range")?;
     let export = async {
-        let mut client = SyncAgentServiceClient::new(channel(&host, sync_port).await?);
+        let ch = connect_endpoint(&req.from.sync, GrpcTimeouts::CONTROL)
+            .await
+            .map_err(|e| format!("source replica {}: {e}", req.from))?;
+        let mut client = SyncAgentServiceClient::new(ch);
         client
             .volume_export(v1::VolumeExportRequest {
                 snapshot_file_name: file.to_owned(),
@@ -285,7 +264,7 @@ async fn receive(
             })
             .await
             .map(tonic::Response::into_inner)
-            .map_err(|e| format!("export from {}: {}", req.from_address, e.message()))
+            .map_err(|e| format!("export from {}: {}", req.from, e.message()))
     };
     tokio::pin!(export);
     let partial = partial_path(tmp);

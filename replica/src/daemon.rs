@@ -1,7 +1,8 @@
 //! The `corral-replica serve` daemon: opens (or creates) the replica, serves gRPC `ReplicaService`, the data
 //! protocol and gRPC `SyncAgentService` each on its own address and, optionally, Prometheus metrics and `/healthz`
-//! on theirs; once all are bound it writes the ready report (port 0 anywhere picks a free port). On cancellation (SIGTERM) it stops accepting, finishes in-flight IO, and closes the
-//! replica cleanly (`Dirty=false`).
+//! on theirs; once all are bound it writes the ready report (port 0 anywhere picks a free port) and reports the
+//! data and sync listeners in every `ReplicaResponse`. On cancellation (SIGTERM) it stops accepting, finishes
+//! in-flight IO, and closes the replica cleanly (`Dirty=false`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -24,7 +25,7 @@ use crate::layout::DirLayout;
 use crate::metrics::serve_metrics;
 use crate::replica::{Replica, ReplicaOptions};
 use crate::service::ReplicaHost;
-use crate::service::grpc::ReplicaGrpc;
+use crate::service::grpc::{ReplicaGrpc, ServedEndpoints};
 
 /// Effective daemon configuration.
 #[derive(Debug, Clone)]
@@ -117,14 +118,18 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
     let sync = TcpListener::bind(cfg.sync_listen)
         .await
         .with_context(|| format!("bind sync-agent address {}", cfg.sync_listen))?;
+    let served = ServedEndpoints {
+        data: data.local_addr()?,
+        sync: sync.local_addr()?,
+    };
     let mut ready = ReadyReport::new()
         .tcp("control", control.local_addr()?)
-        .tcp("data", data.local_addr()?)
-        .tcp("sync", sync.local_addr()?);
+        .tcp("data", served.data)
+        .tcp("sync", served.sync);
 
     let data_server = DataServer::new(host.clone() as Arc<dyn BlockBackend>, cfg.data.clone())?;
     let data_metrics = data_server.metrics();
-    let grpc = ReplicaGrpc::new(host.clone(), cfg.listen.ip(), cancel.clone());
+    let grpc = ReplicaGrpc::new(host.clone(), cfg.listen.ip(), served, cancel.clone());
 
     let mut tasks = tokio::task::JoinSet::new();
     let c = cancel.clone();

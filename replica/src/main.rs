@@ -36,11 +36,12 @@ enum Cmd {
         /// Control (gRPC ReplicaService) address HOST:PORT.
         #[arg(long, env = "CORRAL_REPLICA_LISTEN", default_value = "127.0.0.1:9502")]
         listen: SocketAddr,
-        /// Data-protocol address HOST:PORT (default: the --listen port + 1, or port 0 when that is 0).
+        /// Data-protocol address HOST:PORT (default: a free port on the --listen host; the ready file and
+        /// ReplicaGet report it).
         #[arg(long, env = "CORRAL_REPLICA_DATA_LISTEN")]
         data_listen: Option<SocketAddr>,
-        /// Sync-agent (gRPC SyncAgentService) address HOST:PORT (default: the --listen port + 2, or port 0 when
-        /// that is 0).
+        /// Sync-agent (gRPC SyncAgentService) address HOST:PORT (default: a free port on the --listen host; the
+        /// ready file and ReplicaGet report it).
         #[arg(long, env = "CORRAL_REPLICA_SYNC_LISTEN")]
         sync_listen: Option<SocketAddr>,
         /// Create the replica with this size in bytes (a multiple of 4096) when the directory holds none;
@@ -73,7 +74,8 @@ enum Cmd {
         #[arg(long = "fault", value_name = "OP=ACTION[,after=N]", value_parser = clap::value_parser!(replica::fault::FaultRule))]
         faults: Vec<replica::fault::FaultRule>,
     },
-    /// Show a replica: offline from its directory (--dir), or live over gRPC (--url).
+    /// Show a replica: offline from its directory (--dir), or live over gRPC (--url: a replica address, or its
+    /// control endpoint HOST:PORT).
     Info {
         #[arg(long, conflicts_with = "url", required_unless_present = "url")]
         dir: Option<PathBuf>,
@@ -187,19 +189,13 @@ async fn main() -> anyhow::Result<()> {
                 io_threads,
                 ..Default::default()
             };
-            let legacy = |by: u16| {
-                let port = if listen.port() == 0 {
-                    0
-                } else {
-                    listen.port().saturating_add(by)
-                };
-                SocketAddr::new(listen.ip(), port)
-            };
+            // Never derived from the --listen port: each listener is named, or a free port.
+            let any_port = SocketAddr::new(listen.ip(), 0);
             let cfg = ServeConfig {
                 dir,
                 listen,
-                data_listen: data_listen.unwrap_or_else(|| legacy(1)),
-                sync_listen: sync_listen.unwrap_or_else(|| legacy(2)),
+                data_listen: data_listen.unwrap_or(any_port),
+                sync_listen: sync_listen.unwrap_or(any_port),
                 ready_file: cli.ready.ready_file,
                 size,
                 backing_file,

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use corral_proto::REPLICA_SYNC_AGENT_PORT_OFFSET;
+use corral_proto::ReplicaAddress;
 use corral_proto::v1::{self, sync_agent_service_client::SyncAgentServiceClient};
 use sparse_sync::receiver::{Receiver, ReceiverConfig};
 use sparse_sync::{LayoutMode, Progress};
@@ -87,24 +87,29 @@ fn validate_file(name: &str) -> Result<(), ReplicaError> {
     }
 }
 
-async fn sync_agent(address: &str) -> Result<SyncAgentServiceClient<tonic::transport::Channel>, String> {
-    let (host, port) = address
-        .trim_start_matches("tcp://")
-        .rsplit_once(':')
-        .ok_or_else(|| format!("bad source address {address:?}"))?;
-    let port: u16 = port
-        .parse()
-        .map_err(|_| format!("bad source address {address:?}"))?;
-    let port = port
-        .checked_add(REPLICA_SYNC_AGENT_PORT_OFFSET)
-        .ok_or("port out of range")?;
-    corral_proto::grpc::connect(
-        &format!("{host}:{port}"),
-        corral_proto::grpc::GrpcTimeouts::CONTROL,
-    )
-    .await
-    .map(SyncAgentServiceClient::new)
-    .map_err(|e| format!("source replica {address}: {e}"))
+async fn sync_agent(
+    source: &ReplicaAddress,
+) -> Result<SyncAgentServiceClient<tonic::transport::Channel>, String> {
+    corral_proto::grpc::connect_endpoint(&source.sync, corral_proto::grpc::GrpcTimeouts::CONTROL)
+        .await
+        .map(SyncAgentServiceClient::new)
+        .map_err(|e| format!("source replica {source}: {e}"))
+}
+
+/// The sources of a `FilesSync`: each a replica address (`docs/formats.md`), whose sync endpoint serves the files.
+fn parse_sources(addresses: &[String]) -> Result<Vec<ReplicaAddress>, ReplicaError> {
+    if addresses.is_empty() {
+        return Err(ReplicaError::InvalidArgument(
+            "FilesSync needs at least one source".into(),
+        ));
+    }
+    addresses
+        .iter()
+        .map(|a| {
+            a.parse::<ReplicaAddress>()
+                .map_err(|e| ReplicaError::InvalidArgument(format!("rebuild source: {e}")))
+        })
+        .collect()
 }
 
 /// Starts a rebuild (FilesSync) into `host`'s replica; returns once stale disks are removed and the job runs.
@@ -115,11 +120,7 @@ pub async fn start(
     req: v1::FilesSyncRequest,
     cancel: CancellationToken,
 ) -> Result<(), ReplicaError> {
-    if req.from_addresses.is_empty() {
-        return Err(ReplicaError::InvalidArgument(
-            "FilesSync needs at least one source".into(),
-        ));
-    }
+    let sources = parse_sources(&req.from_addresses)?;
     for f in &req.files {
         validate_file(&f.name)?;
         if !f.parent.is_empty() {
@@ -135,7 +136,7 @@ pub async fn start(
         }
         *s = RebuildStatus {
             state: JobState::InProgress,
-            from: req.from_addresses.clone(),
+            from: sources.iter().map(ToString::to_string).collect(),
             files_total: u32::try_from(req.files.len()).unwrap_or(u32::MAX),
             bytes_total: req.files.iter().map(|f| f.size).sum(),
             ..Default::default()
@@ -161,7 +162,7 @@ pub async fn start(
     }
     sync_dir(&dir)?;
     tokio::spawn(async move {
-        let result = run(&dir, &tracker, listen_ip, &req, &cancel).await;
+        let result = run(&dir, &tracker, listen_ip, &sources, &req, &cancel).await;
         let mut s = lock(&tracker.status);
         match result {
             Ok(()) => {
@@ -186,6 +187,7 @@ async fn run(
     dir: &std::path::Path,
     tracker: &RebuildTracker,
     listen_ip: IpAddr,
+    sources: &[ReplicaAddress],
     req: &v1::FilesSyncRequest,
     cancel: &CancellationToken,
 ) -> Result<(), String> {
@@ -196,7 +198,7 @@ async fn run(
             if cancel.is_cancelled() {
                 return Err("cancelled".into());
             }
-            let source = &req.from_addresses[(i + attempt) % req.from_addresses.len()];
+            let source = &sources[(i + attempt) % sources.len()];
             match sync_one(dir, listen_ip, source, f, req.fast_sync, tracker, cancel).await {
                 Ok(()) => {
                     ok = true;
@@ -230,7 +232,7 @@ async fn run(
 async fn sync_one(
     dir: &std::path::Path,
     listen_ip: IpAddr,
-    source: &str,
+    source: &ReplicaAddress,
     disk: &v1::DiskInfo,
     fast: bool,
     tracker: &RebuildTracker,
@@ -276,7 +278,7 @@ async fn sync_one(
     tracker.skipped.fetch_add(skipped, Ordering::Relaxed);
     info!(
         file,
-        source,
+        %source,
         sent = sent.bytes_sent,
         skipped = sent.bytes_skipped,
         whole_file_skipped = sent.file_skipped,

@@ -43,7 +43,17 @@ pub struct ReplicaGrpc {
     exports: Arc<crate::export::ExportTracker>,
     /// Address sparse-sync receivers bind to (the daemon's listen IP).
     listen_ip: std::net::IpAddr,
+    /// The data-protocol and sync-agent listeners, reported in every `ReplicaResponse`.
+    served: ServedEndpoints,
     cancel: tokio_util::sync::CancellationToken,
+}
+
+/// The daemon's other listeners, as bound, which `ReplicaResponse` reports so that a client given the control
+/// endpoint learns the whole replica address.
+#[derive(Debug, Clone, Copy)]
+pub struct ServedEndpoints {
+    pub data: std::net::SocketAddr,
+    pub sync: std::net::SocketAddr,
 }
 
 impl ReplicaGrpc {
@@ -51,6 +61,7 @@ impl ReplicaGrpc {
     pub fn new(
         host: Arc<ReplicaHost>,
         listen_ip: std::net::IpAddr,
+        served: ServedEndpoints,
         cancel: tokio_util::sync::CancellationToken,
     ) -> Self {
         Self {
@@ -59,6 +70,7 @@ impl ReplicaGrpc {
             clone: Arc::default(),
             exports: Arc::default(),
             listen_ip,
+            served,
             cancel,
         }
     }
@@ -68,6 +80,8 @@ impl ReplicaGrpc {
         let s = blocking(move || host.status()).await?;
         Ok(Response::new(v1::ReplicaResponse {
             replica: Some(to_proto(&s, self.host.volume())),
+            data_endpoint: self.served.data.to_string(),
+            sync_endpoint: self.served.sync.to_string(),
         }))
     }
 
@@ -382,13 +396,17 @@ impl SyncAgentService for ReplicaGrpc {
         req: Request<v1::SnapshotCloneRequest>,
     ) -> Result<Response<v1::Empty>, Status> {
         let req = req.into_inner();
+        let from = req
+            .from_address
+            .parse()
+            .map_err(|e| Status::invalid_argument(format!("clone source: {e}")))?;
         crate::clone::start(
             self.host.replica()?,
             self.clone.clone(),
             self.rebuild.to_proto().is_running,
             self.listen_ip,
             CloneRequest {
-                from_address: req.from_address,
+                from,
                 snapshot_file_name: req.snapshot_file_name,
                 export_backing_image_if_exist: req.export_backing_image_if_exist,
                 max_bytes_per_second: req.max_bytes_per_second,
