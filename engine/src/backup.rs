@@ -12,7 +12,6 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use backupstore::{BackupStore, BackupUrl, GcOptions, target::CREDENTIAL_KEYS};
 use clap::Subcommand;
-use corral_proto::REPLICA_SYNC_AGENT_PORT_OFFSET;
 use corral_proto::v1::{self, replica_backup_service_client::ReplicaBackupServiceClient};
 use tonic::transport::Channel;
 
@@ -133,15 +132,13 @@ fn open(url: &str) -> anyhow::Result<(BackupUrl, BackupStore)> {
     Ok((u, s))
 }
 
-/// The sync-agent (backup service) client of a replica given as `tcp://HOST:PORT` (its gRPC port).
+/// The backup service of a replica, served on the sync endpoint of its address.
 async fn replica_backup_client(address: &str) -> anyhow::Result<ReplicaBackupServiceClient<Channel>> {
-    let hp = address.trim_start_matches("tcp://");
-    let (host, port) = hp.rsplit_once(':').context("replica address without port")?;
-    let port: u16 = port.parse().context("replica port")?;
-    let url = format!("http://{host}:{}", port + REPLICA_SYNC_AGENT_PORT_OFFSET);
-    ReplicaBackupServiceClient::connect(url.clone())
+    let a: corral_proto::ReplicaAddress = address.parse()?;
+    let ch = corral_proto::grpc::connect_endpoint(&a.sync, corral_proto::grpc::GrpcTimeouts::OPERATOR)
         .await
-        .with_context(|| format!("connect to replica backup service at {url}"))
+        .with_context(|| format!("replica backup service of {a}"))?;
+    Ok(ReplicaBackupServiceClient::new(ch))
 }
 
 async fn rw_replicas(url: &str) -> anyhow::Result<Vec<String>> {

@@ -15,11 +15,12 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use corral_proto::REPLICA_SYNC_AGENT_PORT_OFFSET;
+use corral_proto::grpc::{GrpcTimeouts, connect_endpoint};
 use corral_proto::v1::{
     self, controller_service_client::ControllerServiceClient,
     sync_agent_service_client::SyncAgentServiceClient,
 };
+use corral_proto::{Endpoint, ReplicaAddress};
 use tonic::transport::Channel;
 use tracing::info;
 
@@ -44,7 +45,7 @@ fn engine_err(url: &str, s: &tonic::Status) -> EngineError {
 }
 
 /// A RW replica of the volume served by the engine at `url`.
-pub async fn rw_replica_of(url: &str) -> Result<String, EngineError> {
+pub async fn rw_replica_of(url: &str) -> Result<ReplicaAddress, EngineError> {
     let list = engine_client(url)
         .await?
         .replica_list(v1::Empty {})
@@ -54,8 +55,8 @@ pub async fn rw_replica_of(url: &str) -> Result<String, EngineError> {
     list.replicas
         .into_iter()
         .find(|r| r.mode == Mode::Rw.as_str())
-        .map(|r| r.address)
         .ok_or_else(|| EngineError::FailedPrecondition(format!("the volume at {url} has no RW replica")))
+        .and_then(|r| parse_address(&r.address))
 }
 
 fn sync_client(r: &ReplicaEntry) -> Result<SyncAgentServiceClient<Channel>, EngineError> {
@@ -121,7 +122,7 @@ impl Volume {
             let res = match sync_client(r) {
                 Ok(mut c) => c
                     .snapshot_clone(v1::SnapshotCloneRequest {
-                        from_address: from.clone(),
+                        from_address: from.to_string(),
                         snapshot_file_name: req.snapshot_name.clone(),
                         export_backing_image_if_exist: req.export_backing_image_if_exist,
                         max_bytes_per_second: req.max_bytes_per_second,
@@ -148,7 +149,7 @@ impl Volume {
             volume = %self.name, from = %from, snapshot = %req.snapshot_name, replicas = targets.len(),
             "clone started"
         );
-        Ok(from)
+        Ok(from.to_string())
     }
 
     /// The clone state of every replica that can answer, and the combined state (error when any failed).
@@ -163,7 +164,7 @@ impl Volume {
                 .map_err(|e| EngineError::replica(&r.address, &e))?
                 .into_inner();
             states.push(st.clone());
-            out.replicas.insert(r.address.clone(), st);
+            out.replicas.insert(r.address.to_string(), st);
         }
         let active: Vec<&v1::JobStatusResponse> = states.iter().filter(|s| s.state != "none").collect();
         if let Some(s) = active.first() {
@@ -267,11 +268,15 @@ pub struct FileExport {
 }
 
 /// Local address from which `host` is reached: what the replica can connect back to.
-fn local_ip_towards(host: &str, port: u16) -> Result<std::net::IpAddr, EngineError> {
+/// The local IP a replica's sync endpoint reaches this host on (loopback for a unix socket: same host).
+fn local_ip_towards(sync: &Endpoint) -> Result<std::net::IpAddr, EngineError> {
+    let Endpoint::Tcp { host, port } = sync else {
+        return Ok(std::net::Ipv4Addr::LOCALHOST.into());
+    };
     let s = std::net::UdpSocket::bind(("0.0.0.0", 0))
-        .and_then(|s| s.connect((host, port)).map(|()| s))
+        .and_then(|s| s.connect((host.as_str(), *port)).map(|()| s))
         .and_then(|s| s.local_addr())
-        .map_err(|e| EngineError::FailedPrecondition(format!("no route to replica {host}:{port}: {e}")))?;
+        .map_err(|e| EngineError::FailedPrecondition(format!("no route to replica {sync}: {e}")))?;
     Ok(s.ip())
 }
 
@@ -301,11 +306,7 @@ pub async fn export_to_file(
         .map_err(|e| engine_err(url, &e))?
         .into_inner();
     let estimate = chain_allocated(&list.disks, snapshot);
-    let (host, port) = parse_address(&replica)?;
-    let sync_port = port
-        .checked_add(REPLICA_SYNC_AGENT_PORT_OFFSET)
-        .ok_or_else(|| EngineError::InvalidArgument(format!("replica {replica}: port out of range")))?;
-    let ip = local_ip_towards(&host, sync_port)?;
+    let ip = local_ip_towards(&replica.sync)?;
     let raw_path = match format {
         ExportFormat::Raw => to.to_owned(),
         ExportFormat::Qcow2 => {
@@ -322,14 +323,13 @@ pub async fn export_to_file(
     let addr = receiver.local_addr();
     let cancel = sparse_sync::CancellationToken::new();
     let mut recv = tokio::spawn(receiver.run(cancel.clone()));
-    let ep = tonic::transport::Endpoint::from_shared(format!("http://{host}:{sync_port}"))
-        .map_err(|e| EngineError::InvalidArgument(format!("replica {replica}: {e}")))?
-        .connect_timeout(Duration::from_secs(5));
     let source = replica.clone();
     let export = async {
-        let mut c =
-            ep.connect().await.map(SyncAgentServiceClient::new).map_err(|e| {
-                EngineError::FailedPrecondition(format!("connect to {source} sync agent: {e}"))
+        let mut c = connect_endpoint(&source.sync, GrpcTimeouts::OPERATOR)
+            .await
+            .map(SyncAgentServiceClient::new)
+            .map_err(|e| {
+                EngineError::FailedPrecondition(format!("sync endpoint of replica {source}: {e}"))
             })?;
         c.volume_export(v1::VolumeExportRequest {
             snapshot_file_name: snapshot.to_owned(),
@@ -380,7 +380,7 @@ pub async fn export_to_file(
     }
     info!(replica = %replica, snapshot, path = %to.display(), sent = sent.bytes_sent, "snapshot exported");
     Ok(FileExport {
-        replica,
+        replica: replica.to_string(),
         snapshot: snapshot.to_owned(),
         path: to.display().to_string(),
         format,

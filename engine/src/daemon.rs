@@ -31,8 +31,8 @@ pub struct ServeConfig {
     pub size: u64,
     /// gRPC address.
     pub listen: SocketAddr,
-    /// Replica addresses (`tcp://HOST:PORT`).
-    pub replicas: Vec<String>,
+    /// The replicas (`tcp://HOST:PORT?data=PORT&sync=PORT`).
+    pub replicas: Vec<corral_proto::ReplicaAddress>,
     /// NBD listeners.
     pub nbd: Vec<NbdListen>,
     /// Revision counter disabled.

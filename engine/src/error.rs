@@ -37,9 +37,9 @@ pub enum EngineError {
 
 impl EngineError {
     /// Wraps a replica's gRPC error.
-    pub fn replica(address: &str, s: &Status) -> Self {
+    pub fn replica(address: &impl std::fmt::Display, s: &Status) -> Self {
         Self::Replica {
-            address: address.to_owned(),
+            address: address.to_string(),
             code: s.code(),
             message: s.message().to_owned(),
         }

@@ -53,9 +53,10 @@ enum Cmd {
         /// gRPC ControllerService address.
         #[arg(long, env = "CORRAL_ENGINE_LISTEN", default_value = "127.0.0.1:9501")]
         listen: SocketAddr,
-        /// Replica address tcp://HOST:PORT (its gRPC port); repeat for each replica.
+        /// Replica address tcp://HOST:PORT?data=PORT&sync=PORT[&replica=NAME]: its control, data and sync
+        /// endpoints (docs/formats.md); repeat for each replica.
         #[arg(long = "replica", required = true)]
-        replicas: Vec<String>,
+        replicas: Vec<corral_proto::ReplicaAddress>,
         /// Frontend kind.
         #[arg(long, default_value = "nbd")]
         frontend: String,
@@ -109,13 +110,17 @@ enum ReplicaCmd {
     Ls,
     /// Add a replica and rebuild it (progress bar until RW).
     Add {
-        address: String,
+        /// tcp://HOST:PORT?data=PORT&sync=PORT[&replica=NAME]
+        address: corral_proto::ReplicaAddress,
         /// Do not wait for the rebuild to finish.
         #[arg(long)]
         no_wait: bool,
     },
     /// Remove a replica from the volume.
-    Rm { address: String },
+    Rm {
+        /// The replica's address as `replica ls` shows it.
+        address: corral_proto::ReplicaAddress,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -265,7 +270,7 @@ async fn main() -> anyhow::Result<()> {
             let mut c = client(&cli.url).await?;
             let r = c
                 .replica_add(v1::ReplicaAddRequest {
-                    address: address.clone(),
+                    address: address.to_string(),
                     rebuild: true,
                     timeout_seconds: 0,
                 })
@@ -307,7 +312,7 @@ async fn main() -> anyhow::Result<()> {
             client(&cli.url)
                 .await?
                 .replica_remove(v1::ReplicaAddress {
-                    address: address.clone(),
+                    address: address.to_string(),
                 })
                 .await?;
             println!("replica {address} removed");

@@ -10,7 +10,7 @@ use corral_proto::v1;
 use tracing::{info, warn};
 
 use crate::error::EngineError;
-use crate::replica_client::{self, Mode, ReplicaEntry, canonical};
+use crate::replica_client::{self, Mode, ReplicaEntry, parse_address};
 use crate::volume::Volume;
 
 fn rw(reps: &[Arc<ReplicaEntry>]) -> Vec<Arc<ReplicaEntry>> {
@@ -162,7 +162,7 @@ impl Volume {
                 .map_err(|e| EngineError::replica(&r.address, &e))?
                 .into_inner();
             states.push(st.clone());
-            out.replicas.insert(r.address.clone(), st);
+            out.replicas.insert(r.address.to_string(), st);
         }
         out.is_purging = states.iter().any(|s| s.is_purging);
         out.progress = states.iter().map(|s| s.progress).min().unwrap_or(100);
@@ -266,7 +266,7 @@ impl Volume {
 
     /// Removes a replica from the volume (it keeps its data; the daemon keeps running).
     pub async fn replica_remove(&self, address: &str) -> Result<(), EngineError> {
-        let address = canonical(address)?;
+        let address = parse_address(address)?;
         let mut reps = self.replicas.write().await;
         let Some(i) = reps.iter().position(|r| r.address == address) else {
             return Err(EngineError::NotFound(format!(
@@ -295,7 +295,7 @@ impl Volume {
         address: &str,
         client: &data_protocol::ClientConfig,
     ) -> Result<Arc<ReplicaEntry>, EngineError> {
-        let address = canonical(address)?;
+        let address = parse_address(address)?;
         let mut reps = self.replicas.write().await;
         if reps.iter().any(|r| r.address == address) {
             return Err(EngineError::AlreadyExists(format!(
@@ -313,7 +313,6 @@ impl Volume {
             &address,
             client,
             Some((self.size(), self.revision_counter_disabled)),
-            &self.name,
         )
         .await?;
         if status.size != self.size() {

@@ -15,13 +15,13 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use corral_proto::v1;
+use corral_proto::{ReplicaAddress, v1};
 use data_protocol::ClientConfig;
 use tokio::sync::Mutex;
 use tracing::{info, warn};
 
 use crate::error::EngineError;
-use crate::replica_client::{self, Mode, ReplicaEntry, canonical};
+use crate::replica_client::{self, Mode, ReplicaEntry, parse_address};
 use crate::volume::Volume;
 
 /// Rebuild jobs of this engine, by replica address.
@@ -82,12 +82,12 @@ impl RebuildTracker {
         v
     }
 
-    async fn update(&self, address: &str, f: impl FnOnce(&mut v1::ReplicaRebuildState)) {
+    async fn update(&self, address: &ReplicaAddress, f: impl FnOnce(&mut v1::ReplicaRebuildState)) {
         let mut jobs = self.jobs.lock().await;
         let j = jobs
-            .entry(address.to_owned())
+            .entry(address.to_string())
             .or_insert_with(|| v1::ReplicaRebuildState {
-                address: address.to_owned(),
+                address: address.to_string(),
                 ..Default::default()
             });
         f(j);
@@ -100,7 +100,7 @@ impl RebuildTracker {
         address: &str,
         client: &ClientConfig,
     ) -> Result<Arc<ReplicaEntry>, EngineError> {
-        let address = canonical(address)?;
+        let address = parse_address(address)?;
         {
             let reps = volume.replicas.read().await;
             if reps.iter().any(|r| r.address == address) {
@@ -119,7 +119,6 @@ impl RebuildTracker {
             &address,
             client,
             Some((volume.size(), volume.revision_counter_disabled)),
-            &volume.name,
         )
         .await?;
         if status.size != volume.size() {
@@ -167,10 +166,7 @@ impl RebuildTracker {
         }
         let source_status = replica_get(&sources[0]).await?;
         let files = snapshot_files(&source_status);
-        let from: Vec<String> = sources
-            .iter()
-            .map(|s| s.address.trim_start_matches("tcp://").to_owned())
-            .collect();
+        let from: Vec<String> = sources.iter().map(|s| s.address.to_string()).collect();
         let mut sync = entry.connection()?.sync.clone();
         sync.files_sync(v1::FilesSyncRequest {
             from_addresses: from.clone(),
@@ -182,7 +178,7 @@ impl RebuildTracker {
         drop(reps);
         self.update(&address, |j| {
             *j = v1::ReplicaRebuildState {
-                address: address.clone(),
+                address: address.to_string(),
                 is_rebuilding: true,
                 state: "in-progress".into(),
                 from_addresses: from,

@@ -4,13 +4,14 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use corral_proto::ReplicaAddress;
+use corral_proto::grpc::{GrpcTimeouts, connect_endpoint};
 use corral_proto::v1::{
     self, replica_service_client::ReplicaServiceClient, sync_agent_service_client::SyncAgentServiceClient,
 };
-use corral_proto::{REPLICA_DATA_PORT_OFFSET, REPLICA_SYNC_AGENT_PORT_OFFSET};
 use data_protocol::{ClientConfig, DataClient};
 use serde::Serialize;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 use tracing::{info, warn};
 
 use crate::error::EngineError;
@@ -54,8 +55,8 @@ pub struct Connection {
 /// One replica of the volume.
 #[derive(Debug)]
 pub struct ReplicaEntry {
-    /// `tcp://HOST:PORT` of the replica's gRPC port.
-    pub address: String,
+    /// Where the replica is: its control, data and sync endpoints.
+    pub address: ReplicaAddress,
     /// `None` when it could not be reached (then the mode is ERR).
     pub conn: Option<Connection>,
     state: Mutex<(Mode, String)>,
@@ -64,65 +65,26 @@ pub struct ReplicaEntry {
 /// How long a replica may take to answer its first `ReplicaGet`.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Splits `tcp://HOST:PORT` or `HOST:PORT` into host and port.
-pub fn parse_address(address: &str) -> Result<(String, u16), EngineError> {
-    let hp = address.strip_prefix("tcp://").unwrap_or(address);
-    let (host, port) = hp.rsplit_once(':').ok_or_else(|| {
-        EngineError::InvalidArgument(format!("replica address {address:?}: expected tcp://HOST:PORT"))
-    })?;
-    let port: u16 = port
+/// Parses a replica address (`tcp://HOST:PORT?data=PORT&sync=PORT[&replica=NAME]`, `docs/formats.md`); the
+/// single-port `tcp://HOST:PORT` is refused with what to add.
+pub fn parse_address(address: &str) -> Result<ReplicaAddress, EngineError> {
+    address
         .parse()
-        .map_err(|_| EngineError::InvalidArgument(format!("replica address {address:?}: bad port")))?;
-    if host.is_empty() {
-        return Err(EngineError::InvalidArgument(format!(
-            "replica address {address:?}: empty host"
-        )));
-    }
-    Ok((host.to_owned(), port))
+        .map_err(|e: corral_proto::replica_address::AddressError| EngineError::InvalidArgument(e.to_string()))
 }
 
-/// The canonical form `tcp://HOST:PORT`.
-pub fn canonical(address: &str) -> Result<String, EngineError> {
-    let (h, p) = parse_address(address)?;
-    Ok(format!("tcp://{h}:{p}"))
-}
-
-fn endpoint(host: &str, port: u16) -> Result<Endpoint, EngineError> {
-    Endpoint::from_shared(format!("http://{host}:{port}"))
-        .map(|e| {
-            e.connect_timeout(Duration::from_secs(3))
-                .timeout(Duration::from_secs(60))
-        })
-        .map_err(|e| EngineError::InvalidArgument(format!("{host}:{port}: {e}")))
-}
-
-/// Connects to a replica's three ports. Returns the connection and the replica's status; a replica that is
+/// Connects to a replica's three endpoints. Returns the connection and the replica's status; a replica that is
 /// closed is opened, one that was never created is created with `create_size` when given.
 pub async fn connect(
-    address: &str,
+    address: &ReplicaAddress,
     client: &ClientConfig,
     create: Option<(u64, bool)>,
-    name: &str,
 ) -> Result<(Connection, v1::Replica), EngineError> {
-    let (host, port) = parse_address(address)?;
-    let sync_port = port
-        .checked_add(REPLICA_SYNC_AGENT_PORT_OFFSET)
-        .ok_or_else(|| EngineError::InvalidArgument("port".into()))?;
-    let data_port = port
-        .checked_add(REPLICA_DATA_PORT_OFFSET)
-        .ok_or_else(|| EngineError::InvalidArgument("port".into()))?;
     let not_replica = |e: &dyn std::fmt::Display| {
         EngineError::FailedPrecondition(format!("{address} is not a reachable Corral replica: {e}"))
     };
-    // Something that accepts TCP but does not speak gRPC would otherwise hold the start for the full timeout.
-    let channel = tokio::time::timeout(PROBE_TIMEOUT, endpoint(&host, port)?.connect())
+    let channel = connect_endpoint(&address.control, GrpcTimeouts::CONTROL)
         .await
-        .map_err(|_| {
-            not_replica(&format!(
-                "no HTTP/2 handshake within {} s",
-                PROBE_TIMEOUT.as_secs()
-            ))
-        })?
         .map_err(|e| not_replica(&e))?;
     let mut control = ReplicaServiceClient::new(channel);
     let mut status = tokio::time::timeout(PROBE_TIMEOUT, control.replica_get(v1::Empty {}))
@@ -158,19 +120,12 @@ pub async fn connect(
             .replica
             .unwrap_or_default();
     }
-    let sync_channel = tokio::time::timeout(PROBE_TIMEOUT, endpoint(&host, sync_port)?.connect())
+    let sync_channel = connect_endpoint(&address.sync, GrpcTimeouts::CONTROL)
         .await
-        .map_err(|_| {
-            not_replica(&format!(
-                "sync agent: no HTTP/2 handshake within {} s",
-                PROBE_TIMEOUT.as_secs()
-            ))
-        })?
-        .map_err(|e| not_replica(&e))?;
-    let data = DataClient::connect(&format!("{host}:{data_port}"), client.clone())
+        .map_err(|e| not_replica(&format!("sync endpoint: {e}")))?;
+    let data = DataClient::connect(&address.data.to_socket_string(), client.clone())
         .await
-        .map_err(|e| not_replica(&format!("data port {data_port}: {e}")))?;
-    let _ = name;
+        .map_err(|e| not_replica(&format!("data endpoint {}: {e}", address.data)))?;
     Ok((
         Connection {
             control,
@@ -183,7 +138,7 @@ pub async fn connect(
 
 impl ReplicaEntry {
     /// A connected replica in `mode`.
-    pub fn new(address: String, conn: Connection, mode: Mode) -> Self {
+    pub fn new(address: ReplicaAddress, conn: Connection, mode: Mode) -> Self {
         Self {
             address,
             conn: Some(conn),
@@ -192,7 +147,7 @@ impl ReplicaEntry {
     }
 
     /// A replica that could not be used, with the reason.
-    pub fn failed(address: String, conn: Option<Connection>, reason: String) -> Self {
+    pub fn failed(address: ReplicaAddress, conn: Option<Connection>, reason: String) -> Self {
         Self {
             address,
             conn,

@@ -69,7 +69,7 @@ impl ControllerService for EngineGrpc {
                 rc = resp.into_inner().replica.map_or(0, |x| x.revision_counter);
             }
             out.push(v1::ControllerReplica {
-                address: r.address.clone(),
+                address: r.address.to_string(),
                 mode: r.mode().as_str().into(),
                 error: r.error(),
                 revision_counter: rc,
@@ -91,7 +91,7 @@ impl ControllerService for EngineGrpc {
             self.volume.replica_add_empty(&req.address, &self.client).await?
         };
         Ok(Response::new(v1::ControllerReplica {
-            address: e.address.clone(),
+            address: e.address.to_string(),
             mode: e.mode().as_str().into(),
             error: e.error(),
             revision_counter: 0,

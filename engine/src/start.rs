@@ -7,12 +7,12 @@
 use std::sync::Arc;
 
 use corral_disk::BLOCK_SIZE;
-use corral_proto::v1;
+use corral_proto::{ReplicaAddress, v1};
 use data_protocol::ClientConfig;
 use tracing::{info, warn};
 
 use crate::error::EngineError;
-use crate::replica_client::{self, Connection, Mode, ReplicaEntry, canonical};
+use crate::replica_client::{self, Connection, Mode, ReplicaEntry};
 use crate::volume::Volume;
 
 /// Window within which head mtimes count as "equally recent" for salvage (Longhorn's `lastModifyCheckPeriod`).
@@ -34,14 +34,14 @@ pub struct StartOptions {
 }
 
 struct Candidate {
-    address: String,
+    address: ReplicaAddress,
     conn: Connection,
     status: v1::Replica,
     sector_size: u32,
 }
 
 /// Connects and checks the replicas and returns the volume. Fails when no replica is usable.
-pub async fn start(addresses: &[String], opts: &StartOptions) -> Result<Volume, EngineError> {
+pub async fn start(addresses: &[ReplicaAddress], opts: &StartOptions) -> Result<Volume, EngineError> {
     if opts.size == 0 || !opts.size.is_multiple_of(BLOCK_SIZE) {
         return Err(EngineError::InvalidArgument(format!(
             "volume size {} must be a positive multiple of {BLOCK_SIZE}",
@@ -50,16 +50,14 @@ pub async fn start(addresses: &[String], opts: &StartOptions) -> Result<Volume, 
     }
     let mut entries: Vec<Arc<ReplicaEntry>> = Vec::new();
     let mut candidates = Vec::new();
-    let connects = addresses.iter().map(|a| async move {
-        let address = canonical(a)?;
+    let connects = addresses.iter().map(|address| async move {
         let r = replica_client::connect(
-            &address,
+            address,
             &opts.client,
             Some((opts.size, opts.disable_revision_counter)),
-            &opts.name,
         )
         .await;
-        Ok::<_, EngineError>((address, r))
+        Ok::<_, EngineError>((address.clone(), r))
     });
     for r in futures::future::join_all(connects).await {
         let (address, r) = r?;
