@@ -7,8 +7,9 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::{Engine, Replica, qemu_io};
+use common::{Engine, Replica};
 use disk_image::fixtures::{Fixture, build_all};
+use testkit::qemu_io;
 
 const SIZE: u64 = 8 << 20;
 

@@ -5,10 +5,13 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::process::{Command, Output};
+use std::time::Duration;
 
-use common::{Engine, Replica, free_ports, qemu_io};
+use common::{Engine, Replica};
+use testkit::qemu_io;
+use testkit::servers::{S3_ENV, S3Server};
+use testkit::wait_for;
 
 const SIZE: u64 = 24 << 20;
 const BS: &str = "256K";
@@ -50,7 +53,7 @@ impl Volume {
 
     fn cli_raw(&self, env: &[(&str, &str)], args: &[&str]) -> Output {
         Command::new(common::bin("corral-engine"))
-            .args(["--url", &format!("127.0.0.1:{}", self.engine.port)])
+            .args(["--url", self.engine.url()])
             .args(args)
             .envs(env.iter().copied())
             .output()
@@ -101,52 +104,11 @@ fn url(status: &serde_json::Value) -> String {
     status["url"].as_str().unwrap().to_owned()
 }
 
-/// `rclone serve s3` on a free loopback port, killed on drop.
-struct S3Server {
-    child: Child,
-    endpoint: String,
+/// `rclone serve s3` on loopback with the bucket `bk`.
+fn s3_server(dir: &Path) -> S3Server {
+    std::fs::create_dir_all(dir.join("bk")).unwrap();
+    S3Server::start(dir, &[])
 }
-
-impl S3Server {
-    fn start(dir: &Path) -> Self {
-        std::fs::create_dir_all(dir.join("bk")).unwrap();
-        let port = free_ports(1);
-        let child = Command::new("rclone")
-            .args(["serve", "s3"])
-            .arg(dir)
-            .args([
-                "--addr",
-                &format!("127.0.0.1:{port}"),
-                "--auth-key",
-                "corral,corral-secret",
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("rclone (see scripts/test.sh)");
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(Instant::now() < deadline, "rclone serve s3 not ready within 30 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Self {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-        }
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-const S3_ENV: [(&str, &str); 2] = [
-    ("AWS_ACCESS_KEY_ID", "corral"),
-    ("AWS_SECRET_ACCESS_KEY", "corral-secret"),
-];
 
 async fn round_trip(t: &Path, target: &str, env: &[(&str, &str)]) {
     let src = Volume::start(t, "src", 1);
@@ -217,7 +179,7 @@ async fn round_trip_to_a_directory_full_and_incremental_restore_equal_their_snap
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn round_trip_to_an_s3_server_full_and_incremental_restore_equal_their_snapshots() {
     let t = tempfile::tempdir().unwrap();
-    let s3 = S3Server::start(&t.path().join("s3"));
+    let s3 = s3_server(&t.path().join("s3"));
     let target = format!("s3://bk/backups?endpoint={}&region=us-east-1", s3.endpoint);
     round_trip(t.path(), &target, &S3_ENV).await;
     // Without credentials the target is refused with the reason.
@@ -402,11 +364,10 @@ async fn a_backup_killed_mid_upload_claims_nothing_blocks_deletion_meanwhile_and
         ],
     );
     let killed_url = out.trim().to_owned();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while blk_files(&store) < 1 + 4 {
-        assert!(Instant::now() < deadline, "no upload progress");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let progressed = 1 + 4; // b0's block, then four of this backup
+    wait_for("upload progress", Duration::from_secs(30), || {
+        (blk_files(&store) >= progressed).then_some(())
+    });
     // Deletion (and its GC) cannot run while the backup holds its lock.
     let out = v.cli_raw(
         &[],
@@ -449,8 +410,9 @@ async fn a_backup_killed_mid_upload_claims_nothing_blocks_deletion_meanwhile_and
     assert!(!out.status.success(), "an interrupted backup cannot be restored");
 
     // Restart replica and engine; the rerun completes and reuses what was uploaded.
-    let port = v.replicas[0].port;
-    v.replicas[0] = Replica::start_on(&t.path().join("vol-r0"), port, &[]);
+    let at = v.replicas[0].replica_address();
+    v.replicas[0].kill();
+    v.replicas[0] = Replica::start_at(&t.path().join("vol-r0"), &at, &[]);
     v.engine = Engine::start(t.path(), "vol", SIZE, &[v.replicas[0].address()], &[]);
     let b1 = v.backup(&[], &target, "s1", &[]);
     assert_eq!(b1["isIncremental"], true);
@@ -545,16 +507,15 @@ async fn a_purge_is_refused_while_a_backup_reads_the_snapshot_and_the_backup_equ
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
+    wait_for("the backup completing", Duration::from_secs(60), || {
         let ls: serde_json::Value =
             serde_json::from_str(&v.cli(&[], &["--json", "backup", "ls", &target])).unwrap();
-        if ls.as_array().unwrap().iter().any(|b| b["state"] == "complete") {
-            break;
-        }
-        assert!(Instant::now() < deadline, "backup did not complete: {ls}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        ls.as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["state"] == "complete")
+            .then_some(())
+    });
     let fresh = Volume::start(t.path(), "fresh", 1);
     fresh.cli(&[], &["backup", "restore", &backup_url]);
     assert!(fresh.data().await == s1, "the restored backup differs from s1");

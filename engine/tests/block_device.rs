@@ -5,7 +5,7 @@ mod common;
 
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{Engine, Replica};
 
@@ -90,11 +90,9 @@ fn ext4_on_a_loop_device_over_nbdfuse_survives_unmount_fsck_and_remount() {
     );
     c.fuse_dir = Some(fuse_dir.clone());
     let file = fuse_dir.join("nbd");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !file.exists() || std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0) != SIZE {
-        assert!(Instant::now() < deadline, "nbdfuse did not expose the export");
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    testkit::wait_for("nbdfuse to expose the export", Duration::from_secs(20), || {
+        (std::fs::metadata(&file).map(|m| m.len()).unwrap_or(0) == SIZE).then_some(())
+    });
     let dev = run(Command::new("losetup")
         .args(["-f", "--show", "--direct-io=on"])
         .arg(&file))

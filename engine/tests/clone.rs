@@ -8,8 +8,10 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use common::{Engine, Replica, eventually, qemu_io};
-use corral_proto::v1::{self, sync_agent_service_client::SyncAgentServiceClient};
+use common::{Engine, Replica};
+use corral_proto::v1;
+use testkit::qemu_io;
+use testkit::wait_for_async;
 
 const SIZE: u64 = 32 << 20;
 const MIB: usize = 1 << 20;
@@ -32,7 +34,7 @@ fn fails(out: &Output) -> String {
 
 fn signal(r: &Replica, sig: &str) {
     let st = Command::new("kill")
-        .args([sig, &r.child.id().to_string()])
+        .args([sig, &r.pid().to_string()])
         .status()
         .unwrap();
     assert!(st.success());
@@ -60,18 +62,7 @@ fn files(dir: &Path) -> Vec<String> {
 }
 
 async fn replica_get(r: &Replica) -> v1::Replica {
-    corral_proto::v1::replica_service_client::ReplicaServiceClient::connect(format!(
-        "http://127.0.0.1:{}",
-        r.port
-    ))
-    .await
-    .unwrap()
-    .replica_get(v1::Empty {})
-    .await
-    .unwrap()
-    .into_inner()
-    .replica
-    .unwrap()
+    r.status().await
 }
 
 async fn clone_status(e: &Engine) -> v1::VolumeCloneStatusResponse {
@@ -121,7 +112,7 @@ fn target(dir: &Path, name: &str, n: usize, size: u64, extra: &[&str]) -> (Vec<R
 }
 
 fn url(e: &Engine) -> String {
-    format!("127.0.0.1:{}", e.port)
+    e.url().to_owned()
 }
 
 /// `corral-engine --url TGT snapshot clone --from-engine SRC --snapshot s1 EXTRA...`.
@@ -358,9 +349,7 @@ async fn clone_refuses_bad_input_and_leaves_the_target_unchanged() {
     assert!(err.contains("same size"), "{err}");
 
     // The replica checks the size itself too (a caller that skips the engine).
-    let mut sync = SyncAgentServiceClient::connect(format!("http://127.0.0.1:{}", tgts[0].port + 2))
-        .await
-        .unwrap();
+    let mut sync = tgts[0].sync_agent().await;
     let small_src = Replica::start(&t.path().join("small-src"), &["--size", &(SIZE / 2).to_string()]);
     let e2 = Engine::start(t.path(), "small-src", SIZE / 2, &[small_src.address()], &[]);
     ok(&e2.cli(&["snapshot", "create", "s1"]));
@@ -376,9 +365,7 @@ async fn clone_refuses_bad_input_and_leaves_the_target_unchanged() {
     let frozen = Replica::start(&t.path().join("frozen"), &["--size", &SIZE.to_string()]);
     signal(&frozen, "-STOP");
     let rebuild_target = Replica::start(&t.path().join("rebuilt"), &["--size", &SIZE.to_string()]);
-    let mut rsync = SyncAgentServiceClient::connect(format!("http://127.0.0.1:{}", rebuild_target.port + 2))
-        .await
-        .unwrap();
+    let mut rsync = rebuild_target.sync_agent().await;
     rsync
         .files_sync(v1::FilesSyncRequest {
             from_addresses: vec![frozen.address()],
@@ -434,18 +421,20 @@ async fn interrupted_clone(size_mib: usize, rate: &str) {
     assert_eq!(clone_status(&tgt).await.state, "in-progress");
     let err = fails(&clone_s1(&tgt, &src, &[]));
     assert!(err.contains("already cloning"), "{err}");
-    eventually("clone data arriving", 20, async || {
+    wait_for_async("clone data arriving", Duration::from_secs(20), async || {
         let s = clone_status(&tgt).await;
         assert_eq!(s.state, "in-progress", "{s:?}");
-        s.progress > 0
+        (s.progress > 0).then_some(())
     })
     .await;
 
     rs[0].kill();
     let killed = Instant::now();
-    eventually("clone fails after the source is killed", 20, async || {
-        clone_status(&tgt).await.state == "error"
-    })
+    wait_for_async(
+        "clone fails after the source is killed",
+        Duration::from_secs(20),
+        async || (clone_status(&tgt).await.state == "error").then_some(()),
+    )
     .await;
     assert!(
         killed.elapsed() < Duration::from_secs(4),
@@ -458,11 +447,12 @@ async fn interrupted_clone(size_mib: usize, rate: &str) {
 
     // The source engine notices its dead replica on the next IO; the clone then comes from the healthy one.
     let _ = qemu_io(&src.unix_uri(), &["write -P 0x01 0 4k", "flush"]);
-    eventually("source replica ERR", 20, async || {
+    wait_for_async("source replica ERR", Duration::from_secs(20), async || {
         src.modes()
             .await
             .iter()
             .any(|(a, m)| *a == rs[0].address() && m == "ERR")
+            .then_some(())
     })
     .await;
     ok(&clone_s1(&tgt, &src, &[]));
@@ -515,17 +505,22 @@ async fn a_clone_that_completes_on_one_replica_but_not_another_puts_the_other_er
     );
 
     // The replica that completed keeps serving the clone; the one that did not is out of the volume.
-    eventually("the incomplete replica goes ERR", 30, async || {
-        tgt.client()
-            .await
-            .replica_list(v1::Empty {})
-            .await
-            .unwrap()
-            .into_inner()
-            .replicas
-            .iter()
-            .any(|r| r.address.contains(&full.port.to_string()) && r.mode == "ERR")
-    })
+    wait_for_async(
+        "the incomplete replica goes ERR",
+        Duration::from_secs(30),
+        async || {
+            tgt.client()
+                .await
+                .replica_list(v1::Empty {})
+                .await
+                .unwrap()
+                .into_inner()
+                .replicas
+                .iter()
+                .any(|r| r.address == full.address() && r.mode == "ERR")
+                .then_some(())
+        },
+    )
     .await;
     let list = tgt
         .client()
@@ -537,8 +532,7 @@ async fn a_clone_that_completes_on_one_replica_but_not_another_puts_the_other_er
         .replicas;
     let modes: Vec<(String, String)> = list.iter().map(|r| (r.address.clone(), r.mode.clone())).collect();
     assert!(
-        list.iter()
-            .any(|r| r.address.contains(&big.port.to_string()) && r.mode == "RW"),
+        list.iter().any(|r| r.address == big.address() && r.mode == "RW"),
         "{modes:?}"
     );
     assert!(

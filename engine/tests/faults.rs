@@ -5,8 +5,9 @@ mod common;
 
 use std::process::Command;
 
-use common::{Engine, Replica, bin, qemu_io};
+use common::{Engine, Replica, bin};
 use corral_proto::v1;
+use testkit::qemu_io;
 
 const SIZE: u64 = 64 << 20;
 

@@ -8,7 +8,8 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Engine, Replica, qemu_io};
+use common::{Engine, Replica};
+use testkit::qemu_io;
 
 const SIZE: u64 = 64 << 20;
 const ROUNDS: u64 = 10;

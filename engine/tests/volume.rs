@@ -5,8 +5,10 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Engine, Replica, eventually, qemu_io};
-use corral_proto::v1;
+use common::{Engine, Replica};
+use corral_proto::{ReplicaAddress, v1};
+use testkit::qemu_io;
+use testkit::{wait_for, wait_for_async};
 
 const SIZE: u64 = 64 << 20;
 
@@ -102,14 +104,9 @@ async fn replica_killed_under_load_goes_err_io_continues_and_a_new_replica_rebui
         failures
     });
     // Kill the replica once the load is under way (a few writes in), not after a guessed delay.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while done.load(std::sync::atomic::Ordering::Acquire) < 3 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the write load did not start"
-        );
-        std::thread::sleep(Duration::from_millis(10));
-    }
+    wait_for("the write load to start", Duration::from_secs(30), || {
+        (done.load(std::sync::atomic::Ordering::Acquire) >= 3).then_some(())
+    });
     rs[2].kill();
     let failures = load.join().unwrap();
     assert!(
@@ -117,8 +114,12 @@ async fn replica_killed_under_load_goes_err_io_continues_and_a_new_replica_rebui
         "IO failed while one replica died: {failures:?}"
     );
     let dead = rs[2].address();
-    eventually("killed replica ERR", 20, async || {
-        e.modes().await.iter().any(|(a, m)| *a == dead && m == "ERR")
+    wait_for_async("killed replica ERR", Duration::from_secs(20), async || {
+        e.modes()
+            .await
+            .iter()
+            .any(|(a, m)| *a == dead && m == "ERR")
+            .then_some(())
     })
     .await;
 
@@ -216,10 +217,16 @@ async fn a_replica_that_missed_writes_is_err_at_start_with_the_revision_counter(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_replicas_are_refused_with_clear_errors_and_nothing_is_written() {
     let t = tempfile::tempdir().unwrap();
-    // A port that is not a replica (a plain TCP listener), one nobody listens on, and a replica of another size.
+    // The old single-port form is refused before anything is contacted, saying what is missing.
+    let err = Engine::start_failing("vol", SIZE, &["tcp://127.0.0.1:9502".to_owned()]);
+    assert!(err.contains("data and sync endpoints are missing"), "{err}");
+    // Endpoints that are not a replica (a plain TCP listener), ones nobody listens on, and a replica of another
+    // size.
     let not_replica = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let bogus = format!("tcp://{}", not_replica.local_addr().unwrap());
-    let closed = format!("tcp://127.0.0.1:{}", common::free_ports(1));
+    let p = not_replica.local_addr().unwrap().port();
+    let bogus = ReplicaAddress::tcp("127.0.0.1", p, p, p).to_string();
+    let nobody = testkit::ports::unbound_port();
+    let closed = ReplicaAddress::tcp("127.0.0.1", nobody, nobody, nobody).to_string();
     let other = Replica::start(&t.path().join("other"), &["--size", "32M"]);
     let err = Engine::start_failing("vol", SIZE, &[bogus.clone(), closed.clone(), other.address()]);
     assert!(err.contains("not a reachable Corral replica"), "{err}");
@@ -257,18 +264,7 @@ async fn bad_replicas_are_refused_with_clear_errors_and_nothing_is_written() {
 }
 
 async fn replica_status(r: &Replica) -> v1::Replica {
-    let mut c = corral_proto::v1::replica_service_client::ReplicaServiceClient::connect(format!(
-        "http://127.0.0.1:{}",
-        r.port
-    ))
-    .await
-    .unwrap();
-    c.replica_get(v1::Empty {})
-        .await
-        .unwrap()
-        .into_inner()
-        .replica
-        .unwrap()
+    r.status().await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -317,10 +313,11 @@ async fn re_adding_a_replica_skips_snapshot_files_whose_recorded_checksums_match
     let e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
     assert!(qemu_io(&e.unix_uri(), &["write -P 0x61 0 16M", "flush"]).0);
     assert!(e.cli(&["snapshot", "create", "s1"]).status.success());
-    // Record the snapshot's checksum on both replicas (what a periodic hash job does).
-    for r in &rs {
+    // Record the snapshot's checksum on both replicas (what a periodic hash job does): given the whole address,
+    // or only the control endpoint (the CLI then asks the replica for its sync endpoint).
+    for url in [rs[0].address(), rs[1].daemon.addr("control").to_owned()] {
         let out = Command::new(common::bin("corral-replica"))
-            .args(["hash", "--url", &format!("127.0.0.1:{}", r.port), "s1"])
+            .args(["hash", "--url", &url, "s1"])
             .output()
             .unwrap();
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));

@@ -55,7 +55,7 @@ async fn acknowledged_flushed_writes_survive_sigkill_during_writes_flushes_and_s
         let mut control = daemon.control().await;
         // Kill after a random delay while the stream below runs.
         let delay = Duration::from_millis(30 + rng.below(250));
-        let pid = daemon.child.id();
+        let pid = daemon.pid();
         let killer = tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             let pid = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
@@ -110,10 +110,10 @@ async fn acknowledged_flushed_writes_survive_sigkill_during_writes_flushes_and_s
             }
         }
         killer.await.unwrap();
-        let _ = daemon.child.wait();
+        daemon.kill(); // reap what the killer left
 
         // Restart over the same directory and check.
-        daemon = Daemon::start_on(&dir, None, &[], daemon.port);
+        daemon = Daemon::start(&dir, None, &[]);
         let data = daemon.data().await;
         let status = daemon
             .control()

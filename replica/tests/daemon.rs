@@ -3,10 +3,11 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::Daemon;
 use corral_proto::v1;
+use testkit::wait_for_async;
 
 const SIZE: u64 = 16 << 20;
 
@@ -35,7 +36,7 @@ async fn revision_counter_counts_writes_and_survives_restart_only_as_far_as_flus
     data.write(0, &[2u8; 512]).await.unwrap(); // counted, not flushed
     assert_eq!(replica(&d).await.revision_counter, 12);
     d.kill();
-    let d = Daemon::start_on(t.path(), None, &[], d.port);
+    let d = Daemon::start(t.path(), None, &[]);
     let r = replica(&d).await;
     assert_eq!(
         r.revision_counter, 11,
@@ -81,16 +82,17 @@ async fn rebuilding_flag_persists_and_sigterm_closes_cleanly() {
 }
 
 async fn wait_purge(d: &Daemon) -> v1::SnapshotPurgeStatusResponse {
-    let mut sa = d.sync_agent().await;
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        let s = sa.snapshot_purge_status(v1::Empty {}).await.unwrap().into_inner();
-        if !s.is_purging {
-            return s;
-        }
-        assert!(Instant::now() < deadline, "purge still running");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let sa = d.sync_agent().await;
+    wait_for_async("the purge to finish", Duration::from_secs(60), async || {
+        let s = sa
+            .clone()
+            .snapshot_purge_status(v1::Empty {})
+            .await
+            .unwrap()
+            .into_inner();
+        (!s.is_purging).then_some(s)
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -147,21 +149,18 @@ async fn purge_and_hash_run_as_jobs_while_io_continues() {
     })
     .await
     .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    let h = loop {
+    let h = wait_for_async("the hash of b", Duration::from_secs(60), async || {
         let h = sa
+            .clone()
             .snapshot_hash_status(v1::SnapshotHashStatusRequest {
                 snapshot_name: "b".into(),
             })
             .await
             .unwrap()
             .into_inner();
-        if h.state != "in-progress" {
-            break h;
-        }
-        assert!(Instant::now() < deadline);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+        (h.state != "in-progress").then_some(h)
+    })
+    .await;
     assert_eq!(h.state, "complete", "{h:?}");
     assert_eq!(h.checksum.len(), 128);
     assert!(t.path().join("volume-snap-b.img.checksum").exists());
@@ -234,52 +233,38 @@ fn offline_info_prints_json_with_chain_and_flags() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn port_zero_listeners_are_bound_and_reported_in_the_ready_file() {
+async fn unnamed_data_and_sync_listeners_get_free_ports_reported_in_the_ready_file_and_replica_get() {
     let tmp = tempfile::tempdir().unwrap();
-    let ready = tmp.path().join("ready.json");
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_corral-replica"))
-        .arg("--ready-file")
-        .arg(&ready)
-        .args(["serve", "--dir"])
-        .arg(tmp.path().join("r"))
-        .args(["--size", &SIZE.to_string()])
-        .args(["--listen", "127.0.0.1:0", "--data-listen", "127.0.0.1:0"])
-        .args(["--sync-listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let report = loop {
-        if let Ok(r) = corral_daemon::ready::ReadyReport::read(&ready) {
-            break r;
-        }
-        assert!(Instant::now() < deadline, "no ready file within 30 s");
-        assert!(child.try_wait().unwrap().is_none(), "corral-replica exited");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
-    assert_eq!(report.pid, child.id());
+    // Only the control and metrics listeners are named (port 0): data and sync default to free ports of their
+    // own, never the control port plus one or two.
+    let d = Daemon::start(
+        &tmp.path().join("r"),
+        Some(SIZE),
+        &["--metrics-listen", "127.0.0.1:0"],
+    );
     let addrs: Vec<std::net::SocketAddr> = ["control", "data", "sync", "metrics"]
         .iter()
-        .map(|n| {
-            report
-                .tcp_addr(n)
-                .unwrap_or_else(|| panic!("{n} missing: {report:?}"))
-        })
+        .map(|n| d.proc.socket_addr(n))
         .collect();
     let ports: std::collections::BTreeSet<u16> = addrs.iter().map(std::net::SocketAddr::port).collect();
-    assert!(!ports.contains(&0) && ports.len() == 4, "{report:?}");
-    // Each reported address is the live listener: the control port answers gRPC, the others accept.
-    let r = v1::replica_service_client::ReplicaServiceClient::connect(format!("http://{}", addrs[0]))
+    assert!(!ports.contains(&0) && ports.len() == 4, "{addrs:?}");
+    // The control endpoint answers gRPC and reports the other two endpoints as the ready file does.
+    let r = d
+        .control()
         .await
-        .unwrap()
         .replica_get(v1::Empty {})
         .await
         .unwrap()
         .into_inner();
     assert_eq!(r.replica.unwrap().size, SIZE);
-    for a in &addrs[1..] {
-        std::net::TcpStream::connect(a).unwrap();
-    }
-    let _ = child.kill();
-    let _ = child.wait();
+    assert_eq!(r.data_endpoint, addrs[1].to_string());
+    assert_eq!(r.sync_endpoint, addrs[2].to_string());
+    // Each reported address is the live listener.
+    d.data().await.close().await;
+    d.sync_agent()
+        .await
+        .snapshot_purge_status(v1::Empty {})
+        .await
+        .unwrap();
+    std::net::TcpStream::connect(addrs[3]).unwrap();
 }

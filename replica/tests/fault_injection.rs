@@ -12,29 +12,17 @@ use std::time::{Duration, Instant};
 use common::Daemon;
 use data_protocol::{ClientConfig, ClientError, DataClient, ErrorKind};
 use replica::fault::{FaultAction, FaultOp, FaultRuleStatus};
+use testkit::wait_for_async;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SIZE: u64 = 16 << 20;
 
-fn free_addr() -> String {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap().to_string()
-}
-
-/// One HTTP/1.1 request on a fresh connection; returns the status code and body. Retries the connect until
-/// the daemon's metrics server is up (it is bound after the data port the readiness check waits for).
+/// One HTTP/1.1 request on a fresh connection; returns the status code and body. The metrics server is bound
+/// before the daemon writes its ready file, so it accepts at once.
 async fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let mut stream = loop {
-        match tokio::net::TcpStream::connect(addr).await {
-            Ok(s) => break s,
-            Err(e) if Instant::now() < deadline => {
-                let _ = e;
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-            Err(e) => panic!("metrics server at {addr}: {e}"),
-        }
-    };
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("metrics server at {addr}: {e}"));
     let request = format!(
         "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
          Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
@@ -124,8 +112,8 @@ async fn delay_rule_holds_each_request_that_long() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hung_request_completes_once_the_rule_is_cleared_over_http() {
     let t = tempfile::tempdir().unwrap();
-    let metrics = free_addr();
-    let d = Daemon::start(t.path(), Some(SIZE), &["--metrics-listen", &metrics]);
+    let d = Daemon::start(t.path(), Some(SIZE), &["--metrics-listen", "127.0.0.1:0"]);
+    let metrics = d.metrics_addr();
     let data = connect(&d).await;
     assert_eq!(rules(&metrics).await, vec![]);
 
@@ -140,11 +128,12 @@ async fn hung_request_completes_once_the_rule_is_cleared_over_http() {
     data.write(0, &[9; 4096]).await.unwrap();
     let c = data.clone();
     let flush = tokio::spawn(async move { c.flush().await });
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while rules(&metrics).await[0].hits == 0 {
-        assert!(Instant::now() < deadline, "the flush never reached the backend");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for_async(
+        "the flush reaching the backend",
+        Duration::from_secs(10),
+        async || (rules(&metrics).await[0].hits > 0).then_some(()),
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!flush.is_finished(), "the flush hangs while the rule is in force");
     data.read(0, &mut [0u8; 4096]).await.unwrap(); // other operations still run
@@ -184,12 +173,12 @@ async fn drop_rule_disconnects_the_client_and_the_daemon_keeps_serving() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_endpoint_sets_lists_and_clears_rules_and_rejects_bad_ones() {
     let t = tempfile::tempdir().unwrap();
-    let metrics = free_addr();
     let d = Daemon::start(
         t.path(),
         Some(SIZE),
-        &["--metrics-listen", &metrics, "--fault", "read=error"],
+        &["--metrics-listen", "127.0.0.1:0", "--fault", "read=error"],
     );
+    let metrics = d.metrics_addr();
     let data = connect(&d).await;
     let listed = rules(&metrics).await;
     assert_eq!(listed.len(), 1);

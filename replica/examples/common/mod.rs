@@ -1,16 +1,15 @@
-//! Support shared by the replica benchmarks: start the real `corral-replica serve` daemon on free loopback
-//! ports, wait for it with a deadline, read its memory from `/proc`, and stop it when the benchmark ends.
+//! Support shared by the replica benchmarks: start the real `corral-replica serve` daemon through the test kit
+//! (port 0, its ready file, a deadline), read its memory from `/proc`, and stop it when the benchmark ends.
 
 #![allow(dead_code)]
 
-use std::fs::File;
 use std::io::{Read, Write};
-use std::net::{TcpListener, TcpStream};
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::{Context, anyhow};
+use testkit::DaemonCommand;
 
 /// The command line this benchmark was started with, for the report.
 pub fn command_line() -> String {
@@ -20,38 +19,12 @@ pub fn command_line() -> String {
 /// `corral-replica` next to this example in the same target directory (`target/release/examples/x` →
 /// `target/release/corral-replica`).
 pub fn default_daemon_binary() -> anyhow::Result<PathBuf> {
-    let exe = std::env::current_exe().context("current_exe")?;
-    let profile_dir = exe
-        .parent()
-        .and_then(Path::parent)
-        .context("example is not in a target directory")?;
-    let bin = profile_dir.join("corral-replica");
-    if !bin.exists() {
-        bail!(
+    testkit::binary::find_workspace_bin("corral-replica").map_err(|p| {
+        anyhow!(
             "{} not found: build it with `cargo build --release -p replica --bins` or pass --bin",
-            bin.display()
-        );
-    }
-    Ok(bin)
-}
-
-/// Three consecutive free ports P, P+1, P+2 (best effort: the ports are released before the daemon binds).
-pub fn free_port_triple() -> anyhow::Result<u16> {
-    for _ in 0..200 {
-        let p = TcpListener::bind("127.0.0.1:0")?.local_addr()?.port();
-        if p > 65000 {
-            continue;
-        }
-        if (0..3).all(|i| TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
-            return Ok(p);
-        }
-    }
-    bail!("no three consecutive free ports on 127.0.0.1")
-}
-
-/// One free port.
-pub fn free_port() -> anyhow::Result<u16> {
-    Ok(TcpListener::bind("127.0.0.1:0")?.local_addr()?.port())
+            p.display()
+        )
+    })
 }
 
 /// Memory of a process as the kernel reports it, in bytes.
@@ -95,20 +68,16 @@ pub fn mib(bytes: u64) -> String {
 
 /// A running `corral-replica serve`; stopped (SIGTERM, then SIGKILL after a deadline) on drop.
 pub struct Daemon {
-    child: Child,
-    /// Control port P; data protocol on P+1, sync agent on P+2.
-    pub port: u16,
-    /// Prometheus address, when started with one.
-    pub metrics: Option<u16>,
-    /// Time from spawn to all three ports accepting connections.
+    proc: testkit::Daemon,
+    /// Time from spawn to the ready file (every listener bound).
     pub ready_after: Duration,
     /// Where the daemon's log goes.
     pub log: PathBuf,
 }
 
 impl Daemon {
-    /// Spawns `bin serve --dir DIR --listen 127.0.0.1:P [extra…]`, logging to `log`, and waits until its control,
-    /// data and sync-agent ports accept connections (`ready_timeout` deadline; fails early if it exits).
+    /// Spawns `bin serve --dir DIR --listen 127.0.0.1:0 [extra…]` (and `--metrics-listen 127.0.0.1:0`), logging to
+    /// `log`, and waits for its ready file (`ready_timeout` deadline; fails early if it exits).
     pub fn start(
         bin: &Path,
         dir: &Path,
@@ -117,60 +86,36 @@ impl Daemon {
         log: &Path,
         ready_timeout: Duration,
     ) -> anyhow::Result<Self> {
-        let port = free_port_triple()?;
-        let metrics = if with_metrics { Some(free_port()?) } else { None };
-        let mut cmd = Command::new(bin);
-        cmd.args(["serve", "--dir"])
+        let mut cmd = DaemonCommand::new(bin)
+            .label("corral-replica")
+            .args(["serve", "--dir"])
             .arg(dir)
-            .args(["--listen", &format!("127.0.0.1:{port}")]);
-        if let Some(m) = metrics {
-            cmd.args(["--metrics-listen", &format!("127.0.0.1:{m}")]);
+            .args(["--listen", "127.0.0.1:0"]);
+        if with_metrics {
+            cmd = cmd.args(["--metrics-listen", "127.0.0.1:0"]);
         }
-        cmd.args(extra);
-        // A file, not a pipe: nobody reads the daemon's log while the benchmark runs, and a full pipe would
-        // block the daemon.
-        let log_file = File::create(log).with_context(|| format!("create {}", log.display()))?;
-        cmd.stdout(Stdio::null()).stderr(log_file);
+        let _ = std::fs::remove_file(log);
         let started = Instant::now();
-        let child = cmd.spawn().with_context(|| format!("spawn {}", bin.display()))?;
-        let mut d = Self {
-            child,
-            port,
-            metrics,
-            ready_after: Duration::ZERO,
+        let proc = cmd
+            .args(extra)
+            .log_to(log)
+            .ready_timeout(ready_timeout)
+            .try_spawn()?;
+        Ok(Self {
+            proc,
+            ready_after: started.elapsed(),
             log: log.to_owned(),
-        };
-        let deadline = started + ready_timeout;
-        loop {
-            if let Some(status) = d.child.try_wait()? {
-                bail!(
-                    "corral-replica exited during start ({status}); see {}",
-                    log.display()
-                );
-            }
-            let up = |p: u16| TcpStream::connect(("127.0.0.1", p)).is_ok();
-            if up(port + 2) && up(port + 1) && up(port) && metrics.is_none_or(up) {
-                d.ready_after = started.elapsed();
-                return Ok(d);
-            }
-            if Instant::now() >= deadline {
-                bail!(
-                    "corral-replica not ready within {ready_timeout:?}; see {}",
-                    log.display()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        })
     }
 
     /// Process id, as a string for `/proc`.
     pub fn pid(&self) -> String {
-        self.child.id().to_string()
+        self.proc.pid().to_string()
     }
 
     /// Data-protocol address.
     pub fn data_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port + 1)
+        self.proc.addr("data").to_owned()
     }
 
     /// The daemon's current and peak RSS.
@@ -180,8 +125,12 @@ impl Daemon {
 
     /// Fetches `/metrics` and returns the value of the sample named `name`.
     pub fn metric(&self, name: &str) -> anyhow::Result<f64> {
-        let port = self.metrics.context("daemon started without --metrics-listen")?;
-        let mut s = TcpStream::connect(("127.0.0.1", port))?;
+        let addr = self
+            .proc
+            .listeners()
+            .get("metrics")
+            .context("daemon started without --metrics-listen")?;
+        let mut s = TcpStream::connect(addr.as_str())?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
         write!(
             s,
@@ -200,30 +149,18 @@ impl Daemon {
     /// SIGTERM, then wait (up to `grace`) for a clean exit; SIGKILL after that. Returns the time to exit and
     /// whether the exit was clean.
     pub fn stop(&mut self, grace: Duration) -> anyhow::Result<(Duration, bool)> {
-        let started = Instant::now();
-        if self.child.try_wait()?.is_some() {
+        if !self.proc.is_running() {
             return Ok((Duration::ZERO, false));
         }
-        let raw = i32::try_from(self.child.id()).context("pid out of range")?;
-        let pid = rustix::process::Pid::from_raw(raw).context("pid 0")?;
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM)?;
-        while started.elapsed() < grace {
-            if let Some(status) = self.child.try_wait()? {
-                return Ok((started.elapsed(), status.success()));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        self.child.kill()?;
-        self.child.wait()?;
-        Ok((started.elapsed(), false))
+        let started = Instant::now();
+        let status = self.proc.terminate(grace);
+        Ok((started.elapsed(), status.is_some_and(|s| s.success())))
     }
 }
 
 impl Drop for Daemon {
     fn drop(&mut self) {
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.stop(Duration::from_secs(20));
-        }
+        let _ = self.stop(Duration::from_secs(20));
     }
 }
 

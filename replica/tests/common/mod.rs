@@ -1,87 +1,69 @@
-//! Test support: start the real `corral-replica` binary on free loopback ports and wait for it to serve.
+//! Test support: start the real `corral-replica` binary through the test kit (port 0 everywhere, the endpoints read
+//! back from its ready file) and reach it on the endpoints it reported.
 
 #![allow(dead_code)]
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
+use corral_proto::ReplicaAddress;
 use corral_proto::v1::{
     replica_service_client::ReplicaServiceClient, sync_agent_service_client::SyncAgentServiceClient,
 };
 use data_protocol::{ClientConfig, DataClient};
+use testkit::DaemonCommand;
 use tonic::transport::Channel;
 
 /// A running replica daemon; killed (SIGKILL) on drop unless stopped.
 pub struct Daemon {
-    pub child: Child,
-    pub port: u16,
+    pub proc: testkit::Daemon,
     pub dir: PathBuf,
 }
 
-/// Three consecutive free ports P, P+1, P+2 (best effort: nothing else on this machine races for them).
-pub fn free_port_triple() -> u16 {
-    for _ in 0..200 {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        drop(l);
-        if p > 65000 {
-            continue;
-        }
-        if (0..3).all(|i| TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
-            return p;
-        }
-    }
-    panic!("no three consecutive free ports");
-}
-
 impl Daemon {
-    /// Starts `corral-replica serve` and waits (with a deadline) until its data port answers a hello.
+    /// Starts `corral-replica serve` on free loopback ports and returns once it reported them.
     pub fn start(dir: &Path, size: Option<u64>, extra: &[&str]) -> Self {
-        let port = free_port_triple();
-        Self::start_on(dir, size, extra, port)
-    }
-
-    pub fn start_on(dir: &Path, size: Option<u64>, extra: &[&str], port: u16) -> Self {
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_corral-replica"));
-        cmd.args(["serve", "--dir"])
+        let mut cmd = DaemonCommand::new(env!("CARGO_BIN_EXE_corral-replica"))
+            .label("corral-replica")
+            .args(["serve", "--dir"])
             .arg(dir)
-            .args(["--listen", &format!("127.0.0.1:{port}")]);
+            .args(["--listen", "127.0.0.1:0"]);
         if let Some(s) = size {
-            cmd.args(["--size", &s.to_string()]);
+            cmd = cmd.args(["--size", &s.to_string()]);
         }
-        cmd.args(extra).stdout(Stdio::null()).stderr(Stdio::piped());
-        let child = cmd.spawn().expect("spawn corral-replica");
-        let d = Self {
-            child,
-            port,
+        Self {
+            proc: cmd.args(extra).spawn(),
             dir: dir.to_owned(),
-        };
-        d.wait_ready();
-        d
-    }
-
-    fn wait_ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if std::net::TcpStream::connect(("127.0.0.1", self.port + 2)).is_ok()
-                && std::net::TcpStream::connect(("127.0.0.1", self.port + 1)).is_ok()
-                && std::net::TcpStream::connect(("127.0.0.1", self.port)).is_ok()
-            {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
         }
-        panic!("corral-replica on port {} not ready within 30 s", self.port);
     }
 
+    /// The replica's address, from the endpoints it reported.
+    pub fn address(&self) -> ReplicaAddress {
+        ReplicaAddress::tcp(
+            "127.0.0.1",
+            self.proc.port("control"),
+            self.proc.port("data"),
+            self.proc.port("sync"),
+        )
+    }
+
+    /// `HOST:PORT` of the control endpoint.
     pub fn url(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        self.proc.addr("control").to_owned()
     }
 
+    /// `HOST:PORT` of the data endpoint.
     pub fn data_addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port + 1)
+        self.proc.addr("data").to_owned()
+    }
+
+    /// `HOST:PORT` of the metrics listener (started with `--metrics-listen 127.0.0.1:0`).
+    pub fn metrics_addr(&self) -> String {
+        self.proc.addr("metrics").to_owned()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.proc.pid()
     }
 
     pub async fn data(&self) -> DataClient {
@@ -91,42 +73,27 @@ impl Daemon {
     }
 
     pub async fn control(&self) -> ReplicaServiceClient<Channel> {
-        ReplicaServiceClient::connect(format!("http://127.0.0.1:{}", self.port))
+        ReplicaServiceClient::connect(self.proc.http_url("control"))
             .await
             .expect("grpc connect")
     }
 
     pub async fn sync_agent(&self) -> SyncAgentServiceClient<Channel> {
-        SyncAgentServiceClient::connect(format!("http://127.0.0.1:{}", self.port + 2))
+        SyncAgentServiceClient::connect(self.proc.http_url("sync"))
             .await
             .expect("grpc connect")
     }
 
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.proc.kill();
     }
 
     /// SIGTERM and wait (with a deadline) for a clean exit; returns the exit status success.
     pub fn terminate(&mut self) -> bool {
-        let pid = rustix::process::Pid::from_raw(i32::try_from(self.child.id()).unwrap()).unwrap();
-        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(15);
-        while Instant::now() < deadline {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                return st.success();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        self.kill();
-        false
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        self.kill();
+        self.proc
+            .terminate(Duration::from_secs(15))
+            .is_some_and(|st| st.success())
     }
 }
 
