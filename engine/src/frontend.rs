@@ -1,6 +1,7 @@
 //! The NBD frontend of a volume: listeners on unix sockets and/or TCP, started and stopped on request (revert
 //! needs the frontend down).
 
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -57,6 +58,10 @@ pub struct Frontend {
     /// The configured listeners; a TCP port 0 is replaced by the port bound first, so a frontend stopped and
     /// started again (revert) comes back where its clients and the ready report expect it.
     listens: std::sync::Mutex<Vec<NbdListen>>,
+    /// Each TCP listener stays bound from its first start to the engine's end, by bound address: closing it while
+    /// the frontend is down (revert, restore) would let another process take the port in between, and the
+    /// frontend could not come back. While down, clients wait in the listen backlog until it serves again.
+    held_tcp: std::sync::Mutex<HashMap<String, std::net::TcpListener>>,
     config: NbdConfig,
     running: Mutex<Option<Running>>,
 }
@@ -67,6 +72,7 @@ impl Frontend {
         Self {
             volume,
             listens: std::sync::Mutex::new(listens),
+            held_tcp: std::sync::Mutex::new(HashMap::new()),
             config,
             running: Mutex::new(None),
         }
@@ -129,9 +135,7 @@ impl Frontend {
                     bound.push(l.clone());
                 }
                 NbdListen::Tcp(addr) => {
-                    let listener = TcpListener::bind(addr)
-                        .await
-                        .map_err(|e| EngineError::Internal(format!("bind NBD address {addr}: {e}")))?;
+                    let listener = self.tcp_listener(addr).await?;
                     let local = listener
                         .local_addr()
                         .map_err(|e| EngineError::Internal(format!("NBD address {addr}: {e}")))?;
@@ -155,7 +159,40 @@ impl Frontend {
         Ok(())
     }
 
-    /// Stops serving: refuses new clients, lets in-flight requests finish, closes connections.
+    /// A tokio listener on the socket held for `addr`, binding it on first use.
+    async fn tcp_listener(&self, addr: &str) -> Result<TcpListener, EngineError> {
+        let err = |e: std::io::Error| EngineError::Internal(format!("bind NBD address {addr}: {e}"));
+        let held = self
+            .held_tcp
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(addr)
+            .map(std::net::TcpListener::try_clone)
+            .transpose()
+            .map_err(err)?;
+        let socket = match held {
+            Some(s) => s,
+            None => {
+                let bound = TcpListener::bind(addr)
+                    .await
+                    .map_err(err)?
+                    .into_std()
+                    .map_err(err)?;
+                let local = bound.local_addr().map_err(err)?.to_string();
+                let dup = bound.try_clone().map_err(err)?;
+                self.held_tcp
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(local, bound);
+                dup
+            }
+        };
+        socket.set_nonblocking(true).map_err(err)?;
+        TcpListener::from_std(socket).map_err(err)
+    }
+
+    /// Stops serving: accepts no new client (TCP ones wait in the backlog of the held socket until the next start;
+    /// the unix socket is removed), lets in-flight requests finish, closes connections.
     pub async fn stop(&self) {
         let mut running = self.running.lock().await;
         if let Some(mut r) = running.take() {

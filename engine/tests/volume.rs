@@ -171,6 +171,18 @@ async fn revert_returns_the_volume_to_the_snapshot() {
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let (ok, text) = qemu_io(&e.unix_uri(), &["read -P 0xaa 0 2M", "read -P 0x00 2M 1M"]);
     assert!(ok, "{text}");
+    // The NBD TCP port (port 0 at start) stays the engine's while the frontend is down, so no other process can
+    // take it in between and the frontend comes back where clients and the ready file expect it.
+    let mut c = e.client().await;
+    c.frontend_shutdown(v1::Empty {}).await.unwrap();
+    let nbd = e.daemon.addr("nbd");
+    assert!(
+        std::net::TcpListener::bind(nbd).is_err(),
+        "{nbd} was released while the frontend was down"
+    );
+    c.frontend_start(v1::Empty {}).await.unwrap();
+    let (ok, text) = qemu_io(&e.tcp_uri(), &["read -P 0xaa 0 2M"]);
+    assert!(ok, "{text}");
     // Revert with the frontend up is refused by the API.
     let st = e
         .client()
