@@ -31,30 +31,22 @@ cleanup() {
 trap cleanup EXIT
 rm -rf "$DIR"; mkdir -p "$DIR"
 
-free_port() { python3 -c 'import socket
-for _ in range(200):
-    s = socket.socket(); s.bind(("127.0.0.1", 0)); p = s.getsockname()[1]; s.close()
-    if p > 65000: continue
-    ok = True
-    for i in range(3):
-        t = socket.socket()
-        try: t.bind(("127.0.0.1", p + i))
-        except OSError: ok = False
-        t.close()
-    if ok: print(p); break'; }
-wait_port() { for _ in $(seq 1 300); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return; sleep 0.1; done
-  echo "port $1 not ready" >&2; exit 1; }
+# wait_ready FILE: waits for a daemon's ready file (every daemon binds port 0 and reports its listeners there).
+wait_ready() { for _ in $(seq 1 300); do [[ -s "$1" ]] && return; sleep 0.1; done
+  echo "$1 not written" >&2; exit 1; }
+# listener FILE NAME: the HOST:PORT a daemon reported for listener NAME.
+listener() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["listen"][sys.argv[2]])' "$1" "$2"; }
 
 start_volume() { # name -> sets PORT_<name> (engine gRPC)
-  local name=$1 rport eport
-  rport=$(free_port); eport=$(free_port)
-  "$REPLICA" serve --dir "$DIR/$name-r" --listen "127.0.0.1:$rport" >"$DIR/$name-r.log" 2>&1 & PIDS+=($!)
-  wait_port "$rport"; wait_port $((rport + 2))
-  "$ENGINE" serve --volume "$name" --size "$((SIZE_MIB << 20))" --listen "127.0.0.1:$eport" \
-    --replica "tcp://127.0.0.1:$rport" --nbd-listen "unix:$DIR/$name.sock" >"$DIR/$name-e.log" 2>&1 & PIDS+=($!)
-  wait_port "$eport"
-  for _ in $(seq 1 100); do [[ -S "$DIR/$name.sock" ]] && break; sleep 0.1; done
-  printf -v "PORT_$name" '%s' "$eport"
+  local name=$1 rready="$DIR/$name-r.ready" eready="$DIR/$name-e.ready" data sync
+  "$REPLICA" --ready-file "$rready" serve --dir "$DIR/$name-r" --listen 127.0.0.1:0 >"$DIR/$name-r.log" 2>&1 & PIDS+=($!)
+  wait_ready "$rready"
+  data=$(listener "$rready" data); sync=$(listener "$rready" sync)
+  "$ENGINE" --ready-file "$eready" serve --volume "$name" --size "$((SIZE_MIB << 20))" --listen 127.0.0.1:0 \
+    --replica "tcp://$(listener "$rready" control)?data=${data##*:}&sync=${sync##*:}" \
+    --nbd-listen "unix:$DIR/$name.sock" >"$DIR/$name-e.log" 2>&1 & PIDS+=($!)
+  wait_ready "$eready"
+  printf -v "PORT_$name" '%s' "$(listener "$eready" control | sed 's/.*://')"
 }
 
 now() { date +%s.%N; }

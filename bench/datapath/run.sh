@@ -71,26 +71,11 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# A base port P with P, P+1 and P+2 free on 127.0.0.1 (the replica uses all three).
-free_port_triple() {
-  python3 - <<'EOF'
-import random, socket
-for _ in range(200):
-    p = random.randrange(20000, 60000)
-    socks = []
-    try:
-        for q in (p, p + 1, p + 2):
-            s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind(("127.0.0.1", q)); socks.append(s)
-        print(p); break
-    except OSError:
-        pass
-    finally:
-        for s in socks: s.close()
-else:
-    raise SystemExit("no free port triple")
-EOF
-}
+# The replica address (tcp://HOST:PORT?data=PORT&sync=PORT) from a replica's ready file (every daemon binds port 0
+# and reports its listeners there).
+replica_address() { python3 -c 'import json, sys
+l = json.load(open(sys.argv[1]))["listen"]
+print("tcp://%s?data=%s&sync=%s" % (l["control"], l["data"].rsplit(":", 1)[1], l["sync"].rsplit(":", 1)[1]))' "$1"; }
 
 # wait_until DESC PID CMD...: polls CMD every 50 ms until it succeeds, PID dies, or the deadline passes.
 wait_until() {
@@ -103,7 +88,6 @@ wait_until() {
   done
 }
 port_open() { python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.2).close()' "$1"; }
-replica_ready() { port_open "$1" && port_open $(($1 + 1)) && port_open $(($1 + 2)); }
 socket_ready() { [[ -S "$1" ]] && python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.settimeout(0.2); s.connect(sys.argv[1]); s.close()' "$1"; }
 
 # start LOG CMD...: runs CMD in the background, logging to LOG; its PID is in $LAST_PID and in PIDS for the trap.
@@ -136,18 +120,18 @@ start_target() {
       local n=3 rc=()
       [[ $t == b ]] && n=1
       [[ $t != d ]] && rc=(--disable-revision-counter)
-      local replicas=() i p
+      local replicas=() i ready
       for ((i = 0; i < n; i++)); do
-        p=$(free_port_triple)
+        ready="$tdir/replica-$i.ready"
+        rm -f "$ready"
         mkdir -p "$tdir/replica-$i"
-        start "$tdir/replica-$i.log" "$REPLICA_BIN" serve --dir "$tdir/replica-$i" --listen "127.0.0.1:$p" \
-          --size "$SIZE" --volume bench "${rc[@]}"
+        start "$tdir/replica-$i.log" "$REPLICA_BIN" --ready-file "$ready" serve --dir "$tdir/replica-$i" \
+          --listen 127.0.0.1:0 --size "$SIZE" --volume bench "${rc[@]}"
         TARGET_PIDS+=("$LAST_PID")
-        wait_until "replica $i" "$LAST_PID" replica_ready "$p"
-        replicas+=(--replica "tcp://127.0.0.1:$p")
+        wait_until "replica $i" "$LAST_PID" test -s "$ready"
+        replicas+=(--replica "$(replica_address "$ready")")
       done
-      p=$(free_port_triple)
-      start "$tdir/engine.log" "$ENGINE_BIN" serve --volume bench --size "$SIZE" --listen "127.0.0.1:$p" \
+      start "$tdir/engine.log" "$ENGINE_BIN" serve --volume bench --size "$SIZE" --listen 127.0.0.1:0 \
         "${replicas[@]}" --nbd-listen "unix:$tdir/nbd.sock" "${rc[@]}"
       TARGET_PIDS+=("$LAST_PID")
       wait_until engine "$LAST_PID" socket_ready "$tdir/nbd.sock"
