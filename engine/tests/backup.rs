@@ -410,9 +410,8 @@ async fn a_backup_killed_mid_upload_claims_nothing_blocks_deletion_meanwhile_and
     assert!(!out.status.success(), "an interrupted backup cannot be restored");
 
     // Restart replica and engine; the rerun completes and reuses what was uploaded.
-    let at = v.replicas[0].replica_address();
     v.replicas[0].kill();
-    v.replicas[0] = Replica::start_at(&t.path().join("vol-r0"), &at, &[]);
+    v.replicas[0] = Replica::start(&t.path().join("vol-r0"), &[]);
     v.engine = Engine::start(t.path(), "vol", SIZE, &[v.replicas[0].address()], &[]);
     let b1 = v.backup(&[], &target, "s1", &[]);
     assert_eq!(b1["isIncremental"], true);

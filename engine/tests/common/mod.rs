@@ -36,17 +36,6 @@ impl Replica {
         Self::spawn(dir, "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", extra)
     }
 
-    /// Starts a replica on the endpoints of `address` (e.g. a replica restarted where the engine knows it).
-    pub fn start_at(dir: &Path, address: &ReplicaAddress, extra: &[&str]) -> Self {
-        Self::spawn(
-            dir,
-            &address.control.to_socket_string(),
-            &address.data.to_socket_string(),
-            &address.sync.to_socket_string(),
-            extra,
-        )
-    }
-
     fn spawn(dir: &Path, control: &str, data: &str, sync: &str, extra: &[&str]) -> Self {
         let daemon = DaemonCommand::new(bin("corral-replica"))
             .label("corral-replica")
