@@ -31,22 +31,19 @@ cleanup() {
 trap cleanup EXIT
 rm -rf "$DIR"; mkdir -p "$DIR"
 
-# wait_ready FILE: waits for a daemon's ready file (every daemon binds port 0 and reports its listeners there).
-wait_ready() { for _ in $(seq 1 300); do [[ -s "$1" ]] && return; sleep 0.1; done
-  echo "$1 not written" >&2; exit 1; }
-# listener FILE NAME: the HOST:PORT a daemon reported for listener NAME.
-listener() { python3 -c 'import json, sys; print(json.load(open(sys.argv[1]))["listen"][sys.argv[2]])' "$1" "$2"; }
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
-start_volume() { # name -> sets PORT_<name> (engine gRPC)
-  local name=$1 rready="$DIR/$name-r.ready" eready="$DIR/$name-e.ready" data sync
-  "$REPLICA" --ready-file "$rready" serve --dir "$DIR/$name-r" --listen 127.0.0.1:0 >"$DIR/$name-r.log" 2>&1 & PIDS+=($!)
-  wait_ready "$rready"
-  data=$(listener "$rready" data); sync=$(listener "$rready" sync)
-  "$ENGINE" --ready-file "$eready" serve --volume "$name" --size "$((SIZE_MIB << 20))" --listen 127.0.0.1:0 \
-    --replica "tcp://$(listener "$rready" control)?data=${data##*:}&sync=${sync##*:}" \
-    --nbd-listen "unix:$DIR/$name.sock" >"$DIR/$name-e.log" 2>&1 & PIDS+=($!)
-  wait_ready "$eready"
-  printf -v "PORT_$name" '%s' "$(listener "$eready" control | sed 's/.*://')"
+start_volume() { # name -> sets ADDR_<name> (engine gRPC); every listener on port 0, read from the ready files
+  local name=$1 r=$DIR/$name-r.ready e=$DIR/$name-e.ready replica
+  "$REPLICA" --ready-file "$r" serve --dir "$DIR/$name-r" --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 \
+    --sync-listen 127.0.0.1:0 >"$DIR/$name-r.log" 2>&1 & PIDS+=($!)
+  ready_wait "$r" "$!"
+  replica="tcp://$(ready_addr "$r" control)?data=$(ready_addr "$r" data)&sync=$(ready_addr "$r" sync)"
+  "$ENGINE" --ready-file "$e" serve --volume "$name" --size "$((SIZE_MIB << 20))" --listen 127.0.0.1:0 \
+    --replica "$replica" --nbd-listen "unix:$DIR/$name.sock" >"$DIR/$name-e.log" 2>&1 & PIDS+=($!)
+  ready_wait "$e" "$!"
+  printf -v "ADDR_$name" '%s' "$(ready_addr "$e" control)"
 }
 
 now() { date +%s.%N; }
@@ -57,12 +54,12 @@ half=$((DATA_MIB / 2))
 echo "writing ${DATA_MIB} MiB into the ${SIZE_MIB} MiB source volume through NBD..." >&2
 qemu-io -f raw "nbd+unix:///src?socket=$DIR/src.sock" \
   -c "write -P 0x5a 0 ${half}M" -c "write -P 0x6b $((SIZE_MIB / 2))M $((DATA_MIB - half))M" -c flush >/dev/null
-"$ENGINE" --url "127.0.0.1:$PORT_src" snapshot create s1 >/dev/null
+"$ENGINE" --url "$ADDR_src" snapshot create s1 >/dev/null
 SNAP="$DIR/src-r/volume-snap-s1.img"
 cat "$SNAP" >/dev/null   # warm cache for both runs
 
 t0=$(now)
-"$ENGINE" --url "127.0.0.1:$PORT_tgt" snapshot clone --from-engine "127.0.0.1:$PORT_src" --snapshot s1 >/dev/null
+"$ENGINE" --url "$ADDR_tgt" snapshot clone --from-engine "$ADDR_src" --snapshot s1 >/dev/null
 t1=$(now)
 clone_s=$(echo "$t1 - $t0" | bc -l)
 cloned="$DIR/tgt-r/volume-snap-s1.img"

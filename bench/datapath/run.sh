@@ -71,11 +71,8 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 
-# The replica address (tcp://HOST:PORT?data=PORT&sync=PORT) from a replica's ready file (every daemon binds port 0
-# and reports its listeners there).
-replica_address() { python3 -c 'import json, sys
-l = json.load(open(sys.argv[1]))["listen"]
-print("tcp://%s?data=%s&sync=%s" % (l["control"], l["data"].rsplit(":", 1)[1], l["sync"].rsplit(":", 1)[1]))' "$1"; }
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
 
 # wait_until DESC PID CMD...: polls CMD every 50 ms until it succeeds, PID dies, or the deadline passes.
 wait_until() {
@@ -87,7 +84,6 @@ wait_until() {
     sleep 0.05
   done
 }
-port_open() { python3 -c 'import socket,sys; socket.create_connection(("127.0.0.1", int(sys.argv[1])), 0.2).close()' "$1"; }
 socket_ready() { [[ -S "$1" ]] && python3 -c 'import socket,sys; s=socket.socket(socket.AF_UNIX); s.settimeout(0.2); s.connect(sys.argv[1]); s.close()' "$1"; }
 
 # start LOG CMD...: runs CMD in the background, logging to LOG; its PID is in $LAST_PID and in PIDS for the trap.
@@ -122,14 +118,15 @@ start_target() {
       [[ $t != d ]] && rc=(--disable-revision-counter)
       local replicas=() i ready
       for ((i = 0; i < n; i++)); do
-        ready="$tdir/replica-$i.ready"
-        rm -f "$ready"
+        # Every listener on port 0; the ready file names the three endpoints the engine is given.
         mkdir -p "$tdir/replica-$i"
+        ready="$tdir/replica-$i.ready"
         start "$tdir/replica-$i.log" "$REPLICA_BIN" --ready-file "$ready" serve --dir "$tdir/replica-$i" \
-          --listen 127.0.0.1:0 --size "$SIZE" --volume bench "${rc[@]}"
+          --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 --sync-listen 127.0.0.1:0 \
+          --size "$SIZE" --volume bench "${rc[@]}"
         TARGET_PIDS+=("$LAST_PID")
-        wait_until "replica $i" "$LAST_PID" test -s "$ready"
-        replicas+=(--replica "$(replica_address "$ready")")
+        ready_wait "$ready" "$LAST_PID" "$READY_DEADLINE"
+        replicas+=(--replica "tcp://$(ready_addr "$ready" control)?data=$(ready_addr "$ready" data)&sync=$(ready_addr "$ready" sync)")
       done
       start "$tdir/engine.log" "$ENGINE_BIN" serve --volume bench --size "$SIZE" --listen 127.0.0.1:0 \
         "${replicas[@]}" --nbd-listen "unix:$tdir/nbd.sock" "${rc[@]}"
