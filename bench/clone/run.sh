@@ -35,7 +35,8 @@ rm -rf "$DIR"; mkdir -p "$DIR"
 . "$ROOT/bench/lib.sh"
 
 start_volume() { # name -> sets ADDR_<name> (engine gRPC); every listener on port 0, read from the ready files
-  local name=$1 r=$DIR/$name-r.ready e=$DIR/$name-e.ready replica
+  local name=$1
+  local r=$DIR/$name-r.ready e=$DIR/$name-e.ready replica
   "$REPLICA" --ready-file "$r" serve --dir "$DIR/$name-r" --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 \
     --sync-listen 127.0.0.1:0 >"$DIR/$name-r.log" 2>&1 & PIDS+=($!)
   ready_wait "$r" "$!"
