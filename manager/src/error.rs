@@ -21,6 +21,18 @@ pub enum ApiError {
     /// A daemon the operation needs did not answer.
     #[error("{0}")]
     Unavailable(String),
+    /// The route exists, the method does not (the response names the allowed ones in `Allow`).
+    #[error("{0}")]
+    MethodNotAllowed(String),
+    /// The body is larger than the route accepts.
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    /// The body is not `application/json` (or, for an upload, not the multipart form).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
+    /// A bug: a handler panicked or failed in a way no variant describes.
+    #[error("{0}")]
+    Internal(String),
     #[error(transparent)]
     Store(#[from] StoreError),
 }
@@ -28,15 +40,45 @@ pub enum ApiError {
 /// The JSON body of every error response.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct ErrorBody {
-    /// `invalid`, `not-found`, `conflict`, `unavailable` or `internal`.
+    /// One of [`ERROR_CODES`].
     pub code: String,
     pub message: String,
 }
+
+/// Every `code` an error body can carry, with its HTTP status: the OpenAPI document lists them from here.
+pub const ERROR_CODES: &[(u16, &str, &str)] = &[
+    (
+        400,
+        "invalid",
+        "Bad input: a malformed body, path or query, or a value the server refuses",
+    ),
+    (404, "not-found", "No such route or object"),
+    (
+        405,
+        "method-not-allowed",
+        "The route does not take this method (see the Allow header)",
+    ),
+    (
+        409,
+        "conflict",
+        "The request conflicts with the current state (exists, attached, in use, no room)",
+    ),
+    (413, "too-large", "The body is larger than the route accepts"),
+    (415, "unsupported-media-type", "The body is not application/json"),
+    (500, "internal", "A bug or a store failure"),
+    (503, "unavailable", "A daemon the operation needs did not answer"),
+];
 
 impl ApiError {
     pub fn status_and_code(&self) -> (StatusCode, &'static str) {
         match self {
             ApiError::Invalid(_) => (StatusCode::BAD_REQUEST, "invalid"),
+            ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "method-not-allowed"),
+            ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "too-large"),
+            ApiError::UnsupportedMediaType(_) => {
+                (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type")
+            }
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             ApiError::NotFound(_) | ApiError::Store(StoreError::NotFound { .. }) => {
                 (StatusCode::NOT_FOUND, "not-found")
             }

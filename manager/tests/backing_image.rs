@@ -232,7 +232,7 @@ fn a_downloaded_qcow2_backs_a_volume_through_io_snapshots_reattach_and_a_live_up
         &format!("{}/v1/volumes", m.url),
         Some(&json!({"name": "small", "size": 4 << 20, "numberOfReplicas": 1, "backingImage": "base"})),
     );
-    assert_eq!(code, 400, "{v}");
+    assert_eq!(code, 409, "{v}");
     assert!(v["message"].as_str().unwrap().contains("virtual size"), "{v}");
     let size = vsize.div_ceil(4096) * 4096 + (4 << 20);
     let (code, v) = rest(
@@ -389,12 +389,12 @@ fn bad_backing_image_input_is_refused_or_fails_with_a_message_and_leaves_nothing
         ),
         (
             json!({"name": "a", "sourceType": "clone", "parameters": {"backingImage": "nope"}}),
-            400,
+            409,
             "nope",
         ),
         (
             json!({"name": "a", "sourceType": "export-from-volume", "parameters": {"volume": "nope", "snapshot": "s"}}),
-            400,
+            409,
             "nope",
         ),
     ];

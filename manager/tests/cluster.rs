@@ -96,10 +96,21 @@ fn bad_input_is_refused_with_4xx_and_leaves_nothing_behind() {
     let (code, doc) = rest("GET", &format!("{url}/v1/openapi.json"), None);
     assert_eq!(code, 200);
     for (path, method, _) in manager::api::routes().documented {
-        assert!(
-            doc["paths"][path][method].is_object(),
-            "{method} {path} missing from openapi.json"
-        );
+        // Each setting is described at its own path: each takes its own kind of value.
+        let paths: Vec<String> = if path == "/v1/settings/{setting}" {
+            manager::model::SETTINGS
+                .iter()
+                .map(|s| format!("/v1/settings/{}", s.0))
+                .collect()
+        } else {
+            vec![path.to_owned()]
+        };
+        for p in paths {
+            assert!(
+                doc["paths"][&p][method].is_object(),
+                "{method} {p} missing from openapi.json"
+            );
+        }
     }
 
     let vols = format!("{url}/v1/volumes");
@@ -163,7 +174,7 @@ fn bad_input_is_refused_with_4xx_and_leaves_nothing_behind() {
         "POST",
         &vols,
         Some(&json!({"name": "three", "size": 1 << 20, "numberOfReplicas": 3})),
-        400,
+        409,
         "anti-affinity",
     );
     rest(
@@ -196,7 +207,7 @@ fn bad_input_is_refused_with_4xx_and_leaves_nothing_behind() {
         "POST",
         &format!("{vols}/ok/attach"),
         Some(&json!({"nodeId": "ghost"})),
-        400,
+        404,
         "does not exist",
     );
     expect_4xx(

@@ -3,15 +3,16 @@
 //! the status of [`ApiError`]. Validation happens before anything is written: a refused request leaves nothing
 //! behind.
 
+pub mod extract;
+pub mod openapi;
 pub mod routes;
 pub mod views;
 
-use axum::extract::{Path, Request, State};
+use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
-use corral_disk::BLOCK_SIZE;
 use corral_proto::v1;
 
 use crate::context::Ctx;
@@ -21,6 +22,8 @@ use crate::error::ApiError;
 use crate::model::{self, DiskSpec, Engine, Node, ProcessState, Replica, Setting, Volume, VolumeSpec};
 use crate::scheduler;
 use crate::store::StoreError;
+use extract::{Body, Path};
+use openapi::{check_copies, check_disk_path, check_name, check_size};
 use views::*;
 
 pub use routes::Routes;
@@ -117,9 +120,13 @@ pub fn router(ctx: Ctx) -> Router {
     for (path, mr) in routes().paths {
         app = app.route(path, mr);
     }
-    app.fallback(|| async { ApiError::NotFound("no such route".into()) })
-        .layer(axum::middleware::from_fn_with_state(ctx.clone(), count_requests))
-        .with_state(ctx)
+    app.fallback(|req: Request| async move {
+        ApiError::NotFound(format!("no route {} {}", req.method(), req.uri().path()))
+    })
+    .layer(DefaultBodyLimit::max(openapi::BODY_LIMIT))
+    .layer(axum::middleware::from_fn(extract::json_errors))
+    .layer(axum::middleware::from_fn_with_state(ctx.clone(), count_requests))
+    .with_state(ctx)
 }
 
 async fn count_requests(State(ctx): State<Ctx>, req: Request, next: Next) -> Response {
@@ -129,37 +136,9 @@ async fn count_requests(State(ctx): State<Ctx>, req: Request, next: Next) -> Res
     resp
 }
 
-/// The OpenAPI 3 document of [`routes`].
+/// The OpenAPI 3 document of [`routes`] (see [`openapi`]).
 pub fn openapi_document() -> serde_json::Value {
-    let mut paths = serde_json::Map::new();
-    for (path, method, summary) in routes().documented {
-        let entry = paths
-            .entry(path.to_owned())
-            .or_insert_with(|| serde_json::json!({}));
-        let params: Vec<serde_json::Value> = path
-            .split('/')
-            .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
-            .map(|p| serde_json::json!({"name": p, "in": "path", "required": true, "schema": {"type": "string"}}))
-            .collect();
-        entry[method] = serde_json::json!({
-            "summary": summary,
-            "parameters": params,
-            "responses": {
-                "200": {"description": "OK (JSON)"},
-                "4XX": {"description": "Bad request", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}},
-            }
-        });
-    }
-    serde_json::json!({
-        "openapi": "3.0.3",
-        "info": {"title": "Corral manager", "version": env!("CARGO_PKG_VERSION")},
-        "paths": paths,
-        "components": {"schemas": {"Error": {
-            "type": "object",
-            "required": ["code", "message"],
-            "properties": {"code": {"type": "string"}, "message": {"type": "string"}}
-        }}}
-    })
+    openapi::document(&routes().documented)
 }
 
 async fn openapi() -> Json<serde_json::Value> {
@@ -190,19 +169,6 @@ async fn metrics(State(ctx): State<Ctx>) -> Response {
 
 async fn healthz() -> &'static str {
     "ok"
-}
-
-fn check_name(what: &str, name: &str) -> Result<(), ApiError> {
-    corral_daemon::disk::check_path_component(what, name).map_err(ApiError::Invalid)
-}
-
-fn check_size(size: u64) -> Result<(), ApiError> {
-    if size == 0 || !size.is_multiple_of(BLOCK_SIZE) {
-        return Err(ApiError::Invalid(format!(
-            "size {size} is not a positive multiple of {BLOCK_SIZE} bytes"
-        )));
-    }
-    Ok(())
 }
 
 fn volume_not_found(name: &str) -> ApiError {
@@ -242,20 +208,11 @@ async fn get_node(State(ctx): State<Ctx>, Path(node): Path<String>) -> ApiResult
 async fn add_disk(
     State(ctx): State<Ctx>,
     Path(node): Path<String>,
-    Json(req): Json<DiskCreate>,
+    Body(req): Body<DiskCreate>,
 ) -> ApiResult<NodeView> {
     check_name("disk name", &req.name)?;
+    check_disk_path(&req.path)?;
     let path = std::path::Path::new(&req.path);
-    if !path.is_absolute()
-        || path
-            .components()
-            .any(|c| matches!(c, std::path::Component::ParentDir))
-    {
-        return Err(ApiError::Invalid(format!(
-            "disk path {:?} must be absolute without '..'",
-            req.path
-        )));
-    }
     let mut n = ctx
         .db
         .get::<Node>(&node)
@@ -341,7 +298,7 @@ async fn get_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResu
 
 async fn create_volume(
     State(ctx): State<Ctx>,
-    Json(req): Json<VolumeCreate>,
+    Body(req): Body<VolumeCreate>,
 ) -> Result<(StatusCode, Json<VolumeView>), ApiError> {
     check_name("volume name", &req.name)?;
     check_size(req.size)?;
@@ -353,19 +310,15 @@ async fn create_volume(
             "frontend {f:?} is not supported (only nbd)"
         )));
     }
-    if req.number_of_replicas == 0 || req.number_of_replicas > 16 {
-        return Err(ApiError::Invalid(format!(
-            "numberOfReplicas {} is out of range 1..=16",
-            req.number_of_replicas
-        )));
-    }
+    check_copies("numberOfReplicas", req.number_of_replicas)?;
     // The replicas must be placeable now: the same check the scheduler makes at attach.
     let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
     let count = usize::try_from(req.number_of_replicas).unwrap_or(usize::MAX);
     let cands = candidates(&ctx)
         .await
         .map_err(|e| ApiError::Unavailable(format!("{e:#}")))?;
-    scheduler::place(cands, &[], count, req.size, soft).map_err(ApiError::Invalid)?;
+    // A well-formed request the cluster has no room for: its state, not the request, has to change.
+    scheduler::place(cands, &[], count, req.size, soft).map_err(ApiError::Conflict)?;
     let disabled = match req.disable_revision_counter {
         Some(b) => b,
         None => ctx.setting_bool("disable-revision-counter").await,
@@ -420,7 +373,7 @@ async fn delete_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> Resu
 async fn attach_volume(
     State(ctx): State<Ctx>,
     Path(name): Path<String>,
-    body: Option<Json<AttachRequest>>,
+    body: Option<Body<AttachRequest>>,
 ) -> ApiResult<VolumeView> {
     let req = body.map(|b| b.0).unwrap_or_default();
     let disable_frontend = req.disable_frontend;
@@ -429,7 +382,7 @@ async fn attach_volume(
         .db
         .get::<Node>(&node)
         .await?
-        .ok_or_else(|| ApiError::Invalid(format!("node {node:?} does not exist")))?;
+        .ok_or_else(|| ApiError::NotFound(format!("node {node:?} does not exist")))?;
     if !node_is_up(&ctx, &target.data).await {
         return Err(ApiError::Conflict(format!("node {node} is down")));
     }
@@ -510,7 +463,7 @@ async fn engine_client(
 async fn expand_volume(
     State(ctx): State<Ctx>,
     Path(name): Path<String>,
-    Json(req): Json<SizeRequest>,
+    Body(req): Body<SizeRequest>,
 ) -> ApiResult<VolumeView> {
     check_size(req.size)?;
     let v = ctx
@@ -519,7 +472,7 @@ async fn expand_volume(
         .await?
         .ok_or_else(|| volume_not_found(&name))?;
     if req.size < v.data.spec.size {
-        return Err(ApiError::Invalid(format!(
+        return Err(ApiError::Conflict(format!(
             "size {} is smaller than the volume ({}): volumes only grow",
             req.size, v.data.spec.size
         )));
@@ -605,7 +558,7 @@ async fn record_snapshots(
 async fn create_snapshot(
     State(ctx): State<Ctx>,
     Path(name): Path<String>,
-    body: Option<Json<SnapshotCreate>>,
+    body: Option<Body<SnapshotCreate>>,
 ) -> Result<(StatusCode, Json<serde_json::Value>), ApiError> {
     let req = body.map(|b| b.0).unwrap_or_default();
     if let Some(s) = &req.name {
@@ -719,10 +672,13 @@ async fn get_setting(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiRes
 async fn put_setting(
     State(ctx): State<Ctx>,
     Path(name): Path<String>,
-    Json(req): Json<SettingValue>,
+    Body(req): Body<SettingValue>,
 ) -> ApiResult<SettingView> {
     if !model::SETTINGS.iter().any(|s| s.0 == name) {
         return Err(ApiError::NotFound(format!("unknown setting {name:?}")));
+    }
+    if let Some((_, default, _)) = model::SETTINGS.iter().find(|s| s.0 == name) {
+        openapi::check_setting_value(&name, default, &req.value)?;
     }
     model::validate_setting(&name, &req.value).map_err(ApiError::Invalid)?;
     let value = Setting { value: req.value };

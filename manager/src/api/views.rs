@@ -9,6 +9,7 @@ use crate::store::Object;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[serde(deny_unknown_fields)]
 pub struct VolumeCreate {
     pub name: String,
     pub size: u64,
@@ -30,6 +31,7 @@ fn three() -> u32 {
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[serde(deny_unknown_fields)]
 pub struct AttachRequest {
     /// Defaults to the node whose manager answers.
     #[serde(default)]
@@ -41,11 +43,13 @@ pub struct AttachRequest {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SizeRequest {
     pub size: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SnapshotCreate {
     #[serde(default)]
     pub name: Option<String>,
@@ -54,12 +58,14 @@ pub struct SnapshotCreate {
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SettingValue {
     pub value: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
+#[serde(deny_unknown_fields)]
 pub struct DiskCreate {
     pub name: String,
     pub path: String,

@@ -5,14 +5,18 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use axum::Json;
-use axum::body::Body;
-use axum::extract::{Path, Query, State};
+use axum::body::Body as RawBody;
+use axum::extract::State;
 use axum::http::{HeaderMap, StatusCode};
 use serde::{Deserialize, Serialize};
 
 use super::image_controller::{MIN_COPIES_SETTING, data_source_for};
 use super::model::{
     BackingImage, BackingImageDataSource, BackingImageSpec, DiskFileStatus, SourceType, state,
+};
+use crate::api::extract::{Body, Path, Query};
+use crate::api::openapi::{
+    check_checksum as check_checksum_pattern, check_copies, check_name, check_source_parameters,
 };
 use crate::api::routes::Routes;
 use crate::context::Ctx;
@@ -57,7 +61,7 @@ pub fn register(r: &mut Routes) {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct BackingImageCreate {
     pub name: String,
     pub source_type: String,
@@ -78,7 +82,7 @@ pub struct BackingImageCreate {
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CleanupRequest {
     /// Disk UUIDs.
     pub disks: Vec<String>,
@@ -184,11 +188,16 @@ fn not_found(name: &str) -> ApiError {
     ApiError::NotFound(format!("backing image {name:?} not found"))
 }
 
+/// A live image. One whose deletion was accepted is gone for the API (its files are removed in the background; the
+/// list still shows it as `deleting` until they are).
 async fn must_get(ctx: &Ctx, name: &str) -> Result<Object<BackingImage>, ApiError> {
-    ctx.db
-        .get::<BackingImage>(name)
-        .await?
-        .ok_or_else(|| not_found(name))
+    match ctx.db.get::<BackingImage>(name).await? {
+        Some(o) if o.data.spec.deletion_timestamp.is_some() => Err(ApiError::NotFound(format!(
+            "backing image {name:?} not found: it is being deleted"
+        ))),
+        Some(o) => Ok(o),
+        None => Err(not_found(name)),
+    }
 }
 
 async fn list(State(ctx): State<Ctx>) -> ApiResult<Vec<BackingImageView>> {
@@ -208,29 +217,22 @@ async fn get(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<Back
 
 /// A SHA-512 in hex (any case) → lower case; empty stays empty.
 fn check_checksum(c: &str) -> Result<String, ApiError> {
-    if c.is_empty() {
-        return Ok(String::new());
-    }
-    if c.len() != 128 || !c.chars().all(|x| x.is_ascii_hexdigit()) {
-        return Err(ApiError::Invalid(format!(
-            "expectedChecksum must be a SHA-512 (128 hex digits), got {} characters",
-            c.len()
-        )));
-    }
+    check_checksum_pattern(c)?;
     Ok(c.to_ascii_lowercase())
 }
 
 async fn create(
     State(ctx): State<Ctx>,
-    Json(req): Json<BackingImageCreate>,
+    Body(req): Body<BackingImageCreate>,
 ) -> Result<(StatusCode, Json<BackingImageView>), ApiError> {
-    corral_daemon::disk::check_path_component("backing image name", &req.name).map_err(ApiError::Invalid)?;
+    check_name("backing image name", &req.name)?;
     let source_type = SourceType::parse(&req.source_type).ok_or_else(|| {
         ApiError::Invalid(format!(
             "unknown sourceType {:?}; use download, upload, export-from-volume, restore or clone",
             req.source_type
         ))
     })?;
+    check_source_parameters(source_type, &req.parameters)?;
     let expected_checksum = check_checksum(&req.expected_checksum)?;
     let data_engine = req.data_engine.clone().unwrap_or_else(|| "v1".to_owned());
     if data_engine != "v1" {
@@ -242,16 +244,18 @@ async fn create(
         Some(n) => n,
         None => u32::try_from(ctx.setting_u64(MIN_COPIES_SETTING).await).unwrap_or(1),
     };
-    if !(1..=16).contains(&min) {
-        return Err(ApiError::Invalid(format!(
-            "minNumberOfCopies {min} is out of range 1..=16"
-        )));
-    }
-    if ctx.db.get::<BackingImage>(&req.name).await?.is_some() {
-        return Err(ApiError::Conflict(format!(
-            "backing image {:?} already exists",
-            req.name
-        )));
+    check_copies("minNumberOfCopies", min)?;
+    if let Some(old) = ctx.db.get::<BackingImage>(&req.name).await? {
+        return Err(ApiError::Conflict(
+            if old.data.spec.deletion_timestamp.is_some() {
+                format!(
+                    "backing image {:?} is still being deleted: create it again once it is gone",
+                    req.name
+                )
+            } else {
+                format!("backing image {:?} already exists", req.name)
+            },
+        ));
     }
     let bi = BackingImage {
         spec: BackingImageSpec {
@@ -269,7 +273,9 @@ async fn create(
         },
         status: Default::default(),
     };
-    let ds = data_source_for(&ctx, &bi).await.map_err(ApiError::Invalid)?;
+    // The request is well formed (checked above); what is left depends on the cluster: a source volume, a ready
+    // copy to clone, a disk with room.
+    let ds = data_source_for(&ctx, &bi).await.map_err(ApiError::Conflict)?;
     // A leftover data source of an earlier image of this name goes first (an image's deletion removes its data
     // source before the image, so none can belong to a live image here).
     ctx.db.delete_any::<BackingImageDataSource>(&req.name).await?;
@@ -312,18 +318,16 @@ async fn delete(State(ctx): State<Ctx>, Path(name): Path<String>) -> Result<Stat
             vols.join(", ")
         )));
     }
-    if obj.data.spec.deletion_timestamp.is_none() {
-        let mut o = obj;
-        o.data.spec.deletion_timestamp = Some(crate::controller::now());
-        ctx.db.update(&mut o).await?;
-    }
+    let mut o = obj;
+    o.data.spec.deletion_timestamp = Some(crate::controller::now());
+    ctx.db.update(&mut o).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
 async fn cleanup(
     State(ctx): State<Ctx>,
     Path(name): Path<String>,
-    Json(req): Json<CleanupRequest>,
+    Body(req): Body<CleanupRequest>,
 ) -> ApiResult<BackingImageView> {
     let mut obj = must_get(&ctx, &name).await?;
     let used = super::image_controller::replica_disks(&ctx, &name)
@@ -331,7 +335,8 @@ async fn cleanup(
         .map_err(|e| ApiError::Unavailable(format!("{e:#}")))?;
     for d in &req.disks {
         if !obj.data.spec.disk_file_spec_map.contains_key(d) {
-            return Err(ApiError::NotFound(format!(
+            // The image exists; the disk named is what does not fit.
+            return Err(ApiError::Conflict(format!(
                 "backing image {name} has no copy on disk {d}"
             )));
         }
@@ -359,7 +364,7 @@ async fn upload(
     Path(name): Path<String>,
     Query(q): Query<UploadQuery>,
     headers: HeaderMap,
-    body: Body,
+    body: RawBody,
 ) -> ApiResult<BackingImageView> {
     let size = q
         .size
@@ -432,7 +437,7 @@ pub async fn check_volume_image(ctx: &Ctx, image: Option<&str>, size: u64) -> Re
         .db
         .get::<BackingImage>(image)
         .await?
-        .ok_or_else(|| ApiError::Invalid(format!("backing image {image:?} does not exist")))?;
+        .ok_or_else(|| ApiError::NotFound(format!("backing image {image:?} does not exist")))?;
     if bi.data.spec.deletion_timestamp.is_some() {
         return Err(ApiError::Conflict(format!(
             "backing image {image} is being deleted"
@@ -440,7 +445,7 @@ pub async fn check_volume_image(ctx: &Ctx, image: Option<&str>, size: u64) -> Re
     }
     let vsize = bi.data.status.virtual_size;
     if vsize > size {
-        return Err(ApiError::Invalid(format!(
+        return Err(ApiError::Conflict(format!(
             "volume size {size} is smaller than the virtual size {vsize} of backing image {image}"
         )));
     }
