@@ -54,6 +54,86 @@ fn schemathesis_version() -> Result<String, String> {
     Ok(version)
 }
 
+/// `curl` a request: (status, headers, body as JSON).
+fn curl(args: &[&str]) -> (u16, String, serde_json::Value) {
+    let out = Command::new("curl")
+        .args(["-s", "-D", "/dev/stderr", "-w", "\n%{http_code}"])
+        .args(args)
+        .output()
+        .expect("run curl");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, code) = text.rsplit_once('\n').unwrap_or_default();
+    let headers = String::from_utf8_lossy(&out.stderr).to_ascii_lowercase();
+    let json =
+        serde_json::from_str(body).unwrap_or_else(|e| panic!("{args:?}: body {body:?} is not JSON: {e}"));
+    (code.trim().parse().unwrap_or(0), headers, json)
+}
+
+/// What schemathesis does not send, or whose answer it does not check: unknown routes, unsupported methods,
+/// bodies too large, missing and mistyped bodies. Each answers the documented `{code, message}` JSON.
+fn errors_outside_the_handlers_are_json(url: &str) {
+    let vols = format!("{url}/v1/volumes");
+    let big = format!("{{\"name\": \"{}\"}}", "a".repeat(3 << 20));
+    let big_file = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(big_file.path(), big).unwrap();
+    let big_arg = format!("@{}", big_file.path().display());
+    let cases: [(&[&str], u16, &str); 6] = [
+        (&[&format!("{url}/v1/nope")], 404, "not-found"),
+        (&["-X", "PATCH", &vols], 405, "method-not-allowed"),
+        (&["-X", "POST", &vols], 400, "invalid"),
+        (
+            &["-X", "POST", "-H", "content-type: text/plain", "-d", "{}", &vols],
+            415,
+            "unsupported-media-type",
+        ),
+        (
+            &[
+                "-X",
+                "POST",
+                "-H",
+                "content-type: application/json",
+                "-d",
+                "{\"name\": \"a\", \"size\": 4096, \"extra\": 1}",
+                &vols,
+            ],
+            400,
+            "invalid",
+        ),
+        (
+            &[
+                "-X",
+                "POST",
+                "-H",
+                "content-type: application/json",
+                "--data-binary",
+                &big_arg,
+                &vols,
+            ],
+            413,
+            "too-large",
+        ),
+    ];
+    for (args, status, code) in cases {
+        let (got, headers, body) = curl(args);
+        assert_eq!(
+            (got, body["code"].as_str()),
+            (status, Some(code)),
+            "{args:?}: {headers}{body}"
+        );
+        assert!(
+            headers.contains("content-type: application/json"),
+            "{args:?}: {headers}"
+        );
+        assert!(
+            body["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{args:?}: {body}"
+        );
+        if status == 405 {
+            assert!(headers.contains("allow: get,head,post"), "{headers}");
+        }
+    }
+}
+
 /// Reads a child's output to the end on a thread, so a chatty run never blocks on a full pipe.
 fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
     std::thread::spawn(move || {
@@ -93,6 +173,8 @@ fn the_api_conforms_to_its_openapi_document_under_schemathesis() {
             .map_or(1, |d| d.as_secs()),
     )
     .seed();
+
+    errors_outside_the_handlers_are_json(&url);
 
     let started = Instant::now();
     let mut child = Command::new("python3")
