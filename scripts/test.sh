@@ -16,6 +16,8 @@ export PROTOC=/bin/false
 
 # The CSI conformance test's independent client: Python gRPC stubs generated from csi/proto at test time.
 need_pip grpc_tools grpcio grpcio-tools || echo "warning: grpcio not installed; the CSI conformance test will fail" >&2
+# The REST API against its OpenAPI document (manager/tests/api_schema.rs): schemathesis' 4.x CLI.
+need_pip schemathesis 'schemathesis>=4,<5' || echo "warning: schemathesis not installed; the API schema test will fail" >&2
 
 # A one-shot build (CI) gains nothing from incremental compilation, which would double the target dir's size.
 if [ -n "${CI:-}" ]; then

@@ -161,3 +161,41 @@ pub async fn json_errors(req: Request, next: Next) -> Response {
 fn or_status(text: String, status: StatusCode) -> String {
     if text.is_empty() { status.to_string() } else { text }
 }
+
+#[cfg(test)]
+mod tests {
+    use axum::Router;
+    use axum::routing::get;
+
+    use super::*;
+
+    async fn boom() -> &'static str {
+        panic!("boom")
+    }
+
+    /// The safety net on a bare router: a panicking handler and a handler answering text/plain both reach the
+    /// client as the documented JSON, with their status.
+    #[tokio::test]
+    async fn panics_and_plain_text_errors_become_json() {
+        let app = Router::new()
+            .route("/panic", get(boom))
+            .route(
+                "/plain",
+                get(|| async { (StatusCode::BAD_REQUEST, "plain words") }),
+            )
+            .layer(axum::middleware::from_fn(json_errors));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        for (path, status, code, words) in [
+            ("/panic", 500, "internal", "boom"),
+            ("/plain", 400, "invalid", "plain words"),
+        ] {
+            let resp = reqwest::get(format!("http://{addr}{path}")).await.unwrap();
+            assert_eq!(resp.status().as_u16(), status, "{path}");
+            let body: crate::error::ErrorBody = resp.json().await.unwrap();
+            assert_eq!(body.code, code, "{path}");
+            assert!(body.message.contains(words), "{path}: {}", body.message);
+        }
+    }
+}
