@@ -69,16 +69,26 @@ fn curl(args: &[&str]) -> (u16, String, serde_json::Value) {
     (code.trim().parse().unwrap_or(0), headers, json)
 }
 
-/// What schemathesis does not send, or whose answer it does not check: unknown routes, unsupported methods,
-/// bodies too large, missing and mistyped bodies. Each answers the documented `{code, message}` JSON.
+/// What schemathesis does not send, or whose answer it does not check: unknown routes, a path that is not UTF-8,
+/// a query that does not parse, unsupported methods, bodies too large, missing and mistyped bodies. Each answers the documented `{code, message}` JSON.
 fn errors_outside_the_handlers_are_json(url: &str) {
     let vols = format!("{url}/v1/volumes");
     let big = format!("{{\"name\": \"{}\"}}", "a".repeat(3 << 20));
     let big_file = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(big_file.path(), big).unwrap();
     let big_arg = format!("@{}", big_file.path().display());
-    let cases: [(&[&str], u16, &str); 6] = [
+    let cases: [(&[&str], u16, &str); 8] = [
         (&[&format!("{url}/v1/nope")], 404, "not-found"),
+        (&[&format!("{vols}/%FF")], 400, "invalid"),
+        (
+            &[
+                "-X",
+                "POST",
+                &format!("{url}/v1/backingimages/b/upload?size=many"),
+            ],
+            400,
+            "invalid",
+        ),
         (&["-X", "PATCH", &vols], 405, "method-not-allowed"),
         (&["-X", "POST", &vols], 400, "invalid"),
         (
