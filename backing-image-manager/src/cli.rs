@@ -5,6 +5,7 @@ use backing_image_manager::client::connect;
 use backing_image_manager::manager::check_ref;
 use clap::Args;
 use comfy_table::Table;
+use corral_daemon::output::{emit, print, print_json_line};
 use corral_proto::v1;
 
 /// The image spec flags of fetch and sync.
@@ -47,47 +48,45 @@ fn short(sum: &str) -> String {
 }
 
 fn table(images: &[v1::BimImage]) -> Table {
-    let mut t = Table::new();
-    t.set_header([
-        "NAME",
-        "UUID",
-        "STATE",
-        "PROGRESS",
-        "SIZE",
-        "ALLOCATED",
-        "SHA-512",
-        "SENDING",
-        "MESSAGE",
-    ]);
-    for img in images {
-        let spec = img.spec.clone().unwrap_or_default();
-        let s = status(img);
-        t.add_row([
-            spec.name,
-            spec.uuid,
-            s.state,
-            format!("{}%", s.progress),
-            corral_daemon::human_bytes(s.size),
-            corral_daemon::human_bytes(s.real_size),
-            short(&s.current_checksum),
-            s.sending_reference.to_string(),
-            s.message,
-        ]);
-    }
-    t
+    corral_daemon::output::table(
+        &[
+            "NAME",
+            "UUID",
+            "STATE",
+            "PROGRESS",
+            "SIZE",
+            "ALLOCATED",
+            "SHA-512",
+            "SENDING",
+            "MESSAGE",
+        ],
+        images
+            .iter()
+            .map(|img| {
+                let spec = img.spec.clone().unwrap_or_default();
+                let s = status(img);
+                vec![
+                    spec.name,
+                    spec.uuid,
+                    s.state,
+                    format!("{}%", s.progress),
+                    corral_daemon::human_bytes(s.size),
+                    corral_daemon::human_bytes(s.real_size),
+                    short(&s.current_checksum),
+                    s.sending_reference.to_string(),
+                    s.message,
+                ]
+            })
+            .collect(),
+    )
 }
 
 pub async fn ls(url: &str, json: bool) -> anyhow::Result<()> {
     let list = connect(url).await?.list(v1::Empty {}).await?.into_inner();
-    if json {
-        println!("{}", serde_json::to_string_pretty(&list)?);
-        return Ok(());
-    }
-    if !list.disk_message.is_empty() {
+    if !json && !list.disk_message.is_empty() {
         eprintln!("disk {} unavailable: {}", list.disk_uuid, list.disk_message);
     }
-    println!("{}", table(&list.images));
-    Ok(())
+    Ok(print(json, &list, || table(&list.images).to_string())?)
 }
 
 pub async fn get(url: &str, name: &str, uuid: &str, json: bool) -> anyhow::Result<()> {
@@ -103,17 +102,14 @@ pub async fn get(url: &str, name: &str, uuid: &str, json: bool) -> anyhow::Resul
 }
 
 fn print_image(img: &v1::BimImage, json: bool) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(img)?);
-    } else {
-        println!("{}", table(std::slice::from_ref(img)));
-        println!("path: {}", img.path);
+    Ok(print(json, img, || {
+        let mut out = format!("{}\npath: {}", table(std::slice::from_ref(img)), img.path);
         let s = status(img);
         if !s.current_checksum.is_empty() {
-            println!("sha512: {}", s.current_checksum);
+            out.push_str(&format!("\nsha512: {}", s.current_checksum));
         }
-    }
-    Ok(())
+        out
+    })?)
 }
 
 /// Follows the image through Watch until it is ready or failed, with a progress bar.
@@ -220,20 +216,20 @@ pub async fn watch(url: &str, json: bool) -> anyhow::Result<()> {
     let mut events = connect(url).await?.watch(v1::Empty {}).await?.into_inner();
     while let Some(ev) = events.message().await? {
         if json {
-            println!("{}", serde_json::to_string(&ev)?);
+            print_json_line(&ev)?;
             continue;
         }
         if ev.resync {
-            println!("(events lost: run ls)");
+            emit("(events lost: run ls)");
             continue;
         }
         let img = ev.image.unwrap_or_default();
         let spec = img.spec.clone().unwrap_or_default();
         let s = status(&img);
         if ev.deleted {
-            println!("{} {} deleted", spec.name, spec.uuid);
+            emit(&format!("{} {} deleted", spec.name, spec.uuid));
         } else {
-            println!(
+            emit(&format!(
                 "{} {} {} {}%{}",
                 spec.name,
                 spec.uuid,
@@ -244,7 +240,7 @@ pub async fn watch(url: &str, json: bool) -> anyhow::Result<()> {
                 } else {
                     format!(" ({})", s.message)
                 }
-            );
+            ));
         }
     }
     Ok(())
@@ -252,10 +248,8 @@ pub async fn watch(url: &str, json: bool) -> anyhow::Result<()> {
 
 pub async fn version(url: &str, json: bool) -> anyhow::Result<()> {
     let v = connect(url).await?.version_get(v1::Empty {}).await?.into_inner();
-    if json {
-        println!("{}", serde_json::to_string_pretty(&v)?);
-    } else {
-        println!(
+    Ok(print(json, &v, || {
+        format!(
             "corral-bim {} (API {}, min {}){}",
             v.version,
             v.api_version,
@@ -265,7 +259,6 @@ pub async fn version(url: &str, json: bool) -> anyhow::Result<()> {
             } else {
                 format!(" {}", v.git_commit)
             }
-        );
-    }
-    Ok(())
+        )
+    })?)
 }

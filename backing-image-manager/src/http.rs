@@ -1,5 +1,6 @@
 //! HTTP side of the manager: `GET|HEAD /v1/files/{name}/download` of a ready image (raw with `Content-Length` and
-//! single `Range` requests, or a gzip stream with `?compress=gzip`), `/metrics` and `/healthz`.
+//! single `Range` requests, or a gzip stream with `?compress=gzip`), `/metrics`, `/healthz` and `/readyz` (the
+//! daemons' shared metrics routes, [`corral_daemon::metrics`]).
 
 use std::fs::File;
 use std::io::{self, Read, Seek, SeekFrom, Write};
@@ -12,7 +13,6 @@ use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use bytes::Bytes;
-use prometheus_client::registry::Registry;
 use serde::Deserialize;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -25,24 +25,15 @@ const CHUNK: usize = 1 << 20;
 #[derive(Clone)]
 struct AppState {
     manager: Arc<Manager>,
-    registry: Arc<Registry>,
 }
 
 /// The router of the HTTP address.
 pub fn router(manager: Arc<Manager>) -> Router {
-    let registry = Arc::new(crate::metrics::registry(manager.clone()));
+    let metrics = corral_daemon::metrics::Metrics::new(crate::metrics::registry(manager.clone()));
     Router::new()
         .route("/v1/files/{name}/download", get(download))
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
-        .with_state(AppState { manager, registry })
-}
-
-async fn metrics(State(s): State<AppState>) -> Result<String, StatusCode> {
-    let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &s.registry)
-        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-    Ok(out)
+        .with_state(AppState { manager })
+        .merge(metrics.routes())
 }
 
 #[derive(Debug, Deserialize)]

@@ -9,6 +9,7 @@ use anyhow::Context;
 use backing_image_manager::PortRange;
 use backing_image_manager::daemon::{ServeConfig, serve};
 use clap::{Parser, Subcommand};
+use corral_daemon::cli::{Process, RunKind};
 
 mod cli;
 
@@ -22,14 +23,10 @@ struct Cli {
     /// gRPC address of the manager the CLI commands talk to.
     #[arg(long, global = true, env = "CORRAL_BIM_URL", default_value = "127.0.0.1:8000")]
     url: String,
-    /// Print JSON instead of tables (for scripts).
-    #[arg(long, global = true)]
-    json: bool,
-    /// Log format: text or json.
-    #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
-    log_format: String,
     #[command(flatten)]
-    ready: corral_daemon::ready::ReadyFileArg,
+    output: corral_daemon::output::OutputArgs,
+    #[command(flatten)]
+    common: corral_daemon::cli::CommonArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -111,13 +108,16 @@ enum Cmd {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let level = if matches!(cli.cmd, Cmd::Serve { .. }) {
-        "info"
+    let kind = if matches!(cli.cmd, Cmd::Serve { .. }) {
+        RunKind::Daemon
     } else {
-        "warn"
+        RunKind::Command
     };
-    corral_daemon::init_logging(&cli.log_format, level);
-    let result = run(cli).await;
+    let process = cli
+        .common
+        .init("corral-bim", env!("CARGO_PKG_VERSION"), kind)
+        .map_err(anyhow::Error::msg)?;
+    let result = run(cli, process).await;
     // A refused request is the server's message, not a Rust error chain.
     if let Err(e) = &result
         && let Some(s) = e.downcast_ref::<tonic::Status>()
@@ -128,7 +128,8 @@ async fn main() -> anyhow::Result<()> {
     result
 }
 
-async fn run(cli: Cli) -> anyhow::Result<()> {
+async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
+    let json = cli.output.json;
     match cli.cmd {
         Cmd::Serve {
             listen,
@@ -155,21 +156,21 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
                 check_interval: Duration::from_secs_f64(check_interval),
                 sync_idle_timeout: Duration::from_secs(sync_idle_timeout.max(1)),
                 send_max_rate,
-                ready_file: cli.ready.ready_file,
+                ready_file: process.ready_file,
             };
             let cancel = corral_daemon::shutdown_on_signal();
             serve(cfg, cancel).await.context("corral-bim serve")
         }
-        Cmd::Ls => cli::ls(&cli.url, cli.json).await,
-        Cmd::Get { name, uuid } => cli::get(&cli.url, &name, &uuid, cli.json).await,
+        Cmd::Ls => cli::ls(&cli.url, json).await,
+        Cmd::Get { name, uuid } => cli::get(&cli.url, &name, &uuid, json).await,
         Cmd::Fetch {
             spec,
             data_source,
             no_wait,
-        } => cli::fetch(&cli.url, spec, &data_source, !no_wait, cli.json).await,
-        Cmd::Sync { spec, from, no_wait } => cli::sync(&cli.url, spec, &from, !no_wait, cli.json).await,
+        } => cli::fetch(&cli.url, spec, &data_source, !no_wait, json).await,
+        Cmd::Sync { spec, from, no_wait } => cli::sync(&cli.url, spec, &from, !no_wait, json).await,
         Cmd::Rm { name, uuid } => cli::rm(&cli.url, &name, &uuid).await,
-        Cmd::Watch => cli::watch(&cli.url, cli.json).await,
-        Cmd::Version => cli::version(&cli.url, cli.json).await,
+        Cmd::Watch => cli::watch(&cli.url, json).await,
+        Cmd::Version => cli::version(&cli.url, json).await,
     }
 }

@@ -1,32 +1,20 @@
-//! The conventions every Corral binary follows, in one place so the daemons behave alike: logs on stderr as text or
-//! JSON (`--log-format`, `RUST_LOG`), SIGTERM/SIGINT turned into a cancellation, byte sizes with binary suffixes on
-//! the command line, progress bars only when a human is watching, and the identity and durable-write rules of a disk
-//! directory ([`disk`]), and the ready report a daemon gives once its listeners are bound ([`ready`]).
+//! The conventions every Corral binary follows, in one place so the daemons behave alike: the shared flags and the
+//! logging they set up ([`cli`]: `--log-format`, `--log-level`, `--ready-file`), what CLIs print ([`output`]: tables,
+//! `--json`, quiet on a closed pipe), the metrics and health server ([`metrics`]), SIGTERM/SIGINT turned into a
+//! cancellation, byte sizes with binary suffixes on the command line, progress bars only when a human is watching,
+//! the identity and durable-write rules of a disk directory ([`disk`]), and the ready report a daemon gives once its
+//! listeners are bound ([`ready`]).
 
+pub mod cli;
 pub mod disk;
+pub mod metrics;
+pub mod output;
 pub mod ready;
 
 use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use tokio_util::sync::CancellationToken;
-
-/// Sets up `tracing` on stderr: `json` for JSON lines, anything else for text. `RUST_LOG` sets the level,
-/// `default_level` applies without it (`info` for daemons, `warn` for one-shot commands).
-pub fn init_logging(format: &str, default_level: &str) {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default_level));
-    let b = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        // Colour codes only for a human at a terminal: daemon logs redirected to files stay plain text.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    if format == "json" {
-        b.json().init();
-    } else {
-        b.init();
-    }
-}
 
 /// A token cancelled on the first SIGTERM or SIGINT (the daemons' clean-shutdown trigger).
 pub fn shutdown_on_signal() -> CancellationToken {

@@ -13,6 +13,7 @@
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -24,6 +25,14 @@ pub struct ReadyFileArg {
     /// (atomically: temp + rename). Ask for port 0 and read the bound ports here.
     #[arg(long, global = true, value_name = "PATH")]
     pub ready_file: Option<PathBuf>,
+}
+
+/// Set once this process announced itself ready (`/readyz` answers 200 from then on).
+static ANNOUNCED: AtomicBool = AtomicBool::new(false);
+
+/// Whether this process announced itself ready ([`ReadyReport::announce`]).
+pub fn announced() -> bool {
+    ANNOUNCED.load(Ordering::Acquire)
 }
 
 /// What a daemon reports when it is ready: its pid and the address of each named listener.
@@ -79,7 +88,10 @@ impl ReadyReport {
     pub fn announce(&self, file: Option<&Path>) -> Result<(), ReadyError> {
         let listen = serde_json::to_string(&self.listen).unwrap_or_default();
         tracing::info!(pid = self.pid, listen = %listen, "ready");
-        let Some(path) = file else { return Ok(()) };
+        let Some(path) = file else {
+            ANNOUNCED.store(true, Ordering::Release);
+            return Ok(());
+        };
         let bytes = serde_json::to_vec(self).map_err(|e| ReadyError {
             path: path.to_owned(),
             source: std::io::Error::other(e),
@@ -87,7 +99,9 @@ impl ReadyReport {
         corral_disk::durable::write_atomic(path, &bytes).map_err(|source| ReadyError {
             path: path.to_owned(),
             source,
-        })
+        })?;
+        ANNOUNCED.store(true, Ordering::Release);
+        Ok(())
     }
 
     /// Reads a ready file (for whoever started the daemon).

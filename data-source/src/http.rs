@@ -7,8 +7,6 @@ use std::sync::atomic::Ordering;
 use axum::Json;
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, FromRequest, Query, Request, State};
-use axum::http::StatusCode;
-use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -25,26 +23,22 @@ use crate::upload;
 #[derive(Clone)]
 struct App {
     ds: Arc<DataSource>,
-    registry: Arc<Registry>,
 }
 
 /// The router of a data-source server.
 pub fn router(ds: Arc<DataSource>) -> Router {
     let mut registry = Registry::with_prefix("corral_datasource");
     registry.register_collector(Box::new(Collector { ds: ds.clone() }));
-    let app = App {
-        ds,
-        registry: Arc::new(registry),
-    };
+    let metrics = corral_daemon::metrics::Metrics::new(registry);
+    let app = App { ds };
     Router::new()
         // Uploads are streamed to disk, so the body size is not limited here (the announced size is).
         .route(
             "/v1/file",
             get(get_file).post(post_file).layer(DefaultBodyLimit::disable()),
         )
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
         .with_state(app)
+        .merge(metrics.routes())
 }
 
 async fn get_file(State(app): State<App>) -> Json<FileInfo> {
@@ -77,14 +71,6 @@ async fn post_file(
             "unknown action {other:?}; expected upload or transfer"
         ))),
         None => Err(ApiError::BadRequest("missing ?action=upload|transfer".into())),
-    }
-}
-
-async fn metrics(State(app): State<App>) -> Response {
-    let mut out = String::new();
-    match prometheus_client::encoding::text::encode(&mut out, &app.registry) {
-        Ok(()) => out.into_response(),
-        Err(_) => StatusCode::INTERNAL_SERVER_ERROR.into_response(),
     }
 }
 

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use corral_daemon::cli::RunKind;
 use data_source::spec::parse_param;
 use data_source::{DataEngine, DataSource, DataSourceConfig, SourceType};
 
@@ -17,11 +18,8 @@ use data_source::{DataEngine, DataSource, DataSourceConfig, SourceType};
     about = "Corral data source: prepares the first copy of a backing image on a disk"
 )]
 struct Cli {
-    /// Log format on stderr: text or json.
-    #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
-    log_format: String,
     #[command(flatten)]
-    ready: corral_daemon::ready::ReadyFileArg,
+    common: corral_daemon::cli::CommonArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -74,7 +72,10 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    corral_daemon::init_logging(&cli.log_format, "info");
+    let process = cli
+        .common
+        .init("corral-datasource", env!("CARGO_PKG_VERSION"), RunKind::Daemon)
+        .map_err(anyhow::Error::msg)?;
     let Cmd::Serve {
         listen,
         disk_path,
@@ -89,7 +90,7 @@ fn main() -> anyhow::Result<()> {
         download_retries,
         receiver_ip,
     } = cli.cmd;
-    let ready_file = cli.ready.ready_file;
+    let ready_file = process.ready_file;
     let source_type: SourceType = source_type.parse().map_err(anyhow::Error::msg)?;
     let parameters: BTreeMap<String, String> = params.into_iter().collect();
     let config = DataSourceConfig {

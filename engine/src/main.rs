@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use corral_daemon::cli::RunKind;
+use corral_daemon::output::{self, emit, table};
 use corral_proto::v1::{self, controller_service_client::ControllerServiceClient};
 use engine::daemon::{ServeConfig, serve};
 use engine::frontend::NbdListen;
@@ -28,14 +29,10 @@ struct Cli {
         default_value = "127.0.0.1:9501"
     )]
     url: String,
-    /// Print JSON instead of tables.
-    #[arg(long, global = true)]
-    json: bool,
-    /// Log format: text or json.
-    #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
-    log_format: String,
     #[command(flatten)]
-    ready: corral_daemon::ready::ReadyFileArg,
+    output: corral_daemon::output::OutputArgs,
+    #[command(flatten)]
+    common: corral_daemon::cli::CommonArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -72,9 +69,8 @@ enum Cmd {
         /// Seconds before an unanswered replica request puts the replica ERR.
         #[arg(long, default_value_t = 8)]
         replica_timeout: u64,
-        /// Serve Prometheus /metrics and /healthz here.
-        #[arg(long, env = "CORRAL_METRICS_LISTEN")]
-        metrics_listen: Option<SocketAddr>,
+        #[command(flatten)]
+        metrics: corral_daemon::metrics::MetricsListenArg,
     },
     /// Volume state.
     Info,
@@ -151,30 +147,23 @@ async fn client(url: &str) -> anyhow::Result<ControllerServiceClient<Channel>> {
     Ok(ControllerServiceClient::new(ch))
 }
 
-fn table(header: &[&str], rows: Vec<Vec<String>>) -> Table {
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED);
-    t.set_header(header.to_vec());
-    for r in rows {
-        t.add_row(r);
-    }
-    t
-}
-
 fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce() -> String) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(v)?);
-    } else {
-        println!("{}", human());
-    }
-    Ok(())
+    Ok(output::print(json, v, human)?)
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    corral_daemon::init_logging(&cli.log_format, "info");
-    let json = cli.json;
+    let kind = if matches!(cli.cmd, Cmd::Serve { .. }) {
+        RunKind::Daemon
+    } else {
+        RunKind::Command
+    };
+    let process = cli
+        .common
+        .init("corral-engine", env!("CARGO_PKG_VERSION"), kind)
+        .map_err(anyhow::Error::msg)?;
+    let json = cli.output.json;
     match cli.cmd {
         Cmd::Serve {
             volume,
@@ -186,7 +175,7 @@ async fn main() -> anyhow::Result<()> {
             disable_revision_counter,
             salvage_requested,
             replica_timeout,
-            metrics_listen,
+            metrics,
         } => {
             if frontend != "nbd" {
                 bail!("frontend {frontend:?} is not supported (only nbd)");
@@ -201,8 +190,8 @@ async fn main() -> anyhow::Result<()> {
                 disable_revision_counter,
                 salvage_requested,
                 replica_timeout: Duration::from_secs(replica_timeout),
-                metrics_listen,
-                ready_file: cli.ready.ready_file,
+                metrics_listen: metrics.metrics_listen,
+                ready_file: process.ready_file,
             };
             serve(cfg, cancel).await
         }
@@ -315,7 +304,7 @@ async fn main() -> anyhow::Result<()> {
                     address: address.to_string(),
                 })
                 .await?;
-            println!("replica {address} removed");
+            emit(&format!("replica {address} removed"));
             Ok(())
         }
         Cmd::Snapshot { cmd } => snapshot(&cli.url, json, cmd).await,
@@ -416,7 +405,9 @@ async fn snapshot(url: &str, json: bool, cmd: SnapCmd) -> anyhow::Result<()> {
         }
         SnapCmd::Rm { name } => {
             c.snapshot_remove(v1::SnapshotName { name: name.clone() }).await?;
-            println!("snapshot {name} marked removed; run `snapshot purge` to reclaim its space");
+            emit(&format!(
+                "snapshot {name} marked removed; run `snapshot purge` to reclaim its space"
+            ));
             Ok(())
         }
         SnapCmd::Revert { name } => {
@@ -427,7 +418,7 @@ async fn snapshot(url: &str, json: bool, cmd: SnapCmd) -> anyhow::Result<()> {
                 c.frontend_start(v1::Empty {}).await?;
             }
             r?;
-            println!("reverted to {name}");
+            emit(&format!("reverted to {name}"));
             Ok(())
         }
         SnapCmd::Purge => {

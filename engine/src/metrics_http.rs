@@ -1,9 +1,18 @@
-//! Prometheus `/metrics` and `/healthz` of the engine, gathered at scrape time.
+//! Prometheus `/metrics` (plus `/healthz`, `/readyz`) of the engine, on the daemons' shared server
+//! ([`corral_daemon::metrics`]): the volume's counters and latency histograms are read at scrape time from its
+//! atomics; the replica counts by mode are refreshed just before each scrape (reading them takes the replica lock).
+//! Every series carries the label `volume` (escaped by the encoder, whatever the volume is called).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
-use axum::{Router, extract::State, routing::get};
+use corral_daemon::metrics::Metrics;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, NoLabelSet};
+use prometheus_client::metrics::MetricType;
+use prometheus_client::metrics::counter::ConstCounter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
@@ -11,110 +20,111 @@ use crate::metrics::{LATENCY_BUCKETS_US, LatencyHistogram};
 use crate::replica_client::Mode;
 use crate::volume::Volume;
 
-fn histogram(out: &mut String, name: &str, help: &str, vol: &str, h: &LatencyHistogram) {
-    use std::fmt::Write;
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
-    let mut cum = 0;
-    for (i, b) in h.buckets.iter().enumerate() {
-        cum += b.load(Relaxed);
-        let le = LATENCY_BUCKETS_US
-            .get(i)
-            .map_or_else(|| "+Inf".to_owned(), |us| format!("{}", *us as f64 / 1e6));
-        let _ = writeln!(out, "{name}_bucket{{volume=\"{vol}\",le=\"{le}\"}} {cum}");
-    }
-    let _ = writeln!(
-        out,
-        "{name}_sum{{volume=\"{vol}\"}} {}",
-        h.sum_us.load(Relaxed) as f64 / 1e6
-    );
-    let _ = writeln!(out, "{name}_count{{volume=\"{vol}\"}} {}", h.count.load(Relaxed));
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct ModeLabels {
+    volume: String,
+    mode: String,
 }
 
-async fn metrics(State(v): State<Arc<Volume>>) -> String {
-    use std::fmt::Write;
-    let m = &v.metrics;
-    let n = &v.name;
-    let mut out = String::new();
-    for (name, help, val) in [
-        (
-            "corral_engine_reads_total",
-            "Reads completed",
-            m.reads.load(Relaxed),
-        ),
-        (
-            "corral_engine_writes_total",
-            "Writes completed",
-            m.writes.load(Relaxed),
-        ),
-        (
-            "corral_engine_read_bytes_total",
-            "Bytes read",
-            m.read_bytes.load(Relaxed),
-        ),
-        (
-            "corral_engine_written_bytes_total",
-            "Bytes written",
-            m.write_bytes.load(Relaxed),
-        ),
-        ("corral_engine_flushes_total", "Flushes", m.flushes.load(Relaxed)),
-        (
-            "corral_engine_io_errors_total",
-            "IOs failed to the client",
-            m.errors.load(Relaxed),
-        ),
-        (
-            "corral_engine_replica_failures_total",
-            "Replica failures",
-            m.replica_errors.load(Relaxed),
-        ),
-    ] {
-        let _ = writeln!(
-            out,
-            "# HELP {name} {help}\n# TYPE {name} counter\n{name}{{volume=\"{n}\"}} {val}"
-        );
-    }
-    let _ = writeln!(
-        out,
-        "# HELP corral_engine_replicas Replicas by mode\n# TYPE corral_engine_replicas gauge"
-    );
-    let reps = v.replicas().await;
-    for mode in [Mode::Rw, Mode::Wo, Mode::Err] {
-        let c = reps.iter().filter(|r| r.mode() == mode).count();
-        let _ = writeln!(
-            out,
-            "corral_engine_replicas{{volume=\"{n}\",mode=\"{}\"}} {c}",
-            mode.as_str()
-        );
-    }
-    histogram(
-        &mut out,
-        "corral_engine_read_latency_seconds",
-        "Read latency",
-        n,
-        &m.read_latency,
-    );
-    histogram(
-        &mut out,
-        "corral_engine_write_latency_seconds",
-        "Write latency",
-        n,
-        &m.write_latency,
-    );
-    out
+/// Reads the volume's counters and histograms at scrape time.
+#[derive(Debug)]
+struct VolumeCollector(Arc<Volume>);
+
+fn encode_latency(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    volume: &str,
+    h: &LatencyHistogram,
+) -> Result<(), std::fmt::Error> {
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "bucket bounds and sums in seconds need no 53-bit precision"
+    )]
+    let seconds = |us: u64| us as f64 / 1e6;
+    let buckets: Vec<(f64, u64)> = h
+        .buckets
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let le = LATENCY_BUCKETS_US.get(i).map_or(f64::INFINITY, |us| seconds(*us));
+            (le, b.load(Relaxed))
+        })
+        .collect();
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    m.encode_family(&[("volume", volume)])?
+        .encode_histogram::<NoLabelSet>(
+            seconds(h.sum_us.load(Relaxed)),
+            h.count.load(Relaxed),
+            &buckets,
+            None,
+        )
 }
 
-/// Serves `/metrics` and `/healthz` until `cancel`.
+impl prometheus_client::collector::Collector for VolumeCollector {
+    fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        let v = &self.0;
+        let m = &v.metrics;
+        let volume = [("volume", v.name.as_str())];
+        for (name, help, val) in [
+            ("engine_reads", "Reads completed", &m.reads),
+            ("engine_writes", "Writes completed", &m.writes),
+            ("engine_read_bytes", "Bytes read", &m.read_bytes),
+            ("engine_written_bytes", "Bytes written", &m.write_bytes),
+            ("engine_flushes", "Flushes", &m.flushes),
+            ("engine_io_errors", "IOs failed to the client", &m.errors),
+            ("engine_replica_failures", "Replica failures", &m.replica_errors),
+        ] {
+            let c = ConstCounter::new(val.load(Relaxed));
+            let mut family = enc.encode_descriptor(name, help, None, c.metric_type())?;
+            c.encode(family.encode_family(&volume)?)?;
+        }
+        encode_latency(
+            &mut enc,
+            "engine_read_latency_seconds",
+            "Read latency",
+            &v.name,
+            &m.read_latency,
+        )?;
+        encode_latency(
+            &mut enc,
+            "engine_write_latency_seconds",
+            "Write latency",
+            &v.name,
+            &m.write_latency,
+        )
+    }
+}
+
+/// The engine's metrics (prefix `corral_`): the volume's collector and the replicas-by-mode gauges.
+pub fn metrics(volume: Arc<Volume>) -> Metrics {
+    let mut reg = Registry::with_prefix("corral");
+    let replicas = Family::<ModeLabels, Gauge>::default();
+    reg.register("engine_replicas", "Replicas by mode", replicas.clone());
+    reg.register_collector(Box::new(VolumeCollector(volume.clone())));
+    Metrics::new(reg).refresh_with(move || {
+        let (v, replicas) = (volume.clone(), replicas.clone());
+        async move {
+            let reps = v.replicas().await;
+            for mode in [Mode::Rw, Mode::Wo, Mode::Err] {
+                let n = reps.iter().filter(|r| r.mode() == mode).count();
+                replicas
+                    .get_or_create(&ModeLabels {
+                        volume: v.name.clone(),
+                        mode: mode.as_str().to_owned(),
+                    })
+                    .set(i64::try_from(n).unwrap_or(i64::MAX));
+            }
+        }
+    })
+}
+
+/// Serves `/metrics`, `/healthz` and `/readyz` until `cancel`.
 pub async fn serve(
     listener: TcpListener,
     volume: Arc<Volume>,
     cancel: CancellationToken,
 ) -> anyhow::Result<()> {
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
-        .with_state(volume);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await?;
+    corral_daemon::metrics::serve(listener, metrics(volume).routes(), cancel).await?;
     Ok(())
 }

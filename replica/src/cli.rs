@@ -4,7 +4,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use corral_daemon::output::{emit, field_table, table};
 use corral_daemon::{human_bytes, percent_bar};
 use corral_proto::grpc::{self, GrpcTimeouts};
 use corral_proto::v1::{
@@ -79,37 +79,34 @@ pub async fn sync_agent(url: &str) -> anyhow::Result<SyncAgentServiceClient<Chan
 /// Prints an offline or online status as a table (or JSON).
 pub fn print_status(s: &ReplicaStatus, json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(s)?);
+        corral_daemon::output::print(true, s, String::new)?;
         return Ok(());
     }
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED);
-    t.add_row(vec!["state", &s.state]);
-    t.add_row(vec!["directory", &s.dir]);
-    t.add_row(vec!["size", &format!("{} ({})", human_bytes(s.size), s.size)]);
-    t.add_row(vec!["head", &s.head]);
-    t.add_row(vec![
-        "dirty / rebuilding",
-        &format!("{} / {}", s.dirty, s.rebuilding),
-    ]);
     let rev = if s.revision_counter_disabled {
         "disabled".to_owned()
     } else {
         s.revision_counter.to_string()
     };
-    t.add_row(vec!["revision counter", &rev]);
-    t.add_row(vec![
-        "backing file",
-        if s.backing_file.is_empty() {
-            "-"
-        } else {
-            &s.backing_file
-        },
-    ]);
+    let mut rows = vec![
+        ("state", s.state.clone()),
+        ("directory", s.dir.clone()),
+        ("size", format!("{} ({})", human_bytes(s.size), s.size)),
+        ("head", s.head.clone()),
+        ("dirty / rebuilding", format!("{} / {}", s.dirty, s.rebuilding)),
+        ("revision counter", rev),
+        (
+            "backing file",
+            if s.backing_file.is_empty() {
+                "-".to_owned()
+            } else {
+                s.backing_file.clone()
+            },
+        ),
+    ];
     if !s.error.is_empty() {
-        t.add_row(vec!["error", &s.error]);
+        rows.push(("error", s.error.clone()));
     }
-    println!("{t}");
+    emit(&field_table(rows).to_string());
     // The offline status and the gRPC answer print through one table: convert to the wire form.
     let r = crate::service::to_proto(s, "");
     print_disks(&r.chain, r.disks.values());
@@ -117,18 +114,6 @@ pub fn print_status(s: &ReplicaStatus, json: bool) -> anyhow::Result<()> {
 }
 
 fn print_disks<'a>(chain: &[String], disks: impl Iterator<Item = &'a v1::DiskInfo>) {
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED);
-    t.set_header(vec![
-        "disk",
-        "parent",
-        "allocated",
-        "live",
-        "removed",
-        "user",
-        "created",
-        "labels",
-    ]);
     let mut rows: Vec<&v1::DiskInfo> = disks.collect();
     // Live chain first (head first), then side branches by name.
     rows.sort_by_key(|d| {
@@ -138,32 +123,46 @@ fn print_disks<'a>(chain: &[String], disks: impl Iterator<Item = &'a v1::DiskInf
         )
     });
     let yes = |b: bool| if b { "yes" } else { "" }.to_owned();
-    for d in rows {
-        t.add_row(vec![
-            d.name.clone(),
-            if d.parent.is_empty() {
-                "-".into()
-            } else {
-                d.parent.clone()
-            },
-            human_bytes(d.size),
-            yes(chain.contains(&d.name)),
-            yes(d.removed),
-            yes(d.user_created),
-            d.created.clone(),
-            d.labels.len().to_string(),
-        ]);
-    }
-    println!("{t}");
+    let t = table(
+        &[
+            "disk",
+            "parent",
+            "allocated",
+            "live",
+            "removed",
+            "user",
+            "created",
+            "labels",
+        ],
+        rows.into_iter()
+            .map(|d| {
+                vec![
+                    d.name.clone(),
+                    if d.parent.is_empty() {
+                        "-".into()
+                    } else {
+                        d.parent.clone()
+                    },
+                    human_bytes(d.size),
+                    yes(chain.contains(&d.name)),
+                    yes(d.removed),
+                    yes(d.user_created),
+                    d.created.clone(),
+                    d.labels.len().to_string(),
+                ]
+            })
+            .collect(),
+    );
+    emit(&t.to_string());
 }
 
 /// Prints a replica as returned by gRPC.
 pub fn print_replica(r: &v1::Replica, json: bool) -> anyhow::Result<()> {
     if json {
-        println!("{}", serde_json::to_string_pretty(r)?);
+        corral_daemon::output::print(true, r, String::new)?;
         return Ok(());
     }
-    println!(
+    emit(&format!(
         "state {}  size {}  head {}  revision counter {}",
         r.state,
         human_bytes(r.size),
@@ -173,7 +172,7 @@ pub fn print_replica(r: &v1::Replica, json: bool) -> anyhow::Result<()> {
         } else {
             r.revision_counter.to_string()
         }
-    );
+    ));
     print_disks(&r.chain, r.disks.values());
     Ok(())
 }

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::Context;
-use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use corral_daemon::output::{emit, field_table};
 use corral_daemon::{human_bytes, percent_bar};
 use disk_image::{DiskImage, ImageFormat, ImageInfo};
 use serde::Serialize;
@@ -63,37 +63,37 @@ pub async fn image_info(path: &Path, json: bool) -> anyhow::Result<()> {
     })
     .await??;
     if json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
+        corral_daemon::output::print(true, &report, String::new)?;
         return Ok(());
     }
     let i = &report.info;
     let size = |v: u64| format!("{} ({v})", human_bytes(v));
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED);
-    t.add_row(vec!["path", &report.path.display().to_string()]);
-    t.add_row(vec!["format", i.format.as_str()]);
-    t.add_row(vec!["virtual size", &size(i.virtual_size)]);
-    t.add_row(vec!["file size", &size(i.file_size)]);
-    t.add_row(vec!["allocated size", &size(i.allocated_size)]);
-    t.add_row(vec!["data", &size(report.data_bytes)]);
+    let mut rows: Vec<(&str, String)> = vec![
+        ("path", report.path.display().to_string()),
+        ("format", i.format.as_str().to_owned()),
+        ("virtual size", size(i.virtual_size)),
+        ("file size", size(i.file_size)),
+        ("allocated size", size(i.allocated_size)),
+        ("data", size(report.data_bytes)),
+    ];
     if let Some(cs) = i.cluster_size {
-        t.add_row(vec!["cluster size", &size(cs)]);
+        rows.push(("cluster size", size(cs)));
     }
     if let Some(v) = i.qcow2_version {
-        t.add_row(vec!["qcow2 version", &v.to_string()]);
+        rows.push(("qcow2 version", v.to_string()));
     }
     if let Some(b) = &i.backing_file {
         let fmt = i.backing_format.as_deref().unwrap_or("probed");
-        t.add_row(vec!["backing file", &format!("{} ({fmt})", b.display())]);
+        rows.push(("backing file", format!("{} ({fmt})", b.display())));
     }
     if i.dirty {
-        t.add_row(vec![
+        rows.push((
             "dirty",
-            "yes (refcounts may be stale; data is read normally)",
-        ]);
+            "yes (refcounts may be stale; data is read normally)".to_owned(),
+        ));
     }
-    t.add_row(vec!["sha512", &report.sha512]);
-    println!("{t}");
+    rows.push(("sha512", report.sha512.clone()));
+    emit(&field_table(rows).to_string());
     Ok(())
 }
 
@@ -116,6 +116,6 @@ pub async fn image_convert(src: PathBuf, dst: PathBuf, to: ImageFormat) -> anyho
     })
     .await?
     .with_context(|| format!("convert {} to {to} at {}", src.display(), dst.display()))?;
-    println!("{} → {} ({to})", src.display(), dst.display());
+    emit(&format!("{} → {} ({to})", src.display(), dst.display()));
     Ok(())
 }

@@ -5,6 +5,8 @@ use std::path::PathBuf;
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use corral_daemon::cli::RunKind;
+use corral_daemon::output::{self, emit};
 use corral_proto::v1;
 use replica::cli::{control, parse_labels, print_replica, print_status, sync_agent, wait_job};
 use replica::daemon::{ServeConfig, serve};
@@ -16,11 +18,10 @@ use replica::daemon::{ServeConfig, serve};
     about = "Corral replica daemon and debugging CLI"
 )]
 struct Cli {
-    /// Log format: text or json.
-    #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
-    log_format: String,
     #[command(flatten)]
-    ready: corral_daemon::ready::ReadyFileArg,
+    output: corral_daemon::output::OutputArgs,
+    #[command(flatten)]
+    common: corral_daemon::cli::CommonArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -58,9 +59,8 @@ enum Cmd {
         /// Volume name reported to clients.
         #[arg(long, env = "CORRAL_VOLUME", default_value = "")]
         volume: String,
-        /// Serve Prometheus /metrics and /healthz on this address.
-        #[arg(long, env = "CORRAL_METRICS_LISTEN")]
-        metrics_listen: Option<SocketAddr>,
+        #[command(flatten)]
+        metrics: corral_daemon::metrics::MetricsListenArg,
         /// Data-protocol requests in flight per connection.
         #[arg(long, default_value_t = 128)]
         data_window: usize,
@@ -81,8 +81,6 @@ enum Cmd {
         dir: Option<PathBuf>,
         #[arg(long)]
         url: Option<String>,
-        #[arg(long)]
-        json: bool,
     },
     /// Inspect or convert a disk image (raw or qcow2) offline.
     Image {
@@ -102,8 +100,6 @@ enum Cmd {
         /// Hash again even when the file's ctime did not change (detects silent corruption).
         #[arg(long)]
         rehash: bool,
-        #[arg(long)]
-        json: bool,
     },
 }
 
@@ -111,11 +107,7 @@ enum Cmd {
 enum ImageCmd {
     /// Format, virtual size, allocated size, backing file and SHA-512 of an image (or of the one image in a
     /// directory).
-    Info {
-        path: PathBuf,
-        #[arg(long)]
-        json: bool,
-    },
+    Info { path: PathBuf },
     /// Convert an image (over its backing chain) to a sparse raw file or to qcow2, with a progress bar.
     Convert {
         /// Output format: raw or qcow2.
@@ -132,8 +124,6 @@ enum SnapCmd {
     Ls {
         #[arg(long)]
         url: String,
-        #[arg(long)]
-        json: bool,
     },
     /// Take a snapshot (the engine normally does this on all replicas at once).
     Create {
@@ -166,7 +156,16 @@ enum SnapCmd {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    corral_daemon::init_logging(&cli.log_format, "info");
+    let kind = if matches!(cli.cmd, Cmd::Serve { .. }) {
+        RunKind::Daemon
+    } else {
+        RunKind::Command
+    };
+    let process = cli
+        .common
+        .init("corral-replica", env!("CARGO_PKG_VERSION"), kind)
+        .map_err(anyhow::Error::msg)?;
+    let json = cli.output.json;
     match cli.cmd {
         Cmd::Serve {
             dir,
@@ -177,7 +176,7 @@ async fn main() -> anyhow::Result<()> {
             backing_file,
             disable_revision_counter,
             volume,
-            metrics_listen,
+            metrics,
             data_window,
             io_threads,
             #[cfg(feature = "fault-injection")]
@@ -196,43 +195,38 @@ async fn main() -> anyhow::Result<()> {
                 listen,
                 data_listen: data_listen.unwrap_or(any_port),
                 sync_listen: sync_listen.unwrap_or(any_port),
-                ready_file: cli.ready.ready_file,
+                ready_file: process.ready_file,
                 size,
                 backing_file,
                 disable_revision_counter,
                 volume,
-                metrics_listen,
+                metrics_listen: metrics.metrics_listen,
                 data,
                 #[cfg(feature = "fault-injection")]
                 faults,
             };
             serve(cfg, cancel).await
         }
-        Cmd::Info {
-            dir: Some(dir), json, ..
-        } => {
+        Cmd::Info { dir: Some(dir), .. } => {
             let s = replica::inspect(&dir).with_context(|| format!("inspect {}", dir.display()))?;
             print_status(&s, json)
         }
-        Cmd::Info {
-            url: Some(url), json, ..
-        } => {
+        Cmd::Info { url: Some(url), .. } => {
             let r = control(&url).await?.replica_get(v1::Empty {}).await?.into_inner();
             print_replica(&r.replica.unwrap_or_default(), json)
         }
         Cmd::Info { .. } => bail!("give --dir or --url"),
         Cmd::Image {
-            cmd: ImageCmd::Info { path, json },
+            cmd: ImageCmd::Info { path },
         } => replica::image_cli::image_info(&path, json).await,
         Cmd::Image {
             cmd: ImageCmd::Convert { to, src, dst },
         } => replica::image_cli::image_convert(src, dst, to).await,
-        Cmd::Snapshot { cmd } => snapshot(cmd).await,
+        Cmd::Snapshot { cmd } => snapshot(cmd, json).await,
         Cmd::Hash {
             url,
             snapshot,
             rehash,
-            json,
         } => {
             let mut sa = sync_agent(&url).await?;
             sa.snapshot_hash(v1::SnapshotHashRequest {
@@ -261,16 +255,16 @@ async fn main() -> anyhow::Result<()> {
                 .await?
                 .into_inner();
             if json {
-                println!("{}", serde_json::to_string_pretty(&last)?);
+                output::print(true, &last, String::new)?;
             } else if state == "complete" {
                 let note = if last.skipped {
                     " (recorded, file unchanged)"
                 } else {
                     ""
                 };
-                println!("{snapshot}: sha512-sparse {}{note}", last.checksum);
+                emit(&format!("{snapshot}: sha512-sparse {}{note}", last.checksum));
                 if last.silently_corrupted {
-                    println!("WARNING: silent corruption: content changed without its ctime changing");
+                    emit("WARNING: silent corruption: content changed without its ctime changing");
                 }
             }
             if state != "complete" {
@@ -284,9 +278,9 @@ async fn main() -> anyhow::Result<()> {
     }
 }
 
-async fn snapshot(cmd: SnapCmd) -> anyhow::Result<()> {
+async fn snapshot(cmd: SnapCmd, json: bool) -> anyhow::Result<()> {
     match cmd {
-        SnapCmd::Ls { url, json } => {
+        SnapCmd::Ls { url } => {
             let r = control(&url).await?.replica_get(v1::Empty {}).await?.into_inner();
             print_replica(&r.replica.unwrap_or_default(), json)
         }
@@ -301,7 +295,7 @@ async fn snapshot(cmd: SnapCmd) -> anyhow::Result<()> {
                     labels,
                 })
                 .await?;
-            println!("snapshot {name} created");
+            emit(&format!("snapshot {name} created"));
             Ok(())
         }
         SnapCmd::Rm { url, name } => {
@@ -309,7 +303,9 @@ async fn snapshot(cmd: SnapCmd) -> anyhow::Result<()> {
                 .await?
                 .disk_mark_as_removed(v1::DiskRequest { name: name.clone() })
                 .await?;
-            println!("snapshot {name} marked removed; run `snapshot purge` to reclaim its space");
+            emit(&format!(
+                "snapshot {name} marked removed; run `snapshot purge` to reclaim its space"
+            ));
             Ok(())
         }
         SnapCmd::Revert { url, name } => {
@@ -320,7 +316,7 @@ async fn snapshot(cmd: SnapCmd) -> anyhow::Result<()> {
                     created: String::new(),
                 })
                 .await?;
-            println!("reverted to {name}");
+            emit(&format!("reverted to {name}"));
             Ok(())
         }
         SnapCmd::Purge { url } => {
@@ -337,7 +333,7 @@ async fn snapshot(cmd: SnapCmd) -> anyhow::Result<()> {
             if state != "complete" {
                 bail!("purge {state}: {error}");
             }
-            println!("purge complete");
+            emit("purge complete");
             Ok(())
         }
     }

@@ -1,8 +1,9 @@
-//! Prometheus metrics (`/metrics`) and liveness (`/healthz`) of the replica daemon, gathered at scrape time.
+//! Prometheus metrics of the replica daemon, gathered at scrape time, on the daemons' shared metrics server
+//! ([`corral_daemon::metrics`]: `/metrics`, `/healthz`, `/readyz`).
 
 use std::sync::Arc;
 
-use axum::{Router, extract::State, http::StatusCode, routing::get};
+use corral_daemon::metrics::Metrics;
 use data_protocol::ServerMetrics;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
@@ -98,14 +99,7 @@ impl prometheus_client::collector::Collector for Collector {
     }
 }
 
-async fn metrics(State(reg): State<Arc<Registry>>) -> Result<String, StatusCode> {
-    let mut out = String::new();
-    prometheus_client::encoding::text::encode(&mut out, &reg)
-        .map_err(|_| StatusCode::INTERNAL_SERVER_ERROR)?;
-    Ok(out)
-}
-
-/// Serves `/metrics` and `/healthz` (and `/debug/faults` with the `fault-injection` feature) until `cancel`.
+/// Serves `/metrics`, `/healthz`, `/readyz` (and `/debug/faults` with the `fault-injection` feature) until `cancel`.
 pub async fn serve_metrics(
     listener: TcpListener,
     host: Arc<ReplicaHost>,
@@ -116,14 +110,9 @@ pub async fn serve_metrics(
     #[cfg(feature = "fault-injection")]
     let faults = crate::fault::routes(host.faults().clone());
     reg.register_collector(Box::new(Collector { host, data }));
-    let app = Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok" }))
-        .with_state(Arc::new(reg));
+    let app = Metrics::new(reg).routes();
     #[cfg(feature = "fault-injection")]
     let app = app.merge(faults);
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move { cancel.cancelled().await })
-        .await?;
+    corral_daemon::metrics::serve(listener, app, cancel).await?;
     Ok(())
 }

@@ -8,6 +8,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
+use corral_daemon::cli::RunKind;
+use corral_daemon::output::emit;
 use serde::Serialize;
 use sparse_sync::{
     CancellationToken, FileContent, LayoutMode, LocalSummary, Progress, ReceiveOutcome, Receiver,
@@ -21,14 +23,10 @@ use sparse_sync::{
     about = "Move sparse files: HTTP sync between hosts, local copy/fold/prune"
 )]
 struct Cli {
-    /// Print a JSON summary on stdout instead of text (serve: also a `listening` line first).
-    #[arg(long, global = true)]
-    json: bool,
-    /// Log format on stderr: text or json.
-    #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
-    log_format: String,
     #[command(flatten)]
-    ready: corral_daemon::ready::ReadyFileArg,
+    output: corral_daemon::output::OutputArgs,
+    #[command(flatten)]
+    common: corral_daemon::cli::CommonArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -115,8 +113,7 @@ fn mode(fiemap: bool) -> LayoutMode {
 }
 
 fn print_json(v: &impl Serialize) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string(v)?);
-    Ok(())
+    Ok(corral_daemon::output::print_json_line(v)?)
 }
 
 /// Shows a progress bar on a terminal until `done` is cancelled.
@@ -148,7 +145,12 @@ fn progress_bar(
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    corral_daemon::init_logging(&cli.log_format, "warn");
+    // `serve` is a one-transfer receiver started by scripts: it logs at warn like the other commands.
+    let process = cli
+        .common
+        .init("corral-sync", env!("CARGO_PKG_VERSION"), RunKind::Command)
+        .map_err(anyhow::Error::msg)?;
+    let json = cli.output.json;
     match cli.cmd {
         Cmd::Serve {
             listen,
@@ -164,7 +166,7 @@ fn main() -> anyhow::Result<()> {
                 keep_partial,
             };
             tracing::info!(?config, %listen, "corral-sync serve starting");
-            runtime()?.block_on(serve(listen, config, cli.json, cli.ready.ready_file.as_deref()))
+            runtime()?.block_on(serve(listen, config, json, process.ready_file.as_deref()))
         }
         Cmd::Send {
             file,
@@ -190,7 +192,7 @@ fn main() -> anyhow::Result<()> {
             };
             let progress = Arc::new(Progress::new());
             let done = CancellationToken::new();
-            let bar = progress_bar(progress.clone(), cli.json, done.clone());
+            let bar = progress_bar(progress.clone(), json, done.clone());
             let cancel = CancellationToken::new();
             let result = runtime()?.block_on(sparse_sync::send(
                 Arc::new(content),
@@ -204,7 +206,7 @@ fn main() -> anyhow::Result<()> {
                 let _ = b.join();
             }
             let summary = result.with_context(|| format!("sending {} to {to}", file.display()))?;
-            if cli.json {
+            if json {
                 print_json(&summary)?;
             } else if summary.file_skipped {
                 eprintln!("skipped: the receiver already holds this file (recorded checksums match)");
@@ -220,7 +222,7 @@ fn main() -> anyhow::Result<()> {
             }
             Ok(())
         }
-        Cmd::Layout { path, fiemap } => layout(&path, mode(fiemap), cli.json),
+        Cmd::Layout { path, fiemap } => layout(&path, mode(fiemap), json),
         Cmd::Copy { src, dst, fiemap } => {
             let content = FileContent::open(&src, mode(fiemap))
                 .with_context(|| format!("opening {}", src.display()))?;
@@ -231,21 +233,21 @@ fn main() -> anyhow::Result<()> {
                 .truncate(false)
                 .open(&dst)
                 .with_context(|| format!("opening {}", dst.display()))?;
-            local(cli.json, |p, c| sparse_sync::copy(&content, &out, p, c))
+            local(json, |p, c| sparse_sync::copy(&content, &out, p, c))
                 .with_context(|| format!("copying {} to {}", src.display(), dst.display()))
         }
         Cmd::Fold { child, parent } => {
             let content = FileContent::open(&child, LayoutMode::SeekData)
                 .with_context(|| format!("opening {}", child.display()))?;
             let out = open_rw(&parent)?;
-            local(cli.json, |p, c| sparse_sync::fold(&content, &out, p, c))
+            local(json, |p, c| sparse_sync::fold(&content, &out, p, c))
                 .with_context(|| format!("folding {} into {}", child.display(), parent.display()))
         }
         Cmd::Prune { parent, child } => {
             let content = FileContent::open(&child, LayoutMode::SeekData)
                 .with_context(|| format!("opening {}", child.display()))?;
             let out = open_rw(&parent)?;
-            local(cli.json, |p, c| sparse_sync::prune(&out, &content, p, c))
+            local(json, |p, c| sparse_sync::prune(&out, &content, p, c))
                 .with_context(|| format!("pruning {} behind {}", parent.display(), child.display()))
         }
         Cmd::Checksum { path, record: write } => {
@@ -256,10 +258,10 @@ fn main() -> anyhow::Result<()> {
             if write {
                 record::write_record(&path, &sum)?;
             }
-            if cli.json {
+            if json {
                 print_json(&sum)
             } else {
-                println!("{} {}", sum.method, sum.checksum);
+                emit(&format!("{} {}", sum.method, sum.checksum));
                 Ok(())
             }
         }
@@ -292,7 +294,7 @@ async fn serve(
     if json {
         print_json(&serde_json::json!({ "event": "listening", "address": addr.to_string() }))?;
     } else {
-        println!("listening on {addr}");
+        emit(&format!("listening on {addr}"));
     }
     let cancel = CancellationToken::new();
     let on_signal = cancel.clone();
@@ -336,10 +338,17 @@ fn layout(path: &Path, mode: LayoutMode, json: bool) -> anyhow::Result<()> {
             data: ranges.iter().map(|r| [r.start, r.end]).collect(),
         })
     } else {
-        for r in &ranges {
-            println!("data {}..{} ({} bytes)", r.start, r.end, r.end - r.start);
-        }
-        println!("size {} data {} in {} ranges", content.size(), data, ranges.len());
+        let mut out: String = ranges
+            .iter()
+            .map(|r| format!("data {}..{} ({} bytes)\n", r.start, r.end, r.end - r.start))
+            .collect();
+        out.push_str(&format!(
+            "size {} data {} in {} ranges",
+            content.size(),
+            data,
+            ranges.len()
+        ));
+        emit(&out);
         Ok(())
     }
 }

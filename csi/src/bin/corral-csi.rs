@@ -26,15 +26,16 @@ struct Args {
     /// Which services to serve: controller (the Deployment), node (the DaemonSet) or all.
     #[arg(long, env = "CORRAL_CSI_MODE", value_enum, default_value = "all")]
     mode: Mode,
-    /// Log format: text or json.
-    #[arg(long, env = "CORRAL_LOG_FORMAT", default_value = "text")]
-    log_format: String,
+    #[command(flatten)]
+    log: corral_daemon::cli::LogArgs,
 }
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    corral_daemon::init_logging(&a.log_format, "info");
+    a.log
+        .init(corral_daemon::cli::RunKind::Daemon)
+        .map_err(anyhow::Error::msg)?;
     tracing::info!(
         endpoint = %a.endpoint, manager = %a.manager_url, node_id = %a.node_id,
         state_dir = %a.state_dir.display(), mode = ?a.mode, "corral-csi starting"

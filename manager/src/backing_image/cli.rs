@@ -8,7 +8,6 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Subcommand;
-use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
 use tokio::io::AsyncReadExt;
 
 use super::model::state;
@@ -76,13 +75,7 @@ pub struct CreateArgs {
 }
 
 fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED);
-    t.set_header(header.to_vec());
-    for r in rows {
-        t.add_row(r);
-    }
-    t.to_string()
+    corral_daemon::output::table(header, rows).to_string()
 }
 
 fn list_table(bs: &[BackingImageView]) -> String {
@@ -157,12 +150,7 @@ fn detail(b: &BackingImageView) -> String {
 }
 
 fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce() -> String) -> anyhow::Result<()> {
-    if json {
-        println!("{}", serde_json::to_string_pretty(v)?);
-    } else {
-        println!("{}", human());
-    }
-    Ok(())
+    Ok(corral_daemon::output::print(json, v, human)?)
 }
 
 pub async fn run(c: &Client, json: bool, cmd: BackingImageCmd) -> anyhow::Result<()> {

@@ -4,6 +4,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::Parser;
+use corral_daemon::cli::RunKind;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -33,11 +34,8 @@ struct Cli {
     /// Ports for daemons, FROM-TO.
     #[arg(long, env = "CORRAL_PORT_RANGE", default_value = "20000-30000", value_parser = manager_bin::parse_range)]
     port_range: (u16, u16),
-    /// Log format: text or json.
-    #[arg(long, default_value = "text", env = "CORRAL_LOG_FORMAT")]
-    log_format: String,
     #[command(flatten)]
-    ready: corral_daemon::ready::ReadyFileArg,
+    common: corral_daemon::cli::CommonArgs,
 }
 
 mod manager_bin {
@@ -57,7 +55,10 @@ mod manager_bin {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    corral_daemon::init_logging(&cli.log_format, "info");
+    let process = cli
+        .common
+        .init("corral-manager", env!("CARGO_PKG_VERSION"), RunKind::Daemon)
+        .map_err(anyhow::Error::msg)?;
     let node_id = match cli.node_id {
         Some(n) => n,
         None => std::fs::read_to_string("/proc/sys/kernel/hostname")?
@@ -72,7 +73,7 @@ async fn main() -> anyhow::Result<()> {
         host: cli.host,
         bin_dir: cli.bin_dir.unwrap_or_else(manager::server::default_bin_dir),
         port_range: cli.port_range,
-        ready_file: cli.ready.ready_file,
+        ready_file: process.ready_file,
     };
     let cancel = corral_daemon::shutdown_on_signal();
     manager::server::run(cfg, cancel).await

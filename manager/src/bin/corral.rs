@@ -7,7 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
-use comfy_table::{Table, presets::UTF8_FULL_CONDENSED};
+use corral_daemon::cli::RunKind;
+use corral_daemon::output::{emit, table};
 use manager::api::views::*;
 use manager::client::Client;
 use manager::model::{Robustness, VolumeState};
@@ -27,11 +28,10 @@ struct Cli {
         default_value = "http://127.0.0.1:9500"
     )]
     url: String,
-    /// Print JSON instead of tables.
-    #[arg(long, global = true)]
-    json: bool,
-    #[arg(long, global = true, default_value = "text", env = "CORRAL_LOG_FORMAT")]
-    log_format: String,
+    #[command(flatten)]
+    output: corral_daemon::output::OutputArgs,
+    #[command(flatten)]
+    log: corral_daemon::cli::LogArgs,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -214,51 +214,12 @@ fn parse_size(s: &str) -> Result<u64, String> {
     corral_daemon::parse_size(t)
 }
 
-fn table(header: &[&str], rows: Vec<Vec<String>>) -> Table {
-    let mut t = Table::new();
-    t.load_style(UTF8_FULL_CONDENSED);
-    t.set_header(header.to_vec());
-    for r in rows {
-        t.add_row(r);
-    }
-    t
-}
-
 fn lower<T: serde::Serialize>(v: &T) -> String {
-    serde_json::to_string(v)
-        .unwrap_or_default()
-        .trim_matches('"')
-        .to_owned()
-}
-
-/// Writes one block of output and a newline to stdout. A reader that went away (`corral ... | head -1`: EPIPE)
-/// ends the CLI quietly with status 0, like any Unix filter; `println!` would panic. The signal is left ignored (as
-/// Rust sets it) rather than reset to SIGPIPE's default: that would also kill `corral up`'s foreground manager
-/// (same binary) when a socket or its log pipe closes.
-fn emit(text: &str) {
-    use std::io::Write;
-    let mut out = std::io::stdout().lock();
-    let written = out
-        .write_all(text.as_bytes())
-        .and_then(|()| out.write_all(b"\n"))
-        .and_then(|()| out.flush());
-    match written {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => std::process::exit(0),
-        Err(e) => {
-            eprintln!("corral: cannot write to stdout: {e}");
-            std::process::exit(1);
-        }
-    }
+    corral_daemon::output::serialized_name(v)
 }
 
 fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce() -> String) -> anyhow::Result<()> {
-    if json {
-        emit(&serde_json::to_string_pretty(v)?);
-    } else {
-        emit(&human());
-    }
-    Ok(())
+    Ok(corral_daemon::output::print(json, v, human)?)
 }
 
 fn volume_table(vs: &[VolumeView]) -> String {
@@ -624,13 +585,13 @@ async fn down(data_dir: PathBuf, timeout: Duration) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let level = if matches!(cli.cmd, Cmd::Up { .. }) {
-        "info"
+    let kind = if matches!(cli.cmd, Cmd::Up { .. }) {
+        RunKind::Daemon
     } else {
-        "warn"
+        RunKind::Command
     };
-    corral_daemon::init_logging(&cli.log_format, level);
-    let json = cli.json;
+    cli.log.init(kind).map_err(anyhow::Error::msg)?;
+    let json = cli.output.json;
     let c = Client::new(&cli.url);
     match cli.cmd {
         Cmd::Up {
