@@ -1,11 +1,12 @@
 //! The operator commands of `corral-bim`: tables by default, JSON with `--json`, a progress bar while waiting.
 
 use anyhow::{Context, bail};
-use backing_image_manager::client::connect;
+use backing_image_manager::client::connect_with;
 use backing_image_manager::manager::check_ref;
 use clap::Args;
 use comfy_table::Table;
 use corral_daemon::output::{emit, print, print_json_line};
+use corral_proto::grpc::GrpcTimeouts;
 use corral_proto::v1;
 
 /// The image spec flags of fetch and sync.
@@ -261,4 +262,11 @@ pub async fn version(url: &str, json: bool) -> anyhow::Result<()> {
             }
         )
     })?)
+}
+
+/// The CLI's connection: a person decides when to give up, not a request timer.
+async fn connect(
+    url: &str,
+) -> Result<backing_image_manager::client::BimClient, backing_image_manager::BimError> {
+    connect_with(url, GrpcTimeouts::OPERATOR).await
 }

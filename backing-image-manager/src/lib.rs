@@ -28,7 +28,7 @@ mod verify;
 
 /// The client side of the gRPC service (connect to another manager).
 pub mod client {
-    pub use crate::peer::{BimClient, connect};
+    pub use crate::peer::{BimClient, connect, connect_with};
     pub use crate::send::SEND_LIMIT;
 }
 

@@ -3,9 +3,10 @@
 
 use std::time::Duration;
 
+use corral_proto::grpc::{ConnectError, GrpcTimeouts};
 use corral_proto::v1;
 use corral_proto::v1::backing_image_manager_service_client::BackingImageManagerServiceClient;
-use tonic::transport::{Channel, Endpoint};
+use tonic::transport::Channel;
 
 use crate::error::BimError;
 
@@ -15,20 +16,19 @@ pub type BimClient = BackingImageManagerServiceClient<Channel>;
 /// How long a peer may take to say what it holds.
 const PEER_GET_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Connects to a manager at `HOST:PORT` (or an `http://` URL).
+/// Connects to a manager at `HOST:PORT` (or an `http://` URL) for control calls between daemons.
 pub async fn connect(address: &str) -> Result<BimClient, BimError> {
-    let url = if address.starts_with("http://") {
-        address.to_owned()
-    } else {
-        format!("http://{address}")
-    };
-    let ep = Endpoint::from_shared(url)
-        .map_err(|e| BimError::InvalidArgument(format!("address {address:?}: {e}")))?
-        .connect_timeout(Duration::from_secs(3));
-    let ch = ep
-        .connect()
+    connect_with(address, GrpcTimeouts::CONTROL).await
+}
+
+/// [`connect`] with other timeouts (the CLI waits as long as its user: [`GrpcTimeouts::OPERATOR`]).
+pub async fn connect_with(address: &str, timeouts: GrpcTimeouts) -> Result<BimClient, BimError> {
+    let ch = corral_proto::grpc::connect(address, timeouts)
         .await
-        .map_err(|e| BimError::Peer(format!("cannot reach a backing-image manager at {address}: {e}")))?;
+        .map_err(|e| match e {
+            ConnectError::Address { .. } => BimError::InvalidArgument(e.to_string()),
+            e => BimError::Peer(format!("backing-image manager: {e}")),
+        })?;
     Ok(BimClient::new(ch))
 }
 

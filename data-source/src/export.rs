@@ -7,6 +7,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::Path;
 use std::time::Duration;
 
+use corral_proto::grpc::GrpcTimeouts;
 use corral_proto::v1;
 use corral_proto::v1::sync_agent_service_client::SyncAgentServiceClient;
 use sparse_sync::receiver::{Receiver, ReceiverConfig, partial_path};
@@ -15,6 +16,10 @@ use sparse_sync::{ReceiveOutcome, ReceiveSummary};
 use crate::error::JobError;
 use crate::job::{Counters, JobContext};
 use crate::spec::ExportFileType;
+
+/// Backstop of the VolumeExport request, which lasts as long as the transfer (the receiver's idle timeout is what
+/// catches a stall).
+const EXPORT_REQUEST_TIMEOUT: Duration = Duration::from_secs(24 * 3600);
 
 /// Receives the snapshot into `work`.
 pub async fn run(
@@ -38,11 +43,6 @@ pub async fn run(
     let mut recv = tokio::spawn(receiver.run(rcancel.clone()));
     tracing::info!(%sender_address, snapshot_name, receiver = %SocketAddr::new(ip, port), ?file_type, "asking the replica to export");
 
-    let sender = if sender_address.contains("://") {
-        sender_address.to_owned()
-    } else {
-        format!("http://{sender_address}")
-    };
     let request = v1::VolumeExportRequest {
         snapshot_file_name: snapshot_name.to_owned(),
         host: ip.to_string(),
@@ -51,13 +51,16 @@ pub async fn run(
         ..Default::default()
     };
     let export = async {
-        let mut client = tokio::time::timeout(
-            ds.config().no_data_timeout,
-            SyncAgentServiceClient::connect(sender.clone()),
-        )
-        .await
-        .map_err(|_| JobError::Export(format!("connecting to {sender}: timed out")))?
-        .map_err(|e| JobError::Export(format!("connecting to {sender}: {e}")))?;
+        // VolumeExport answers when the replica has sent the whole snapshot: the request lasts as long as the
+        // transfer, and a stalled one is caught by the receiver's idle timeout, not by a request timer.
+        let timeouts = GrpcTimeouts {
+            connect: ds.config().no_data_timeout,
+            ..GrpcTimeouts::CONTROL.with_request(EXPORT_REQUEST_TIMEOUT)
+        };
+        let channel = corral_proto::grpc::connect(sender_address, timeouts)
+            .await
+            .map_err(|e| JobError::Export(e.to_string()))?;
+        let mut client = SyncAgentServiceClient::new(channel);
         client
             .volume_export(request)
             .await

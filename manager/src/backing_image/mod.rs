@@ -13,8 +13,6 @@ pub mod image_controller;
 pub mod model;
 pub mod routes;
 
-use std::time::Duration;
-
 use corral_proto::v1::backing_image_manager_service_client::BackingImageManagerServiceClient;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
@@ -36,11 +34,7 @@ pub fn start_leader(ctx: &Ctx, cancel: &CancellationToken) {
 
 /// A client of a disk's `corral-bim`.
 pub async fn bim_client(address: &str) -> anyhow::Result<BackingImageManagerServiceClient<Channel>> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(60))
-        .connect()
-        .await?;
+    let ch = corral_proto::grpc::connect(address, corral_proto::grpc::GrpcTimeouts::CONTROL).await?;
     Ok(BackingImageManagerServiceClient::new(ch))
 }
 

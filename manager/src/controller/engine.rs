@@ -62,12 +62,10 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
 }
 
 /// A client of the engine's ControllerService.
-pub async fn client(address: &str) -> Result<ControllerServiceClient<Channel>, tonic::transport::Error> {
-    let ch = tonic::transport::Endpoint::from_shared(format!("http://{address}"))?
-        .connect_timeout(Duration::from_secs(2))
-        .timeout(Duration::from_secs(30))
-        .connect()
-        .await?;
+pub async fn client(
+    address: &str,
+) -> Result<ControllerServiceClient<Channel>, corral_proto::grpc::ConnectError> {
+    let ch = corral_proto::grpc::connect(address, corral_proto::grpc::GrpcTimeouts::CONTROL).await?;
     Ok(ControllerServiceClient::new(ch))
 }
 
