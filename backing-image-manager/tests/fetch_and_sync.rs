@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use common::*;
 use corral_proto::v1;
+use testkit::{DaemonCommand, wait_for_async};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn data_source_file_is_taken_over_by_rename_then_synced_to_another_disk() {
@@ -21,8 +22,8 @@ async fn data_source_file_is_taken_over_by_rename_then_synced_to_another_disk() 
     let inode = std::fs::metadata(&src).unwrap().ino();
     let ds = FakeDataSource::start(FakeDataSource::ready_info(&disk_a, "ubuntu", "u1")).await;
 
-    let a = Bim::start(&disk_a, 4, &[]).await;
-    let b = Bim::start(&disk_b, 4, &[]).await;
+    let a = Bim::start(&disk_a, 4, &[]);
+    let b = Bim::start(&disk_b, 4, &[]);
 
     let img = a
         .client()
@@ -186,38 +187,25 @@ async fn data_source_file_is_taken_over_by_rename_then_synced_to_another_disk() 
     // A replica on B's disk uses B's copy as its backing file and serves its data.
     let replica_dir = disk_b.path().join("replicas/vol-r1");
     std::fs::create_dir_all(&replica_dir).unwrap();
-    let rport = free_ports(3);
-    let mut replica = std::process::Command::new(workspace_bin("corral-replica"))
-        .args(["serve", "--dir"])
-        .arg(&replica_dir)
-        .args([
-            "--listen",
-            &format!("127.0.0.1:{rport}"),
-            "--size",
-            &size.to_string(),
-        ])
-        .arg("--backing-file")
-        .arg(&backing_b)
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    let data = eventually(30, "replica data port", || async {
-        data_protocol::DataClient::connect(
-            &format!("127.0.0.1:{}", rport + 1),
-            data_protocol::ClientConfig::default(),
-        )
-        .await
-        .ok()
-    })
-    .await;
+    let mut replica = tokio::task::block_in_place(|| {
+        DaemonCommand::new(testkit::workspace_bin("corral-replica"))
+            .args(["serve", "--dir"])
+            .arg(&replica_dir)
+            .args(["--listen", "127.0.0.1:0", "--size", &size.to_string()])
+            .arg("--backing-file")
+            .arg(&backing_b)
+            .spawn()
+    });
+    let data =
+        data_protocol::DataClient::connect(replica.addr("data"), data_protocol::ClientConfig::default())
+            .await
+            .unwrap();
     let mut buf = vec![0u8; usize::try_from(size).unwrap()];
     for (i, chunk) in buf.chunks_mut(usize::try_from(MIB).unwrap()).enumerate() {
         data.read(i as u64 * MIB, chunk).await.unwrap();
     }
     data.close().await;
-    let _ = replica.kill();
-    let _ = replica.wait();
+    replica.kill();
     assert_eq!(
         buf,
         std::fs::read(&backing_b).unwrap(),
@@ -258,14 +246,6 @@ async fn image_server(bytes: Vec<u8>) -> (String, tokio::task::JoinHandle<()>) {
     (url, task)
 }
 
-struct Killed(std::process::Child);
-impl Drop for Killed {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn real_data_source_download_is_fetched_by_one_manager_and_synced_by_another() {
     let (disk_a, disk_b) = (Disk::new("disk-a"), Disk::new("disk-b"));
@@ -276,11 +256,9 @@ async fn real_data_source_download_is_fetched_by_one_manager_and_synced_by_anoth
     let sum = sha512_hex(&original);
     let (url, _server) = image_server(std::fs::read(&original).unwrap()).await;
 
-    let ds_port = free_ports(1);
-    let ds_addr = format!("127.0.0.1:{ds_port}");
-    let _ds = Killed(
-        std::process::Command::new(workspace_bin("corral-datasource"))
-            .args(["serve", "--listen", &ds_addr, "--disk-path"])
+    let ds = tokio::task::block_in_place(|| {
+        DaemonCommand::new(testkit::workspace_bin("corral-datasource"))
+            .args(["serve", "--listen", "127.0.0.1:0", "--disk-path"])
             .arg(disk_a.path())
             .args([
                 "--disk-uuid",
@@ -293,27 +271,29 @@ async fn real_data_source_download_is_fetched_by_one_manager_and_synced_by_anoth
                 "download",
             ])
             .args(["--param", &format!("url={url}"), "--expected-checksum", &sum])
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
             .spawn()
-            .unwrap(),
-    );
-    let info: serde_json::Value = eventually(60, "data source ready-for-transfer", || async {
-        let v: serde_json::Value = reqwest::get(format!("http://{ds_addr}/v1/file"))
-            .await
-            .ok()?
-            .json()
-            .await
-            .ok()?;
-        assert_ne!(v["state"], "failed", "{v}");
-        (v["state"] == "ready-for-transfer").then_some(v)
-    })
+    });
+    let ds_addr = ds.addr("http").to_owned();
+    let info: serde_json::Value = wait_for_async(
+        "data source ready-for-transfer",
+        Duration::from_secs(60),
+        async || {
+            let v: serde_json::Value = reqwest::get(format!("http://{ds_addr}/v1/file"))
+                .await
+                .ok()?
+                .json()
+                .await
+                .ok()?;
+            assert_ne!(v["state"], "failed", "{v}");
+            (v["state"] == "ready-for-transfer").then_some(v)
+        },
+    )
     .await;
     let ds_file = std::path::PathBuf::from(info["filePath"].as_str().unwrap());
     let inode = std::fs::metadata(&ds_file).unwrap().ino();
 
-    let a = Bim::start(&disk_a, 2, &[]).await;
-    let b = Bim::start(&disk_b, 2, &[]).await;
+    let a = Bim::start(&disk_a, 2, &[]);
+    let b = Bim::start(&disk_b, 2, &[]);
     let mut watch_a = a.client().await.watch(v1::Empty {}).await.unwrap().into_inner();
     a.client()
         .await

@@ -8,11 +8,12 @@ use std::time::{Duration, SystemTime};
 
 use common::*;
 use corral_proto::v1;
+use testkit::wait_for_async;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn restart_readopts_ready_images_without_rewriting_them() {
     let disk = Disk::new("disk-a");
-    let mut a = Bim::start(&disk, 2, &[]).await;
+    let mut a = Bim::start(&disk, 2, &[]);
     let mut sums = Vec::new();
     for (i, name) in ["img0", "img1", "img2"].into_iter().enumerate() {
         sums.push(place_and_fetch(&a, &disk, name, 4 * MIB, u8::try_from(i).unwrap()).await);
@@ -39,7 +40,7 @@ async fn restart_readopts_ready_images_without_rewriting_them() {
             a.terminate();
         }
         let t = std::time::Instant::now();
-        a.restart().await;
+        a.restart();
         for (i, name) in ["img0", "img1", "img2"].iter().enumerate() {
             let img = a.wait_state(name, "ready", 10).await;
             assert_eq!(img.status.unwrap().current_checksum, sums[i], "{how}");
@@ -83,8 +84,8 @@ async fn sender_killed_mid_sync_fails_the_copy_and_a_retry_succeeds() {
     let (disk_a, disk_b) = (Disk::new("disk-a"), Disk::new("disk-b"));
     let size = 24 * MIB;
     // 12 MiB of data at 4 MiB/s: the transfer runs for about 3 s.
-    let mut a = Bim::start(&disk_a, 2, &["--send-max-rate", "4M"]).await;
-    let b = Bim::start(&disk_b, 2, &[]).await;
+    let mut a = Bim::start(&disk_a, 2, &["--send-max-rate", "4M"]);
+    let b = Bim::start(&disk_b, 2, &[]);
     let sum = place_and_fetch(&a, &disk_a, "big", size, 3).await;
 
     let a_addr = a.addr();
@@ -98,7 +99,7 @@ async fn sender_killed_mid_sync_fails_the_copy_and_a_retry_succeeds() {
             .await
     };
     sync().await.unwrap();
-    eventually(20, "data arriving on B", || async {
+    wait_for_async("data arriving on B", Duration::from_secs(20), async || {
         let img = b.get("big").await.ok()?;
         let s = img.status.unwrap();
         (s.state == "in-progress" && s.progress > 0).then_some(())
@@ -113,12 +114,12 @@ async fn sender_killed_mid_sync_fails_the_copy_and_a_retry_succeeds() {
         "temp files left on B: {:?}",
         disk_b.image_dirs()
     );
-    eventually(10, "port released", || async {
+    wait_for_async("port released", Duration::from_secs(10), async || {
         (b.metric("corral_bim_receiver_ports_in_use").await == 0.0).then_some(())
     })
     .await;
 
-    a.restart().await;
+    a.restart();
     a.wait_state("big", "ready", 5).await;
     sync().await.unwrap();
     b.wait_state("big", "ready", 30).await;
@@ -128,7 +129,7 @@ async fn sender_killed_mid_sync_fails_the_copy_and_a_retry_succeeds() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn modified_file_is_reverified_and_a_corrupted_one_fails_and_is_never_served() {
     let disk = Disk::new("disk-a");
-    let a = Bim::start(&disk, 2, &["--check-interval", "0.3"]).await;
+    let a = Bim::start(&disk, 2, &["--check-interval", "0.3"]);
     let sum = place_and_fetch(&a, &disk, "img", 4 * MIB, 1).await;
     let path = disk.backing("img", "u1");
     let url = format!("{}/v1/files/img/download", a.http());
@@ -141,7 +142,7 @@ async fn modified_file_is_reverified_and_a_corrupted_one_fails_and_is_never_serv
         .unwrap();
     f.set_modified(SystemTime::now() - Duration::from_secs(3600))
         .unwrap();
-    eventually(10, "touched file re-verified", || async {
+    wait_for_async("touched file re-verified", Duration::from_secs(10), async || {
         let m = a.metric("corral_bim_reverifications_total").await;
         let st = state(&a.get("img").await.unwrap());
         (m == 1.0 && st == "ready").then_some(())
@@ -196,11 +197,11 @@ async fn lost_disk_identity_reports_unknown_and_touches_nothing() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("disk-z") && err.contains("disk-a"), "{err}");
 
-    let a = Bim::start(&disk, 2, &["--check-interval", "0.3"]).await;
+    let a = Bim::start(&disk, 2, &["--check-interval", "0.3"]);
     let sum = place_and_fetch(&a, &disk, "img", 2 * MIB, 1).await;
     let cfg = disk.path().join("corral-disk.cfg");
     std::fs::rename(&cfg, disk.path().join("moved.cfg")).unwrap();
-    eventually(5, "image unknown", || async {
+    wait_for_async("image unknown", Duration::from_secs(5), async || {
         (state(&a.get("img").await.unwrap()) == "unknown").then_some(())
     })
     .await;

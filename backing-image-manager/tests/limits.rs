@@ -4,14 +4,17 @@
 mod common;
 
 use common::*;
+use std::time::Duration;
+
 use corral_proto::v1;
+use testkit::wait_for_async;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn send_limit_and_port_range_exhaustion_are_resource_exhausted_and_failed_syncs_release_ports() {
     let (disk_a, disk_b) = (Disk::new("disk-a"), Disk::new("disk-b"));
-    let a = Bim::start(&disk_a, 2, &["--send-max-rate", "2M"]).await;
+    let a = Bim::start(&disk_a, 2, &["--send-max-rate", "2M"]);
     // One receiver port only.
-    let b = Bim::start(&disk_b, 1, &[]).await;
+    let b = Bim::start(&disk_b, 1, &[]);
     let size = 2 * MIB;
     let busy_sum = place_and_fetch(&a, &disk_a, "busy", size, 5).await;
     let slow_sum = place_and_fetch(&a, &disk_a, "slow", 16 * MIB, 5).await;
@@ -29,7 +32,7 @@ async fn send_limit_and_port_range_exhaustion_are_resource_exhausted_and_failed_
         };
         stuck.push(tokio::spawn(async move { c.send(req).await }));
     }
-    eventually(10, "3 sends running", || async {
+    wait_for_async("3 sends running", Duration::from_secs(10), async || {
         (a.get("busy").await.unwrap().status.unwrap().sending_reference == 3).then_some(())
     })
     .await;
@@ -103,8 +106,8 @@ async fn send_limit_and_port_range_exhaustion_are_resource_exhausted_and_failed_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_gets_clear_errors_and_leaves_no_files() {
     let (disk_a, disk_b) = (Disk::new("disk-a"), Disk::new("disk-b"));
-    let a = Bim::start(&disk_a, 2, &[]).await;
-    let b = Bim::start(&disk_b, 2, &[]).await;
+    let a = Bim::start(&disk_a, 2, &[]);
+    let b = Bim::start(&disk_b, 2, &[]);
     let mut c = a.client().await;
 
     // Names and uuids with path tricks, malformed checksums.
@@ -217,7 +220,8 @@ async fn bad_input_gets_clear_errors_and_leaves_no_files() {
 
     // Sync from things that are not a manager: a data source (HTTP, not gRPC), a closed port, a hanging listener.
     let (_hole, hole_addr) = black_hole();
-    for from in [ds.addr.clone(), format!("127.0.0.1:{}", free_ports(1)), hole_addr] {
+    let refused = testkit::ports::RefusedAddr::new();
+    for from in [ds.addr.clone(), refused.addr.to_string(), hole_addr] {
         let t = std::time::Instant::now();
         let err = b
             .client()
@@ -231,7 +235,7 @@ async fn bad_input_gets_clear_errors_and_leaves_no_files() {
         assert_eq!(err.code(), tonic::Code::Unavailable, "{from}: {err}");
         assert!(err.message().contains(&from), "{err}");
         assert!(
-            t.elapsed() < std::time::Duration::from_secs(15),
+            t.elapsed() < Duration::from_secs(15),
             "{from}: took {:?}",
             t.elapsed()
         );
@@ -284,7 +288,7 @@ async fn bad_input_gets_clear_errors_and_leaves_no_files() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_data_source_file_linked_to_another_file_is_not_taken() {
     let disk = Disk::new("disk-a");
-    let bim = Bim::start(&disk, 1, &[]).await;
+    let bim = Bim::start(&disk, 1, &[]);
     let secret = disk.path().join("secret");
     write_image(&secret, MIB, 3);
     let src = disk.path().join("tmp/img-u1");
@@ -316,7 +320,7 @@ async fn a_data_source_file_linked_to_another_file_is_not_taken() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resumed_download_of_a_replaced_image_starts_over() {
     let disk = Disk::new("disk-a");
-    let bim = Bim::start(&disk, 1, &[]).await;
+    let bim = Bim::start(&disk, 1, &[]);
     let url = format!("{}/v1/files/img/download", bim.http());
     let http = reqwest::Client::new();
     let old_sum = place_and_fetch(&bim, &disk, "img", 2 * MIB, 1).await;

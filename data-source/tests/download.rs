@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use data_source::FileState;
+use testkit::wait_for;
 
 const MIB: u64 = 1 << 20;
 
@@ -247,35 +248,21 @@ fn sigterm_during_a_download_cancels_it_and_removes_the_partial_file() {
     // A server that never answers keeps the job running until the signal.
     let silent = FileServer::start(vec![], ServeMode::silent());
     let ds = DataSourceProc::download(disk.path(), &silent.url, &[]);
-    let deadline = Instant::now() + Duration::from_secs(10);
     // The state turns `starting` just before the job task creates the work file: wait for both.
-    while ds.info().state != FileState::Starting || tmp_entries(disk.path()) != ["img-u1.tmp"] {
-        assert!(
-            Instant::now() < deadline,
-            "{:?} {:?}",
-            ds.info(),
-            tmp_entries(disk.path())
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let pid = ds.child.id().to_string();
-    assert!(
-        Command::new("kill")
-            .args(["-TERM", &pid])
-            .status()
-            .unwrap()
-            .success()
+    wait_for(
+        "state starting with the work file",
+        Duration::from_secs(10),
+        || {
+            (ds.info().state == FileState::Starting && tmp_entries(disk.path()) == ["img-u1.tmp"])
+                .then_some(())
+        },
     );
     let mut ds = ds;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = ds.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(Instant::now() < deadline, "still running 10 s after SIGTERM");
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "{status}");
+    let status = ds.terminate(Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "not a clean exit within 10 s of SIGTERM: {status:?}"
+    );
     assert!(
         tmp_entries(disk.path()).is_empty(),
         "{:?}",

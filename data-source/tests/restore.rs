@@ -19,6 +19,8 @@ use backupstore::file::FileSource;
 use backupstore::{BackupStore, BackupUrl, CreateOptions, Progress};
 use common::*;
 use data_source::FileState;
+use testkit::servers::{S3_ENV, S3Server};
+use testkit::wait_for;
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -208,9 +210,10 @@ fn a_corrupted_block_fails_the_restore_and_leaves_no_file() {
 #[test]
 fn an_unreachable_s3_target_fails_instead_of_hanging() {
     let disk = disk();
-    let dead = free_port();
+    let dead = testkit::ports::RefusedAddr::new();
     let param = format!(
-        "backup-url=s3://bucket/backups?endpoint=http://127.0.0.1:{dead}&region=us-east-1&backup=b1&volume=vol1"
+        "backup-url=s3://bucket/backups?endpoint=http://{}&region=us-east-1&backup=b1&volume=vol1",
+        dead.addr
     );
     let ds = DataSourceProc::start_with_env(
         disk.path(),
@@ -231,56 +234,6 @@ fn an_unreachable_s3_target_fails_instead_of_hanging() {
         tmp_entries(disk.path())
     );
 }
-
-/// `rclone serve s3 <dir>` on a free loopback port (optionally bandwidth-limited), killed on drop.
-struct S3Server {
-    child: std::process::Child,
-    endpoint: String,
-}
-
-impl S3Server {
-    fn start(dir: &Path, extra: &[&str]) -> Self {
-        let port = free_port();
-        let child = std::process::Command::new("rclone")
-            .args(["serve", "s3"])
-            .arg(dir)
-            .args([
-                "--addr",
-                &format!("127.0.0.1:{port}"),
-                "--auth-key",
-                "corral,corral-secret",
-            ])
-            .args(extra)
-            .stdout(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .expect("rclone (see scripts/test.sh)");
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "rclone serve s3 not ready within 30 s"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        Self {
-            child,
-            endpoint: format!("http://127.0.0.1:{port}"),
-        }
-    }
-}
-
-impl Drop for S3Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-const S3_ENV: [(&str, &str); 2] = [
-    ("AWS_ACCESS_KEY_ID", "corral"),
-    ("AWS_SECRET_ACCESS_KEY", "corral-secret"),
-];
 
 /// A backup written to `file://<root>/bk/backups`, served as `s3://bk/backups` by rclone over `<root>`.
 fn s3_fixture(rclone_args: &[&str]) -> (tempfile::TempDir, PathBuf, S3Server, String) {
@@ -317,38 +270,20 @@ fn sigterm_during_a_slow_s3_restore_stops_it_and_removes_the_partial_file() {
     let disk = disk();
     let param = format!("backup-url={url}");
     let mut ds = DataSourceProc::start_with_env(disk.path(), "restore", &["--param", &param], &S3_ENV);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    let i = loop {
+    let i = wait_for("restore progress", Duration::from_secs(20), || {
         let i = ds.info();
-        if i.state == FileState::InProgress && i.progress > 0 {
-            break i;
-        }
         assert!(!i.state.is_final(), "finished before the signal: {i:?}");
-        assert!(std::time::Instant::now() < deadline, "no progress: {i:?}");
-        std::thread::sleep(Duration::from_millis(20));
-    };
+        (i.state == FileState::InProgress && i.progress > 0).then_some(i)
+    });
     assert!(i.progress < 80, "{i:?}");
     assert_eq!(i.size, 6 * MIB);
     assert!(i.processed_size > 0 && i.processed_size < 6 * MIB, "{i:?}");
     assert_eq!(tmp_entries(disk.path()), vec!["img-u1.tmp".to_owned()]);
-    let pid = ds.child.id().to_string();
-    let killed = std::process::Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .unwrap();
-    assert!(killed.success());
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(s) = ds.child.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "still running 10 s after SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    assert!(status.success(), "{status}");
+    let status = ds.terminate(Duration::from_secs(10));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "not a clean exit within 10 s of SIGTERM: {status:?}"
+    );
     assert!(
         tmp_entries(disk.path()).is_empty(),
         "{:?}",

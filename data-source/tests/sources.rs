@@ -49,7 +49,6 @@ fn bad_input_is_refused_at_start_and_nothing_on_disk_changes() {
     std::fs::create_dir_all(disk.path().join("tmp")).unwrap();
     std::fs::write(disk.path().join("tmp/img-u1.tmp"), b"old").unwrap();
     let before = snapshot_dir(disk.path());
-    let port = free_port().to_string();
     let cases: Vec<(Vec<&str>, &str)> = vec![
         (vec!["--name", "../../etc"], "name"),
         (vec!["--name", "a/b"], "name"),
@@ -112,7 +111,7 @@ fn bad_input_is_refused_at_start_and_nothing_on_disk_changes() {
         let mut args = vec![
             "serve".to_owned(),
             "--listen".into(),
-            format!("127.0.0.1:{port}"),
+            "127.0.0.1:0".to_owned(),
             "--disk-path".into(),
             disk.path().display().to_string(),
         ];
@@ -371,7 +370,7 @@ fn export_from_volume_receives_the_snapshot_as_raw_and_as_qcow2() {
 
     // A sender that does not answer fails the job with its address in the message.
     let disk = common::disk();
-    let dead = free_port();
+    let dead = testkit::ports::RefusedAddr::new();
     let ds = DataSourceProc::start(
         disk.path(),
         "export-from-volume",
@@ -379,14 +378,14 @@ fn export_from_volume_receives_the_snapshot_as_raw_and_as_qcow2() {
             "--param",
             "snapshot-name=snap1",
             "--param",
-            &format!("sender-address=127.0.0.1:{dead}"),
+            &format!("sender-address={}", dead.addr),
             "--param",
             "volume-size=16M",
         ],
     );
     let i = ds.wait_final(Duration::from_secs(40));
     assert_eq!(i.state, FileState::Failed);
-    assert!(i.message.contains(&dead.to_string()), "{}", i.message);
+    assert!(i.message.contains(&dead.addr.to_string()), "{}", i.message);
     assert!(
         tmp_entries(disk.path()).is_empty(),
         "{:?}",

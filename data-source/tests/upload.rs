@@ -83,7 +83,7 @@ fn upload_streams_to_disk_in_bounded_memory(size: u64) {
         "zero blocks were written: {}",
         i.real_size
     );
-    let rss = peak_rss(ds.child.id());
+    let rss = peak_rss(ds.pid());
     assert!(
         rss < 64 * MIB,
         "peak RSS {} MiB while uploading {} MiB",

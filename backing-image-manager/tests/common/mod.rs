@@ -4,65 +4,17 @@
 #![allow(dead_code, clippy::cast_possible_truncation)]
 
 use std::fs;
-use std::net::TcpListener;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use backing_image_manager::client::{BimClient, connect};
 use corral_proto::v1;
 use sha2::{Digest, Sha512};
+use testkit::{Daemon, DaemonCommand, wait_for_async};
 
 pub const MIB: u64 = 1 << 20;
-
-/// A path of a workspace binary next to the test's own target directory.
-pub fn workspace_bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let p = exe.parent().unwrap().parent().unwrap().join(name);
-    assert!(
-        p.exists(),
-        "{} missing: build it first (cargo build --bins -p ...)",
-        p.display()
-    );
-    p
-}
-
-/// `n` consecutive free ports on 127.0.0.1.
-pub fn free_ports(n: u16) -> u16 {
-    for _ in 0..500 {
-        let l = TcpListener::bind("127.0.0.1:0").unwrap();
-        let p = l.local_addr().unwrap().port();
-        drop(l);
-        if p > 65000 - n {
-            continue;
-        }
-        if (0..n).all(|i| TcpListener::bind(("127.0.0.1", p + i)).is_ok()) {
-            return p;
-        }
-    }
-    panic!("no {n} consecutive free ports");
-}
-
-/// Polls `f` until it returns `Some` or `secs` pass.
-pub async fn eventually<T, F, Fut>(secs: u64, what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {secs} s waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 /// A disk directory with its identity file (under /var/tmp: a real filesystem with holes and FIEMAP).
 pub struct Disk {
@@ -140,98 +92,47 @@ pub fn allocated(path: &Path) -> u64 {
     fs::metadata(path).unwrap().blocks() * 512
 }
 
-/// A running `corral-bim serve`.
+/// A running `corral-bim serve` on port 0 (the addresses come from its ready file); killed on drop.
 pub struct Bim {
-    pub child: Child,
-    pub port: u16,
-    pub http_port: u16,
-    pub log: PathBuf,
-    pub args: Vec<String>,
+    daemon: Daemon,
 }
 
 impl Bim {
     /// Starts a manager on `disk` with a receiver port range of `range_len` ports and waits until it serves.
-    pub async fn start(disk: &Disk, range_len: u16, extra: &[&str]) -> Self {
-        let (port, http_port) = (free_ports(1), free_ports(1));
-        let range = free_ports(range_len);
-        let mut args: Vec<String> = [
-            "serve",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-            "--http-listen",
-            &format!("127.0.0.1:{http_port}"),
-            "--disk-path",
-            disk.path().to_str().unwrap(),
-            "--disk-uuid",
-            &disk.uuid,
-            "--port-range",
-            &format!("{range}-{}", range + range_len - 1),
-        ]
-        .iter()
-        .map(ToString::to_string)
-        .collect();
-        args.extend(extra.iter().map(ToString::to_string));
-        let log = std::env::temp_dir().join(format!("corral-bim-test-{port}.log"));
-        Self::spawn(args, port, http_port, log).await
-    }
-
-    fn spawn_child(args: &[String], log: &Path) -> Child {
-        let logf = fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .unwrap();
-        Command::new(env!("CARGO_BIN_EXE_corral-bim"))
-            .args(args)
-            .stdout(Stdio::null())
-            .stderr(Stdio::from(logf))
-            .spawn()
-            .unwrap()
-    }
-
-    async fn spawn(args: Vec<String>, port: u16, http_port: u16, log: PathBuf) -> Self {
-        let child = Self::spawn_child(&args, &log);
-        let mut bim = Bim {
-            child,
-            port,
-            http_port,
-            log,
-            args,
-        };
-        bim.wait_ready().await;
-        bim
-    }
-
-    async fn wait_ready(&mut self) {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(mut c) = connect(&self.addr()).await
-                && c.version_get(v1::Empty {}).await.is_ok()
-            {
-                return;
-            }
-            if let Ok(Some(st)) = self.child.try_wait() {
-                panic!("corral-bim exited before it served ({st}): {}", self.log_text());
-            }
-            assert!(
-                Instant::now() < deadline,
-                "corral-bim not ready within 30 s: {}",
-                self.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    ///
+    /// The receivers still listen on a range (port 0 receivers are not implemented in the bim), so the range is the
+    /// test kit's probe; a port of it taken by another process in between is skipped by the bim, not fatal.
+    pub fn start(disk: &Disk, range_len: u16, extra: &[&str]) -> Self {
+        let range = testkit::ports::unbound_port_run(range_len);
+        let cmd = DaemonCommand::new(env!("CARGO_BIN_EXE_corral-bim"))
+            .args([
+                "serve",
+                "--listen",
+                "127.0.0.1:0",
+                "--http-listen",
+                "127.0.0.1:0",
+                "--disk-path",
+            ])
+            .arg(disk.path())
+            .args(["--disk-uuid", &disk.uuid])
+            .args(["--port-range", &format!("{range}-{}", range + range_len - 1)])
+            .args(extra);
+        // Waiting for the ready file blocks this thread: tell the (multi-thread) runtime.
+        let daemon = tokio::task::block_in_place(|| cmd.spawn());
+        Bim { daemon }
     }
 
     pub fn log_text(&self) -> String {
-        fs::read_to_string(&self.log).unwrap_or_default()
+        self.daemon.log_text()
     }
 
+    /// The gRPC address, `127.0.0.1:PORT`.
     pub fn addr(&self) -> String {
-        format!("127.0.0.1:{}", self.port)
+        self.daemon.addr("grpc").to_owned()
     }
 
     pub fn http(&self) -> String {
-        format!("http://127.0.0.1:{}", self.http_port)
+        self.daemon.http_url("http")
     }
 
     pub async fn client(&self) -> BimClient {
@@ -239,34 +140,28 @@ impl Bim {
     }
 
     pub fn kill(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.daemon.kill();
     }
 
     /// Sends SIGTERM and waits for a clean exit.
     pub fn terminate(&mut self) {
-        let pid = nix::unistd::Pid::from_raw(i32::try_from(self.child.id()).unwrap());
-        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Some(st) = self.child.try_wait().unwrap() {
-                assert!(
-                    st.success(),
-                    "corral-bim exited with {st} after SIGTERM: {}",
-                    self.log_text()
-                );
-                return;
-            }
-            assert!(Instant::now() < deadline, "corral-bim did not stop on SIGTERM");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        let st = self.daemon.terminate(Duration::from_secs(20));
+        assert!(
+            st.is_some_and(|s| s.success()),
+            "corral-bim did not exit cleanly on SIGTERM ({st:?}): {}",
+            self.log_text()
+        );
     }
 
-    /// Kills the daemon (SIGKILL unless it already exited) and starts it again: same disk, same ports.
-    pub async fn restart(&mut self) {
-        self.kill();
-        self.child = Self::spawn_child(&self.args, &self.log);
-        self.wait_ready().await;
+    /// Kills the daemon (unless it already exited) and starts it again: same disk, same ports as before.
+    pub fn restart(&mut self) {
+        let cmd = self
+            .daemon
+            .command()
+            .clone()
+            .set_flag("--listen", self.addr())
+            .set_flag("--http-listen", self.daemon.addr("http"));
+        tokio::task::block_in_place(|| self.daemon.restart_with(cmd));
     }
 
     pub async fn get(&self, name: &str) -> Result<v1::BimImage, tonic::Status> {
@@ -282,28 +177,22 @@ impl Bim {
 
     /// Waits until `name` reports `state`, failing early on an unexpected final state.
     pub async fn wait_state(&self, name: &str, state: &str, secs: u64) -> v1::BimImage {
-        let deadline = Instant::now() + Duration::from_secs(secs);
-        loop {
-            let img = self.get(name).await;
-            if let Ok(img) = &img {
+        wait_for_async(
+            &format!("{name} to be {state}"),
+            Duration::from_secs(secs),
+            async || {
+                let img = self.get(name).await.ok()?;
                 let st = img.status.clone().unwrap_or_default();
-                if st.state == state {
-                    return img.clone();
-                }
                 assert!(
                     !(st.state == "failed" && state == "ready"),
                     "{name} failed: {}\n{}",
                     st.message,
                     self.log_text()
                 );
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{name} not {state} within {secs} s (now {img:?})\n{}",
-                self.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+                (st.state == state).then_some(img)
+            },
+        )
+        .await
     }
 
     pub async fn metric(&self, name: &str) -> f64 {
@@ -316,13 +205,6 @@ impl Bim {
         text.lines()
             .find_map(|l| l.strip_prefix(name).and_then(|r| r.trim().parse().ok()))
             .unwrap_or_else(|| panic!("metric {name} missing in {text}"))
-    }
-}
-
-impl Drop for Bim {
-    fn drop(&mut self) {
-        self.kill();
-        let _ = fs::remove_file(&self.log);
     }
 }
 

@@ -1,13 +1,13 @@
-//! Test harness: a data-source process with a kill-on-drop guard, a disk directory, and a tiny HTTP file server
+//! Test harness: a data-source process (the test kit's daemon: port 0, ready file, killed on drop), a disk directory, and a tiny HTTP file server
 //! whose behaviour (Range support, a cut half way, silence) the test chooses.
 #![allow(dead_code, clippy::missing_panics_doc, clippy::cast_possible_truncation)]
 
 use std::net::{SocketAddr, TcpListener as StdListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::State;
@@ -16,17 +16,9 @@ use axum::response::Response;
 use bytes::Bytes;
 use data_source::{FileInfo, FileState};
 use sha2::{Digest, Sha512};
+use testkit::{Daemon, DaemonCommand, wait_for};
 
 pub const DISK_UUID: &str = "disk-0f6e9a4e";
-
-/// A free loopback port (bound then released).
-pub fn free_port() -> u16 {
-    StdListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
 
 /// A disk directory with its identity file.
 pub fn disk() -> tempfile::TempDir {
@@ -66,32 +58,25 @@ pub fn sha512(b: &[u8]) -> String {
     hex::encode(Sha512::digest(b))
 }
 
-/// A running `corral-datasource serve`; killed on drop.
+/// A running `corral-datasource serve` on port 0 (the address comes from its ready file); killed on drop.
 pub struct DataSourceProc {
-    pub child: Child,
+    daemon: Daemon,
     pub addr: SocketAddr,
     pub base: String,
     pub client: reqwest::blocking::Client,
     pub disk: PathBuf,
 }
 
-impl Drop for DataSourceProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 pub fn bin() -> &'static str {
     env!("CARGO_BIN_EXE_corral-datasource")
 }
 
-/// Base arguments for `serve` on `disk` (name `img`, uuid `u1`).
-pub fn serve_args(disk: &Path, port: u16, source_type: &str) -> Vec<String> {
+/// Base arguments for `serve` on `disk` (name `img`, uuid `u1`) on any free port.
+pub fn serve_args(disk: &Path, source_type: &str) -> Vec<String> {
     [
         "serve",
         "--listen",
-        &format!("127.0.0.1:{port}"),
+        "127.0.0.1:0",
         "--disk-path",
         disk.to_str().unwrap(),
         "--disk-uuid",
@@ -109,27 +94,24 @@ pub fn serve_args(disk: &Path, port: u16, source_type: &str) -> Vec<String> {
 }
 
 impl DataSourceProc {
-    /// Starts a data source with `extra` arguments after the base ones; waits until it answers.
+    /// Starts a data source with `extra` arguments after the base ones; waits until it reports ready.
     pub fn start(disk: &Path, source_type: &str, extra: &[&str]) -> Self {
         Self::start_with_env(disk, source_type, extra, &[])
     }
 
     /// [`DataSourceProc::start`] with extra environment variables.
     pub fn start_with_env(disk: &Path, source_type: &str, extra: &[&str], env: &[(&str, &str)]) -> Self {
-        let port = free_port();
-        let mut args = serve_args(disk, port, source_type);
-        args.extend(extra.iter().map(|s| (*s).to_owned()));
-        let child = Command::new(bin())
-            .args(&args)
-            .envs(env.iter().copied())
-            .env("RUST_LOG", "info")
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-        let mut p = DataSourceProc {
-            child,
+        let mut cmd = DaemonCommand::new(bin())
+            .args(serve_args(disk, source_type))
+            .args(extra)
+            .env("RUST_LOG", "info");
+        for (k, v) in env {
+            cmd = cmd.env(k, v);
+        }
+        let daemon = cmd.spawn();
+        let addr = daemon.socket_addr("http");
+        DataSourceProc {
+            daemon,
             addr,
             base: format!("http://{addr}"),
             client: reqwest::blocking::Client::builder()
@@ -137,21 +119,16 @@ impl DataSourceProc {
                 .build()
                 .unwrap(),
             disk: disk.to_path_buf(),
-        };
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok(r) = p.client.get(format!("{}/healthz", p.base)).send()
-                && r.status().is_success()
-            {
-                break;
-            }
-            if let Ok(Some(status)) = p.child.try_wait() {
-                panic!("data source exited early: {status}");
-            }
-            assert!(Instant::now() < deadline, "data source not up in 20 s");
-            std::thread::sleep(Duration::from_millis(50));
         }
-        p
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.daemon.pid()
+    }
+
+    /// SIGTERM; the exit status within `grace` (`None`: it had to be killed).
+    pub fn terminate(&mut self, grace: Duration) -> Option<std::process::ExitStatus> {
+        self.daemon.terminate(grace)
     }
 
     /// Starts a `download` source of `url` with `extra` arguments.
@@ -164,15 +141,9 @@ impl DataSourceProc {
 
     /// Polls until the state is `want`.
     pub fn wait_state(&self, want: FileState) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let i = self.info();
-            if i.state == want {
-                return;
-            }
-            assert!(Instant::now() < deadline, "never reached {want}: {i:?}");
-            std::thread::sleep(Duration::from_millis(20));
-        }
+        wait_for(&format!("state {want}"), Duration::from_secs(20), || {
+            (self.info().state == want).then_some(())
+        });
     }
 
     pub fn info(&self) -> FileInfo {
@@ -186,15 +157,9 @@ impl DataSourceProc {
 
     /// Polls until the state is final (ready-for-transfer, ready or failed) or `limit` passes.
     pub fn wait_final(&self, limit: Duration) -> FileInfo {
-        let deadline = Instant::now() + limit;
-        loop {
-            let i = self.info();
-            if i.state.is_final() {
-                return i;
-            }
-            assert!(Instant::now() < deadline, "not final after {limit:?}: {i:?}");
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        wait_for("a final state", limit, || {
+            Some(self.info()).filter(|i| i.state.is_final())
+        })
     }
 
     pub fn post(&self, query: &str) -> reqwest::blocking::Response {
