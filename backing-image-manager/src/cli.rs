@@ -162,39 +162,43 @@ async fn wait(
     Ok(())
 }
 
-pub async fn fetch(
+/// Where `fetch` or `sync` gets the image from.
+pub enum Origin<'a> {
+    /// `fetch`: a data source's file (HOST:PORT), or the file already on the disk (empty).
+    DataSource(&'a str),
+    /// `sync`: another manager holding the image ready (gRPC HOST:PORT).
+    Manager(&'a str),
+}
+
+/// `fetch` and `sync`: asks the manager for the image and, with `wait_done`, follows it until ready or failed.
+pub async fn obtain(
     url: &str,
     spec: SpecArgs,
-    data_source: &str,
+    origin: Origin<'_>,
     wait_done: bool,
     json: bool,
 ) -> anyhow::Result<()> {
     let mut c = connect(url).await?;
+    // Watch before asking, so no change between the answer and the first event is missed.
     let events = c.watch(v1::Empty {}).await?.into_inner();
-    let img = c
-        .fetch(v1::BimFetchRequest {
-            spec: Some(spec.to_proto()?),
-            data_source_address: data_source.to_owned(),
-        })
-        .await?
-        .into_inner();
-    if wait_done {
-        wait(url, events, img, json).await
-    } else {
-        print_image(&img, json)
+    let spec = Some(spec.to_proto()?);
+    let img = match origin {
+        Origin::DataSource(address) => {
+            c.fetch(v1::BimFetchRequest {
+                spec,
+                data_source_address: address.to_owned(),
+            })
+            .await?
+        }
+        Origin::Manager(address) => {
+            c.sync(v1::BimSyncRequest {
+                spec,
+                from_address: address.to_owned(),
+            })
+            .await?
+        }
     }
-}
-
-pub async fn sync(url: &str, spec: SpecArgs, from: &str, wait_done: bool, json: bool) -> anyhow::Result<()> {
-    let mut c = connect(url).await?;
-    let events = c.watch(v1::Empty {}).await?.into_inner();
-    let img = c
-        .sync(v1::BimSyncRequest {
-            spec: Some(spec.to_proto()?),
-            from_address: from.to_owned(),
-        })
-        .await?
-        .into_inner();
+    .into_inner();
     if wait_done {
         wait(url, events, img, json).await
     } else {

@@ -108,15 +108,8 @@ enum Cmd {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let kind = if matches!(cli.cmd, Cmd::Serve { .. }) {
-        RunKind::Daemon
-    } else {
-        RunKind::Command
-    };
-    let process = cli
-        .common
-        .init("corral-bim", env!("CARGO_PKG_VERSION"), kind)
-        .map_err(anyhow::Error::msg)?;
+    let kind = RunKind::serving(matches!(cli.cmd, Cmd::Serve { .. }));
+    let process = cli.common.init(kind)?;
     let result = run(cli, process).await;
     // A refused request is the server's message, not a Rust error chain.
     if let Err(e) = &result
@@ -167,8 +160,19 @@ async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
             spec,
             data_source,
             no_wait,
-        } => cli::fetch(&cli.url, spec, &data_source, !no_wait, json).await,
-        Cmd::Sync { spec, from, no_wait } => cli::sync(&cli.url, spec, &from, !no_wait, json).await,
+        } => {
+            cli::obtain(
+                &cli.url,
+                spec,
+                cli::Origin::DataSource(&data_source),
+                !no_wait,
+                json,
+            )
+            .await
+        }
+        Cmd::Sync { spec, from, no_wait } => {
+            cli::obtain(&cli.url, spec, cli::Origin::Manager(&from), !no_wait, json).await
+        }
         Cmd::Rm { name, uuid } => cli::rm(&cli.url, &name, &uuid).await,
         Cmd::Watch => cli::watch(&cli.url, json).await,
         Cmd::Version => cli::version(&cli.url, json).await,

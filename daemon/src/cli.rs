@@ -26,12 +26,29 @@ pub enum RunKind {
 }
 
 impl RunKind {
+    /// `Daemon` when the command line runs the daemon (`serve`), `Command` otherwise.
+    pub fn serving(serving: bool) -> Self {
+        if serving {
+            RunKind::Daemon
+        } else {
+            RunKind::Command
+        }
+    }
+
     fn default_level(self) -> &'static str {
         match self {
             RunKind::Daemon => "info",
             RunKind::Command => "warn",
         }
     }
+}
+
+/// `--log-level` is not a filter `tracing` understands.
+#[derive(Debug, thiserror::Error)]
+#[error("--log-level {filter:?}: {reason}")]
+pub struct LogLevelError {
+    pub filter: String,
+    pub reason: String,
 }
 
 /// The log flags (global: accepted before or after the subcommand).
@@ -51,11 +68,12 @@ impl LogArgs {
     ///
     /// # Errors
     /// When `--log-level` is not a valid filter (a typo would otherwise silence every log line).
-    pub fn init(&self, kind: RunKind) -> Result<(), String> {
+    pub fn init(&self, kind: RunKind) -> Result<(), LogLevelError> {
         let filter = match &self.log_level {
-            Some(l) => {
-                tracing_subscriber::EnvFilter::try_new(l).map_err(|e| format!("--log-level {l:?}: {e}"))?
-            }
+            Some(l) => tracing_subscriber::EnvFilter::try_new(l).map_err(|e| LogLevelError {
+                filter: l.clone(),
+                reason: e.to_string(),
+            })?,
             None => tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(kind.default_level())),
         };
@@ -90,14 +108,12 @@ pub struct Process {
 }
 
 impl CommonArgs {
-    /// Sets up logging and logs the binary's name and version (`name` as in `--help`, `kind` for the default log
-    /// level); returns what the rest of `main` needs.
+    /// Sets up logging (`kind` picks the default level); returns what the rest of `main` needs.
     ///
     /// # Errors
     /// As [`LogArgs::init`].
-    pub fn init(&self, name: &str, version: &str, kind: RunKind) -> Result<Process, String> {
+    pub fn init(&self, kind: RunKind) -> Result<Process, LogLevelError> {
         self.log.init(kind)?;
-        tracing::debug!(binary = name, version, "starting");
         Ok(Process {
             ready_file: self.ready.ready_file.clone(),
         })
@@ -149,6 +165,6 @@ mod tests {
             log_level: Some("info,=[".into()),
         };
         let e = a.init(RunKind::Command).unwrap_err();
-        assert!(e.contains("--log-level"), "{e}");
+        assert!(e.to_string().contains("--log-level"), "{e}");
     }
 }

@@ -72,10 +72,7 @@ enum Cmd {
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let process = cli
-        .common
-        .init("corral-datasource", env!("CARGO_PKG_VERSION"), RunKind::Daemon)
-        .map_err(anyhow::Error::msg)?;
+    let process = cli.common.init(RunKind::Daemon)?;
     let Cmd::Serve {
         listen,
         disk_path,

@@ -154,15 +154,8 @@ fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce() -> String)
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let kind = if matches!(cli.cmd, Cmd::Serve { .. }) {
-        RunKind::Daemon
-    } else {
-        RunKind::Command
-    };
-    let process = cli
-        .common
-        .init("corral-engine", env!("CARGO_PKG_VERSION"), kind)
-        .map_err(anyhow::Error::msg)?;
+    let kind = RunKind::serving(matches!(cli.cmd, Cmd::Serve { .. }));
+    let process = cli.common.init(kind)?;
     let json = cli.output.json;
     match cli.cmd {
         Cmd::Serve {

@@ -156,15 +156,8 @@ enum SnapCmd {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let kind = if matches!(cli.cmd, Cmd::Serve { .. }) {
-        RunKind::Daemon
-    } else {
-        RunKind::Command
-    };
-    let process = cli
-        .common
-        .init("corral-replica", env!("CARGO_PKG_VERSION"), kind)
-        .map_err(anyhow::Error::msg)?;
+    let kind = RunKind::serving(matches!(cli.cmd, Cmd::Serve { .. }));
+    let process = cli.common.init(kind)?;
     let json = cli.output.json;
     match cli.cmd {
         Cmd::Serve {

@@ -146,10 +146,7 @@ fn progress_bar(
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     // `serve` is a one-transfer receiver started by scripts: it logs at warn like the other commands.
-    let process = cli
-        .common
-        .init("corral-sync", env!("CARGO_PKG_VERSION"), RunKind::Command)
-        .map_err(anyhow::Error::msg)?;
+    let process = cli.common.init(RunKind::Command)?;
     let json = cli.output.json;
     match cli.cmd {
         Cmd::Serve {

@@ -33,9 +33,7 @@ struct Args {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
-    a.log
-        .init(corral_daemon::cli::RunKind::Daemon)
-        .map_err(anyhow::Error::msg)?;
+    a.log.init(corral_daemon::cli::RunKind::Daemon)?;
     tracing::info!(
         endpoint = %a.endpoint, manager = %a.manager_url, node_id = %a.node_id,
         state_dir = %a.state_dir.display(), mode = ?a.mode, "corral-csi starting"

@@ -55,10 +55,7 @@ mod manager_bin {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let process = cli
-        .common
-        .init("corral-manager", env!("CARGO_PKG_VERSION"), RunKind::Daemon)
-        .map_err(anyhow::Error::msg)?;
+    let process = cli.common.init(RunKind::Daemon)?;
     let node_id = match cli.node_id {
         Some(n) => n,
         None => std::fs::read_to_string("/proc/sys/kernel/hostname")?

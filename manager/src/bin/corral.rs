@@ -585,12 +585,8 @@ async fn down(data_dir: PathBuf, timeout: Duration) -> anyhow::Result<()> {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let kind = if matches!(cli.cmd, Cmd::Up { .. }) {
-        RunKind::Daemon
-    } else {
-        RunKind::Command
-    };
-    cli.log.init(kind).map_err(anyhow::Error::msg)?;
+    let kind = RunKind::serving(matches!(cli.cmd, Cmd::Up { .. }));
+    cli.log.init(kind)?;
     let json = cli.output.json;
     let c = Client::new(&cli.url);
     match cli.cmd {
