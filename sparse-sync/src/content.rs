@@ -128,6 +128,32 @@ pub(crate) fn read_ranges(
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
 ) -> io::Result<()> {
+    let len: u64 = ranges.iter().map(|r| r.end - r.start).sum();
+    let at = out.len();
+    out.resize(at + usize::try_from(len).map_err(io::Error::other)?, 0);
+    read_ranges_into(src, ranges, &mut out[at..], scratch)
+}
+
+/// Fills `out`, exactly as long as `ranges` (ascending, non-overlapping) together, with their content, reading
+/// neighbouring small ranges with one read: a caller reusing a buffer of the right length pays no zeroing.
+pub(crate) fn read_ranges_into(
+    src: &dyn SyncContent,
+    ranges: &[Range<u64>],
+    out: &mut [u8],
+    scratch: &mut Vec<u8>,
+) -> io::Result<()> {
+    let total = out.len();
+    let mut at = 0usize;
+    // The next `len` bytes of `out`.
+    let mut piece = |len: u64| -> io::Result<Range<usize>> {
+        let len = usize::try_from(len).map_err(io::Error::other)?;
+        let r = at..at + len;
+        if r.end > total {
+            return Err(io::Error::other("ranges are longer than the output buffer"));
+        }
+        at = r.end;
+        Ok(r)
+    };
     let mut i = 0;
     while i < ranges.len() {
         let first = &ranges[i];
@@ -139,10 +165,8 @@ pub(crate) fn read_ranges(
             j += 1;
         }
         if j == i + 1 {
-            let len = usize::try_from(first.end - first.start).map_err(io::Error::other)?;
-            let at = out.len();
-            out.resize(at + len, 0);
-            src.read_exact_at(&mut out[at..], first.start)
+            let dst = piece(first.end - first.start)?;
+            src.read_exact_at(&mut out[dst], first.start)
                 .map_err(|e| io::Error::new(e.kind(), format!("read at offset {}: {e}", first.start)))?;
         } else {
             let span = first.start..ranges[j - 1].end;
@@ -153,10 +177,14 @@ pub(crate) fn read_ranges(
             for r in &ranges[i..j] {
                 let a = usize::try_from(r.start - span.start).map_err(io::Error::other)?;
                 let b = usize::try_from(r.end - span.start).map_err(io::Error::other)?;
-                out.extend_from_slice(&scratch[a..b]);
+                let dst = piece(r.end - r.start)?;
+                out[dst].copy_from_slice(&scratch[a..b]);
             }
         }
         i = j;
+    }
+    if piece(0)?.start != total {
+        return Err(io::Error::other("ranges are shorter than the output buffer"));
     }
     Ok(())
 }

@@ -7,6 +7,7 @@
 //! or when cancelled; in the last two cases (a failed transfer) it removes the partial file it worked on, unless
 //! told to keep it for a later resume.
 
+mod payload;
 mod routes;
 
 use std::fs::File;
@@ -304,7 +305,8 @@ struct Shared {
     permits: tokio::sync::Semaphore,
 }
 
-/// Requests served at once; more wait in their connection (bodies up to `MAX_BODY` are buffered whole).
+/// Requests served at once; more wait in their connection. `holes` and `checksum` bodies (up to `MAX_BODY`) are
+/// buffered whole; `data` bodies are written as they arrive.
 pub const MAX_CONCURRENT_REQUESTS: usize = 16;
 
 enum TransferState {

@@ -18,7 +18,7 @@ use serde::Serialize;
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::content::{SyncContent, read_ranges};
+use crate::content::{SyncContent, read_ranges_into};
 use crate::plan::{DEFAULT_BATCH_SIZE, Work, plan};
 use crate::progress::Progress;
 use crate::wire::{
@@ -264,6 +264,8 @@ struct Worker<'a> {
 
 impl Worker<'_> {
     async fn run(self) -> Result<(), SendError> {
+        // This worker's body buffer, taken back after each request: one allocation per worker, not per batch.
+        let mut spare = Vec::new();
         loop {
             let work = tokio::select! {
                 w = async { self.rx.lock().await.recv().await } => w,
@@ -281,18 +283,23 @@ impl Worker<'_> {
                         let mut body = Vec::with_capacity(RANGES_HEADER + ranges.len() * RANGE_ENTRY);
                         encode_ranges(&ranges, &mut body);
                         self.client
-                            .post_ranges("holes", self.session, body.into())
+                            .post_ranges("holes", self.session, &body.into())
                             .await?;
                         self.counters.requests.fetch_add(1, Ordering::Relaxed);
                     }
                 }
-                Work::Data { ranges, bytes } => self.data(ranges, bytes).await?,
+                Work::Data { ranges, bytes } => self.data(ranges, bytes, &mut spare).await?,
             }
             self.progress.add(covers);
         }
     }
 
-    async fn data(&self, ranges: Vec<std::ops::Range<u64>>, bytes: u64) -> Result<(), SendError> {
+    async fn data(
+        &self,
+        ranges: Vec<std::ops::Range<u64>>,
+        bytes: u64,
+        spare: &mut Vec<u8>,
+    ) -> Result<(), SendError> {
         self.counters.data.fetch_add(bytes, Ordering::Relaxed);
         self.counters
             .data_ranges
@@ -304,11 +311,14 @@ impl Worker<'_> {
         let content = self.content.clone();
         let hash = self.existing;
         let read_table = table.clone();
+        let mut body = std::mem::take(spare);
         let read = tokio::task::spawn_blocking(move || -> io::Result<(Vec<u8>, Option<String>)> {
-            let mut body = Vec::with_capacity(header_len + usize::try_from(bytes).map_err(io::Error::other)?);
-            body.extend_from_slice(&read_table);
+            // Shrinking or keeping a reused buffer's length costs nothing; only growth is zeroed.
+            body.resize(header_len + usize::try_from(bytes).map_err(io::Error::other)?, 0);
+            body[..header_len].copy_from_slice(&read_table);
             let mut scratch = Vec::new();
-            read_ranges(&*content, &ranges, &mut body, &mut scratch)?;
+            read_ranges_into(&*content, &ranges, &mut body[header_len..], &mut scratch)?;
+            // A fresh receiver has nothing to compare with: no hashing then.
             let sum = hash.then(|| format!("{:032x}", xxhash_rust::xxh3::xxh3_128(&body[header_len..])));
             Ok((body, sum))
         });
@@ -327,14 +337,21 @@ impl Worker<'_> {
             && remote == local
         {
             self.counters.skipped.fetch_add(bytes, Ordering::Relaxed);
+            *spare = body;
             return Ok(());
         }
         if let Some(l) = self.limiter {
             l.admit(bytes).await;
         }
-        self.client.post_ranges("data", self.session, body.into()).await?;
+        let body = Bytes::from(body);
+        self.client.post_ranges("data", self.session, &body).await?;
         self.counters.requests.fetch_add(1, Ordering::Relaxed);
         self.counters.sent.fetch_add(bytes, Ordering::Relaxed);
+        // The HTTP client has let go of the body once the reply arrived; if it still holds a reference, the next
+        // batch allocates anew.
+        if let Ok(buf) = body.try_into_mut() {
+            *spare = buf.into();
+        }
         Ok(())
     }
 }
@@ -449,7 +466,7 @@ impl Client {
         &self,
         op: &'static str,
         session: u64,
-        body: Bytes,
+        body: &Bytes,
     ) -> Result<reqwest::Response, SendError> {
         let url = self.url(op);
         self.call(op, |c| {
@@ -459,7 +476,7 @@ impl Client {
     }
 
     async fn checksum(&self, session: u64, table: Bytes) -> Result<Option<String>, SendError> {
-        let resp = self.post_ranges("checksum", session, table).await?;
+        let resp = self.post_ranges("checksum", session, &table).await?;
         Ok(Self::json::<ChecksumReply>("checksum", resp).await?.xxh3_128)
     }
 

@@ -144,37 +144,61 @@ pub fn decode_ranges(
     size: u64,
     with_payload: bool,
 ) -> Result<(Vec<Range<u64>>, &[u8]), RangeError> {
-    let have = body.len() as u64;
-    if body.len() < RANGES_HEADER {
-        if body.len() >= 4 && body[..4] != RANGES_MAGIC {
+    let table_end = table_len(body)?;
+    let (ranges, announced) = decode_table(&body[..table_end.min(body.len())], size)?;
+    let payload = &body[table_end..];
+    let expected = if with_payload { announced } else { 0 };
+    if payload.len() as u64 != expected {
+        return Err(RangeError::PayloadLength {
+            announced: expected,
+            actual: payload.len() as u64,
+        });
+    }
+    Ok((ranges, payload))
+}
+
+/// Length of the header and range table a body starts with, read from its first [`RANGES_HEADER`] bytes; a
+/// streaming reader calls it as soon as it holds them. Fails when `start` is too short to tell (`Truncated`),
+/// lacks the magic, or announces more than [`MAX_RANGES`].
+pub fn table_len(start: &[u8]) -> Result<usize, RangeError> {
+    if start.len() < RANGES_HEADER {
+        if start.len() >= 4 && start[..4] != RANGES_MAGIC {
             return Err(RangeError::BadMagic);
         }
         return Err(RangeError::Truncated {
             need: RANGES_HEADER as u64,
-            have,
+            have: start.len() as u64,
         });
     }
-    if body[..4] != RANGES_MAGIC {
+    if start[..4] != RANGES_MAGIC {
         return Err(RangeError::BadMagic);
     }
-    let count = u32::from_le_bytes([body[4], body[5], body[6], body[7]]);
+    let count = u32::from_le_bytes([start[4], start[5], start[6], start[7]]);
     let count = usize::try_from(count).map_err(|_| RangeError::TooMany {
         count: u64::from(count),
     })?;
     if count > MAX_RANGES {
         return Err(RangeError::TooMany { count: count as u64 });
     }
-    let table_end = RANGES_HEADER + count * RANGE_ENTRY;
-    if body.len() < table_end {
+    Ok(RANGES_HEADER + count * RANGE_ENTRY)
+}
+
+/// Decodes the header and range table `table` (the first [`table_len`] bytes of a body, nothing after) for a
+/// file of `size` bytes; returns the ranges and the payload bytes they announce.
+pub fn decode_table(table: &[u8], size: u64) -> Result<(Vec<Range<u64>>, u64), RangeError> {
+    let have = table.len() as u64;
+    let table_end = table_len(table)?;
+    if table.len() < table_end {
         return Err(RangeError::Truncated {
             need: table_end as u64,
             have,
         });
     }
+    let count = (table_end - RANGES_HEADER) / RANGE_ENTRY;
     let mut ranges = Vec::with_capacity(count);
     let mut prev_end = 0u64;
     let mut announced = 0u64;
-    for (index, entry) in body[RANGES_HEADER..table_end]
+    for (index, entry) in table[RANGES_HEADER..table_end]
         .chunks_exact(RANGE_ENTRY)
         .enumerate()
     {
@@ -204,15 +228,7 @@ pub fn decode_ranges(
         announced = announced.saturating_add(end - begin);
         ranges.push(begin..end);
     }
-    let payload = &body[table_end..];
-    let expected = if with_payload { announced } else { 0 };
-    if payload.len() as u64 != expected {
-        return Err(RangeError::PayloadLength {
-            announced: expected,
-            actual: payload.len() as u64,
-        });
-    }
-    Ok((ranges, payload))
+    Ok((ranges, announced))
 }
 
 #[cfg(test)]

@@ -8,13 +8,15 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use axum::Json;
-use axum::body::Bytes;
+use axum::body::{Body, Bytes};
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{Query, State};
 use axum::http::StatusCode;
 
+use futures::StreamExt;
+
+use super::payload::PayloadWriter;
 use super::{ReceiveError, ReceiveOutcome, Session, Shared, TransferState, lock};
-use crate::aligned::{AlignedBuf, DIRECT_IO_ALIGN};
 use crate::layout::{data_extents, punch_hole};
 use crate::record;
 use crate::wire::{
@@ -192,46 +194,44 @@ pub(super) async fn checksum(
 pub(super) async fn data(
     State(s): State<Arc<Shared>>,
     Query(q): Query<SessionQuery>,
-    body: Result<Bytes, BytesRejection>,
+    body: Body,
 ) -> Result<StatusCode, ReceiveError> {
     let h = s.session(q.session)?;
-    // A body cut short never reaches the file: nothing is written before the whole body is in memory.
-    let body = body.map_err(|e| ReceiveError::BadRequest(format!("reading the body: {}", e.body_text())))?;
     let shared = s.clone();
     let handle = h.clone();
+    let runtime = tokio::runtime::Handle::current();
+    // One blocking thread per request pulls the body and writes each chunk as it arrives (see `payload`): no
+    // copy into a gathered body, no task per chunk.
     let r = blocking(move || {
-        let (ranges, payload) = decode_ranges(&body, handle.size, true)?;
-        shared
-            .counters
-            .received
-            .fetch_add(payload.len() as u64, Ordering::Relaxed);
-        let mut aligned: Option<AlignedBuf> = None;
-        let mut at = 0usize;
-        for r in &ranges {
-            let len =
-                usize::try_from(r.end - r.start).map_err(|e| ReceiveError::BadRequest(e.to_string()))?;
-            let piece = &payload[at..at + len];
-            at += len;
-            let res = match &handle.direct {
-                Some(direct)
-                    if r.start.is_multiple_of(DIRECT_IO_ALIGN as u64)
-                        && len.is_multiple_of(DIRECT_IO_ALIGN) =>
-                {
-                    let buf =
-                        aligned.get_or_insert_with(|| AlignedBuf::new(payload.len().max(DIRECT_IO_ALIGN)));
-                    let dst = &mut buf.as_mut_slice()[..len];
-                    dst.copy_from_slice(piece);
-                    direct.write_all_at(dst, r.start)
-                }
-                _ => crate::local::write_chunked(&handle.file, piece, r.start),
-            };
-            res.map_err(|e| ReceiveError::io("writing", &shared.partial, r.start, e))?;
-            shared.counters.written.fetch_add(len as u64, Ordering::Relaxed);
-        }
-        Ok(StatusCode::NO_CONTENT)
+        let mut chunks = body.into_data_stream();
+        let mut writer = PayloadWriter::new(
+            &handle.file,
+            handle.direct.as_deref(),
+            &shared.partial,
+            handle.size,
+        );
+        let mut streamed = || {
+            while let Some(chunk) = runtime.block_on(chunks.next()) {
+                let chunk = chunk.map_err(|e| ReceiveError::BadRequest(format!("reading the body: {e}")))?;
+                writer.feed(&chunk)?;
+            }
+            writer.finish()?;
+            if handle.direct.is_none() {
+                writer.start_writeback();
+            }
+            Ok(())
+        };
+        let r = streamed();
+        let c = &shared.counters;
+        c.received.fetch_add(writer.received(), Ordering::Relaxed);
+        c.written.fetch_add(writer.written(), Ordering::Relaxed);
+        r.map(|()| StatusCode::NO_CONTENT)
     })
     .await;
-    if let Err(e) = &r {
+    // A body cut short in transport (or refused as too large) leaves the transfer open: the sender retries it.
+    if let Err(e) = &r
+        && !matches!(e, ReceiveError::BadRequest(_))
+    {
         s.fail(h.id, e);
     }
     r
