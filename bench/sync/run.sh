@@ -14,7 +14,7 @@ DIR="${BENCH_DIR:-/var/tmp/corral-bench-sync}"
 DENSE_MIB="${DENSE_MIB:-2048}"
 FRAG_MIB="${FRAG_MIB:-1024}"
 WORKERS="${WORKERS:-4}"
-REPEAT="${REPEAT:-2}"   # each figure is the best of REPEAT runs: the machine is shared and noisy
+REPEAT="${REPEAT:-2}"   # rounds; each figure is the best of REPEAT runs: the machine is shared and noisy
 
 command -v rsync >/dev/null || { apt-get install -y rsync >/dev/null 2>&1 || true; }
 command -v rsync >/dev/null || { echo "rsync is missing (apt-get install -y rsync)" >&2; exit 1; }
@@ -24,13 +24,15 @@ if [[ -z "${BIN:-}" ]]; then
   BIN="${CARGO_TARGET_DIR:-$ROOT/target-ss}/release/corral-sync"
 fi
 
-mkdir -p "$DIR/trash"
+# Per run: the background delete of an earlier run's trash must not remove this run's.
+TRASH="$DIR/trash.$$"
+mkdir -p "$TRASH"
 # Deleting a fragmented file is slow on a filesystem mounted with `discard` (one discard per extent, minutes for
 # 1 GiB of 4 KiB pieces): destinations are moved aside between runs and deleted in the background at the end.
 cleanup() {
   [[ -n "${SERVE_PID:-}" ]] && kill "$SERVE_PID" 2>/dev/null
-  mv "$DIR/dst" "$DIR/trash/dst.end" 2>/dev/null
-  nohup rm -rf "$DIR/trash" >/dev/null 2>&1 &
+  mv "$DIR/dst" "$TRASH/dst.end" 2>/dev/null
+  nohup rm -rf "$TRASH" >/dev/null 2>&1 &
 }
 trap cleanup EXIT
 
@@ -56,8 +58,10 @@ warm() { cat "$1" > /dev/null; }
 N=0
 fresh() {
   N=$((N + 1))
-  [[ -e "$DIR/dst" ]] && mv "$DIR/dst" "$DIR/trash/dst.$N"
+  if [[ -e "$DIR/dst" ]]; then mv "$DIR/dst" "$TRASH/dst.$N"; fi
   rm -f "$DIR"/dst.* ; sync
+  # A destination left over would turn the next run into a delta sync.
+  [[ ! -e "$DIR/dst" ]] || { echo "cannot clear $DIR/dst" >&2; exit 1; }
 }
 
 run_cp()    { cp --sparse=always "$1" "$DIR/dst" && sync "$DIR/dst"; }
@@ -65,6 +69,7 @@ run_rsync() { rsync --sparse "$1" "$DIR/dst" && sync "$DIR/dst"; }
 run_local() { "$BIN" copy "$1" "$DIR/dst" 2>/dev/null; }
 run_http() {
   local out="$DIR/serve.out"
+  rm -f "$out"  # else the address of the previous receiver can be read before this one truncates the file
   "$BIN" --json serve --listen 127.0.0.1:0 --file "$DIR/dst" --idle-timeout 60 > "$out" &
   SERVE_PID=$!
   local addr=""
@@ -77,16 +82,13 @@ run_http() {
   wait "$SERVE_PID"; SERVE_PID=""
 }
 
-# time_tool NAME FILE -> prints the best of REPEAT runs, in seconds
-time_tool() {
-  local fn=$1 file=$2 t0 t1 best="" s
-  for _ in $(seq 1 "$REPEAT"); do
-    fresh; warm "$file"
-    t0=$(now); "$fn" "$file"; t1=$(now)
-    s=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
-    best=$(awk -v a="$s" -v b="$best" 'BEGIN { if (b == "" || a < b) print a; else print b }')
-  done
-  echo "$best"
+# time_once NAME FILE -> sets SECS to the seconds of one run of tool NAME on FILE, from a fresh destination
+# (not a $(…) subshell: `fresh` counts destinations in N)
+time_once() {
+  local fn=$1 file=$2 t0 t1
+  fresh; warm "$file"
+  t0=$(now); "$fn" "$file"; t1=$(now)
+  SECS=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.3f", b - a }')
 }
 
 verify() {  # destination must equal the source in content and data layout
@@ -98,17 +100,25 @@ verify() {  # destination must equal the source in content and data layout
 }
 
 gen_dense; gen_frag
+TOOLS=(cp rsync local http)
 printf '%-24s %-26s %9s %10s %9s\n' "file" "tool" "seconds" "data MiB/s" "cp/tool"
 for f in dense frag; do
   file="$DIR/$f"
   data_mib=$(( $("$BIN" --json layout "$file" | sed -n 's/.*"data_bytes":\([0-9]*\).*/\1/p') >> 20 ))
   label="$f ($(( $(stat -c %s "$file") >> 20 )) MiB, $data_mib data)"
-  cp_s=""
-  for tool in cp rsync local http; do
-    s=$(time_tool "run_$tool" "$file")
-    [[ $tool == local || $tool == http ]] && verify "$file" "$tool"
-    [[ $tool == cp ]] && cp_s=$s
-    name=$tool
+  # Tools take turns within each round, so a burst of load from other processes hits all of them alike; each
+  # figure is the tool's best round.
+  declare -A best=()
+  for _ in $(seq 1 "$REPEAT"); do
+    for tool in "${TOOLS[@]}"; do
+      time_once "run_$tool" "$file"; s=$SECS
+      [[ $tool == local || $tool == http ]] && verify "$file" "$tool"
+      best[$tool]=$(awk -v a="$s" -v b="${best[$tool]:-}" 'BEGIN { if (b == "" || a < b) print a; else print b }')
+    done
+  done
+  cp_s=${best[cp]}
+  for tool in "${TOOLS[@]}"; do
+    s=${best[$tool]}
     case $tool in
       cp) name="cp --sparse=always";;
       rsync) name="rsync --sparse (local)";;
@@ -118,4 +128,6 @@ for f in dense frag; do
     printf '%-24s %-26s %9.2f %10.0f %9.2f\n' "$label" "$name" "$s" "$(awk -v d="$data_mib" -v s="$s" 'BEGIN { print d / s }')" \
       "$(awk -v c="$cp_s" -v s="$s" 'BEGIN { print c / s }')"
   done
+  unset best
 done
+echo "load average at the end: $(cut -d' ' -f1-3 /proc/loadavg)"
