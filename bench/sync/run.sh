@@ -30,8 +30,9 @@ mkdir -p "$TRASH"
 # Deleting a fragmented file is slow on a filesystem mounted with `discard` (one discard per extent, minutes for
 # 1 GiB of 4 KiB pieces): destinations are moved aside between runs and deleted in the background at the end.
 cleanup() {
-  [[ -n "${SERVE_PID:-}" ]] && kill "$SERVE_PID" 2>/dev/null
-  mv "$DIR/dst" "$TRASH/dst.end" 2>/dev/null
+  # `|| true`: under errexit a failing step here would skip the delete and leave gigabytes behind.
+  if [[ -n "${SERVE_PID:-}" ]]; then kill "$SERVE_PID" 2>/dev/null || true; fi
+  mv "$DIR/dst" "$TRASH/dst.end" 2>/dev/null || true
   nohup rm -rf "$TRASH" >/dev/null 2>&1 &
 }
 trap cleanup EXIT
