@@ -1,11 +1,10 @@
 //! What every part of one node's manager shares: the store, who this node is, where its daemons' binaries and
 //! data live, and the daemons it knows it started.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-use crate::model::{ProcessRecord, Setting};
+use crate::model::Setting;
 use crate::store::Db;
 
 /// Static configuration of one node's manager.
@@ -19,17 +18,9 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Directory holding `corral-replica` and `corral-engine`.
     pub bin_dir: PathBuf,
-    /// Ports handed to daemons: [from, to).
+    /// Ports for replicas (three consecutive ones each, until the engine takes a replica's three endpoints)
+    /// and for `corral-bim` sync receivers: [from, to). Every other listener is bound on port 0.
     pub port_range: (u16, u16),
-}
-
-/// A daemon this manager process has seen, kept to clean up after its document is deleted.
-#[derive(Debug, Clone, Default)]
-pub struct LocalDaemon {
-    pub data_path: Option<PathBuf>,
-    pub process: Option<ProcessRecord>,
-    /// When this manager last started it (for restart backoff).
-    pub last_start: Option<std::time::Instant>,
 }
 
 #[derive(Clone)]
@@ -37,8 +28,6 @@ pub struct Ctx {
     pub db: Db,
     pub cfg: Arc<NodeConfig>,
     pub metrics: crate::metrics::Metrics,
-    pub replicas: Arc<Mutex<HashMap<String, LocalDaemon>>>,
-    pub engines: Arc<Mutex<HashMap<String, LocalDaemon>>>,
 }
 
 impl Ctx {
@@ -47,8 +36,6 @@ impl Ctx {
             db,
             cfg: Arc::new(cfg),
             metrics: crate::metrics::Metrics::default(),
-            replicas: Arc::default(),
-            engines: Arc::default(),
         }
     }
 
@@ -70,13 +57,5 @@ impl Ctx {
 
     pub async fn setting_u64(&self, name: &str) -> u64 {
         self.setting(name).await.parse().unwrap_or(0)
-    }
-
-    pub fn binary(&self, name: &str) -> PathBuf {
-        self.cfg.bin_dir.join(name)
-    }
-
-    pub fn log_path(&self, what: &str) -> PathBuf {
-        self.cfg.data_dir.join("logs").join(format!("{what}.log"))
     }
 }

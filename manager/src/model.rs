@@ -165,8 +165,14 @@ pub struct ProcessRecord {
     pub pid: i32,
     /// Field 22 of `/proc/PID/stat` (clock ticks after boot): a reused pid has another.
     pub start_time: u64,
-    /// The first gRPC port; replicas use it, +1 (data) and +2 (sync agent).
-    pub port: u16,
+    /// Listener name → address (`HOST:PORT` or `unix:/PATH`) as the daemon reported in its ready file; empty
+    /// until it is ready (and in records written before ready files: those held a `port`, now ignored).
+    #[serde(default)]
+    pub listen: BTreeMap<String, String>,
+    /// Unix milliseconds when the manager started it: restart backoff and the ready deadline count from here
+    /// (0 in records written before ready files).
+    #[serde(default)]
+    pub started_at_ms: i64,
     pub restarts: u32,
 }
 
@@ -240,8 +246,6 @@ pub struct EngineSpec {
 pub struct EngineStatus {
     pub state: ProcessState,
     pub process: Option<ProcessRecord>,
-    pub nbd_port: u16,
-    pub metrics_port: u16,
     /// `HOST:PORT` of the engine's ControllerService.
     pub address: String,
     pub endpoints: Vec<String>,
@@ -348,4 +352,23 @@ pub fn validate_setting(name: &str, value: &str) -> Result<(), String> {
         return Err(format!("setting {name} takes a whole number, not {value:?}"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_process_record_stored_before_ready_files_still_loads() {
+        let old = r#"{"pid":4242,"startTime":991,"port":20003,"restarts":2}"#;
+        let rec: ProcessRecord = serde_json::from_str(old).unwrap();
+        assert_eq!((rec.pid, rec.start_time, rec.restarts), (4242, 991, 2));
+        assert!(rec.listen.is_empty());
+        assert_eq!(rec.started_at_ms, 0);
+        let engine = r#"{"state":"running","process":{"pid":1,"startTime":2,"port":3,"restarts":0},"nbdPort":4,
+            "metricsPort":5,"address":"127.0.0.1:3","endpoints":[],"replicaModes":{},"currentSize":0,
+            "salvageNext":false,"message":""}"#;
+        let st: EngineStatus = serde_json::from_str(engine).unwrap();
+        assert_eq!(st.address, "127.0.0.1:3");
+    }
 }

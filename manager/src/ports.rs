@@ -1,75 +1,89 @@
-//! Ports of this node's daemons: which ones the store says are held (running or not), and new ones from the
-//! node's range. One place for every kind of daemon (replica, engine, `corral-bim`, `corral-datasource`), so
-//! no two are handed the same port; it sits above `context` and the resource modules so neither depends on
-//! the other for it.
+//! Ports of this node's replicas while the engine still derives a replica's data and sync ports from its control
+//! port (+1, +2): three consecutive ports from the node's range that no recorded daemon of this node holds.
+//! Every other daemon is started on port 0 and reports what it bound (`process`).
 
 use std::collections::BTreeSet;
+use std::net::{SocketAddr, TcpListener};
 
 use crate::backing_image::model::{BackingImageDataSource, BackingImageManager};
 use crate::context::Ctx;
-use crate::model::{Engine, Replica};
-use crate::process::{ProcessError, allocate_ports};
+use crate::model::{Engine, ProcessRecord, Replica};
 
-/// Ports a `corral-bim` takes: gRPC, HTTP, then its sync receivers' range.
-pub const BIM_PORTS: u16 = 12;
+/// Why no ports could be handed out.
+#[derive(Debug, thiserror::Error)]
+#[error("no 3 free consecutive ports in {from}..{to} on {host}")]
+pub struct NoPorts {
+    host: String,
+    from: u16,
+    to: u16,
+}
 
-/// Ports held by daemons of this node that the store knows about (running or not).
-pub async fn reserved(ctx: &Ctx) -> BTreeSet<u16> {
+fn held(rec: &ProcessRecord, out: &mut BTreeSet<u16>) {
+    out.extend(
+        rec.listen
+            .values()
+            .filter_map(|a| a.parse::<SocketAddr>().ok())
+            .map(|a| a.port()),
+    );
+}
+
+/// Ports the listeners of this node's recorded daemons reported (running or not).
+async fn reserved(ctx: &Ctx) -> BTreeSet<u16> {
     let node = ctx.cfg.node_id.as_str();
     let mut out = BTreeSet::new();
     if let Ok(rs) = ctx.db.list::<Replica>().await {
-        for p in rs
-            .iter()
-            .filter(|r| r.data.spec.node_id == node)
-            .filter_map(|r| r.data.status.process.as_ref())
-        {
-            out.extend(p.port..p.port.saturating_add(3));
+        for r in rs.iter().filter(|r| r.data.spec.node_id == node) {
+            if let Some(p) = &r.data.status.process {
+                held(p, &mut out);
+            }
         }
     }
     if let Ok(es) = ctx.db.list::<Engine>().await {
-        for p in es
-            .iter()
-            .filter(|e| e.data.spec.node_id == node)
-            .filter_map(|e| e.data.status.process.as_ref())
-        {
-            out.extend(p.port..p.port.saturating_add(3));
+        for e in es.iter().filter(|e| e.data.spec.node_id == node) {
+            if let Some(p) = &e.data.status.process {
+                held(p, &mut out);
+            }
         }
     }
     if let Ok(ms) = ctx.db.list::<BackingImageManager>().await {
-        for p in ms
-            .iter()
-            .filter(|m| m.data.spec.node_id == node)
-            .filter_map(|m| m.data.status.process.as_ref())
-        {
-            out.extend(p.port..p.port.saturating_add(BIM_PORTS));
+        for m in ms.iter().filter(|m| m.data.spec.node_id == node) {
+            if let Some(p) = &m.data.status.process {
+                held(p, &mut out);
+            }
         }
     }
     if let Ok(ds) = ctx.db.list::<BackingImageDataSource>().await {
-        for p in ds
-            .iter()
-            .filter(|d| d.data.spec.node_id == node)
-            .filter_map(|d| d.data.status.process.as_ref())
-        {
-            out.insert(p.port);
+        for d in ds.iter().filter(|d| d.data.spec.node_id == node) {
+            if let Some(p) = &d.data.status.process {
+                held(p, &mut out);
+            }
         }
     }
     out
 }
 
-/// `width` free ports of the node's range that no known daemon holds.
-pub async fn allocate(ctx: &Ctx, width: u16) -> Result<u16, ProcessError> {
-    let held = reserved(ctx).await;
-    allocate_ports(&ctx.cfg.host, ctx.cfg.port_range, width, &held)
-}
-
-/// Three consecutive ports for a replica or engine: its previous ones when still free (clients keep their
-/// address), otherwise new ones from the node's range.
-pub async fn daemon_ports(ctx: &Ctx, previous: Option<u16>) -> Result<u16, ProcessError> {
+/// Three consecutive ports for a replica: its previous ones when still free (the engine keeps its address),
+/// otherwise new ones from the node's range.
+pub async fn replica_ports(ctx: &Ctx, previous: Option<u16>) -> Result<u16, NoPorts> {
     let host = ctx.cfg.host.as_str();
+    let free = |p: u16| TcpListener::bind((host, p)).is_ok();
     if let Some(p) = previous.filter(|p| *p != 0)
-        && (p..p.saturating_add(3)).all(|q| std::net::TcpListener::bind((host, q)).is_ok())
+        && (p..p.saturating_add(3)).all(free)
     {
         return Ok(p);
     }
-    allocate(ctx, 3).await
+    let reserved = reserved(ctx).await;
+    let (from, to) = ctx.cfg.port_range;
+    let mut p = from;
+    while p.saturating_add(3) <= to {
+        if (p..p + 3).all(|q| !reserved.contains(&q) && free(q)) {
+            return Ok(p);
+        }
+        p += 3;
+    }
+    Err(NoPorts {
+        host: host.to_owned(),
+        from,
+        to,
+    })
 }

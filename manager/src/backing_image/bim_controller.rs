@@ -8,7 +8,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use corral_proto::v1;
 use futures::StreamExt;
@@ -16,44 +16,37 @@ use tokio_util::sync::CancellationToken;
 
 use super::model::{BackingImage, BackingImageDataSource, BackingImageManager, ManagerFile, state};
 use crate::context::Ctx;
-use crate::controller::{Requeue, WorkQueue, feed, run_worker};
-use crate::model::{Node, ProcessRecord, Replica, Volume};
-use crate::process;
-use crate::store::{Event, Object, absent_ok};
+use crate::controller::{Requeue, WorkQueue, feed_node_local, run_worker};
+use crate::model::{Node, Replica, Volume};
+use crate::process::{Observed, Supervisor};
+use crate::store::{Object, absent_ok};
 
 pub const BINARY: &str = "corral-bim";
-/// Ports a `corral-bim` takes: P gRPC, P+1 HTTP, P+2.. sync receivers.
 /// Concurrent sends one ready copy feeds (the seed's limit; `corral-bim` enforces it too).
 pub const SENDS_PER_SOURCE: u32 = 3;
 const RESYNC: Duration = Duration::from_secs(2);
 
-#[derive(Default)]
 struct Local {
-    /// Manager name → the daemon this process started and when.
-    daemons: Mutex<HashMap<String, (ProcessRecord, Instant)>>,
+    sup: Supervisor,
     /// Manager name → (gRPC address, cancel) of its Watch task.
     watches: Mutex<HashMap<String, (String, CancellationToken)>>,
 }
 
 pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     let q = Arc::new(WorkQueue::default());
-    let me = ctx.cfg.node_id.clone();
-    let me2 = me.clone();
-    feed::<BackingImageManager>(
-        ctx.db.clone(),
+    feed_node_local::<BackingImageManager>(
+        ctx,
         q.clone(),
         cancel.clone(),
         RESYNC,
-        move |ev| match ev {
-            Event::Put(o) if o.data.spec.node_id == me => Some(o.name.clone()),
-            Event::Put(_) => None,
-            Event::Delete { name, .. } => Some(name.clone()),
-        },
-        move |o| (o.data.spec.node_id == me2).then(|| o.name.clone()),
+        |m: &BackingImageManager| m.spec.node_id.as_str(),
     );
     let ctx = ctx.clone();
     let c = cancel.clone();
-    let local = Arc::new(Local::default());
+    let local = Arc::new(Local {
+        sup: Supervisor::new(BINARY, "bim", &ctx.cfg.bin_dir, &ctx.cfg.data_dir),
+        watches: Mutex::default(),
+    });
     tokio::spawn(async move {
         let m = ctx.metrics.clone();
         let q2 = q.clone();
@@ -97,14 +90,11 @@ fn watch(local: &Local, q: &Arc<WorkQueue>, cancel: &CancellationToken, name: &s
     });
 }
 
-async fn stop(local: &Local, name: &str, rec: Option<&ProcessRecord>) {
+async fn stop(local: &Local, name: &str) {
     if let Some((_, t)) = local.watches.lock().ok().and_then(|mut w| w.remove(name)) {
         t.cancel();
     }
-    let started = local.daemons.lock().ok().and_then(|mut m| m.remove(name));
-    for p in rec.into_iter().chain(started.as_ref().map(|(p, _)| p)) {
-        process::stop(p, BINARY, Duration::from_secs(10)).await;
-    }
+    local.sup.stop(name, None, Duration::from_secs(10)).await;
 }
 
 /// Why the disk cannot be used now, if so.
@@ -154,7 +144,7 @@ async fn reconcile(
     name: String,
 ) -> anyhow::Result<Requeue> {
     let Some(obj) = ctx.db.get::<BackingImageManager>(&name).await? else {
-        stop(&local, &name, None).await;
+        stop(&local, &name).await;
         return Ok(None);
     };
     let m = &obj.data;
@@ -175,21 +165,40 @@ async fn reconcile(
         .await?;
         return Ok(Some(RESYNC));
     }
-    let rec = m.status.process.clone();
-    let alive = rec.as_ref().is_some_and(|p| process::is_alive(p, BINARY));
-    if !alive {
-        let last = local
-            .daemons
-            .lock()
-            .ok()
-            .and_then(|d| d.get(&name).map(|(_, at)| *at));
-        if let Some(last) = last
-            && last.elapsed() < Duration::from_secs(1)
-        {
-            return Ok(Some(Duration::from_secs(1) - last.elapsed()));
+    match local.sup.observe(&name, m.status.process.as_ref()) {
+        Observed::Running => {}
+        Observed::Starting => return Ok(Some(Duration::from_millis(200))),
+        Observed::Ready(listen) => {
+            let (Some(grpc), Some(http)) = (listen.get("grpc"), listen.get("http")) else {
+                anyhow::bail!("corral-bim of {name} reported no grpc or http listener: {listen:?}");
+            };
+            tracing::info!(manager = name, grpc, http, "corral-bim ready");
+            set_status(&ctx, &name, |s| {
+                s.address.clone_from(grpc);
+                s.http_address.clone_from(http);
+                if let Some(p) = &mut s.process {
+                    p.listen.clone_from(&listen);
+                }
+            })
+            .await?;
+            return Ok(Some(Duration::ZERO));
         }
-        spawn(&ctx, &local, &name, m).await?;
-        return Ok(Some(Duration::from_millis(300)));
+        Observed::Down => {
+            let restarts = m.status.process.as_ref().map_or(0, |p| p.restarts + 1);
+            if let Some(wait) = Supervisor::restart_wait(m.status.process.as_ref(), restarts) {
+                return Ok(Some(wait));
+            }
+            let rec = spawn(&ctx, &local, &name, m, restarts)?;
+            // Addresses are known once it reports ready.
+            set_status(&ctx, &name, |s| {
+                s.state = "starting".to_owned();
+                s.process = Some(rec.clone());
+                s.address.clear();
+                s.http_address.clear();
+            })
+            .await?;
+            return Ok(Some(Duration::from_millis(200)));
+        }
     }
     let Ok(mut client) = super::bim_client(&m.status.address).await else {
         return Ok(Some(Duration::from_millis(300)));
@@ -251,50 +260,43 @@ async fn reconcile(
     Ok(Some(RESYNC))
 }
 
-async fn spawn(ctx: &Ctx, local: &Local, name: &str, m: &BackingImageManager) -> anyhow::Result<()> {
-    let port = crate::ports::allocate(ctx, crate::ports::BIM_PORTS).await?;
+/// Starts the disk's `corral-bim`: gRPC and HTTP on their previous ports (other disks' managers sync from that
+/// address) or port 0; its sync receivers take ports of the node's range (it skips ports found busy).
+fn spawn(
+    ctx: &Ctx,
+    local: &Local,
+    name: &str,
+    m: &BackingImageManager,
+    restarts: u32,
+) -> anyhow::Result<crate::model::ProcessRecord> {
     let host = &ctx.cfg.host;
+    let prev = m.status.process.as_ref();
+    let (from, to) = ctx.cfg.port_range;
     let args = vec![
         "serve".to_owned(),
         "--listen".to_owned(),
-        format!("{host}:{port}"),
+        format!("{host}:{}", Supervisor::previous_port(prev, "grpc")),
         "--http-listen".to_owned(),
-        format!("{host}:{}", port + 1),
+        format!("{host}:{}", Supervisor::previous_port(prev, "http")),
         "--disk-path".to_owned(),
         m.spec.disk_path.clone(),
         "--disk-uuid".to_owned(),
         m.spec.disk_uuid.clone(),
         "--port-range".to_owned(),
-        format!("{}-{}", port + 2, port + crate::ports::BIM_PORTS - 1),
+        // The node's range is half-open, the daemon's inclusive.
+        format!("{from}-{}", to.saturating_sub(1).max(from)),
         "--advertise-host".to_owned(),
         host.clone(),
     ];
-    let mut rec = process::spawn(
-        &ctx.binary(BINARY),
-        &args,
-        &ctx.log_path(&format!("bim-{}", m.spec.disk_name)),
-        port,
-    )?;
-    rec.restarts = m.status.process.as_ref().map_or(0, |p| p.restarts + 1);
+    let rec = local.sup.start(name, args, restarts)?;
     ctx.metrics.daemon_started();
     tracing::info!(
         manager = name,
         pid = rec.pid,
-        port,
         disk = m.spec.disk_path,
         "started corral-bim"
     );
-    if let Ok(mut d) = local.daemons.lock() {
-        d.insert(name.to_owned(), (rec.clone(), Instant::now()));
-    }
-    let (address, http) = (format!("{host}:{port}"), format!("{host}:{}", port + 1));
-    set_status(ctx, name, |s| {
-        s.state = "starting".to_owned();
-        s.process = Some(rec.clone());
-        s.address.clone_from(&address);
-        s.http_address.clone_from(&http);
-    })
-    .await
+    Ok(rec)
 }
 
 fn spec(name: &str, uuid: &str, size: u64, checksum: &str) -> v1::BimImageSpec {

@@ -3,50 +3,42 @@
 //! job with backoff unless it was an upload (the user uploads into a new image instead), and stops the daemon once
 //! the file is taken or the document is gone.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
+use anyhow::Context;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use super::model::{BackingImageDataSource, SourceType, state};
 use crate::context::Ctx;
-use crate::controller::{Requeue, WorkQueue, feed, run_worker};
+use crate::controller::{Requeue, WorkQueue, feed_node_local, run_worker};
 use crate::model::ProcessRecord;
-use crate::process;
-use crate::store::{Event, absent_ok};
+use crate::process::{Observed, Supervisor};
+use crate::store::absent_ok;
 
 pub const BINARY: &str = "corral-datasource";
 const POLL: Duration = Duration::from_secs(1);
 /// Failed polls of a running daemon before it is restarted.
 const MAX_POLL_FAILURES: u32 = 10;
 
-/// What this manager process started: kept to stop the daemon after its document is deleted.
-#[derive(Default)]
-struct Local {
-    daemons: Mutex<HashMap<String, (ProcessRecord, Instant)>>,
-}
-
 pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     let q = Arc::new(WorkQueue::default());
-    let me = ctx.cfg.node_id.clone();
-    let me2 = me.clone();
-    feed::<BackingImageDataSource>(
-        ctx.db.clone(),
+    feed_node_local::<BackingImageDataSource>(
+        ctx,
         q.clone(),
         cancel.clone(),
         Duration::from_secs(3),
-        move |ev| match ev {
-            Event::Put(o) if o.data.spec.node_id == me => Some(o.name.clone()),
-            Event::Put(_) => None,
-            Event::Delete { name, .. } => Some(name.clone()),
-        },
-        move |o| (o.data.spec.node_id == me2).then(|| o.name.clone()),
+        |d: &BackingImageDataSource| d.spec.node_id.as_str(),
     );
     let ctx = ctx.clone();
     let c = cancel.clone();
-    let local = Arc::new(Local::default());
+    let local = Arc::new(Supervisor::new(
+        BINARY,
+        "datasource",
+        &ctx.cfg.bin_dir,
+        &ctx.cfg.data_dir,
+    ));
     tokio::spawn(async move {
         let m = ctx.metrics.clone();
         run_worker("backing-image-data-source", q, c, m, |name| {
@@ -79,18 +71,11 @@ async fn poll(address: &str) -> anyhow::Result<FileInfo> {
 }
 
 /// Stops the recorded daemon and any this manager process started for the image.
-async fn stop(local: &Local, name: &str, rec: Option<&ProcessRecord>) {
-    let started = local.daemons.lock().ok().and_then(|mut m| m.remove(name));
-    for p in rec.into_iter().chain(started.as_ref().map(|(p, _)| p)) {
-        process::stop(p, BINARY, Duration::from_secs(10)).await;
-    }
+async fn stop(local: &Supervisor, name: &str, rec: Option<&ProcessRecord>) {
+    local.stop(name, rec, Duration::from_secs(10)).await;
 }
 
-fn restart_delay(attempts: u32) -> Duration {
-    Duration::from_millis(1000u64.saturating_mul(1 << attempts.min(5)).min(30_000))
-}
-
-async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<Requeue> {
+async fn reconcile(ctx: Ctx, local: Arc<Supervisor>, name: String) -> anyhow::Result<Requeue> {
     let Some(obj) = ctx.db.get::<BackingImageDataSource>(&name).await? else {
         stop(&local, &name, None).await;
         return Ok(None);
@@ -100,7 +85,8 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
         return Ok(None);
     }
     let rec = ds.status.process.clone();
-    let alive = rec.as_ref().is_some_and(|p| process::is_alive(p, BINARY));
+    let observed = local.observe(&name, rec.as_ref());
+    let alive = observed != Observed::Down;
     if ds.spec.started {
         if alive || rec.is_some() {
             stop(&local, &name, rec.as_ref()).await;
@@ -133,8 +119,29 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
         )?;
         return Ok(Some(Duration::ZERO));
     }
-    if alive {
-        return monitor(&ctx, &local, &name, ds).await;
+    match observed {
+        Observed::Running => return monitor(&ctx, &local, &name, ds).await,
+        Observed::Starting => return Ok(Some(Duration::from_millis(200))),
+        Observed::Ready(listen) => {
+            let http = listen
+                .get("http")
+                .with_context(|| format!("data source {name} reported no http listener: {listen:?}"))?
+                .clone();
+            tracing::info!(image = name, http, "data source ready");
+            absent_ok(
+                ctx.db
+                    .modify::<BackingImageDataSource>(&name, |d| {
+                        d.status.address.clone_from(&http);
+                        if let Some(p) = &mut d.status.process {
+                            p.listen.clone_from(&listen);
+                        }
+                        true
+                    })
+                    .await,
+            )?;
+            return Ok(Some(Duration::ZERO));
+        }
+        Observed::Down => {}
     }
     // Not running and not taken.
     let failed = ds.status.state == state::FAILED;
@@ -148,18 +155,10 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
         // An upload cannot be repeated by the manager: the user deletes the image and uploads again.
         return Ok(None);
     }
-    if failed || ds.status.attempts > 0 {
-        let wait = restart_delay(ds.status.attempts);
-        let last = local
-            .daemons
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&name).map(|(_, at)| *at));
-        if let Some(last) = last
-            && last.elapsed() < wait
-        {
-            return Ok(Some(wait - last.elapsed()));
-        }
+    if (failed || ds.status.attempts > 0)
+        && let Some(wait) = Supervisor::restart_wait(rec.as_ref(), ds.status.attempts)
+    {
+        return Ok(Some(wait));
     }
     spawn(&ctx, &local, &name, ds).await?;
     Ok(Some(POLL))
@@ -181,7 +180,7 @@ async fn set_failed(ctx: &Ctx, name: &str, message: &str) -> anyhow::Result<()> 
 
 async fn monitor(
     ctx: &Ctx,
-    local: &Local,
+    local: &Supervisor,
     name: &str,
     ds: &BackingImageDataSource,
 ) -> anyhow::Result<Requeue> {
@@ -193,13 +192,8 @@ async fn monitor(
                     message = info.message,
                     "data source failed: restarting it"
                 );
+                // The record stays: the restart's backoff counts from its start.
                 stop(local, name, ds.status.process.as_ref()).await;
-                if let Ok(mut m) = local.daemons.lock() {
-                    // Keeps the start time for the backoff.
-                    if let Some(p) = &ds.status.process {
-                        m.insert(name.to_owned(), (p.clone(), Instant::now()));
-                    }
-                }
             }
             absent_ok(
                 ctx.db
@@ -246,13 +240,12 @@ async fn monitor(
     Ok(Some(POLL))
 }
 
-async fn spawn(ctx: &Ctx, local: &Local, name: &str, ds: &BackingImageDataSource) -> anyhow::Result<()> {
+async fn spawn(ctx: &Ctx, local: &Supervisor, name: &str, ds: &BackingImageDataSource) -> anyhow::Result<()> {
     corral_daemon::disk::verify_disk(std::path::Path::new(&ds.spec.disk_path), &ds.spec.disk_uuid)?;
-    let port = crate::ports::allocate(ctx, 1).await?;
     let mut args = vec![
         "serve".to_owned(),
         "--listen".to_owned(),
-        format!("{}:{port}", ctx.cfg.host),
+        format!("{}:0", ctx.cfg.host),
         "--disk-path".to_owned(),
         ds.spec.disk_path.clone(),
         "--disk-uuid".to_owned(),
@@ -274,23 +267,15 @@ async fn spawn(ctx: &Ctx, local: &Local, name: &str, ds: &BackingImageDataSource
         args.push("--expected-checksum".to_owned());
         args.push(ds.spec.expected_checksum.clone());
     }
-    let rec = process::spawn(
-        &ctx.binary(BINARY),
-        &args,
-        &ctx.log_path(&format!("datasource-{name}")),
-        port,
-    )?;
+    let rec = local.start(name, args, ds.status.attempts)?;
     ctx.metrics.daemon_started();
-    tracing::info!(image = name, pid = rec.pid, port, "started data source");
-    if let Ok(mut m) = local.daemons.lock() {
-        m.insert(name.to_owned(), (rec.clone(), Instant::now()));
-    }
-    let address = format!("{}:{port}", ctx.cfg.host);
+    tracing::info!(image = name, pid = rec.pid, "started data source");
     absent_ok(
         ctx.db
             .modify::<BackingImageDataSource>(name, |d| {
                 d.status.process = Some(rec.clone());
-                d.status.address.clone_from(&address);
+                // Known once it reports ready.
+                d.status.address.clear();
                 d.status.state = state::STARTING.to_owned();
                 d.status.message.clear();
                 d.status.poll_failures = 0;

@@ -173,20 +173,22 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
                 .ok_or_else(|| {
                     format!("volume {volume} has no running healthy replica to export from (attach it)")
                 })?;
-            let port = replica.data.status.process.as_ref().map_or(0, |p| p.port);
-            let host = replica
+            // The replica's sync agent, as the replica reported it when it became ready.
+            let sync = replica
                 .data
                 .status
-                .address
-                .trim_start_matches("tcp://")
-                .rsplit_once(':')
-                .map(|(h, _)| h.to_owned())
-                .unwrap_or_default();
+                .process
+                .as_ref()
+                .and_then(|p| p.listen.get("sync"))
+                .cloned()
+                .ok_or_else(|| {
+                    format!(
+                        "replica {} of volume {volume} has not reported its sync endpoint (restart it)",
+                        replica.name
+                    )
+                })?;
             params.insert("snapshot-name".to_owned(), snapshot);
-            params.insert(
-                "sender-address".to_owned(),
-                format!("{host}:{}", port + corral_proto::REPLICA_SYNC_AGENT_PORT_OFFSET),
-            );
+            params.insert("sender-address".to_owned(), sync);
             params.insert("volume-size".to_owned(), v.data.spec.size.to_string());
             params.insert("file-type".to_owned(), export_type);
         }

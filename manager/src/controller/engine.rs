@@ -4,18 +4,19 @@
 //! with a rebuild, one in the engine but not in the spec is removed; when every replica is ERR the engine is
 //! restarted (with `--salvage-requested` when the volume keeps no revision counter).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use anyhow::Context;
 use corral_proto::v1::{self, controller_service_client::ControllerServiceClient};
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-use super::{Requeue, WorkQueue, feed, now, replica::restart_backoff, run_worker};
-use crate::context::{Ctx, LocalDaemon};
+use super::{Requeue, WorkQueue, feed, feed_node_local, now, run_worker};
+use crate::context::Ctx;
 use crate::model::{DesireState, Engine, ProcessState, Replica};
-use crate::process;
+use crate::process::{self, Observed, Supervisor};
 use crate::store::{Event, Object, absent_ok};
 
 pub const BINARY: &str = "corral-engine";
@@ -25,19 +26,12 @@ const POLL: Duration = Duration::from_secs(2);
 
 pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     let q = Arc::new(WorkQueue::default());
-    let me = ctx.cfg.node_id.clone();
-    let me2 = me.clone();
-    feed::<Engine>(
-        ctx.db.clone(),
+    feed_node_local::<Engine>(
+        ctx,
         q.clone(),
         cancel.clone(),
         Duration::from_secs(3),
-        move |ev| match ev {
-            Event::Put(o) if o.data.spec.node_id == me => Some(o.name.clone()),
-            Event::Put(_) => None,
-            Event::Delete { name, .. } => Some(name.clone()),
-        },
-        move |o| (o.data.spec.node_id == me2).then(|| o.name.clone()),
+        |e: &Engine| e.spec.node_id.as_str(),
     );
     // A replica that changes may unblock an engine start: requeue the engines of its volume.
     let db = ctx.db.clone();
@@ -53,11 +47,20 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
         },
         |_| None,
     );
+    let sup = Arc::new(Supervisor::new(
+        BINARY,
+        "engine",
+        &ctx.cfg.bin_dir,
+        &ctx.cfg.data_dir,
+    ));
     let ctx = ctx.clone();
     let c = cancel.clone();
     tokio::spawn(async move {
         let m = ctx.metrics.clone();
-        run_worker("engine", q, c, m, |name| reconcile(ctx.clone(), name)).await;
+        run_worker("engine", q, c, m, |name| {
+            reconcile(ctx.clone(), sup.clone(), name)
+        })
+        .await;
     });
 }
 
@@ -69,33 +72,25 @@ pub async fn client(
     Ok(ControllerServiceClient::new(ch))
 }
 
-async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
+async fn reconcile(ctx: Ctx, sup: Arc<Supervisor>, name: String) -> anyhow::Result<Requeue> {
     let Some(obj) = ctx.db.get::<Engine>(&name).await? else {
-        let gone = ctx.engines.lock().ok().and_then(|mut m| m.remove(&name));
-        if let Some(p) = gone.and_then(|d| d.process) {
-            process::stop(&p, BINARY, Duration::from_secs(10)).await;
-        }
+        sup.stop(&name, None, Duration::from_secs(10)).await;
         return Ok(None);
     };
     let e = &obj.data;
     if e.spec.node_id != ctx.cfg.node_id {
         return Ok(None);
     }
-    let alive = e
-        .status
-        .process
-        .as_ref()
-        .is_some_and(|p| process::is_alive(p, BINARY));
-    if let Ok(mut m) = ctx.engines.lock() {
-        m.entry(name.clone())
-            .or_default()
-            .process
-            .clone_from(&e.status.process);
+    let observed = sup.observe(&name, e.status.process.as_ref());
+    let alive = observed != Observed::Down;
+    if let Observed::Ready(listen) = observed {
+        record_ready(&ctx, &name, listen).await?;
+        return Ok(Some(Duration::ZERO));
     }
     if e.spec.desire_state == DesireState::Stopped {
         if alive && let Some(p) = &e.status.process {
             tracing::info!(engine = name, "stopping engine");
-            process::stop(p, BINARY, Duration::from_secs(15)).await;
+            sup.stop(&name, Some(p), Duration::from_secs(15)).await;
         }
         if e.status.state != ProcessState::Stopped {
             ctx.db
@@ -131,9 +126,45 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         return Ok(Some(Duration::from_millis(100)));
     }
     if alive {
+        if e.status.address.is_empty() {
+            // Started, not ready yet.
+            return Ok(Some(Duration::from_millis(200)));
+        }
         return watch_running(&ctx, &obj, &replicas).await;
     }
-    start_engine(&ctx, &obj, &replicas).await
+    start_engine(&ctx, &sup, &obj, &replicas).await
+}
+
+/// Records the listeners a started engine reported: its ControllerService address and the NBD endpoints users
+/// connect to.
+async fn record_ready(ctx: &Ctx, name: &str, listen: BTreeMap<String, String>) -> anyhow::Result<()> {
+    let control = listen
+        .get("control")
+        .with_context(|| format!("engine {name} reported no control listener: {listen:?}"))?
+        .clone();
+    tracing::info!(engine = name, ?listen, "engine ready");
+    ctx.db
+        .modify::<Engine>(name, |e| {
+            let vol = &e.spec.volume;
+            e.status.endpoints = nbd_endpoints(vol, &listen);
+            e.status.address.clone_from(&control);
+            if let Some(p) = &mut e.status.process {
+                p.listen.clone_from(&listen);
+            }
+            true
+        })
+        .await?;
+    Ok(())
+}
+
+/// The NBD URIs of a volume served by an engine that reported `listen` (unix socket first).
+fn nbd_endpoints(volume: &str, listen: &BTreeMap<String, String>) -> Vec<String> {
+    let unix = listen
+        .get("nbd-unix")
+        .and_then(|a| a.strip_prefix("unix:"))
+        .map(|path| format!("nbd+unix:///{volume}?socket={path}"));
+    let tcp = listen.get("nbd").map(|a| format!("nbd://{a}/{volume}"));
+    unix.into_iter().chain(tcp).collect()
 }
 
 async fn spec_replicas(ctx: &Ctx, e: &Engine) -> anyhow::Result<Vec<Object<Replica>>> {
@@ -152,6 +183,7 @@ fn running(r: &Object<Replica>) -> bool {
 
 async fn start_engine(
     ctx: &Ctx,
+    sup: &Supervisor,
     obj: &Object<Engine>,
     replicas: &[Object<Replica>],
 ) -> anyhow::Result<Requeue> {
@@ -159,18 +191,8 @@ async fn start_engine(
     let e = &obj.data;
     let crashed = e.status.process.is_some() && e.status.state != ProcessState::Stopped;
     let restarts = e.status.process.as_ref().map_or(0, |p| p.restarts) + u32::from(crashed);
-    if crashed {
-        let last = ctx
-            .engines
-            .lock()
-            .ok()
-            .and_then(|m| m.get(name).and_then(|d| d.last_start));
-        let wait = restart_backoff(restarts);
-        if let Some(last) = last
-            && last.elapsed() < wait
-        {
-            return Ok(Some(wait - last.elapsed()));
-        }
+    if crashed && let Some(wait) = Supervisor::restart_wait(e.status.process.as_ref(), restarts) {
+        return Ok(Some(wait));
     }
     // Replicas that held the volume's data must all be up (a new volume: every replica); fresh ones join later
     // through a rebuild.
@@ -184,8 +206,8 @@ async fn start_engine(
         return Ok(Some(Duration::from_millis(500)));
     }
     let host = ctx.cfg.host.clone();
-    let port = crate::ports::daemon_ports(ctx, e.status.process.as_ref().map(|p| p.port)).await?;
-    let (nbd_port, metrics_port) = (port + 1, port + 2);
+    // NBD clients keep the address they were given across a restart of the engine.
+    let nbd_port = Supervisor::previous_port(e.status.process.as_ref(), "nbd");
     let sock_dir = ctx.cfg.data_dir.join("sockets");
     std::fs::create_dir_all(&sock_dir).with_context(|| format!("create {}", sock_dir.display()))?;
     let sock = sock_dir.join(format!("{name}.sock"));
@@ -201,7 +223,7 @@ async fn start_engine(
         "--size".to_owned(),
         e.spec.size.to_string(),
         "--listen".to_owned(),
-        format!("{host}:{port}"),
+        format!("{host}:0"),
     ];
     // Maintenance mode: no listener at all, so nothing can reach the volume for IO (the engine refuses
     // FrontendStart too).
@@ -215,7 +237,7 @@ async fn start_engine(
     }
     args.extend([
         "--metrics-listen".to_owned(),
-        format!("{host}:{metrics_port}"),
+        format!("{host}:0"),
         "--replica-timeout".to_owned(),
         ctx.setting_u64("replica-timeout").await.max(1).to_string(),
     ]);
@@ -229,57 +251,30 @@ async fn start_engine(
     if salvage {
         args.push("--salvage-requested".to_owned());
     }
-    let mut rec = process::spawn(
-        &ctx.binary(BINARY),
-        &args,
-        &ctx.log_path(&format!("engine-{name}")),
-        port,
-    )?;
-    rec.restarts = restarts;
+    let rec = sup.start(name, args, restarts)?;
     ctx.metrics.daemon_started();
     tracing::info!(
         engine = name,
         pid = rec.pid,
-        port,
         salvage,
         frontend = !e.spec.disable_frontend,
         replicas = members.len(),
         "started engine"
     );
-    if let Ok(mut m) = ctx.engines.lock() {
-        m.insert(
-            name.clone(),
-            LocalDaemon {
-                data_path: None,
-                process: Some(rec.clone()),
-                last_start: Some(Instant::now()),
-            },
-        );
-    }
-    let vol = e.spec.volume.clone();
-    let endpoints = if e.spec.disable_frontend {
-        Vec::new()
-    } else {
-        vec![
-            format!("nbd+unix:///{vol}?socket={}", sock.display()),
-            format!("nbd://{host}:{nbd_port}/{vol}"),
-        ]
-    };
     let frontend_disabled = e.spec.disable_frontend;
     ctx.db
         .modify::<Engine>(name, |e| {
             e.status.state = ProcessState::Starting;
             e.status.process = Some(rec.clone());
-            e.status.address = format!("{host}:{port}");
-            e.status.nbd_port = nbd_port;
-            e.status.metrics_port = metrics_port;
-            e.status.endpoints.clone_from(&endpoints);
+            // Known once the engine reports ready.
+            e.status.address.clear();
+            e.status.endpoints.clear();
             e.status.salvage_next = false;
             e.status.frontend_disabled = frontend_disabled;
             true
         })
         .await?;
-    Ok(Some(Duration::from_millis(300)))
+    Ok(Some(Duration::from_millis(200)))
 }
 
 async fn watch_running(

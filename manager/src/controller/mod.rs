@@ -63,7 +63,7 @@ impl WorkQueue {
 /// What a reconcile asks for next.
 pub type Requeue = Option<Duration>;
 
-/// Runs `reconcile` over the queue until `cancel`. Errors back off per name (0.5 s doubling to 30 s).
+/// Runs `reconcile` over the queue until `cancel`. Errors back off per name with the manager's one policy (`process::restart_backoff`).
 pub async fn run_worker<F, Fut>(
     controller: &'static str,
     queue: Arc<WorkQueue>,
@@ -92,7 +92,7 @@ pub async fn run_worker<F, Fut>(
                 metrics.reconciled(controller, false);
                 let n = failures.entry(name.clone()).or_default();
                 *n = n.saturating_add(1);
-                let delay = Duration::from_millis(500u64.saturating_mul(1 << (*n).min(6)).min(30_000));
+                let delay = crate::process::restart_backoff(*n);
                 tracing::warn!(
                     controller,
                     name,
@@ -157,6 +157,30 @@ pub fn feed<R: Resource>(
             }
         }
     });
+}
+
+/// Feeds `queue` with the names of this node's `R` documents (`node` says whose a document is): every change of
+/// one, every deletion (the node may have started its daemon), and a full list every `resync`.
+pub fn feed_node_local<R: Resource>(
+    ctx: &crate::context::Ctx,
+    queue: Arc<WorkQueue>,
+    cancel: CancellationToken,
+    resync: Duration,
+    node: fn(&R) -> &str,
+) {
+    let me = ctx.cfg.node_id.clone();
+    let me2 = me.clone();
+    feed::<R>(
+        ctx.db.clone(),
+        queue,
+        cancel,
+        resync,
+        move |ev| match ev {
+            Event::Put(o) => (node(&o.data) == me).then(|| o.name.clone()),
+            Event::Delete { name, .. } => Some(name.clone()),
+        },
+        move |o| (node(&o.data) == me2).then(|| o.name.clone()),
+    );
 }
 
 /// Unix seconds now.

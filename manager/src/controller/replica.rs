@@ -1,64 +1,63 @@
 //! Node-local: runs a `corral-replica` process for every replica document of this node that should run, restarts
 //! crashed ones with backoff, stops the ones that should not, and removes a deleted replica's process and data.
 
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use super::{Requeue, WorkQueue, feed, run_worker};
-use crate::context::{Ctx, LocalDaemon};
+use super::{Requeue, WorkQueue, feed_node_local, run_worker};
+use crate::context::Ctx;
 use crate::model::{DesireState, ProcessState, Replica};
-use crate::process;
-use crate::store::{Event, absent_ok};
+use crate::process::{Observed, Supervisor};
+use crate::store::absent_ok;
 
 pub const BINARY: &str = "corral-replica";
 
 pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     let q = Arc::new(WorkQueue::default());
-    let me = ctx.cfg.node_id.clone();
-    let me2 = me.clone();
-    feed::<Replica>(
-        ctx.db.clone(),
+    feed_node_local::<Replica>(
+        ctx,
         q.clone(),
         cancel.clone(),
         Duration::from_secs(3),
-        move |ev| match ev {
-            Event::Put(o) if o.data.spec.node_id == me => Some(o.name.clone()),
-            Event::Put(_) => None,
-            Event::Delete { name, .. } => Some(name.clone()),
-        },
-        move |o| (o.data.spec.node_id == me2).then(|| o.name.clone()),
+        |r: &Replica| r.spec.node_id.as_str(),
     );
+    let local = Arc::new(Local {
+        sup: Supervisor::new(BINARY, "replica", &ctx.cfg.bin_dir, &ctx.cfg.data_dir),
+        data_paths: Mutex::default(),
+    });
     let ctx = ctx.clone();
     let c = cancel.clone();
     tokio::spawn(async move {
         let m = ctx.metrics.clone();
-        run_worker("replica", q, c, m, |name| reconcile(ctx.clone(), name)).await;
+        run_worker("replica", q, c, m, |name| {
+            reconcile(ctx.clone(), local.clone(), name)
+        })
+        .await;
     });
 }
 
-/// Delay before restarting a daemon that crashed `restarts` times.
-pub fn restart_backoff(restarts: u32) -> Duration {
-    Duration::from_millis(500u64.saturating_mul(1 << restarts.min(6)).min(30_000))
+/// This manager process's replicas: their daemons, and where their data lives (removed after the document).
+struct Local {
+    sup: Supervisor,
+    data_paths: Mutex<HashMap<String, (PathBuf, Option<crate::model::ProcessRecord>)>>,
 }
 
-async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
+async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<Requeue> {
     let Some(obj) = ctx.db.get::<Replica>(&name).await? else {
         // Deleted: stop what we started and remove its data.
-        let gone = ctx.replicas.lock().ok().and_then(|mut m| m.remove(&name));
-        if let Some(d) = gone {
-            if let Some(p) = &d.process {
-                process::stop(p, BINARY, Duration::from_secs(10)).await;
-            }
-            if let Some(path) = d.data_path {
-                tracing::info!(replica = name, path = %path.display(), "removing deleted replica's data");
-                tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&path).or_else(ignore_missing))
-                    .await?
-                    .context("remove replica data")?;
-            }
+        let gone = local.data_paths.lock().ok().and_then(|mut m| m.remove(&name));
+        let (path, rec) = gone.map_or((None, None), |(p, r)| (Some(p), r));
+        local.sup.stop(&name, rec.as_ref(), Duration::from_secs(10)).await;
+        if let Some(path) = path {
+            tracing::info!(replica = name, path = %path.display(), "removing deleted replica's data");
+            tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&path).or_else(ignore_missing))
+                .await?
+                .context("remove replica data")?;
         }
         return Ok(None);
     };
@@ -66,20 +65,22 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     if r.spec.node_id != ctx.cfg.node_id {
         return Ok(None);
     }
-    let alive = r
-        .status
-        .process
-        .as_ref()
-        .is_some_and(|p| process::is_alive(p, BINARY));
-    if let Ok(mut m) = ctx.replicas.lock() {
-        let e = m.entry(name.clone()).or_default();
-        e.data_path = Some(PathBuf::from(&r.spec.data_path));
-        e.process.clone_from(&r.status.process);
+    if let Ok(mut m) = local.data_paths.lock() {
+        m.insert(
+            name.clone(),
+            (PathBuf::from(&r.spec.data_path), r.status.process.clone()),
+        );
+    }
+    let observed = local.sup.observe(&name, r.status.process.as_ref());
+    let alive = observed != Observed::Down;
+    if let Observed::Ready(listen) = observed {
+        record_ready(&ctx, &name, listen).await?;
+        return Ok(Some(Duration::ZERO));
     }
     let should_run = r.spec.desire_state == DesireState::Running && r.spec.failed_at.is_none();
     if !should_run {
         if alive && let Some(p) = &r.status.process {
-            process::stop(p, BINARY, Duration::from_secs(10)).await;
+            local.sup.stop(&name, Some(p), Duration::from_secs(10)).await;
         }
         if r.status.state != ProcessState::Stopped || !r.status.address.is_empty() {
             absent_ok(
@@ -95,36 +96,15 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         return Ok(None);
     }
     if alive {
-        if r.status.state != ProcessState::Running {
-            let addr = r.status.address.trim_start_matches("tcp://").to_owned();
-            if !process::accepts(&addr) {
-                return Ok(Some(Duration::from_millis(300)));
-            }
-            absent_ok(
-                ctx.db
-                    .modify::<Replica>(&name, |r| {
-                        r.status.state = ProcessState::Running;
-                        true
-                    })
-                    .await,
-            )?;
-        }
-        return Ok(None);
+        // Running once it reported ready (every listener bound and serving).
+        return Ok((observed == Observed::Starting).then_some(Duration::from_millis(200)));
     }
     // Not running but should: a first start or a crash.
     let crashed = r.status.process.is_some() && r.status.state != ProcessState::Stopped;
     let restarts = r.status.process.as_ref().map_or(0, |p| p.restarts) + u32::from(crashed);
     if crashed {
-        let last = ctx
-            .replicas
-            .lock()
-            .ok()
-            .and_then(|m| m.get(&name).and_then(|d| d.last_start));
-        let wait = restart_backoff(restarts);
-        if let Some(last) = last
-            && last.elapsed() < wait
-        {
-            return Ok(Some(wait - last.elapsed()));
+        if let Some(wait) = Supervisor::restart_wait(r.status.process.as_ref(), restarts) {
+            return Ok(Some(wait));
         }
         tracing::warn!(replica = name, restarts, "replica process is gone: restarting");
     }
@@ -136,7 +116,10 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         )
     })?;
     corral_daemon::disk::verify_disk(std::path::Path::new(&disk.path), &r.spec.disk_uuid)?;
-    let port = crate::ports::daemon_ports(&ctx, r.status.process.as_ref().map(|p| p.port)).await?;
+    // The engine derives a replica's data and sync ports from its control port until it takes all three in
+    // the replica address: until then the replica gets three consecutive ports (its previous ones if free).
+    let previous = Supervisor::previous_port(r.status.process.as_ref(), "control");
+    let port = crate::ports::replica_ports(&ctx, (previous != 0).then_some(previous)).await?;
     let mut args = vec![
         "serve".to_owned(),
         "--dir".to_owned(),
@@ -169,35 +152,44 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             return Ok(Some(Duration::from_secs(1)));
         }
     }
-    let mut rec = process::spawn(
-        &ctx.binary(BINARY),
-        &args,
-        &ctx.log_path(&format!("replica-{name}")),
-        port,
-    )?;
-    rec.restarts = restarts;
+    let rec = local.sup.start(&name, args, restarts)?;
     ctx.metrics.daemon_started();
     tracing::info!(replica = name, pid = rec.pid, port, "started replica");
-    if let Ok(mut m) = ctx.replicas.lock() {
-        m.insert(
-            name.clone(),
-            LocalDaemon {
-                data_path: Some(PathBuf::from(&r.spec.data_path)),
-                process: Some(rec.clone()),
-                last_start: Some(Instant::now()),
-            },
-        );
-    }
-    let address = format!("tcp://{}:{port}", ctx.cfg.host);
     ctx.db
         .modify::<Replica>(&name, |r| {
             r.status.state = ProcessState::Starting;
             r.status.process = Some(rec.clone());
-            r.status.address.clone_from(&address);
+            // Known once the replica reports ready.
+            r.status.address.clear();
             true
         })
         .await?;
-    Ok(Some(Duration::from_millis(300)))
+    Ok(Some(Duration::from_millis(200)))
+}
+
+/// Records the listeners a started replica reported and the address the engine reaches it at: it runs now.
+async fn record_ready(ctx: &Ctx, name: &str, listen: BTreeMap<String, String>) -> anyhow::Result<()> {
+    let address = replica_address(&listen).with_context(|| format!("replica {name} reported {listen:?}"))?;
+    tracing::info!(replica = name, address, "replica ready");
+    absent_ok(
+        ctx.db
+            .modify::<Replica>(name, |r| {
+                r.status.state = ProcessState::Running;
+                r.status.address.clone_from(&address);
+                if let Some(p) = &mut r.status.process {
+                    p.listen.clone_from(&listen);
+                }
+                true
+            })
+            .await,
+    )?;
+    Ok(())
+}
+
+/// The address an engine is given for a replica that reported `listen`.
+fn replica_address(listen: &BTreeMap<String, String>) -> anyhow::Result<String> {
+    let control = listen.get("control").context("no control listener")?;
+    Ok(format!("tcp://{control}"))
 }
 
 fn ignore_missing(e: std::io::Error) -> std::io::Result<()> {
