@@ -6,41 +6,20 @@
 //! `cargo build -p manager -p replica -p engine --bins`.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::process::Command;
+
+use testkit::{Daemon, DaemonCommand, kill_under};
 
 /// A `corral-manager` on a temp dir; SIGKILLed with its daemons on drop.
 struct Manager {
-    child: Child,
+    daemon: Daemon,
     data_dir: PathBuf,
 }
 
 impl Drop for Manager {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.daemon.kill();
         kill_under(&self.data_dir);
-    }
-}
-
-/// SIGKILL every process whose command line mentions `dir` (the daemons the manager started for this test).
-fn kill_under(dir: &Path) {
-    let needle = dir.to_string_lossy().into_owned();
-    let Ok(rd) = std::fs::read_dir("/proc") else {
-        return;
-    };
-    for e in rd.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
-            continue;
-        };
-        if pid == i32::try_from(std::process::id()).unwrap_or(0) {
-            continue;
-        }
-        if std::fs::read(e.path().join("cmdline"))
-            .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
-        {
-            let _ = Command::new("kill").args(["-KILL", &pid.to_string()]).status();
-        }
     }
 }
 
@@ -82,13 +61,6 @@ impl Drop for HostCleanup {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind a loopback port")
-}
-
 fn bin_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_corral-csi"))
         .parent()
@@ -105,41 +77,22 @@ fn start_manager(dir: &Path, node: &str) -> (Manager, String) {
             bins.join(b).display()
         );
     }
-    let port = free_port();
     let data_dir = dir.join("manager");
     std::fs::create_dir_all(&data_dir).unwrap();
-    let log = std::fs::File::create(dir.join("manager.log")).unwrap();
-    // Each test process takes its own slice of daemon ports.
+    // Each test process takes its own slice of replica ports.
     let base = 30000 + u16::try_from(std::process::id() % 100).unwrap_or(0) * 100;
-    let child = Command::new(bins.join("corral-manager"))
+    // Ready (its ready file written) once the API serves and this node is registered.
+    let daemon = DaemonCommand::new(bins.join("corral-manager"))
         .arg("--data-dir")
         .arg(&data_dir)
-        .args(["--listen", &format!("127.0.0.1:{port}"), "--node-id", node])
+        .args(["--listen", "127.0.0.1:0", "--node-id", node])
         .arg("--bin-dir")
         .arg(&bins)
         .args(["--port-range", &format!("{base}-{}", base + 99)])
-        .stdout(log.try_clone().unwrap())
-        .stderr(log)
-        .spawn()
-        .expect("start corral-manager");
-    let m = Manager { child, data_dir };
-    let url = format!("http://127.0.0.1:{port}");
-    let end = Instant::now() + Duration::from_secs(30);
-    loop {
-        let ok = Command::new("curl")
-            .args(["-sf", &format!("{url}/v1/nodes/{node}")])
-            .stdout(Stdio::null())
-            .status()
-            .is_ok_and(|s| s.success());
-        if ok {
-            break;
-        }
-        assert!(
-            Instant::now() < end,
-            "manager did not register node {node} within 30 s"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        .log_to(dir.join("manager.log"))
+        .spawn();
+    let url = daemon.http_url("http");
+    let m = Manager { daemon, data_dir };
     (m, url)
 }
 

@@ -171,33 +171,10 @@ fn health(container: &str) -> String {
         .unwrap_or_default()
 }
 
-fn wait_until<T>(what: &str, deadline: Duration, mut probe: impl FnMut() -> Option<T>) -> T {
-    let end = Instant::now() + deadline;
-    loop {
-        if let Some(v) = probe() {
-            return v;
-        }
-        assert!(
-            Instant::now() < end,
-            "timed out after {deadline:?} waiting for {what}"
-        );
-        std::thread::sleep(Duration::from_millis(300));
-    }
-}
-
 /// `qemu-io` on the engine's published NBD port: each pair is a write then a verifying read of that pattern.
 fn qemu_io(uri: &str, ops: &[&str]) {
-    let mut cmd = Command::new("qemu-io");
-    cmd.args(["-f", "raw", uri]);
-    for op in ops {
-        cmd.args(["-c", op]);
-    }
-    let out = run(&mut cmd);
-    let text = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        !text.contains("Pattern verification failed") && !text.contains("error"),
-        "qemu-io {ops:?}:\n{text}"
-    );
+    let (ok, text) = testkit::qemu_io(uri, ops);
+    assert!(ok, "qemu-io {ops:?}:\n{text}");
 }
 
 /// Replica address → mode, as the engine reports them (`corral-engine replica ls --json` inside its container).
@@ -345,12 +322,12 @@ fn images_build_and_compose_cluster_keeps_serving_nbd_after_a_replica_container_
     let up = Instant::now();
     run(project.command().args(["up", "-d"]));
     let engine = project.container_id("engine");
-    wait_until(
+    testkit::wait_for(
         "the engine container to be healthy",
         Duration::from_secs(90),
         || (health(&engine) == "healthy").then_some(()),
     );
-    let modes = wait_until("three RW replicas", Duration::from_secs(30), || {
+    let modes = testkit::wait_for("three RW replicas", Duration::from_secs(30), || {
         replica_modes(&engine).filter(|m| m.len() == 3 && m.iter().all(|(_, mode)| mode == "RW"))
     });
     eprintln!("cluster up in {:.0?}: {modes:?}", up.elapsed());
@@ -382,7 +359,7 @@ fn images_build_and_compose_cluster_keeps_serving_nbd_after_a_replica_container_
             "flush",
         ],
     );
-    let modes = wait_until("replica-2 reported ERR", Duration::from_secs(30), || {
+    let modes = testkit::wait_for("replica-2 reported ERR", Duration::from_secs(30), || {
         replica_modes(&engine).filter(|m| {
             m.iter()
                 .all(|(addr, mode)| (mode == "ERR") == addr.contains("replica-2"))

@@ -9,49 +9,42 @@ mod support;
 
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
+use testkit::servers::Etcd;
+use testkit::{Daemon, DaemonCommand, qemu_io, wait_for};
 
+/// Python's `http.server` over a directory (no Range support: downloads start from the beginning).
 struct HttpServer {
-    child: Child,
-    port: u16,
+    daemon: Daemon,
 }
 
 impl HttpServer {
     fn start(dir: &Path) -> Self {
-        let port = free_port();
-        let child = Command::new("python3")
-            .args([
-                "-m",
-                "http.server",
-                &port.to_string(),
-                "--bind",
-                "127.0.0.1",
-                "--directory",
-            ])
-            .arg(dir)
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("python3 http.server");
-        wait_for("http server", Duration::from_secs(10), || {
-            std::net::TcpStream::connect(("127.0.0.1", port)).ok().map(|_| ())
+        // It cannot report a port it bound: the test kit's probed port, retried when another process took it.
+        let daemon = testkit::ports::retry_on_address_in_use(|| {
+            let port = testkit::ports::unbound_port();
+            DaemonCommand::new("python3")
+                .args([
+                    "-m",
+                    "http.server",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--directory",
+                ])
+                .arg(dir)
+                .listening_on("http", format!("127.0.0.1:{port}"))
+                .try_spawn()
         });
-        HttpServer { child, port }
+        HttpServer { daemon }
     }
 
     fn url(&self, file: &str) -> String {
-        format!("http://127.0.0.1:{}/{file}", self.port)
-    }
-}
-
-impl Drop for HttpServer {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        format!("{}/{file}", self.daemon.http_url("http"))
     }
 }
 

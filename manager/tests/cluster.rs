@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
+use testkit::servers::Etcd;
+use testkit::{qemu_io, wait_for};
 
 fn start_cluster(dir: &std::path::Path, n: u16) -> (Etcd, Vec<Manager>) {
     let etcd = Etcd::start(dir);

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
+use testkit::{qemu_io, wait_for};
 
 fn create_and_attach(m: &Manager, name: &str, body: &Value) -> Value {
     let (code, v) = rest("POST", &format!("{}/v1/volumes", m.url), Some(body));
@@ -91,7 +92,7 @@ fn a_manager_sigkill_under_fio_load_interrupts_no_io_and_the_daemons_are_readopt
     m.kill();
     std::thread::sleep(Duration::from_secs(1));
     assert!(pid_alive(engine), "the engine died with the manager");
-    m.spawn();
+    m.restart();
     // Give the restarted manager several reconcile rounds: it must adopt, not restart.
     std::thread::sleep(Duration::from_secs(6));
     let out = fio.wait_with_output().unwrap();

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::json;
 use support::*;
+use testkit::{qemu_io, wait_for};
 
 #[test]
 fn a_detached_volume_reverts_through_maintenance_mode_and_serves_the_snapshot_data() {

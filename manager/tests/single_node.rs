@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
+use testkit::{kill_under, qemu_io, wait_for};
 
 fn wait_healthy(m: &Manager, name: &str, replicas: usize, timeout: Duration) -> Value {
     wait_for(&format!("{name} attached and healthy"), timeout, || {
@@ -141,7 +142,7 @@ fn a_volume_attaches_serves_nbd_heals_a_killed_replica_and_survives_detach() {
 fn the_cli_brings_up_a_node_creates_attaches_and_snapshots_a_volume() {
     let dir = tempfile::tempdir().unwrap();
     let data = dir.path().join("data");
-    let port = free_port();
+    let port = testkit::ports::unbound_port();
     let url = format!("http://127.0.0.1:{port}");
     // `corral up --detach` returns once the API answers; the manager runs on.
     let listen = format!("127.0.0.1:{port}");

@@ -256,7 +256,7 @@ async fn embedded_store_conforms_and_keeps_state_across_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_store_conforms_and_keeps_state_across_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let mut etcd = support::Etcd::start(dir.path());
+    let mut etcd = testkit::servers::Etcd::start(dir.path());
     let spec = format!("etcd://{}", etcd.endpoint());
     let s = manager::store::open(&spec, dir.path()).await.unwrap();
     conformance(s.clone()).await;
@@ -271,7 +271,7 @@ async fn etcd_store_conforms_and_keeps_state_across_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_leadership_moves_when_the_leader_stops() {
     let dir = tempfile::tempdir().unwrap();
-    let etcd = support::Etcd::start(dir.path());
+    let etcd = testkit::servers::Etcd::start(dir.path());
     let spec = format!("etcd://{}", etcd.endpoint());
     let a = manager::store::open(&spec, dir.path()).await.unwrap();
     let b = manager::store::open(&spec, dir.path()).await.unwrap();
