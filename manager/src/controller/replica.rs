@@ -159,8 +159,8 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
         .modify::<Replica>(&name, |r| {
             r.status.state = ProcessState::Starting;
             r.status.process = Some(rec.clone());
-            // Known once the replica reports ready.
-            r.status.address.clear();
+            // The address stays until the replica reports its new one: an engine that finds the old process ERR
+            // still matches it to this document (and fails it, so it is replaced rather than re-added).
             true
         })
         .await?;
