@@ -62,8 +62,10 @@ pub fn is_alive(rec: &ProcessRecord, binary_name: &str) -> bool {
     if rec.pid <= 0 || start_time(rec.pid) != Some(rec.start_time) {
         return false;
     }
+    // Right after spawn the child may still be inside execve, with an empty command line: the pid and start
+    // time already identify it (a recycled pid has another start time).
     std::fs::read(format!("/proc/{}/cmdline", rec.pid))
-        .map(|c| String::from_utf8_lossy(&c).contains(binary_name))
+        .map(|c| c.is_empty() || String::from_utf8_lossy(&c).contains(binary_name))
         .unwrap_or(false)
 }
 
