@@ -412,10 +412,12 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         let st = files.entry(ds_disk.clone()).or_default();
         if st.state != state::READY && st.state != state::IN_PROGRESS {
             *st = DiskFileStatus {
-                state: if d.state.is_empty() {
-                    state::PENDING.to_owned()
-                } else {
-                    d.state.clone()
+                state: match d.state.as_str() {
+                    "" => state::PENDING.to_owned(),
+                    // Transferred: the disk manager is committing the file, and only its report says the copy
+                    // is ready (the data source's "ready" came before the file was in place).
+                    state::READY => state::IN_PROGRESS.to_owned(),
+                    other => other.to_owned(),
                 },
                 progress: d.progress,
                 message: d.message.clone(),
