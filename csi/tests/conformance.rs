@@ -79,7 +79,7 @@ fn start_manager(dir: &Path, node: &str) -> (Manager, String) {
     }
     let data_dir = dir.join("manager");
     std::fs::create_dir_all(&data_dir).unwrap();
-    // Each test process takes its own slice of replica ports.
+    // Each test process takes its own slice of ports for corral-bim sync receivers (daemons bind port 0).
     let base = 30000 + u16::try_from(std::process::id() % 100).unwrap_or(0) * 100;
     // Ready (its ready file written) once the API serves and this node is registered.
     let daemon = DaemonCommand::new(bins.join("corral-manager"))

@@ -18,8 +18,8 @@ pub struct NodeConfig {
     pub data_dir: PathBuf,
     /// Directory holding `corral-replica` and `corral-engine`.
     pub bin_dir: PathBuf,
-    /// Ports for replicas (three consecutive ones each, until the engine takes a replica's three endpoints)
-    /// and for `corral-bim` sync receivers: [from, to). Every other listener is bound on port 0.
+    /// Ports `corral-bim` sync receivers lease: [from, to). Every daemon listener is bound on port 0 (or the port
+    /// it reported before) instead.
     pub port_range: (u16, u16),
 }
 

@@ -12,7 +12,6 @@ pub mod controller;
 pub mod error;
 pub mod metrics;
 pub mod model;
-pub mod ports;
 pub mod process;
 pub mod scheduler;
 pub mod server;

@@ -205,7 +205,8 @@ pub struct ReplicaSpec {
 pub struct ReplicaStatus {
     pub state: ProcessState,
     pub process: Option<ProcessRecord>,
-    /// `tcp://HOST:PORT` while running.
+    /// The replica's address (`corral_proto::ReplicaAddress`, `tcp://HOST:PORT?data=PORT&sync=PORT`) built from the
+    /// endpoints it reported ready; kept over a restart until the new process reports.
     pub address: String,
     /// RW | WO | ERR as the engine sees it.
     pub mode: String,

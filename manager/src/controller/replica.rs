@@ -116,16 +116,20 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
         )
     })?;
     corral_daemon::disk::verify_disk(std::path::Path::new(&disk.path), &r.spec.disk_uuid)?;
-    // The engine derives a replica's data and sync ports from its control port until it takes all three in
-    // the replica address: until then the replica gets three consecutive ports (its previous ones if free).
-    let previous = Supervisor::previous_port(r.status.process.as_ref(), "control");
-    let port = crate::ports::replica_ports(&ctx, (previous != 0).then_some(previous)).await?;
+    // Its previous ports when it reported them (the engine keeps the replica's address), else port 0.
+    let prev = r.status.process.as_ref();
+    let host = &ctx.cfg.host;
+    let listen = |name| format!("{host}:{}", Supervisor::previous_port(prev, name));
     let mut args = vec![
         "serve".to_owned(),
         "--dir".to_owned(),
         r.spec.data_path.clone(),
         "--listen".to_owned(),
-        format!("{}:{port}", ctx.cfg.host),
+        listen("control"),
+        "--data-listen".to_owned(),
+        listen("data"),
+        "--sync-listen".to_owned(),
+        listen("sync"),
         "--size".to_owned(),
         r.spec.size.to_string(),
         "--volume".to_owned(),
@@ -154,7 +158,7 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
     }
     let rec = local.sup.start(&name, args, restarts)?;
     ctx.metrics.daemon_started();
-    tracing::info!(replica = name, pid = rec.pid, port, "started replica");
+    tracing::info!(replica = name, pid = rec.pid, "started replica");
     ctx.db
         .modify::<Replica>(&name, |r| {
             r.status.state = ProcessState::Starting;
@@ -186,10 +190,19 @@ async fn record_ready(ctx: &Ctx, name: &str, listen: BTreeMap<String, String>) -
     Ok(())
 }
 
-/// The address an engine is given for a replica that reported `listen`.
+/// The address an engine is given for a replica that reported `listen`: its control, data and sync endpoints.
 fn replica_address(listen: &BTreeMap<String, String>) -> anyhow::Result<String> {
-    let control = listen.get("control").context("no control listener")?;
-    Ok(format!("tcp://{control}"))
+    let endpoint = |name: &str| -> anyhow::Result<corral_proto::Endpoint> {
+        let a = listen.get(name).with_context(|| format!("no {name} listener"))?;
+        Ok(a.parse()?)
+    };
+    let address = corral_proto::ReplicaAddress {
+        control: endpoint("control")?,
+        data: endpoint("data")?,
+        sync: endpoint("sync")?,
+        replica: None,
+    };
+    Ok(address.to_string())
 }
 
 fn ignore_missing(e: std::io::Error) -> std::io::Result<()> {
@@ -197,5 +210,32 @@ fn ignore_missing(e: std::io::Error) -> std::io::Result<()> {
         Ok(())
     } else {
         Err(e)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_replica_address_carries_the_three_reported_endpoints() {
+        let listen: BTreeMap<String, String> = [
+            ("control", "127.0.0.1:40001"),
+            ("data", "127.0.0.1:40777"),
+            ("sync", "127.0.0.1:40123"),
+            ("metrics", "127.0.0.1:40002"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let a: corral_proto::ReplicaAddress = replica_address(&listen).unwrap().parse().unwrap();
+        assert_eq!(
+            a,
+            corral_proto::ReplicaAddress::tcp("127.0.0.1", 40001, 40777, 40123)
+        );
+        let mut no_sync = listen.clone();
+        no_sync.remove("sync");
+        let e = replica_address(&no_sync).unwrap_err().to_string();
+        assert!(e.contains("sync"), "{e}");
     }
 }

@@ -24,9 +24,8 @@ pub fn cli_bin() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_corral"))
 }
 
-/// The ports a node's manager gives its replicas (three consecutive ones each, until the engine takes a
-/// replica's three endpoints) and its `corral-bim` sync receivers: a slice per node of this test process, so the
-/// managers of one test do not compete; the manager skips ports another process holds.
+/// The ports a node's `corral-bim` sync receivers lease (every daemon listener is on port 0): a slice per node of
+/// this test process, so the managers of one test do not compete; a receiver skips ports another process holds.
 pub fn port_range(i: u16) -> (u16, u16) {
     let slot = u16::try_from(std::process::id() % 60).unwrap_or(0);
     let base = 20000 + slot * 200 + i * 50;
