@@ -10,7 +10,7 @@
 //! reported ports, so its next start asks for port 0 again. No port is probed or derived from another.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -84,13 +84,6 @@ pub async fn stop(rec: &ProcessRecord, binary_name: &str, grace: Duration) {
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-}
-
-/// Something accepts TCP connections on `addr`.
-pub fn accepts(addr: &str) -> bool {
-    addr.parse::<SocketAddr>()
-        .ok()
-        .is_some_and(|a| TcpStream::connect_timeout(&a, Duration::from_millis(300)).is_ok())
 }
 
 /// What a recorded daemon is doing now.
