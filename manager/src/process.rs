@@ -238,6 +238,8 @@ impl Supervisor {
         for p in rec.into_iter().chain(started.as_ref()) {
             stop(p, self.binary, grace).await;
         }
+        // Its report is stale now (and a deleted resource's would stay behind).
+        let _ = std::fs::remove_file(self.ready_path(name));
     }
 }
 
@@ -395,6 +397,11 @@ mod tests {
             (!is_alive(&rec, "fake-daemon")).then_some(())
         });
         assert_eq!(sup.observe("a", Some(&rec)), Observed::Down);
+        // Stopping removes its report.
+        corral_daemon::ready::ReadyReport::new()
+            .announce(Some(&sup.ready_path("a")))
+            .unwrap();
         sup.stop("a", Some(&rec), Duration::from_secs(1)).await;
+        assert!(!sup.ready_path("a").exists());
     }
 }
