@@ -364,10 +364,13 @@ async fn watch_running(
             .await?;
         return Ok(Some(Duration::from_millis(100)));
     }
+    // Every replica of the spec, running or restarting: a replica whose process is being restarted stays in the
+    // engine until the engine itself finds it ERR (then it is failed and replaced); removing it as unwanted
+    // instead would re-add the same replica with a rebuild once it is back.
     let spec_addrs: Vec<&str> = replicas
         .iter()
-        .filter(|r| running(r))
         .map(|r| r.data.status.address.as_str())
+        .filter(|a| !a.is_empty())
         .collect();
     for r in &list {
         let wanted = spec_addrs.contains(&r.address.as_str());
