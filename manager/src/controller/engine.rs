@@ -417,12 +417,37 @@ async fn watch_running(
         })
     {
         tracing::info!(engine = name, replica = new.name, "adding replica with a rebuild");
-        c.replica_add(v1::ReplicaAddRequest {
-            address: new.data.status.address.clone(),
-            rebuild: true,
-            timeout_seconds: 0,
-        })
-        .await?;
+        let added = c
+            .replica_add(v1::ReplicaAddRequest {
+                address: new.data.status.address.clone(),
+                rebuild: true,
+                timeout_seconds: 0,
+            })
+            .await;
+        match added {
+            Ok(_) => {}
+            // The engine refuses a replica that cannot belong to the volume (another size: it missed an expand
+            // while it was out; another sector size): it is failed, so the volume controller replaces it with
+            // a new one rebuilt from the volume, instead of the engine being asked again forever.
+            Err(s) if s.code() == tonic::Code::InvalidArgument => {
+                tracing::warn!(
+                    engine = name,
+                    replica = new.name,
+                    error = s.message(),
+                    "replica refused by the engine: failed"
+                );
+                absent_ok(
+                    ctx.db
+                        .modify::<Replica>(&new.name, |x| {
+                            x.spec.failed_at = Some(now());
+                            x.status.message = format!("refused by the engine: {}", s.message());
+                            true
+                        })
+                        .await,
+                )?;
+            }
+            Err(s) => return Err(s.into()),
+        }
         return Ok(Some(Duration::from_millis(500)));
     }
     Ok(Some(POLL))
