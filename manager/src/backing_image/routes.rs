@@ -318,9 +318,19 @@ async fn delete(State(ctx): State<Ctx>, Path(name): Path<String>) -> Result<Stat
             vols.join(", ")
         )));
     }
-    let mut o = obj;
-    o.data.spec.deletion_timestamp = Some(crate::controller::now());
-    ctx.db.update(&mut o).await?;
+    drop(obj);
+    // A read-modify-write that retries when a controller updated the image meanwhile (its status changes all the
+    // time while copies sync): the user's delete must not fail on the controllers' writes.
+    let now = crate::controller::now();
+    ctx.db
+        .modify::<BackingImage>(&name, |b| {
+            let first = b.spec.deletion_timestamp.is_none();
+            if first {
+                b.spec.deletion_timestamp = Some(now);
+            }
+            first
+        })
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
