@@ -7,6 +7,7 @@
 pub mod api;
 pub mod backing_image;
 pub mod client;
+pub mod clone;
 pub mod context;
 pub mod controller;
 pub mod error;

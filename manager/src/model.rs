@@ -331,6 +331,11 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
         "Minutes a backing-image copy no replica uses is kept before it is removed (0 = at the next reconcile; never below the image's minimum copies).",
     ),
     (
+        "clone-max-bytes-per-second",
+        "0",
+        "Upper bound on the data bytes per second a clone's source replica sends (0 = unlimited), so a clone does not starve the source's IO.",
+    ),
+    (
         "backing-image-min-copies",
         "1",
         "Default minNumberOfCopies of new backing images: ready copies kept on distinct nodes, then disks.",

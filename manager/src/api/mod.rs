@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
 use corral_proto::v1;
 
+use crate::clone::model::{CloneState, DataSource, VolumeClone};
 use crate::context::Ctx;
 use crate::controller::maintenance::with_volume_in_maintenance;
 use crate::controller::volume::{candidates, node_is_up};
@@ -183,7 +184,8 @@ async fn volume_view(ctx: &Ctx, name: &str) -> Result<VolumeView, ApiError> {
         .ok_or_else(|| volume_not_found(name))?;
     let e = ctx.db.get::<Engine>(name).await?;
     let rs = ctx.db.list::<Replica>().await?;
-    Ok(VolumeView::new(&v, e.as_ref(), &rs))
+    let clone = ctx.db.get::<VolumeClone>(name).await?;
+    Ok(VolumeView::new(&v, e.as_ref(), &rs).with_clone(clone.as_ref().map(|c| &c.data)))
 }
 
 async fn list_nodes(State(ctx): State<Ctx>) -> ApiResult<Vec<NodeView>> {
@@ -282,12 +284,16 @@ async fn remove_disk(
 async fn list_volumes(State(ctx): State<Ctx>) -> ApiResult<Vec<VolumeView>> {
     let rs = ctx.db.list::<Replica>().await?;
     let es = ctx.db.list::<Engine>().await?;
+    let clones = ctx.db.list::<VolumeClone>().await?;
     Ok(Json(
         ctx.db
             .list::<Volume>()
             .await?
             .iter()
-            .map(|v| VolumeView::new(v, es.iter().find(|e| e.name == v.name), &rs))
+            .map(|v| {
+                VolumeView::new(v, es.iter().find(|e| e.name == v.name), &rs)
+                    .with_clone(clones.iter().find(|c| c.name == v.name).map(|c| &c.data))
+            })
             .collect(),
     ))
 }
@@ -302,7 +308,16 @@ async fn create_volume(
 ) -> Result<(StatusCode, Json<VolumeView>), ApiError> {
     check_name("volume name", &req.name)?;
     check_size(req.size)?;
-    crate::backing_image::routes::check_volume_image(&ctx, req.backing_image.as_deref(), req.size).await?;
+    let clone = match &req.data_source {
+        Some(ds) => Some(clone_source(&ctx, &req, ds).await?),
+        None => None,
+    };
+    // A clone takes its source's backing image (checked equal in clone_source).
+    let backing_image = match &clone {
+        Some((_, source)) => source.data.spec.backing_image.clone(),
+        None => req.backing_image.clone(),
+    };
+    crate::backing_image::routes::check_volume_image(&ctx, backing_image.as_deref(), req.size).await?;
     if let Some(f) = &req.frontend
         && f != "nbd"
     {
@@ -325,13 +340,15 @@ async fn create_volume(
     };
     let vol = Volume {
         spec: VolumeSpec {
-            size: req.size,
+            // A clone starts at its source's size (the engine copies between volumes of one size) and grows to
+            // `req.size` once the copy completed.
+            size: clone.as_ref().map_or(req.size, |(_, s)| s.data.spec.size),
             number_of_replicas: req.number_of_replicas,
             frontend: model::Frontend::Nbd,
             disable_revision_counter: req.disable_revision_counter,
             node_id: None,
             salvage_requested: false,
-            backing_image: req.backing_image.clone(),
+            backing_image,
             disable_frontend: false,
         },
         status: model::VolumeStatus {
@@ -349,7 +366,75 @@ async fn create_volume(
         }
         Err(e) => return Err(e.into()),
     }
+    if let Some((source, _)) = clone {
+        let record = VolumeClone {
+            data_source: source.to_string(),
+            source_volume: source.volume().to_owned(),
+            snapshot: match &source {
+                DataSource::Snapshot(_, s) => s.clone(),
+                DataSource::Volume(_) => crate::clone::snapshot_name_for(&req.name),
+            },
+            size: req.size,
+            ..Default::default()
+        };
+        if let Err(e) = ctx.db.create(&req.name, record).await {
+            // No clone record, no volume: a volume that claims a source it never copied would be served empty.
+            ctx.db.delete_any::<Volume>(&req.name).await?;
+            return Err(e.into());
+        }
+    }
     Ok((StatusCode::CREATED, Json(volume_view(&ctx, &req.name).await?)))
+}
+
+/// Checks a clone's `dataSource`: the source volume (and snapshot) exist, the clone is not smaller than its
+/// source, and asks for no other backing image than the source's.
+async fn clone_source(
+    ctx: &Ctx,
+    req: &VolumeCreate,
+    ds: &str,
+) -> Result<(DataSource, crate::store::Object<Volume>), ApiError> {
+    let source = DataSource::parse(ds, |what, name| check_name(what, name).map_err(|e| e.to_string()))
+        .map_err(ApiError::Invalid)?;
+    let v = ctx
+        .db
+        .get::<Volume>(source.volume())
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("source volume {:?} not found", source.volume())))?;
+    if let Some(c) = ctx.db.get::<VolumeClone>(source.volume()).await?
+        && c.data.state != CloneState::Completed
+    {
+        return Err(ApiError::Conflict(format!(
+            "source volume {} is itself a clone that has not completed",
+            source.volume()
+        )));
+    }
+    if let DataSource::Snapshot(vol, snap) = &source {
+        let known = crate::snapshot::recorded(&ctx.db, vol)
+            .await?
+            .iter()
+            .any(|s| s.name == *snap && !s.removed);
+        if !known {
+            return Err(ApiError::NotFound(format!(
+                "volume {vol} has no snapshot {snap:?}"
+            )));
+        }
+    }
+    if req.size < v.data.spec.size {
+        return Err(ApiError::Conflict(format!(
+            "a clone cannot be smaller than its source: {} is {} bytes",
+            source.volume(),
+            v.data.spec.size
+        )));
+    }
+    if let Some(bi) = &req.backing_image
+        && v.data.spec.backing_image.as_ref() != Some(bi)
+    {
+        return Err(ApiError::Conflict(format!(
+            "a clone uses its source's backing image ({}), not {bi}",
+            v.data.spec.backing_image.as_deref().unwrap_or("none")
+        )));
+    }
+    Ok((source, v))
 }
 
 async fn delete_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
@@ -358,6 +443,19 @@ async fn delete_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> Resu
         .get::<Volume>(&name)
         .await?
         .ok_or_else(|| volume_not_found(&name))?;
+    if let Some(c) = ctx.db.get::<VolumeClone>(&name).await?
+        && c.data.state.active()
+    {
+        return Err(ApiError::Conflict(format!(
+            "volume {name} is being cloned from {} ({}%): wait until the clone completed or failed",
+            c.data.data_source, c.data.progress
+        )));
+    }
+    if let Some(target) = crate::clone::reading_from(&ctx, &name).await? {
+        return Err(ApiError::Conflict(format!(
+            "volume {name} is the source of the clone into {target}: wait until that clone completed or failed"
+        )));
+    }
     if v.data.spec.node_id.is_some() || v.data.status.state != model::VolumeState::Detached {
         return Err(ApiError::Conflict(format!(
             "volume {name} is {}: detach it first",
@@ -367,6 +465,7 @@ async fn delete_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> Resu
         )));
     }
     ctx.db.delete::<Volume>(&name, v.version).await?;
+    ctx.db.delete_any::<VolumeClone>(&name).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -391,6 +490,23 @@ async fn attach_volume(
         .get::<Volume>(&name)
         .await?
         .ok_or_else(|| volume_not_found(&name))?;
+    if let Some(c) = ctx.db.get::<VolumeClone>(&name).await? {
+        match c.data.state {
+            CloneState::Completed => {}
+            CloneState::Failed => {
+                return Err(ApiError::Conflict(format!(
+                    "the clone into {name} failed ({}): its data is incomplete; delete the volume and create it again",
+                    c.data.message
+                )));
+            }
+            CloneState::Initiated | CloneState::Copying => {
+                return Err(ApiError::Conflict(format!(
+                    "volume {name} is being cloned from {} ({}%): it can be attached once the clone completed",
+                    c.data.data_source, c.data.progress
+                )));
+            }
+        }
+    }
     if let Some(cur) = v.data.spec.node_id.clone()
         && cur != node
     {
@@ -432,6 +548,20 @@ async fn detach_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiR
         .get::<Volume>(&name)
         .await?
         .ok_or_else(|| volume_not_found(&name))?;
+    // A clone attached these itself (without a frontend) and detaches them when it ends.
+    if let Some(c) = ctx.db.get::<VolumeClone>(&name).await?
+        && c.data.state.active()
+    {
+        return Err(ApiError::Conflict(format!(
+            "volume {name} is being cloned from {} ({}%): it is detached when the clone ends",
+            c.data.data_source, c.data.progress
+        )));
+    }
+    if let Some(target) = crate::clone::attached_for(&ctx, &name).await? {
+        return Err(ApiError::Conflict(format!(
+            "volume {name} was attached for the clone into {target}: it is detached when that clone ends"
+        )));
+    }
     if v.data.spec.node_id.is_some() || v.data.spec.disable_frontend {
         v.data.spec.node_id = None;
         v.data.spec.disable_frontend = false;
@@ -482,26 +612,7 @@ async fn expand_volume(
     }
     let mut c = engine_client(&ctx, &name).await?;
     c.volume_expand(v1::ExpandRequest { size: req.size }).await?;
-    ctx.db
-        .modify::<Volume>(&name, |v| {
-            v.spec.size = req.size;
-            true
-        })
-        .await?;
-    for r in ctx
-        .db
-        .list::<Replica>()
-        .await?
-        .iter()
-        .filter(|r| r.data.spec.volume == name)
-    {
-        ctx.db
-            .modify::<Replica>(&r.name, |r| {
-                r.spec.size = req.size;
-                true
-            })
-            .await?;
-    }
+    crate::controller::volume::record_size(&ctx, &name, req.size).await?;
     Ok(Json(volume_view(&ctx, &name).await?))
 }
 

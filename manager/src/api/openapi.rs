@@ -15,6 +15,9 @@ use crate::model::{self, DesireState, Frontend, ProcessState, Robustness, Volume
 /// Names of volumes, snapshots, disks, backing images and nodes: one path component on disk (the same rule as
 /// `corral_daemon::disk::check_path_component`, which the daemons apply).
 pub const NAME_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$";
+/// A clone's `dataSource`: `vol://NAME` or `snap://NAME/SNAPSHOT`, each name as [`NAME_PATTERN`] (a unit test
+/// holds the two together; `clone::model::DataSource::parse` checks each name with [`check_name`]).
+pub const DATA_SOURCE_PATTERN: &str = "^(vol://[A-Za-z0-9][A-Za-z0-9._-]{0,199}|snap://[A-Za-z0-9][A-Za-z0-9._-]{0,199}/[A-Za-z0-9][A-Za-z0-9._-]{0,199})$";
 /// A disk's directory: absolute, no `..` component, no NUL.
 pub const DISK_PATH_PATTERN: &str = r"^(/([^/.\x00][^/\x00]*|\.|\.[^/.\x00][^/\x00]*|\.\.[^/\x00]+)?)+$";
 /// A backing image's expected SHA-512: 128 hex digits, or empty for none.
@@ -116,6 +119,22 @@ fn names<T: serde::Serialize>(all: &[T]) -> Vec<Value> {
     all.iter()
         .map(|v| serde_json::to_value(v).unwrap_or(Value::Null))
         .collect()
+}
+
+fn clone_states() -> Vec<Value> {
+    use crate::clone::model::CloneState;
+    let all = [
+        CloneState::Initiated,
+        CloneState::Copying,
+        CloneState::Completed,
+        CloneState::Failed,
+    ];
+    for s in all {
+        match s {
+            CloneState::Initiated | CloneState::Copying | CloneState::Completed | CloneState::Failed => {}
+        }
+    }
+    names(&all)
 }
 
 fn volume_states() -> Vec<Value> {
@@ -359,6 +378,17 @@ fn components() -> Value {
             "failed": {"type": "boolean"}, "message": {"type": "string"},
         }
     });
+    let clone_status = nullable(json!({
+        "type": "object",
+        "required": ["sourceVolume", "snapshot", "state", "progress", "message"],
+        "properties": {
+            "sourceVolume": {"type": "string"},
+            "snapshot": {"type": "string"},
+            "state": {"type": "string", "enum": clone_states()},
+            "progress": {"type": "integer", "minimum": 0, "maximum": 100},
+            "message": {"type": "string"},
+        }
+    }));
     json!({
         "Error": {
             "type": "object",
@@ -373,6 +403,7 @@ fn components() -> Value {
             "disableRevisionCounter": nullable(json!({"type": "boolean"})),
             "frontend": nullable(json!({"type": "string", "enum": frontends()})),
             "backingImage": nullable(name_schema()),
+            "dataSource": nullable(json!({"type": "string", "pattern": DATA_SOURCE_PATTERN})),
         })),
         "AttachRequest": object(&[], json!({
             "nodeId": nullable(json!({"type": "string"})),
@@ -423,6 +454,8 @@ fn components() -> Value {
                     }
                 })),
                 "replicas": {"type": "array", "items": {"$ref": "#/components/schemas/Replica"}},
+                "dataSource": nullable(json!({"type": "string"})),
+                "cloneStatus": clone_status,
             }
         },
         "Node": {
@@ -782,6 +815,34 @@ mod tests {
                 corral_daemon::disk::check_path_component("x", s).is_ok(),
                 "{s:?}"
             );
+        }
+    }
+
+    #[test]
+    fn data_source_pattern_accepts_exactly_what_the_server_parses() {
+        use crate::clone::model::DataSource;
+        let pattern = regex(DATA_SOURCE_PATTERN);
+        let long = "a".repeat(200);
+        let too_long = "a".repeat(201);
+        let samples = [
+            "vol://a".to_owned(),
+            "snap://a/s".to_owned(),
+            format!("vol://{long}"),
+            format!("snap://{long}/{long}"),
+            format!("vol://{too_long}"),
+            "vol://".into(),
+            "vol://a/b".into(),
+            "snap://a".into(),
+            "snap://a/".into(),
+            "snap://a/b/c".into(),
+            "snap://.a/b".into(),
+            "vol://-a".into(),
+            "http://a".into(),
+            String::new(),
+        ];
+        for s in &samples {
+            let parsed = DataSource::parse(s, |what, n| check_name(what, n).map_err(|e| e.to_string()));
+            assert_eq!(pattern.is_match(s), parsed.is_ok(), "{s:?}: {parsed:?}");
         }
     }
 

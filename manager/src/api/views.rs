@@ -23,6 +23,10 @@ pub struct VolumeCreate {
     /// A backing image (its virtual size must fit in `size`).
     #[serde(default)]
     pub backing_image: Option<String>,
+    /// Fill the new volume from `vol://NAME` (as it is now) or `snap://NAME/SNAPSHOT`: a clone. `size` may be
+    /// larger than the source's, never smaller; the clone uses the source's backing image.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_source: Option<String>,
 }
 
 fn three() -> u32 {
@@ -152,6 +156,45 @@ pub struct VolumeView {
     pub message: String,
     pub engine: Option<EngineView>,
     pub replicas: Vec<ReplicaView>,
+    /// `vol://NAME` or `snap://NAME/SNAPSHOT` when the volume is a clone.
+    #[serde(default)]
+    pub data_source: Option<String>,
+    /// The clone's progress; attachable for IO once `completed`.
+    #[serde(default)]
+    pub clone_status: Option<CloneStatusView>,
+}
+
+/// A clone as users see it (the controller's bookkeeping left out).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CloneStatusView {
+    pub source_volume: String,
+    pub snapshot: String,
+    pub state: crate::clone::model::CloneState,
+    pub progress: u32,
+    pub message: String,
+}
+
+impl From<&crate::clone::model::VolumeClone> for CloneStatusView {
+    fn from(c: &crate::clone::model::VolumeClone) -> Self {
+        Self {
+            source_volume: c.source_volume.clone(),
+            snapshot: c.snapshot.clone(),
+            state: c.state,
+            progress: c.progress,
+            message: c.message.clone(),
+        }
+    }
+}
+
+impl VolumeView {
+    /// The view with its clone record, when the volume is a clone.
+    #[must_use]
+    pub fn with_clone(mut self, c: Option<&crate::clone::model::VolumeClone>) -> Self {
+        self.data_source = c.map(|c| c.data_source.clone());
+        self.clone_status = c.map(CloneStatusView::from);
+        self
+    }
 }
 
 impl VolumeView {
@@ -199,6 +242,8 @@ impl VolumeView {
                     view
                 })
                 .collect(),
+            data_source: None,
+            clone_status: None,
         }
     }
 }

@@ -11,6 +11,7 @@ use corral_daemon::cli::RunKind;
 use corral_daemon::output::{emit, table};
 use manager::api::views::*;
 use manager::client::Client;
+use manager::clone::model::CloneState;
 use manager::model::{Robustness, VolumeState};
 
 #[derive(Parser, Debug)]
@@ -118,11 +119,14 @@ enum NodeCmd {
 
 #[derive(Subcommand, Debug)]
 enum VolumeCmd {
+    /// Create a volume, empty or as a clone of another (--from-volume, --from-snapshot: waits for the copy with a
+    /// progress bar unless --no-wait).
     Create {
         name: String,
-        /// Size with an optional K/M/G/T (or Ki/Mi/Gi/Ti) suffix; a multiple of 4096.
-        #[arg(long, value_parser = parse_size)]
-        size: u64,
+        /// Size with an optional K/M/G/T (or Ki/Mi/Gi/Ti) suffix; a multiple of 4096. A clone defaults to its
+        /// source's size and may be larger, never smaller.
+        #[arg(long, value_parser = parse_size, required_unless_present_any = ["from_volume", "from_snapshot"])]
+        size: Option<u64>,
         #[arg(long, default_value_t = 3)]
         replicas: u32,
         /// Override the disable-revision-counter setting.
@@ -131,6 +135,18 @@ enum VolumeCmd {
         /// A backing image under the volume's data.
         #[arg(long)]
         backing_image: Option<String>,
+        /// Clone this volume as it is now (a snapshot is taken on it for the copy and removed afterwards).
+        #[arg(long, conflicts_with = "from_snapshot")]
+        from_volume: Option<String>,
+        /// Clone this snapshot, VOLUME/SNAPSHOT.
+        #[arg(long)]
+        from_snapshot: Option<String>,
+        /// Return once the clone is created, without waiting for its copy.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to wait for a clone's copy, in seconds.
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
     },
     Ls,
     Get {
@@ -292,6 +308,52 @@ fn replica_table(rs: &[ReplicaView]) -> String {
             .collect(),
     )
     .to_string()
+}
+
+/// The source volume's name in `vol://NAME` or `snap://NAME/SNAPSHOT`.
+fn from_volume_name(data_source: &str) -> &str {
+    let rest = data_source
+        .strip_prefix("vol://")
+        .or_else(|| data_source.strip_prefix("snap://"))
+        .unwrap_or(data_source);
+    rest.split('/').next().unwrap_or(rest)
+}
+
+/// Waits until the clone into `name` completed (progress bar of the copy); a failed clone is an error with its
+/// reason.
+async fn wait_clone(c: &Client, name: &str, timeout: Duration) -> anyhow::Result<VolumeView> {
+    let bar = corral_daemon::percent_bar("cloning");
+    let end = Instant::now() + timeout;
+    loop {
+        let v: VolumeView = c.get(&format!("/v1/volumes/{name}")).await?;
+        let Some(st) = &v.clone_status else {
+            bar.finish_and_clear();
+            return Ok(v);
+        };
+        bar.set_position(u64::from(st.progress));
+        match st.state {
+            CloneState::Completed => {
+                bar.finish_and_clear();
+                return Ok(v);
+            }
+            CloneState::Failed => {
+                bar.abandon();
+                bail!(
+                    "the clone into {name} failed: {}; delete it (corral volume rm {name}) and create it again",
+                    st.message
+                );
+            }
+            CloneState::Initiated | CloneState::Copying => {}
+        }
+        if Instant::now() > end {
+            bar.abandon();
+            bail!(
+                "the clone into {name} is still running ({}%) after {timeout:?}: see corral volume get {name}",
+                st.progress
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }
 
 async fn wait_volume(
@@ -664,16 +726,36 @@ async fn main() -> anyhow::Result<()> {
                 replicas,
                 disable_revision_counter,
                 backing_image,
+                from_volume,
+                from_snapshot,
+                no_wait,
+                timeout,
             } => {
+                let data_source = from_volume
+                    .map(|v| format!("vol://{v}"))
+                    .or(from_snapshot.map(|s| format!("snap://{s}")));
+                let size = match (size, &data_source) {
+                    (Some(s), _) => s,
+                    (None, Some(_)) => {
+                        let source = from_volume_name(data_source.as_deref().unwrap_or_default());
+                        let v: VolumeView = c.get(&format!("/v1/volumes/{source}")).await?;
+                        v.size
+                    }
+                    (None, None) => bail!("--size is required"),
+                };
                 let body = VolumeCreate {
-                    name,
+                    name: name.clone(),
                     size,
                     number_of_replicas: replicas,
                     disable_revision_counter,
                     frontend: None,
                     backing_image,
+                    data_source,
                 };
-                let v: VolumeView = c.post("/v1/volumes", &body).await?;
+                let mut v: VolumeView = c.post("/v1/volumes", &body).await?;
+                if v.clone_status.is_some() && !no_wait {
+                    v = wait_clone(&c, &name, Duration::from_secs(timeout)).await?;
+                }
                 print(json, &v, || volume_table(std::slice::from_ref(&v)))?;
             }
             VolumeCmd::Ls => {

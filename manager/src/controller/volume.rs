@@ -343,3 +343,31 @@ fn robustness(e: &Engine, healthy: &[Object<Replica>], want: usize) -> Robustnes
         Robustness::Degraded
     }
 }
+
+/// Records that the engine of `volume` grew it to `size`: the volume's and its replicas' specs (so a restart
+/// opens them at that size). The API's expand and a clone grown past its source's size both end here.
+pub async fn record_size(ctx: &Ctx, volume: &str, size: u64) -> Result<(), crate::store::StoreError> {
+    ctx.db
+        .modify::<Volume>(volume, |v| {
+            let grow = v.spec.size < size;
+            v.spec.size = v.spec.size.max(size);
+            grow
+        })
+        .await?;
+    for r in ctx
+        .db
+        .list::<Replica>()
+        .await?
+        .iter()
+        .filter(|r| r.data.spec.volume == volume)
+    {
+        ctx.db
+            .modify::<Replica>(&r.name, |r| {
+                let grow = r.spec.size < size;
+                r.spec.size = r.spec.size.max(size);
+                grow
+            })
+            .await?;
+    }
+    Ok(())
+}
