@@ -32,7 +32,3 @@ pub mod replica_address;
 
 pub use replica_address::{Endpoint, ReplicaAddress};
 
-/// Offset between a replica's gRPC control port (P) and its data-protocol port.
-pub const REPLICA_DATA_PORT_OFFSET: u16 = 1;
-/// Offset between a replica's gRPC control port (P) and its sync-agent gRPC port.
-pub const REPLICA_SYNC_AGENT_PORT_OFFSET: u16 = 2;

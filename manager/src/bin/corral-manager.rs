@@ -28,10 +28,12 @@ struct Cli {
     /// Address the node's daemons listen on and other nodes reach them at.
     #[arg(long, env = "CORRAL_HOST", default_value = "127.0.0.1")]
     host: String,
-    /// Directory holding corral-replica and corral-engine (default: beside this binary).
+    /// Directory holding corral-replica, corral-engine, corral-bim and corral-datasource (default: beside this
+    /// binary).
     #[arg(long, env = "CORRAL_BIN_DIR")]
     bin_dir: Option<PathBuf>,
-    /// Ports for daemons, FROM-TO.
+    /// Ports the sync receivers of this node's corral-bim may listen on, FROM-TO (every other daemon listener
+    /// binds port 0 and reports it).
     #[arg(long, env = "CORRAL_PORT_RANGE", default_value = "20000-30000", value_parser = manager_bin::parse_range)]
     port_range: (u16, u16),
     #[command(flatten)]
