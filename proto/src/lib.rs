@@ -31,4 +31,3 @@ pub mod grpc;
 pub mod replica_address;
 
 pub use replica_address::{Endpoint, ReplicaAddress};
-
