@@ -63,22 +63,19 @@ PY
 fi
 SUM=$(sha512sum "$IMG" | cut -d' ' -f1)
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-HTTP_PORT=$(free_port)
-python3 -m http.server "$HTTP_PORT" --bind 127.0.0.1 --directory "$DIR/www" >/dev/null 2>&1 &
-PIDS+=($!)
+# shellcheck source=bench/lib.sh
+. "$ROOT/bench/lib.sh"
+http_serve "$DIR/www"
+PIDS+=("$HTTP_PID")
 URL="http://127.0.0.1:$HTTP_PORT/image.raw"
-for _ in $(seq 100); do curl -sf -o /dev/null -r 0-0 "$URL" && break; sleep 0.1; done
 
-start_bim() { # DISK UUID PORT_RANGE -> sets ADDR
-  local port http
-  port=$(free_port); http=$(free_port)
-  "$BIM" serve --listen "127.0.0.1:$port" --http-listen "127.0.0.1:$http" --disk-path "$1" --disk-uuid "$2" \
-    --port-range "$3" 2>"$1.log" &
+start_bim() { # DISK UUID PORT_RANGE -> sets ADDR (gRPC and HTTP on port 0, read from the ready file)
+  rm -f "$1.ready"
+  "$BIM" --ready-file "$1.ready" serve --listen 127.0.0.1:0 --http-listen 127.0.0.1:0 --disk-path "$1" \
+    --disk-uuid "$2" --port-range "$3" 2>"$1.log" &
   PIDS+=($!)
-  ADDR="127.0.0.1:$port"
-  for _ in $(seq 1 500); do "$BIM" --url "$ADDR" version >/dev/null 2>&1 && return; sleep 0.02; done
-  echo "corral-bim on $1 did not start" >&2; cat "$1.log" >&2; exit 1
+  ready_wait "$1.ready" "$!" || { cat "$1.log" >&2; exit 1; }
+  ADDR=$(ready_addr "$1.ready" grpc)
 }
 now() { date +%s.%N; }
 since() { echo "$(now) - $1" | bc -l; }
@@ -94,21 +91,23 @@ start_bim "$DIR/b" bench-b 34011-34020; B=$ADDR
 start_bim "$DIR/c" bench-c 34021-34030; C=$ADDR
 cat "$IMG" >/dev/null
 
-DS_PORT=$(free_port)
+rm -f "$DIR/ds.ready"
 t0=$(now)
-"$DS" serve --listen "127.0.0.1:$DS_PORT" --disk-path "$DIR/a" --disk-uuid bench-a --name img --uuid u1 \
+"$DS" --ready-file "$DIR/ds.ready" serve --listen 127.0.0.1:0 --disk-path "$DIR/a" --disk-uuid bench-a --name img --uuid u1 \
   --source-type download --param "url=$URL" --expected-checksum "$SUM" 2>"$DIR/ds.log" &
 DS_PID=$!
 PIDS+=($DS_PID)
+ready_wait "$DIR/ds.ready" "$DS_PID" || { cat "$DIR/ds.log" >&2; exit 1; }
+DS_ADDR=$(ready_addr "$DIR/ds.ready" http)
 while :; do
-  state=$(curl -sf "http://127.0.0.1:$DS_PORT/v1/file" | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])' 2>/dev/null || true)
+  state=$(curl -sf "http://$DS_ADDR/v1/file" | python3 -c 'import json,sys; print(json.load(sys.stdin)["state"])' 2>/dev/null || true)
   [[ "$state" == ready-for-transfer ]] && break
   [[ "$state" == failed ]] && { echo "download failed" >&2; cat "$DIR/ds.log" >&2; exit 1; }
   sleep 0.02
 done
 T_DOWNLOAD=$(since "$t0")
 t1=$(now)
-"$BIM" --url "$A" fetch --name img --uuid u1 --size "$SIZE" --checksum "$SUM" --data-source "127.0.0.1:$DS_PORT" >/dev/null
+"$BIM" --url "$A" fetch --name img --uuid u1 --size "$SIZE" --checksum "$SUM" --data-source "$DS_ADDR" >/dev/null
 T_FETCH=$(since "$t1")
 kill "$DS_PID" 2>/dev/null || true
 t1=$(now)

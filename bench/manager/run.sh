@@ -17,11 +17,18 @@ import json, os, shutil, signal, socket, subprocess, sys, tempfile, time, urllib
 
 bindir, nvol, nrep, nstored = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
 data = tempfile.mkdtemp(prefix="corral-bench-")
-s = socket.socket(); s.bind(("127.0.0.1", 0)); port = s.getsockname()[1]; s.close()
-url = f"http://127.0.0.1:{port}"
 log = open(os.path.join(data, "manager.log"), "w")
-mgr = subprocess.Popen([f"{bindir}/corral-manager", "--data-dir", data, "--listen", f"127.0.0.1:{port}",
-                        "--node-id", "bench", "--port-range", "21000-29000"], stdout=log, stderr=log)
+ready = os.path.join(data, "bench-manager.ready")
+# Port 0: the manager reports the port it bound in its ready file (docs/formats.md).
+mgr = subprocess.Popen([f"{bindir}/corral-manager", "--data-dir", data, "--listen", "127.0.0.1:0",
+                        "--ready-file", ready, "--node-id", "bench", "--port-range", "21000-29000"],
+                       stdout=log, stderr=log)
+end = time.time() + 30
+while not os.path.exists(ready):
+    if mgr.poll() is not None or time.time() > end:
+        raise SystemExit(f"corral-manager did not start (log {data}/manager.log)")
+    time.sleep(0.05)
+url = "http://" + json.load(open(ready))["listen"]["http"]
 
 def call(method, path, body=None):
     req = urllib.request.Request(url + path, method=method,
