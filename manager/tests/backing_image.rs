@@ -551,11 +551,15 @@ fn a_cluster_syncs_copies_to_replica_disks_keeps_min_copies_through_cleanup_and_
         .map(|r| r["nodeId"].as_str().unwrap().to_owned())
         .collect();
     assert_eq!(nodes.len(), 3, "{v}");
-    let img = image(m, "base");
-    assert_eq!(
-        ready_disks(&img).len(),
-        3,
-        "a synced copy on every replica's disk: {img}"
+    // The image's per-disk status is gathered from each disk manager by the leader's image controller, after the
+    // replicas could already use the file: it catches up within a few reconciles.
+    wait_for(
+        "a synced copy on every replica's disk in the image's status",
+        Duration::from_secs(30),
+        || {
+            let img = image(m, "base");
+            (ready_disks(&img).len() == 3).then_some(img)
+        },
     );
     for i in 0..3 {
         assert_eq!(
