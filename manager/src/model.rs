@@ -116,6 +116,10 @@ pub struct VolumeSpec {
     /// engine runs but serves no NBD, so nobody can reach the volume for IO. Set by attach, cleared by detach.
     #[serde(default)]
     pub disable_frontend: bool,
+    /// `vol://NAME` or `snap://NAME/SNAPSHOT` when the volume is a clone: written with the volume itself, so no
+    /// attach can slip in before the clone's record exists (attach needs that record `completed`).
+    #[serde(default)]
+    pub data_source: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

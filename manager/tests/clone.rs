@@ -79,6 +79,11 @@ fn clones_of_an_attached_volume_a_snapshot_and_a_detached_volume_read_like_their
     assert_eq!(v["dataSource"], "vol://src", "{v}");
     assert_eq!(v["size"], 64 * MIB, "{v}");
     assert_eq!(v["state"], "detached", "the target is detached once cloned: {v}");
+    let (ok, out, err) = corral(&url, &["volume", "get", "c1"]);
+    assert!(
+        ok && out.contains("clone of vol://src (snapshot clone-c1): completed 100%"),
+        "volume get shows the clone: {out}{err}"
+    );
     let s = volume(&m, "src");
     assert!(
         s["state"] == "attached" && s["frontendDisabled"] == false,

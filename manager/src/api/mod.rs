@@ -350,6 +350,7 @@ async fn create_volume(
             salvage_requested: false,
             backing_image,
             disable_frontend: false,
+            data_source: clone.as_ref().map(|(source, _)| source.to_string()),
         },
         status: model::VolumeStatus {
             revision_counter_disabled: disabled,
@@ -490,7 +491,13 @@ async fn attach_volume(
         .get::<Volume>(&name)
         .await?
         .ok_or_else(|| volume_not_found(&name))?;
-    if let Some(c) = ctx.db.get::<VolumeClone>(&name).await? {
+    let clone = ctx.db.get::<VolumeClone>(&name).await?;
+    if let (Some(ds), None) = (&v.data.spec.data_source, &clone) {
+        return Err(ApiError::Conflict(format!(
+            "volume {name} is a clone of {ds} whose copy has not started: it can be attached once the clone completed"
+        )));
+    }
+    if let Some(c) = clone {
         match c.data.state {
             CloneState::Completed => {}
             CloneState::Failed => {

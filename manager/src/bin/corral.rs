@@ -279,6 +279,19 @@ fn volume_detail(v: &VolumeView) -> String {
     if !v.message.is_empty() {
         s.push_str(&format!("message: {}\n", v.message));
     }
+    if let (Some(ds), Some(c)) = (&v.data_source, &v.clone_status) {
+        s.push_str(&format!(
+            "clone of {ds} (snapshot {}): {} {}%{}\n",
+            c.snapshot,
+            lower(&c.state),
+            c.progress,
+            if c.message.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", c.message)
+            }
+        ));
+    }
     s.push_str(&replica_table(&v.replicas));
     s
 }
