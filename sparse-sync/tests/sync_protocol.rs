@@ -369,8 +369,10 @@ async fn partial_file_kept_by_a_stopped_receiver_is_resumed_by_the_next_receiver
     config.keep_partial = true;
     let (addr, first) = start_receiver(config).await;
     let content: Arc<dyn SyncContent> = Arc::new(FileContent::open(&src, LayoutMode::SeekData).unwrap());
+    // ~12 MiB of data at 2 MiB/s: the cancel at a third leaves ~4 s of sending, so a loaded machine's polling
+    // delay cannot let the transfer finish first (at 16 MiB/s it once did, under CI load).
     let opts = SendOptions {
-        max_rate: Some(16 << 20),
+        max_rate: Some(2 << 20),
         retries: 0,
         ..SendOptions::default()
     };
@@ -387,7 +389,10 @@ async fn partial_file_kept_by_a_stopped_receiver_is_resumed_by_the_next_receiver
     )
     .await;
     cancel.cancel();
-    assert!(matches!(sending.await.unwrap(), Err(SendError::Cancelled)));
+    match sending.await.unwrap() {
+        Err(SendError::Cancelled) => {}
+        other => panic!("the send was to be cancelled mid-transfer, it ended with {other:?}"),
+    }
     let stopped = first.stop().await;
     assert_eq!(stopped.outcome, ReceiveOutcome::Cancelled);
     let first_received = stopped.bytes_received;
