@@ -6,9 +6,14 @@ use serde::{Deserialize, Serialize};
 
 use crate::block::{Compression, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE};
 
-/// Version of the store layout and of these documents. Readers refuse newer versions.
-pub const FORMAT_VERSION: u32 = 1;
-/// Default `backup-delta-max`: incremental backups after a full before the next full.
+/// Version of the store layout and of these documents. Readers refuse newer versions. 2: block maps may hold
+/// zero markers ([`ZERO_MARKER`]); version-1 documents read unchanged.
+pub const FORMAT_VERSION: u32 = 2;
+/// The `hash` of a block-map entry whose block the volume zeroed over its backing image: it restores as
+/// explicit zeros, not as a hole (through which the backing image's data would show).
+pub const ZERO_MARKER: &str = "zero";
+/// Default `backup-delta-max`: backups in a chain, its full one included (7: a full and 6 incrementals; the 8th
+/// backup starts a new chain).
 pub const DEFAULT_DELTA_MAX: u32 = 7;
 
 /// `volume.cfg`: one per backup volume.
@@ -50,18 +55,39 @@ pub enum BackupState {
     Complete,
 }
 
-/// Why a backup read everything instead of the changes since the previous one.
+/// Why a backup is full (read everything, uploaded every block) instead of an incremental of the previous one.
+/// Serialized as `{"kind": "...", "detail": ...}`; a reader keeps unknown kinds readable as text.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case", tag = "kind", content = "detail")]
 pub enum FullReason {
-    /// `--mode full`.
+    /// A full backup was asked for (`--full`, `mode: full`).
     Requested,
     /// No completed backup of the volume exists.
     FirstBackup,
-    /// `backup-delta-max` incrementals followed the last full.
+    /// The previous chain holds `backup-delta-max` backups (its full one included). Records of format 1 stored
+    /// the previous backup's position here; both mean "the chain was full".
     DeltaMaxReached(u32),
-    /// The volume was reverted (or the previous snapshot is on another branch): the chain ended.
+    /// The chain was ended: the volume was reverted, or a backup was restored into it (the detail says which).
     ChainEnded(String),
+    /// No snapshot of the previous backup's chain survives on the volume: nothing to compute changes from.
+    BaseMissing(String),
+    /// Incremental backups are turned off (`backup-incremental` false): every backup is full and ends its chain.
+    IncrementalDisabled,
+}
+
+impl FullReason {
+    /// The kind as a stable lower-case word (`requested`, `first-backup`, `delta-max-reached`, `chain-ended`,
+    /// `base-missing`, `incremental-disabled`), for APIs that list it beside the human text.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Requested => "requested",
+            Self::FirstBackup => "first-backup",
+            Self::DeltaMaxReached(_) => "delta-max-reached",
+            Self::ChainEnded(_) => "chain-ended",
+            Self::BaseMissing(_) => "base-missing",
+            Self::IncrementalDisabled => "incremental-disabled",
+        }
+    }
 }
 
 impl std::fmt::Display for FullReason {
@@ -71,20 +97,29 @@ impl std::fmt::Display for FullReason {
             Self::FirstBackup => write!(f, "first backup of the volume"),
             Self::DeltaMaxReached(n) => write!(
                 f,
-                "{n} incremental backups since the last full (backup-delta-max)"
+                "the previous chain reached backup-delta-max ({n} backups including its full one)"
             ),
             Self::ChainEnded(why) => write!(f, "chain ended: {why}"),
+            Self::BaseMissing(why) => write!(f, "base missing: {why}"),
+            Self::IncrementalDisabled => write!(f, "incremental backups are disabled (backup-incremental)"),
         }
     }
 }
 
-/// One stored block of a backup: its byte offset in the volume and its SHA-256.
+/// One block of a backup: its byte offset in the volume and its SHA-256, or [`ZERO_MARKER`].
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 pub struct BlockRef {
     /// Byte offset (a multiple of the block size).
     pub offset: u64,
-    /// SHA-256 hex of the uncompressed block.
+    /// SHA-256 hex of the uncompressed block, or `zero` (format 2): zeros written over the backing image.
     pub hash: String,
+}
+
+impl BlockRef {
+    /// A zero marker (nothing stored; restores as explicit zeros).
+    pub fn is_zero(&self) -> bool {
+        self.hash == ZERO_MARKER
+    }
 }
 
 /// Byte counters of one backup.
@@ -142,10 +177,25 @@ pub struct BackupConfig {
     pub labels: BTreeMap<String, String>,
     /// Diffed against the previous backup.
     pub is_incremental: bool,
-    /// 0 for a full backup, n for the n-th incremental after it.
+    /// 0 for a full backup, n for the n-th incremental after it (the backup is the (n+1)-th of its chain).
     pub chain_position: u32,
     /// For a full backup: why.
     pub full_reason: Option<FullReason>,
+    /// The chain ends with this backup: the next backup of the volume is full, for `chain_end_reason`. Set when
+    /// the backup is the `backup-delta-max`-th of its chain or a full with incrementals disabled, or later (by
+    /// [`crate::BackupStore::end_chain`] after a revert or a restore into the volume, or when a newer full
+    /// backup started a new chain). Absent (false) in records of format 1.
+    #[serde(default)]
+    pub end_of_chain: bool,
+    /// Why the chain ended here (the next backup's full reason).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub chain_end_reason: Option<FullReason>,
+    /// Backing image under the volume when backed up: its name (empty: none, or not told).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub backing_image_name: String,
+    /// Its checksum, `sha512:HEX` (or `sha256:HEX` when only the file's SHA-256 was known).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub backing_image_checksum: String,
     /// For an incremental: the backup whose block map it extends.
     pub base_backup: String,
     /// For an incremental: the local snapshot the changes were computed from (empty: from the chain's bottom).
@@ -161,6 +211,7 @@ impl BackupConfig {
     pub fn data_bytes(&self) -> u64 {
         self.blocks
             .iter()
+            .filter(|b| !b.is_zero())
             .map(|b| self.block_size.min(self.size.saturating_sub(b.offset)))
             .sum()
     }
@@ -183,7 +234,9 @@ impl BackupConfig {
                 ));
             }
             next = b.offset + 1;
-            if b.hash.len() != 64 || !b.hash.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f')) {
+            let hex = b.hash.len() == 64 && b.hash.bytes().all(|c| matches!(c, b'0'..=b'9' | b'a'..=b'f'));
+            let zero_marker = b.is_zero() && self.format_version >= 2;
+            if !hex && !zero_marker {
                 return Err(format!("block at offset {}: bad hash {:?}", b.offset, b.hash));
             }
         }

@@ -14,9 +14,10 @@ use tracing::{info, warn};
 use crate::block::{
     Compression, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, block_hash, encode_block,
 };
-use crate::config::{BackupConfig, BackupState, BackupStats, FORMAT_VERSION, FullReason, VolumeConfig};
+use crate::config::{
+    BackupConfig, BackupState, BackupStats, FORMAT_VERSION, FullReason, VolumeConfig, ZERO_MARKER,
+};
 use crate::error::{BackupStoreError, Result};
-use crate::lock::LockKind;
 use crate::{BackupStore, GcOptions, Progress, blockmap, join_error, now_rfc3339, validate_name};
 
 /// The snapshot being backed up.
@@ -42,6 +43,9 @@ pub enum Changes {
     },
     /// The last backed-up snapshot is not an ancestor of this one (a revert): the chain ends, a full follows.
     ChainEnded(String),
+    /// Neither the last backed-up snapshot nor any of its recorded ancestors exists on the volume any more:
+    /// there is nothing to compute changes from, a full follows.
+    BaseMissing(String),
 }
 
 /// A snapshot to back up, read with blocking IO (the store calls it from blocking threads).
@@ -57,6 +61,16 @@ pub trait BackupSource: Send + Sync + 'static {
     fn changes_since(&self, base: &str, base_ancestors: &[String]) -> std::io::Result<Changes>;
     /// Reads `buf.len()` bytes at `offset`.
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()>;
+    /// Why the volume's backup chain was ended since its last backup (a backup was restored into it), if it
+    /// was: the next backup is full. The replica keeps this marker beside its data.
+    fn chain_ended(&self) -> Option<String> {
+        None
+    }
+    /// A backing image lies under the volume: a block the snapshot's own layers hold as zeros hides backing
+    /// data, and is recorded as a zero marker (restored as explicit zeros) instead of being left out.
+    fn zero_hides_backing(&self) -> bool {
+        false
+    }
 }
 
 /// Full or incremental.
@@ -93,8 +107,13 @@ pub struct CreateOptions {
     pub name: String,
     /// Mode.
     pub mode: BackupMode,
-    /// `backup-delta-max`.
+    /// `backup-delta-max`: backups per chain, the full one included (0 and 1: every backup is full).
     pub delta_max: u32,
+    /// `backup-incremental`: false makes every backup full, each ending its own chain.
+    pub incremental: bool,
+    /// `backup-max-count`: refuse a new backup when the volume already has this many completed backups (after
+    /// the ones `retain` will delete are discounted).
+    pub max_count: Option<u32>,
     /// Labels.
     pub labels: BTreeMap<String, String>,
     /// Keep only this many completed backups of the volume (oldest deleted after this one completes).
@@ -105,7 +124,7 @@ pub struct CreateOptions {
     pub block_size: Option<u64>,
     /// Compression of a new backup volume.
     pub compression: Option<Compression>,
-    /// Backing image name and checksum, recorded in `volume.cfg`.
+    /// Backing image name and checksum (`sha512:HEX`), recorded in the backup's record and `volume.cfg`.
     pub backing_image: Option<(String, String)>,
     /// Upload at most this many bytes of block data (before compression) per second (0: unlimited).
     pub max_upload_rate: u64,
@@ -122,6 +141,8 @@ impl Default for CreateOptions {
             name: String::new(),
             mode: BackupMode::Auto,
             delta_max: crate::config::DEFAULT_DELTA_MAX,
+            incremental: true,
+            max_count: None,
             labels: BTreeMap::new(),
             retain: None,
             concurrency: 8,
@@ -133,6 +154,22 @@ impl Default for CreateOptions {
             gc: GcOptions::default(),
         }
     }
+}
+
+/// Refuses a new backup when the volume already has `max` completed backups, counting only those that stay
+/// after `retain` deletes the oldest once the new backup completes (retention runs before the limit).
+fn check_max_count(volume: &str, completed: usize, max: u32, retain: Option<u32>) -> Result<()> {
+    let staying = match retain {
+        Some(keep) => completed.min(usize::try_from(keep.max(1) - 1).unwrap_or(usize::MAX)),
+        None => completed,
+    };
+    if staying >= usize::try_from(max).unwrap_or(usize::MAX) {
+        return Err(BackupStoreError::FailedPrecondition(format!(
+            "backup volume {volume} has {completed} completed backups and backup-max-count is {max}: \
+             delete backups (or lower the retention) before creating another"
+        )));
+    }
+    Ok(())
 }
 
 fn check_block_size(bs: u64) -> Result<u64> {
@@ -189,6 +226,38 @@ impl Throttle {
 }
 
 impl BackupStore {
+    /// Ends the volume's current backup chain: its newest completed backup records `endOfChain` with `reason`,
+    /// so the next backup is full (`chain-ended`). Call it after reverting the volume or restoring a backup into
+    /// it. Returns the backup marked (`None` when the volume has no completed backup).
+    pub async fn end_chain(&self, volume: &str, reason: &str) -> Result<Option<String>> {
+        validate_name("volume", volume)?;
+        let newest = self
+            .list_backups(volume)
+            .await?
+            .into_iter()
+            .filter(|b| b.state == BackupState::Complete)
+            .max_by(|a, b| (&a.completed, &a.name).cmp(&(&b.completed, &b.name)));
+        let Some(b) = newest else {
+            return Ok(None);
+        };
+        self.mark_end_of_chain(volume, &b.name, FullReason::ChainEnded(reason.to_owned()))
+            .await?;
+        info!(volume, backup = %b.name, reason, "backup chain ended");
+        Ok(Some(b.name))
+    }
+
+    async fn mark_end_of_chain(&self, volume: &str, backup: &str, reason: FullReason) -> Result<()> {
+        let p = self.backup_cfg_path(volume, backup);
+        let Some(mut c) = self.get_json::<BackupConfig>(&p).await? else {
+            return Err(BackupStoreError::NotFound(format!(
+                "backup {backup} of volume {volume}"
+            )));
+        };
+        c.end_of_chain = true;
+        c.chain_end_reason = Some(reason);
+        self.put_json(&p, &c).await
+    }
+
     /// Backs up `source` into `opts.volume` and returns the completed record.
     pub async fn create_backup(
         &self,
@@ -199,8 +268,15 @@ impl BackupStore {
         validate_name("volume", &opts.volume)?;
         validate_name("backup", &opts.name)?;
         let concurrency = opts.concurrency.max(1);
-        let lock = self.lock(&opts.volume, LockKind::Backup, opts.lock_wait).await?;
-        let result = self.create_locked(source, opts, concurrency, progress).await;
+        // The backup lock names the backup: a second process creating the same name waits or fails here, so the
+        // "already exists" check below cannot pass in both.
+        let lock = self.lock_backup(&opts.volume, &opts.name, opts.lock_wait).await?;
+        // A lost lock (not refreshed, or removed by another process) stops the upload: a deletion may already
+        // be collecting the blocks this backup references.
+        let result = tokio::select! {
+            r = self.create_locked(source, opts, concurrency, progress, &lock) => r,
+            e = lock.lost() => Err(e),
+        };
         lock.release().await?;
         let cfg = result?;
         if let Some(n) = opts.retain {
@@ -215,6 +291,7 @@ impl BackupStore {
         opts: &CreateOptions,
         concurrency: usize,
         progress: &Progress,
+        lock: &crate::lock::VolumeLock,
     ) -> Result<BackupConfig> {
         let volume = opts.volume.as_str();
         let size = source.size();
@@ -243,19 +320,44 @@ impl BackupStore {
         let bs = vol.block_size;
 
         // The newest completed backup is the base of an incremental.
-        let last = self
+        let done: Vec<BackupConfig> = self
             .list_backups(volume)
             .await?
             .into_iter()
             .filter(|b| b.state == BackupState::Complete)
+            .collect();
+        if let Some(max) = opts.max_count {
+            check_max_count(volume, done.len(), max, opts.retain)?;
+        }
+        let last = done
+            .into_iter()
             .max_by(|a, b| (&a.completed, &a.name).cmp(&(&b.completed, &b.name)));
+        let delta_max = opts.delta_max.max(1);
+        let src = source.clone();
+        let chain_ended = tokio::task::spawn_blocking(move || src.chain_ended())
+            .await
+            .map_err(|e| join_error(&e))?;
         let src = source.clone();
         let decision: std::result::Result<(BackupConfig, String, Vec<Range<u64>>), FullReason> =
             match (&last, opts.mode) {
                 (_, BackupMode::Full) => Err(FullReason::Requested),
                 (None, _) => Err(FullReason::FirstBackup),
-                (Some(l), BackupMode::Auto) if l.chain_position >= opts.delta_max => {
-                    Err(FullReason::DeltaMaxReached(l.chain_position))
+                (Some(_), _) if !opts.incremental => Err(FullReason::IncrementalDisabled),
+                (Some(_), _) if chain_ended.is_some() => {
+                    Err(FullReason::ChainEnded(chain_ended.clone().unwrap_or_default()))
+                }
+                // `incremental` mode goes past delta-max, never past a chain ended for another reason.
+                (Some(l), m)
+                    if l.end_of_chain
+                        && !(m == BackupMode::Incremental
+                            && matches!(l.chain_end_reason, Some(FullReason::DeltaMaxReached(_)))) =>
+                {
+                    Err(l.chain_end_reason.clone().unwrap_or_else(|| {
+                        FullReason::ChainEnded(format!("backup {} ended its chain", l.name))
+                    }))
+                }
+                (Some(l), BackupMode::Auto) if l.chain_position + 1 >= delta_max => {
+                    Err(FullReason::DeltaMaxReached(delta_max))
                 }
                 (Some(l), _) => {
                     l.check()
@@ -275,6 +377,7 @@ impl BackupStore {
                         .map_err(|source| BackupStoreError::SourceRead { offset: 0, source })?;
                     match ch {
                         Changes::ChainEnded(why) => Err(FullReason::ChainEnded(why)),
+                        Changes::BaseMissing(why) => Err(FullReason::BaseMissing(why)),
                         Changes::Since { diff_from, ranges } if diff_from == l.snapshot => {
                             Ok((l.clone(), diff_from, ranges))
                         }
@@ -311,6 +414,16 @@ impl BackupStore {
             }
         };
         let full = base.is_none();
+        let chain_position = base.as_ref().map_or(0, |b| b.chain_position + 1);
+        // This backup ends its chain when the next one will be full whatever happens in between.
+        let chain_end_reason = if !opts.incremental {
+            Some(FullReason::IncrementalDisabled)
+        } else if chain_position + 1 >= delta_max {
+            Some(FullReason::DeltaMaxReached(delta_max))
+        } else {
+            None
+        };
+        let (bi_name, bi_sum) = opts.backing_image.clone().unwrap_or_default();
         let mut cfg = BackupConfig {
             format_version: FORMAT_VERSION,
             name: opts.name.clone(),
@@ -326,8 +439,12 @@ impl BackupStore {
             compression: vol.compression,
             labels: opts.labels.clone(),
             is_incremental: !full,
-            chain_position: base.as_ref().map_or(0, |b| b.chain_position + 1),
+            chain_position,
             full_reason: full_reason.clone(),
+            end_of_chain: chain_end_reason.is_some(),
+            chain_end_reason,
+            backing_image_name: bi_name,
+            backing_image_checksum: bi_sum,
             base_backup: base.as_ref().map(|b| b.name.clone()).unwrap_or_default(),
             diff_from_snapshot: diff_from,
             stats: BackupStats::default(),
@@ -353,6 +470,7 @@ impl BackupStore {
             sent: Mutex::new(0),
         };
         let method = vol.compression;
+        let zero_marker = source.zero_hides_backing();
         let changes: BTreeMap<u64, Option<String>> = futures::stream::iter(offsets)
             .map(|off| {
                 let (src, stats, seen, throttle) = (source.clone(), &stats, &seen, &throttle);
@@ -379,7 +497,7 @@ impl BackupStore {
                         Read::Zero => {
                             lock_stats().zero_blocks += 1;
                             progress.step(len);
-                            return Ok((off, None));
+                            return Ok((off, zero_marker.then(|| ZERO_MARKER.to_owned())));
                         }
                         Read::Data { hash, data } => (hash, data),
                     };
@@ -426,6 +544,7 @@ impl BackupStore {
         cfg.stats = stats.into_inner().unwrap_or_else(PoisonError::into_inner);
         cfg.state = BackupState::Complete;
         cfg.completed = now_rfc3339();
+        lock.check()?;
         self.put_json(&cfg_path, &cfg).await?; // commit point
         vol.size = size;
         vol.last_backup_name.clone_from(&cfg.name);
@@ -438,6 +557,13 @@ impl BackupStore {
         if let Err(e) = self.put_json(&self.volume_cfg_path(volume), &vol).await {
             // The backup itself is complete; volume.cfg's last-backup fields are a cache.
             warn!(volume, error = %e, "updating volume.cfg failed");
+        }
+        // A full backup starts a new chain: the previous backup is the last of its own (recorded for listings).
+        if let (Some(reason), Some(prev)) = (&cfg.full_reason, &last)
+            && !prev.end_of_chain
+            && let Err(e) = self.mark_end_of_chain(volume, &prev.name, reason.clone()).await
+        {
+            warn!(volume, backup = %prev.name, error = %e, "recording the end of the previous chain failed");
         }
         info!(
             volume, backup = %cfg.name, incremental = cfg.is_incremental, chain_position = cfg.chain_position,

@@ -64,6 +64,19 @@ pub enum BackupStoreError {
         /// Lock object name.
         lock: String,
     },
+    /// A held lock could not be kept (removed by another process, or not refreshed in time): the operation it
+    /// protected was stopped.
+    #[error(
+        "lost lock {lock} on backup volume {volume} ({reason}): stopped, nothing was committed after that"
+    )]
+    LockLost {
+        /// Backup volume.
+        volume: String,
+        /// Lock object name.
+        lock: String,
+        /// Why it was lost.
+        reason: String,
+    },
     /// The backup source (a snapshot) could not be read.
     #[error("reading the snapshot at offset {offset}: {source}")]
     SourceRead {
@@ -102,7 +115,9 @@ impl BackupStoreError {
             } => ErrorKind::NotFound,
             Self::Store { .. } | Self::SourceRead { .. } | Self::SinkWrite { .. } => ErrorKind::Io,
             Self::Corrupt { .. } => ErrorKind::Corrupt,
-            Self::Locked { .. } | Self::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
+            Self::Locked { .. } | Self::LockLost { .. } | Self::FailedPrecondition(_) => {
+                ErrorKind::FailedPrecondition
+            }
             Self::Cancelled => ErrorKind::Cancelled,
         }
     }

@@ -80,6 +80,13 @@ impl FileSink {
         Ok(Self { file })
     }
 
+    /// Opens an existing file (a volume's image) to restore into; it keeps its size, and a restore makes what
+    /// lies past the backup's end read as zeros.
+    pub fn open_existing(path: &Path) -> io::Result<Self> {
+        let file = File::options().read(true).write(true).open(path)?;
+        Ok(Self { file })
+    }
+
     /// Makes the restored data durable.
     pub fn sync(&self) -> io::Result<()> {
         self.file.sync_all()
@@ -93,5 +100,9 @@ impl RestoreSink for FileSink {
 
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
         sparse_sync::punch_hole(&self.file, offset, len)
+    }
+
+    fn size(&self) -> Option<u64> {
+        self.file.metadata().ok().map(|m| m.len())
     }
 }

@@ -14,7 +14,7 @@ use tracing::{info, warn};
 
 use crate::config::{BackupState, VolumeConfig};
 use crate::error::{BackupStoreError, Result};
-use crate::lock::LockKind;
+use crate::lock::{LockKind, VolumeLock};
 use crate::{BackupStore, validate_name};
 
 /// Garbage collection settings.
@@ -69,7 +69,7 @@ impl BackupStore {
             }
             self.delete(&p).await?;
             self.refresh_last_backup(volume).await?;
-            let mut out = self.gc_locked(volume, gc).await?;
+            let mut out = self.gc_locked(volume, gc, &lock).await?;
             out.deleted_backups.push(backup.to_owned());
             Ok(out)
         }
@@ -108,7 +108,7 @@ impl BackupStore {
             }
             info!(volume, keep, deleted = ?deleted, "retention deleted old backups");
             self.refresh_last_backup(volume).await?;
-            let mut out = self.gc_locked(volume, gc).await?;
+            let mut out = self.gc_locked(volume, gc, &lock).await?;
             out.deleted_backups = deleted;
             Ok(out)
         }
@@ -141,8 +141,14 @@ impl BackupStore {
         }
         .await;
         lock.release().await?;
+        // Other processes' locks stay: a backup or restore that acquired its lock after ours was released must
+        // keep it (removing it would let a deletion collect the blocks it uses). Only expired locks go.
+        let expiry = chrono::Duration::from_std(self.lock_timing.expiry).unwrap_or(chrono::Duration::MAX);
+        let now = chrono::Utc::now();
         for m in self.list(&self.lock_dir(volume)).await? {
-            self.delete(&m.location).await?;
+            if now.signed_duration_since(m.last_modified) > expiry {
+                self.delete(&m.location).await?;
+            }
         }
         r
     }
@@ -150,7 +156,7 @@ impl BackupStore {
     /// Garbage-collects the volume's blocks (takes the deletion lock).
     pub async fn gc(&self, volume: &str, gc: &GcOptions) -> Result<GcOutcome> {
         let lock = self.lock(volume, LockKind::Deletion, gc.lock_wait).await?;
-        let r = self.gc_locked(volume, gc).await;
+        let r = self.gc_locked(volume, gc, &lock).await;
         lock.release().await?;
         r
     }
@@ -173,7 +179,7 @@ impl BackupStore {
         self.put_json(&self.volume_cfg_path(volume), &vol).await
     }
 
-    async fn gc_locked(&self, volume: &str, opts: &GcOptions) -> Result<GcOutcome> {
+    async fn gc_locked(&self, volume: &str, opts: &GcOptions, lock: &VolumeLock) -> Result<GcOutcome> {
         let mut out = GcOutcome::default();
         let now = chrono::Utc::now();
         let margin = chrono::Duration::from_std(opts.margin).unwrap_or(chrono::Duration::MAX);
@@ -200,7 +206,7 @@ impl BackupStore {
                 out.skipped = format!("backup {n} appeared during the scan");
                 return Ok(out);
             }
-            referenced.extend(c.blocks.into_iter().map(|b| b.hash));
+            referenced.extend(c.blocks.into_iter().filter(|b| !b.is_zero()).map(|b| b.hash));
         }
         let blocks = self.list(&self.blocks_dir(volume)).await?;
         if self.backup_names(volume).await? != names {
@@ -211,6 +217,8 @@ impl BackupStore {
         for m in blocks {
             let unreferenced = hash_of(&m.location).is_none_or(|h| !referenced.contains(&h));
             if unreferenced && m.last_modified <= cutoff {
+                // Without the deletion lock a backup may have started and be reusing this block.
+                lock.check()?;
                 self.delete(&m.location).await?;
                 out.deleted_blocks += 1;
             } else {

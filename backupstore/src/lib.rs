@@ -27,7 +27,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use block::Compression;
-pub use config::{BackupConfig, BackupState, BlockRef, FullReason, VolumeConfig};
+pub use config::{BackupConfig, BackupState, BlockRef, FullReason, VolumeConfig, ZERO_MARKER};
 pub use create::{BackupMode, BackupSource, Changes, CreateOptions, SnapshotInfo};
 pub use error::{BackupStoreError, ErrorKind, Result};
 pub use gc::{GcOptions, GcOutcome};
@@ -106,6 +106,7 @@ pub struct BackupStore {
     store: Arc<dyn ObjectStore>,
     root: Path,
     target: TargetUrl,
+    lock_timing: lock::LockTiming,
 }
 
 /// One backup as listed.
@@ -129,6 +130,7 @@ impl BackupStore {
             store,
             root,
             target: url.target.clone(),
+            lock_timing: lock::LockTiming::default(),
         })
     }
 
@@ -138,7 +140,15 @@ impl BackupStore {
             store,
             root: Path::from(target.prefix.as_str()),
             target,
+            lock_timing: lock::LockTiming::default(),
         }
+    }
+
+    /// The same store with other lock timings (tests; every process on a target must agree on the expiry).
+    #[must_use]
+    pub fn with_lock_timing(mut self, timing: lock::LockTiming) -> Self {
+        self.lock_timing = timing;
+        self
     }
 
     /// The target URL.

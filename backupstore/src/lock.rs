@@ -6,13 +6,22 @@
 //! modification time, then by name), it removes its own object and fails with [`BackupStoreError::Locked`];
 //! otherwise it rewrites its object with `acquired: true`. A held lock is rewritten every [`LOCK_REFRESH`] and
 //! expires [`LOCK_EXPIRY`] after its last write, so a killed process blocks the other kind for at most that long.
+//!
+//! A `backup` lock also names the backup it creates: two `backup` locks for the same backup name conflict, so two
+//! processes creating a backup of the same name cannot both pass the "already exists" check.
+//!
+//! A lock that cannot be refreshed is **lost**: its object was removed by another process, or rewriting it failed
+//! until half the expiry had passed since the last good write (after which another process may take the
+//! conflicting lock). The holder learns it through [`VolumeLock::lost`] / [`VolumeLock::check`] and stops: a
+//! backup, restore or garbage collection never goes on without the lock that protects it.
 
 use std::time::Duration;
 
 use object_store::path::Path;
 use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
 use tokio::task::JoinHandle;
-use tracing::{debug, warn};
+use tracing::{debug, error, warn};
 
 use crate::error::{BackupStoreError, Result};
 use crate::{BackupStore, now_rfc3339};
@@ -39,6 +48,12 @@ impl LockKind {
         (self == Self::Deletion) != (other == Self::Deletion)
     }
 
+    /// Conflict between two locks, counting the backup name of `backup` locks.
+    fn conflicts_with(self, backup: &str, other: Self, other_backup: &str) -> bool {
+        self.conflicts(other)
+            || (self == Self::Backup && other == Self::Backup && !backup.is_empty() && backup == other_backup)
+    }
+
     fn as_str(self) -> &'static str {
         match self {
             Self::Backup => "backup",
@@ -62,14 +77,20 @@ pub struct LockRecord {
     pub holder: String,
     /// RFC 3339 first write.
     pub created: String,
+    /// For a `backup` lock: the backup being created (same-name backups conflict). Absent in older locks.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub backup: String,
 }
 
 /// A held lock; refreshed in the background until [`VolumeLock::release`] (or drop, best effort).
 #[derive(Debug)]
 pub struct VolumeLock {
     store: BackupStore,
+    volume: String,
     path: Path,
     refresher: Option<JoinHandle<()>>,
+    /// Set (once) by the refresher when the lock is lost, with the reason.
+    lost: watch::Receiver<Option<String>>,
 }
 
 impl BackupStore {
@@ -79,10 +100,26 @@ impl BackupStore {
 
     /// Acquires a lock of `kind` on `volume`, retrying for up to `wait` while a conflicting lock is held.
     pub async fn lock(&self, volume: &str, kind: LockKind, wait: Duration) -> Result<VolumeLock> {
+        self.lock_named(volume, kind, "", wait).await
+    }
+
+    /// Acquires the `backup` lock for creating backup `backup` of `volume`: it also conflicts with any other
+    /// process creating a backup of the same name.
+    pub async fn lock_backup(&self, volume: &str, backup: &str, wait: Duration) -> Result<VolumeLock> {
+        self.lock_named(volume, LockKind::Backup, backup, wait).await
+    }
+
+    async fn lock_named(
+        &self,
+        volume: &str,
+        kind: LockKind,
+        backup: &str,
+        wait: Duration,
+    ) -> Result<VolumeLock> {
         let deadline = tokio::time::Instant::now() + wait;
         let mut delay = Duration::from_millis(200);
         loop {
-            match self.try_lock(volume, kind).await {
+            match self.try_lock(volume, kind, backup).await {
                 Err(e @ BackupStoreError::Locked { .. }) => {
                     if tokio::time::Instant::now() + delay > deadline {
                         return Err(e);
@@ -96,7 +133,7 @@ impl BackupStore {
         }
     }
 
-    async fn try_lock(&self, volume: &str, kind: LockKind) -> Result<VolumeLock> {
+    async fn try_lock(&self, volume: &str, kind: LockKind, backup: &str) -> Result<VolumeLock> {
         let id = uuid::Uuid::new_v4().simple().to_string();
         let name = format!("{}-{id}.lck", kind.as_str());
         let path = self.path(&format!("volumes/{volume}/locks/{name}"));
@@ -112,6 +149,7 @@ impl BackupStore {
                 std::process::id()
             ),
             created: now_rfc3339(),
+            backup: backup.to_owned(),
         };
         self.put_json(&path, &rec).await?;
         let mine = self.head_time(&path).await?;
@@ -121,41 +159,41 @@ impl BackupStore {
                 continue;
             }
             let age = now.signed_duration_since(meta.last_modified);
-            if age.to_std().is_ok_and(|a| a > LOCK_EXPIRY) {
+            if age.to_std().is_ok_and(|a| a > self.lock_timing.expiry) {
                 continue;
             }
             let Some(other) = self.get_json::<LockRecord>(&meta.location).await.ok().flatten() else {
                 continue; // released meanwhile, or a partial write: not a holder
             };
-            if !kind.conflicts(other.kind) {
+            if !kind.conflicts_with(backup, other.kind, &other.backup) {
                 continue;
             }
             let other_name = meta.location.filename().unwrap_or_default().to_owned();
             let wins = other.acquired || (meta.last_modified, other_name.as_str()) < (mine, name.as_str());
             if wins {
                 self.delete(&path).await?;
+                let holder = if other.backup.is_empty() {
+                    other.kind.as_str().to_owned()
+                } else {
+                    format!("{} {}", other.kind.as_str(), other.backup)
+                };
                 return Err(BackupStoreError::Locked {
                     volume: volume.to_owned(),
-                    holder: other.kind.as_str().to_owned(),
+                    holder,
                     lock: other_name,
                 });
             }
         }
         rec.acquired = true;
         self.put_json(&path, &rec).await?;
-        let (store, p) = (self.clone(), path.clone());
-        let refresher = tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(LOCK_REFRESH).await;
-                if let Err(e) = store.put_json(&p, &rec).await {
-                    warn!(lock = %p, error = %e, "refreshing backup lock failed");
-                }
-            }
-        });
+        let (tx, lost) = watch::channel(None);
+        let refresher = tokio::spawn(refresh_loop(self.clone(), path.clone(), rec, tx));
         Ok(VolumeLock {
             store: self.clone(),
+            volume: volume.to_owned(),
             path,
             refresher: Some(refresher),
+            lost,
         })
     }
 
@@ -169,7 +207,93 @@ impl BackupStore {
     }
 }
 
+/// Rewrites the lock every refresh interval until aborted; reports the lock lost (and stops) when its object
+/// disappeared or it could not be rewritten within half the expiry since the last good write.
+async fn refresh_loop(store: BackupStore, p: Path, rec: LockRecord, tx: watch::Sender<Option<String>>) {
+    let timing = store.lock_timing;
+    let mut last_ok = tokio::time::Instant::now();
+    let mut wait = timing.refresh;
+    loop {
+        tokio::time::sleep(wait).await;
+        let r = match store.exists(&p).await {
+            Ok(false) => {
+                let why = "its lock object was removed by another process".to_owned();
+                error!(lock = %p, reason = %why, "backup lock lost");
+                let _ = tx.send(Some(why));
+                return;
+            }
+            Ok(true) => store.put_json(&p, &rec).await,
+            Err(e) => Err(e),
+        };
+        match r {
+            Ok(()) => {
+                last_ok = tokio::time::Instant::now();
+                wait = timing.refresh;
+            }
+            Err(e) if last_ok.elapsed() + timing.refresh / 4 < timing.expiry / 2 => {
+                warn!(lock = %p, error = %e, "refreshing backup lock failed; retrying");
+                wait = timing.refresh / 4;
+            }
+            Err(e) => {
+                let why = format!("refreshing it failed since {:?}: {e}", last_ok.elapsed());
+                error!(lock = %p, reason = %why, "backup lock lost");
+                let _ = tx.send(Some(why));
+                return;
+            }
+        }
+    }
+}
+
+/// Lock refresh interval and expiry of a store handle (the defaults [`LOCK_REFRESH`], [`LOCK_EXPIRY`]; tests
+/// shorten them; every process on a target must use the same expiry).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockTiming {
+    /// How often a held lock is rewritten.
+    pub refresh: Duration,
+    /// A lock not rewritten for this long is ignored.
+    pub expiry: Duration,
+}
+
+impl Default for LockTiming {
+    fn default() -> Self {
+        Self {
+            refresh: LOCK_REFRESH,
+            expiry: LOCK_EXPIRY,
+        }
+    }
+}
+
 impl VolumeLock {
+    /// `Ok` while the lock is held; the [`BackupStoreError::LockLost`] error once it was lost.
+    pub fn check(&self) -> Result<()> {
+        match &*self.lost.borrow() {
+            None => Ok(()),
+            Some(why) => Err(self.lost_error(why)),
+        }
+    }
+
+    /// Resolves when the lock is lost, with the error to stop the protected operation with.
+    pub async fn lost(&self) -> BackupStoreError {
+        let mut rx = self.lost.clone();
+        loop {
+            if let Some(why) = &*rx.borrow_and_update() {
+                return self.lost_error(why);
+            }
+            if rx.changed().await.is_err() {
+                // The refresher ended without reporting (aborted on release): the lock is not lost.
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    fn lost_error(&self, why: &str) -> BackupStoreError {
+        BackupStoreError::LockLost {
+            volume: self.volume.clone(),
+            lock: self.path.filename().unwrap_or_default().to_owned(),
+            reason: why.to_owned(),
+        }
+    }
+
     /// Releases the lock.
     pub async fn release(mut self) -> Result<()> {
         if let Some(r) = self.refresher.take() {

@@ -21,6 +21,17 @@ pub trait RestoreSink: Send + Sync + 'static {
     fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()>;
     /// Makes `[offset, offset + len)` read as zeros, as a hole where the sink can.
     fn zero_range(&self, offset: u64, len: u64) -> std::io::Result<()>;
+    /// The sink's size in bytes, when it can be larger than the backup: a restore makes everything past the
+    /// backup's end read as zeros too (a smaller backup restored into a larger volume must not leave the
+    /// volume's old data there). `None`: the sink is exactly the backup's size.
+    fn size(&self) -> Option<u64> {
+        None
+    }
+    /// Makes `[offset, offset + len)` read as zeros even where a backing image lies under the sink (a zero
+    /// marker of the block map). Without a backing image this is `zero_range`.
+    fn write_zeroes(&self, offset: u64, len: u64) -> std::io::Result<()> {
+        self.zero_range(offset, len)
+    }
 }
 
 /// Options of a restore.
@@ -107,7 +118,10 @@ impl BackupStore {
         progress: &Progress,
     ) -> Result<RestoreOutcome> {
         let lock = self.lock(volume, LockKind::Restore, opts.lock_wait).await?;
-        let r = self.restore_locked(volume, backup, sink, opts, progress).await;
+        let r = tokio::select! {
+            r = self.restore_locked(volume, backup, sink, opts, progress) => r,
+            e = lock.lost() => Err(e),
+        };
         lock.release().await?;
         r
     }
@@ -137,14 +151,30 @@ impl BackupStore {
             },
             None => None,
         };
-        let (writes, zeros): (Vec<BlockRef>, Vec<std::ops::Range<u64>>) = match &since {
+        let (writes, mut zeros): (Vec<BlockRef>, Vec<std::ops::Range<u64>>) = match &since {
             Some(from) => {
                 let d = blockmap::diff(&from.blocks, &to.blocks);
-                let z = d.zero.iter().map(|&o| o..(o + bs).min(to.size)).collect();
+                let z = d
+                    .zero
+                    .iter()
+                    .map(|&o| o..(o + bs).min(to.size))
+                    .filter(|r| r.start < r.end)
+                    .collect();
                 (d.write, z)
             }
             None => (to.blocks.clone(), blockmap::holes(&to.blocks, bs, to.size)),
         };
+        // Zero markers: zeros written over the backing image, made explicit (not holes).
+        let (markers, writes): (Vec<BlockRef>, Vec<BlockRef>) =
+            writes.into_iter().partition(BlockRef::is_zero);
+        let explicit: Vec<std::ops::Range<u64>> = markers
+            .iter()
+            .map(|b| b.offset..(b.offset + bs).min(to.size))
+            .collect();
+        // Past the backup's end the volume held something else: the restored volume reads zeros there.
+        if let Some(n) = sink.size().filter(|&n| n > to.size) {
+            zeros.push(to.size..n);
+        }
         info!(
             volume,
             backup,
@@ -155,10 +185,18 @@ impl BackupStore {
         );
         progress.set_total(writes.len() as u64 + 1);
         let zeroed: u64 = zeros.iter().map(|r| r.end - r.start).sum();
+        let zeroed = zeroed + explicit.iter().map(|r| r.end - r.start).sum::<u64>();
         let s = sink.clone();
         tokio::task::spawn_blocking(move || {
             for r in zeros {
                 s.zero_range(r.start, r.end - r.start)
+                    .map_err(|source| BackupStoreError::SinkWrite {
+                        offset: r.start,
+                        source,
+                    })?;
+            }
+            for r in explicit {
+                s.write_zeroes(r.start, r.end - r.start)
                     .map_err(|source| BackupStoreError::SinkWrite {
                         offset: r.start,
                         source,
@@ -221,8 +259,9 @@ impl BackupStore {
     /// Reads every block of a backup and checks it; never stops at the first bad one.
     pub async fn verify(&self, volume: &str, backup: &str, concurrency: usize) -> Result<VerifyOutcome> {
         let c = self.complete_backup(volume, backup).await?;
-        let n = c.blocks.len() as u64;
-        let bad: Vec<BadBlock> = futures::stream::iter(c.blocks)
+        let stored: Vec<BlockRef> = c.blocks.into_iter().filter(|b| !b.is_zero()).collect();
+        let n = stored.len() as u64;
+        let bad: Vec<BadBlock> = futures::stream::iter(stored)
             .map(|b| async move {
                 match self.read_block(volume, &b.hash).await {
                     Ok(_) => Ok(None),

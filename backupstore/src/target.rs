@@ -3,7 +3,8 @@
 //! A target is `file:///abs/dir` or `s3://bucket[/prefix]?endpoint=URL&region=R` (path-style requests; plain
 //! `http://` endpoints allowed). S3 credentials come from the credential map given by the caller
 //! (`AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, optional `AWS_SESSION_TOKEN`), else from the same variables in
-//! the environment. A backup is addressed by `TARGET?backup=NAME&volume=VOLUME` (the target's own query
+//! the environment, else from the file named by [`CREDENTIALS_FILE_ENV`] (`KEY=VALUE` lines): never from a
+//! command line. A backup is addressed by `TARGET?backup=NAME&volume=VOLUME` (the target's own query
 //! parameters stay in place).
 
 use std::collections::BTreeMap;
@@ -18,6 +19,39 @@ use crate::error::{BackupStoreError, Result};
 
 /// Credential keys read from the map or the environment.
 pub const CREDENTIAL_KEYS: [&str; 3] = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"];
+/// Environment variable naming a credentials file (`KEY=VALUE` lines, `#` comments) read when neither the
+/// caller's map nor the environment holds a key: a daemon gets credentials from a file (a mounted secret) without
+/// them appearing in its environment listing or command line.
+pub const CREDENTIALS_FILE_ENV: &str = "CORRAL_BACKUP_CREDENTIALS_FILE";
+
+/// Reads a credentials file: `KEY=VALUE` lines; blank lines and `#` comments skipped; surrounding whitespace and
+/// one pair of matching quotes around a value removed.
+pub fn read_credentials_file(path: &std::path::Path) -> Result<BTreeMap<String, String>> {
+    let text = std::fs::read_to_string(path).map_err(|e| {
+        BackupStoreError::InvalidArgument(format!("credentials file {}: {e}", path.display()))
+    })?;
+    let mut out = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (k, v) = line.split_once('=').ok_or_else(|| {
+            BackupStoreError::InvalidArgument(format!(
+                "credentials file {} line {}: expected KEY=VALUE",
+                path.display(),
+                i + 1
+            ))
+        })?;
+        let v = v.trim();
+        let v = ['"', '\'']
+            .iter()
+            .find_map(|q| v.strip_prefix(*q).and_then(|x| x.strip_suffix(*q)))
+            .unwrap_or(v);
+        out.insert(k.trim().to_owned(), v.to_owned());
+    }
+    Ok(out)
+}
 
 /// A parsed target URL.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -211,11 +245,17 @@ impl TargetUrl {
                 Ok((Arc::new(fs), Path::from("")))
             }
             _ => {
+                let from_file = match std::env::var_os(CREDENTIALS_FILE_ENV) {
+                    Some(p) if !p.is_empty() => read_credentials_file(std::path::Path::new(&p))?,
+                    _ => BTreeMap::new(),
+                };
                 let cred = |k: &str| {
                     credentials
                         .get(k)
                         .cloned()
-                        .or_else(|| std::env::var(k).ok())
+                        .filter(|v| !v.is_empty())
+                        .or_else(|| std::env::var(k).ok().filter(|v| !v.is_empty()))
+                        .or_else(|| from_file.get(k).cloned())
                         .filter(|v| !v.is_empty())
                 };
                 let mut b = AmazonS3Builder::new()
@@ -235,7 +275,8 @@ impl TargetUrl {
                     _ => {
                         return Err(bad(
                             &url,
-                            "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY",
+                            "no S3 credentials: set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or name a \
+                             file holding them in CORRAL_BACKUP_CREDENTIALS_FILE",
                         ));
                     }
                 }
@@ -262,6 +303,25 @@ mod tests {
         let f = BackupUrl::parse("file:///tmp/x?backup=b&volume=v").unwrap();
         assert_eq!(f.target.location, "/tmp/x");
         assert_eq!(f.target.to_string(), "file:///tmp/x");
+    }
+
+    #[test]
+    fn a_credentials_file_is_read_as_key_value_lines() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("creds");
+        std::fs::write(
+            &p,
+            "# S3\nAWS_ACCESS_KEY_ID=corral\n\n AWS_SECRET_ACCESS_KEY = \"s=cret\" \n",
+        )
+        .unwrap();
+        let m = read_credentials_file(&p).unwrap();
+        assert_eq!(m["AWS_ACCESS_KEY_ID"], "corral");
+        assert_eq!(m["AWS_SECRET_ACCESS_KEY"], "s=cret");
+        std::fs::write(&p, "AWS_ACCESS_KEY_ID corral\n").unwrap();
+        let e = read_credentials_file(&p).unwrap_err();
+        assert!(e.to_string().contains("line 1"), "{e}");
+        let e = read_credentials_file(&dir.path().join("none")).unwrap_err();
+        assert!(e.to_string().contains("credentials file"), "{e}");
     }
 
     #[test]

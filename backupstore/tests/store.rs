@@ -3,150 +3,19 @@
 
 #![allow(clippy::cast_possible_truncation, clippy::single_range_in_vec_init)]
 
-use std::collections::BTreeMap;
+mod common;
+
 use std::ops::Range;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use backupstore::lock::LockKind;
 use backupstore::{
-    BackupMode, BackupSource, BackupState, BackupStore, BackupUrl, Changes, CreateOptions, ErrorKind,
-    FullReason, GcOptions, Progress, RestoreOptions, RestoreSink, SnapshotInfo,
+    BackupMode, BackupSource, BackupState, BackupStore, BackupUrl, Changes, ErrorKind, FullReason, Progress,
+    RestoreOptions, SnapshotInfo,
 };
+use common::*;
 use object_store::ObjectStoreExt;
-
-const BS: u64 = 64 << 10;
-const SIZE: u64 = 16 * BS + 4096;
-
-#[derive(Clone)]
-struct Snap {
-    name: String,
-    data: Arc<Vec<u8>>,
-    /// What `changes_since` answers: ranges, or `None` for "chain ended".
-    changed: Option<Vec<Range<u64>>>,
-}
-
-impl BackupSource for Snap {
-    fn size(&self) -> u64 {
-        self.data.len() as u64
-    }
-    fn snapshot(&self) -> SnapshotInfo {
-        SnapshotInfo {
-            name: self.name.clone(),
-            created: "2026-01-01T00:00:00Z".into(),
-            ancestors: Vec::new(),
-        }
-    }
-    fn allocated(&self) -> std::io::Result<Vec<Range<u64>>> {
-        Ok(vec![0..self.size()])
-    }
-    fn changes_since(&self, base: &str, _anc: &[String]) -> std::io::Result<Changes> {
-        Ok(match &self.changed {
-            Some(r) => Changes::Since {
-                diff_from: base.into(),
-                ranges: r.clone(),
-            },
-            None => Changes::ChainEnded("reverted".into()),
-        })
-    }
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> std::io::Result<()> {
-        let o = offset as usize;
-        buf.copy_from_slice(&self.data[o..o + buf.len()]);
-        Ok(())
-    }
-}
-
-#[derive(Default)]
-struct MemSink {
-    data: Mutex<Vec<u8>>,
-    zeroed: Mutex<Vec<Range<u64>>>,
-}
-
-impl MemSink {
-    fn new(fill: u8) -> Arc<Self> {
-        Arc::new(Self {
-            data: Mutex::new(vec![fill; SIZE as usize]),
-            zeroed: Mutex::default(),
-        })
-    }
-}
-
-impl RestoreSink for MemSink {
-    fn write_at(&self, offset: u64, data: &[u8]) -> std::io::Result<()> {
-        let o = offset as usize;
-        self.data.lock().unwrap()[o..o + data.len()].copy_from_slice(data);
-        Ok(())
-    }
-    fn zero_range(&self, offset: u64, len: u64) -> std::io::Result<()> {
-        self.data.lock().unwrap()[offset as usize..(offset + len) as usize].fill(0);
-        self.zeroed.lock().unwrap().push(offset..offset + len);
-        Ok(())
-    }
-}
-
-fn pattern(seed: u8) -> Vec<u8> {
-    // Incompressible-ish, distinct per block and seed; the last 3 whole blocks stay zero.
-    let mut v = vec![0u8; SIZE as usize];
-    let mut x = u32::from(seed) * 7919 + 1;
-    for b in v.iter_mut().take((13 * BS) as usize) {
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
-        *b = x as u8;
-    }
-    v
-}
-
-fn store(dir: &std::path::Path) -> BackupStore {
-    let url = BackupUrl::parse(&format!("file://{}", dir.display())).unwrap();
-    BackupStore::open(&url, &BTreeMap::new()).unwrap()
-}
-
-fn opts(name: &str) -> CreateOptions {
-    CreateOptions {
-        volume: "vol".into(),
-        name: name.into(),
-        block_size: Some(BS),
-        delta_max: 2,
-        concurrency: 4,
-        gc: GcOptions {
-            margin: Duration::ZERO,
-            lock_wait: Duration::from_secs(2),
-        },
-        ..Default::default()
-    }
-}
-
-fn gc0() -> GcOptions {
-    opts("x").gc
-}
-
-async fn backup(s: &BackupStore, name: &str, snap: &Snap) -> backupstore::BackupConfig {
-    s.create_backup(Arc::new(snap.clone()), &opts(name), &Progress::default())
-        .await
-        .unwrap()
-}
-
-async fn restored(s: &BackupStore, name: &str) -> Vec<u8> {
-    let sink = MemSink::new(0xAA);
-    s.restore(
-        "vol",
-        name,
-        sink.clone(),
-        &RestoreOptions::default(),
-        &Progress::default(),
-    )
-    .await
-    .unwrap();
-    sink.data.lock().unwrap().clone()
-}
-
-async fn stored_blocks(s: &BackupStore) -> usize {
-    let p = object_store::path::Path::from("volumes/vol/blocks");
-    use futures::TryStreamExt;
-    let v: Vec<_> = s.object_store().list(Some(&p)).try_collect().await.unwrap();
-    v.len()
-}
 
 #[tokio::test]
 async fn incremental_uploads_only_changed_blocks_and_both_backups_restore_exactly() {
@@ -323,7 +192,7 @@ async fn a_malformed_block_map_from_the_store_is_refused_by_restore_and_the_next
 }
 
 #[tokio::test]
-async fn delta_max_two_gives_full_inc_inc_full_inc_inc_and_deleting_ancestors_keeps_the_third_restorable() {
+async fn delta_max_three_gives_full_inc_inc_full_inc_inc_and_deleting_ancestors_keeps_the_third_restorable() {
     let dir = tempfile::tempdir().unwrap();
     let s = store(dir.path());
     let mut data = pattern(2);
@@ -345,7 +214,10 @@ async fn delta_max_two_gives_full_inc_inc_full_inc_inc_and_deleting_ancestors_ke
         [(false, 0), (true, 1), (true, 2), (false, 0), (true, 1), (true, 2)]
     );
     let b4 = s.backup_config("vol", "b4").await.unwrap();
-    assert_eq!(b4.full_reason, Some(FullReason::DeltaMaxReached(2)));
+    assert_eq!(b4.full_reason, Some(FullReason::DeltaMaxReached(3)));
+    // The third backup ended its chain (delta-max 3 counts the full one).
+    let b3 = s.backup_config("vol", "b3").await.unwrap();
+    assert!(b3.end_of_chain, "{b3:?}");
     assert_eq!(b4.stats.reuploaded_blocks, 12, "a full uploads every block again");
 
     for victim in ["b1", "b2"] {

@@ -18,6 +18,7 @@ use tonic::transport::Channel;
 use crate::{client, print, table};
 
 #[derive(Subcommand, Debug)]
+#[allow(clippy::large_enum_variant)] // parsed once per process; boxing would only obscure the clap derive
 pub enum BackupCmd {
     /// Back up a snapshot of the volume; prints the backup URL (TARGET?backup=NAME&volume=VOLUME).
     Create {
@@ -33,13 +34,31 @@ pub enum BackupCmd {
         /// Label k=v (repeatable).
         #[arg(long = "label")]
         labels: Vec<String>,
-        /// auto: incremental unless backup-delta-max says full; full: read and upload everything again.
+        /// auto: incremental unless the chain policy says full; full: read and upload everything again;
+        /// incremental: go past backup-delta-max (fails when the chain ended otherwise).
         #[arg(long, default_value = "auto", value_parser = ["auto", "full", "incremental"])]
         mode: String,
+        /// Force a full backup (same as --mode full); the previous backup ends its chain.
+        #[arg(long, conflicts_with = "mode")]
+        full: bool,
+        /// backup-incremental off: this backup is full and ends its own chain.
+        #[arg(long)]
+        no_incremental: bool,
+        /// backup-max-count: refuse when the backup volume already holds this many completed backups (after
+        /// --retain's deletions are discounted).
+        #[arg(long)]
+        max_count: Option<u32>,
+        /// Backing image name to record (with --backing-image-checksum; default: the replica's backing file name
+        /// and its SHA-256).
+        #[arg(long, requires = "backing_image_checksum")]
+        backing_image_name: Option<String>,
+        /// Backing image checksum to record: sha512:HEX.
+        #[arg(long, requires = "backing_image_name")]
+        backing_image_checksum: Option<String>,
         /// Keep only the newest N completed backups of the volume.
         #[arg(long)]
         retain: Option<u32>,
-        /// Incremental backups after a full before the next full.
+        /// backup-delta-max: backups per chain, its full one included (5: the 6th backup is full).
         #[arg(long, default_value_t = backupstore::config::DEFAULT_DELTA_MAX)]
         delta_max: u32,
         /// Block size of a new backup volume (4K..16M, power of two).
@@ -72,6 +91,20 @@ pub enum BackupCmd {
         /// Blocks in flight per replica.
         #[arg(long, default_value_t = 8)]
         concurrency: u32,
+        /// Shut an attached frontend down for the restore and start it again after (its clients lose the
+        /// volume meanwhile and then see the restored data). Without it, a restore into a volume whose frontend
+        /// is attached (serving IO) is refused: writes through it would be lost.
+        #[arg(long)]
+        detach_frontend: bool,
+    },
+    /// End the volume's backup chain (after a revert or an out-of-band restore): the next backup is full.
+    EndChain {
+        /// Why (recorded as the next backup's full reason).
+        #[arg(long)]
+        reason: String,
+        /// Also mark the newest backup on this target (with volume=NAME, or the volume's own name).
+        #[arg(long, env = "CORRAL_BACKUP_TARGET")]
+        target: Option<String>,
     },
     /// List backups of a target (one volume with --volume, or every volume).
     Ls {
@@ -119,10 +152,22 @@ pub enum VolumeCmd {
     },
 }
 
+/// S3 credentials for the replicas, from this process's environment or the file `CORRAL_BACKUP_CREDENTIALS_FILE`
+/// names (passed in the request, never on a command line).
 fn credentials() -> HashMap<String, String> {
+    let file = std::env::var_os(backupstore::target::CREDENTIALS_FILE_ENV)
+        .filter(|p| !p.is_empty())
+        .and_then(|p| backupstore::target::read_credentials_file(std::path::Path::new(&p)).ok())
+        .unwrap_or_default();
     CREDENTIAL_KEYS
         .iter()
-        .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+        .filter_map(|k| {
+            std::env::var(k)
+                .ok()
+                .filter(|v| !v.is_empty())
+                .or_else(|| file.get(*k).cloned())
+                .map(|v| ((*k).to_owned(), v))
+        })
         .collect()
 }
 
@@ -171,6 +216,11 @@ pub async fn run(url: &str, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
             name,
             labels,
             mode,
+            full,
+            no_incremental,
+            max_count,
+            backing_image_name,
+            backing_image_checksum,
             retain,
             delta_max,
             block_size,
@@ -180,6 +230,7 @@ pub async fn run(url: &str, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
             gc_margin,
             no_wait,
         } => {
+            let mode = if full { "full".to_owned() } else { mode };
             let labels = labels
                 .iter()
                 .map(|l| {
@@ -212,6 +263,10 @@ pub async fn run(url: &str, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
                     credentials: credentials(),
                     max_upload_rate: rate_limit.unwrap_or(0),
                     gc_margin_seconds: gc_margin.max(1),
+                    incremental_disabled: no_incremental,
+                    max_count: max_count.unwrap_or(0),
+                    backing_image_name: backing_image_name.unwrap_or_default(),
+                    backing_image_checksum: backing_image_checksum.unwrap_or_default(),
                 })
                 .await?
                 .into_inner();
@@ -261,7 +316,52 @@ pub async fn run(url: &str, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
             backup,
             incremental,
             concurrency,
-        } => restore(url, json, &backup, incremental, concurrency).await,
+            detach_frontend,
+        } => restore(url, json, &backup, incremental, concurrency, detach_frontend).await,
+        BackupCmd::EndChain { reason, target } => {
+            let volume = client(url)
+                .await?
+                .volume_get(v1::Empty {})
+                .await?
+                .into_inner()
+                .name;
+            let mut reached = Vec::new();
+            let mut marked = String::new();
+            for (i, r) in rw_replicas(url).await?.iter().enumerate() {
+                let out = replica_backup_client(r)
+                    .await?
+                    .backup_chain_end(v1::BackupChainEndRequest {
+                        reason: reason.clone(),
+                        // The store is marked once, through the first replica.
+                        target: if i == 0 {
+                            target.clone().unwrap_or_default()
+                        } else {
+                            String::new()
+                        },
+                        volume: volume.clone(),
+                        credentials: credentials(),
+                    })
+                    .await
+                    .with_context(|| format!("ending the chain on replica {r}"))?
+                    .into_inner();
+                if i == 0 {
+                    marked = out.marked_backup;
+                }
+                reached.push(r.clone());
+            }
+            let out = serde_json::json!({"replicas": reached, "markedBackup": marked});
+            print(json, &out, || {
+                format!(
+                    "backup chain ended on {} replica(s){}",
+                    reached.len(),
+                    if marked.is_empty() {
+                        String::new()
+                    } else {
+                        format!("; backup {marked} marked end of chain")
+                    }
+                )
+            })
+        }
         BackupCmd::Ls { target, volume } => {
             let (u, s) = open(&target)?;
             let vols = match volume.or(u.volume) {
@@ -280,6 +380,8 @@ pub async fn run(url: &str, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
                         "snapshot",
                         "state",
                         "kind",
+                        "full reason",
+                        "end of chain",
                         "size",
                         "data",
                         "new",
@@ -297,6 +399,11 @@ pub async fn run(url: &str, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
                                     .and_then(|v| v.as_str().map(str::to_owned))
                                     .unwrap_or_default(),
                                 kind(c.is_incremental, c.chain_position),
+                                c.full_reason
+                                    .as_ref()
+                                    .map(|r| r.kind().to_owned())
+                                    .unwrap_or_default(),
+                                if c.end_of_chain { "yes" } else { "" }.to_owned(),
                                 corral_daemon::human_bytes(c.size),
                                 corral_daemon::human_bytes(b.data_bytes),
                                 corral_daemon::human_bytes(c.stats.new_bytes),
@@ -347,6 +454,7 @@ pub async fn run(url: &str, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
                             .map(ToString::to_string)
                             .unwrap_or_default(),
                     ],
+                    vec!["end of chain".into(), cfg.end_of_chain.to_string()],
                     vec!["base backup".into(), cfg.base_backup.clone()],
                     vec!["diffed from snapshot".into(), cfg.diff_from_snapshot.clone()],
                     vec!["chain".into(), chain.join(" → ")],
@@ -372,7 +480,12 @@ pub async fn run(url: &str, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
                         "compression".into(),
                         format!("{:?}", cfg.compression).to_lowercase(),
                     ],
-                    vec!["backing image".into(), vol.backing_image_name.clone()],
+                    vec![
+                        "backing image".into(),
+                        format!("{} {}", cfg.backing_image_name, cfg.backing_image_checksum)
+                            .trim()
+                            .to_owned(),
+                    ],
                     vec!["completed".into(), cfg.completed.clone()],
                 ];
                 if let Some(v) = &verified {
@@ -451,10 +564,20 @@ async fn restore(
     backup: &str,
     incremental: bool,
     concurrency: u32,
+    detach_frontend: bool,
 ) -> anyhow::Result<()> {
     BackupUrl::parse(backup)?.require_backup()?;
     let mut c = client(url).await?;
-    let was_up = c.volume_get(v1::Empty {}).await?.into_inner().frontend_state == "attached";
+    let vol = c.volume_get(v1::Empty {}).await?.into_inner();
+    let was_up = vol.frontend_state == "attached";
+    if was_up && !detach_frontend {
+        bail!(
+            "volume {}'s frontend is attached (serving IO at {}): writes through it would be lost under the \
+             restore; detach it first, or pass --detach-frontend to shut it down for the restore",
+            vol.name,
+            vol.endpoints.join(", ")
+        );
+    }
     let replicas = rw_replicas(url).await?;
     c.frontend_shutdown(v1::Empty {}).await?;
     let result = async {

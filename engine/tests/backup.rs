@@ -110,7 +110,9 @@ fn s3_server(dir: &Path) -> S3Server {
     S3Server::start(dir, &[])
 }
 
-async fn round_trip(t: &Path, target: &str, env: &[(&str, &str)]) {
+/// `stored` is the directory the target's objects land in on disk (for S3: the server's own directory), where
+/// the test counts block objects itself instead of trusting Corral's counters.
+async fn round_trip(t: &Path, target: &str, env: &[(&str, &str)], stored: &Path) {
     let src = Volume::start(t, "src", 1);
     src.write(&[
         "write -P 0x11 0 3M",
@@ -131,7 +133,13 @@ async fn round_trip(t: &Path, target: &str, env: &[(&str, &str)]) {
     ]);
     src.snapshot("s2");
     let s2 = src.data().await;
+    let objects_before = blk_files(stored);
     let b2 = src.backup(env, target, "s2", &[]);
+    assert_eq!(
+        blk_files(stored) - objects_before,
+        3,
+        "the incremental stored other than the 3 changed non-zero blocks (counted in the target's directory)"
+    );
     assert_eq!(b2["isIncremental"], true);
     assert_eq!(b2["diffFromSnapshot"], "s1");
     // Changed: 2 blocks at 1M, 1 at 20M, 4 zeroed at 10M; only the 3 with data are new.
@@ -140,18 +148,28 @@ async fn round_trip(t: &Path, target: &str, env: &[(&str, &str)]) {
 
     // Each backup restores into a fresh two-replica volume; the first then follows incrementally (standby).
     let dst = Volume::start(t, "dst", 2);
-    dst.cli(env, &["backup", "restore", &url(&b1)]);
+    dst.cli(env, &["backup", "restore", "--detach-frontend", &url(&b1)]);
     assert!(
         dst.data().await == s1,
         "restore of the full backup differs from s1"
     );
     let fresh = Volume::start(t, "fresh", 1);
-    fresh.cli(env, &["backup", "restore", &url(&b2)]);
+    fresh.cli(env, &["backup", "restore", "--detach-frontend", &url(&b2)]);
     assert!(
         fresh.data().await == s2,
         "restore of the incremental differs from s2"
     );
-    let out = dst.cli(env, &["--json", "backup", "restore", "--incremental", &url(&b2)]);
+    let out = dst.cli(
+        env,
+        &[
+            "--json",
+            "backup",
+            "restore",
+            "--detach-frontend",
+            "--incremental",
+            &url(&b2),
+        ],
+    );
     let st: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(st[0]["status"]["incremental"], true, "{st}");
     assert_eq!(st[0]["status"]["blocksWritten"].as_u64().unwrap(), 3, "{st}");
@@ -173,7 +191,7 @@ async fn round_trip(t: &Path, target: &str, env: &[(&str, &str)]) {
 async fn round_trip_to_a_directory_full_and_incremental_restore_equal_their_snapshots() {
     let t = tempfile::tempdir().unwrap();
     let target = format!("file://{}", t.path().join("store").display());
-    round_trip(t.path(), &target, &[]).await;
+    round_trip(t.path(), &target, &[], &t.path().join("store")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -181,7 +199,30 @@ async fn round_trip_to_an_s3_server_full_and_incremental_restore_equal_their_sna
     let t = tempfile::tempdir().unwrap();
     let s3 = s3_server(&t.path().join("s3"));
     let target = format!("s3://bk/backups?endpoint={}&region=us-east-1", s3.endpoint);
-    round_trip(t.path(), &target, &S3_ENV).await;
+    round_trip(t.path(), &target, &S3_ENV, &t.path().join("s3/bk")).await;
+    // Credentials from a file named in the environment (a mounted secret) work as well.
+    let creds = t.path().join("s3-credentials");
+    std::fs::write(
+        &creds,
+        S3_ENV
+            .iter()
+            .map(|(k, v)| format!("{k}={v}\n"))
+            .collect::<String>(),
+    )
+    .unwrap();
+    let probe = Volume::start(t.path(), "probe", 1);
+    let ls = probe.cli(
+        &[("CORRAL_BACKUP_CREDENTIALS_FILE", creds.to_str().unwrap())],
+        &["--json", "backup", "ls", &target],
+    );
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&ls)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .len(),
+        2
+    );
     // Without credentials the target is refused with the reason.
     let v = Volume::start(t.path(), "nocred", 1);
     let out = v.cli_raw(&[], &["backup", "ls", &target]);
@@ -225,12 +266,13 @@ async fn incremental_after_the_base_snapshot_was_deleted_uploads_only_changed_bl
     assert_eq!(insp["chain"].as_array().unwrap().len(), 2);
 
     let fresh = Volume::start(t.path(), "fresh", 1);
-    fresh.cli(&[], &["backup", "restore", &url(&b2)]);
+    fresh.cli(&[], &["backup", "restore", "--detach-frontend", &url(&b2)]);
     assert!(fresh.data().await == s2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn delta_max_two_chains_survive_deletes_and_a_corrupt_block_is_reported_then_healed_by_the_next_full() {
+async fn delta_max_three_chains_survive_deletes_and_a_corrupt_block_is_reported_then_healed_by_the_next_full()
+{
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let target = format!("file://{}", store.display());
@@ -242,7 +284,7 @@ async fn delta_max_two_chains_survive_deletes_and_a_corrupt_block_is_reported_th
         v.write(&[&format!("write -P {} {}M 256k", 0x20 + i, 2 + i)]);
         v.snapshot(&format!("s{i}"));
         data.push(v.data().await);
-        let b = v.backup(&[], &target, &format!("s{i}"), &["--delta-max", "2"]);
+        let b = v.backup(&[], &target, &format!("s{i}"), &["--delta-max", "3"]);
         backups.push(b);
     }
     let kinds: Vec<bool> = backups
@@ -261,7 +303,10 @@ async fn delta_max_two_chains_survive_deletes_and_a_corrupt_block_is_reported_th
         v.cli(&[], &["backup", "rm", "--gc-margin", "0", &url(b)]);
     }
     let fresh = Volume::start(t.path(), "fresh", 1);
-    fresh.cli(&[], &["backup", "restore", &url(&backups[2])]);
+    fresh.cli(
+        &[],
+        &["backup", "restore", "--detach-frontend", &url(&backups[2])],
+    );
     assert!(fresh.data().await == data[2], "backup 3 after deleting 1 and 2");
 
     // Damage one stored block that backup 6 uses: verify and restore report it, nothing is silently restored.
@@ -293,7 +338,10 @@ async fn delta_max_two_chains_survive_deletes_and_a_corrupt_block_is_reported_th
     let text = String::from_utf8_lossy(&out.stdout);
     assert!(text.contains(&format!("offset {}", victim["offset"])), "{text}");
     let bad = Volume::start(t.path(), "bad", 1);
-    let out = bad.cli_raw(&[], &["backup", "restore", &url(&backups[5])]);
+    let out = bad.cli_raw(
+        &[],
+        &["backup", "restore", "--detach-frontend", &url(&backups[5])],
+    );
     assert!(!out.status.success(), "a corrupt block must fail the restore");
     assert!(
         String::from_utf8_lossy(&out.stderr).contains("checksum"),
@@ -303,12 +351,15 @@ async fn delta_max_two_chains_survive_deletes_and_a_corrupt_block_is_reported_th
 
     // Backup 7 is full (delta-max) and uploads every block again: backup 6 verifies and restores again.
     v.snapshot("s7");
-    let b7 = v.backup(&[], &target, "s7", &["--delta-max", "2"]);
+    let b7 = v.backup(&[], &target, "s7", &["--delta-max", "3"]);
     assert_eq!(b7["isIncremental"], false);
     assert!(b7["reuploadedBytes"].as_u64().unwrap() > 0);
     v.cli(&[], &["backup", "inspect", "--verify", &url(&backups[5])]);
     let healed = Volume::start(t.path(), "healed", 1);
-    healed.cli(&[], &["backup", "restore", &url(&backups[5])]);
+    healed.cli(
+        &[],
+        &["backup", "restore", "--detach-frontend", &url(&backups[5])],
+    );
     assert!(healed.data().await == data[5]);
 }
 
@@ -406,7 +457,7 @@ async fn a_backup_killed_mid_upload_claims_nothing_blocks_deletion_meanwhile_and
         blk_files(&store) >= uploaded,
         "blocks of the interrupted backup are kept"
     );
-    let out = v.cli_raw(&[], &["backup", "restore", &killed_url]);
+    let out = v.cli_raw(&[], &["backup", "restore", "--detach-frontend", &killed_url]);
     assert!(!out.status.success(), "an interrupted backup cannot be restored");
 
     // Restart replica and engine; the rerun completes and reuses what was uploaded.
@@ -420,7 +471,7 @@ async fn a_backup_killed_mid_upload_claims_nothing_blocks_deletion_meanwhile_and
         "{b1}"
     );
     let fresh = Volume::start(t.path(), "fresh", 1);
-    fresh.cli(&[], &["backup", "restore", &url(&b1)]);
+    fresh.cli(&[], &["backup", "restore", "--detach-frontend", &url(&b1)]);
     assert!(fresh.data().await == s1);
 }
 
@@ -460,7 +511,7 @@ async fn a_revert_ends_the_chain_and_the_next_backup_is_full_with_the_reason() {
     assert_eq!(b3["isIncremental"], false, "{b3}");
     assert!(b3["fullReason"].as_str().unwrap().contains("reverted"), "{b3}");
     let fresh = Volume::start(t.path(), "fresh", 1);
-    fresh.cli(&[], &["backup", "restore", &url(&b3)]);
+    fresh.cli(&[], &["backup", "restore", "--detach-frontend", &url(&b3)]);
     assert!(fresh.data().await == s3);
 }
 
@@ -516,7 +567,7 @@ async fn a_purge_is_refused_while_a_backup_reads_the_snapshot_and_the_backup_equ
             .then_some(())
     });
     let fresh = Volume::start(t.path(), "fresh", 1);
-    fresh.cli(&[], &["backup", "restore", &backup_url]);
+    fresh.cli(&[], &["backup", "restore", "--detach-frontend", &backup_url]);
     assert!(fresh.data().await == s1, "the restored backup differs from s1");
 }
 
@@ -533,7 +584,7 @@ async fn a_failed_restore_forgets_the_last_restored_backup_so_no_incremental_bui
     v.snapshot("s2");
     let b2 = v.backup(&[], &target, "s2", &[]);
     let dst = Volume::start(t.path(), "dst", 1);
-    dst.cli(&[], &["backup", "restore", &url(&b1)]);
+    dst.cli(&[], &["backup", "restore", "--detach-frontend", &url(&b1)]);
     let state_file = dst.replicas[0].dir.join("backup-restore.json");
     let state =
         || -> serde_json::Value { serde_json::from_slice(&std::fs::read(&state_file).unwrap()).unwrap() };
@@ -561,11 +612,239 @@ async fn a_failed_restore_forgets_the_last_restored_backup_so_no_incremental_bui
     let n = bytes.len();
     bytes[n - 1] ^= 0xff;
     std::fs::write(&blk, bytes).unwrap();
-    let out = dst.cli_raw(&[], &["backup", "restore", "--incremental", &url(&b2)]);
+    let out = dst.cli_raw(
+        &[],
+        &[
+            "backup",
+            "restore",
+            "--detach-frontend",
+            "--incremental",
+            &url(&b2),
+        ],
+    );
     assert!(!out.status.success(), "a corrupt block must fail the restore");
     assert_ne!(
         state()["lastRestored"],
         b1["backupName"],
         "the volume no longer equals b1, yet an incremental would build on it"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clone_and_restore_refuse_a_target_whose_frontend_is_attached_and_a_restore_ends_its_backup_chain() {
+    let t = tempfile::tempdir().unwrap();
+    let target = format!("file://{}", t.path().join("store").display());
+    let src = Volume::start(t.path(), "src", 1);
+    src.write(&["write -P 0x11 0 1M", "write -P 0x12 5M 256k"]);
+    src.snapshot("s1");
+    let s1 = src.data().await;
+    let b1 = src.backup(&[], &target, "s1", &[]);
+
+    // The target serves IO (its frontend is attached) and already has a backup of its own.
+    let dst = Volume::start(t.path(), "dst", 1);
+    dst.write(&["write -P 0x77 0 2M"]);
+    dst.snapshot("d1");
+    let d0 = dst.backup(&[], &target, "d1", &[]);
+    assert_eq!(d0["fullReasonKind"], "first-backup", "{d0}");
+    let before = dst.data().await;
+    let stderr = |o: &Output| String::from_utf8_lossy(&o.stderr).into_owned();
+
+    let out = dst.cli_raw(&[], &["backup", "restore", &url(&b1)]);
+    assert!(!out.status.success(), "a restore under an attached frontend");
+    assert!(stderr(&out).contains("serving IO"), "{}", stderr(&out));
+    let out = dst.cli_raw(
+        &[],
+        &[
+            "snapshot",
+            "clone",
+            "--from-engine",
+            src.engine.url(),
+            "--snapshot",
+            "s1",
+        ],
+    );
+    assert!(!out.status.success(), "a clone under an attached frontend");
+    assert!(stderr(&out).contains("serving IO"), "{}", stderr(&out));
+    assert!(
+        dst.data().await == before,
+        "a refused restore or clone changed the volume"
+    );
+    dst.write(&["read -P 0x77 0 2M"]); // still served
+
+    // Asked to, the CLI detaches the frontend for the restore and attaches it again.
+    dst.cli(&[], &["backup", "restore", "--detach-frontend", &url(&b1)]);
+    assert!(dst.data().await == s1, "restored data differs from s1");
+    dst.write(&["read -P 0x11 0 1M"]);
+
+    // The restore ended dst's backup chain: the next backup is full and says why.
+    dst.snapshot("d2");
+    let d2 = dst.backup(&[], &target, "d2", &[]);
+    assert_eq!(d2["isIncremental"], false, "{d2}");
+    assert_eq!(d2["fullReasonKind"], "chain-ended", "{d2}");
+    assert!(d2["fullReason"].as_str().unwrap().contains("restored"), "{d2}");
+    let d3 = {
+        dst.write(&["write -P 0x78 8M 256k"]);
+        dst.snapshot("d3");
+        dst.backup(&[], &target, "d3", &[])
+    };
+    assert_eq!(
+        d3["isIncremental"], true,
+        "the marker is cleared by the full: {d3}"
+    );
+    let ls: serde_json::Value =
+        serde_json::from_str(&dst.cli(&[], &["--json", "backup", "ls", &target, "--volume", "dst"])).unwrap();
+    let first = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["name"] == d0["backupName"])
+        .unwrap();
+    assert_eq!(first["endOfChain"], true, "{first}");
+}
+
+fn all_files(dir: &Path) -> Vec<(std::path::PathBuf, u64)> {
+    fn walk(d: &Path, out: &mut Vec<(std::path::PathBuf, u64)>) {
+        for e in std::fs::read_dir(d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                walk(&p, out);
+            } else {
+                out.push((p.clone(), e.metadata().map(|m| m.len()).unwrap_or(0)));
+            }
+        }
+    }
+    let mut v = Vec::new();
+    walk(dir, &mut v);
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s3_wrong_credentials_a_missing_bucket_and_a_tricky_backup_name_fail_clearly_and_change_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let root = t.path().join("s3");
+    let s3 = s3_server(&root);
+    let target = format!("s3://bk/backups?endpoint={}&region=us-east-1", s3.endpoint);
+    let v = Volume::start(t.path(), "vol", 1);
+    v.write(&["write -P 0x11 0 512k"]);
+    v.snapshot("s1");
+    let b1 = v.backup(&S3_ENV, &target, "s1", &[]);
+    let before = all_files(&root);
+    let create = |env: &[(&str, &str)], target: &str, extra: &[&str]| {
+        let mut args = vec!["backup", "create", "--snapshot", "s1", "--target", target];
+        args.extend(extra);
+        let out = v.cli_raw(env, &args);
+        assert!(!out.status.success(), "{args:?} succeeded");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let wrong = [
+        ("AWS_ACCESS_KEY_ID", "corral"),
+        ("AWS_SECRET_ACCESS_KEY", "not-the-secret"),
+    ];
+    let err = create(&wrong, &target, &[]);
+    assert!(err.contains("backup target"), "wrong credentials: {err}");
+    let err = v.cli_raw(&wrong, &["backup", "ls", &target]);
+    assert!(!err.status.success());
+    let missing = format!("s3://no-such-bucket/x?endpoint={}&region=us-east-1", s3.endpoint);
+    let err = create(&S3_ENV, &missing, &[]);
+    assert!(err.contains("backup target"), "missing bucket: {err}");
+    for name in ["../escape", "a/b", ".hidden", "x%2F..%2Fy"] {
+        let err = create(&S3_ENV, &target, &["--name", name]);
+        assert!(err.contains("backup name"), "{name}: {err}");
+    }
+    let tricky = format!("{target}&backup=..%2Fx&volume=vol");
+    let out = v.cli_raw(&S3_ENV, &["backup", "rm", &tricky]);
+    assert!(!out.status.success());
+    assert_eq!(all_files(&root), before, "a refused request changed the store");
+    // The good backup is untouched and still restores.
+    let fresh = Volume::start(t.path(), "fresh", 1);
+    fresh.cli(&S3_ENV, &["backup", "restore", "--detach-frontend", &url(&b1)]);
+    assert!(fresh.data().await == v.data().await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn end_chain_marks_the_newest_backup_and_the_next_backup_is_full_with_the_given_reason() {
+    let t = tempfile::tempdir().unwrap();
+    let target = format!("file://{}", t.path().join("store").display());
+    let v = Volume::start(t.path(), "vol", 1);
+    v.write(&["write -P 0x21 0 512k"]);
+    v.snapshot("s1");
+    let b1 = v.backup(&[], &target, "s1", &[]);
+    let out: serde_json::Value = serde_json::from_str(&v.cli(
+        &[],
+        &[
+            "--json",
+            "backup",
+            "end-chain",
+            "--reason",
+            "operator reverted the volume",
+            "--target",
+            &target,
+        ],
+    ))
+    .unwrap();
+    assert_eq!(out["markedBackup"], b1["backupName"], "{out}");
+    v.write(&["write -P 0x22 1M 256k"]);
+    v.snapshot("s2");
+    let b2 = v.backup(&[], &target, "s2", &[]);
+    assert_eq!(b2["isIncremental"], false, "{b2}");
+    assert_eq!(b2["fullReasonKind"], "chain-ended", "{b2}");
+    assert!(
+        b2["fullReason"].as_str().unwrap().contains("operator reverted"),
+        "{b2}"
+    );
+    v.snapshot("s3");
+    assert_eq!(v.backup(&[], &target, "s3", &[])["isIncremental"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_range_zeroed_over_the_backing_image_restores_as_zeros_and_the_backup_records_the_image() {
+    let t = tempfile::tempdir().unwrap();
+    let target = format!("file://{}", t.path().join("store").display());
+    // A raw backing image: 4 MiB of 0xbb, then zeros.
+    let image = t.path().join("base.raw");
+    let mut bytes = vec![0xbbu8; 4 << 20];
+    bytes.resize(usize::try_from(SIZE).unwrap(), 0);
+    std::fs::write(&image, &bytes).unwrap();
+    let over = |name: &str| {
+        let size = SIZE.to_string();
+        let args = ["--size", &size, "--backing-file", image.to_str().unwrap()];
+        let replicas = vec![Replica::start(&t.path().join(format!("{name}-r0")), &args)];
+        let engine = Engine::start(t.path(), name, SIZE, &[replicas[0].address()], &[]);
+        Volume { replicas, engine }
+    };
+    let v = over("vol");
+    v.write(&["write -z 0 1M", "write -P 0x11 2M 256k"]);
+    v.snapshot("s1");
+    let sum = "ab".repeat(64);
+    let b1 = v.backup(
+        &[],
+        &target,
+        "s1",
+        &[
+            "--backing-image-name",
+            "base",
+            "--backing-image-checksum",
+            &format!("sha512:{sum}"),
+        ],
+    );
+    assert_eq!(b1["backingImageName"], "base", "{b1}");
+    assert_eq!(b1["backingImageChecksum"], format!("sha512:{sum}"), "{b1}");
+
+    let fresh = over("fresh");
+    fresh.cli(&[], &["backup", "restore", "--detach-frontend", &url(&b1)]);
+    let (ok, out) = qemu_io(
+        &fresh.engine.unix_uri(),
+        &[
+            "read -P 0 0 1M",
+            "read -P 0xbb 1M 1M",
+            "read -P 0x11 2M 256k",
+            "read -P 0xbb 2304k 1792k",
+            "read -P 0 4M 1M",
+        ],
+    );
+    assert!(
+        ok,
+        "the restored volume differs (zeroed range must not show the backing image): {out}"
     );
 }

@@ -34,6 +34,37 @@ use crate::replica::Replica;
 /// Where a replica records the backup its data equals after a restore (for incremental / DR restores).
 pub const RESTORE_STATE_FILE: &str = "backup-restore.json";
 
+/// Where a replica records that its backup chain was ended (a backup was restored into it): the next backup of
+/// the volume is full. Removed after a full backup completes.
+pub const CHAIN_END_FILE: &str = "backup-chain-end.json";
+
+/// Contents of [`CHAIN_END_FILE`].
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ChainEnd {
+    /// Why the chain ended (becomes the next backup's full reason).
+    pub reason: String,
+    /// RFC 3339.
+    pub at: String,
+}
+
+impl ChainEnd {
+    /// The marker of `dir`, if set.
+    pub fn load(dir: &Path) -> Result<Option<Self>> {
+        load_json(&dir.join(CHAIN_END_FILE))
+    }
+
+    /// Sets the marker crash-safely.
+    pub fn save(&self, dir: &Path) -> Result<()> {
+        write_json_atomic(dir, CHAIN_END_FILE, self)
+    }
+
+    /// Clears the marker (a new chain started).
+    pub fn clear(dir: &Path) -> Result<()> {
+        crate::meta::remove_if_exists(&dir.join(CHAIN_END_FILE))
+    }
+}
+
 /// Contents of [`RESTORE_STATE_FILE`].
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -73,6 +104,8 @@ pub struct SnapshotSource {
     /// Every disk of the replica when the source was opened (to tell deleted from reverted-away snapshots).
     disks: std::collections::BTreeMap<String, DiskMeta>,
     size: u64,
+    /// The replica's chain-end marker when the source was opened.
+    chain_end: Option<ChainEnd>,
 }
 
 fn to_io(e: &ReplicaError) -> io::Error {
@@ -130,6 +163,7 @@ impl SnapshotSource {
             created: meta.created.clone(),
             ancestors: snap_names[..snap_names.len() - 1].iter().rev().cloned().collect(),
         };
+        let chain_end = ChainEnd::load(&dir)?;
         Ok(Self {
             dir,
             info,
@@ -140,11 +174,21 @@ impl SnapshotSource {
             backing_path,
             disks: chain.disks.clone(),
             size,
+            chain_end,
         })
     }
 
-    /// Name and SHA-256 of the backing file, if any (read in full: call from a blocking thread).
+    /// Name and checksum of the backing image, if any: the name and SHA-512 (hex) the control plane gave the replica
+    /// (`--backing-image-name`/`--backing-image-checksum`), else the file's name and `sha256:HEX` of it (read in
+    /// full: call from a blocking thread).
     pub fn backing_image(&self) -> Result<Option<(String, String)>> {
+        if let Some(id) = read_lock(&self.replica.chain)
+            .backing
+            .as_ref()
+            .and_then(|b| b.id.clone())
+        {
+            return Ok(Some((id.name, id.checksum)));
+        }
         let Some(path) = &self.backing_path else {
             return Ok(None);
         };
@@ -162,7 +206,7 @@ impl SnapshotSource {
             .file_name()
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
-        Ok(Some((name, hex::encode(h.finalize()))))
+        Ok(Some((name, format!("sha256:{}", hex::encode(h.finalize())))))
     }
 
     fn extents_of(&self, layers: &[Layer]) -> io::Result<Vec<Range<u64>>> {
@@ -226,6 +270,14 @@ impl BackupSource for SnapshotSource {
         since(0, "")
     }
 
+    fn chain_ended(&self) -> Option<String> {
+        self.chain_end.as_ref().map(|c| c.reason.clone())
+    }
+
+    fn zero_hides_backing(&self) -> bool {
+        self.backing_path.is_some()
+    }
+
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> io::Result<()> {
         let end = offset + buf.len() as u64;
         let mut pieces = Vec::new();
@@ -284,5 +336,15 @@ impl RestoreSink for ReplicaSink {
                 .map_err(|e| to_io(&e))?;
         }
         Ok(())
+    }
+
+    fn size(&self) -> Option<u64> {
+        Some(self.replica.size())
+    }
+
+    /// Zeros that must hide the backing image (a zero marker): the replica writes explicit zeros where backing
+    /// data would show through.
+    fn write_zeroes(&self, offset: u64, len: u64) -> io::Result<()> {
+        self.replica.write_zeroes(offset, len).map_err(|e| to_io(&e))
     }
 }

@@ -60,6 +60,15 @@ fn fill_from(s: &mut v1::BackupJobStatus, c: &BackupConfig) {
         .as_ref()
         .map(ToString::to_string)
         .unwrap_or_default();
+    s.full_reason_kind = c
+        .full_reason
+        .as_ref()
+        .map(|r| r.kind().to_owned())
+        .unwrap_or_default();
+    s.end_of_chain = c.end_of_chain;
+    s.base_backup.clone_from(&c.base_backup);
+    s.backing_image_name.clone_from(&c.backing_image_name);
+    s.backing_image_checksum.clone_from(&c.backing_image_checksum);
     s.diff_from_snapshot.clone_from(&c.diff_from_snapshot);
     s.read_bytes = c.stats.read_bytes;
     s.new_blocks = c.stats.new_blocks;
@@ -95,6 +104,32 @@ impl Drop for BackupReading {
             .backups_running
             .fetch_sub(1, std::sync::atomic::Ordering::SeqCst);
     }
+}
+
+/// The backing image named in a request: both fields or neither; the checksum as `sha512:HEX`.
+fn backing_image_given(name: &str, checksum: &str) -> Result<Option<(String, String)>, Status> {
+    match (name.is_empty(), checksum.is_empty()) {
+        (true, true) => Ok(None),
+        (false, false) => {
+            let hex = checksum.strip_prefix("sha512:").unwrap_or(checksum);
+            if hex.len() != 128 || !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
+                return Err(Status::invalid_argument(format!(
+                    "backing image checksum {checksum:?}: expected sha512:HEX (128 hex digits)"
+                )));
+            }
+            Ok(Some((
+                name.to_owned(),
+                format!("sha512:{}", hex.to_ascii_lowercase()),
+            )))
+        }
+        _ => Err(Status::invalid_argument(
+            "backing_image_name and backing_image_checksum go together",
+        )),
+    }
+}
+
+fn credential_map(c: &HashMap<String, String>) -> BTreeMap<String, String> {
+    c.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
 async fn blocking<T: Send + 'static>(
@@ -198,10 +233,13 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
             );
         }
         let progress = lock(&self.backups)[&name].progress.clone();
+        let given_backing = backing_image_given(&r.backing_image_name, &r.backing_image_checksum)?;
         let mut opts = CreateOptions {
             volume: volume.clone(),
             name: name.clone(),
             mode,
+            incremental: !r.incremental_disabled,
+            max_count: (r.max_count > 0).then_some(r.max_count),
             labels: r.labels.into_iter().collect::<BTreeMap<_, _>>(),
             retain: (r.retain > 0).then_some(r.retain),
             block_size: (r.block_size > 0).then_some(r.block_size),
@@ -222,6 +260,7 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
             };
         }
         let jobs = self.backups.clone();
+        let dir = std::path::PathBuf::from(self.host.status().map(|st| st.dir).unwrap_or_default());
         let span = info_span!("backup", backup = %name, volume = %volume, snapshot = %r.snapshot);
         tokio::spawn(
             async move {
@@ -229,10 +268,13 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
                 let source = Arc::new(source);
                 let src = source.clone();
                 let result = async {
-                    opts.backing_image = tokio::task::spawn_blocking(move || src.backing_image())
-                        .await
-                        .map_err(|e| BackupStoreError::FailedPrecondition(e.to_string()))?
-                        .map_err(|e| BackupStoreError::FailedPrecondition(e.to_string()))?;
+                    opts.backing_image = match given_backing {
+                        Some(b) => Some(b),
+                        None => tokio::task::spawn_blocking(move || src.backing_image())
+                            .await
+                            .map_err(|e| BackupStoreError::FailedPrecondition(e.to_string()))?
+                            .map_err(|e| BackupStoreError::FailedPrecondition(e.to_string()))?,
+                    };
                     store.create_backup(source, &opts, &progress).await
                 }
                 .await;
@@ -242,6 +284,12 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
                 };
                 match result {
                     Ok(c) => {
+                        // A full backup started a new chain: a restore marker no longer applies.
+                        if !c.is_incremental
+                            && let Err(e) = crate::backup::ChainEnd::clear(&dir)
+                        {
+                            error!(error = %e, "clearing the backup chain-end marker failed");
+                        }
                         fill_from(&mut job.status, &c);
                         job.status.state = "complete".into();
                         job.status.progress = 100;
@@ -365,7 +413,14 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
                 // Forget the last restored backup before the data changes: after a failed or killed restore the
                 // volume holds a mix, and an incremental from the old base would skip blocks this one changed.
                 let (d, v) = (dir.clone(), volume.clone());
+                let end = crate::backup::ChainEnd {
+                    reason: format!("backup {backup} of volume {volume} was restored into the volume"),
+                    at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+                };
+                // The restore changes the data under the last backed-up snapshot's descendants (zeroed ranges can
+                // become holes no layer diff shows): the next backup must be full. Set before the first write.
                 let cleared = tokio::task::spawn_blocking(move || {
+                    end.save(&d)?;
                     RestoreState {
                         volume: v,
                         ..Default::default()
@@ -428,6 +483,42 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
         );
         self.restore_status(Request::new(v1::RestoreStatusRequest {}))
             .await
+    }
+
+    async fn backup_chain_end(
+        &self,
+        req: Request<v1::BackupChainEndRequest>,
+    ) -> Result<Response<v1::BackupChainEndResponse>, Status> {
+        let r = req.into_inner();
+        if r.reason.is_empty() {
+            return Err(Status::invalid_argument("a chain end needs a reason"));
+        }
+        let replica = self.host.replica()?;
+        let dir = replica.dir().to_owned();
+        let end = crate::backup::ChainEnd {
+            reason: r.reason.clone(),
+            at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        };
+        blocking(move || end.save(&dir)).await?;
+        let mut out = v1::BackupChainEndResponse::default();
+        if !r.target.is_empty() {
+            let url = BackupUrl::parse(&r.target).map_err(|e| backup_status(&e))?;
+            let volume = match (&url.volume, r.volume.as_str(), self.host.volume()) {
+                (Some(v), _, _) => v.clone(),
+                (None, v, _) if !v.is_empty() => v.to_owned(),
+                (None, _, v) if !v.is_empty() => v.to_owned(),
+                _ => return Err(Status::invalid_argument("no backup volume name: pass volume")),
+            };
+            let store =
+                BackupStore::open(&url, &credential_map(&r.credentials)).map_err(|e| backup_status(&e))?;
+            out.marked_backup = store
+                .end_chain(&volume, &r.reason)
+                .await
+                .map_err(|e| backup_status(&e))?
+                .unwrap_or_default();
+        }
+        info!(reason = %r.reason, marked = %out.marked_backup, "backup chain ended");
+        Ok(Response::new(out))
     }
 
     async fn restore_status(
