@@ -1,0 +1,1344 @@
+//! [`LvStore`]: an open store. Metadata lives in memory ([`Meta`]) and changes through journaled ops; data IO
+//! goes straight to the device at positions the cluster maps give.
+//!
+//! Concurrency: data IO holds the `gate` shared for its duration; everything that changes the shape of a chain
+//! (snapshot, clone, delete, resize, decouple) and every checkpoint holds it exclusively, so no IO is in flight
+//! while a cluster changes owner or a freed cluster becomes reusable. A flush journals under the shared gate (IO
+//! goes on) and takes it exclusively only to release the clusters unmaps emptied. Journal appends are serialised
+//! by `commit_lock`, always taken before the gate. The metadata lock (`inner`) is never held across data IO.
+//!
+//! Crash order of a commit (`docs/formats.md`, "lvstore"): `fdatasync` the data; append one journal record (the
+//! ops plus the current state of every cluster changed by IO since the last commit); `fdatasync`; only then apply
+//! the ops in memory and let freed clusters be reused. When the journal is full, a checkpoint instead: write the
+//! whole metadata image to the image area not in use, `fdatasync`, write the next superblock slot naming it
+//! (generation + 1, which also retires every journal record), `fdatasync`.
+
+use std::collections::BTreeSet;
+use std::ops::Range;
+use std::path::Path;
+use std::sync::{Mutex, MutexGuard, RwLock};
+
+use corral_disk::BLOCK_SIZE;
+
+use crate::alloc::Allocator;
+use crate::codec::checksum;
+use crate::device::Device;
+use crate::error::{Error, FormatError, Result};
+use crate::format::{
+    self, AREAS_OFF, MAX_CLUSTER, META_ALIGN, MIN_CLUSTER, SB_SLOT, SB_SLOT_BYTES, Superblock,
+    SuperblockError,
+};
+use crate::meta::{Blob, BlobId, BlobKind, ClusterEntry, Meta, Op};
+
+const BS: usize = corral_disk::BLOCK_BYTES;
+
+/// How to lay out a new store.
+#[derive(Debug, Clone)]
+pub struct FormatOptions {
+    /// Bytes per cluster: a power of two in 32 KiB..=64 MiB (default 1 MiB).
+    pub cluster_size: u64,
+    /// Bytes of each of the two metadata image areas (default: 4 MiB plus one cluster-map entry per cluster).
+    pub meta_area: Option<u64>,
+    /// Bytes of the journal (default 4 MiB).
+    pub journal_len: u64,
+    /// Format over an existing lvstore (refused otherwise, so a typo cannot wipe a disk).
+    pub force: bool,
+}
+
+impl Default for FormatOptions {
+    fn default() -> Self {
+        Self {
+            cluster_size: 1 << 20,
+            meta_area: None,
+            journal_len: 4 << 20,
+            force: false,
+        }
+    }
+}
+
+/// Read-write or read-only (`check`, `info`: nothing on the device changes, not even journal recovery).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpenMode {
+    ReadWrite,
+    ReadOnly,
+}
+
+struct Inner {
+    sb: Superblock,
+    meta: Meta,
+    alloc: Allocator,
+    /// Bytes of the journal used in this generation, and the next record's sequence number.
+    journal_tail: u64,
+    seq: u64,
+    /// Clusters whose state changed through IO since the last commit.
+    dirty: BTreeSet<(BlobId, u64)>,
+    poisoned: bool,
+    /// Journal records replayed at open (reported by `info`).
+    replayed: u64,
+}
+
+/// An open logical-volume store.
+pub struct LvStore {
+    dev: Device,
+    mode: OpenMode,
+    cluster_size: u64,
+    data_off: u64,
+    inner: Mutex<Inner>,
+    gate: RwLock<()>,
+    /// Serialises journal appends and checkpoints; taken before `gate` (never the other way round).
+    commit_lock: Mutex<()>,
+}
+
+/// One lvol or snapshot, as listed.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LvolInfo {
+    pub id: BlobId,
+    pub uuid: String,
+    pub name: String,
+    pub kind: BlobKind,
+    /// The snapshot this one reads through to.
+    pub parent: Option<String>,
+    /// Lvols and snapshots whose parent this is.
+    pub children: Vec<String>,
+    pub size: u64,
+    /// Bytes of 4 KiB blocks written in this blob itself.
+    pub allocated_bytes: u64,
+    /// Clusters owned.
+    pub clusters: u64,
+    pub created: u64,
+    /// Values that are UTF-8 as text, others as `hex:…`.
+    pub xattrs: std::collections::BTreeMap<String, String>,
+}
+
+/// Space of the store.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SpaceReport {
+    pub device_bytes: u64,
+    pub cluster_size: u64,
+    pub total_clusters: u64,
+    pub used_clusters: u64,
+    pub free_clusters: u64,
+    /// Bytes before the first cluster: superblocks, image areas, journal.
+    pub metadata_bytes: u64,
+    pub metadata_image_bytes: u64,
+    pub metadata_area_bytes: u64,
+    pub journal_used_bytes: u64,
+    pub journal_bytes: u64,
+    /// Sum of the lvols' sizes (thin: may exceed the device).
+    pub provisioned_bytes: u64,
+}
+
+/// What `check` found.
+#[derive(Debug, Clone, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CheckReport {
+    pub generation: u64,
+    pub journal_records_replayed: u64,
+    pub blobs: u64,
+    pub owned_clusters: u64,
+    /// Clusters marked used that no blob owns and no commit will free (always 0 unless a bug breaks the
+    /// invariant).
+    pub leaked_clusters: u64,
+    pub direct_io: bool,
+}
+
+fn now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+}
+
+fn check_name(name: &str) -> Result<()> {
+    corral_daemon::disk::check_path_component("lvol name", name).map_err(Error::Invalid)
+}
+
+impl LvStore {
+    fn io(&self, what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error + '_ {
+        let what = what.into();
+        move |source| Error::Io {
+            path: self.dev.path().to_owned(),
+            what,
+            source,
+        }
+    }
+
+    fn corrupt(path: &Path, source: FormatError) -> Error {
+        Error::Corrupt {
+            path: path.to_owned(),
+            source,
+        }
+    }
+
+    /// Creates a store on `path` (a block device or a preallocated file; its whole length is used).
+    pub fn format(path: &Path, opts: &FormatOptions) -> Result<LvStore> {
+        let io = |what: &str| {
+            let what = what.to_owned();
+            move |source| Error::Io {
+                path: path.to_owned(),
+                what,
+                source,
+            }
+        };
+        let cs = opts.cluster_size;
+        if !cs.is_power_of_two() || !(MIN_CLUSTER..=MAX_CLUSTER).contains(&cs) {
+            return Err(Error::Invalid(format!(
+                "cluster size {cs} is not a power of two from 32 KiB to 64 MiB"
+            )));
+        }
+        if opts.journal_len < 2 * META_ALIGN || !opts.journal_len.is_multiple_of(META_ALIGN) {
+            return Err(Error::Invalid(
+                "journal length must be a multiple of 4 KiB, at least 8 KiB".into(),
+            ));
+        }
+        let dev = Device::open(path, true).map_err(io("open"))?;
+        if !opts.force {
+            let mut head = vec![0u8; 2 * SB_SLOT_BYTES];
+            if dev.len() >= 2 * SB_SLOT {
+                dev.read_at(&mut head, 0).map_err(io("read the superblocks"))?;
+                if head[..8] == format::MAGIC || head[SB_SLOT_BYTES..][..8] == format::MAGIC {
+                    return Err(Error::Invalid(format!(
+                        "{}: already holds an lvstore; format with force to replace it",
+                        path.display()
+                    )));
+                }
+            }
+        }
+        let len = dev.len();
+        let meta_area = opts
+            .meta_area
+            .unwrap_or_else(|| format::default_meta_area(len / cs, cs))
+            .next_multiple_of(META_ALIGN);
+        let journal_off = AREAS_OFF + 2 * meta_area;
+        let data_off = (journal_off + opts.journal_len).next_multiple_of(cs);
+        let cluster_count = len.saturating_sub(data_off) / cs;
+        if cluster_count == 0 {
+            return Err(Error::Invalid(format!(
+                "{}: {len} bytes cannot hold the metadata ({data_off} bytes) and one {cs}-byte cluster",
+                path.display()
+            )));
+        }
+        let least = cluster_count * format::entry_bytes(cs) + (64 << 10);
+        if meta_area < least {
+            return Err(Error::Invalid(format!(
+                "a metadata area of {meta_area} bytes cannot map {cluster_count} clusters: it needs at least {least}"
+            )));
+        }
+        let meta = Meta {
+            next_id: 1,
+            blobs: Default::default(),
+        };
+        let image = meta.encode();
+        let sb = Superblock {
+            version: format::VERSION,
+            store_uuid: *uuid::Uuid::new_v4().as_bytes(),
+            cluster_size: cs,
+            device_len: len,
+            meta_area_len: meta_area,
+            journal_off,
+            journal_len: opts.journal_len,
+            data_off,
+            cluster_count,
+            generation: 1,
+            image_len: image.len() as u64,
+            image_sum: checksum(&image),
+        };
+        // Old superblocks (a forced format) and the journal's first block go first, so nothing of a previous
+        // store can be mistaken for this one's.
+        let zero = vec![0u8; 2 * SB_SLOT_BYTES];
+        dev.write_at(&zero, 0).map_err(io("clear the superblocks"))?;
+        dev.write_at(&zero[..BS], journal_off)
+            .map_err(io("clear the journal"))?;
+        // Generations 0 and 1 both hold the empty store, so both slots carry the magic from the start (a
+        // device cut short inside the superblocks is then recognised as a truncated lvstore).
+        let mut sb = sb;
+        for generation in [0, 1] {
+            sb.generation = generation;
+            dev.write_at(&pad(image.clone()), sb.image_off())
+                .map_err(io("write the metadata image"))?;
+            dev.sync().map_err(io("fdatasync"))?;
+            dev.write_at(&sb.encode(), sb.slot_off())
+                .map_err(io("write the superblock"))?;
+            dev.sync().map_err(io("fdatasync"))?;
+        }
+        drop(dev);
+        Self::open(path, OpenMode::ReadWrite)
+    }
+
+    /// Opens the store on `path`: picks the newest valid superblock, loads its checkpoint, replays the journal,
+    /// checks the result. Read-write opens that replayed records write a fresh checkpoint at once, so a torn
+    /// journal tail is never appended to.
+    pub fn open(path: &Path, mode: OpenMode) -> Result<LvStore> {
+        let dev = Device::open(path, mode == OpenMode::ReadWrite).map_err(|source| Error::Io {
+            path: path.to_owned(),
+            what: "open".into(),
+            source,
+        })?;
+        let ioe = |what: &str| {
+            let what = what.to_owned();
+            move |source| Error::Io {
+                path: path.to_owned(),
+                what,
+                source,
+            }
+        };
+        let sb = read_superblock(&dev, path)?;
+        if dev.len() < sb.device_len {
+            return Err(Self::corrupt(
+                path,
+                FormatError::Invalid(format!(
+                    "the device has {} bytes, the store was made on {} (truncated)",
+                    dev.len(),
+                    sb.device_len
+                )),
+            ));
+        }
+        let image =
+            read_padded(&dev, sb.image_off(), sb.image_len).map_err(ioe("read the metadata image"))?;
+        if checksum(&image) != sb.image_sum {
+            return Err(Self::corrupt(
+                path,
+                FormatError::Invalid("metadata image checksum mismatch".into()),
+            ));
+        }
+        let mut meta = Meta::decode(&image, sb.cluster_size).map_err(|e| Self::corrupt(path, e))?;
+        let journal = read_padded(&dev, sb.journal_off, sb.journal_len).map_err(ioe("read the journal"))?;
+        let (mut tail, mut seq) = (0usize, 0u64);
+        while let Some((payload, n)) =
+            format::decode_record(&journal[tail..], &sb.store_uuid, sb.generation, seq)
+        {
+            let ops =
+                crate::meta::decode_ops(payload, sb.cluster_size).map_err(|e| Self::corrupt(path, e))?;
+            for op in ops {
+                meta.apply(op, sb.cluster_size).map_err(|e| {
+                    Self::corrupt(path, FormatError::Invalid(format!("journal record {seq}: {e}")))
+                })?;
+            }
+            tail += n;
+            seq += 1;
+        }
+        let owners = meta
+            .check(sb.cluster_size, sb.cluster_count)
+            .map_err(|e| Self::corrupt(path, e))?;
+        let alloc = Allocator::new(sb.cluster_count, owners.keys().copied());
+        let store = LvStore {
+            mode,
+            cluster_size: sb.cluster_size,
+            data_off: sb.data_off,
+            inner: Mutex::new(Inner {
+                sb,
+                meta,
+                alloc,
+                journal_tail: tail as u64,
+                seq,
+                dirty: BTreeSet::new(),
+                poisoned: false,
+                replayed: seq,
+            }),
+            gate: RwLock::new(()),
+            commit_lock: Mutex::new(()),
+            dev,
+        };
+        if mode == OpenMode::ReadWrite && seq > 0 {
+            let _g = store.gate_write();
+            let mut inner = store.lock();
+            store.checkpoint(&mut inner, None)?;
+        }
+        Ok(store)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn gate_read(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.gate
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn gate_write(&self) -> std::sync::RwLockWriteGuard<'_, ()> {
+        self.gate
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The device path.
+    pub fn path(&self) -> &Path {
+        self.dev.path()
+    }
+
+    /// Whether data IO uses `O_DIRECT`.
+    pub fn direct_io(&self) -> bool {
+        self.dev.direct()
+    }
+
+    pub fn cluster_size(&self) -> u64 {
+        self.cluster_size
+    }
+
+    fn writable(&self) -> Result<()> {
+        if self.mode == OpenMode::ReadOnly {
+            return Err(Error::Invalid(format!(
+                "{}: opened read-only",
+                self.path().display()
+            )));
+        }
+        Ok(())
+    }
+
+    // ---- commits ----
+
+    /// Journals the dirty cluster states and `ops`, then applies `ops` (see the module doc for the order).
+    fn commit(&self, inner: &mut Inner, ops: Vec<Op>) -> Result<()> {
+        if inner.poisoned {
+            return Err(Error::Poisoned {
+                path: self.path().to_owned(),
+            });
+        }
+        for op in &ops {
+            inner
+                .meta
+                .validate(op, self.cluster_size)
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+        }
+        let mut all: Vec<Op> = inner
+            .dirty
+            .iter()
+            .filter_map(|&(id, l)| {
+                let b = inner.meta.blobs.get(&id)?;
+                Some(Op::Cluster {
+                    id,
+                    lcluster: l,
+                    entry: b.clusters.get(&l).cloned(),
+                })
+            })
+            .collect();
+        let n_dirty = all.len();
+        all.extend(ops);
+        let record = format::encode_record(
+            &inner.sb.store_uuid,
+            inner.sb.generation,
+            inner.seq,
+            &crate::meta::encode_ops(&all),
+        );
+        if inner.journal_tail + record.len() as u64 > inner.sb.journal_len {
+            return self.checkpoint(inner, Some(all.split_off(n_dirty)));
+        }
+        let res = self
+            .dev
+            .sync()
+            .and_then(|()| {
+                self.dev
+                    .write_at(&record, inner.sb.journal_off + inner.journal_tail)
+            })
+            .and_then(|()| self.dev.sync());
+        if let Err(e) = res {
+            inner.poisoned = true;
+            return Err(self.io("append to the journal")(e));
+        }
+        inner.journal_tail += record.len() as u64;
+        inner.seq += 1;
+        for op in all.split_off(n_dirty) {
+            let freed = inner
+                .meta
+                .apply(op, self.cluster_size)
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+            for c in freed {
+                inner.alloc.release(c);
+            }
+        }
+        inner.dirty.clear();
+        inner.alloc.committed();
+        Ok(())
+    }
+
+    /// Writes the whole metadata (with `ops` applied) as the next generation's checkpoint.
+    fn checkpoint(&self, inner: &mut Inner, ops: Option<Vec<Op>>) -> Result<()> {
+        if inner.poisoned {
+            return Err(Error::Poisoned {
+                path: self.path().to_owned(),
+            });
+        }
+        let mut meta = inner.meta.clone();
+        let mut freed = Vec::new();
+        for op in ops.unwrap_or_default() {
+            freed.extend(
+                meta.apply(op, self.cluster_size)
+                    .map_err(|e| Error::Invalid(e.to_string()))?,
+            );
+        }
+        let image = meta.encode();
+        if image.len() as u64 > inner.sb.meta_area_len {
+            return Err(Error::MetadataFull {
+                path: self.path().to_owned(),
+                area: inner.sb.meta_area_len,
+                need: image.len() as u64,
+            });
+        }
+        let mut sb = inner.sb.clone();
+        sb.generation += 1;
+        sb.image_len = image.len() as u64;
+        sb.image_sum = checksum(&image);
+        let res = self
+            .dev
+            .sync()
+            .and_then(|()| self.dev.write_at(&pad(image), sb.image_off()))
+            .and_then(|()| self.dev.sync())
+            .and_then(|()| self.dev.write_at(&sb.encode(), sb.slot_off()))
+            .and_then(|()| self.dev.sync());
+        if let Err(e) = res {
+            inner.poisoned = true;
+            return Err(self.io("write a metadata checkpoint")(e));
+        }
+        inner.sb = sb;
+        inner.meta = meta;
+        inner.journal_tail = 0;
+        inner.seq = 0;
+        for c in freed {
+            inner.alloc.release(c);
+        }
+        inner.dirty.clear();
+        inner.alloc.committed();
+        Ok(())
+    }
+
+    fn commit_guard(&self) -> MutexGuard<'_, ()> {
+        self.commit_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Makes every completed write and its allocation durable, without stopping IO: the states of the changed
+    /// clusters are taken under the metadata lock, then synced and journaled while IO goes on (a write that
+    /// changes a cluster meanwhile marks it changed again, for the next flush). Only releasing the clusters
+    /// unmapped before the flush waits for in-flight IO (a read that resolved to one must finish before it can be
+    /// reused). A journal too full for the record falls back to an exclusive checkpoint.
+    pub fn flush(&self) -> Result<()> {
+        if self.mode == OpenMode::ReadOnly {
+            return Ok(());
+        }
+        let _c = self.commit_guard();
+        let gate = self.gate_read();
+        let (record, dirty, pending, at) = {
+            let mut inner = self.lock();
+            if inner.poisoned {
+                return Err(Error::Poisoned {
+                    path: self.path().to_owned(),
+                });
+            }
+            if inner.dirty.is_empty() {
+                drop(inner);
+                return self.dev.sync().map_err(self.io("fdatasync"));
+            }
+            let dirty = std::mem::take(&mut inner.dirty);
+            let ops: Vec<Op> = dirty
+                .iter()
+                .filter_map(|&(id, l)| {
+                    let b = inner.meta.blobs.get(&id)?;
+                    Some(Op::Cluster {
+                        id,
+                        lcluster: l,
+                        entry: b.clusters.get(&l).cloned(),
+                    })
+                })
+                .collect();
+            let record = format::encode_record(
+                &inner.sb.store_uuid,
+                inner.sb.generation,
+                inner.seq,
+                &crate::meta::encode_ops(&ops),
+            );
+            if inner.journal_tail + record.len() as u64 > inner.sb.journal_len {
+                // Put the changes back and checkpoint with IO stopped.
+                inner.dirty.extend(dirty);
+                drop(inner);
+                drop(gate);
+                let _g = self.gate_write();
+                let mut inner = self.lock();
+                return self.commit(&mut inner, Vec::new());
+            }
+            let pending = inner.alloc.take_pending();
+            (record, dirty, pending, inner.sb.journal_off + inner.journal_tail)
+        };
+        let res = self
+            .dev
+            .sync()
+            .and_then(|()| self.dev.write_at(&record, at))
+            .and_then(|()| self.dev.sync());
+        let mut inner = self.lock();
+        if let Err(e) = res {
+            inner.poisoned = true;
+            inner.dirty.extend(dirty);
+            return Err(self.io("append to the journal")(e));
+        }
+        inner.journal_tail += record.len() as u64;
+        inner.seq += 1;
+        drop(inner);
+        drop(gate);
+        let _g = self.gate_write();
+        let mut inner = self.lock();
+        for c in pending {
+            inner.alloc.release(c);
+        }
+        Ok(())
+    }
+
+    fn op(&self, make: impl FnOnce(&Meta) -> Result<Op>) -> Result<BlobId> {
+        self.writable()?;
+        let _c = self.commit_guard();
+        let _g = self.gate_write();
+        let mut inner = self.lock();
+        let op = make(&inner.meta)?;
+        // Refused here, before anything is journaled, when the next checkpoint could not hold the metadata (every
+        // cluster mapped once at most): a store must never reach a journal it cannot checkpoint.
+        let need = inner.meta.fixed_bytes()
+            + Meta::growth(&op)
+            + inner.sb.cluster_count * format::entry_bytes(self.cluster_size);
+        if need > inner.sb.meta_area_len {
+            return Err(Error::MetadataFull {
+                path: self.path().to_owned(),
+                area: inner.sb.meta_area_len,
+                need,
+            });
+        }
+        let id = match &op {
+            Op::Create { id, .. } | Op::Clone { id, .. } | Op::Resize { id, .. } | Op::Rename { id, .. } => {
+                *id
+            }
+            Op::Snapshot { snap, .. } => *snap,
+            Op::SetXattr { id, .. } | Op::RemoveXattr { id, .. } | Op::Delete { id } | Op::Detach { id } => {
+                *id
+            }
+            Op::Cluster { id, .. } => *id,
+        };
+        self.commit(&mut inner, vec![op])?;
+        Ok(id)
+    }
+
+    // ---- lookups ----
+
+    /// The id of the lvol or snapshot `name`.
+    pub fn lookup(&self, name: &str) -> Result<BlobId> {
+        self.lock()
+            .meta
+            .by_name(name)
+            .map(|b| b.id)
+            .ok_or_else(|| Error::NotFound(name.to_owned()))
+    }
+
+    fn find<'a>(meta: &'a Meta, name: &str) -> Result<&'a Blob> {
+        meta.by_name(name).ok_or_else(|| Error::NotFound(name.to_owned()))
+    }
+
+    /// Every lvol and snapshot, by name.
+    pub fn list(&self) -> Vec<LvolInfo> {
+        let inner = self.lock();
+        let mut v: Vec<LvolInfo> = inner
+            .meta
+            .blobs
+            .values()
+            .map(|b| info_of(&inner.meta, b))
+            .collect();
+        v.sort_by(|a, b| a.name.cmp(&b.name));
+        v
+    }
+
+    /// One lvol or snapshot.
+    pub fn info(&self, name: &str) -> Result<LvolInfo> {
+        let inner = self.lock();
+        let b = Self::find(&inner.meta, name)?;
+        Ok(info_of(&inner.meta, b))
+    }
+
+    /// The size of lvol `id`.
+    pub fn size_of(&self, id: BlobId) -> Result<u64> {
+        let inner = self.lock();
+        inner
+            .meta
+            .blobs
+            .get(&id)
+            .map(|b| b.size)
+            .ok_or_else(|| Error::NotFound(format!("id {id}")))
+    }
+
+    pub fn space(&self) -> SpaceReport {
+        let inner = self.lock();
+        let sb = &inner.sb;
+        SpaceReport {
+            device_bytes: self.dev.len(),
+            cluster_size: sb.cluster_size,
+            total_clusters: sb.cluster_count,
+            used_clusters: inner.alloc.used(),
+            free_clusters: inner.alloc.free(),
+            metadata_bytes: sb.data_off,
+            metadata_image_bytes: sb.image_len,
+            metadata_area_bytes: sb.meta_area_len,
+            journal_used_bytes: inner.journal_tail,
+            journal_bytes: sb.journal_len,
+            provisioned_bytes: inner
+                .meta
+                .blobs
+                .values()
+                .filter(|b| b.kind == BlobKind::Lvol)
+                .map(|b| b.size)
+                .sum(),
+        }
+    }
+
+    /// Re-checks the metadata in memory (what open checked) and the allocator against it.
+    pub fn check(&self) -> Result<CheckReport> {
+        let inner = self.lock();
+        let owners = inner
+            .meta
+            .check(self.cluster_size, inner.sb.cluster_count)
+            .map_err(|e| Self::corrupt(self.path(), e))?;
+        for c in owners.keys() {
+            if !inner.alloc.is_used(*c) {
+                return Err(Self::corrupt(
+                    self.path(),
+                    FormatError::Invalid(format!("cluster {c} is owned but marked free")),
+                ));
+            }
+        }
+        Ok(CheckReport {
+            generation: inner.sb.generation,
+            journal_records_replayed: inner.replayed,
+            blobs: inner.meta.blobs.len() as u64,
+            owned_clusters: owners.len() as u64,
+            leaked_clusters: inner
+                .alloc
+                .used()
+                .saturating_sub(owners.len() as u64 + inner.alloc.pending()),
+            direct_io: self.dev.direct(),
+        })
+    }
+
+    // ---- metadata operations ----
+
+    /// Creates a thin lvol of `size` bytes (a multiple of 4 KiB).
+    pub fn create_lvol(&self, name: &str, size: u64) -> Result<BlobId> {
+        check_name(name)?;
+        self.op(|m| {
+            if m.by_name(name).is_some() {
+                return Err(Error::Exists(name.to_owned()));
+            }
+            if size == 0 || !size.is_multiple_of(BLOCK_SIZE) {
+                return Err(Error::Invalid(format!(
+                    "size {size} is not a positive multiple of 4096"
+                )));
+            }
+            Ok(Op::Create {
+                id: m.next_id,
+                uuid: *uuid::Uuid::new_v4().as_bytes(),
+                name: name.to_owned(),
+                size,
+                created: now(),
+            })
+        })
+    }
+
+    /// Snapshots lvol `lvol` as `snapshot` in O(1): the lvol's data becomes the read-only snapshot and the lvol
+    /// (same id, name, xattrs) becomes an empty clone of it.
+    pub fn snapshot(&self, lvol: &str, snapshot: &str) -> Result<BlobId> {
+        check_name(snapshot)?;
+        self.op(|m| {
+            let l = Self::find(m, lvol)?;
+            if l.kind != BlobKind::Lvol {
+                return Err(Error::Invalid(format!(
+                    "{lvol:?} is a snapshot; snapshot its clone"
+                )));
+            }
+            if m.by_name(snapshot).is_some() {
+                return Err(Error::Exists(snapshot.to_owned()));
+            }
+            Ok(Op::Snapshot {
+                lvol: l.id,
+                snap: m.next_id,
+                uuid: *uuid::Uuid::new_v4().as_bytes(),
+                name: snapshot.to_owned(),
+                created: now(),
+            })
+        })
+    }
+
+    /// A new writable lvol `name` reading through to `snapshot`.
+    pub fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<BlobId> {
+        check_name(name)?;
+        self.op(|m| {
+            let s = Self::find(m, snapshot)?;
+            if s.kind != BlobKind::Snapshot {
+                return Err(Error::Invalid(format!(
+                    "{snapshot:?} is not a snapshot: snapshot it first"
+                )));
+            }
+            if m.by_name(name).is_some() {
+                return Err(Error::Exists(name.to_owned()));
+            }
+            Ok(Op::Clone {
+                id: m.next_id,
+                uuid: *uuid::Uuid::new_v4().as_bytes(),
+                name: name.to_owned(),
+                snapshot: s.id,
+                created: now(),
+            })
+        })
+    }
+
+    /// Grows or shrinks lvol `name` (shrinking frees the clusters past the end; growing reads zeros).
+    pub fn resize(&self, name: &str, size: u64) -> Result<()> {
+        self.op(|m| {
+            let b = Self::find(m, name)?;
+            if b.kind != BlobKind::Lvol {
+                return Err(Error::Invalid(format!("{name:?} is a snapshot: read-only")));
+            }
+            if size == 0 || !size.is_multiple_of(BLOCK_SIZE) {
+                return Err(Error::Invalid(format!(
+                    "size {size} is not a positive multiple of 4096"
+                )));
+            }
+            Ok(Op::Resize { id: b.id, size })
+        })
+        .map(drop)
+    }
+
+    pub fn rename(&self, name: &str, new_name: &str) -> Result<()> {
+        check_name(new_name)?;
+        self.op(|m| {
+            let b = Self::find(m, name)?;
+            if m.by_name(new_name).is_some_and(|o| o.id != b.id) {
+                return Err(Error::Exists(new_name.to_owned()));
+            }
+            Ok(Op::Rename {
+                id: b.id,
+                name: new_name.to_owned(),
+            })
+        })
+        .map(drop)
+    }
+
+    pub fn set_xattr(&self, name: &str, key: &str, value: &[u8]) -> Result<()> {
+        self.op(|m| {
+            let b = Self::find(m, name)?;
+            let op = Op::SetXattr {
+                id: b.id,
+                key: key.to_owned(),
+                value: value.to_vec(),
+            };
+            m.validate(&op, self.cluster_size)
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+            Ok(op)
+        })
+        .map(drop)
+    }
+
+    pub fn remove_xattr(&self, name: &str, key: &str) -> Result<()> {
+        self.op(|m| {
+            let b = Self::find(m, name)?;
+            if !b.xattrs.contains_key(key) {
+                return Err(Error::NotFound(format!("xattr {key:?} of {name:?}")));
+            }
+            Ok(Op::RemoveXattr {
+                id: b.id,
+                key: key.to_owned(),
+            })
+        })
+        .map(drop)
+    }
+
+    pub fn xattr(&self, name: &str, key: &str) -> Result<Option<Vec<u8>>> {
+        let inner = self.lock();
+        Ok(Self::find(&inner.meta, name)?.xattrs.get(key).cloned())
+    }
+
+    /// Deletes an lvol or snapshot without clones. A snapshot with exactly one clone is merged into it first
+    /// (the clone takes the snapshot's clusters; where both hold a cluster, the snapshot's blocks the clone lacks
+    /// are copied, 4 KiB each), so deleting a middle snapshot of a chain works as in SPDK.
+    pub fn delete(&self, name: &str) -> Result<()> {
+        self.writable()?;
+        let _c = self.commit_guard();
+        let _g = self.gate_write();
+        let mut inner = self.lock();
+        let b = Self::find(&inner.meta, name)?.clone();
+        let children: Vec<&Blob> = inner.meta.children(b.id).collect();
+        if children.len() > 1 || (children.len() == 1 && b.kind != BlobKind::Snapshot) {
+            return Err(Error::Invalid(format!(
+                "{name:?} has {} clones ({}); delete or decouple them first",
+                children.len(),
+                children
+                    .iter()
+                    .map(|c| c.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )));
+        }
+        if let Some(child) = children.first() {
+            let bpc = self.cluster_size / BLOCK_SIZE;
+            let mut buf = vec![0u8; BS];
+            for (l, e) in &b.clusters {
+                let Some(mine) = child.clusters.get(l) else {
+                    continue;
+                };
+                for blk in 0..bpc {
+                    let off = l * self.cluster_size + blk * BLOCK_SIZE;
+                    if e.has(blk) && !mine.has(blk) && off < child.parent_limit {
+                        self.dev
+                            .read_at(&mut buf, self.phys_off(e.phys, blk))
+                            .map_err(self.io("merge: read"))?;
+                        self.dev
+                            .write_at(&buf, self.phys_off(mine.phys, blk))
+                            .map_err(self.io("merge: write"))?;
+                    }
+                }
+            }
+        }
+        self.commit(&mut inner, vec![Op::Delete { id: b.id }])
+    }
+
+    /// Decouples lvol `name` from its snapshot chain: every block the chain provides is copied into the lvol,
+    /// then the lvol forgets its parent (SPDK's decouple; blocks nobody wrote stay thin).
+    pub fn decouple(&self, name: &str) -> Result<()> {
+        self.writable()?;
+        let _c = self.commit_guard();
+        let _g = self.gate_write();
+        let (id, limit) = {
+            let inner = self.lock();
+            let b = Self::find(&inner.meta, name)?;
+            if b.kind != BlobKind::Lvol {
+                return Err(Error::Invalid(format!(
+                    "{name:?} is a snapshot: decouple its clone"
+                )));
+            }
+            if b.parent.is_none() {
+                return Err(Error::Invalid(format!("{name:?} has no parent to decouple from")));
+            }
+            (b.id, b.parent_limit.min(b.size))
+        };
+        let mut buf = vec![0u8; BS];
+        let mut block = 0;
+        while block * BLOCK_SIZE < limit {
+            let src = {
+                let inner = self.lock();
+                let b = &inner.meta.blobs[&id];
+                let (lc, blk) = self.split(block * BLOCK_SIZE);
+                if b.clusters.get(&lc).is_some_and(|e| e.has(blk)) {
+                    None
+                } else {
+                    self.resolve(&inner.meta, id, block)
+                }
+            };
+            if let Some(src) = src {
+                self.dev
+                    .read_at(&mut buf, src)
+                    .map_err(self.io("decouple: read"))?;
+                self.write_blocks(id, block * BLOCK_SIZE, &buf)?;
+            }
+            block += 1;
+        }
+        let mut inner = self.lock();
+        self.commit(&mut inner, vec![Op::Detach { id }])
+    }
+
+    // ---- data IO ----
+
+    fn split(&self, off: u64) -> (u64, u64) {
+        (off / self.cluster_size, (off % self.cluster_size) / BLOCK_SIZE)
+    }
+
+    fn phys_off(&self, phys: u64, blk: u64) -> u64 {
+        self.data_off + phys * self.cluster_size + blk * BLOCK_SIZE
+    }
+
+    /// Where block `block` of blob `id` reads from, walking down the chain; `None`: zeros.
+    fn resolve(&self, meta: &Meta, id: BlobId, block: u64) -> Option<u64> {
+        let off = block * BLOCK_SIZE;
+        let (lc, blk) = self.split(off);
+        let mut b = meta.blobs.get(&id)?;
+        if off >= b.size {
+            return None;
+        }
+        loop {
+            if let Some(e) = b.clusters.get(&lc)
+                && e.has(blk)
+            {
+                return Some(self.phys_off(e.phys, blk));
+            }
+            match b.parent {
+                Some(p) if off < b.parent_limit => b = meta.blobs.get(&p)?,
+                _ => return None,
+            }
+        }
+    }
+
+    fn check_range(&self, meta: &Meta, id: BlobId, off: u64, len: u64) -> Result<()> {
+        let b = meta
+            .blobs
+            .get(&id)
+            .ok_or_else(|| Error::NotFound(format!("lvol id {id}")))?;
+        if off.checked_add(len).is_none_or(|end| end > b.size) {
+            return Err(Error::Invalid(format!(
+                "{:?}: range {off}+{len} is past its end ({} bytes)",
+                b.name, b.size
+            )));
+        }
+        Ok(())
+    }
+
+    /// Fills `buf` from `offset` of lvol or snapshot `id` (any alignment).
+    pub fn read_at(&self, id: BlobId, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let _g = self.gate_read();
+        self.check_range(&self.lock().meta, id, offset, buf.len() as u64)?;
+        let start = offset - offset % BLOCK_SIZE;
+        let end = (offset + buf.len() as u64).next_multiple_of(BLOCK_SIZE);
+        if start == offset && end == offset + buf.len() as u64 {
+            return self.read_blocks(id, offset, buf);
+        }
+        let mut tmp = vec![0u8; usize::try_from(end - start).unwrap_or(0)];
+        self.read_blocks(id, start, &mut tmp)?;
+        let skip = usize::try_from(offset - start).unwrap_or(0);
+        buf.copy_from_slice(&tmp[skip..skip + buf.len()]);
+        Ok(())
+    }
+
+    fn read_blocks(&self, id: BlobId, offset: u64, buf: &mut [u8]) -> Result<()> {
+        // Resolve every block under the lock, then read runs of contiguous device blocks without it.
+        let mut runs: Vec<(usize, usize, Option<u64>)> = Vec::new();
+        {
+            let inner = self.lock();
+            for (i, block) in (offset / BLOCK_SIZE..).take(buf.len() / BS).enumerate() {
+                let src = self.resolve(&inner.meta, id, block);
+                match runs.last_mut() {
+                    Some((s, n, Some(d))) if src == Some(*d + (*n as u64)) && *s + *n == i * BS => *n += BS,
+                    Some((s, n, None)) if src.is_none() && *s + *n == i * BS => *n += BS,
+                    _ => runs.push((i * BS, BS, src)),
+                }
+            }
+        }
+        for (s, n, src) in runs {
+            match src {
+                Some(d) => self
+                    .dev
+                    .read_at(&mut buf[s..s + n], d)
+                    .map_err(self.io(format!("read at {d}")))?,
+                None => buf[s..s + n].fill(0),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at `offset` of lvol `id`. A write that is not 4 KiB aligned reads the blocks it partly
+    /// covers first (and runs alone, so two partial writes to one block cannot lose each other's bytes).
+    pub fn write_at(&self, id: BlobId, offset: u64, data: &[u8]) -> Result<()> {
+        self.writable()?;
+        let start = offset - offset % BLOCK_SIZE;
+        let end = (offset + data.len() as u64).next_multiple_of(BLOCK_SIZE);
+        if start == offset && end == offset + data.len() as u64 {
+            let _g = self.gate_read();
+            self.check_writable(id, offset, data.len() as u64)?;
+            return self.write_blocks(id, offset, data);
+        }
+        let _g = self.gate_write();
+        self.check_writable(id, offset, data.len() as u64)?;
+        let mut tmp = vec![0u8; usize::try_from(end - start).unwrap_or(0)];
+        self.read_blocks(id, start, &mut tmp)?;
+        let skip = usize::try_from(offset - start).unwrap_or(0);
+        tmp[skip..skip + data.len()].copy_from_slice(data);
+        self.write_blocks(id, start, &tmp)
+    }
+
+    fn check_writable(&self, id: BlobId, offset: u64, len: u64) -> Result<()> {
+        let inner = self.lock();
+        self.check_range(&inner.meta, id, offset, len)?;
+        if inner.meta.blobs[&id].kind != BlobKind::Lvol {
+            return Err(Error::Invalid(format!(
+                "{:?} is a snapshot: read-only",
+                inner.meta.blobs[&id].name
+            )));
+        }
+        Ok(())
+    }
+
+    /// Aligned write: per cluster, map it (allocating if the lvol has none: nothing is copied, the blocks not
+    /// written keep reading through), write the bytes, then set the blocks' bits.
+    fn write_blocks(&self, id: BlobId, offset: u64, data: &[u8]) -> Result<()> {
+        let mut pos = 0usize;
+        while pos < data.len() {
+            let off = offset + pos as u64;
+            let (lc, blk) = self.split(off);
+            let in_cluster =
+                usize::try_from(self.cluster_size - off % self.cluster_size).unwrap_or(usize::MAX);
+            let n = in_cluster.min(data.len() - pos);
+            let phys = {
+                let mut inner = self.lock();
+                let inner = &mut *inner;
+                if let Some(e) = inner.meta.blobs.get(&id).and_then(|b| b.clusters.get(&lc)) {
+                    e.phys
+                } else {
+                    let Some(p) = inner.alloc.allocate() else {
+                        return Err(Error::NoSpace {
+                            path: self.path().to_owned(),
+                            clusters: inner.sb.cluster_count,
+                            cluster_size: self.cluster_size,
+                        });
+                    };
+                    let bits = vec![0u8; usize::try_from(self.cluster_size / BLOCK_SIZE / 8).unwrap_or(0)];
+                    let b = inner
+                        .meta
+                        .blobs
+                        .get_mut(&id)
+                        .ok_or_else(|| Error::NotFound(format!("lvol id {id}")))?;
+                    b.clusters.insert(lc, ClusterEntry { phys: p, bits });
+                    inner.dirty.insert((id, lc));
+                    p
+                }
+            };
+            self.dev
+                .write_at(&data[pos..pos + n], self.phys_off(phys, blk))
+                .map_err(self.io(format!("write {n} bytes at {}", self.phys_off(phys, blk))))?;
+            let mut inner = self.lock();
+            if let Some(e) = inner
+                .meta
+                .blobs
+                .get_mut(&id)
+                .and_then(|b| b.clusters.get_mut(&lc))
+                && e.phys == phys
+            {
+                for b in blk..blk + (n / BS) as u64 {
+                    e.set(b, true);
+                }
+                inner.dirty.insert((id, lc));
+            }
+            pos += n;
+        }
+        Ok(())
+    }
+
+    /// Forgets the whole 4 KiB blocks of `[offset, offset + len)` in lvol `id` (advisory: what a snapshot below
+    /// holds there shows through again, as in the v1 engine). A cluster left empty is freed at the next commit.
+    pub fn unmap(&self, id: BlobId, offset: u64, len: u64) -> Result<()> {
+        self.writable()?;
+        let _g = self.gate_read();
+        self.check_writable(id, offset, len)?;
+        let first = offset.div_ceil(BLOCK_SIZE);
+        let end = (offset + len) / BLOCK_SIZE;
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let b = inner
+            .meta
+            .blobs
+            .get_mut(&id)
+            .ok_or_else(|| Error::NotFound(format!("lvol id {id}")))?;
+        let mut block = first;
+        while block < end {
+            let (lc, blk) = self.split(block * BLOCK_SIZE);
+            let bpc = self.cluster_size / BLOCK_SIZE;
+            let upto = (block - blk + bpc).min(end);
+            if let Some(e) = b.clusters.get_mut(&lc) {
+                for x in blk..blk + (upto - block) {
+                    e.set(x, false);
+                }
+                inner.dirty.insert((id, lc));
+                if e.is_empty() {
+                    let phys = e.phys;
+                    b.clusters.remove(&lc);
+                    inner.alloc.release_after_commit(phys);
+                }
+            }
+            block = upto;
+        }
+        Ok(())
+    }
+
+    /// Zeros `[offset, offset + len)` exactly: blocks are unmapped, and real zeros are written only where a
+    /// snapshot below would show through.
+    pub fn write_zeroes(&self, id: BlobId, offset: u64, len: u64) -> Result<()> {
+        self.writable()?;
+        let start = offset.next_multiple_of(BLOCK_SIZE).min(offset + len);
+        let end = ((offset + len) / BLOCK_SIZE * BLOCK_SIZE).max(start);
+        if start > offset {
+            self.write_at(
+                id,
+                offset,
+                &vec![0u8; usize::try_from(start - offset).unwrap_or(0)],
+            )?;
+        }
+        if end < offset + len {
+            self.write_at(
+                id,
+                end,
+                &vec![0u8; usize::try_from(offset + len - end).unwrap_or(0)],
+            )?;
+        }
+        if end > start {
+            self.unmap(id, start, end - start)?;
+            let zero = vec![0u8; BS];
+            for block in start / BLOCK_SIZE..end / BLOCK_SIZE {
+                let shows = {
+                    let inner = self.lock();
+                    self.resolve(&inner.meta, id, block).is_some()
+                };
+                if shows {
+                    self.write_at(id, block * BLOCK_SIZE, &zero)?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The ranges of `[offset, offset + len)` that some blob of the chain holds (bytes, ascending); the rest
+    /// reads as zeros.
+    pub fn allocated_ranges(&self, id: BlobId, offset: u64, len: u64) -> Result<Vec<Range<u64>>> {
+        let _g = self.gate_read();
+        let inner = self.lock();
+        self.check_range(&inner.meta, id, offset, len)?;
+        let mut out: Vec<Range<u64>> = Vec::new();
+        let mut off = offset - offset % BLOCK_SIZE;
+        while off < offset + len {
+            let (lc, _) = self.split(off);
+            if !self.chain_maps(&inner.meta, id, lc) {
+                off = (lc + 1) * self.cluster_size;
+                continue;
+            }
+            if self.resolve(&inner.meta, id, off / BLOCK_SIZE).is_some() {
+                let (s, e) = (off.max(offset), (off + BLOCK_SIZE).min(offset + len));
+                match out.last_mut() {
+                    Some(r) if r.end == s => r.end = e,
+                    _ => out.push(s..e),
+                }
+            }
+            off += BLOCK_SIZE;
+        }
+        Ok(out)
+    }
+
+    fn chain_maps(&self, meta: &Meta, id: BlobId, lc: u64) -> bool {
+        let mut b = meta.blobs.get(&id);
+        while let Some(x) = b {
+            if x.clusters.contains_key(&lc) {
+                return true;
+            }
+            b = x.parent.and_then(|p| meta.blobs.get(&p));
+        }
+        false
+    }
+}
+
+fn info_of(meta: &Meta, b: &Blob) -> LvolInfo {
+    let mut children: Vec<String> = meta.children(b.id).map(|c| c.name.clone()).collect();
+    children.sort();
+    LvolInfo {
+        id: b.id,
+        uuid: uuid::Uuid::from_bytes(b.uuid).to_string(),
+        name: b.name.clone(),
+        kind: b.kind,
+        parent: b.parent.and_then(|p| meta.blobs.get(&p)).map(|p| p.name.clone()),
+        children,
+        size: b.size,
+        allocated_bytes: b.clusters.values().map(ClusterEntry::count).sum::<u64>() * BLOCK_SIZE,
+        clusters: b.clusters.len() as u64,
+        created: b.created,
+        xattrs: b
+            .xattrs
+            .iter()
+            .map(|(k, v)| {
+                let s = match std::str::from_utf8(v) {
+                    Ok(s) => s.to_owned(),
+                    Err(_) => format!("hex:{}", v.iter().map(|x| format!("{x:02x}")).collect::<String>()),
+                };
+                (k.clone(), s)
+            })
+            .collect(),
+    }
+}
+
+fn pad(mut b: Vec<u8>) -> Vec<u8> {
+    b.resize(b.len().next_multiple_of(BS).max(BS), 0);
+    b
+}
+
+fn read_padded(dev: &Device, off: u64, len: u64) -> std::io::Result<Vec<u8>> {
+    let n = usize::try_from(len).map_err(std::io::Error::other)?;
+    let mut b = vec![0u8; n.next_multiple_of(BS).max(BS)];
+    dev.read_at(&mut b, off)?;
+    b.truncate(n);
+    Ok(b)
+}
+
+/// The newest valid superblock of the two slots.
+fn read_superblock(dev: &Device, path: &Path) -> Result<Superblock> {
+    let slots = 2 * SB_SLOT_BYTES;
+    let mut head = vec![0u8; slots];
+    if dev.len() < slots as u64 {
+        // Too short for both slots: read what there is, to tell "not an lvstore" from "truncated".
+        let mut f = std::fs::File::open(path).map_err(|source| Error::Io {
+            path: path.to_owned(),
+            what: "open".into(),
+            source,
+        })?;
+        let mut short = Vec::new();
+        std::io::Read::read_to_end(&mut f, &mut short).map_err(|source| Error::Io {
+            path: path.to_owned(),
+            what: "read".into(),
+            source,
+        })?;
+        if short.len() >= 8
+            && (short[..8] == format::MAGIC
+                || short.get(SB_SLOT_BYTES..SB_SLOT_BYTES + 8) == Some(&format::MAGIC[..]))
+        {
+            return Err(LvStore::corrupt(
+                path,
+                FormatError::Invalid(format!(
+                    "the superblock is truncated: the device has only {} bytes",
+                    short.len()
+                )),
+            ));
+        }
+        return Err(Error::NotAnLvstore {
+            path: path.to_owned(),
+        });
+    }
+    dev.read_at(&mut head, 0).map_err(|source| Error::Io {
+        path: path.to_owned(),
+        what: "read the superblocks".into(),
+        source,
+    })?;
+    let mut best: Option<Superblock> = None;
+    let mut damage = None;
+    let mut any_magic = false;
+    for slot in 0..2 {
+        let b = &head[slot * SB_SLOT_BYTES..(slot + 1) * SB_SLOT_BYTES];
+        match Superblock::decode(b) {
+            Ok(None) => {}
+            Ok(Some(sb)) => {
+                any_magic = true;
+                if best.as_ref().is_none_or(|x| sb.generation > x.generation) {
+                    best = Some(sb);
+                }
+            }
+            Err(SuperblockError::Newer(v)) => {
+                return Err(Error::NewerVersion {
+                    path: path.to_owned(),
+                    found: v,
+                    supported: format::VERSION,
+                });
+            }
+            Err(SuperblockError::Format(e)) => {
+                any_magic = true;
+                damage = Some(e);
+            }
+        }
+    }
+    match (best, damage) {
+        (Some(sb), _) => Ok(sb),
+        (None, Some(e)) => Err(LvStore::corrupt(path, e)),
+        (None, None) if !any_magic => Err(Error::NotAnLvstore {
+            path: path.to_owned(),
+        }),
+        (None, None) => Err(Error::NotAnLvstore {
+            path: path.to_owned(),
+        }),
+    }
+}
