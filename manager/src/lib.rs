@@ -6,11 +6,13 @@
 
 pub mod api;
 pub mod backing_image;
+pub mod backup;
 pub mod client;
 pub mod clone;
 pub mod context;
 pub mod controller;
 pub mod error;
+pub mod job;
 pub mod metrics;
 pub mod model;
 pub mod process;
@@ -18,3 +20,4 @@ pub mod scheduler;
 pub mod server;
 pub mod snapshot;
 pub mod store;
+pub mod volume_engine;

@@ -32,6 +32,7 @@ pub struct Metrics {
     requests: Family<RequestLabels, Counter>,
     volumes: Family<StateLabels, Gauge>,
     daemon_starts: Counter,
+    backing_image_copy_failures: Counter,
 }
 
 impl Default for Metrics {
@@ -41,6 +42,7 @@ impl Default for Metrics {
         let requests = Family::<RequestLabels, Counter>::default();
         let volumes = Family::<StateLabels, Gauge>::default();
         let daemon_starts = Counter::default();
+        let backing_image_copy_failures = Counter::default();
         r.register(
             "reconciles",
             "Reconcile runs by controller and result",
@@ -61,12 +63,18 @@ impl Default for Metrics {
             "Replica and engine processes started by this manager",
             daemon_starts.clone(),
         );
+        r.register(
+            "backing_image_copy_failures",
+            "Backing-image copies on this node's disks that failed (checksum, missing file, sync or fetch error)",
+            backing_image_copy_failures.clone(),
+        );
         Self {
             registry: Arc::new(Mutex::new(r)),
             reconciles,
             requests,
             volumes,
             daemon_starts,
+            backing_image_copy_failures,
         }
     }
 }
@@ -92,6 +100,10 @@ impl Metrics {
 
     pub fn daemon_started(&self) {
         self.daemon_starts.inc();
+    }
+
+    pub fn backing_image_copy_failed(&self) {
+        self.backing_image_copy_failures.inc();
     }
 
     pub fn set_volume_counts(&self, counts: &[(&str, i64)]) {

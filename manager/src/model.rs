@@ -120,6 +120,17 @@ pub struct VolumeSpec {
     /// attach can slip in before the clone's record exists (attach needs that record `completed`).
     #[serde(default)]
     pub data_source: Option<String>,
+    /// Recurring-job groups the volume belongs to (`PUT /v1/volumes/{name}/jobgroups`): jobs naming one of them
+    /// apply to it.
+    #[serde(default)]
+    pub job_groups: Vec<String>,
+    /// `TARGET:BACKUP` when the volume is (being) restored from a backup: written before the restore's record, so
+    /// attach is refused until that record says completed (`backup::restore::check_attach`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_backup: Option<String>,
+    /// This volume's `backup-max-count` (None: the setting's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_max_count: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -338,6 +349,21 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
         "clone-max-bytes-per-second",
         "0",
         "Upper bound on the data bytes per second a clone's source replica sends (0 = unlimited), so a clone does not starve the source's IO.",
+    ),
+    (
+        "backup-delta-max",
+        "7",
+        "Incremental backups after a full one before the next full (the chain policy the backup store applies).",
+    ),
+    (
+        "backup-incremental",
+        "true",
+        "Back up incrementally when the chain allows; false makes every backup full.",
+    ),
+    (
+        "backup-max-count",
+        "0",
+        "Backups a volume may have on a target before a new one is refused (0 = no limit); a volume's own backupMaxCount overrides it.",
     ),
     (
         "backing-image-min-copies",

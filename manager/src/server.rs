@@ -135,6 +135,8 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
                     crate::controller::node::start_failure_detector(&leader_ctx, &scope);
                     crate::backing_image::start_leader(&leader_ctx, &scope);
                     crate::clone::controller::start(&leader_ctx, &scope);
+                    crate::job::controller::start(&leader_ctx, &scope);
+                    crate::backup::start_leader(&leader_ctx, &scope);
                     tokio::select! {
                         () = leader_cancel.cancelled() => { lost.cancel(); scope.cancel(); return }
                         () = lost.cancelled() => { scope.cancel(); tracing::warn!("lost leadership") }

@@ -5,6 +5,7 @@
 
 pub mod extract;
 pub mod openapi;
+pub mod patterns;
 pub mod routes;
 pub mod views;
 
@@ -13,7 +14,6 @@ use axum::http::StatusCode;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::{Json, Router};
-use corral_proto::v1;
 
 use crate::clone::model::{CloneState, DataSource, VolumeClone};
 use crate::context::Ctx;
@@ -23,6 +23,7 @@ use crate::error::ApiError;
 use crate::model::{self, DiskSpec, Engine, Node, ProcessState, Replica, Setting, Volume, VolumeSpec};
 use crate::scheduler;
 use crate::store::StoreError;
+use crate::volume_engine::VolumeEngine;
 use extract::{Body, Path};
 use openapi::{check_copies, check_disk_path, check_name, check_size};
 use views::*;
@@ -110,6 +111,8 @@ pub fn routes() -> Routes {
     r.add("get", "/v1/settings/{setting}", "Get a setting", get_setting);
     r.add("put", "/v1/settings/{setting}", "Set a setting", put_setting);
     crate::backing_image::routes::register(&mut r);
+    crate::job::routes::register(&mut r);
+    crate::backup::routes::register(&mut r);
     r.add("get", "/v1/openapi.json", "This document", openapi);
     r.add("get", "/metrics", "Prometheus metrics", metrics);
     r.add("get", "/healthz", "Liveness", healthz);
@@ -312,10 +315,29 @@ async fn create_volume(
         Some(ds) => Some(clone_source(&ctx, &req, ds).await?),
         None => None,
     };
-    // A clone takes its source's backing image (checked equal in clone_source).
-    let backing_image = match &clone {
-        Some((_, source)) => source.data.spec.backing_image.clone(),
-        None => req.backing_image.clone(),
+    if req.standby && req.from_backup.is_none() {
+        // Well formed (OpenAPI 3.0 cannot tie one field to another), so not a 400.
+        return Err(ApiError::Conflict(
+            "a standby volume follows a backup volume: name its newest backup in fromBackup".into(),
+        ));
+    }
+    if clone.is_some() && req.from_backup.is_some() {
+        return Err(ApiError::Invalid(
+            "dataSource and fromBackup exclude each other".into(),
+        ));
+    }
+    let restore = match &req.from_backup {
+        Some(b) => Some(
+            crate::backup::routes::check_restore_source(&ctx, b, req.size, req.backing_image.as_deref())
+                .await?,
+        ),
+        None => None,
+    };
+    // A clone takes its source's backing image (checked equal in clone_source), a restore the backup's.
+    let backing_image = match (&clone, &restore) {
+        (Some((_, source)), _) => source.data.spec.backing_image.clone(),
+        (None, Some((_, image))) => image.clone(),
+        (None, None) => req.backing_image.clone(),
     };
     crate::backing_image::routes::check_volume_image(&ctx, backing_image.as_deref(), req.size).await?;
     if let Some(f) = &req.frontend
@@ -351,6 +373,11 @@ async fn create_volume(
             backing_image,
             disable_frontend: false,
             data_source: clone.as_ref().map(|(source, _)| source.to_string()),
+            job_groups: Vec::new(),
+            from_backup: restore
+                .as_ref()
+                .map(|(b, _)| crate::backup::routes::from_backup_ref(b)),
+            backup_max_count: None,
         },
         status: model::VolumeStatus {
             revision_counter_disabled: disabled,
@@ -383,6 +410,13 @@ async fn create_volume(
             ctx.db.delete_any::<Volume>(&req.name).await?;
             return Err(e.into());
         }
+    }
+    if let Some((b, _)) = &restore
+        && let Err(e) = crate::backup::routes::start_restore(&ctx, &req.name, b, req.standby).await
+    {
+        // No restore record, no volume: it would wait for a restore nobody runs.
+        ctx.db.delete_any::<Volume>(&req.name).await?;
+        return Err(e.into());
     }
     Ok((StatusCode::CREATED, Json(volume_view(&ctx, &req.name).await?)))
 }
@@ -457,6 +491,7 @@ async fn delete_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> Resu
             "volume {name} is the source of the clone into {target}: wait until that clone completed or failed"
         )));
     }
+    crate::backup::restore::check_detach(&ctx, &name).await?;
     if v.data.spec.node_id.is_some() || v.data.status.state != model::VolumeState::Detached {
         return Err(ApiError::Conflict(format!(
             "volume {name} is {}: detach it first",
@@ -467,6 +502,9 @@ async fn delete_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> Resu
     }
     ctx.db.delete::<Volume>(&name, v.version).await?;
     ctx.db.delete_any::<VolumeClone>(&name).await?;
+    ctx.db
+        .delete_any::<crate::backup::model::VolumeRestore>(&name)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -482,7 +520,7 @@ async fn attach_volume(
         .db
         .get::<Node>(&node)
         .await?
-        .ok_or_else(|| ApiError::NotFound(format!("node {node:?} does not exist")))?;
+        .ok_or_else(|| ApiError::Conflict(format!("nodeId {node:?}: no such node")))?;
     if !node_is_up(&ctx, &target.data).await {
         return Err(ApiError::Conflict(format!("node {node} is down")));
     }
@@ -514,6 +552,7 @@ async fn attach_volume(
             }
         }
     }
+    crate::backup::restore::check_attach(&ctx, &name, &v.data.spec).await?;
     if let Some(cur) = v.data.spec.node_id.clone()
         && cur != node
     {
@@ -569,32 +608,13 @@ async fn detach_volume(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiR
             "volume {name} was attached for the clone into {target}: it is detached when that clone ends"
         )));
     }
+    crate::backup::restore::check_detach(&ctx, &name).await?;
     if v.data.spec.node_id.is_some() || v.data.spec.disable_frontend {
         v.data.spec.node_id = None;
         v.data.spec.disable_frontend = false;
         ctx.db.update(&mut v).await?;
     }
     Ok(Json(volume_view(&ctx, &name).await?))
-}
-
-/// The running engine of an attached volume.
-async fn engine_client(
-    ctx: &Ctx,
-    name: &str,
-) -> Result<v1::controller_service_client::ControllerServiceClient<tonic::transport::Channel>, ApiError> {
-    ctx.db
-        .get::<Volume>(name)
-        .await?
-        .ok_or_else(|| volume_not_found(name))?;
-    let e = ctx
-        .db
-        .get::<Engine>(name)
-        .await?
-        .filter(|e| e.data.status.state == ProcessState::Running)
-        .ok_or_else(|| ApiError::Conflict(format!("volume {name} is not attached")))?;
-    crate::controller::engine::client(&e.data.status.address)
-        .await
-        .map_err(|err| ApiError::Unavailable(format!("engine of {name} at {}: {err}", e.data.status.address)))
 }
 
 async fn expand_volume(
@@ -617,9 +637,10 @@ async fn expand_volume(
     if req.size == v.data.spec.size {
         return Ok(Json(volume_view(&ctx, &name).await?));
     }
-    let mut c = engine_client(&ctx, &name).await?;
-    c.volume_expand(v1::ExpandRequest { size: req.size }).await?;
-    crate::controller::volume::record_size(&ctx, &name, req.size).await?;
+    VolumeEngine::of_attached(&ctx, &name)
+        .await?
+        .expand(&ctx, req.size)
+        .await?;
     Ok(Json(volume_view(&ctx, &name).await?))
 }
 
@@ -657,20 +678,8 @@ async fn list_snapshots(State(ctx): State<Ctx>, Path(name): Path<String>) -> Api
         // Detached: what the engine showed last.
         return Ok(Json(crate::snapshot::recorded(&ctx.db, &name).await?));
     }
-    let mut c = engine_client(&ctx, &name).await?;
-    Ok(Json(record_snapshots(&ctx, &name, &mut c).await?))
-}
-
-/// Lists the engine's snapshots and records them, so a detach right after a change still lists them.
-async fn record_snapshots(
-    ctx: &Ctx,
-    name: &str,
-    c: &mut v1::controller_service_client::ControllerServiceClient<tonic::transport::Channel>,
-) -> Result<Vec<SnapshotView>, ApiError> {
-    let l = c.snapshot_list(v1::Empty {}).await?.into_inner();
-    let snaps = crate::snapshot::from_engine(name, &l);
-    crate::snapshot::record(&ctx.db, name, &snaps).await?;
-    Ok(snaps)
+    let mut e = VolumeEngine::of_attached(&ctx, &name).await?;
+    Ok(Json(e.snapshots(&ctx).await?))
 }
 
 async fn create_snapshot(
@@ -682,16 +691,15 @@ async fn create_snapshot(
     if let Some(s) = &req.name {
         check_name("snapshot name", s)?;
     }
-    let mut c = engine_client(&ctx, &name).await?;
-    let r = c
-        .snapshot_create(v1::SnapshotCreateRequest {
-            name: req.name.unwrap_or_default(),
-            labels: req.labels.into_iter().collect(),
-        })
+    let taken = VolumeEngine::of_attached(&ctx, &name)
         .await?
-        .into_inner();
-    record_snapshots(&ctx, &name, &mut c).await?;
-    Ok((StatusCode::CREATED, Json(serde_json::json!({"name": r.name}))))
+        .snapshot_create(
+            &ctx,
+            req.name.unwrap_or_default(),
+            req.labels.into_iter().collect(),
+        )
+        .await?;
+    Ok((StatusCode::CREATED, Json(serde_json::json!({"name": taken}))))
 }
 
 async fn delete_snapshot(
@@ -699,9 +707,17 @@ async fn delete_snapshot(
     Path((name, snap)): Path<(String, String)>,
 ) -> Result<StatusCode, ApiError> {
     check_name("snapshot name", &snap)?;
-    let mut c = engine_client(&ctx, &name).await?;
-    c.snapshot_remove(v1::SnapshotName { name: snap }).await?;
-    record_snapshots(&ctx, &name, &mut c).await?;
+    if let Some((backup, s)) = crate::backup::running_on(&ctx, &name).await?
+        && s == snap
+    {
+        return Err(ApiError::Conflict(format!(
+            "backup {backup} is reading snapshot {snap}: remove it once the backup completed or failed"
+        )));
+    }
+    VolumeEngine::of_attached(&ctx, &name)
+        .await?
+        .snapshot_remove(&ctx, snap)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -710,6 +726,11 @@ async fn revert_snapshot(
     Path((name, snap)): Path<(String, String)>,
 ) -> ApiResult<VolumeView> {
     check_name("snapshot name", &snap)?;
+    if let Some((backup, s)) = crate::backup::running_on(&ctx, &name).await? {
+        return Err(ApiError::Conflict(format!(
+            "backup {backup} is reading snapshot {s} of volume {name}: revert once the backup completed or failed"
+        )));
+    }
     let v = ctx
         .db
         .get::<Volume>(&name)
@@ -727,27 +748,19 @@ async fn revert_snapshot(
             )));
         }
         let (ctx2, vol) = (ctx.clone(), name.clone());
-        with_volume_in_maintenance(&ctx, &name, |mut c| async move {
-            c.snapshot_revert(v1::SnapshotName { name: snap }).await?;
-            record_snapshots(&ctx2, &vol, &mut c).await?;
-            Ok(())
+        with_volume_in_maintenance(&ctx, &name, |c| async move {
+            Ok(VolumeEngine::new(&vol, c)
+                .snapshot_revert(&ctx2, snap, false)
+                .await?)
         })
         .await?;
         return Ok(Json(volume_view(&ctx, &name).await?));
     }
-    let mut c = engine_client(&ctx, &name).await?;
-    if v.data.spec.disable_frontend {
-        // Maintenance mode: no frontend to take down or bring back.
-        c.snapshot_revert(v1::SnapshotName { name: snap }).await?;
-        record_snapshots(&ctx, &name, &mut c).await?;
-        return Ok(Json(volume_view(&ctx, &name).await?));
-    }
-    c.frontend_shutdown(v1::Empty {}).await?;
-    let reverted = c.snapshot_revert(v1::SnapshotName { name: snap }).await;
-    // The frontend comes back whether or not the revert worked.
-    c.frontend_start(v1::Empty {}).await?;
-    reverted?;
-    record_snapshots(&ctx, &name, &mut c).await?;
+    // Maintenance mode has no frontend to take down and bring back.
+    VolumeEngine::of_attached(&ctx, &name)
+        .await?
+        .snapshot_revert(&ctx, snap, !v.data.spec.disable_frontend)
+        .await?;
     Ok(Json(volume_view(&ctx, &name).await?))
 }
 

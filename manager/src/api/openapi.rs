@@ -12,9 +12,7 @@ use crate::backing_image::model::SourceType;
 use crate::error::{ApiError, ERROR_CODES};
 use crate::model::{self, DesireState, Frontend, ProcessState, Robustness, VolumeState};
 
-/// Names of volumes, snapshots, disks, backing images and nodes: one path component on disk (the same rule as
-/// `corral_daemon::disk::check_path_component`, which the daemons apply).
-pub const NAME_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$";
+pub use super::patterns::NAME_PATTERN;
 /// A clone's `dataSource`: `vol://NAME` or `snap://NAME/SNAPSHOT`, each name as [`NAME_PATTERN`] (a unit test
 /// holds the two together; `clone::model::DataSource::parse` checks each name with [`check_name`]).
 pub const DATA_SOURCE_PATTERN: &str = "^(vol://[A-Za-z0-9][A-Za-z0-9._-]{0,199}|snap://[A-Za-z0-9][A-Za-z0-9._-]{0,199}/[A-Za-z0-9][A-Za-z0-9._-]{0,199})$";
@@ -404,6 +402,8 @@ fn components() -> Value {
             "frontend": nullable(json!({"type": "string", "enum": frontends()})),
             "backingImage": nullable(name_schema()),
             "dataSource": nullable(json!({"type": "string", "pattern": DATA_SOURCE_PATTERN})),
+            "fromBackup": nullable(json!({"type": "string", "pattern": crate::backup::openapi::BACKUP_REF_PATTERN})),
+            "standby": {"type": "boolean", "default": false, "description": "with fromBackup: a DR volume"},
         })),
         "AttachRequest": object(&[], json!({
             "nodeId": nullable(json!({"type": "string"})),
@@ -513,7 +513,45 @@ fn components() -> Value {
                 "disks": {"type": "array", "items": {"type": "object"}},
             }
         },
+        "RecurringJobCreate": object(&["name", "task", "cron", "retain"], json!({
+            "name": name_schema(),
+            "task": {"type": "string", "enum": ["snapshot"]},
+            "cron": {"type": "string", "pattern": crate::job::cron::PATTERN.as_str()},
+            "retain": {"type": "integer", "minimum": 1, "maximum": crate::job::model::MAX_RETAIN},
+            "concurrency": nullable(json!({"type": "integer", "minimum": 1, "maximum": crate::job::model::MAX_CONCURRENCY})),
+            "volumes": {"type": "array", "items": name_schema()},
+            "groups": {"type": "array", "items": name_schema()},
+            "labels": string_map(),
+        })),
+        "RecurringJob": {
+            "type": "object",
+            "required": ["name", "task", "cron", "retain", "concurrency", "volumes", "groups", "labels", "created",
+                "lastScheduled", "lastMissed", "nextRun", "lastResults", "lastFinished"],
+            "properties": {
+                "name": {"type": "string"},
+                "task": {"type": "string", "enum": ["snapshot", "backup"]},
+                "cron": {"type": "string"}, "retain": {"type": "integer"}, "concurrency": {"type": "integer"},
+                "volumes": {"type": "array", "items": {"type": "string"}},
+                "groups": {"type": "array", "items": {"type": "string"}},
+                "labels": string_map(), "created": {"type": "integer"},
+                "lastScheduled": {"type": "integer"}, "lastMissed": {"type": "integer"},
+                "nextRun": {"type": "integer"}, "lastResults": string_map(), "lastFinished": {"type": "integer"},
+            }
+        },
+        "JobGroupsRequest": object(&["groups"], json!({"groups": {"type": "array", "items": name_schema()}})),
+        "JobGroups": {
+            "type": "object",
+            "required": ["volume", "groups"],
+            "properties": {"volume": {"type": "string"}, "groups": {"type": "array", "items": {"type": "string"}}},
+        },
     })
+}
+
+fn with_backup_schemas(mut c: Value) -> Value {
+    if let (Some(all), Value::Object(more)) = (c.as_object_mut(), crate::backup::openapi::schemas()) {
+        all.extend(more);
+    }
+    c
 }
 
 fn schema_ref(name: &str) -> Value {
@@ -598,6 +636,19 @@ fn shape(method: &str, path: &str) -> Shape {
         ("post", "/v1/backingimages/{backingimage}/upload") => {
             (None, 200, json_resp(schema_ref("BackingImage")))
         }
+        ("get", "/v1/recurringjobs") => (None, 200, json_resp(array_of("RecurringJob"))),
+        ("post", "/v1/recurringjobs") => (
+            Some((schema_ref("RecurringJobCreate"), true)),
+            201,
+            json_resp(schema_ref("RecurringJob")),
+        ),
+        ("get", "/v1/recurringjobs/{job}") => (None, 200, json_resp(schema_ref("RecurringJob"))),
+        ("delete", "/v1/recurringjobs/{job}") => (None, 204, None),
+        ("put", "/v1/volumes/{volume}/jobgroups") => (
+            Some((schema_ref("JobGroupsRequest"), true)),
+            200,
+            json_resp(schema_ref("JobGroups")),
+        ),
         ("get", "/v1/openapi.json") => (None, 200, json_resp(json!({"type": "object"}))),
         ("get", "/metrics") => (
             None,
@@ -605,7 +656,12 @@ fn shape(method: &str, path: &str) -> Shape {
             Some((json!({"type": "string"}), "application/openmetrics-text")),
         ),
         ("get", "/healthz") => (None, 200, Some((json!({"type": "string"}), "text/plain"))),
-        _ => panic!("the OpenAPI document does not describe {method} {path}: add it to api::openapi::shape"),
+        _ => match crate::backup::openapi::shape(method, path) {
+            Some((body, status, response)) => (body, status, response.and_then(json_resp)),
+            None => panic!(
+                "the OpenAPI document does not describe {method} {path}: add it to api::openapi::shape"
+            ),
+        },
     };
     Shape {
         body,
@@ -678,6 +734,13 @@ fn links(method: &str, path: &str) -> Value {
                 ("post", "/v1/backingimages/{backingimage}/upload"),
             ],
             json!({"backingimage": "$response.body#/name"}),
+        ),
+        ("post", "/v1/recurringjobs") => to(
+            &[
+                ("get", "/v1/recurringjobs/{job}"),
+                ("delete", "/v1/recurringjobs/{job}"),
+            ],
+            json!({"job": "$response.body#/name"}),
         ),
         ("get", "/v1/nodes") => to(
             &[("get", "/v1/nodes/{node}")],
@@ -759,7 +822,7 @@ pub fn document(documented: &[(&'static str, &'static str, &'static str)]) -> Va
     let path_param = |p: &str| -> Value {
         match p {
             "setting" => json!({"type": "string", "enum": setting_names}),
-            _ => name_schema(),
+            p => crate::backup::openapi::path_param(p).unwrap_or_else(name_schema),
         }
     };
     let mut paths = serde_json::Map::new();
@@ -790,7 +853,7 @@ pub fn document(documented: &[(&'static str, &'static str, &'static str)]) -> Va
             "description": "Every error is JSON {code, message}; names match NAME_PATTERN; sizes are whole 4 KiB blocks.",
         },
         "paths": paths,
-        "components": {"schemas": components()},
+        "components": {"schemas": with_backup_schemas(components())},
     })
 }
 

@@ -27,6 +27,14 @@ pub struct VolumeCreate {
     /// larger than the source's, never smaller; the clone uses the source's backing image.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub data_source: Option<String>,
+    /// Restore this completed backup (`[TARGET:]BACKUP`) into the new volume; `size` may be larger than the
+    /// backup's, never smaller. The volume is attachable once the restore completed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from_backup: Option<String>,
+    /// With `fromBackup`: a standby (DR) volume that restores each newer backup of that backup volume
+    /// incrementally and cannot be attached until activated (`POST /v1/volumes/{name}/activate`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub standby: bool,
 }
 
 fn three() -> u32 {

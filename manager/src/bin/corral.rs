@@ -95,6 +95,16 @@ enum Cmd {
         #[command(subcommand)]
         cmd: manager::backing_image::cli::BackingImageCmd,
     },
+    /// Recurring jobs: snapshots (or backups) on a cron schedule, with retention.
+    Job {
+        #[command(subcommand)]
+        cmd: manager::job::cli::JobCmd,
+    },
+    /// Backups: targets, backups of volumes, restores.
+    Backup {
+        #[command(subcommand)]
+        cmd: manager::backup::cli::BackupCmd,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -125,7 +135,7 @@ enum VolumeCmd {
         name: String,
         /// Size with an optional K/M/G/T (or Ki/Mi/Gi/Ti) suffix; a multiple of 4096. A clone defaults to its
         /// source's size and may be larger, never smaller.
-        #[arg(long, value_parser = parse_size, required_unless_present_any = ["from_volume", "from_snapshot"])]
+        #[arg(long, value_parser = parse_size, required_unless_present_any = ["from_volume", "from_snapshot", "from_backup", "from_backup_volume"])]
         size: Option<u64>,
         #[arg(long, default_value_t = 3)]
         replicas: u32,
@@ -141,6 +151,16 @@ enum VolumeCmd {
         /// Clone this snapshot, VOLUME/SNAPSHOT.
         #[arg(long)]
         from_snapshot: Option<String>,
+        /// Restore this backup ([TARGET:]NAME) into the new volume (size defaults to the backup's); waits with a
+        /// progress bar until restored unless --no-wait.
+        #[arg(long, conflicts_with_all = ["from_volume", "from_snapshot"])]
+        from_backup: Option<String>,
+        /// A standby (DR) volume following this backup volume ([TARGET:]NAME): its newest backup is restored,
+        /// then each newer one incrementally; attachable after `corral volume activate`.
+        #[arg(long, requires = "standby", conflicts_with_all = ["from_volume", "from_snapshot", "from_backup"])]
+        from_backup_volume: Option<String>,
+        #[arg(long, requires = "from_backup_volume")]
+        standby: bool,
         /// Return once the clone is created, without waiting for its copy.
         #[arg(long)]
         no_wait: bool,
@@ -177,6 +197,12 @@ enum VolumeCmd {
         name: String,
         #[arg(long, value_parser = parse_size)]
         size: u64,
+    },
+    /// Activate a standby (DR) volume: a last incremental restore of the newest backup, then attachable.
+    Activate {
+        name: String,
+        #[arg(long, default_value_t = 3600)]
+        timeout: u64,
     },
     /// Restart a faulted volume's engine from the best replica.
     Salvage {
@@ -741,14 +767,25 @@ async fn main() -> anyhow::Result<()> {
                 backing_image,
                 from_volume,
                 from_snapshot,
+                from_backup,
+                from_backup_volume,
+                standby,
                 no_wait,
                 timeout,
             } => {
+                let from_backup = match &from_backup_volume {
+                    Some(bv) => Some(manager::backup::cli::newest_backup_of(&c, bv).await?),
+                    None => from_backup,
+                };
                 let data_source = from_volume
                     .map(|v| format!("vol://{v}"))
                     .or(from_snapshot.map(|s| format!("snap://{s}")));
                 let size = match (size, &data_source) {
                     (Some(s), _) => s,
+                    (None, None) if from_backup.is_some() => {
+                        manager::backup::cli::backup_size(&c, from_backup.as_deref().unwrap_or_default())
+                            .await?
+                    }
                     (None, Some(_)) => {
                         let source = from_volume_name(data_source.as_deref().unwrap_or_default());
                         let v: VolumeView = c.get(&format!("/v1/volumes/{source}")).await?;
@@ -764,10 +801,19 @@ async fn main() -> anyhow::Result<()> {
                     frontend: None,
                     backing_image,
                     data_source,
+                    from_backup: from_backup.clone(),
+                    standby,
                 };
                 let mut v: VolumeView = c.post("/v1/volumes", &body).await?;
                 if v.clone_status.is_some() && !no_wait {
                     v = wait_clone(&c, &name, Duration::from_secs(timeout)).await?;
+                }
+                if standby && !no_wait {
+                    manager::backup::cli::wait_standby(&c, &name, Duration::from_secs(timeout)).await?;
+                    v = c.get(&format!("/v1/volumes/{name}")).await?;
+                } else if from_backup.is_some() && !no_wait {
+                    manager::backup::cli::wait_restore(&c, &name, Duration::from_secs(timeout)).await?;
+                    v = c.get(&format!("/v1/volumes/{name}")).await?;
                 }
                 print(json, &v, || volume_table(std::slice::from_ref(&v)))?;
             }
@@ -777,7 +823,8 @@ async fn main() -> anyhow::Result<()> {
             }
             VolumeCmd::Get { name } => {
                 let v: VolumeView = c.get(&format!("/v1/volumes/{name}")).await?;
-                print(json, &v, || volume_detail(&v))?;
+                let restore = manager::backup::cli::restore_line(&c, &name).await;
+                print(json, &v, || volume_detail(&v) + &restore)?;
             }
             VolumeCmd::Attach {
                 name,
@@ -836,6 +883,13 @@ async fn main() -> anyhow::Result<()> {
                 })
                 .await?;
                 print(json, &v, || volume_detail(&v))?;
+            }
+            VolumeCmd::Activate { name, timeout } => {
+                c.post::<serde_json::Value>(&format!("/v1/volumes/{name}/activate"), &())
+                    .await?;
+                manager::backup::cli::wait_restore(&c, &name, Duration::from_secs(timeout)).await?;
+                let v: VolumeView = c.get(&format!("/v1/volumes/{name}")).await?;
+                print(json, &v, || format!("volume {name} is active"))?;
             }
             VolumeCmd::Salvage { name } => {
                 c.post::<VolumeView>(&format!("/v1/volumes/{name}/salvage"), &())
@@ -896,6 +950,8 @@ async fn main() -> anyhow::Result<()> {
             print(json, &rs, || replica_table(&rs))?;
         }
         Cmd::BackingImage { cmd } => manager::backing_image::cli::run(&c, json, cmd).await?,
+        Cmd::Job { cmd } => manager::job::cli::run(&c, json, cmd).await?,
+        Cmd::Backup { cmd } => manager::backup::cli::run(&c, json, cmd).await?,
         Cmd::Setting { cmd } => match cmd {
             SettingCmd::Ls => {
                 let ss: Vec<SettingView> = c.get("/v1/settings").await?;

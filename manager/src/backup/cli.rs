@@ -1,0 +1,572 @@
+//! `corral backup target set|get|ls|rm`, `backup create|ls|get|rm|restore`, `backup volume ls|get|rm`: tables or
+//! `--json`, progress bars while a backup or restore runs. Credentials are read from the environment
+//! (`--credentials-from-env`) or a file (`--credentials-file`), never taken as arguments: an argument shows in
+//! `ps` and in shell history.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Subcommand;
+
+use super::model::{BackupState, RestoreState};
+use super::routes::{
+    BackupCreate, BackupMaxCount, BackupTargetSet, BackupTargetView, BackupView, BackupVolumeView,
+    CREDENTIAL_KEYS, RestoreRequest, RestoreView,
+};
+use crate::client::{Client, ClientError};
+
+#[derive(Subcommand, Debug)]
+pub enum BackupCmd {
+    /// Backup targets: where backups go (`default` unless --target names another).
+    Target {
+        #[command(subcommand)]
+        cmd: TargetCmd,
+    },
+    /// Back up a volume (attached, with or without a frontend); a snapshot is taken when none is named. Waits
+    /// with a progress bar unless --no-wait.
+    Create {
+        volume: String,
+        /// Back up this snapshot instead of taking one.
+        #[arg(long)]
+        snapshot: Option<String>,
+        /// A full backup, whatever the chain policy says.
+        #[arg(long)]
+        full: bool,
+        /// Label k=v (repeatable).
+        #[arg(long = "label")]
+        labels: Vec<String>,
+        #[arg(long)]
+        target: Option<String>,
+        #[arg(long)]
+        no_wait: bool,
+        /// Seconds to wait.
+        #[arg(long, default_value_t = 86400)]
+        timeout: u64,
+    },
+    /// Backups (of one backup volume with VOLUME).
+    Ls { volume: Option<String> },
+    /// One backup: [TARGET:]NAME.
+    Get { backup: String },
+    /// Delete a backup: [TARGET:]NAME. Blocks no other backup uses are collected.
+    Rm { backup: String },
+    /// Restore a backup into a detached volume in place (its data is replaced); waits unless --no-wait.
+    Restore {
+        volume: String,
+        /// [TARGET:]NAME.
+        backup: String,
+        #[arg(long)]
+        no_wait: bool,
+        #[arg(long, default_value_t = 86400)]
+        timeout: u64,
+    },
+    /// Set a volume's backup-max-count (`none`: the setting's; 0: no limit).
+    MaxCount { volume: String, count: String },
+    /// Backup volumes (a volume's backups on a target).
+    Volume {
+        #[command(subcommand)]
+        cmd: VolumeCmd,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum TargetCmd {
+    /// Set a target: file:///DIR or s3://BUCKET[/PREFIX] (refused unless it can be listed).
+    Set {
+        /// Not `url`: that global flag is the manager's address.
+        #[arg(value_name = "URL")]
+        target_url: String,
+        /// Target name.
+        #[arg(long, default_value = super::model::DEFAULT_TARGET)]
+        name: String,
+        /// S3 endpoint, http(s)://HOST:PORT.
+        #[arg(long, default_value = "")]
+        endpoint: String,
+        #[arg(long, default_value = "")]
+        region: String,
+        /// Seconds between two listings by the leader.
+        #[arg(long)]
+        poll_interval: Option<u64>,
+        /// Take AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN) from this command's environment.
+        #[arg(long, conflicts_with = "credentials_file")]
+        credentials_from_env: bool,
+        /// Read KEY=VALUE lines (the same names) from this file.
+        #[arg(long)]
+        credentials_file: Option<PathBuf>,
+    },
+    Get {
+        #[arg(default_value = super::model::DEFAULT_TARGET)]
+        name: String,
+    },
+    Ls,
+    /// Forget a target (what it holds stays).
+    Rm {
+        name: String,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum VolumeCmd {
+    Ls,
+    /// [TARGET:]NAME.
+    Get {
+        name: String,
+    },
+    /// Delete a backup volume with every backup and block: [TARGET:]NAME.
+    Rm {
+        name: String,
+    },
+}
+
+fn table(header: &[&str], rows: Vec<Vec<String>>) -> String {
+    corral_daemon::output::table(header, rows).to_string()
+}
+
+fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce() -> String) -> anyhow::Result<()> {
+    Ok(corral_daemon::output::print(json, v, human)?)
+}
+
+fn read_credentials(
+    from_env: bool,
+    file: Option<&PathBuf>,
+) -> anyhow::Result<Option<BTreeMap<String, String>>> {
+    if from_env {
+        let m: BTreeMap<String, String> = CREDENTIAL_KEYS
+            .iter()
+            .filter_map(|k| std::env::var(k).ok().map(|v| ((*k).to_owned(), v)))
+            .collect();
+        if m.is_empty() {
+            bail!(
+                "--credentials-from-env: none of {} is set",
+                CREDENTIAL_KEYS.join(", ")
+            );
+        }
+        return Ok(Some(m));
+    }
+    let Some(f) = file else { return Ok(None) };
+    let text = std::fs::read_to_string(f).with_context(|| format!("read {}", f.display()))?;
+    let mut m = BTreeMap::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || line.starts_with('#') {
+            continue;
+        }
+        let (k, v) = line
+            .split_once('=')
+            .with_context(|| format!("{} line {}: expected KEY=VALUE", f.display(), i + 1))?;
+        m.insert(k.trim().to_owned(), v.trim().to_owned());
+    }
+    Ok(Some(m))
+}
+
+fn target_table(ts: &[BackupTargetView]) -> String {
+    table(
+        &[
+            "TARGET",
+            "URL",
+            "ENDPOINT",
+            "CREDENTIALS",
+            "POLL",
+            "AVAILABLE",
+            "MESSAGE",
+        ],
+        ts.iter()
+            .map(|t| {
+                vec![
+                    t.name.clone(),
+                    t.url.clone(),
+                    t.endpoint.clone(),
+                    if t.credential_keys.is_empty() {
+                        "-".into()
+                    } else {
+                        format!("set ({})", t.credential_keys.join(", "))
+                    },
+                    format!("{}s", t.poll_interval),
+                    t.status.available.to_string(),
+                    t.status.message.clone(),
+                ]
+            })
+            .collect(),
+    )
+}
+
+fn kind(b: &super::model::Backup) -> String {
+    if b.state != BackupState::Completed && b.full_reason.is_empty() && !b.is_incremental {
+        return String::new();
+    }
+    if b.is_incremental {
+        format!("incremental #{}", b.chain_position)
+    } else if b.full_reason.is_empty() {
+        "full".into()
+    } else {
+        format!("full ({})", b.full_reason)
+    }
+}
+
+fn backup_table(bs: &[BackupView]) -> String {
+    table(
+        &[
+            "BACKUP",
+            "VOLUME",
+            "SNAPSHOT",
+            "STATE",
+            "KIND",
+            "SIZE",
+            "NEW",
+            "COMPLETED",
+        ],
+        bs.iter()
+            .map(|v| {
+                let b = &v.backup;
+                vec![
+                    v.id.clone(),
+                    b.volume.clone(),
+                    b.snapshot.clone(),
+                    match b.state {
+                        BackupState::InProgress | BackupState::Pending => {
+                            format!("{} {}%", b.state.as_str(), b.progress)
+                        }
+                        BackupState::Failed => format!("failed: {}", b.error),
+                        BackupState::Completed => "completed".into(),
+                    },
+                    kind(b),
+                    corral_daemon::human_bytes(b.size),
+                    corral_daemon::human_bytes(b.new_bytes),
+                    b.completed.clone(),
+                ]
+            })
+            .collect(),
+    )
+}
+
+fn volume_table(vs: &[BackupVolumeView]) -> String {
+    table(
+        &[
+            "BACKUP VOLUME",
+            "SIZE",
+            "BACKUPS",
+            "LAST BACKUP",
+            "AT",
+            "BACKING IMAGE",
+        ],
+        vs.iter()
+            .map(|v| {
+                vec![
+                    v.id.clone(),
+                    corral_daemon::human_bytes(v.volume.size),
+                    v.volume.backup_count.to_string(),
+                    v.volume.last_backup_name.clone(),
+                    v.volume.last_backup_at.clone(),
+                    v.volume.backing_image_name.clone(),
+                ]
+            })
+            .collect(),
+    )
+}
+
+/// Waits (progress bar) until the backup `id` completed; failed is an error with the reason.
+pub async fn wait_backup(c: &Client, id: &str, timeout: Duration) -> anyhow::Result<BackupView> {
+    let bar = corral_daemon::percent_bar(&format!("backup {id}"));
+    let end = Instant::now() + timeout;
+    loop {
+        let b: BackupView = c.get(&format!("/v1/backups/{id}")).await?;
+        bar.set_position(u64::from(b.backup.progress));
+        match b.backup.state {
+            BackupState::Completed => {
+                bar.finish_and_clear();
+                return Ok(b);
+            }
+            BackupState::Failed => {
+                bar.abandon();
+                bail!("backup {id} failed: {}", b.backup.error);
+            }
+            BackupState::Pending | BackupState::InProgress => {}
+        }
+        if Instant::now() > end {
+            bar.abandon();
+            bail!(
+                "backup {id} is still running ({}%) after {timeout:?}",
+                b.backup.progress
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Waits (progress bar) until the restore into `volume` completed; failed is an error with the reason.
+pub async fn wait_restore(c: &Client, volume: &str, timeout: Duration) -> anyhow::Result<RestoreView> {
+    let bar = corral_daemon::percent_bar("restoring");
+    let end = Instant::now() + timeout;
+    loop {
+        let r: RestoreView = c.get(&format!("/v1/volumes/{volume}/restore")).await?;
+        bar.set_position(u64::from(r.restore.progress));
+        match r.restore.state {
+            RestoreState::Completed => {
+                bar.finish_and_clear();
+                return Ok(r);
+            }
+            RestoreState::Failed => {
+                bar.abandon();
+                bail!(
+                    "the restore of {} into {volume} failed: {}; restore again (corral backup restore {volume} {}) or delete the volume",
+                    r.restore.backup,
+                    r.restore.message,
+                    r.restore.backup
+                );
+            }
+            RestoreState::Initiated | RestoreState::Restoring => {}
+        }
+        if Instant::now() > end {
+            bar.abandon();
+            bail!(
+                "the restore into {volume} is still running ({}%) after {timeout:?}",
+                r.restore.progress
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// `\nrestore of BACKUP: STATE N% (message)` for `corral volume get`, empty when the volume has no restore.
+pub async fn restore_line(c: &Client, volume: &str) -> String {
+    match c
+        .get::<RestoreView>(&format!("/v1/volumes/{volume}/restore"))
+        .await
+    {
+        Ok(r) => format!(
+            "\nrestore of {}:{}: {} {}%{}",
+            r.restore.target,
+            r.restore.backup,
+            corral_daemon::output::serialized_name(&r.restore.state),
+            r.restore.progress,
+            if r.restore.message.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", r.restore.message)
+            }
+        ),
+        Err(_) => String::new(),
+    }
+}
+
+/// `TARGET:NAME` of the newest backup of a backup volume `[TARGET:]VOLUME`.
+pub async fn newest_backup_of(c: &Client, bv: &str) -> anyhow::Result<String> {
+    let v: BackupVolumeView = c.get(&format!("/v1/backupvolumes/{bv}")).await?;
+    if v.volume.last_backup_name.is_empty() {
+        bail!("backup volume {bv} has no completed backup");
+    }
+    Ok(format!("{}:{}", v.volume.target, v.volume.last_backup_name))
+}
+
+/// Waits (progress bar) until a standby volume restored its first backup.
+pub async fn wait_standby(c: &Client, volume: &str, timeout: Duration) -> anyhow::Result<RestoreView> {
+    let bar = corral_daemon::percent_bar("restoring");
+    let end = Instant::now() + timeout;
+    loop {
+        let r: RestoreView = c.get(&format!("/v1/volumes/{volume}/restore")).await?;
+        bar.set_position(u64::from(r.restore.progress));
+        if r.restore.restored {
+            bar.finish_and_clear();
+            return Ok(r);
+        }
+        if r.restore.state == RestoreState::Failed {
+            bar.abandon();
+            bail!("the restore into {volume} failed: {}", r.restore.message);
+        }
+        if Instant::now() > end {
+            bar.abandon();
+            bail!("the restore into {volume} is still running after {timeout:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// The size of backup `[TARGET:]NAME` (a restored volume's default size).
+pub async fn backup_size(c: &Client, backup: &str) -> Result<u64, ClientError> {
+    let b: BackupView = c.get(&format!("/v1/backups/{backup}")).await?;
+    Ok(b.backup.size)
+}
+
+pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
+    match cmd {
+        BackupCmd::Target { cmd } => match cmd {
+            TargetCmd::Set {
+                target_url,
+                name,
+                endpoint,
+                region,
+                poll_interval,
+                credentials_from_env,
+                credentials_file,
+            } => {
+                let body = BackupTargetSet {
+                    url: target_url,
+                    endpoint,
+                    region,
+                    poll_interval,
+                    credentials: read_credentials(credentials_from_env, credentials_file.as_ref())?,
+                };
+                let t: BackupTargetView = c.put(&format!("/v1/backuptargets/{name}"), &body).await?;
+                print(json, &t, || target_table(std::slice::from_ref(&t)))
+            }
+            TargetCmd::Get { name } => {
+                let t: BackupTargetView = c.get(&format!("/v1/backuptargets/{name}")).await?;
+                print(json, &t, || target_table(std::slice::from_ref(&t)))
+            }
+            TargetCmd::Ls => {
+                let ts: Vec<BackupTargetView> = c.get("/v1/backuptargets").await?;
+                print(json, &ts, || target_table(&ts))
+            }
+            TargetCmd::Rm { name } => {
+                c.delete(&format!("/v1/backuptargets/{name}")).await?;
+                Ok(())
+            }
+        },
+        BackupCmd::Create {
+            volume,
+            snapshot,
+            full,
+            labels,
+            target,
+            no_wait,
+            timeout,
+        } => {
+            let labels = labels
+                .iter()
+                .map(|l| {
+                    l.split_once('=')
+                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                        .with_context(|| format!("label {l:?}: expected k=v"))
+                })
+                .collect::<anyhow::Result<_>>()?;
+            let body = BackupCreate {
+                volume,
+                snapshot,
+                full,
+                labels,
+                target,
+            };
+            let mut b: BackupView = c.post("/v1/backups", &body).await?;
+            if !no_wait {
+                b = wait_backup(c, &b.id, Duration::from_secs(timeout)).await?;
+            }
+            print(json, &b, || {
+                let x = &b.backup;
+                if x.state == BackupState::Completed {
+                    format!(
+                        "{}: {} of snapshot {}; read {}, uploaded {} new",
+                        b.id,
+                        kind(x),
+                        x.snapshot,
+                        corral_daemon::human_bytes(x.read_bytes),
+                        corral_daemon::human_bytes(x.new_bytes)
+                    )
+                } else {
+                    format!("{}: {} (snapshot {})", b.id, x.state.as_str(), x.snapshot)
+                }
+            })
+        }
+        BackupCmd::Ls { volume } => {
+            let mut bs: Vec<BackupView> = c.get("/v1/backups").await?;
+            if let Some(v) = &volume {
+                let (t, n) = super::restore::parse_ref(v);
+                bs.retain(|b| b.backup.volume == n && (!v.contains(':') || b.backup.target == t));
+            }
+            print(json, &bs, || backup_table(&bs))
+        }
+        BackupCmd::Get { backup } => {
+            let b: BackupView = c.get(&format!("/v1/backups/{backup}")).await?;
+            print(json, &b, || {
+                let x = &b.backup;
+                let mut rows = vec![
+                    vec!["id".into(), b.id.clone()],
+                    vec!["volume".into(), x.volume.clone()],
+                    vec!["snapshot".into(), x.snapshot.clone()],
+                    vec!["state".into(), format!("{} {}%", x.state.as_str(), x.progress)],
+                    vec!["kind".into(), kind(x)],
+                    vec!["base backup".into(), x.base_backup.clone()],
+                    vec!["size".into(), corral_daemon::human_bytes(x.size)],
+                    vec!["read".into(), corral_daemon::human_bytes(x.read_bytes)],
+                    vec!["uploaded new".into(), corral_daemon::human_bytes(x.new_bytes)],
+                    vec!["started".into(), x.started.clone()],
+                    vec!["completed".into(), x.completed.clone()],
+                ];
+                if !x.labels.is_empty() {
+                    rows.push(vec![
+                        "labels".into(),
+                        x.labels
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(", "),
+                    ]);
+                }
+                if !x.error.is_empty() {
+                    rows.push(vec!["error".into(), x.error.clone()]);
+                }
+                table(&["FIELD", "VALUE"], rows)
+            })
+        }
+        BackupCmd::Rm { backup } => {
+            c.delete(&format!("/v1/backups/{backup}")).await?;
+            Ok(())
+        }
+        BackupCmd::Restore {
+            volume,
+            backup,
+            no_wait,
+            timeout,
+        } => {
+            let mut r: RestoreView = c
+                .post(
+                    &format!("/v1/volumes/{volume}/restore"),
+                    &RestoreRequest { backup },
+                )
+                .await?;
+            if !no_wait {
+                r = wait_restore(c, &volume, Duration::from_secs(timeout)).await?;
+            }
+            print(json, &r, || {
+                format!(
+                    "volume {volume}: restore of {} {}",
+                    r.restore.backup,
+                    corral_daemon::output::serialized_name(&r.restore.state)
+                )
+            })
+        }
+        BackupCmd::MaxCount { volume, count } => {
+            let backup_max_count = match count.as_str() {
+                "none" => None,
+                n => Some(
+                    n.parse()
+                        .with_context(|| format!("count {n:?}: a whole number or none"))?,
+                ),
+            };
+            let r: BackupMaxCount = c
+                .put(
+                    &format!("/v1/volumes/{volume}/backupmaxcount"),
+                    &BackupMaxCount { backup_max_count },
+                )
+                .await?;
+            print(json, &r, || match r.backup_max_count {
+                Some(n) => format!("volume {volume}: backup-max-count {n}"),
+                None => format!("volume {volume}: backup-max-count from the setting"),
+            })
+        }
+        BackupCmd::Volume { cmd } => match cmd {
+            VolumeCmd::Ls => {
+                let vs: Vec<BackupVolumeView> = c.get("/v1/backupvolumes").await?;
+                print(json, &vs, || volume_table(&vs))
+            }
+            VolumeCmd::Get { name } => {
+                let v: BackupVolumeView = c.get(&format!("/v1/backupvolumes/{name}")).await?;
+                print(json, &v, || volume_table(std::slice::from_ref(&v)))
+            }
+            VolumeCmd::Rm { name } => {
+                c.delete(&format!("/v1/backupvolumes/{name}")).await?;
+                Ok(())
+            }
+        },
+    }
+}

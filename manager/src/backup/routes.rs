@@ -1,0 +1,872 @@
+//! REST: backup targets (`/v1/backuptargets`), backup volumes (`/v1/backupvolumes`), backups (`/v1/backups`) and
+//! restores (`/v1/volumes/{volume}/restore`), with their OpenAPI shapes ([`shape`], [`schemas`]). A backup or
+//! backup volume is named `[TARGET:]NAME` (the default target when no target is named). Every check runs before
+//! the first write. A target's credentials are taken by `PUT` and never answered: views show their names only.
+
+use std::collections::BTreeMap;
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use corral_proto::v1;
+use serde::{Deserialize, Serialize};
+
+use super::controller::MAX_COUNT_SETTING;
+use super::model::{
+    Backup, BackupMode, BackupState, BackupTarget, BackupTargetSecret, BackupTargetSpec, BackupTargetStatus,
+    BackupVolume, DEFAULT_TARGET, VolumeRestore, key,
+};
+use super::restore::{check_detach, completed_backup, parse_ref, record_for, spec_ref};
+use super::target::{TargetError, check, open_spec};
+use crate::api::extract::{Body, Path};
+use crate::api::openapi::check_name;
+use crate::api::routes::Routes;
+use crate::context::Ctx;
+use crate::error::ApiError;
+use crate::model::{ProcessState, Volume, VolumeState};
+use crate::store::StoreError;
+
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
+pub use super::openapi::{BACKUP_REF_PATTERN, CREDENTIAL_KEYS, DEFAULT_POLL_INTERVAL, TARGET_URL_PATTERN};
+
+pub fn register(r: &mut Routes) {
+    r.add("get", "/v1/backuptargets", "List backup targets", list_targets);
+    r.add(
+        "get",
+        "/v1/backuptargets/{backuptarget}",
+        "Get a backup target (never its credentials)",
+        get_target,
+    );
+    r.add(
+        "put",
+        "/v1/backuptargets/{backuptarget}",
+        "Set a backup target (`default` is used when none is named); refused unless it can be listed",
+        put_target,
+    );
+    r.add(
+        "delete",
+        "/v1/backuptargets/{backuptarget}",
+        "Forget a backup target (its data stays where it is)",
+        delete_target,
+    );
+    r.add(
+        "get",
+        "/v1/backupvolumes",
+        "List the backup volumes of every target",
+        list_volumes,
+    );
+    r.add(
+        "get",
+        "/v1/backupvolumes/{backupvolume}",
+        "Get a backup volume ([TARGET:]NAME)",
+        get_volume,
+    );
+    r.add(
+        "delete",
+        "/v1/backupvolumes/{backupvolume}",
+        "Delete a backup volume with every backup and block on its target",
+        delete_volume,
+    );
+    r.add("get", "/v1/backups", "List backups of every target", list_backups);
+    r.add(
+        "post",
+        "/v1/backups",
+        "Back up a volume (a snapshot is taken when none is named)",
+        create_backup,
+    );
+    r.add(
+        "get",
+        "/v1/backups/{backup}",
+        "Get a backup ([TARGET:]NAME)",
+        get_backup,
+    );
+    r.add(
+        "delete",
+        "/v1/backups/{backup}",
+        "Delete a backup; blocks no other backup uses are collected",
+        delete_backup,
+    );
+    r.add(
+        "put",
+        "/v1/volumes/{volume}/backupmaxcount",
+        "Set the volume's backup-max-count (null: the setting's)",
+        put_max_count,
+    );
+    r.add(
+        "get",
+        "/v1/volumes/{volume}/restore",
+        "The volume's last restore from a backup",
+        get_restore,
+    );
+    r.add(
+        "post",
+        "/v1/volumes/{volume}/activate",
+        "Activate a standby (DR) volume: one last incremental restore of the newest backup, then a normal volume",
+        activate,
+    );
+    r.add(
+        "post",
+        "/v1/volumes/{volume}/restore",
+        "Restore a backup into a detached volume in place",
+        restore_in_place,
+    );
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[serde(deny_unknown_fields)]
+pub struct BackupTargetSet {
+    pub url: String,
+    #[serde(default)]
+    pub endpoint: String,
+    #[serde(default)]
+    pub region: String,
+    /// Seconds between two listings (default 300).
+    #[serde(default)]
+    pub poll_interval: Option<u64>,
+    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`. None keeps the stored ones.
+    #[serde(default)]
+    pub credentials: Option<BTreeMap<String, String>>,
+}
+
+/// A target as shown: never its credentials' values.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupTargetView {
+    pub name: String,
+    pub url: String,
+    pub endpoint: String,
+    pub region: String,
+    pub poll_interval: u64,
+    pub credential_keys: Vec<String>,
+    #[serde(flatten)]
+    pub status: BackupTargetStatus,
+}
+
+impl BackupTargetView {
+    fn new(name: &str, t: &BackupTarget) -> Self {
+        Self {
+            name: name.to_owned(),
+            url: t.spec.url.clone(),
+            endpoint: t.spec.endpoint.clone(),
+            region: t.spec.region.clone(),
+            poll_interval: t.spec.poll_interval,
+            credential_keys: t.spec.credential_keys.clone(),
+            status: t.status.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[serde(deny_unknown_fields)]
+pub struct BackupCreate {
+    pub volume: String,
+    /// Back up this snapshot; none: one is taken.
+    #[serde(default)]
+    pub snapshot: Option<String>,
+    /// Read and upload everything, whatever the chain policy says.
+    #[serde(default)]
+    pub full: bool,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Default: `default`.
+    #[serde(default)]
+    pub target: Option<String>,
+}
+
+/// A volume's own `backup-max-count`: None falls back to the setting; 0 = no limit.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[serde(deny_unknown_fields)]
+pub struct BackupMaxCount {
+    #[serde(default)]
+    pub backup_max_count: Option<u32>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[serde(deny_unknown_fields)]
+pub struct RestoreRequest {
+    /// `[TARGET:]BACKUP`.
+    pub backup: String,
+}
+
+/// A backup as shown: its id (`TARGET:NAME`) and record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupView {
+    pub id: String,
+    #[serde(flatten)]
+    pub backup: Backup,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackupVolumeView {
+    pub id: String,
+    #[serde(flatten)]
+    pub volume: BackupVolume,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RestoreView {
+    pub volume: String,
+    #[serde(flatten)]
+    pub restore: VolumeRestore,
+}
+
+fn target_error(e: TargetError) -> ApiError {
+    match e {
+        TargetError::NotSet(_) => ApiError::Conflict(e.to_string()),
+        TargetError::Unusable { .. } => ApiError::Invalid(e.to_string()),
+        TargetError::Store(e) => e.into(),
+    }
+}
+
+/// `[TARGET:]NAME` → store key, names checked.
+fn ref_key(what: &str, r: &str) -> Result<String, ApiError> {
+    let (t, n) = parse_ref(r);
+    check_name("backup target", &t)?;
+    backupstore::validate_name(what, &n).map_err(|e| ApiError::Invalid(e.to_string()))?;
+    Ok(key(&t, &n))
+}
+
+async fn list_targets(State(ctx): State<Ctx>) -> ApiResult<Vec<BackupTargetView>> {
+    Ok(Json(
+        ctx.db
+            .list::<BackupTarget>()
+            .await?
+            .iter()
+            .map(|t| BackupTargetView::new(&t.name, &t.data))
+            .collect(),
+    ))
+}
+
+async fn get_target(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<BackupTargetView> {
+    let t = ctx
+        .db
+        .get::<BackupTarget>(&name)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("backup target {name:?} is not set")))?;
+    Ok(Json(BackupTargetView::new(&name, &t.data)))
+}
+
+async fn put_target(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    Body(req): Body<BackupTargetSet>,
+) -> ApiResult<BackupTargetView> {
+    check_name("backup target", &name)?;
+    if !regex_is_match(TARGET_URL_PATTERN, &req.url) {
+        return Err(ApiError::Invalid(format!(
+            "backup target URL {:?}: expected file:///DIR or s3://BUCKET[/PREFIX] (endpoint and region are fields of their own)",
+            req.url
+        )));
+    }
+    let is_s3 = req.url.starts_with("s3://");
+    if !is_s3 && (!req.endpoint.is_empty() || !req.region.is_empty()) {
+        return Err(ApiError::Invalid(
+            "endpoint and region are for s3:// targets".into(),
+        ));
+    }
+    if !(req.endpoint.is_empty()
+        || req.endpoint.starts_with("http://")
+        || req.endpoint.starts_with("https://"))
+    {
+        return Err(ApiError::Invalid(format!(
+            "endpoint {:?} is not an http:// or https:// URL",
+            req.endpoint
+        )));
+    }
+    if req.endpoint.contains(['?', '&', '#']) || req.region.contains(['?', '&', '#', '=']) {
+        return Err(ApiError::Invalid(
+            "endpoint and region cannot hold ?, &, # or =".into(),
+        ));
+    }
+    if let Some(p) = req.poll_interval
+        && p == 0
+    {
+        return Err(ApiError::Invalid("pollInterval must be at least 1 second".into()));
+    }
+    let credentials = match &req.credentials {
+        Some(c) => {
+            if let Some(k) = c.keys().find(|k| !CREDENTIAL_KEYS.contains(&k.as_str())) {
+                return Err(ApiError::Invalid(format!(
+                    "unknown credential {k:?}; known: {}",
+                    CREDENTIAL_KEYS.join(", ")
+                )));
+            }
+            c.clone()
+        }
+        None => ctx
+            .db
+            .get::<BackupTargetSecret>(&name)
+            .await?
+            .map(|s| s.data.credentials)
+            .unwrap_or_default(),
+    };
+    if let Some(dir) = req.url.strip_prefix("file://")
+        && !std::path::Path::new(dir).is_dir()
+    {
+        return Err(ApiError::Invalid(format!(
+            "backup target directory {dir} does not exist: create it first"
+        )));
+    }
+    let spec = BackupTargetSpec {
+        url: req.url.trim_end_matches('/').to_owned(),
+        endpoint: req.endpoint.clone(),
+        region: req.region.clone(),
+        poll_interval: req.poll_interval.unwrap_or(DEFAULT_POLL_INTERVAL),
+        credential_keys: credentials.keys().cloned().collect(),
+    };
+    if spec.url == "file://" {
+        return Err(ApiError::Invalid(
+            "a file target needs a directory: file:///DIR".into(),
+        ));
+    }
+    // Reachable, the bucket exists, the credentials are accepted: before anything is written.
+    let ot = open_spec(&name, &spec, credentials.clone()).map_err(target_error)?;
+    match check(&ot).await {
+        Ok(_) => {}
+        Err(TargetError::Unusable { reason, .. }) if reason.starts_with("no answer") => {
+            return Err(ApiError::Unavailable(format!("backup target {name}: {reason}")));
+        }
+        Err(e) => return Err(target_error(e)),
+    }
+    let secret = BackupTargetSecret { credentials };
+    match ctx.db.get::<BackupTargetSecret>(&name).await? {
+        Some(mut s) if s.data != secret => {
+            s.data = secret;
+            ctx.db.update(&mut s).await?;
+        }
+        Some(_) => {}
+        None => {
+            ctx.db.create(&name, secret).await?;
+        }
+    }
+    let status = BackupTargetStatus {
+        available: true,
+        message: String::new(),
+        last_synced_at: 0,
+    };
+    let t = match ctx.db.get::<BackupTarget>(&name).await? {
+        Some(mut t) => {
+            t.data.spec = spec;
+            t.data.status = status;
+            ctx.db.update(&mut t).await?;
+            t
+        }
+        None => ctx.db.create(&name, BackupTarget { spec, status }).await?,
+    };
+    tracing::info!(target = %name, url = %t.data.spec.store_url(), credentials = ?t.data.spec.credential_keys, "backup target set");
+    Ok(Json(BackupTargetView::new(&name, &t.data)))
+}
+
+fn regex_is_match(pattern: &str, s: &str) -> bool {
+    regex::Regex::new(pattern).is_ok_and(|r| r.is_match(s))
+}
+
+async fn delete_target(State(ctx): State<Ctx>, Path(name): Path<String>) -> Result<StatusCode, ApiError> {
+    ctx.db
+        .get::<BackupTarget>(&name)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("backup target {name:?} is not set")))?;
+    if let Some(b) = ctx
+        .db
+        .list::<Backup>()
+        .await?
+        .into_iter()
+        .find(|b| b.data.target == name && !b.data.source_volume.is_empty() && b.data.state.active())
+    {
+        return Err(ApiError::Conflict(format!(
+            "backup {} to target {name} is running",
+            b.data.name
+        )));
+    }
+    if let Some(r) = ctx
+        .db
+        .list::<VolumeRestore>()
+        .await?
+        .into_iter()
+        .find(|r| r.data.target == name && r.data.state.active())
+    {
+        return Err(ApiError::Conflict(format!(
+            "volume {} is being restored from target {name}",
+            r.name
+        )));
+    }
+    ctx.db.delete_any::<BackupTarget>(&name).await?;
+    ctx.db.delete_any::<BackupTargetSecret>(&name).await?;
+    for b in ctx.db.list::<Backup>().await? {
+        if b.data.target == name {
+            ctx.db.delete_any::<Backup>(&b.name).await?;
+        }
+    }
+    for v in ctx.db.list::<BackupVolume>().await? {
+        if v.data.target == name {
+            ctx.db.delete_any::<BackupVolume>(&v.name).await?;
+        }
+    }
+    Ok(StatusCode::NO_CONTENT)
+}
+
+async fn list_volumes(State(ctx): State<Ctx>) -> ApiResult<Vec<BackupVolumeView>> {
+    Ok(Json(
+        ctx.db
+            .list::<BackupVolume>()
+            .await?
+            .into_iter()
+            .map(|v| BackupVolumeView {
+                id: v.name,
+                volume: v.data,
+            })
+            .collect(),
+    ))
+}
+
+async fn get_volume(State(ctx): State<Ctx>, Path(r): Path<String>) -> ApiResult<BackupVolumeView> {
+    let k = ref_key("volume", &r)?;
+    let v = ctx
+        .db
+        .get::<BackupVolume>(&k)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("backup volume {r:?} not found")))?;
+    Ok(Json(BackupVolumeView {
+        id: v.name,
+        volume: v.data,
+    }))
+}
+
+async fn delete_volume(State(ctx): State<Ctx>, Path(r): Path<String>) -> Result<StatusCode, ApiError> {
+    let k = ref_key("volume", &r)?;
+    let (target, volume) = parse_ref(&r);
+    let known = ctx.db.get::<BackupVolume>(&k).await?.is_some();
+    let backups: Vec<_> = ctx
+        .db
+        .list::<Backup>()
+        .await?
+        .into_iter()
+        .filter(|b| b.data.target == target && b.data.volume == volume)
+        .collect();
+    if !known && backups.is_empty() {
+        return Err(ApiError::NotFound(format!("backup volume {r:?} not found")));
+    }
+    if let Some(b) = backups
+        .iter()
+        .find(|b| !b.data.source_volume.is_empty() && b.data.state.active())
+    {
+        return Err(ApiError::Conflict(format!(
+            "backup {} of {volume} is running",
+            b.data.name
+        )));
+    }
+    if let Some(rs) = ctx
+        .db
+        .list::<VolumeRestore>()
+        .await?
+        .into_iter()
+        .find(|x| x.data.target == target && x.data.backup_volume == volume && x.data.state.active())
+    {
+        return Err(ApiError::Conflict(format!(
+            "volume {} is being restored from {volume}",
+            rs.name
+        )));
+    }
+    let t = super::target::open(&ctx, &target).await.map_err(target_error)?;
+    t.store
+        .delete_volume(&volume, &backupstore::GcOptions::default())
+        .await
+        .map_err(|e| store_error(&e))?;
+    tracing::info!(target = %target, volume = %volume, "backup volume deleted");
+    for b in backups {
+        ctx.db.delete_any::<Backup>(&b.name).await?;
+    }
+    ctx.db.delete_any::<BackupVolume>(&k).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+fn store_error(e: &backupstore::BackupStoreError) -> ApiError {
+    use backupstore::ErrorKind;
+    match e.kind() {
+        ErrorKind::InvalidArgument => ApiError::Invalid(e.to_string()),
+        ErrorKind::NotFound => ApiError::NotFound(e.to_string()),
+        ErrorKind::FailedPrecondition | ErrorKind::Cancelled => ApiError::Conflict(e.to_string()),
+        ErrorKind::Corrupt | ErrorKind::Io => ApiError::Unavailable(e.to_string()),
+    }
+}
+
+async fn list_backups(State(ctx): State<Ctx>) -> ApiResult<Vec<BackupView>> {
+    let mut out: Vec<BackupView> = ctx
+        .db
+        .list::<Backup>()
+        .await?
+        .into_iter()
+        .map(|b| BackupView {
+            id: b.name,
+            backup: b.data,
+        })
+        .collect();
+    out.sort_by(|a, b| {
+        (&a.backup.target, &a.backup.volume, &a.backup.started, &a.id).cmp(&(
+            &b.backup.target,
+            &b.backup.volume,
+            &b.backup.started,
+            &b.id,
+        ))
+    });
+    Ok(Json(out))
+}
+
+async fn get_backup(State(ctx): State<Ctx>, Path(r): Path<String>) -> ApiResult<BackupView> {
+    let k = ref_key("backup", &r)?;
+    let b = ctx
+        .db
+        .get::<Backup>(&k)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("backup {r:?} not found")))?;
+    Ok(Json(BackupView {
+        id: b.name,
+        backup: b.data,
+    }))
+}
+
+async fn delete_backup(State(ctx): State<Ctx>, Path(r): Path<String>) -> Result<StatusCode, ApiError> {
+    let k = ref_key("backup", &r)?;
+    let b = ctx
+        .db
+        .get::<Backup>(&k)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("backup {r:?} not found")))?;
+    if !b.data.source_volume.is_empty() && b.data.state.active() {
+        return Err(ApiError::Conflict(format!(
+            "backup {} is {} ({}%): delete it once it completed or failed",
+            b.data.name,
+            b.data.state.as_str(),
+            b.data.progress
+        )));
+    }
+    if let Some(rs) = ctx
+        .db
+        .list::<VolumeRestore>()
+        .await?
+        .into_iter()
+        .find(|x| x.data.target == b.data.target && x.data.backup == b.data.name && x.data.state.active())
+    {
+        return Err(ApiError::Conflict(format!(
+            "volume {} is being restored from backup {}",
+            rs.name, b.data.name
+        )));
+    }
+    let t = super::target::open(&ctx, &b.data.target)
+        .await
+        .map_err(target_error)?;
+    match t
+        .store
+        .delete_backup(&b.data.volume, &b.data.name, &backupstore::GcOptions::default())
+        .await
+    {
+        Ok(o) => {
+            tracing::info!(backup = %b.data.name, volume = %b.data.volume, blocks = o.deleted_blocks, "backup deleted");
+        }
+        // A failed job that never wrote its record, or deleted on the target meanwhile.
+        Err(e) if e.kind() == backupstore::ErrorKind::NotFound => {}
+        Err(e) => return Err(store_error(&e)),
+    }
+    ctx.db.delete_any::<Backup>(&k).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// A new backup's name: `backup-` and 16 hex digits.
+fn new_backup_name() -> String {
+    format!("backup-{}", &uuid::Uuid::new_v4().simple().to_string()[..16])
+}
+
+async fn create_backup(
+    State(ctx): State<Ctx>,
+    Body(req): Body<BackupCreate>,
+) -> Result<(StatusCode, Json<BackupView>), ApiError> {
+    check_name("volume name", &req.volume)?;
+    backupstore::validate_name("volume", &req.volume).map_err(|e| ApiError::Invalid(e.to_string()))?;
+    if let Some(s) = &req.snapshot {
+        check_name("snapshot name", s)?;
+    }
+    let target = req.target.clone().unwrap_or_else(|| DEFAULT_TARGET.to_owned());
+    check_name("backup target", &target)?;
+    let v = ctx
+        .db
+        .get::<Volume>(&req.volume)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("volume {:?} not found", req.volume)))?;
+    let t = super::target::open(&ctx, &target).await.map_err(target_error)?;
+    if let Some((b, s)) = super::running_on(&ctx, &req.volume).await? {
+        return Err(ApiError::Conflict(format!(
+            "backup {b} of volume {} (snapshot {s}) is running: one at a time",
+            req.volume
+        )));
+    }
+    if let Some(r) = ctx.db.get::<VolumeRestore>(&req.volume).await?
+        && r.data.state.active()
+    {
+        return Err(ApiError::Conflict(format!(
+            "volume {} is being restored: back it up once the restore completed",
+            req.volume
+        )));
+    }
+    // backup-max-count: the volume's own limit, else the setting (0 = none).
+    let max = match v.data.spec.backup_max_count {
+        Some(n) => u64::from(n),
+        None => ctx.setting_u64(MAX_COUNT_SETTING).await,
+    };
+    if max > 0 {
+        let have = ctx
+            .db
+            .list::<Backup>()
+            .await?
+            .iter()
+            .filter(|b| {
+                b.data.target == target && b.data.volume == req.volume && b.data.state != BackupState::Failed
+            })
+            .count();
+        if u64::try_from(have).unwrap_or(u64::MAX) >= max {
+            return Err(ApiError::Conflict(format!(
+                "volume {} has {have} backups on target {target}, its limit (backup-max-count) is {max}: delete some first",
+                req.volume
+            )));
+        }
+    }
+    let e = ctx
+        .db
+        .get::<crate::model::Engine>(&req.volume)
+        .await?
+        .filter(|e| e.data.status.state == ProcessState::Running && v.data.status.state == VolumeState::Attached)
+        .ok_or_else(|| {
+            ApiError::Conflict(format!(
+                "volume {} is not attached: attach it (corral volume attach --maintenance serves no IO) and back it up",
+                req.volume
+            ))
+        })?;
+    let mut engine = crate::controller::engine::client(&e.data.status.address)
+        .await
+        .map_err(|err| {
+            ApiError::Unavailable(format!(
+                "engine of {} at {}: {err}",
+                req.volume, e.data.status.address
+            ))
+        })?;
+    let name = new_backup_name();
+    let snaps = engine.snapshot_list(v1::Empty {}).await?.into_inner();
+    let (snapshot, taken) = match &req.snapshot {
+        Some(s) => {
+            let have = crate::snapshot::from_engine(&req.volume, &snaps)
+                .iter()
+                .any(|x| x.name == *s && !x.removed);
+            if !have {
+                return Err(ApiError::NotFound(format!(
+                    "volume {} has no snapshot {s:?}",
+                    req.volume
+                )));
+            }
+            (s.clone(), false)
+        }
+        None => {
+            let r = engine
+                .snapshot_create(v1::SnapshotCreateRequest {
+                    name: name.clone(),
+                    labels: [("corral.io/backup".to_owned(), name.clone())].into(),
+                })
+                .await?
+                .into_inner();
+            let l = engine.snapshot_list(v1::Empty {}).await?.into_inner();
+            crate::snapshot::record(
+                &ctx.db,
+                &req.volume,
+                &crate::snapshot::from_engine(&req.volume, &l),
+            )
+            .await?;
+            (r.name, true)
+        }
+    };
+    let b = Backup {
+        target: target.clone(),
+        volume: req.volume.clone(),
+        name: name.clone(),
+        snapshot,
+        labels: req.labels.clone(),
+        state: BackupState::Pending,
+        size: v.data.spec.size,
+        source_volume: req.volume.clone(),
+        mode: if req.full {
+            BackupMode::Full
+        } else {
+            BackupMode::Auto
+        },
+        snapshot_taken: taken,
+        started: chrono::Utc::now().to_rfc3339(),
+        ..Default::default()
+    };
+    let k = key(&target, &name);
+    ctx.db.create(&k, b).await?;
+    tracing::info!(backup = %name, volume = %req.volume, target = %t.name, "backup requested");
+    let b = ctx.db.must_get::<Backup>(&k).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(BackupView {
+            id: b.name,
+            backup: b.data,
+        }),
+    ))
+}
+
+async fn put_max_count(
+    State(ctx): State<Ctx>,
+    Path(volume): Path<String>,
+    Body(req): Body<BackupMaxCount>,
+) -> ApiResult<BackupMaxCount> {
+    let v = ctx
+        .db
+        .modify::<Volume>(&volume, |v| {
+            let changed = v.spec.backup_max_count != req.backup_max_count;
+            v.spec.backup_max_count = req.backup_max_count;
+            changed
+        })
+        .await
+        .map_err(|e| match e {
+            StoreError::NotFound { .. } => ApiError::NotFound(format!("volume {volume:?} not found")),
+            e => e.into(),
+        })?;
+    Ok(Json(BackupMaxCount {
+        backup_max_count: v.data.spec.backup_max_count,
+    }))
+}
+
+async fn activate(State(ctx): State<Ctx>, Path(volume): Path<String>) -> ApiResult<RestoreView> {
+    let r = ctx
+        .db
+        .get::<VolumeRestore>(&volume)
+        .await?
+        .filter(|r| r.data.standby && r.data.state.active())
+        .ok_or_else(|| ApiError::Conflict(format!("volume {volume:?} is not a standby volume")))?;
+    let r = if r.data.activate {
+        r
+    } else {
+        ctx.db
+            .modify::<VolumeRestore>(&volume, |r| {
+                r.activate = true;
+                true
+            })
+            .await?
+    };
+    Ok(Json(RestoreView {
+        volume,
+        restore: r.data,
+    }))
+}
+
+async fn get_restore(State(ctx): State<Ctx>, Path(volume): Path<String>) -> ApiResult<RestoreView> {
+    let r = ctx
+        .db
+        .get::<VolumeRestore>(&volume)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("volume {volume:?} has no restore")))?;
+    Ok(Json(RestoreView {
+        volume,
+        restore: r.data,
+    }))
+}
+
+/// Checks a restore of `[TARGET:]BACKUP` into a volume of `size` bytes: the backup completed, fits, and its
+/// backing image (if any) is the one asked for. Returns the backup and the backing image the volume takes.
+pub async fn check_restore_source(
+    ctx: &Ctx,
+    r: &str,
+    size: u64,
+    backing_image: Option<&str>,
+) -> Result<(Backup, Option<String>), ApiError> {
+    let b = completed_backup(ctx, r).await?.data;
+    if size < b.size {
+        return Err(ApiError::Conflict(format!(
+            "backup {} is {} bytes: a volume restored from it cannot be smaller ({size} bytes asked for)",
+            b.name, b.size
+        )));
+    }
+    let recorded = ctx
+        .db
+        .get::<BackupVolume>(&key(&b.target, &b.volume))
+        .await?
+        .map(|v| v.data.backing_image_name)
+        .filter(|n| !n.is_empty());
+    let image = match (backing_image, recorded) {
+        (Some(asked), Some(rec)) if asked != rec => {
+            return Err(ApiError::Conflict(format!(
+                "backup {} was made over backing image {rec}, not {asked}",
+                b.name
+            )));
+        }
+        (Some(asked), _) => Some(asked.to_owned()),
+        (None, rec) => rec,
+    };
+    Ok((b, image))
+}
+
+/// Creates the restore record of a volume just created with `fromBackup`.
+pub async fn start_restore(ctx: &Ctx, volume: &str, b: &Backup, standby: bool) -> Result<(), StoreError> {
+    ctx.db.delete_any::<VolumeRestore>(volume).await?;
+    let mut r = record_for(b);
+    r.standby = standby;
+    ctx.db.create(volume, r).await.map(|_| ())
+}
+
+/// `fromBackup` for a new volume's spec.
+pub fn from_backup_ref(b: &Backup) -> String {
+    spec_ref(b)
+}
+
+async fn restore_in_place(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    Body(req): Body<RestoreRequest>,
+) -> ApiResult<RestoreView> {
+    let v = ctx
+        .db
+        .get::<Volume>(&name)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("volume {name:?} not found")))?;
+    let (b, _) = check_restore_source(
+        &ctx,
+        &req.backup,
+        v.data.spec.size,
+        v.data.spec.backing_image.as_deref(),
+    )
+    .await?;
+    check_detach(&ctx, &name).await?;
+    if let Some(c) = ctx.db.get::<crate::clone::model::VolumeClone>(&name).await?
+        && c.data.state.active()
+    {
+        return Err(ApiError::Conflict(format!("volume {name} is being cloned")));
+    }
+    if v.data.spec.node_id.is_some() || v.data.status.state != VolumeState::Detached {
+        return Err(ApiError::Conflict(format!(
+            "volume {name} is {}: detach it first (a restore replaces its data)",
+            serde_json::to_string(&v.data.status.state)
+                .unwrap_or_default()
+                .trim_matches('"')
+        )));
+    }
+    let from = spec_ref(&b);
+    // The spec first: from here on attach is refused until the record says completed.
+    ctx.db
+        .modify::<Volume>(&name, |v| {
+            v.spec.from_backup = Some(from.clone());
+            true
+        })
+        .await?;
+    start_restore(&ctx, &name, &b, false).await?;
+    let r = ctx.db.must_get::<VolumeRestore>(&name).await?;
+    Ok(Json(RestoreView {
+        volume: name,
+        restore: r.data,
+    }))
+}
