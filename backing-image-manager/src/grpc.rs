@@ -16,9 +16,11 @@ use crate::image::{DiskImages, ImageEvent, ImageSpec, ImageView, check_ref};
 use crate::manager::Manager;
 use crate::state::FileState;
 
-/// Version of this API; clients older than `API_MIN_VERSION` are not served.
-pub const API_VERSION: u32 = 1;
-pub const API_MIN_VERSION: u32 = 1;
+/// Version of this API; clients older than `API_MIN_VERSION` are not served (one definition, shared with the
+/// control plane's compatibility check).
+pub use corral_proto::backing_image::{
+    BIM_API_MIN_VERSION as API_MIN_VERSION, BIM_API_VERSION as API_VERSION,
+};
 
 /// The service over one manager.
 pub struct BimService {

@@ -7,6 +7,7 @@
 
 mod support;
 
+use std::io::Write;
 use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -177,6 +178,45 @@ fn pids_of(binary: &str, dir: &Path) -> Vec<i64> {
     out
 }
 
+/// The arguments of process `pid`.
+fn cmdline(pid: i64) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            c.split(|b| *b == 0)
+                .filter(|a| !a.is_empty())
+                .map(|a| String::from_utf8_lossy(a).into_owned())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The value of `--flag VALUE` in `args`.
+fn flag<'a>(args: &'a [String], flag: &str) -> Option<&'a str> {
+    args.windows(2).find(|w| w[0] == flag).map(|w| w[1].as_str())
+}
+
+/// Every replica of `data_dir` runs on `backing` and was given the image's name and SHA-512 by the manager (what
+/// a backup records), not the file's name or another hash.
+fn assert_replicas_know_the_image(data_dir: &Path, backing: &Path, image: &str, checksum: &str) {
+    let replicas = pids_of("corral-replica", data_dir);
+    assert!(
+        !replicas.is_empty(),
+        "no replica runs under {}",
+        data_dir.display()
+    );
+    for pid in replicas {
+        let args = cmdline(pid);
+        let file = flag(&args, "--backing-file").and_then(|f| std::fs::canonicalize(f).ok());
+        assert_eq!(file, std::fs::canonicalize(backing).ok(), "{args:?}");
+        assert_eq!(flag(&args, "--backing-image-name"), Some(image), "{args:?}");
+        assert_eq!(
+            flag(&args, "--backing-image-checksum"),
+            Some(checksum),
+            "{args:?}"
+        );
+    }
+}
+
 fn backing_files(data_dir: &Path, name: &str) -> Vec<PathBuf> {
     let root = data_dir.join("disks/default/backing-images");
     std::fs::read_dir(&root)
@@ -278,6 +318,7 @@ fn a_downloaded_qcow2_backs_a_volume_through_io_snapshots_reattach_and_a_live_up
     );
     assert_eq!(code, 201, "{v}");
     compare(&expected, &uri);
+    assert_replicas_know_the_image(&data_dir, &files_on_disk[0], "base", &checksum);
 
     // Live upgrade: every corral-bim stopped; the restarted one adopts the file (same inode) while IO goes on.
     let bims = pids_of("corral-bim", &data_dir);
@@ -302,6 +343,31 @@ fn a_downloaded_qcow2_backs_a_volume_through_io_snapshots_reattach_and_a_live_up
     );
     compare(&expected, &uri);
 
+    // Through the same flow: the volume's snapshot exported as an image, and a clone of the image.
+    for body in [
+        json!({"name": "exported", "sourceType": "export-from-volume",
+            "parameters": {"volume": "vm", "snapshot": "s1", "exportType": "raw"}}),
+        json!({"name": "copy", "sourceType": "clone", "parameters": {"backingImage": "base"}}),
+    ] {
+        let (code, v) = rest("POST", &format!("{}/v1/backingimages", m.url), Some(&body));
+        assert_eq!(code, 201, "{body}: {v}");
+    }
+    // The export is the volume at s1 flattened over its backing image, as large as the volume.
+    let flat = files.join("s1.raw");
+    std::fs::copy(&expected, &flat).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&flat)
+        .unwrap()
+        .set_len(size)
+        .unwrap();
+    let v = wait_image(&m, "exported", "ready", Duration::from_secs(60));
+    assert_eq!(v["currentChecksum"], sha512(&flat).as_str(), "{v}");
+    assert_eq!(v["virtualSize"], size, "{v}");
+    let v = wait_image(&m, "copy", "ready", Duration::from_secs(60));
+    assert_eq!(v["currentChecksum"], checksum.as_str(), "{v}");
+    assert_eq!(backing_files(&data_dir, "copy").len(), 1);
+
     // Detach and attach: the replicas start on the (re-resolved) backing file again.
     let (code, v) = rest(
         "POST",
@@ -320,6 +386,7 @@ fn a_downloaded_qcow2_backs_a_volume_through_io_snapshots_reattach_and_a_live_up
     assert_eq!(code, 200, "{v}");
     let v = wait_healthy(&m, "vm", Duration::from_secs(90));
     compare(&expected, &unix_endpoint(&v));
+    assert_replicas_know_the_image(&data_dir, &files_on_disk[0], "base", &checksum);
 
     // The same image uploaded through the manager (the CLI streams it) has the same checksum.
     let out = Command::new(cli_bin())
@@ -568,7 +635,61 @@ fn a_cluster_syncs_copies_to_replica_disks_keeps_min_copies_through_cleanup_and_
             "node {i}"
         );
     }
-    compare(&expected, &unix_endpoint(&v));
+    let uri = unix_endpoint(&v);
+    compare(&expected, &uri);
+    let node_dirs: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("n{i}"))).collect();
+    let ino = |i: usize| {
+        let f = backing_files(&node_dirs[i], "base");
+        assert_eq!(f.len(), 1, "node {i}: {f:?}");
+        std::fs::metadata(&f[0]).unwrap().ino()
+    };
+    let inodes: Vec<u64> = (0..3).map(ino).collect();
+
+    // Live upgrade: every node's corral-bim stopped at once and started again (as a new version would be). Each
+    // adopts its file (same inode: neither synced nor downloaded again) while the volume keeps serving IO.
+    let bims: Vec<i64> = node_dirs.iter().flat_map(|d| pids_of("corral-bim", d)).collect();
+    assert_eq!(bims.len(), 3, "one corral-bim per disk: {bims:?}");
+    for pid in &bims {
+        let _ = Command::new("kill").args(["-TERM", &pid.to_string()]).status();
+    }
+    let mut ios = 0u32;
+    wait_for("every corral-bim restarted", Duration::from_secs(60), || {
+        let (ok, out) = qemu_io(&uri, &["write -P 0x5a 8M 64k", "read -P 0x5a 8M 64k"]);
+        assert!(ok, "IO while the disk managers restart: {out}");
+        ios += 1;
+        let now: Vec<i64> = node_dirs.iter().flat_map(|d| pids_of("corral-bim", d)).collect();
+        (now.len() == 3 && now.iter().all(|p| !bims.contains(p))).then_some(())
+    });
+    write_at(&expected, 8 << 20, &[0x5a; 64 << 10]);
+    wait_for("three ready copies again", Duration::from_secs(60), || {
+        (ready_disks(&image(m, "base")).len() == 3).then_some(())
+    });
+    assert_eq!((0..3).map(ino).collect::<Vec<_>>(), inodes, "adopted, not copied");
+    assert!(ios > 0);
+
+    // One copy no longer matches its checksum (a byte appended: replicas read nothing past the qcow2's clusters):
+    // it fails, is reported, and is synced again from a ready copy into a new file renamed into place; the replica
+    // that has the old file open keeps serving.
+    let victim = &backing_files(&node_dirs[2], "base")[0];
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(victim)
+        .unwrap()
+        .write_all(b"!")
+        .unwrap();
+    wait_for("the corrupted copy re-synced", Duration::from_secs(90), || {
+        let (ok, out) = qemu_io(&uri, &["read -P 0x5a 8M 64k"]);
+        assert!(ok, "IO while a copy is re-synced: {out}");
+        let f = backing_files(&node_dirs[2], "base");
+        let fresh = f.len() == 1 && std::fs::metadata(&f[0]).is_ok_and(|md| md.ino() != inodes[2]);
+        (fresh && ready_disks(&image(m, "base")).len() == 3).then_some(())
+    });
+    assert_eq!(sha512(&backing_files(&node_dirs[2], "base")[0]), checksum);
+    assert!(
+        ms[2].log().contains("backing image copy failed"),
+        "the failure is reported by node-2's manager"
+    );
+    compare(&expected, &uri);
 
     // Without the volume, unused copies go at once (wait interval 0), down to the minimum and never below it.
     let (code, v) = rest(
@@ -626,4 +747,147 @@ fn a_cluster_syncs_copies_to_replica_disks_keeps_min_copies_through_cleanup_and_
         let live: Vec<String> = ready_disks(&v).into_iter().filter(|n| *n != gone).collect();
         (live.len() == 2).then_some(())
     });
+}
+
+/// The per-disk states of an image: disk UUID → (state, progress).
+fn disk_states(v: &Value) -> std::collections::BTreeMap<String, (String, u64)> {
+    v["disks"]
+        .as_array()
+        .map(|d| {
+            d.iter()
+                .map(|d| {
+                    (
+                        d["diskUUID"].as_str().unwrap_or_default().to_owned(),
+                        (
+                            d["state"].as_str().unwrap_or_default().to_owned(),
+                            d["progress"].as_u64().unwrap_or(0),
+                        ),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+#[test]
+fn one_ready_copy_feeds_at_most_three_syncs_and_a_killed_receiver_fails_only_its_copy() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    let (qcow, _) = fixture(&files);
+    let checksum = sha512(&qcow);
+    let http = HttpServer::start(&files);
+    let data_dir = dir.path().join("n1");
+    // Sends are slowed (every corral-bim inherits the flag) so that syncs overlap and can be interrupted.
+    let m = Manager::start_with_env(
+        &data_dir,
+        "node-1",
+        "embedded",
+        port_range(2),
+        &[("CORRAL_BIM_SEND_MAX_RATE", "512K")],
+    );
+    for i in 1..5 {
+        let path = dir.path().join(format!("disk{i}"));
+        std::fs::create_dir_all(&path).unwrap();
+        // The node document is updated by its heartbeat too: a stale write is refused and made again.
+        wait_for("disk added", Duration::from_secs(30), || {
+            let (code, v) = rest(
+                "POST",
+                &format!("{}/v1/nodes/node-1/disks", m.url),
+                Some(&json!({"name": format!("d{i}"), "path": path})),
+            );
+            assert!(code == 200 || code == 409, "{v}");
+            (code == 200).then_some(())
+        });
+    }
+
+    // Five copies on five disks of one node: the first is downloaded, the other four are synced.
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/backingimages", m.url),
+        Some(
+            &json!({"name": "base", "sourceType": "download", "minNumberOfCopies": 5,
+            "parameters": {"url": http.url("image.qcow2")}, "expectedChecksum": checksum}),
+        ),
+    );
+    assert_eq!(code, 201, "{v}");
+    let syncing = |st: &str| st == "starting" || st == "in-progress";
+    let mut most_from_one = 0;
+    let mut victim: Option<(String, u64)> = None;
+    let mut interrupted_others: Vec<String> = Vec::new();
+    let mut failed_elsewhere = Vec::new();
+    wait_for("five ready copies", Duration::from_secs(180), || {
+        let v = image(&m, "base");
+        let disks = disk_states(&v);
+        let ready = disks.values().filter(|(s, _)| s == "ready").count();
+        let active: Vec<(&String, u64)> = disks
+            .iter()
+            .filter(|(_, (s, _))| syncing(s))
+            .map(|(d, (_, p))| (d, *p))
+            .collect();
+        if ready == 1 {
+            // One ready copy is the only source: what is being made is synced from it.
+            assert!(active.len() <= 3, "one copy feeds more than 3 syncs: {v}");
+            most_from_one = most_from_one.max(active.len());
+        }
+        for (d, (s, _)) in &disks {
+            if s == "failed" && victim.as_ref().is_none_or(|(vd, _)| vd != d) {
+                failed_elsewhere.push(format!("{d}: {v}"));
+            }
+        }
+        // Once three syncs run from the one source, SIGKILL the corral-bim receiving one of them mid-copy.
+        if victim.is_none()
+            && ready == 1
+            && active.len() == 3
+            && let Some((d, p)) = active.iter().find(|(_, p)| *p > 0 && *p < 100)
+        {
+            let pids = pids_of("corral-bim", Path::new(d.as_str()));
+            assert_eq!(pids.len(), 1, "the corral-bim of disk {d}: {pids:?}");
+            sigkill(pids[0]);
+            victim = Some(((*d).clone(), *p));
+            interrupted_others = active
+                .iter()
+                .filter(|(o, _)| o != d)
+                .map(|(o, _)| (*o).clone())
+                .collect();
+        }
+        (ready == 5).then_some(())
+    });
+    assert_eq!(
+        most_from_one, 3,
+        "three syncs ran at once from the one ready copy"
+    );
+    let (victim, progress) = victim.expect("a sync was interrupted");
+    assert!(progress > 0 && progress < 100, "interrupted at {progress}%");
+    assert!(
+        failed_elsewhere.is_empty(),
+        "only the killed receiver's copy fails: {failed_elsewhere:?}"
+    );
+    // The interrupted copy was made by a second sync after its corral-bim came back; the others by one each.
+    let syncs_on = |disk: &str| {
+        std::fs::read_to_string(data_dir.join(format!("logs/bim-bim-{disk}.log")))
+            .unwrap_or_default()
+            .matches("sync started")
+            .count()
+    };
+    assert!(
+        syncs_on(&victim) >= 2,
+        "the killed receiver's copy was synced again"
+    );
+    for d in &interrupted_others {
+        assert_eq!(syncs_on(d), 1, "disk {d} synced once, undisturbed");
+    }
+    let copies: usize = std::iter::once(data_dir.join("disks/default"))
+        .chain((1..5).map(|i| dir.path().join(format!("disk{i}"))))
+        .map(|d| {
+            let f = d.join("backing-images");
+            std::fs::read_dir(f).map_or(0, |rd| {
+                rd.flatten()
+                    .filter(|e| e.path().join("backing").is_file())
+                    .inspect(|e| assert_eq!(sha512(&e.path().join("backing")), checksum))
+                    .count()
+            })
+        })
+        .sum();
+    assert_eq!(copies, 5);
 }

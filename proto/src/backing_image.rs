@@ -47,7 +47,7 @@ impl FileState {
     ];
 
     /// The API string (`in-progress`, ...).
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             FileState::Pending => "pending",
             FileState::Starting => "starting",
@@ -87,10 +87,11 @@ impl FromStr for FileState {
 }
 
 /// Where the first copy of a backing image comes from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum SourceType {
     /// Fetched from an HTTP(S) URL (`url`).
+    #[default]
     Download,
     /// Sent by a client with `POST /v1/file?action=upload&size=N`.
     Upload,
@@ -112,8 +113,14 @@ impl SourceType {
         SourceType::Clone,
     ];
 
+    /// Whether the source can produce the file again after every copy failed (an upload cannot: its data came
+    /// from a client once).
+    pub fn refetchable(self) -> bool {
+        !matches!(self, SourceType::Upload)
+    }
+
     /// The API string.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             SourceType::Download => "download",
             SourceType::Upload => "upload",
@@ -142,6 +149,19 @@ impl FromStr for SourceType {
                 format!("unknown source type {s:?}; expected one of {}", known.join(", "))
             })
     }
+}
+
+/// The `BackingImageManagerService` API this build speaks (`BimVersion.api_version` of its `corral-bim`).
+pub const BIM_API_VERSION: u32 = 1;
+/// The oldest API version a client may speak to this build's `corral-bim` (`BimVersion.api_min_version`).
+pub const BIM_API_MIN_VERSION: u32 = 1;
+
+/// Whether a `corral-bim` reporting `api_version` and `api_min_version` (its `VersionGet`) serves a client of this
+/// build. A daemon that does not is of another version: the control plane must not ask it to fetch, sync or
+/// delete files (it would lay them out or verify them differently); it stops it and starts its own `corral-bim`,
+/// which adopts the files (seed 000, live upgrade).
+pub fn bim_api_compatible(api_version: u32, api_min_version: u32) -> bool {
+    api_min_version <= BIM_API_VERSION && BIM_API_VERSION <= api_version
 }
 
 /// A data source's `GET /v1/file`: everything known about the file being prepared.
@@ -182,6 +202,20 @@ pub struct FileInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_bim_is_compatible_when_its_api_range_holds_ours() {
+        let v = BIM_API_VERSION;
+        for (api, min, ok) in [
+            (v, BIM_API_MIN_VERSION, true),
+            (v + 1, v, true),      // a newer daemon that still serves our version
+            (v + 1, v + 1, false), // a newer daemon that dropped it
+            (v - 1, 0, false),     // an older daemon that does not know our version
+            (0, 0, false),         // reported nothing
+        ] {
+            assert_eq!(bim_api_compatible(api, min), ok, "api {api}, min {min}");
+        }
+    }
 
     #[test]
     fn states_round_trip_through_their_api_strings() {

@@ -157,6 +157,7 @@ fn main() -> anyhow::Result<()> {
     let opts = ReplicaOptions {
         backing_file: Some(image.clone()),
         disable_revision_counter: Some(true),
+        backing_image: None,
     };
     let open_start = Instant::now();
     let r = Replica::create(&a.dir.join("replica"), a.size, &opts)?;

@@ -18,11 +18,44 @@ use crate::error::{IoContext, ReplicaError, Result};
 /// (`<disk>/backing-images/<name>-<uuid>/backing`).
 pub const MANAGED_IMAGE_NAME: &str = "backing";
 
+/// What the control plane calls the backing image: its name and the SHA-512 of the file it verified. The replica
+/// is told both (`--backing-image-name`, `--backing-image-checksum`) rather than deriving them from the file, so a
+/// backup records the image as the manager knows it (the file's basename is always `backing`, and hashing it again
+/// would read the whole image at every backup).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BackingImageId {
+    pub name: String,
+    /// SHA-512 of the whole file, 128 lower-case hex digits.
+    pub checksum: String,
+}
+
+impl BackingImageId {
+    /// Checks the name (non-empty, printable) and the checksum (a SHA-512 in hex; stored lower case).
+    pub fn new(name: &str, checksum: &str) -> Result<Self> {
+        if name.is_empty() || name.chars().any(char::is_control) {
+            return Err(ReplicaError::InvalidArgument(format!(
+                "backing image name {name:?} is empty or holds control characters"
+            )));
+        }
+        if checksum.len() != 128 || !checksum.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(ReplicaError::InvalidArgument(format!(
+                "backing image checksum {checksum:?} is not a SHA-512 (128 hex digits)"
+            )));
+        }
+        Ok(Self {
+            name: name.to_owned(),
+            checksum: checksum.to_ascii_lowercase(),
+        })
+    }
+}
+
 /// The open backing image of a replica.
 #[derive(Debug)]
 pub(crate) struct Backing {
     /// Resolved path of the image file (what `volume.meta` records).
     pub(crate) path: PathBuf,
+    /// Name and SHA-512 as the control plane gave them (None when the replica was started with a bare file).
+    pub(crate) id: Option<BackingImageId>,
     /// Virtual size in bytes.
     pub(crate) size: u64,
     pub(crate) image: Arc<DiskImage>,
@@ -95,10 +128,17 @@ impl Backing {
         );
         Ok(Backing {
             path,
+            id: None,
             size,
             image: Arc::new(image),
             blocks,
         })
+    }
+
+    /// Names the image as the control plane knows it.
+    pub(crate) fn with_id(mut self, id: Option<BackingImageId>) -> Self {
+        self.id = id;
+        self
     }
 
     /// Refuses an image larger than the volume (its end would be cut off).
@@ -127,5 +167,24 @@ impl Backing {
             }
             f(r.start.max(first), r.end.min(last));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_image_id_needs_a_name_and_a_sha512() {
+        let sum = "AB".repeat(64);
+        let id = BackingImageId::new("base", &sum).unwrap();
+        assert_eq!(id.checksum, "ab".repeat(64), "stored lower case");
+        assert!(BackingImageId::new("", &sum).is_err());
+        assert!(BackingImageId::new("a\nb", &sum).is_err());
+        assert!(
+            BackingImageId::new("base", &"ab".repeat(32)).is_err(),
+            "a SHA-256 is refused"
+        );
+        assert!(BackingImageId::new("base", &"zz".repeat(64)).is_err());
     }
 }

@@ -44,6 +44,8 @@ pub struct ServeConfig {
     pub size: Option<u64>,
     /// Backing file (raw image).
     pub backing_file: Option<PathBuf>,
+    /// The backing image's name and SHA-512 as the control plane knows them.
+    pub backing_image: Option<crate::backing::BackingImageId>,
     /// Disable the revision counter.
     pub disable_revision_counter: bool,
     /// Volume name (reported to clients).
@@ -79,6 +81,7 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
     let opts = ReplicaOptions {
         backing_file: cfg.backing_file.clone(),
         disable_revision_counter: Some(cfg.disable_revision_counter),
+        backing_image: cfg.backing_image.clone(),
     };
     let (dir, size, o) = (cfg.dir.clone(), cfg.size, opts.clone());
     let replica = tokio::task::spawn_blocking(move || -> anyhow::Result<Option<Replica>> {

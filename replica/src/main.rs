@@ -26,6 +26,8 @@ struct Cli {
     cmd: Cmd,
 }
 
+// Parsed once at start: the size of `Serve` (every daemon flag) does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Serve a replica directory: gRPC ReplicaService on --listen, the data protocol on --data-listen,
@@ -53,6 +55,21 @@ enum Cmd {
         /// larger than the image; past its end the volume reads zeros). Recorded in volume.meta.
         #[arg(long, env = "CORRAL_REPLICA_BACKING_FILE")]
         backing_file: Option<PathBuf>,
+        /// Name of the backing image as the control plane knows it (recorded in backups; needs
+        /// --backing-image-checksum).
+        #[arg(
+            long,
+            env = "CORRAL_REPLICA_BACKING_IMAGE_NAME",
+            requires_all = ["backing_file", "backing_image_checksum"]
+        )]
+        backing_image_name: Option<String>,
+        /// SHA-512 of the backing file as the control plane verified it (recorded in backups with the name).
+        #[arg(
+            long,
+            env = "CORRAL_REPLICA_BACKING_IMAGE_CHECKSUM",
+            requires = "backing_image_name"
+        )]
+        backing_image_checksum: Option<String>,
         /// Do not keep the revision counter (faster; the engine then salvages by head mtime and size).
         #[arg(long, env = "CORRAL_DISABLE_REVISION_COUNTER")]
         disable_revision_counter: bool,
@@ -167,6 +184,8 @@ async fn main() -> anyhow::Result<()> {
             sync_listen,
             size,
             backing_file,
+            backing_image_name,
+            backing_image_checksum,
             disable_revision_counter,
             volume,
             metrics,
@@ -191,6 +210,10 @@ async fn main() -> anyhow::Result<()> {
                 ready_file: process.ready_file,
                 size,
                 backing_file,
+                backing_image: match (backing_image_name, backing_image_checksum) {
+                    (Some(n), Some(c)) => Some(replica::backing::BackingImageId::new(&n, &c)?),
+                    _ => None,
+                },
                 disable_revision_counter,
                 volume,
                 metrics_listen: metrics.metrics_listen,

@@ -37,6 +37,9 @@ pub struct ReplicaOptions {
     /// Do not keep the revision counter (faster; salvage uses head mtime and allocated size instead).
     /// `None` keeps what `volume.meta` says.
     pub disable_revision_counter: Option<bool>,
+    /// The backing image's name and SHA-512 as the control plane knows them (with `backing_file`); backups record
+    /// them. Not kept in `volume.meta`: the manager gives them at every start, with the re-resolved path.
+    pub backing_image: Option<crate::backing::BackingImageId>,
 }
 
 /// An open replica directory.
@@ -228,7 +231,11 @@ impl Replica {
             None => None,
         };
         let backing = match backing_path {
-            Some(p) => Some(Backing::open(&p)?.fits(vinfo.size)?),
+            Some(p) => Some(
+                Backing::open(&p)?
+                    .with_id(opts.backing_image.clone())
+                    .fits(vinfo.size)?,
+            ),
             None => None,
         };
 
@@ -542,6 +549,7 @@ impl Replica {
         let opts = ReplicaOptions {
             backing_file: chain.backing.as_ref().map(|b| b.path.clone()),
             disable_revision_counter: Some(chain.info.revision_counter_disabled),
+            backing_image: chain.backing.as_ref().and_then(|b| b.id.clone()),
         };
         let fresh = Self::open(&self.dir, &opts)?;
         let fresh_chain = std::mem::replace(

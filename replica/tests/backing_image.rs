@@ -8,6 +8,8 @@
 use std::path::Path;
 
 use disk_image::fixtures::{Fixture, build_all};
+use replica::backing::BackingImageId;
+use replica::backup::SnapshotSource;
 use replica::{Replica, ReplicaOptions, SnapshotRequest};
 use sha2::{Digest, Sha512};
 
@@ -17,6 +19,7 @@ fn opts(backing: &Path) -> ReplicaOptions {
     ReplicaOptions {
         backing_file: Some(backing.to_owned()),
         disable_revision_counter: Some(true),
+        backing_image: None,
     }
 }
 
@@ -173,6 +176,45 @@ fn a_directory_holding_one_image_is_its_backing_file() {
     std::fs::copy(&plain.path, two.join("b.qcow2")).unwrap();
     let e = Replica::create(&tmp.path().join("r2"), size, &opts(&two)).unwrap_err();
     assert!(e.to_string().contains("name one"), "{e}");
+}
+
+#[test]
+fn a_backup_records_the_image_name_and_sha512_the_control_plane_gave() {
+    let tmp = tempfile::tempdir().unwrap();
+    let fx = build_all(&tmp.path().join("all").tap_mkdir());
+    let plain = fx.iter().find(|f| f.name == "qcow2-plain").unwrap();
+    let size = volume_size(plain);
+    let snap = |r: &Replica| {
+        r.snapshot(&SnapshotRequest {
+            name: "s1".into(),
+            ..Default::default()
+        })
+        .unwrap();
+    };
+    let sum = hex::encode(Sha512::digest(std::fs::read(&plain.path).unwrap()));
+    let mut o = opts(&plain.path);
+    o.backing_image = Some(BackingImageId::new("golden", &sum.to_uppercase()).unwrap());
+    let r = std::sync::Arc::new(Replica::create(&tmp.path().join("r"), size, &o).unwrap());
+    snap(&r);
+    let src = SnapshotSource::open(&r, "s1").unwrap();
+    assert_eq!(
+        src.backing_image().unwrap(),
+        Some(("golden".to_owned(), sum)),
+        "the name and SHA-512 given, not the file's name"
+    );
+
+    // Started with a bare file, it can only name the file.
+    let r = std::sync::Arc::new(Replica::create(&tmp.path().join("r2"), size, &opts(&plain.path)).unwrap());
+    snap(&r);
+    let (name, _) = SnapshotSource::open(&r, "s1")
+        .unwrap()
+        .backing_image()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        Some(name.as_str()),
+        plain.path.file_name().and_then(|n| n.to_str())
+    );
 }
 
 #[test]

@@ -227,6 +227,7 @@ fn run(ops: Vec<Op>, with_backing: bool) {
             bpath.clone()
         }),
         disable_revision_counter: None,
+        backing_image: None,
     };
     let mut r = Replica::create(&rdir, INITIAL_BLOCKS * BS, &opts).unwrap();
     let mut m = Model {

@@ -14,7 +14,9 @@ use corral_proto::v1;
 use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::model::{BackingImage, BackingImageDataSource, BackingImageManager, ManagerFile, state};
+use super::model::{
+    BackingImage, BackingImageDataSource, BackingImageManager, ManagerFile, manager_name, state,
+};
 use crate::context::Ctx;
 use crate::controller::{Requeue, WorkQueue, feed_node_local, run_worker};
 use crate::model::{Node, Replica, Volume};
@@ -30,6 +32,8 @@ struct Local {
     sup: Supervisor,
     /// Manager name → (gRPC address, cancel) of its Watch task.
     watches: Mutex<HashMap<String, (String, CancellationToken)>>,
+    /// Manager name → the daemon (pid) whose API version was found compatible: checked once per process.
+    compatible: Mutex<HashMap<String, i32>>,
 }
 
 pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
@@ -46,6 +50,7 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     let local = Arc::new(Local {
         sup: Supervisor::new(BINARY, "bim", &ctx.cfg.bin_dir, &ctx.cfg.data_dir),
         watches: Mutex::default(),
+        compatible: Mutex::default(),
     });
     tokio::spawn(async move {
         let m = ctx.metrics.clone();
@@ -203,34 +208,16 @@ async fn reconcile(
     let Ok(mut client) = super::bim_client(&m.status.address).await else {
         return Ok(Some(Duration::from_millis(300)));
     };
+    if let Some(wait) = check_version(&ctx, &local, &mut client, &name, m).await? {
+        return Ok(Some(wait));
+    }
     let list = match client.list(v1::Empty {}).await {
         Ok(l) => l.into_inner(),
         Err(_) => return Ok(Some(Duration::from_millis(300))),
     };
     watch(&local, &q, &cancel, &name, &m.status.address);
-    let files: BTreeMap<String, ManagerFile> = list
-        .images
-        .iter()
-        .filter_map(|i| {
-            let spec = i.spec.as_ref()?;
-            let st = i.status.clone().unwrap_or_default();
-            Some((
-                spec.name.clone(),
-                ManagerFile {
-                    uuid: spec.uuid.clone(),
-                    state: st.state,
-                    progress: st.progress,
-                    message: st.message,
-                    size: st.size,
-                    virtual_size: st.virtual_size,
-                    current_checksum: st.current_checksum,
-                    path: i.path.clone(),
-                    sending_reference: st.sending_reference,
-                    sender_address: st.sender_address,
-                },
-            ))
-        })
-        .collect();
+    let files: BTreeMap<String, ManagerFile> = list.images.iter().filter_map(manager_file).collect();
+    report_failures(&ctx, m, &files);
     let (mstate, message) = if list.disk_message.is_empty() {
         (state::RUNNING, String::new())
     } else {
@@ -258,6 +245,104 @@ async fn reconcile(
     }
     delete_unwanted(&ctx, &mut client, m, &files).await?;
     Ok(Some(RESYNC))
+}
+
+/// A file as the daemon reports it (List, or the reply to Fetch/Sync), by image name.
+fn manager_file(i: &v1::BimImage) -> Option<(String, ManagerFile)> {
+    let spec = i.spec.as_ref()?;
+    let st = i.status.clone().unwrap_or_default();
+    Some((
+        spec.name.clone(),
+        ManagerFile {
+            uuid: spec.uuid.clone(),
+            state: st.state,
+            progress: st.progress,
+            message: st.message,
+            size: st.size,
+            virtual_size: st.virtual_size,
+            current_checksum: st.current_checksum,
+            path: i.path.clone(),
+            sending_reference: st.sending_reference,
+            sender_address: st.sender_address,
+        },
+    ))
+}
+
+/// Reports each copy that has just failed (a checksum that no longer matches, a file gone, a fetch or sync that
+/// broke off): a warning naming the image, disk and reason, and the manager's copy-failure counter. The daemon
+/// removed the failed file already (a replica that has it open keeps reading it until it restarts); the copy is
+/// synced again from a ready one, which lands by rename.
+fn report_failures(ctx: &Ctx, m: &BackingImageManager, now: &BTreeMap<String, ManagerFile>) {
+    for (image, f) in now {
+        let was = m.status.files.get(image).filter(|o| o.uuid == f.uuid);
+        if f.state == state::FAILED && was.is_none_or(|o| o.state != state::FAILED) {
+            tracing::warn!(
+                image,
+                disk = m.spec.disk_path,
+                disk_uuid = m.spec.disk_uuid,
+                reason = f.message,
+                "backing image copy failed: it is synced again from a ready copy (or the source, if none is left)"
+            );
+            ctx.metrics.backing_image_copy_failed();
+        }
+    }
+}
+
+/// Once per daemon process: whether it speaks this manager's API. One that does not (an older or newer
+/// `corral-bim` still running from before an upgrade) is never asked to fetch, sync or delete anything: it is
+/// stopped (stopping leaves every file) and this build's `corral-bim` is started, which adopts the files without
+/// copying them. Some(wait): do nothing else now.
+async fn check_version(
+    ctx: &Ctx,
+    local: &Local,
+    client: &mut v1::backing_image_manager_service_client::BackingImageManagerServiceClient<
+        tonic::transport::Channel,
+    >,
+    name: &str,
+    m: &BackingImageManager,
+) -> anyhow::Result<Option<Duration>> {
+    let pid = m.status.process.as_ref().map_or(0, |p| p.pid);
+    if local.compatible.lock().is_ok_and(|c| c.get(name) == Some(&pid)) {
+        return Ok(None);
+    }
+    let reported = match client.version_get(v1::Empty {}).await {
+        Ok(v) => {
+            let v = v.into_inner();
+            if corral_proto::backing_image::bim_api_compatible(v.api_version, v.api_min_version) {
+                if let Ok(mut c) = local.compatible.lock() {
+                    c.insert(name.to_owned(), pid);
+                }
+                return Ok(None);
+            }
+            format!(
+                "corral-bim {} (pid {pid}) serves API versions {}..={}, this manager speaks {}",
+                v.version,
+                v.api_min_version,
+                v.api_version,
+                corral_proto::backing_image::BIM_API_VERSION
+            )
+        }
+        // A daemon too old to know the call.
+        Err(e) if e.code() == tonic::Code::Unimplemented => {
+            format!("corral-bim (pid {pid}) has no VersionGet: {}", e.message())
+        }
+        Err(_) => return Ok(Some(Duration::from_millis(300))),
+    };
+    let message = format!("{reported}: replacing it (its files stay and are adopted)");
+    tracing::warn!(manager = name, "incompatible corral-bim: {message}");
+    set_status(ctx, name, |s| {
+        s.state = state::UNKNOWN.to_owned();
+        s.message.clone_from(&message);
+    })
+    .await?;
+    if let Some((_, t)) = local.watches.lock().ok().and_then(|mut w| w.remove(name)) {
+        t.cancel();
+    }
+    local
+        .sup
+        .stop(name, m.status.process.as_ref(), Duration::from_secs(10))
+        .await;
+    Ok(Some(Duration::ZERO))
 }
 
 /// Starts the disk's `corral-bim`: gRPC and HTTP on their previous ports (other disks' managers sync from that
@@ -439,12 +524,25 @@ async fn make_ready(
         to = me.spec.disk_path,
         "syncing backing image"
     );
-    client
+    let reply = client
         .sync(v1::BimSyncRequest {
             spec: Some(spec(image, uuid, bi.data.status.size, &checksum)),
             from_address: source.status.address.clone(),
         })
+        .await?
+        .into_inner();
+    // Recorded at once, naming its sender, so the next disk's reconcile counts this sync against the source's
+    // limit (the daemons' own reports arrive later; without this a fourth receiver could ask a busy source, which
+    // refuses, and its copy would fail).
+    if let Some((name, mut file)) = manager_file(&reply) {
+        if file.sender_address.is_empty() {
+            file.sender_address.clone_from(&source.status.address);
+        }
+        set_status(ctx, &manager_name(&me.spec.disk_uuid), |s| {
+            s.files.insert(name.clone(), file.clone());
+        })
         .await?;
+    }
     Ok(())
 }
 

@@ -51,6 +51,34 @@ pub enum ReplicaBacking {
     Waiting(String),
 }
 
+impl ReplicaBacking {
+    /// The replica's flags for a ready file: its path, and the image's name and SHA-512 as the control plane knows
+    /// them (a backup records those, not the file's basename `backing`). Empty while waiting.
+    pub fn replica_args(&self) -> Vec<String> {
+        match self {
+            ReplicaBacking::Ready {
+                path,
+                image,
+                checksum,
+            } => {
+                let mut args = vec!["--backing-file".to_owned(), path.clone()];
+                // A copy is ready only once verified, so its checksum is known; an empty one (never expected)
+                // would be refused by the replica, so the path alone is passed then.
+                if !checksum.is_empty() {
+                    args.extend([
+                        "--backing-image-name".to_owned(),
+                        image.clone(),
+                        "--backing-image-checksum".to_owned(),
+                        checksum.clone(),
+                    ]);
+                }
+                args
+            }
+            ReplicaBacking::Waiting(_) => Vec::new(),
+        }
+    }
+}
+
 /// The backing file of a replica, resolved again at every start (the disk may have moved). None: the volume has
 /// no backing image.
 pub async fn replica_backing(ctx: &Ctx, r: &Replica) -> anyhow::Result<Option<ReplicaBacking>> {

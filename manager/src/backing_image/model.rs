@@ -9,58 +9,23 @@ use serde::{Deserialize, Serialize};
 use crate::model::ProcessRecord;
 use crate::store::Resource;
 
-/// Where the first copy of an image comes from.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum SourceType {
-    #[default]
-    Download,
-    Upload,
-    ExportFromVolume,
-    Restore,
-    Clone,
-}
+/// Where the first copy of an image comes from, and the state of a file: the types `corral-datasource` and
+/// `corral-bim` report, defined once in `corral-proto`.
+pub use corral_proto::backing_image::{FileState, SourceType};
 
-impl SourceType {
-    /// The `--source-type` of `corral-datasource`.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            SourceType::Download => "download",
-            SourceType::Upload => "upload",
-            SourceType::ExportFromVolume => "export-from-volume",
-            SourceType::Restore => "restore",
-            SourceType::Clone => "clone",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        Some(match s {
-            "download" => SourceType::Download,
-            "upload" => SourceType::Upload,
-            "export-from-volume" => SourceType::ExportFromVolume,
-            "restore" => SourceType::Restore,
-            "clone" => SourceType::Clone,
-            _ => return None,
-        })
-    }
-
-    /// Whether the source can produce the file again after every copy failed (an upload cannot).
-    pub fn refetchable(self) -> bool {
-        !matches!(self, SourceType::Upload)
-    }
-}
-
-/// File states as `corral-bim` and `corral-datasource` report them (`ready-for-transfer` is the data source's
-/// finished file before a manager took it).
+/// File states as the store and the API keep them (strings, so a state a newer daemon adds reads back), spelled
+/// by [`FileState`]: `ready-for-transfer` is the data source's finished file before a manager took it.
 pub mod state {
-    pub const PENDING: &str = "pending";
-    pub const STARTING: &str = "starting";
-    pub const IN_PROGRESS: &str = "in-progress";
-    pub const READY_FOR_TRANSFER: &str = "ready-for-transfer";
-    pub const READY: &str = "ready";
-    pub const FAILED: &str = "failed";
-    pub const UNKNOWN: &str = "unknown";
-    /// A disk manager whose daemon answers.
+    use super::FileState;
+
+    pub const PENDING: &str = FileState::Pending.as_str();
+    pub const STARTING: &str = FileState::Starting.as_str();
+    pub const IN_PROGRESS: &str = FileState::InProgress.as_str();
+    pub const READY_FOR_TRANSFER: &str = FileState::ReadyForTransfer.as_str();
+    pub const READY: &str = FileState::Ready.as_str();
+    pub const FAILED: &str = FileState::Failed.as_str();
+    pub const UNKNOWN: &str = FileState::Unknown.as_str();
+    /// A disk manager whose daemon answers (a manager state, not a file's).
     pub const RUNNING: &str = "running";
 }
 

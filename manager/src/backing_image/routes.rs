@@ -226,7 +226,7 @@ async fn create(
     Body(req): Body<BackingImageCreate>,
 ) -> Result<(StatusCode, Json<BackingImageView>), ApiError> {
     check_name("backing image name", &req.name)?;
-    let source_type = SourceType::parse(&req.source_type).ok_or_else(|| {
+    let source_type = req.source_type.parse::<SourceType>().map_err(|_| {
         ApiError::Invalid(format!(
             "unknown sourceType {:?}; use download, upload, export-from-volume, restore or clone",
             req.source_type

@@ -140,9 +140,7 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
     }
     match crate::backing_image::replica_backing(&ctx, r).await? {
         None => {}
-        Some(crate::backing_image::ReplicaBacking::Ready { path, .. }) => {
-            args.extend(["--backing-file".to_owned(), path]);
-        }
+        Some(ready @ crate::backing_image::ReplicaBacking::Ready { .. }) => args.extend(ready.replica_args()),
         Some(crate::backing_image::ReplicaBacking::Waiting(message)) => {
             absent_ok(
                 ctx.db
