@@ -8,7 +8,7 @@ corral-csi itself (it SIGKILLs and restarts it to show a restarted node plugin f
 
 Every RPC: the happy path, an idempotent repeat, and each error code the specification gives it. Then the flow
 Kubernetes drives: CreateVolume -> ControllerPublish -> NodeStage (ext4) -> NodePublish -> write files ->
-CreateSnapshot -> CreateVolume from it (skipped, with the reason printed, while the manager has no dataSource)
+CreateSnapshot -> CreateVolume from it -> stage the clone: the same files
 -> Expand (offline, the file system grows) -> unpublish, unstage, delete: nothing left behind.
 """
 
@@ -586,18 +586,8 @@ def run_cases(p):
         assert "cl-small" not in volume_ids(p)
 
     @case
-    def clone_is_refused_clearly_while_the_manager_has_no_data_source():
-        if manager_supports_data_source():
-            raise Skip("the manager supports dataSource: the clone cases below run instead")
-        src = pb.VolumeContentSource(volume=pb.VolumeContentSource.VolumeSource(volume_id="cl-src"))
-        msg = expect_code(C.UNIMPLEMENTED, ctl.CreateVolume, create_req("cl-unsupported", source=src))
-        assert "dataSource" in msg, msg
-        assert "cl-unsupported" not in volume_ids(p)
-
-    @case
     def clone_of_a_volume_and_of_a_snapshot_reads_like_its_source():
-        if not manager_supports_data_source():
-            raise Skip("the manager does not take dataSource yet (issue 19 item 1): clone content not checked")
+        assert manager_supports_data_source(), "the manager's OpenAPI document names dataSource"
         ctl.CreateSnapshot(pb.CreateSnapshotRequest(name="cl-snap", source_volume_id="cl-src"))
         for kind, src in [
             ("vol", pb.VolumeContentSource(volume=pb.VolumeContentSource.VolumeSource(volume_id="cl-src"))),
@@ -870,24 +860,22 @@ def run_cases(p):
         snap = snap.snapshot
         assert snap.snapshot_id == f"snap://{vol.volume_id}/k8s-snap-1", snap
 
-        if manager_supports_data_source():
-            src = pb.VolumeContentSource(snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=snap.snapshot_id))
-            clone = ctl_.CreateVolume(create_req("k8s-pvc-clone", 64 * MiB, cap=cap, source=src)).volume
-            cst = os.path.join(work, "k8s", "staging", "clone")
-            ctp = os.path.join(work, "k8s", "pods", "pod-2", "volumes", "clone", "mount")
-            cctx = ctl_.ControllerPublishVolume(pb.ControllerPublishVolumeRequest(
-                volume_id=clone.volume_id, node_id=N, volume_capability=cap)).publish_context
-            node_.NodeStageVolume(pb.NodeStageVolumeRequest(volume_id=clone.volume_id, staging_target_path=cst,
-                                                            volume_capability=cap, publish_context=cctx))
-            node_.NodePublishVolume(pb.NodePublishVolumeRequest(volume_id=clone.volume_id, staging_target_path=cst,
-                                                                target_path=ctp, volume_capability=cap))
-            assert files_of(ctp) == files
-            node_.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id=clone.volume_id, target_path=ctp))
-            node_.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(volume_id=clone.volume_id, staging_target_path=cst))
-            ctl_.ControllerUnpublishVolume(pb.ControllerUnpublishVolumeRequest(volume_id=clone.volume_id, node_id=N))
-            ctl_.DeleteVolume(pb.DeleteVolumeRequest(volume_id=clone.volume_id))
-        else:
-            print("  (flow) clone from the snapshot skipped: the manager does not take dataSource yet", flush=True)
+        # The clone of the snapshot, staged beside the source: the same files.
+        src = pb.VolumeContentSource(snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=snap.snapshot_id))
+        clone = ctl_.CreateVolume(create_req("k8s-pvc-clone", 64 * MiB, cap=cap, source=src)).volume
+        cst = os.path.join(work, "k8s", "staging", "clone")
+        ctp = os.path.join(work, "k8s", "pods", "pod-2", "volumes", "clone", "mount")
+        cctx = ctl_.ControllerPublishVolume(pb.ControllerPublishVolumeRequest(
+            volume_id=clone.volume_id, node_id=N, volume_capability=cap)).publish_context
+        node_.NodeStageVolume(pb.NodeStageVolumeRequest(volume_id=clone.volume_id, staging_target_path=cst,
+                                                        volume_capability=cap, publish_context=cctx))
+        node_.NodePublishVolume(pb.NodePublishVolumeRequest(volume_id=clone.volume_id, staging_target_path=cst,
+                                                            target_path=ctp, volume_capability=cap))
+        assert files_of(ctp) == files
+        node_.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id=clone.volume_id, target_path=ctp))
+        node_.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(volume_id=clone.volume_id, staging_target_path=cst))
+        ctl_.ControllerUnpublishVolume(pb.ControllerUnpublishVolumeRequest(volume_id=clone.volume_id, node_id=N))
+        ctl_.DeleteVolume(pb.DeleteVolumeRequest(volume_id=clone.volume_id))
 
         # Offline expansion, as Kubernetes does it for a plugin with OFFLINE expansion: unpublish, grow, stage.
         before = os.statvfs(tp)

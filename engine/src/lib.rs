@@ -3,16 +3,19 @@
 //! salvages at start, orchestrates snapshots, revert, expansion and rebuild, and exposes gRPC
 //! `ControllerService` plus an operator CLI.
 
+pub mod cli;
 pub mod clone;
 pub mod daemon;
 pub mod device;
 pub mod error;
+pub mod export;
 pub mod frontend;
 pub mod metrics;
 pub mod metrics_http;
 pub mod nbd;
 pub mod ops;
 pub mod rebuild;
+pub mod remote_engine;
 pub mod replica_client;
 pub mod service;
 pub mod start;

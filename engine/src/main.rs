@@ -137,7 +137,7 @@ enum SnapCmd {
     Purge,
     /// Clone, clone status, export to a file (engine/src/clone.rs).
     #[command(flatten)]
-    Clone(engine::clone::cli::CloneCmd),
+    Clone(engine::cli::clone::CloneCmd),
 }
 
 async fn client(url: &str) -> anyhow::Result<ControllerServiceClient<Channel>> {
@@ -430,6 +430,6 @@ async fn snapshot(url: &str, json: bool, cmd: SnapCmd) -> anyhow::Result<()> {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
         }
-        SnapCmd::Clone(cmd) => engine::clone::cli::run(url, json, cmd).await,
+        SnapCmd::Clone(cmd) => engine::cli::clone::run(url, json, cmd).await,
     }
 }

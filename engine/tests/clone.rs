@@ -115,11 +115,20 @@ fn url(e: &Engine) -> String {
     e.url().to_owned()
 }
 
-/// `corral-engine --url TGT snapshot clone --from-engine SRC --snapshot s1 EXTRA...`.
+/// `corral-engine --url TGT snapshot clone --detach-frontend --from-engine SRC --snapshot s1 EXTRA...` (the
+/// target's frontend is down while it is written).
 fn clone_s1(tgt: &Engine, src: &Engine, extra: &[&str]) -> Output {
     let from = url(src);
     let args = [
-        &["snapshot", "clone", "--from-engine", &from, "--snapshot", "s1"],
+        &[
+            "snapshot",
+            "clone",
+            "--detach-frontend",
+            "--from-engine",
+            &from,
+            "--snapshot",
+            "s1",
+        ],
         extra,
     ]
     .concat();
@@ -321,6 +330,7 @@ async fn clone_refuses_bad_input_and_leaves_the_target_unchanged() {
         tgt.cli(&[
             "snapshot",
             "clone",
+            "--detach-frontend",
             "--from-engine",
             &url(&src),
             "--snapshot",

@@ -209,8 +209,8 @@ fn bad_input_is_refused_with_4xx_and_leaves_nothing_behind() {
         "POST",
         &format!("{vols}/ok/attach"),
         Some(&json!({"nodeId": "ghost"})),
-        404,
-        "does not exist",
+        409,
+        "no such node",
     );
     expect_4xx(
         "POST",

@@ -3,7 +3,7 @@
 //!
 //! 1. the source's engine runs: a detached source is attached without a frontend on this node (and detached
 //!    again at the end);
-//! 2. `vol://`: a snapshot `clone-<target>` is taken on the source (`snap://` names one that must exist);
+//! 2. `vol://`: a snapshot `clone-<target>-<8 hex>` (unique per clone) is taken on the source (`snap://` names one that must exist);
 //! 3. the target is attached without a frontend (maintenance mode: nobody can reach it for IO) with all its
 //!    replicas RW;
 //! 4. the target's engine clones the snapshot from one of the source's RW replicas into every RW replica of the
@@ -12,8 +12,10 @@
 //!    kept and the target is never served (delete it and create it again);
 //! 6. either way: the target is detached, the snapshot taken in 2 removed, an auto-attached source detached.
 //!
-//! An engine that restarted during the copy has lost the clone: the clone fails rather than serve a target whose
-//! replicas may hold part of the data.
+//! The copy runs in the target's replicas, so a target engine restarted mid-copy answers with their outcome (the
+//! clone completes when they did); a target replica that restarted has lost its job, and the clone fails rather
+//! than serve a target that may hold part of the data. A manager restarted mid-copy goes on polling (the daemons
+//! keep running). The test `manager/tests/clone.rs` SIGKILLs each of these during a copy.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -26,9 +28,13 @@ use crate::context::Ctx;
 use crate::controller::{Requeue, WorkQueue, feed, run_worker};
 use crate::model::{Engine, ProcessState, Robustness, Volume, VolumeState};
 use crate::store::{Object, StoreError};
+use crate::volume_engine::{EngineCallError, VolumeEngine};
 
 /// How often a running step is looked at again.
 const POLL: Duration = Duration::from_millis(500);
+
+/// How long a clone waits for the source or the target to be attached before it fails.
+const WAIT_LIMIT: Duration = Duration::from_secs(300);
 
 pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     let q = Arc::new(WorkQueue::default());
@@ -153,18 +159,10 @@ async fn running_engine(ctx: &Ctx, volume: &str) -> Result<Option<Object<Engine>
     }))
 }
 
-async fn engine_client(
-    e: &Object<Engine>,
-) -> Result<v1::controller_service_client::ControllerServiceClient<tonic::transport::Channel>, Stop> {
-    crate::controller::engine::client(&e.data.status.address)
+async fn engine_client(e: &Object<Engine>) -> Result<VolumeEngine, Stop> {
+    VolumeEngine::connect(e)
         .await
-        .map_err(|err| {
-            Stop::Retry(anyhow::anyhow!(
-                "engine of {} at {}: {err}",
-                e.name,
-                e.data.status.address
-            ))
-        })
+        .map_err(|err| Stop::Retry(anyhow::anyhow!(err)))
 }
 
 /// Attaches `volume` without a frontend on this node unless someone attached it meanwhile; true when this call
@@ -204,38 +202,44 @@ async fn step(ctx: &Ctx, name: &str, c: &mut VolumeClone, target: &Object<Volume
             tracing::info!(volume = %name, source = %c.source_volume, "source attached for the clone (no frontend)");
             c.auto_attached_source = true;
         }
-        c.message = format!("attaching the source volume {}", c.source_volume);
-        return Ok(Some(POLL));
+        return wait_or_fail(
+            c,
+            format!("attaching the source volume {}", c.source_volume),
+            unix_now(),
+        );
     }
     let Some(src_engine) = running_engine(ctx, &c.source_volume).await? else {
-        c.message = format!("waiting for the engine of the source volume {}", c.source_volume);
-        return Ok(Some(POLL));
+        let why = source.data.status.message.clone();
+        return wait_or_fail(
+            c,
+            format!(
+                "waiting for the engine of the source volume {}{}",
+                c.source_volume,
+                reason(&why)
+            ),
+            unix_now(),
+        );
     };
 
     // 2. The snapshot.
     if !c.started {
         let mut src = engine_client(&src_engine).await?;
-        let snaps = src
-            .snapshot_list(v1::Empty {})
-            .await
-            .map_err(|e| Stop::Retry(e.into()))?
-            .into_inner();
-        let have = crate::snapshot::from_engine(&c.source_volume, &snaps)
-            .into_iter()
-            .any(|s| s.name == c.snapshot && !s.removed);
-        if !have {
+        if !src.has_snapshot(ctx, &c.snapshot).await? {
             if c.snapshot_taken || !c.data_source.starts_with("vol://") {
                 return Err(Stop::Fail(format!(
                     "the source volume {} has no snapshot {}",
                     c.source_volume, c.snapshot
                 )));
             }
-            src.snapshot_create(v1::SnapshotCreateRequest {
-                name: c.snapshot.clone(),
-                labels: [("corral.io/clone-target".to_owned(), name.to_owned())].into(),
-            })
-            .await
-            .map_err(|e| Stop::Retry(e.into()))?;
+            let labels = [("corral.io/clone-target".to_owned(), name.to_owned())].into();
+            src.snapshot_create(ctx, c.snapshot.clone(), labels)
+                .await
+                .map_err(|e| match e {
+                    EngineCallError::Engine { status, .. } => {
+                        refused_unless_unreachable(status, "the source's engine refused the snapshot")
+                    }
+                    e @ EngineCallError::Store(_) => Stop::Retry(e.into()),
+                })?;
             tracing::info!(volume = %name, source = %c.source_volume, snapshot = %c.snapshot, "snapshot taken for the clone");
         }
         if c.data_source.starts_with("vol://") {
@@ -249,15 +253,18 @@ async fn step(ctx: &Ctx, name: &str, c: &mut VolumeClone, target: &Object<Volume
             return Err(Stop::Fail("the target was detached during the clone".into()));
         }
         attach_for_clone(ctx, name).await?;
-        c.message = "attaching the target without a frontend".into();
-        return Ok(Some(POLL));
+        return wait_or_fail(c, "attaching the target without a frontend".into(), unix_now());
     }
     let t = &target.data;
     let ready = t.status.state == VolumeState::Attached && t.status.robustness == Robustness::Healthy;
     let Some(tgt_engine) = running_engine(ctx, name).await?.filter(|_| ready || c.started) else {
-        c.message = "waiting for the target's replicas".into();
-        return Ok(Some(POLL));
+        return wait_or_fail(
+            c,
+            format!("waiting for the target's replicas{}", reason(&t.status.message)),
+            unix_now(),
+        );
     };
+    c.waiting_since = None;
     let mut tgt = engine_client(&tgt_engine).await?;
 
     // 4. The copy.
@@ -268,11 +275,11 @@ async fn step(ctx: &Ctx, name: &str, c: &mut VolumeClone, target: &Object<Volume
             export_backing_image_if_exist: false,
             max_bytes_per_second: ctx.setting_u64("clone-max-bytes-per-second").await,
         };
-        if let Err(e) = tgt.snapshot_clone(req).await {
-            return Err(match e.code() {
-                tonic::Code::Unavailable | tonic::Code::DeadlineExceeded => Stop::Retry(e.into()),
-                _ => Stop::Fail(format!("the target's engine refused the clone: {}", e.message())),
-            });
+        if let Err(e) = tgt.clone_from(req).await {
+            return Err(refused_unless_unreachable(
+                e,
+                "the target's engine refused the clone",
+            ));
         }
         tracing::info!(volume = %name, source = %c.data_source, snapshot = %c.snapshot, "clone started");
         c.started = true;
@@ -281,11 +288,7 @@ async fn step(ctx: &Ctx, name: &str, c: &mut VolumeClone, target: &Object<Volume
         c.message = String::new();
         return Ok(Some(POLL));
     }
-    let st = tgt
-        .snapshot_clone_status(v1::Empty {})
-        .await
-        .map_err(|e| Stop::Retry(e.into()))?
-        .into_inner();
+    let st = tgt.clone_status().await?;
     match st.state.as_str() {
         "in-progress" => {
             c.progress = st.progress.min(99);
@@ -294,16 +297,14 @@ async fn step(ctx: &Ctx, name: &str, c: &mut VolumeClone, target: &Object<Volume
         "complete" => {
             // 5. Grow to the size asked for (the extra space reads zeros).
             if c.size > t.spec.size {
-                tgt.volume_expand(v1::ExpandRequest { size: c.size })
-                    .await
-                    .map_err(|e| {
-                        Stop::Fail(format!(
-                            "the clone completed but growing it to {} bytes failed: {}",
-                            c.size,
-                            e.message()
-                        ))
-                    })?;
-                crate::controller::volume::record_size(ctx, name, c.size).await?;
+                tgt.expand(ctx, c.size).await.map_err(|e| match e {
+                    EngineCallError::Engine { status, .. } => Stop::Fail(format!(
+                        "the clone completed but growing it to {} bytes failed: {}",
+                        c.size,
+                        status.message()
+                    )),
+                    e @ EngineCallError::Store(_) => Stop::Retry(e.into()),
+                })?;
             }
             tracing::info!(volume = %name, source = %c.data_source, "copy completed");
             c.copied = true;
@@ -319,6 +320,45 @@ async fn step(ctx: &Ctx, name: &str, c: &mut VolumeClone, target: &Object<Volume
             "the copy was interrupted: the target's engine or replicas restarted during the clone".into(),
         )),
     }
+}
+
+/// A refusal ends the clone; an engine that does not answer is asked again.
+fn refused_unless_unreachable(e: tonic::Status, what: &str) -> Stop {
+    match e.code() {
+        tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Unknown => {
+            Stop::Retry(e.into())
+        }
+        _ => Stop::Fail(format!("{what}: {}", e.message())),
+    }
+}
+
+/// Fails the clone once it waited [`WAIT_LIMIT`] for one step (the source or the target cannot be attached, e.g. a
+/// target whose replicas cannot be placed); `waiting` says for what, and is kept as the message meanwhile.
+fn wait_or_fail(c: &mut VolumeClone, waiting: String, now: u64) -> Result<Requeue, Stop> {
+    let since = *c.waiting_since.get_or_insert(now);
+    if now.saturating_sub(since) > WAIT_LIMIT.as_secs() {
+        return Err(Stop::Fail(format!(
+            "gave up after {} s {waiting}",
+            WAIT_LIMIT.as_secs()
+        )));
+    }
+    c.message = waiting;
+    Ok(Some(POLL))
+}
+
+/// `: WHY` when there is a why.
+fn reason(why: &str) -> String {
+    if why.is_empty() {
+        String::new()
+    } else {
+        format!(": {why}")
+    }
+}
+
+fn unix_now() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 /// Undoes what the clone did, each step once (the flags say what is left): detach the target, remove the snapshot
@@ -340,16 +380,9 @@ async fn undo(ctx: &Ctx, name: &str, c: &mut VolumeClone, target_exists: bool) -
     if c.snapshot_taken {
         match running_engine(ctx, &source).await? {
             Some(e) => {
-                let mut src = crate::controller::engine::client(&e.data.status.address).await?;
-                let snaps = src.snapshot_list(v1::Empty {}).await?.into_inner();
-                let present = crate::snapshot::from_engine(&source, &snaps)
-                    .into_iter()
-                    .any(|s| s.name == c.snapshot && !s.removed);
-                if present {
-                    src.snapshot_remove(v1::SnapshotName {
-                        name: c.snapshot.clone(),
-                    })
-                    .await?;
+                let mut src = VolumeEngine::connect(&e).await.map_err(anyhow::Error::msg)?;
+                if src.has_snapshot(ctx, &c.snapshot).await? {
+                    src.snapshot_remove(ctx, c.snapshot.clone()).await?;
                     tracing::info!(volume = %name, %source, snapshot = %c.snapshot, "snapshot taken for the clone removed");
                 }
             }

@@ -34,13 +34,15 @@ pub async fn attached_for(ctx: &Ctx, volume: &str) -> Result<Option<String>, Sto
         .map(|c| c.name))
 }
 
-/// The snapshot a `vol://` clone takes on its source: `clone-<target>`, or a shorter unique name when that would
-/// be too long to be a snapshot name.
+/// The snapshot a `vol://` clone takes on its source: `clone-<target>-<8 hex>`, unique per clone so that a target
+/// deleted and created again never meets the snapshot of its earlier attempt (a removed snapshot keeps its name in
+/// the chain until a purge), or `clone-<uuid>` when the target's name would make it too long.
 pub fn snapshot_name_for(target: &str) -> String {
-    let name = format!("clone-{target}");
+    let id = uuid::Uuid::new_v4().simple().to_string();
+    let name = format!("clone-{target}-{}", &id[..8]);
     if name.len() <= 200 {
         name
     } else {
-        format!("clone-{}", uuid::Uuid::new_v4().simple())
+        format!("clone-{id}")
     }
 }

@@ -79,7 +79,7 @@ pub struct VolumeClone {
     /// `vol://NAME` or `snap://NAME/SNAPSHOT`, as given.
     pub data_source: String,
     pub source_volume: String,
-    /// The snapshot copied: the one named, or the one taken for `vol://` (`clone-<target>`).
+    /// The snapshot copied: the one named, or the one taken for `vol://` (`clone-<target>-<8 hex>`).
     pub snapshot: String,
     pub state: CloneState,
     /// Percent of the copy, lowest over the target's replicas.
@@ -104,6 +104,10 @@ pub struct VolumeClone {
     /// Target detached, snapshot removed, source detached: nothing left to undo.
     #[serde(default)]
     pub cleaned_up: bool,
+    /// Since when (unix seconds) the clone waits for the source or the target to be attached: it fails after a
+    /// limit rather than wait for ever (e.g. for replicas that cannot be placed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waiting_since: Option<u64>,
 }
 
 impl Resource for VolumeClone {

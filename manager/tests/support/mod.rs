@@ -34,9 +34,25 @@ pub fn port_range(i: u16) -> (u16, u16) {
 
 impl Manager {
     pub fn start(data_dir: &Path, node_id: &str, store: &str, ports: (u16, u16)) -> Manager {
+        Self::start_with_env(data_dir, node_id, store, ports, &[])
+    }
+
+    /// [`Manager::start`] with extra environment variables, which the daemons it starts inherit (e.g. a
+    /// `CORRAL_BIM_*` flag of every `corral-bim`).
+    pub fn start_with_env(
+        data_dir: &Path,
+        node_id: &str,
+        store: &str,
+        ports: (u16, u16),
+        env: &[(&str, &str)],
+    ) -> Manager {
         std::fs::create_dir_all(data_dir).unwrap();
         let bin = manager_bin();
-        let daemon = DaemonCommand::new(&bin)
+        let mut cmd = DaemonCommand::new(&bin);
+        for (k, v) in env {
+            cmd = cmd.env(k, v);
+        }
+        let daemon = cmd
             .label(format!("corral-manager-{node_id}"))
             .arg("--data-dir")
             .arg(data_dir)
