@@ -235,5 +235,11 @@ fn uploads_the_source_cannot_take_are_refused_with_4xx_and_change_nothing() {
     assert_eq!(code, 409, "{body}");
     assert!(body.contains("download"), "{body}");
     assert_eq!(ds.info().state, FileState::Starting);
+    // The download makes its temp file once it starts; under load that can come after the refusal above.
+    testkit::wait_for("the download's temp file", Duration::from_secs(30), || {
+        let entries = tmp_entries(disk.path());
+        (!entries.is_empty()).then_some(entries)
+    });
     assert_eq!(tmp_entries(disk.path()), vec!["img-u1.tmp".to_owned()]);
+    assert_eq!(ds.info().state, FileState::Starting, "still waiting for data");
 }

@@ -14,8 +14,9 @@ use testkit::{DaemonCommand, TestRng, kill_under, workspace_bin};
 
 /// Test cases per operation and phase: enough to reach every route's checks, few enough for ~30 s on 2 cores.
 const MAX_EXAMPLES: &str = "25";
-/// The whole schemathesis run, past which the test fails (it takes ~20 s on an idle 2-core machine).
-const RUN_DEADLINE: Duration = Duration::from_secs(100);
+/// The whole schemathesis run, past which the test fails as hung: it takes ~25 s on an idle 2-core machine, and it
+/// once needed over 100 s (66 operations) beside the container test and other builds at a load of 13.
+const RUN_DEADLINE: Duration = Duration::from_secs(240);
 
 /// Operations left out, and the one documented exception to a check, with why.
 const CONFIG: &str = r#"
