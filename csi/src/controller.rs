@@ -1,7 +1,8 @@
 //! The Controller service: volumes, attachment to nodes, snapshots and expansion, translated onto the manager's
 //! REST API. Volume IDs are the manager's volume names (the CO's suggested name); snapshot IDs say where the
-//! snapshot lives (`snap://VOLUME/SNAPSHOT`). Every call is idempotent; one call per volume or snapshot at a time
-//! (a concurrent one gets ABORTED).
+//! snapshot lives (`snap://VOLUME/SNAPSHOT` in the volume, `backup://TARGET/VOLUME/BACKUP` on a backup target, see
+//! [`crate::backup_snapshot`]). Every call is idempotent; one call per volume or snapshot at a time (a concurrent
+//! one gets ABORTED).
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -97,6 +98,14 @@ fn as_i64(n: u64) -> i64 {
     i64::try_from(n).unwrap_or(i64::MAX)
 }
 
+/// What a new volume is filled from.
+enum Source {
+    /// The manager's `dataSource` (`vol://NAME` or `snap://NAME/SNAP`): a clone.
+    Clone(String),
+    /// The manager's `fromBackup` (`TARGET:BACKUP`): a restore.
+    Restore(String),
+}
+
 fn content_source_of(data_source: Option<&str>) -> Option<VolumeContentSource> {
     let ds = data_source?;
     let t = if let Some(v) = ds.strip_prefix("vol://") {
@@ -127,8 +136,9 @@ impl ControllerService {
         }
     }
 
-    /// The manager's `dataSource` for a content source, after checking the source exists and fits.
-    async fn data_source(&self, src: &VolumeContentSource) -> CsiResult<(String, u64)> {
+    /// What a content source fills the new volume with, and the source's size, after checking the source exists
+    /// (NOT_FOUND) and can be read now.
+    async fn data_source(&self, src: &VolumeContentSource) -> CsiResult<(Source, u64)> {
         match &src.r#type {
             Some(volume_content_source::Type::Volume(VolumeSource { volume_id })) => {
                 let v = self
@@ -136,18 +146,21 @@ impl ControllerService {
                     .volume(required("volume_content_source.volume.volume_id", volume_id)?)
                     .await?
                     .ok_or_else(|| CsiError::NotFound(format!("source volume {volume_id} does not exist")))?;
-                Ok((format!("vol://{volume_id}"), v.view.size))
+                Ok((Source::Clone(format!("vol://{volume_id}")), v.view.size))
             }
             Some(volume_content_source::Type::Snapshot(SnapshotSource { snapshot_id })) => {
                 let id = required("volume_content_source.snapshot.snapshot_id", snapshot_id)?;
-                let Some(SnapshotId::InVolume { volume, snapshot }) = SnapshotId::parse(id) else {
-                    if let Some(SnapshotId::Backup(_)) = SnapshotId::parse(id) {
-                        return Err(CsiError::Unimplemented(
-                            "restoring a backup:// snapshot is not supported yet: the manager has no backups"
-                                .into(),
-                        ));
+                let (volume, snapshot) = match SnapshotId::parse(id) {
+                    Some(SnapshotId::InVolume { volume, snapshot }) => (volume, snapshot),
+                    Some(SnapshotId::Backup {
+                        target,
+                        volume,
+                        backup,
+                    }) => {
+                        let r = self.restore_source(id, &target, &volume, &backup).await?;
+                        return Ok((Source::Restore(r.from_backup), r.size));
                     }
-                    return Err(CsiError::NotFound(format!("source snapshot {id} does not exist")));
+                    None => return Err(CsiError::NotFound(format!("source snapshot {id} does not exist"))),
                 };
                 let Some(v) = self.manager.volume(&volume).await? else {
                     return Err(CsiError::NotFound(format!(
@@ -165,7 +178,7 @@ impl ControllerService {
                         "source snapshot {id} does not exist or was removed"
                     )));
                 }
-                Ok((format!("snap://{volume}/{snapshot}"), v.view.size))
+                Ok((Source::Clone(format!("snap://{volume}/{snapshot}")), v.view.size))
             }
             None => Err(CsiError::InvalidArgument(
                 "volume_content_source names no source".into(),
@@ -338,21 +351,40 @@ impl ControllerService {
             None => None,
         };
         let source_size = source.as_ref().map_or(0, |s| s.1);
+        let response = |v: &ManagedVolume| {
+            let mut vol = self.csi_volume(v, context.clone(), topology.clone());
+            if req.volume_content_source.is_some() {
+                vol.content_source = req.volume_content_source.clone();
+            }
+            CreateVolumeResponse { volume: Some(vol) }
+        };
         if let Some(existing) = self.manager.volume(name).await? {
-            let same_source = existing.data_source.as_deref() == source.as_ref().map(|s| s.0.as_str());
+            let restored_from = self
+                .manager
+                .restore(name)
+                .await?
+                .map(|r| format!("{}:{}", r.restore.target, r.restore.backup));
+            let same_source = match source.as_ref().map(|s| &s.0) {
+                None => existing.data_source.is_none() && restored_from.is_none(),
+                Some(Source::Clone(ds)) => existing.data_source.as_deref() == Some(ds.as_str()),
+                Some(Source::Restore(b)) => restored_from.as_deref() == Some(b.as_str()),
+            };
             let same_replicas = params
                 .number_of_replicas
                 .is_none_or(|n| n == existing.view.number_of_replicas);
             if !fits(existing.view.size, req.capacity_range.as_ref()) || !same_source || !same_replicas {
                 return Err(CsiError::AlreadyExists(format!(
                     "volume {name} exists with size {}, {} replicas, source {:?}: incompatible with this request",
-                    existing.view.size, existing.view.number_of_replicas, existing.data_source
+                    existing.view.size,
+                    existing.view.number_of_replicas,
+                    existing.data_source.as_ref().or(restored_from.as_ref())
                 )));
             }
             let existing = self.clone_completed(existing).await?;
-            return Ok(CreateVolumeResponse {
-                volume: Some(self.csi_volume(&existing, context, topology)),
-            });
+            if restored_from.is_some() {
+                self.restore_completed(name, CLONE_WAIT).await?;
+            }
+            return Ok(response(&existing));
         }
         if source.is_some()
             && req
@@ -366,15 +398,6 @@ impl ControllerService {
         }
         let size = size_for(req.capacity_range.as_ref(), source_size)?;
         self.backing_image_ready(&params).await?;
-        if let Some((ds, _)) = &source
-            && !self.manager.supports_data_source().await?
-        {
-            return Err(CsiError::Unimplemented(format!(
-                "cloning from {ds} needs the manager's clone flow (dataSource on volume create, issue 19); \
-                 the manager at {} does not offer it yet",
-                self.manager.url()
-            )));
-        }
         let created = self
             .manager
             .create_volume(&VolumeRequest {
@@ -382,7 +405,14 @@ impl ControllerService {
                 size,
                 number_of_replicas: params.number_of_replicas,
                 disable_revision_counter: params.disable_revision_counter,
-                data_source: source.as_ref().map(|s| s.0.clone()),
+                data_source: match &source {
+                    Some((Source::Clone(ds), _)) => Some(ds.clone()),
+                    _ => None,
+                },
+                from_backup: match &source {
+                    Some((Source::Restore(b), _)) => Some(b.clone()),
+                    _ => None,
+                },
                 backing_image: params.backing_image.clone(),
             })
             .await
@@ -391,23 +421,15 @@ impl ControllerService {
                 CsiError::FailedPrecondition(m) => CsiError::AlreadyExists(m),
                 e => e,
             })?;
-        if let Some((ds, _)) = &source {
-            if created.data_source.as_deref() != Some(ds.as_str()) {
-                // The manager ignored the field: never hand out an empty volume as a clone.
-                self.manager.delete_volume(name).await?;
-                return Err(CsiError::Unimplemented(format!(
-                    "the manager at {} did not keep dataSource {ds}: cloning is not supported there",
-                    self.manager.url()
-                )));
+        let created = match &source {
+            Some((Source::Clone(_), _)) => self.clone_completed(created).await?,
+            Some((Source::Restore(_), _)) => {
+                self.restore_completed(name, CLONE_WAIT).await?;
+                created
             }
-            let created = self.clone_completed(created).await?;
-            return Ok(CreateVolumeResponse {
-                volume: Some(self.csi_volume(&created, context, topology)),
-            });
-        }
-        Ok(CreateVolumeResponse {
-            volume: Some(self.csi_volume(&created, context, topology)),
-        })
+            None => created,
+        };
+        Ok(response(&created))
     }
 
     async fn delete_volume_impl(&self, req: DeleteVolumeRequest) -> CsiResult<DeleteVolumeResponse> {
@@ -449,14 +471,7 @@ impl ControllerService {
         if self.manager.node(node).await?.is_none() {
             return Err(CsiError::NotFound(format!("node {node} does not exist")));
         }
-        if let Some(c) = &v.clone
-            && c.state != "completed"
-        {
-            return Err(CsiError::FailedPrecondition(format!(
-                "volume {id} is being cloned ({}): it cannot be used before the clone completed",
-                c.state
-            )));
-        }
+        self.check_filled(&v).await?;
         match v.view.node_id.as_deref() {
             Some(cur) if cur != node => {
                 return Err(CsiError::FailedPrecondition(format!(
@@ -478,6 +493,55 @@ impl ControllerService {
         Ok(ControllerPublishVolumeResponse {
             publish_context: context,
         })
+    }
+
+    /// A volume is served only once its clone or restore completed (the manager refuses the attach before):
+    /// ABORTED while it runs (the CO retries and succeeds later), FAILED_PRECONDITION once it failed (the volume
+    /// has to be re-created). A volume attached without a frontend for a backup is ABORTED until detached again.
+    async fn check_filled(&self, v: &ManagedVolume) -> CsiResult<()> {
+        use manager::backup::model::RestoreState;
+        let id = &v.view.name;
+        if let Some(c) = &v.clone {
+            match c.state.as_str() {
+                "completed" => {}
+                "failed" => {
+                    return Err(CsiError::FailedPrecondition(format!(
+                        "the clone into {id} failed ({}): delete the volume and create it again",
+                        c.message
+                    )));
+                }
+                state => {
+                    return Err(CsiError::Aborted(format!(
+                        "volume {id} is being cloned ({state}, {}%): it can be published once the clone completed",
+                        c.progress.unwrap_or(0)
+                    )));
+                }
+            }
+        }
+        if let Some(r) = self.manager.restore(id).await? {
+            let r = r.restore;
+            match r.state {
+                RestoreState::Completed => {}
+                RestoreState::Failed => {
+                    return Err(CsiError::FailedPrecondition(format!(
+                        "the restore of backup {} into {id} failed ({}): its data is incomplete; delete the volume",
+                        r.backup, r.message
+                    )));
+                }
+                RestoreState::Initiated | RestoreState::Restoring => {
+                    return Err(CsiError::Aborted(format!(
+                        "volume {id} is being restored from backup {} ({}%): it can be published once the restore completed",
+                        r.backup, r.progress
+                    )));
+                }
+            }
+        }
+        if v.view.node_id.is_some() && v.view.disable_frontend {
+            return Err(CsiError::Aborted(format!(
+                "volume {id} is attached without a frontend (a backup or maintenance): it can be published once detached"
+            )));
+        }
+        Ok(())
     }
 
     async fn unpublish_impl(
@@ -594,7 +658,7 @@ impl ControllerService {
         })
     }
 
-    /// Every live snapshot of every volume, as CSI snapshots.
+    /// Every live snapshot of every volume (or of one), as CSI snapshots.
     async fn all_snapshots(&self, only_volume: Option<&str>) -> CsiResult<Vec<(String, SnapshotView, u64)>> {
         let mut out = Vec::new();
         for v in self.manager.volumes().await? {
@@ -602,7 +666,8 @@ impl ControllerService {
                 continue;
             }
             for s in self.manager.snapshots(&v.view.name).await? {
-                if !s.removed && s.name != "volume-head" {
+                // The snapshot a backup took for itself is part of that backup, not a CSI snapshot of its own.
+                if !s.removed && s.name != "volume-head" && !s.labels.contains_key("corral.io/backup") {
                     out.push((v.view.name.clone(), s, v.view.size));
                 }
             }
@@ -614,10 +679,11 @@ impl ControllerService {
         let volume = required("source_volume_id", &req.source_volume_id)?;
         let name = required("name", &req.name)?;
         manager_name("snapshot name", name)?;
-        if snapshot_kind(&req.parameters)? == SnapshotKind::Backup {
-            return Err(CsiError::Unimplemented(
-                "type=backup is not supported yet: the manager has no backup API".into(),
-            ));
+        if let SnapshotKind::Backup { target } = snapshot_kind(&req.parameters)? {
+            let snapshot = self.create_backup_snapshot(volume, name, &target).await?;
+            return Ok(CreateSnapshotResponse {
+                snapshot: Some(snapshot),
+            });
         }
         let _guard = self.in_flight.begin(volume)?;
         for (vol, s, size) in self.all_snapshots(None).await? {
@@ -658,9 +724,18 @@ impl ControllerService {
 
     async fn delete_snapshot_impl(&self, req: DeleteSnapshotRequest) -> CsiResult<DeleteSnapshotResponse> {
         let id = required("snapshot_id", &req.snapshot_id)?;
-        let Some(SnapshotId::InVolume { volume, snapshot }) = SnapshotId::parse(id) else {
+        let (volume, snapshot) = match SnapshotId::parse(id) {
+            Some(SnapshotId::InVolume { volume, snapshot }) => (volume, snapshot),
+            Some(SnapshotId::Backup {
+                target,
+                volume,
+                backup,
+            }) => {
+                self.delete_backup_snapshot(&target, &volume, &backup).await?;
+                return Ok(DeleteSnapshotResponse {});
+            }
             // An ID this plugin never hands out names nothing.
-            return Ok(DeleteSnapshotResponse {});
+            None => return Ok(DeleteSnapshotResponse {}),
         };
         let _guard = self.in_flight.begin(&volume)?;
         let Some(v) = self.manager.volume(&volume).await? else {
@@ -684,47 +759,65 @@ impl ControllerService {
     }
 
     async fn list_snapshots_impl(&self, req: ListSnapshotsRequest) -> CsiResult<ListSnapshotsResponse> {
-        let mut snaps = if !req.snapshot_id.is_empty() {
+        let only_volume = Some(req.source_volume_id.as_str()).filter(|v| !v.is_empty());
+        let in_volume = |list: Vec<(String, SnapshotView, u64)>| -> Vec<Snapshot> {
+            list.iter().map(|(v, s, size)| csi_snapshot(v, s, *size)).collect()
+        };
+        let mut snaps: Vec<Snapshot> = if !req.snapshot_id.is_empty() {
             match SnapshotId::parse(&req.snapshot_id) {
                 Some(SnapshotId::InVolume { volume, snapshot }) => {
                     if self.manager.volume(&volume).await?.is_none() {
                         Vec::new()
                     } else {
-                        self.all_snapshots(Some(&volume))
-                            .await?
-                            .into_iter()
-                            .filter(|(_, s, _)| s.name == snapshot)
-                            .collect()
+                        in_volume(
+                            self.all_snapshots(Some(&volume))
+                                .await?
+                                .into_iter()
+                                .filter(|(_, s, _)| s.name == snapshot)
+                                .collect(),
+                        )
                     }
                 }
-                _ => Vec::new(),
-            }
-        } else if !req.source_volume_id.is_empty() {
-            if self.manager.volume(&req.source_volume_id).await?.is_none() {
-                Vec::new()
-            } else {
-                self.all_snapshots(Some(&req.source_volume_id)).await?
+                Some(SnapshotId::Backup {
+                    target,
+                    volume,
+                    backup,
+                }) => {
+                    self.backup_snapshots(Some((&target, &volume, &backup)), None)
+                        .await?
+                }
+                None => Vec::new(),
             }
         } else {
-            self.all_snapshots(None).await?
+            // A volume's backups outlive it: they are listed whether or not the volume still exists.
+            let mut all = self.backup_snapshots(None, only_volume).await?;
+            let volume_exists = match only_volume {
+                Some(v) => self.manager.volume(v).await?.is_some(),
+                None => true,
+            };
+            if volume_exists {
+                all.extend(in_volume(self.all_snapshots(only_volume).await?));
+            }
+            all
         };
-        if !req.source_volume_id.is_empty() {
-            snaps.retain(|(v, _, _)| *v == req.source_volume_id);
+        if let Some(v) = only_volume {
+            snaps.retain(|s| s.source_volume_id == v);
         }
-        snaps.sort_by(|a, b| (&a.0, &a.1.name).cmp(&(&b.0, &b.1.name)));
+        snaps.sort_by(|a, b| {
+            (&a.source_volume_id, &a.snapshot_id).cmp(&(&b.source_volume_id, &b.snapshot_id))
+        });
         let (start, end) = page(snaps.len(), req.max_entries, &req.starting_token)?;
+        let next_token = if end < snaps.len() {
+            end.to_string()
+        } else {
+            String::new()
+        };
         Ok(ListSnapshotsResponse {
-            entries: snaps[start..end]
-                .iter()
-                .map(|(v, s, size)| list_snapshots_response::Entry {
-                    snapshot: Some(csi_snapshot(v, s, *size)),
-                })
+            entries: snaps
+                .drain(start..end)
+                .map(|s| list_snapshots_response::Entry { snapshot: Some(s) })
                 .collect(),
-            next_token: if end < snaps.len() {
-                end.to_string()
-            } else {
-                String::new()
-            },
+            next_token,
         })
     }
 

@@ -5,6 +5,7 @@
 //! NBD client), makes a file system on first use, mounts it, and keeps what it staged in a state directory so a
 //! restarted plugin finds its volumes again.
 
+pub mod backup_snapshot;
 pub mod capability;
 pub mod controller;
 pub mod error;

@@ -1,10 +1,11 @@
-//! The manager's REST API as the plugin uses it: typed calls over `manager::client::Client`, waits for a volume to
-//! reach a state (polling with a deadline), and the clone fields (`dataSource`, `cloneStatus`) read from the raw
-//! JSON so the plugin follows the contract of issue 19 whether or not this manager build carries them yet.
+//! The manager's REST API as the plugin uses it: typed calls over `manager::client::Client` (volumes, nodes,
+//! snapshots, backing images, backups and restores) and waits for a volume to reach a state (polling with a
+//! deadline).
 
 use std::time::{Duration, Instant};
 
 use manager::api::views::{NodeView, SnapshotView, VolumeView};
+use manager::backup::routes::{BackupTargetView, BackupView, RestoreView};
 use manager::client::{Client, ClientError};
 use manager::model::VolumeState;
 use serde::Deserialize;
@@ -40,6 +41,8 @@ pub struct VolumeRequest {
     pub number_of_replicas: Option<u32>,
     pub disable_revision_counter: Option<bool>,
     pub data_source: Option<String>,
+    /// Restore this completed backup (`TARGET:BACKUP`) into the new volume.
+    pub from_backup: Option<String>,
     pub backing_image: Option<String>,
 }
 
@@ -110,13 +113,6 @@ impl ManagerApi {
         Ok(self.client.get("/v1/nodes").await?)
     }
 
-    /// Whether the manager takes `dataSource` on volume create: its OpenAPI document names the field once the
-    /// clone flow exists (issue 19), so the answer comes from the running manager, not from this build.
-    pub async fn supports_data_source(&self) -> CsiResult<bool> {
-        let doc: serde_json::Value = self.client.get("/v1/openapi.json").await?;
-        Ok(doc.to_string().contains("\"dataSource\""))
-    }
-
     pub async fn create_volume(&self, req: &VolumeRequest) -> CsiResult<ManagedVolume> {
         let mut body = json!({"name": req.name, "size": req.size});
         if let Some(n) = req.number_of_replicas {
@@ -127,6 +123,9 @@ impl ManagerApi {
         }
         if let Some(src) = &req.data_source {
             body["dataSource"] = json!(src);
+        }
+        if let Some(b) = &req.from_backup {
+            body["fromBackup"] = json!(b);
         }
         if let Some(bi) = &req.backing_image {
             body["backingImage"] = json!(bi);
@@ -168,6 +167,19 @@ impl ManagerApi {
         let _: serde_json::Value = self
             .client
             .post(&format!("/v1/volumes/{name}/attach"), &body)
+            .await?;
+        Ok(())
+    }
+
+    /// Attaches on the answering manager's node without a frontend (maintenance mode): the engine runs for a
+    /// backup, nobody can reach the volume for IO.
+    pub async fn attach_without_frontend(&self, name: &str) -> CsiResult<()> {
+        let _: serde_json::Value = self
+            .client
+            .post(
+                &format!("/v1/volumes/{name}/attach"),
+                &json!({"disableFrontend": true}),
+            )
             .await?;
         Ok(())
     }
@@ -217,6 +229,61 @@ impl ManagerApi {
             .client
             .delete(&format!("/v1/volumes/{volume}/snapshots/{name}"))
             .await?)
+    }
+
+    pub async fn backup_target(&self, name: &str) -> CsiResult<Option<BackupTargetView>> {
+        match self.client.get(&format!("/v1/backuptargets/{name}")).await {
+            Ok(t) => Ok(Some(t)),
+            Err(e) if not_found(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Every backup of every target the manager knows.
+    pub async fn backups(&self) -> CsiResult<Vec<BackupView>> {
+        Ok(self.client.get("/v1/backups").await?)
+    }
+
+    pub async fn backup(&self, target: &str, name: &str) -> CsiResult<Option<BackupView>> {
+        match self.client.get(&format!("/v1/backups/{target}:{name}")).await {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if not_found(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Backs the (attached) volume up to `target`; the manager takes the snapshot it reads.
+    pub async fn create_backup(
+        &self,
+        volume: &str,
+        target: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> CsiResult<BackupView> {
+        Ok(self
+            .client
+            .post(
+                "/v1/backups",
+                &json!({"volume": volume, "target": target, "labels": labels}),
+            )
+            .await?)
+    }
+
+    /// Deletes a backup; one already gone is deleted.
+    pub async fn delete_backup(&self, target: &str, name: &str) -> CsiResult<()> {
+        match self.client.delete(&format!("/v1/backups/{target}:{name}")).await {
+            Ok(()) => Ok(()),
+            Err(e) if not_found(&e) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// The volume's restore from a backup, if it has one.
+    pub async fn restore(&self, volume: &str) -> CsiResult<Option<RestoreView>> {
+        match self.client.get(&format!("/v1/volumes/{volume}/restore")).await {
+            Ok(r) => Ok(Some(r)),
+            Err(e) if not_found(&e) => Ok(None),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Polls until `done` holds for the volume, failing after `timeout` with DEADLINE_EXCEEDED (the CO retries

@@ -129,34 +129,57 @@ impl VolumeParameters {
 }
 
 /// Where a snapshot is kept (VolumeSnapshotClass parameter `type`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SnapshotKind {
     /// A snapshot in the volume's own chain (`snap://`), the default.
     InVolume,
-    /// A backup in the backup store (`backup://`).
-    Backup,
+    /// A backup on the named backup target (`backup://`).
+    Backup { target: String },
 }
 
+/// The manager's backup target used when a VolumeSnapshotClass names none.
+pub const DEFAULT_BACKUP_TARGET: &str = "default";
+
+/// VolumeSnapshotClass parameters: `type` (`snap` | `backup`) and, for backups, `backupTarget`.
 pub fn snapshot_kind(params: &HashMap<String, String>) -> CsiResult<SnapshotKind> {
-    let mut kind = SnapshotKind::InVolume;
-    for (key, value) in params {
+    let mut backup = false;
+    let mut target = None;
+    let mut keys: Vec<&String> = params.keys().collect();
+    keys.sort();
+    for key in keys {
+        let value = params[key].as_str();
         match key.as_str() {
             "type" => {
-                kind = match value.as_str() {
-                    "snap" => SnapshotKind::InVolume,
-                    "backup" => SnapshotKind::Backup,
+                backup = match value {
+                    "snap" => false,
+                    "backup" => true,
                     _ => return Err(bad(key, value, "snap or backup")),
                 }
+            }
+            "backupTarget" => {
+                corral_daemon::disk::check_path_component("backupTarget", value)
+                    .map_err(|e| bad(key, value, &e))?;
+                target = Some(value.to_owned());
             }
             k if reserved(k) => {}
             k => {
                 return Err(CsiError::InvalidArgument(format!(
-                    "unknown snapshot parameter {k:?}; known: type"
+                    "unknown snapshot parameter {k:?}; known: type, backupTarget"
                 )));
             }
         }
     }
-    Ok(kind)
+    match (backup, target) {
+        (true, t) => Ok(SnapshotKind::Backup {
+            target: t.unwrap_or_else(|| DEFAULT_BACKUP_TARGET.to_owned()),
+        }),
+        (false, Some(t)) => Err(bad(
+            "backupTarget",
+            &t,
+            "only a VolumeSnapshotClass with type=backup names a backup target",
+        )),
+        (false, None) => Ok(SnapshotKind::InVolume),
+    }
 }
 
 #[cfg(test)]
@@ -219,10 +242,27 @@ mod tests {
                 "{k}={v}: {e}"
             );
         }
-        assert!(snapshot_kind(&p(&[("type", "tape")])).is_err());
+        for (kv, key) in [
+            (&[("type", "tape")][..], "type"),
+            (&[("backupTarget", "s3")][..], "backupTarget"),
+            (&[("type", "backup"), ("backupTarget", "a/b")][..], "backupTarget"),
+            (&[("type", "backup"), ("target", "s3")][..], "target"),
+        ] {
+            let e = snapshot_kind(&p(kv)).unwrap_err();
+            assert!(
+                matches!(&e, CsiError::InvalidArgument(m) if m.contains(key)),
+                "{kv:?}: {e}"
+            );
+        }
         assert_eq!(
             snapshot_kind(&p(&[("type", "backup")])).unwrap(),
-            SnapshotKind::Backup
+            SnapshotKind::Backup {
+                target: "default".into()
+            }
+        );
+        assert_eq!(
+            snapshot_kind(&p(&[("type", "backup"), ("backupTarget", "s3")])).unwrap(),
+            SnapshotKind::Backup { target: "s3".into() }
         );
         assert_eq!(snapshot_kind(&p(&[])).unwrap(), SnapshotKind::InVolume);
     }

@@ -1,11 +1,24 @@
 //! Snapshot IDs say where the snapshot lives: `snap://VOLUME/SNAPSHOT` is a snapshot inside a volume's chain,
-//! `backup://...` a backup in a backup store (reserved until the manager has backups).
+//! `backup://TARGET/VOLUME/BACKUP` a backup on one of the manager's backup targets: the target's name, the backup
+//! volume (the name of the volume it was made from) and the backup's name. Every part is a path component (no
+//! `/`; a manager name never holds a `:` either), so an ID names one object, whichever target it is on.
 
 /// A parsed snapshot ID.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum SnapshotId {
-    InVolume { volume: String, snapshot: String },
-    Backup(String),
+    InVolume {
+        volume: String,
+        snapshot: String,
+    },
+    Backup {
+        target: String,
+        volume: String,
+        backup: String,
+    },
+}
+
+fn valid(s: &str) -> bool {
+    corral_daemon::disk::check_path_component("name", s).is_ok()
 }
 
 impl SnapshotId {
@@ -13,7 +26,6 @@ impl SnapshotId {
     pub fn parse(id: &str) -> Option<SnapshotId> {
         if let Some(rest) = id.strip_prefix("snap://") {
             let (volume, snapshot) = rest.split_once('/')?;
-            let valid = |s: &str| corral_daemon::disk::check_path_component("name", s).is_ok();
             if !valid(volume) || !valid(snapshot) {
                 return None;
             }
@@ -22,13 +34,25 @@ impl SnapshotId {
                 snapshot: snapshot.to_owned(),
             });
         }
-        id.strip_prefix("backup://")
-            .filter(|r| !r.is_empty())
-            .map(|r| SnapshotId::Backup(r.to_owned()))
+        let rest = id.strip_prefix("backup://")?;
+        let mut parts = rest.split('/');
+        let (target, volume, backup) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() || ![target, volume, backup].into_iter().all(valid) {
+            return None;
+        }
+        Some(SnapshotId::Backup {
+            target: target.to_owned(),
+            volume: volume.to_owned(),
+            backup: backup.to_owned(),
+        })
     }
 
     pub fn in_volume(volume: &str, snapshot: &str) -> String {
         format!("snap://{volume}/{snapshot}")
+    }
+
+    pub fn backup(target: &str, volume: &str, backup: &str) -> String {
+        format!("backup://{target}/{volume}/{backup}")
     }
 }
 
@@ -46,8 +70,12 @@ mod tests {
             })
         );
         assert_eq!(
-            SnapshotId::parse("backup://s3/b1"),
-            Some(SnapshotId::Backup("s3/b1".into()))
+            SnapshotId::parse(&SnapshotId::backup("default", "pvc-1", "backup-0123456789abcdef")),
+            Some(SnapshotId::Backup {
+                target: "default".into(),
+                volume: "pvc-1".into(),
+                backup: "backup-0123456789abcdef".into()
+            })
         );
         for bad in [
             "",
@@ -58,6 +86,12 @@ mod tests {
             "snap://v/a/b",
             "vol://v",
             "backup://",
+            "backup://s3/b1",
+            "backup://t/v/",
+            "backup:///v/b",
+            "backup://t/v/b/extra",
+            "backup://t/../b",
+            "backup://t:x/v/b",
         ] {
             assert_eq!(SnapshotId::parse(bad), None, "{bad}");
         }

@@ -168,13 +168,6 @@ def manager_volume(name):
     return v if code == 200 else None
 
 
-def manager_supports_data_source():
-    """Asked of the running manager: its OpenAPI document names dataSource once the clone flow exists."""
-    code, doc = rest("GET", "/v1/openapi.json")
-    assert code == 200, f"openapi.json: {code}"
-    return '"dataSource"' in json.dumps(doc)
-
-
 def wait_for(what, fn, timeout=60):
     deadline = time.time() + timeout
     while True:
@@ -511,8 +504,14 @@ def run_cases(p):
         ctl.CreateVolume(create_req("sn-b"))
         expect_code(C.INVALID_ARGUMENT, ctl.CreateSnapshot,
                     pb.CreateSnapshotRequest(name="snap-bad", source_volume_id="sn-a", parameters={"kind": "x"}))
-        expect_code(C.UNIMPLEMENTED, ctl.CreateSnapshot,
+        # Backups (the backups case below): no backup target is set yet, and a named one must exist.
+        expect_code(C.FAILED_PRECONDITION, ctl.CreateSnapshot,
                     pb.CreateSnapshotRequest(name="snap-bk", source_volume_id="sn-a", parameters={"type": "backup"}))
+        msg = expect_code(C.INVALID_ARGUMENT, ctl.CreateSnapshot, pb.CreateSnapshotRequest(
+            name="snap-bk", source_volume_id="sn-a", parameters={"type": "backup", "backupTarget": "nope"}))
+        assert "backupTarget" in msg, msg
+        expect_code(C.INVALID_ARGUMENT, ctl.CreateSnapshot, pb.CreateSnapshotRequest(
+            name="snap-bk", source_volume_id="sn-a", parameters={"backupTarget": "default"}))
         # sn-a is detached: the plugin attaches it for the snapshot and detaches it again.
         s1 = ctl.CreateSnapshot(pb.CreateSnapshotRequest(name="snap-1", source_volume_id="sn-a")).snapshot
         assert s1.snapshot_id == "snap://sn-a/snap-1" and s1.source_volume_id == "sn-a", s1
@@ -587,7 +586,6 @@ def run_cases(p):
 
     @case
     def clone_of_a_volume_and_of_a_snapshot_reads_like_its_source():
-        assert manager_supports_data_source(), "the manager's OpenAPI document names dataSource"
         ctl.CreateSnapshot(pb.CreateSnapshotRequest(name="cl-snap", source_volume_id="cl-src"))
         for kind, src in [
             ("vol", pb.VolumeContentSource(volume=pb.VolumeContentSource.VolumeSource(volume_id="cl-src"))),
@@ -599,6 +597,152 @@ def run_cases(p):
             again = ctl.CreateVolume(create_req(f"cl-{kind}", 32 * MiB, source=src)).volume
             assert again.volume_id == v.volume_id
             ctl.DeleteVolume(pb.DeleteVolumeRequest(volume_id=v.volume_id))
+
+    # --- Backups (VolumeSnapshotClass type=backup): backup:// snapshots, restored by CreateVolume ---
+
+    def block_device(volume_id, use):
+        """Publishes, stages and publishes `volume_id` as a block device here, runs use(path), takes it all down."""
+        ctx = ctl.ControllerPublishVolume(pb.ControllerPublishVolumeRequest(
+            volume_id=volume_id, node_id=N, volume_capability=block_cap())).publish_context
+        st = os.path.join(work, f"{volume_id}-stage")
+        tp = os.path.join(work, "pods", volume_id, "dev")
+        node.NodeStageVolume(pb.NodeStageVolumeRequest(volume_id=volume_id, staging_target_path=st,
+                                                       volume_capability=block_cap(), publish_context=ctx))
+        node.NodePublishVolume(pb.NodePublishVolumeRequest(volume_id=volume_id, staging_target_path=st,
+                                                           target_path=tp, volume_capability=block_cap()))
+        try:
+            return use(tp)
+        finally:
+            node.NodeUnpublishVolume(pb.NodeUnpublishVolumeRequest(volume_id=volume_id, target_path=tp))
+            node.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(volume_id=volume_id, staging_target_path=st))
+            ctl.ControllerUnpublishVolume(pb.ControllerUnpublishVolumeRequest(volume_id=volume_id, node_id=N))
+
+    def write_and_hash(writes):
+        def use(path):
+            fd = os.open(path, os.O_RDWR)
+            try:
+                for off, data in writes:
+                    os.pwrite(fd, data, off)
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            return sha256_file(path)
+        return use
+
+    def until_done(what, call, timeout=180):
+        """Repeats a call as the CO does: while it answers ABORTED, or a snapshot not ready_to_use yet."""
+        deadline = time.time() + timeout
+        while True:
+            try:
+                r = call()
+                if not (hasattr(r, "snapshot") and not r.snapshot.ready_to_use):
+                    return r
+            except grpc.RpcError as e:
+                assert e.code() == C.ABORTED, (what, e.code(), e.details())
+            assert time.time() < deadline, f"{what}: not done after {timeout}s"
+            time.sleep(0.5)
+
+    @case
+    def backups_are_snapshots_that_restore_into_new_volumes():
+        target_dir = os.path.join(work, "backup-target")
+        os.makedirs(target_dir, exist_ok=True)
+        code, t = rest("PUT", "/v1/backuptargets/default", {"url": f"file://{target_dir}", "pollInterval": 5})
+        assert code == 200, (code, t)
+        bk = {"type": "backup"}
+        ctl.CreateVolume(create_req("bk-src", 16 * MiB, cap=block_cap()))
+        first = block_device("bk-src", write_and_hash([(0, os.urandom(MiB)), (9 * MiB, os.urandom(2 * MiB))]))
+        assert manager_volume("bk-src")["state"] == "detached"
+        expect_code(C.NOT_FOUND, ctl.CreateSnapshot,
+                    pb.CreateSnapshotRequest(name="bk-nosrc", source_volume_id="no-such-vol", parameters=bk))
+
+        # A detached volume: attached without a frontend for the backup, detached once it completed.
+        req1 = pb.CreateSnapshotRequest(name="bk-snap-1", source_volume_id="bk-src", parameters=bk)
+        s1 = until_done("backup 1", lambda: ctl.CreateSnapshot(req1)).snapshot
+        assert s1.snapshot_id.startswith("backup://default/bk-src/backup-"), s1
+        assert s1.source_volume_id == "bk-src" and s1.size_bytes == 16 * MiB and s1.ready_to_use, s1
+        assert s1.creation_time.seconds > 0, s1
+        v = manager_volume("bk-src")
+        assert v["state"] == "detached" and v["nodeId"] is None, v
+        assert ctl.CreateSnapshot(req1).snapshot == s1
+        expect_code(C.ALREADY_EXISTS, ctl.CreateSnapshot,
+                    pb.CreateSnapshotRequest(name="bk-snap-1", source_volume_id="cl-src", parameters=bk))
+        code, b = rest("GET", "/v1/backups/default:" + s1.snapshot_id.rsplit("/", 1)[1])
+        assert code == 200 and b["state"] == "completed" and b["labels"]["csi.corral.io/snapshot-name"] == "bk-snap-1", b
+
+        # A published volume: backed up as it serves, left published.
+        req2 = pb.CreateSnapshotRequest(name="bk-snap-2", source_volume_id="bk-src", parameters=bk)
+
+        def write_then_back_up(path):
+            h = write_and_hash([(512 * 1024, os.urandom(MiB)), (15 * MiB, os.urandom(MiB))])(path)
+            s = until_done("backup 2", lambda: ctl.CreateSnapshot(req2)).snapshot
+            v = manager_volume("bk-src")
+            assert v["state"] == "attached" and v["disableFrontend"] is False and v["endpoints"], v
+            return h, s
+
+        second, s2 = block_device("bk-src", write_then_back_up)
+        assert second != first and s2.snapshot_id != s1.snapshot_id and s2.ready_to_use, s2
+
+        def ids(**kw):
+            return [e.snapshot.snapshot_id for e in ctl.ListSnapshots(pb.ListSnapshotsRequest(**kw)).entries]
+
+        assert {s1.snapshot_id, s2.snapshot_id} <= set(ids())
+        # The snapshots the backups took are theirs, not CSI snapshots of the volume.
+        assert sorted(ids(source_volume_id="bk-src")) == sorted([s1.snapshot_id, s2.snapshot_id])
+        assert ids(snapshot_id=s1.snapshot_id) == [s1.snapshot_id]
+        assert ids(snapshot_id="backup://default/bk-src/backup-0000000000000000") == []
+        assert ids(snapshot_id=s1.snapshot_id.replace("/bk-src/", "/cl-src/")) == []
+
+        # Restores: a new volume from each backup, the second larger (zeros past the backup).
+        src1 = pb.VolumeContentSource(snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=s1.snapshot_id))
+        src2 = pb.VolumeContentSource(snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id=s2.snapshot_id))
+        expect_code(C.OUT_OF_RANGE, ctl.CreateVolume, create_req("bk-small", 8 * MiB, 8 * MiB, source=src1))
+        gone = pb.VolumeContentSource(snapshot=pb.VolumeContentSource.SnapshotSource(
+            snapshot_id="backup://default/bk-src/backup-0000000000000000"))
+        expect_code(C.NOT_FOUND, ctl.CreateVolume, create_req("bk-gone", source=gone))
+        assert not {"bk-small", "bk-gone"} & volume_ids(p)
+        r1 = until_done("restore 1", lambda: ctl.CreateVolume(create_req("bk-r1", 16 * MiB, cap=block_cap(),
+                                                                           source=src1))).volume
+        assert r1.capacity_bytes == 16 * MiB and r1.content_source == src1, r1
+        assert ctl.CreateVolume(create_req("bk-r1", 16 * MiB, cap=block_cap(), source=src1)).volume == r1
+        expect_code(C.ALREADY_EXISTS, ctl.CreateVolume, create_req("bk-r1", 16 * MiB, cap=block_cap(), source=src2))
+        expect_code(C.ALREADY_EXISTS, ctl.CreateVolume, create_req("bk-r1", 16 * MiB, cap=block_cap()))
+        assert block_device("bk-r1", sha256_file) == first, "the restore of backup 1 reads like the source did"
+        r2 = until_done("restore 2", lambda: ctl.CreateVolume(create_req("bk-r2", 32 * MiB, cap=block_cap(),
+                                                                           source=src2))).volume
+        assert r2.capacity_bytes == 32 * MiB, r2
+
+        def second_then_zeros(path):
+            with open(path, "rb") as f:
+                head = hashlib.sha256(f.read(16 * MiB)).hexdigest()
+                return head, f.read(16 * MiB) == bytes(16 * MiB)
+
+        assert block_device("bk-r2", second_then_zeros) == (second, True)
+
+        # A volume whose restore runs is not published: ABORTED (the CO retries), then published once restored.
+        code, v = rest("POST", "/v1/volumes", {"name": "bk-rest", "size": 16 * MiB, "numberOfReplicas": 1,
+                                               "fromBackup": "default:" + s1.snapshot_id.rsplit("/", 1)[1]})
+        assert code == 201, (code, v)
+        msg = expect_code(C.ABORTED, ctl.ControllerPublishVolume, pb.ControllerPublishVolumeRequest(
+            volume_id="bk-rest", node_id=N, volume_capability=block_cap()))
+        assert "restored" in msg, msg
+        wait_for("bk-rest restored", lambda: rest("GET", "/v1/volumes/bk-rest/restore")[1]["state"] == "completed",
+                 180)
+        assert block_device("bk-rest", sha256_file) == first
+
+        # Delete: idempotent; a backup ID of no backup is deleted.
+        for s in [s1, s2]:
+            ctl.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=s.snapshot_id))
+            ctl.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=s.snapshot_id))
+        ctl.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id="backup://default/bk-src/backup-0000000000000000"))
+        ctl.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id="backup://nowhere/x/y"))
+        assert not {s1.snapshot_id, s2.snapshot_id} & set(ids()), ids()
+        code, left = rest("GET", "/v1/backups")
+        assert code == 200 and not [b for b in left if b["volume"] == "bk-src"], left
+        for v in ["bk-src", "bk-r1", "bk-r2", "bk-rest"]:
+            ctl.DeleteVolume(pb.DeleteVolumeRequest(volume_id=v))
+            assert not host_leftovers(p, v), host_leftovers(p, v)
+        code, e = rest("DELETE", "/v1/backupvolumes/default:bk-src")
+        assert code in (204, 404), (code, e)
 
     # --- Backing images (StorageClass backingImage + its data source, seed 000) ---
 
