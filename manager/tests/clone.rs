@@ -1,7 +1,8 @@
 //! Volume clone through the control plane (seed 002), with real manager, engine and replica processes and qemu-io
 //! as the NBD client: clone of an attached volume (`vol://`), of a snapshot into a larger volume (`snap://`), of a
 //! detached source (attached for the copy and detached again); a clone whose source replica is SIGKILLed while it
-//! copies ends failed and is never served; the refusals (smaller, unknown source, attach or delete mid-copy).
+//! copies ends failed and is never served; the refusals (smaller, unknown source, attach or delete mid-copy); a
+//! clone of a volume on a backing image reads exactly its source (`qemu-img compare`) and runs on the same image.
 
 mod support;
 
@@ -807,4 +808,190 @@ fn a_clone_whose_source_is_attached_on_another_node_reads_like_its_source() {
     let c_uri = attach(&other.url, "c");
     assert_eq!(nbd_sha256(&c_uri), src_sum, "the clone reads like its source");
     detach(&other.url, "c");
+}
+
+/// The arguments of process `pid`.
+fn cmdline(pid: i64) -> Vec<String> {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .unwrap_or_else(|e| panic!("/proc/{pid}/cmdline: {e}"))
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect()
+}
+
+/// `qemu-img compare` of a raw file with a volume over NBD: identical contents, or the test fails with the first
+/// offset that differs.
+fn assert_reads(expected: &std::path::Path, uri: &str, what: &str) {
+    let out = std::process::Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(expected)
+        .arg(uri)
+        .output()
+        .expect("run qemu-img compare");
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[test]
+fn a_clone_of_a_volume_on_a_backing_image_reads_like_its_source_and_runs_on_the_image() {
+    use std::os::unix::fs::FileExt;
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    // The image: 24 MiB with pseudo-random data, explicitly written zeros and holes, uploaded as a compressed
+    // qcow2 (the manager keeps it as the image's file; replicas read it under their own writes).
+    let raw = dir.path().join("base.raw");
+    let image_size = 24 * MIB;
+    let f = std::fs::File::create(&raw).unwrap();
+    f.set_len(image_size).unwrap();
+    let mut x: u32 = 0x9e37_79b9;
+    let data: Vec<u8> = (0..5 * MIB)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 17;
+            x ^= x << 5;
+            x.to_le_bytes()[0]
+        })
+        .collect();
+    let mib = usize::try_from(MIB).unwrap();
+    f.write_all_at(&data[..4 * mib], 0).unwrap();
+    f.write_all_at(&vec![0; 2 * mib], 4 * MIB).unwrap();
+    f.write_all_at(&data[..mib], 10 * MIB + 512).unwrap();
+    f.write_all_at(&data[..64 << 10], image_size - (64 << 10)).unwrap();
+    drop(f);
+    let qcow = dir.path().join("base.qcow2");
+    let out = std::process::Command::new("qemu-img")
+        .args(["convert", "-c", "-f", "raw", "-O", "qcow2"])
+        .arg(&raw)
+        .arg(&qcow)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+
+    let m = Manager::start(&dir.path().join("n1"), "node-1", "embedded", port_range(8));
+    let url = m.url.clone();
+    let (ok, out, err) = corral(
+        &url,
+        &[
+            "backing-image",
+            "create",
+            "base",
+            "--from-file",
+            qcow.to_str().unwrap(),
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    wait_for("image base ready", Duration::from_secs(90), || {
+        let (c, v) = rest("GET", &format!("{url}/v1/backingimages/base"), None);
+        (c == 200 && v["state"] == "ready").then_some(())
+    });
+
+    // The source: 32 MiB over the 24 MiB image, two replicas; writes over image data, written zeros, a hole and
+    // past the image's end. The expected contents get the same writes.
+    let (ok, out, err) = corral(
+        &url,
+        &[
+            "volume",
+            "create",
+            "src",
+            "--size",
+            "32Mi",
+            "--replicas",
+            "2",
+            "--backing-image",
+            "base",
+        ],
+    );
+    assert!(ok, "{out}{err}");
+    let src_uri = attach(&url, "src");
+    let expected = dir.path().join("expected.raw");
+    std::fs::copy(&raw, &expected).unwrap();
+    let e = std::fs::OpenOptions::new().write(true).open(&expected).unwrap();
+    e.set_len(32 * MIB).unwrap();
+    let writes: [(u64, u8, u64); 4] = [
+        (MIB, 0xa1, 2 * MIB),
+        (5 * MIB, 0xb2, 64 << 10),
+        (16 * MIB, 0xc3, MIB),
+        (30 * MIB, 0xd4, MIB),
+    ];
+    let mut cmds = Vec::new();
+    for (off, pat, len) in writes {
+        cmds.push(format!("write -P {pat:#x} {off} {len}"));
+        e.write_all_at(&vec![pat; usize::try_from(len).unwrap()], off)
+            .unwrap();
+    }
+    drop(e);
+    cmds.push("flush".into());
+    let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
+    let (ok, o) = qemu_io(&src_uri, &cmds);
+    assert!(ok, "{o}");
+    assert_reads(&expected, &src_uri, "the source reads its image under its writes");
+
+    // vol:// of the attached source, through the CLI (waits until completed).
+    let (ok, out, err) = corral(
+        &url,
+        &["volume", "create", "c1", "--from-volume", "src", "--replicas", "2"],
+    );
+    assert!(ok, "{out}{err}");
+    let v = volume(&m, "c1");
+    assert_eq!(v["cloneStatus"]["state"], "completed", "{v}");
+    let c1_uri = attach(&url, "c1");
+    assert_reads(&expected, &c1_uri, "the clone reads exactly its source");
+    assert_reads(&expected, &src_uri, "the source is unchanged");
+
+    // Its replicas run on the image (the manager hands them the image's file and name), and the clone copied
+    // the source's own writes, not the image: no replica of it holds more than the source's largest.
+    let c1 = wait_for("c1's replicas both RW", Duration::from_secs(90), || {
+        let v = volume(&m, "c1");
+        v["replicas"]
+            .as_array()
+            .is_some_and(|r| r.len() == 2 && r.iter().all(|r| r["mode"] == "RW" && r["pid"].is_i64()))
+            .then_some(v)
+    });
+    for r in c1["replicas"].as_array().unwrap() {
+        let args = cmdline(r["pid"].as_i64().unwrap());
+        let flag = |f: &str| args.windows(2).find(|w| w[0] == f).map(|w| w[1].clone());
+        assert_eq!(
+            flag("--backing-image-name").as_deref(),
+            Some("base"),
+            "{args:?}"
+        );
+        assert!(
+            flag("--backing-file").is_some_and(|f| f.contains("backing-images/base-")),
+            "{args:?}"
+        );
+    }
+    let src_most = replica_dirs(&volume(&m, "src"))
+        .iter()
+        .map(|d| allocated_in(d))
+        .max()
+        .unwrap();
+    for d in replica_dirs(&c1) {
+        let a = allocated_in(&d);
+        assert!(
+            a <= src_most + MIB,
+            "{} holds {a} bytes, the source's largest replica {src_most}",
+            d.display()
+        );
+    }
+
+    // The clone's spec names the image: with the source gone, the image is still in use by the clone.
+    detach(&url, "c1");
+    detach(&url, "src");
+    wait_for("src detached", Duration::from_secs(60), || {
+        (volume(&m, "src")["state"] == "detached").then_some(())
+    });
+    let (ok, out, err) = corral(&url, &["volume", "rm", "src"]);
+    assert!(ok, "{out}{err}");
+    let (code, e) = rest("DELETE", &format!("{url}/v1/backingimages/base"), None);
+    assert!(
+        code == 409
+            && e["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("c1") && !m.contains("src")),
+        "{code} {e}"
+    );
 }
