@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use corral_disk::BLOCK_SIZE;
 use manager::api::views::SnapshotView;
+use manager::clone::model::CloneState;
 use tonic::{Request, Response, Status};
 
 use crate::capability::{self, Access};
@@ -221,11 +222,7 @@ impl ControllerService {
     /// retry of CreateVolume starts it again.
     async fn clone_completed(&self, v: ManagedVolume) -> CsiResult<ManagedVolume> {
         let name = v.view.name.clone();
-        let done = |v: &ManagedVolume| {
-            v.clone
-                .as_ref()
-                .is_none_or(|c| matches!(c.state.as_str(), "completed" | "failed"))
-        };
+        let done = |v: &ManagedVolume| v.clone.as_ref().is_none_or(|c| !c.state.active());
         let v = match self.manager.wait_volume(&name, "cloned", CLONE_WAIT, done).await {
             Ok(v) => v,
             Err(CsiError::DeadlineExceeded(_)) => {
@@ -234,8 +231,7 @@ impl ControllerService {
                     .volume(&name)
                     .await?
                     .and_then(|v| v.clone)
-                    .and_then(|c| c.progress)
-                    .unwrap_or(0);
+                    .map_or(0, |c| c.progress);
                 return Err(CsiError::Aborted(format!(
                     "volume {name} is still being cloned ({progress}%)"
                 )));
@@ -243,7 +239,7 @@ impl ControllerService {
             Err(e) => return Err(e),
         };
         if let Some(c) = &v.clone
-            && c.state == "failed"
+            && c.state == CloneState::Failed
         {
             self.manager.delete_volume(&name).await?;
             return Err(CsiError::Internal(format!(
@@ -502,18 +498,18 @@ impl ControllerService {
         use manager::backup::model::RestoreState;
         let id = &v.view.name;
         if let Some(c) = &v.clone {
-            match c.state.as_str() {
-                "completed" => {}
-                "failed" => {
+            match c.state {
+                CloneState::Completed => {}
+                CloneState::Failed => {
                     return Err(CsiError::FailedPrecondition(format!(
                         "the clone into {id} failed ({}): delete the volume and create it again",
                         c.message
                     )));
                 }
-                state => {
+                CloneState::Initiated | CloneState::Copying => {
                     return Err(CsiError::Aborted(format!(
-                        "volume {id} is being cloned ({state}, {}%): it can be published once the clone completed",
-                        c.progress.unwrap_or(0)
+                        "volume {id} is being cloned ({}%): it can be published once the clone completed",
+                        c.progress
                     )));
                 }
             }
@@ -761,7 +757,9 @@ impl ControllerService {
     async fn list_snapshots_impl(&self, req: ListSnapshotsRequest) -> CsiResult<ListSnapshotsResponse> {
         let only_volume = Some(req.source_volume_id.as_str()).filter(|v| !v.is_empty());
         let in_volume = |list: Vec<(String, SnapshotView, u64)>| -> Vec<Snapshot> {
-            list.iter().map(|(v, s, size)| csi_snapshot(v, s, *size)).collect()
+            list.iter()
+                .map(|(v, s, size)| csi_snapshot(v, s, *size))
+                .collect()
         };
         let mut snaps: Vec<Snapshot> = if !req.snapshot_id.is_empty() {
             match SnapshotId::parse(&req.snapshot_id) {

@@ -25,9 +25,6 @@ pub enum CsiError {
     /// No room for the volume where it must be accessible.
     #[error("{0}")]
     ResourceExhausted(String),
-    /// The manager does not offer what the call needs yet (e.g. cloning before the manager has `dataSource`).
-    #[error("{0}")]
-    Unimplemented(String),
     /// The manager or a daemon did not answer.
     #[error("{0}")]
     Unavailable(String),
@@ -51,7 +48,6 @@ impl From<CsiError> for tonic::Status {
             CsiError::FailedPrecondition(_) => tonic::Code::FailedPrecondition,
             CsiError::Aborted(_) => tonic::Code::Aborted,
             CsiError::ResourceExhausted(_) => tonic::Code::ResourceExhausted,
-            CsiError::Unimplemented(_) => tonic::Code::Unimplemented,
             CsiError::Unavailable(_) => tonic::Code::Unavailable,
             CsiError::DeadlineExceeded(_) => tonic::Code::DeadlineExceeded,
             CsiError::Internal(_) => tonic::Code::Internal,

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use manager::api::views::{NodeView, SnapshotView, VolumeView};
+use manager::api::views::{CloneStatusView, NodeView, SnapshotView, VolumeView};
 use manager::backup::routes::{BackupTargetView, BackupView, RestoreView};
 use manager::client::{Client, ClientError};
 use manager::model::VolumeState;
@@ -13,24 +13,23 @@ use serde_json::json;
 
 use crate::error::{CsiError, CsiResult};
 
-/// A volume with the clone fields the manager may or may not report.
+/// A volume as the manager shows it, with its clone (`dataSource`, `cloneStatus`) when it is one.
 #[derive(Debug, Clone)]
 pub struct ManagedVolume {
     pub view: VolumeView,
     /// `vol://NAME` or `snap://NAME/SNAP` when the volume was created from one.
     pub data_source: Option<String>,
-    pub clone: Option<CloneStatus>,
+    pub clone: Option<CloneStatusView>,
 }
 
-#[derive(Debug, Clone, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CloneStatus {
-    #[serde(default)]
-    pub state: String,
-    #[serde(default)]
-    pub progress: Option<u32>,
-    #[serde(default)]
-    pub message: String,
+impl From<VolumeView> for ManagedVolume {
+    fn from(view: VolumeView) -> Self {
+        Self {
+            data_source: view.data_source.clone().filter(|s| !s.is_empty()),
+            clone: view.clone_status.clone(),
+            view,
+        }
+    }
 }
 
 /// What a new volume should be.
@@ -87,18 +86,18 @@ impl ManagerApi {
     pub async fn volume(&self, name: &str) -> CsiResult<Option<ManagedVolume>> {
         match self
             .client
-            .get::<serde_json::Value>(&format!("/v1/volumes/{name}"))
+            .get::<VolumeView>(&format!("/v1/volumes/{name}"))
             .await
         {
-            Ok(raw) => Ok(Some(managed(raw)?)),
+            Ok(v) => Ok(Some(v.into())),
             Err(e) if not_found(&e) => Ok(None),
             Err(e) => Err(e.into()),
         }
     }
 
     pub async fn volumes(&self) -> CsiResult<Vec<ManagedVolume>> {
-        let raw: Vec<serde_json::Value> = self.client.get("/v1/volumes").await?;
-        raw.into_iter().map(managed).collect()
+        let views: Vec<VolumeView> = self.client.get("/v1/volumes").await?;
+        Ok(views.into_iter().map(ManagedVolume::from).collect())
     }
 
     pub async fn node(&self, name: &str) -> CsiResult<Option<NodeView>> {
@@ -130,8 +129,8 @@ impl ManagerApi {
         if let Some(bi) = &req.backing_image {
             body["backingImage"] = json!(bi);
         }
-        let raw: serde_json::Value = self.client.post("/v1/volumes", &body).await?;
-        managed(raw)
+        let view: VolumeView = self.client.post("/v1/volumes", &body).await?;
+        Ok(view.into())
     }
 
     pub async fn backing_image(&self, name: &str) -> CsiResult<Option<BackingImageState>> {
@@ -329,24 +328,4 @@ impl ManagerApi {
         })
         .await
     }
-}
-
-fn managed(raw: serde_json::Value) -> CsiResult<ManagedVolume> {
-    let data_source = raw
-        .get("dataSource")
-        .and_then(|d| d.as_str())
-        .filter(|s| !s.is_empty())
-        .map(str::to_owned);
-    let clone = raw
-        .get("cloneStatus")
-        .or_else(|| raw.get("status").and_then(|s| s.get("cloneStatus")))
-        .filter(|c| !c.is_null())
-        .and_then(|c| serde_json::from_value::<CloneStatus>(c.clone()).ok());
-    let view = serde_json::from_value::<VolumeView>(raw)
-        .map_err(|e| CsiError::Internal(format!("manager: unexpected volume document: {e}")))?;
-    Ok(ManagedVolume {
-        view,
-        data_source,
-        clone,
-    })
 }

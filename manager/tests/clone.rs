@@ -860,7 +860,8 @@ fn a_clone_of_a_volume_on_a_backing_image_reads_like_its_source_and_runs_on_the_
     f.write_all_at(&data[..4 * mib], 0).unwrap();
     f.write_all_at(&vec![0; 2 * mib], 4 * MIB).unwrap();
     f.write_all_at(&data[..mib], 10 * MIB + 512).unwrap();
-    f.write_all_at(&data[..64 << 10], image_size - (64 << 10)).unwrap();
+    f.write_all_at(&data[..64 << 10], image_size - (64 << 10))
+        .unwrap();
     drop(f);
     let qcow = dir.path().join("base.qcow2");
     let out = std::process::Command::new("qemu-img")
@@ -933,7 +934,15 @@ fn a_clone_of_a_volume_on_a_backing_image_reads_like_its_source_and_runs_on_the_
     // vol:// of the attached source, through the CLI (waits until completed).
     let (ok, out, err) = corral(
         &url,
-        &["volume", "create", "c1", "--from-volume", "src", "--replicas", "2"],
+        &[
+            "volume",
+            "create",
+            "c1",
+            "--from-volume",
+            "src",
+            "--replicas",
+            "2",
+        ],
     );
     assert!(ok, "{out}{err}");
     let v = volume(&m, "c1");
@@ -954,11 +963,7 @@ fn a_clone_of_a_volume_on_a_backing_image_reads_like_its_source_and_runs_on_the_
     for r in c1["replicas"].as_array().unwrap() {
         let args = cmdline(r["pid"].as_i64().unwrap());
         let flag = |f: &str| args.windows(2).find(|w| w[0] == f).map(|w| w[1].clone());
-        assert_eq!(
-            flag("--backing-image-name").as_deref(),
-            Some("base"),
-            "{args:?}"
-        );
+        assert_eq!(flag("--backing-image-name").as_deref(), Some("base"), "{args:?}");
         assert!(
             flag("--backing-file").is_some_and(|f| f.contains("backing-images/base-")),
             "{args:?}"
