@@ -64,10 +64,11 @@ class Skip(Exception):
 def case(fn):
     """Runs one named case, recording pass, skip (with the reason) or failure."""
     name = fn.__name__
+    start = time.monotonic()
     try:
         fn()
         RESULTS.append((name, "PASS", ""))
-        print(f"PASS {name}", flush=True)
+        print(f"PASS {name} ({time.monotonic() - start:.1f} s)", flush=True)
     except Skip as s:
         RESULTS.append((name, "SKIP", str(s)))
         print(f"SKIP {name}: {s}", flush=True)
@@ -718,13 +719,16 @@ def run_cases(p):
 
         assert block_device("bk-r2", second_then_zeros) == (second, True)
 
-        # A volume whose restore runs is not published: ABORTED (the CO retries), then published once restored.
+        # A volume whose restore runs (made through the manager: CreateVolume would wait for it) is not published:
+        # ABORTED (the CO retries), then published once restored.
         code, v = rest("POST", "/v1/volumes", {"name": "bk-rest", "size": 16 * MiB, "numberOfReplicas": 1,
                                                "fromBackup": "default:" + s1.snapshot_id.rsplit("/", 1)[1]})
         assert code == 201, (code, v)
         msg = expect_code(C.ABORTED, ctl.ControllerPublishVolume, pb.ControllerPublishVolumeRequest(
             volume_id="bk-rest", node_id=N, volume_capability=block_cap()))
         assert "restored" in msg, msg
+        # ... and the backup it reads is in use.
+        expect_code(C.FAILED_PRECONDITION, ctl.DeleteSnapshot, pb.DeleteSnapshotRequest(snapshot_id=s1.snapshot_id))
         wait_for("bk-rest restored", lambda: rest("GET", "/v1/volumes/bk-rest/restore")[1]["state"] == "completed",
                  180)
         assert block_device("bk-rest", sha256_file) == first
