@@ -194,11 +194,19 @@ impl ControllerService {
         v: &ManagedVolume,
         op: impl AsyncFnOnce() -> CsiResult<T>,
     ) -> CsiResult<T> {
-        if v.view.node_id.is_some() {
-            let node = v.view.node_id.clone().unwrap_or_default();
-            self.manager
-                .wait_attached(&v.view.name, &node, ATTACH_TIMEOUT)
-                .await?;
+        if let Some(node) = &v.view.node_id {
+            if v.view.disable_frontend {
+                // Attached without a frontend (for a backup): the engine runs, no NBD endpoint will appear.
+                self.manager
+                    .wait_volume(&v.view.name, "attached", ATTACH_TIMEOUT, |v| {
+                        v.view.state == manager::model::VolumeState::Attached
+                    })
+                    .await?;
+            } else {
+                self.manager
+                    .wait_attached(&v.view.name, node, ATTACH_TIMEOUT)
+                    .await?;
+            }
             return op().await;
         }
         let name = &v.view.name;

@@ -748,6 +748,29 @@ def run_cases(p):
         code, e = rest("DELETE", "/v1/backupvolumes/default:bk-src")
         assert code in (204, 404), (code, e)
 
+    @case
+    def a_volume_attached_without_a_frontend_is_snapshotted_but_not_published_until_detached():
+        # As a backup the plugin started leaves a detached volume until the backup ended (or a user's maintenance).
+        ctl.CreateVolume(create_req("mt-1"))
+        code, v = rest("POST", "/v1/volumes/mt-1/attach", {"disableFrontend": True})
+        assert code == 200, (code, v)
+        wait_for("mt-1 attached without a frontend", lambda: manager_volume("mt-1")["state"] == "attached")
+        msg = expect_code(C.ABORTED, ctl.ControllerPublishVolume, pb.ControllerPublishVolumeRequest(
+            volume_id="mt-1", node_id=N, volume_capability=block_cap()))
+        assert "without a frontend" in msg, msg
+        s = ctl.CreateSnapshot(pb.CreateSnapshotRequest(name="mt-snap", source_volume_id="mt-1")).snapshot
+        assert s.snapshot_id == "snap://mt-1/mt-snap" and s.ready_to_use, s
+        v = manager_volume("mt-1")
+        assert v["state"] == "attached" and v["disableFrontend"] is True, v
+        code, v = rest("POST", "/v1/volumes/mt-1/detach", {})
+        assert code == 200, (code, v)
+        wait_for("mt-1 detached", lambda: manager_volume("mt-1")["state"] == "detached")
+        ctl.ControllerPublishVolume(pb.ControllerPublishVolumeRequest(
+            volume_id="mt-1", node_id=N, volume_capability=block_cap()))
+        ctl.ControllerUnpublishVolume(pb.ControllerUnpublishVolumeRequest(volume_id="mt-1", node_id=N))
+        ctl.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=s.snapshot_id))
+        ctl.DeleteVolume(pb.DeleteVolumeRequest(volume_id="mt-1"))
+
     # --- Backing images (StorageClass backingImage + its data source, seed 000) ---
 
     @case
