@@ -6,7 +6,7 @@
 //! A backup reads a snapshot through the volume's engine, so a detached volume is attached for it without a
 //! frontend (maintenance mode: nobody can do IO on it meanwhile), marked by [`LABEL_ATTACHED`]. The manager refuses
 //! to detach a volume while a backup reads it, so the plugin detaches it when it sees the backup ended: in the
-//! call that made it (which waits up to [`BACKUP_WAIT`]), or in the CO's repeat of CreateSnapshot (it repeats the
+//! call that made it (which waits up to `--backup-wait`), or in the CO's repeat of CreateSnapshot (it repeats the
 //! call until `ready_to_use`), or in DeleteSnapshot. Until then ControllerPublish of the volume is ABORTED.
 
 use std::collections::BTreeMap;
@@ -25,8 +25,6 @@ use crate::snapshot_id::SnapshotId;
 pub const LABEL_SNAPSHOT_NAME: &str = "csi.corral.io/snapshot-name";
 /// Set on a backup whose volume the plugin attached (without a frontend) for it, and detaches once it ended.
 pub const LABEL_ATTACHED: &str = "csi.corral.io/attached-for-backup";
-/// How long CreateSnapshot waits for a backup to end before answering `ready_to_use: false` (the CO repeats it).
-const BACKUP_WAIT: Duration = Duration::from_secs(30);
 /// How long the plugin waits for a volume it attached for a backup to be attached or detached.
 const ATTACH_TIMEOUT: Duration = Duration::from_secs(60);
 
@@ -121,11 +119,11 @@ impl ControllerService {
         }
     }
 
-    /// Waits up to [`BACKUP_WAIT`] for the backup to end. Completed: ready to use. Failed: deleted (the CO's
+    /// Waits up to `backup_wait` for the backup to end. Completed: ready to use. Failed: deleted (the CO's
     /// repeat backs up again) and INTERNAL with the reason. Either way the volume the plugin attached for it is
     /// detached again.
     async fn backup_ended(&self, b: Backup) -> CsiResult<Snapshot> {
-        let end = Instant::now() + BACKUP_WAIT;
+        let end = Instant::now() + self.backup_wait;
         let mut b = b;
         while b.state.active() && Instant::now() < end {
             tokio::time::sleep(Duration::from_millis(200)).await;

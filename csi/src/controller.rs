@@ -40,6 +40,9 @@ pub const CONTEXT_FS_TYPE: &str = "fsType";
 pub struct ControllerService {
     pub manager: ManagerApi,
     pub in_flight: InFlight,
+    /// How long CreateSnapshot of a backup waits for it to end before answering `ready_to_use: false` (the CO
+    /// repeats the call until it is true).
+    pub backup_wait: Duration,
 }
 
 fn required<'a>(what: &str, v: &'a str) -> CsiResult<&'a str> {

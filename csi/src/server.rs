@@ -32,6 +32,8 @@ pub struct PluginConfig {
     pub node_id: String,
     pub state_dir: PathBuf,
     pub mode: Mode,
+    /// How long CreateSnapshot of a backup waits for it to end before answering `ready_to_use: false`.
+    pub backup_wait: std::time::Duration,
 }
 
 /// The socket path of a CSI endpoint.
@@ -71,6 +73,7 @@ pub async fn serve(cfg: PluginConfig, cancel: CancellationToken) -> anyhow::Resu
         ControllerServer::new(ControllerService {
             manager: manager.clone(),
             in_flight: InFlight::default(),
+            backup_wait: cfg.backup_wait,
         })
     });
     let node = if node {

@@ -113,6 +113,10 @@ class Plugin:
                 self.state,
                 "--mode",
                 "all",
+                # A backup's CreateSnapshot answers at once (ready_to_use false while it runs): the CO's repeats
+                # are what the backups case drives.
+                "--backup-wait",
+                "0",
             ],
             stdout=self.log,
             stderr=self.log,
@@ -656,9 +660,17 @@ def run_cases(p):
         expect_code(C.NOT_FOUND, ctl.CreateSnapshot,
                     pb.CreateSnapshotRequest(name="bk-nosrc", source_volume_id="no-such-vol", parameters=bk))
 
-        # A detached volume: attached without a frontend for the backup, detached once it completed.
+        # A detached volume: attached without a frontend for the backup (not published meanwhile), detached by
+        # the CO's repeat that finds the backup completed.
         req1 = pb.CreateSnapshotRequest(name="bk-snap-1", source_volume_id="bk-src", parameters=bk)
+        first_answer = ctl.CreateSnapshot(req1).snapshot
+        assert not first_answer.ready_to_use and first_answer.snapshot_id.startswith("backup://"), first_answer
+        v = manager_volume("bk-src")
+        assert v["state"] == "attached" and v["disableFrontend"] is True and not v["endpoints"], v
+        expect_code(C.ABORTED, ctl.ControllerPublishVolume, pb.ControllerPublishVolumeRequest(
+            volume_id="bk-src", node_id=N, volume_capability=block_cap()))
         s1 = until_done("backup 1", lambda: ctl.CreateSnapshot(req1)).snapshot
+        assert s1.snapshot_id == first_answer.snapshot_id, (s1, first_answer)
         assert s1.snapshot_id.startswith("backup://default/bk-src/backup-"), s1
         assert s1.source_volume_id == "bk-src" and s1.size_bytes == 16 * MiB and s1.ready_to_use, s1
         assert s1.creation_time.seconds > 0, s1

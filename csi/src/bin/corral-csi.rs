@@ -26,6 +26,11 @@ struct Args {
     /// Which services to serve: controller (the Deployment), node (the DaemonSet) or all.
     #[arg(long, env = "CORRAL_CSI_MODE", value_enum, default_value = "all")]
     mode: Mode,
+    /// Seconds CreateSnapshot of a backup (VolumeSnapshotClass type: backup) waits for the backup to end before
+    /// answering ready_to_use=false; the CO repeats the call until it is true. Keep it below the
+    /// external-snapshotter's --timeout (1 minute by default).
+    #[arg(long, env = "CORRAL_CSI_BACKUP_WAIT", default_value_t = 30)]
+    backup_wait: u64,
     #[command(flatten)]
     log: corral_daemon::cli::LogArgs,
 }
@@ -36,7 +41,7 @@ async fn main() -> anyhow::Result<()> {
     a.log.init(corral_daemon::cli::RunKind::Daemon)?;
     tracing::info!(
         endpoint = %a.endpoint, manager = %a.manager_url, node_id = %a.node_id,
-        state_dir = %a.state_dir.display(), mode = ?a.mode, "corral-csi starting"
+        state_dir = %a.state_dir.display(), mode = ?a.mode, backup_wait_s = a.backup_wait, "corral-csi starting"
     );
     let cancel = corral_daemon::shutdown_on_signal();
     serve(
@@ -46,6 +51,7 @@ async fn main() -> anyhow::Result<()> {
             node_id: a.node_id,
             state_dir: a.state_dir,
             mode: a.mode,
+            backup_wait: std::time::Duration::from_secs(a.backup_wait),
         },
         cancel,
     )
