@@ -3,7 +3,10 @@
 //! SHA-512 → ready; a 3-replica volume on it reads exactly what `qemu-img convert -O raw` gives (`qemu-img
 //! compare` over NBD); writes, a snapshot, detach/attach keep the data; every `corral-bim` stopped and restarted
 //! (live upgrade) → the same file (inode) is ready again while the volume serves IO; the same image uploaded
-//! through the manager gives the same checksum; bad input is refused or fails with a message.
+//! through the manager gives the same checksum; bad input is refused or fails with a message. On three managers
+//! sharing etcd: copies synced to every replica's disk, minNumberOfCopies kept through cleanup and a node's death,
+//! and a node's `corral-bim` SIGKILLed while a sync to it is in progress fails only that copy, which a retry
+//! completes.
 
 mod support;
 
@@ -890,4 +893,124 @@ fn one_ready_copy_feeds_at_most_three_syncs_and_a_killed_receiver_fails_only_its
         })
         .sum();
     assert_eq!(copies, 5);
+}
+
+#[test]
+fn a_cluster_sync_whose_receiving_corral_bim_is_sigkilled_fails_only_that_copy_and_a_retry_completes() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    let (qcow, _) = fixture(&files);
+    let checksum = sha512(&qcow);
+    let http = HttpServer::start(&files);
+    let etcd = Etcd::start(dir.path());
+    let store = format!("etcd://{}", etcd.endpoint());
+    let node_dirs: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("n{i}"))).collect();
+    // Sends are slowed (every node's corral-bim inherits the flag) so that a sync between nodes can be interrupted.
+    let ms: Vec<Manager> = (0..3u16)
+        .map(|i| {
+            Manager::start_with_env(
+                &node_dirs[usize::from(i)],
+                &format!("node-{i}"),
+                &store,
+                port_range(i),
+                &[("CORRAL_BIM_SEND_MAX_RATE", "512K")],
+            )
+        })
+        .collect();
+    let m = &ms[0];
+    wait_for("3 nodes ready", Duration::from_secs(30), || {
+        let (_, v) = rest("GET", &format!("{}/v1/nodes", m.url), None);
+        (v.as_array()
+            .map_or(0, |a| a.iter().filter(|n| n["ready"] == true).count())
+            == 3)
+            .then_some(())
+    });
+
+    // Three copies, one per node: the first is downloaded, the other two are synced to the other nodes from it.
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/backingimages", m.url),
+        Some(
+            &json!({"name": "base", "sourceType": "download", "minNumberOfCopies": 3,
+            "parameters": {"url": http.url("image.qcow2")}, "expectedChecksum": checksum}),
+        ),
+    );
+    assert_eq!(code, 201, "{v}");
+    let node_of = |v: &Value, disk: &str| {
+        v["disks"]
+            .as_array()
+            .and_then(|d| d.iter().find(|d| d["diskUUID"] == disk))
+            .and_then(|d| d["nodeId"].as_str())
+            .and_then(|n| n.strip_prefix("node-"))
+            .and_then(|n| n.parse::<usize>().ok())
+            .expect("the disk's node")
+    };
+    // SIGKILL the corral-bim of a node while a sync to its disk is under way (0 < progress < 100).
+    let mut victim: Option<(String, usize, u64, i64)> = None;
+    let mut others: Vec<(String, usize)> = Vec::new();
+    let mut failed_elsewhere = Vec::new();
+    wait_for("three ready copies", Duration::from_secs(180), || {
+        let v = image(m, "base");
+        let disks = disk_states(&v);
+        for (d, (s, _)) in &disks {
+            if s == "failed" && victim.as_ref().is_none_or(|(vd, ..)| vd != d) {
+                failed_elsewhere.push(format!("{d}: {v}"));
+            }
+        }
+        let ready = disks.values().filter(|(s, _)| s == "ready").count();
+        // Once a copy is ready, what is in progress is a sync from it (before, it is the first copy's fetch).
+        if victim.is_none()
+            && ready >= 1
+            && let Some((d, (_, p))) = disks
+                .iter()
+                .find(|(_, (s, p))| s == "in-progress" && *p > 0 && *p < 100)
+        {
+            let node = node_of(&v, d);
+            let pids = pids_of("corral-bim", &node_dirs[node]);
+            assert_eq!(pids.len(), 1, "node-{node} runs one corral-bim: {pids:?}");
+            sigkill(pids[0]);
+            victim = Some((d.clone(), node, *p, pids[0]));
+            others = disks
+                .keys()
+                .filter(|o| *o != d)
+                .map(|o| (o.clone(), node_of(&v, o)))
+                .collect();
+        }
+        (victim.is_some() && ready == 3).then_some(v)
+    });
+    let (victim, node, progress, pid) = victim.expect("a sync was interrupted");
+    assert!(progress > 0 && progress < 100, "interrupted at {progress}%");
+    assert!(
+        failed_elsewhere.is_empty(),
+        "only the killed receiver's copy fails: {failed_elsewhere:?}"
+    );
+    let now = pids_of("corral-bim", &node_dirs[node]);
+    assert!(
+        now.len() == 1 && now[0] != pid,
+        "node-{node}'s corral-bim was started again: {now:?}"
+    );
+    let bim_log = |node: usize, disk: &str| {
+        std::fs::read_to_string(node_dirs[node].join(format!("logs/bim-bim-{disk}.log"))).unwrap_or_default()
+    };
+    assert!(
+        bim_log(node, &victim).matches("sync started").count() >= 2,
+        "the killed receiver's copy was synced again"
+    );
+    // The other two copies (the downloaded one and the other sync) were made once, undisturbed.
+    assert_eq!(others.len(), 2, "{others:?}");
+    assert!(
+        others.iter().all(|(_, n)| *n != node),
+        "one copy per node: {others:?}"
+    );
+    let synced_once = others
+        .iter()
+        .filter(|(d, n)| bim_log(*n, d).matches("sync started").count() == 1)
+        .count();
+    assert_eq!(synced_once, 1, "the other sync ran once: {others:?}");
+    for d in &node_dirs {
+        let f = backing_files(d, "base");
+        assert_eq!(f.len(), 1, "{}: {f:?}", d.display());
+        assert_eq!(sha512(&f[0]), checksum, "{}", f[0].display());
+    }
 }
