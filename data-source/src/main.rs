@@ -67,6 +67,10 @@ enum Cmd {
         /// IP an export's receiver binds and tells the replica (default: the --listen IP).
         #[arg(long, env = "CORRAL_RECEIVER_IP")]
         receiver_ip: Option<IpAddr>,
+        /// File of a restore's S3 credentials (KEY=VALUE lines: AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY,
+        /// AWS_SESSION_TOKEN); without it they come from the environment.
+        #[arg(long, env = "CORRAL_BACKUP_CREDENTIALS_FILE")]
+        backup_credentials_file: Option<PathBuf>,
     },
 }
 
@@ -86,6 +90,7 @@ fn main() -> anyhow::Result<()> {
         no_data_timeout,
         download_retries,
         receiver_ip,
+        backup_credentials_file,
     } = cli.cmd;
     let ready_file = process.ready_file;
     let source_type: SourceType = source_type.parse().map_err(anyhow::Error::msg)?;
@@ -102,6 +107,7 @@ fn main() -> anyhow::Result<()> {
         no_data_timeout: Duration::from_secs(no_data_timeout.max(1)),
         download_retries,
         receiver_ip: receiver_ip.unwrap_or(listen.ip()),
+        backup_credentials_file,
     };
     tracing::info!(?config, %listen, "corral-datasource starting");
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;

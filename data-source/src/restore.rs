@@ -1,5 +1,6 @@
 //! `restore`: restores one backup (`backup-url` = `TARGET?backup=NAME&volume=VOLUME`, a `file://` or `s3://`
-//! target, S3 credentials from `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` in the environment) into the work file
+//! target, S3 credentials from `--backup-credentials-file`, else `AWS_ACCESS_KEY_ID`/`AWS_SECRET_ACCESS_KEY` in
+//! the environment) into the work file
 //! with the backup store's [`FileSink`]: ranges without blocks stay holes, every block is verified against its
 //! SHA-256 before it is written. A target that makes no progress for the no-data limit (plus the store's lock
 //! wait) fails the job instead of hanging.
@@ -31,8 +32,13 @@ pub async fn run(ds: &JobContext, backup_url: &str, work: &Path) -> Result<(), J
         url: backup_url.to_owned(),
         reason: format!("{what} for {secs} s"),
     };
-    // Credentials: the AWS_* variables of the environment (the store reads them when the map is empty).
-    let store = BackupStore::open(&url, &BTreeMap::new()).map_err(err)?;
+    // Credentials: the file the manager wrote for this daemon, else the AWS_* variables of the environment (the
+    // store reads them when the map is empty).
+    let credentials = match &ds.config().backup_credentials_file {
+        Some(f) => backupstore::target::read_credentials_file(f).map_err(err)?,
+        None => BTreeMap::new(),
+    };
+    let store = BackupStore::open(&url, &credentials).map_err(err)?;
     let cfg = tokio::select! {
         r = tokio::time::timeout(limit, store.backup_config(&volume, &backup)) => {
             r.map_err(|_| stalled("no answer from the backup target", limit.as_secs()))?.map_err(err)?

@@ -170,6 +170,9 @@ pub struct DataSourceConfig {
     pub download_retries: usize,
     /// Address an export's sparse-sync receiver binds and gives the replica to connect to.
     pub receiver_ip: IpAddr,
+    /// A restore's S3 credentials (`KEY=VALUE` lines), read when the restore starts; none: the environment's.
+    /// The path only: the credentials are never part of the logged config.
+    pub backup_credentials_file: Option<PathBuf>,
 }
 
 impl DataSourceConfig {

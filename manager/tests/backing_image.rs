@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
-use testkit::servers::Etcd;
+use testkit::servers::{Etcd, S3_ENV, S3Server};
 use testkit::{Daemon, DaemonCommand, qemu_io, wait_for};
 
 /// Python's `http.server` over a directory (no Range support: downloads start from the beginning).
@@ -1013,4 +1013,169 @@ fn a_cluster_sync_whose_receiving_corral_bim_is_sigkilled_fails_only_that_copy_a
         assert_eq!(f.len(), 1, "{}: {f:?}", d.display());
         assert_eq!(sha512(&f[0]), checksum, "{}", f[0].display());
     }
+}
+
+/// `corral` with the S3 key pair in its environment (for `--credentials-from-env`).
+fn corral_with_s3_keys(url: &str, args: &[&str]) -> String {
+    let out = Command::new(cli_bin())
+        .args(["--url", url])
+        .args(args)
+        .envs(S3_ENV)
+        .output()
+        .expect("corral");
+    assert!(
+        out.status.success(),
+        "corral {args:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn a_backup_made_by_the_manager_on_s3_restores_into_a_backing_image_with_the_targets_credentials() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let s3_dir = dir.path().join("s3");
+    std::fs::create_dir_all(s3_dir.join("bucket")).unwrap();
+    let s3 = S3Server::start(&s3_dir, &[]);
+    let data_dir = dir.path().join("n1");
+    // The manager (and so every daemon it starts) has no S3 keys in its environment: the restore gets the
+    // target's credentials from the manager.
+    let m = Manager::start(&data_dir, "node-1", "embedded", port_range(3));
+    corral_with_s3_keys(
+        &m.url,
+        &[
+            "backup",
+            "target",
+            "set",
+            "s3://bucket/pre",
+            "--endpoint",
+            &s3.endpoint,
+            "--credentials-from-env",
+        ],
+    );
+
+    // A volume with data, explicit zeros, holes and an unaligned write, backed up by the manager.
+    let size: u64 = 24 << 20;
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/volumes", m.url),
+        Some(&json!({"name": "src", "size": size, "numberOfReplicas": 1})),
+    );
+    assert_eq!(code, 201, "{v}");
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/volumes/src/attach", m.url),
+        Some(&json!({})),
+    );
+    assert_eq!(code, 200, "{v}");
+    let uri = unix_endpoint(&wait_healthy(&m, "src", Duration::from_secs(90)));
+    let (ok, out) = qemu_io(
+        &uri,
+        &[
+            "write -P 0xa1 0 1M",
+            "write -P 0 3M 2M",
+            "write -P 0xb2 9437696 1049607",
+            "write -P 0xc3 25161728 4096",
+            "flush",
+        ],
+    );
+    assert!(ok, "{out}");
+    let expected = dir.path().join("src.raw");
+    run(Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "raw", &uri])
+        .arg(&expected));
+    assert_eq!(std::fs::metadata(&expected).unwrap().len(), size);
+    let checksum = sha512(&expected);
+    let b: Value = serde_json::from_str(&corral_with_s3_keys(
+        &m.url,
+        &["--json", "backup", "create", "src"],
+    ))
+    .unwrap();
+    assert_eq!(b["state"], "completed", "{b}");
+    let name = b["name"].as_str().unwrap();
+    // The backup store's URL of that backup: the target's URL with its endpoint, the backup and its volume.
+    let backup_url = format!(
+        "s3://bucket/pre?endpoint={}&backup={name}&volume=src",
+        s3.endpoint
+    );
+
+    // A URL that names no backup is refused and leaves nothing.
+    let create = |body: Value| rest("POST", &format!("{}/v1/backingimages", m.url), Some(&body));
+    let (code, v) = create(json!({"name": "bad", "sourceType": "restore",
+        "parameters": {"backupURL": format!("s3://bucket/pre?endpoint={}&volume=src", s3.endpoint)}}));
+    assert_eq!(code, 409, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("backup=NAME"), "{v}");
+    let (code, _) = rest("GET", &format!("{}/v1/backingimages/bad", m.url), None);
+    assert_eq!(code, 404);
+
+    // The restore through the CLI: the image is the volume as backed up, holes and all.
+    let out = Command::new(cli_bin())
+        .args(["--url", &m.url, "--json", "backing-image", "create", "restored"])
+        .args(["--source", "restore", "--backup-url", &backup_url])
+        .args(["--expected-checksum", &checksum, "--timeout", "120"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v = wait_image(&m, "restored", "ready", Duration::from_secs(120));
+    assert_eq!(v["sourceType"], "restore", "{v}");
+    assert_eq!(v["currentChecksum"], checksum.as_str(), "{v}");
+    assert_eq!(v["virtualSize"], size, "{v}");
+    let f = backing_files(&data_dir, "restored");
+    assert_eq!(f.len(), 1, "{f:?}");
+    assert_eq!(sha512(&f[0]), checksum);
+    let allocated = std::fs::metadata(&f[0]).unwrap().blocks() * 512;
+    assert!(
+        allocated < size / 2,
+        "the holes stay holes: {allocated} bytes allocated of {size}"
+    );
+
+    // The credentials went to the data source in a file that is gone with it, and into no log.
+    wait_for("the data source stopped", Duration::from_secs(30), || {
+        pids_of("corral-datasource", &data_dir).is_empty().then_some(())
+    });
+    let run_dir = data_dir.join("run");
+    let left: Vec<_> = std::fs::read_dir(&run_dir)
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.ends_with(".credentials"))
+                .collect()
+        })
+        .unwrap_or_default();
+    assert!(
+        left.is_empty(),
+        "credentials left in {}: {left:?}",
+        run_dir.display()
+    );
+    for log in std::fs::read_dir(data_dir.join("logs")).unwrap().flatten() {
+        let text = std::fs::read_to_string(log.path()).unwrap_or_default();
+        assert!(
+            !text.contains(S3_ENV[1].1),
+            "{} holds the S3 secret",
+            log.path().display()
+        );
+    }
+    assert!(
+        !m.log().contains(S3_ENV[1].1),
+        "the manager's log holds the S3 secret"
+    );
+
+    // A backup the target does not hold: the image fails with the store's message.
+    let (code, v) = create(json!({"name": "nope", "sourceType": "restore",
+        "parameters": {"backupURL": format!("s3://bucket/pre?endpoint={}&backup=nope&volume=src", s3.endpoint)}}));
+    assert_eq!(code, 201, "{v}");
+    let v = wait_for("nope failed", Duration::from_secs(60), || {
+        let v = image(&m, "nope");
+        v["disks"]
+            .as_array()
+            .and_then(|d| d.iter().find(|d| d["state"] == "failed"))
+            .cloned()
+    });
+    assert!(v["message"].as_str().unwrap().contains("nope"), "{v}");
 }

@@ -56,6 +56,8 @@ pub struct CreateArgs {
     /// raw | qcow2 (export-from-volume).
     #[arg(long)]
     export_type: Option<String>,
+    /// The backup to restore: `TARGET?backup=NAME&volume=VOLUME` (e.g. `s3://B/P?endpoint=E&backup=N&volume=V`);
+    /// the credentials of the configured backup target it points into are used.
     #[arg(long)]
     backup_url: Option<String>,
     /// The image to clone.

@@ -11,6 +11,7 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use super::model::{BackingImageDataSource, SourceType, state};
+use super::restore_source;
 use crate::context::Ctx;
 use crate::controller::{Requeue, WorkQueue, feed_node_local, run_worker};
 use crate::model::ProcessRecord;
@@ -70,9 +71,15 @@ async fn poll(address: &str) -> anyhow::Result<FileInfo> {
     Ok(resp.json().await?)
 }
 
-/// Stops the recorded daemon and any this manager process started for the image.
+/// Stops the recorded daemon and any this manager process started for the image; its credentials file goes.
 async fn stop(local: &Supervisor, name: &str, rec: Option<&ProcessRecord>) {
     local.stop(name, rec, Duration::from_secs(10)).await;
+    let _ = std::fs::remove_file(credentials_path(local, name));
+}
+
+/// The file a restore's data source reads its target's credentials from, beside its ready file.
+fn credentials_path(local: &Supervisor, name: &str) -> std::path::PathBuf {
+    local.ready_path(name).with_extension("credentials")
 }
 
 async fn reconcile(ctx: Ctx, local: Arc<Supervisor>, name: String) -> anyhow::Result<Requeue> {
@@ -266,6 +273,13 @@ async fn spawn(ctx: &Ctx, local: &Supervisor, name: &str, ds: &BackingImageDataS
     if !ds.spec.expected_checksum.is_empty() {
         args.push("--expected-checksum".to_owned());
         args.push(ds.spec.expected_checksum.clone());
+    }
+    if ds.spec.source_type == SourceType::Restore && !ds.spec.backup_target.is_empty() {
+        let f = credentials_path(local, name);
+        if restore_source::write_credentials(ctx, &ds.spec.backup_target, &f).await? {
+            args.push("--backup-credentials-file".to_owned());
+            args.push(f.display().to_string());
+        }
     }
     let rec = local.start(name, args, ds.status.attempts)?;
     ctx.metrics.daemon_started();

@@ -101,6 +101,7 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
         })
     };
     let mut params = BTreeMap::new();
+    let mut backup_target = String::new();
     match bi.spec.source_type {
         SourceType::Download => {
             let url = param("url")?;
@@ -111,7 +112,9 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
         }
         SourceType::Upload => {}
         SourceType::Restore => {
-            params.insert("backup-url".to_owned(), param("backupURL")?);
+            let url = param("backupURL")?;
+            backup_target = super::restore_source::resolve(ctx, &url).await?;
+            params.insert("backup-url".to_owned(), url);
         }
         SourceType::Clone => {
             let src = param("backingImage")?;
@@ -210,6 +213,7 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
             expected_checksum: bi.spec.expected_checksum.clone(),
             started: false,
             generation: 0,
+            backup_target,
         },
         status: Default::default(),
     })

@@ -123,6 +123,10 @@ pub struct DataSourceSpec {
     pub started: bool,
     /// Bumped to run the source again (all copies failed): the node restarts its daemon.
     pub generation: u32,
+    /// restore: the configured backup target the backup URL points into (its credentials go to the daemon in a
+    /// file); empty when no configured target matches the URL.
+    #[serde(default)]
+    pub backup_target: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
