@@ -546,6 +546,32 @@ fn ready_disks(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Three managers (`node-0..2`, data in `dir/n0..2`, `env` passed to them and their daemons) sharing one etcd,
+/// once every node is ready.
+fn cluster(dir: &Path, env: &[(&str, &str)]) -> (Etcd, Vec<Manager>) {
+    let etcd = Etcd::start(dir);
+    let store = format!("etcd://{}", etcd.endpoint());
+    let ms: Vec<Manager> = (0..3u16)
+        .map(|i| {
+            Manager::start_with_env(
+                &dir.join(format!("n{i}")),
+                &format!("node-{i}"),
+                &store,
+                port_range(i),
+                env,
+            )
+        })
+        .collect();
+    wait_for("3 nodes ready", Duration::from_secs(30), || {
+        let (_, v) = rest("GET", &format!("{}/v1/nodes", ms[0].url), None);
+        (v.as_array()
+            .map_or(0, |a| a.iter().filter(|n| n["ready"] == true).count())
+            == 3)
+            .then_some(())
+    });
+    (etcd, ms)
+}
+
 #[test]
 fn a_cluster_syncs_copies_to_replica_disks_keeps_min_copies_through_cleanup_and_refetches_when_all_fail() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
@@ -554,26 +580,8 @@ fn a_cluster_syncs_copies_to_replica_disks_keeps_min_copies_through_cleanup_and_
     let (qcow, expected) = fixture(&files);
     let checksum = sha512(&qcow);
     let http = HttpServer::start(&files);
-    let etcd = Etcd::start(dir.path());
-    let store = format!("etcd://{}", etcd.endpoint());
-    let ms: Vec<Manager> = (0..3)
-        .map(|i| {
-            Manager::start(
-                &dir.path().join(format!("n{i}")),
-                &format!("node-{i}"),
-                &store,
-                port_range(i),
-            )
-        })
-        .collect();
+    let (_etcd, ms) = cluster(dir.path(), &[]);
     let m = &ms[0];
-    wait_for("3 nodes ready", Duration::from_secs(30), || {
-        let (_, v) = rest("GET", &format!("{}/v1/nodes", m.url), None);
-        (v.as_array()
-            .map_or(0, |a| a.iter().filter(|n| n["ready"] == true).count())
-            == 3)
-            .then_some(())
-    });
     let (code, v) = rest(
         "PUT",
         &format!("{}/v1/settings/backing-image-cleanup-wait-interval", m.url),
@@ -903,29 +911,10 @@ fn a_cluster_sync_whose_receiving_corral_bim_is_sigkilled_fails_only_that_copy_a
     let (qcow, _) = fixture(&files);
     let checksum = sha512(&qcow);
     let http = HttpServer::start(&files);
-    let etcd = Etcd::start(dir.path());
-    let store = format!("etcd://{}", etcd.endpoint());
     let node_dirs: Vec<PathBuf> = (0..3).map(|i| dir.path().join(format!("n{i}"))).collect();
     // Sends are slowed (every node's corral-bim inherits the flag) so that a sync between nodes can be interrupted.
-    let ms: Vec<Manager> = (0..3u16)
-        .map(|i| {
-            Manager::start_with_env(
-                &node_dirs[usize::from(i)],
-                &format!("node-{i}"),
-                &store,
-                port_range(i),
-                &[("CORRAL_BIM_SEND_MAX_RATE", "512K")],
-            )
-        })
-        .collect();
+    let (_etcd, ms) = cluster(dir.path(), &[("CORRAL_BIM_SEND_MAX_RATE", "512K")]);
     let m = &ms[0];
-    wait_for("3 nodes ready", Duration::from_secs(30), || {
-        let (_, v) = rest("GET", &format!("{}/v1/nodes", m.url), None);
-        (v.as_array()
-            .map_or(0, |a| a.iter().filter(|n| n["ready"] == true).count())
-            == 3)
-            .then_some(())
-    });
 
     // Three copies, one per node: the first is downloaded, the other two are synced to the other nodes from it.
     let (code, v) = rest(
