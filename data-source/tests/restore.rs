@@ -264,6 +264,31 @@ fn restore_from_an_s3_target_is_ready_with_the_right_checksum() {
 }
 
 #[test]
+fn restore_from_an_s3_target_reads_its_credentials_from_the_file_it_is_given() {
+    let (dir, src, _s3, url) = s3_fixture(&[]);
+    let want = sha512_file(&src);
+    let disk = disk();
+    let param = format!("backup-url={url}");
+    // No keys in the environment: without the file the store refuses to open the target.
+    let without = DataSourceProc::start(disk.path(), "restore", &["--param", &param]);
+    let i = without.wait_final(Duration::from_secs(60));
+    assert_eq!(i.state, FileState::Failed, "{i:?}");
+    assert!(i.message.contains("credentials"), "{i:?}");
+    drop(without);
+    let creds = dir.path().join("creds");
+    let text: String = S3_ENV.iter().map(|(k, v)| format!("{k}={v}\n")).collect();
+    std::fs::write(&creds, text).unwrap();
+    let file = creds.display().to_string();
+    let ds = DataSourceProc::start(
+        disk.path(),
+        "restore",
+        &["--param", &param, "--backup-credentials-file", &file],
+    );
+    let i = ds.expect_ready(&want);
+    assert_eq!(extents(Path::new(&i.file_path)), extents(&src));
+}
+
+#[test]
 fn sigterm_during_a_slow_s3_restore_stops_it_and_removes_the_partial_file() {
     // 2 MiB of data at 128 KiB/s: about 15 s unless stopped.
     let (_dir, _src, _s3, url) = s3_fixture(&["--bwlimit", "128K"]);
