@@ -502,6 +502,12 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
                             .join(", "),
                     ]);
                 }
+                if !x.backing_image_name.is_empty() {
+                    rows.push(vec![
+                        "backing image".into(),
+                        format!("{} (SHA-512 {})", x.backing_image_name, x.backing_image_checksum),
+                    ]);
+                }
                 if !x.error.is_empty() {
                     rows.push(vec!["error".into(), x.error.clone()]);
                 }

@@ -8,9 +8,11 @@
 //!   into the store (backups made elsewhere appear);
 //! - [`controller`]: the leader's backup jobs (request → replica job → record), [`restore`]: the leader's
 //!   restores, guarded like clones (a volume whose restore has not completed is never attached for IO);
+//! - [`backing`]: the backing image a restore takes, checked against the SHA-512 the backup recorded;
 //! - [`routes`]: REST (`/v1/backuptargets`, `/v1/backupvolumes`, `/v1/backups`, `/v1/volumes/{v}/restore`) and
 //!   its OpenAPI shapes; [`cli`]: `corral backup ...`.
 
+pub mod backing;
 pub mod cli;
 pub mod controller;
 pub mod model;

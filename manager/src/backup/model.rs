@@ -186,6 +186,12 @@ pub struct Backup {
     pub started: String,
     pub completed: String,
     pub error: String,
+    /// The backing image under the volume when the backup was made (empty without one), and its SHA-512: a
+    /// restore takes that image and refuses one of the same name with other content.
+    #[serde(default)]
+    pub backing_image_name: String,
+    #[serde(default)]
+    pub backing_image_checksum: String,
 
     /// The volume of this cluster it was made from (empty for a backup found on the target).
     #[serde(default)]

@@ -151,6 +151,7 @@ pub fn schemas() -> Value {
                 "started": s, "completed": s, "error": s, "sourceVolume": s,
                 "mode": {"type": "string", "enum": ["auto", "full"]},
                 "snapshotTaken": {"type": "boolean"}, "replica": s,
+                "backingImageName": s, "backingImageChecksum": s,
             }
         },
         "BackupMaxCount": {

@@ -226,6 +226,16 @@ fn target_error(e: TargetError) -> ApiError {
     }
 }
 
+/// The target answers (a listing within `target::LIST_TIMEOUT`): a backup or restore against one that does not
+/// is refused before a snapshot is taken or a volume created (503: try again once the target is back).
+async fn target_reachable(ctx: &Ctx, name: &str) -> Result<(), ApiError> {
+    let t = super::target::open(ctx, name).await.map_err(target_error)?;
+    super::target::check(&t).await.map(|_| ()).map_err(|e| match e {
+        TargetError::Unusable { .. } => ApiError::Unavailable(format!("{e}: nothing was changed")),
+        e => target_error(e),
+    })
+}
+
 /// `[TARGET:]NAME` → store key, names checked.
 fn ref_key(what: &str, r: &str) -> Result<String, ApiError> {
     let (t, n) = parse_ref(r);
@@ -601,6 +611,8 @@ async fn create_backup(
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("volume {:?} not found", req.volume)))?;
     let t = super::target::open(&ctx, &target).await.map_err(target_error)?;
+    // Before the snapshot is taken: an unreachable target changes nothing.
+    target_reachable(&ctx, &target).await?;
     if let Some((b, s)) = super::running_on(&ctx, &req.volume).await? {
         return Err(ApiError::Conflict(format!(
             "backup {b} of volume {} (snapshot {s}) is running: one at a time",
@@ -792,22 +804,21 @@ pub async fn check_restore_source(
             b.name, b.size
         )));
     }
-    let recorded = ctx
-        .db
-        .get::<BackupVolume>(&key(&b.target, &b.volume))
-        .await?
-        .map(|v| v.data.backing_image_name)
-        .filter(|n| !n.is_empty());
-    let image = match (backing_image, recorded) {
-        (Some(asked), Some(rec)) if asked != rec => {
+    let recorded = super::backing::recorded(ctx, &b).await?;
+    let image = match (backing_image, &recorded) {
+        (Some(asked), Some((rec, _))) if asked != rec => {
             return Err(ApiError::Conflict(format!(
                 "backup {} was made over backing image {rec}, not {asked}",
                 b.name
             )));
         }
         (Some(asked), _) => Some(asked.to_owned()),
-        (None, rec) => rec,
+        (None, rec) => rec.as_ref().map(|(n, _)| n.clone()),
     };
+    if let (Some(image), Some((_, checksum))) = (&image, &recorded) {
+        super::backing::check_checksum(ctx, &b, image, checksum).await?;
+    }
+    target_reachable(ctx, &b.target).await?;
     Ok((b, image))
 }
 

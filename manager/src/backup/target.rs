@@ -176,6 +176,8 @@ pub fn fill_from_config(b: &mut Backup, c: &BackupConfig) {
     b.new_bytes = c.stats.new_bytes;
     b.started.clone_from(&c.started);
     b.completed.clone_from(&c.completed);
+    b.backing_image_name.clone_from(&c.backing_image_name);
+    b.backing_image_checksum.clone_from(&c.backing_image_checksum);
     match c.state {
         backupstore::BackupState::Complete => {
             b.state = BackupState::Completed;

@@ -1,0 +1,484 @@
+//! Backups through the control plane, the cases `backup.rs` does not cover (issue 18), with real manager, engine,
+//! replica and `corral-bim` processes: a volume over a backing image restored into a new volume (the image picked by
+//! the name the backup recorded, its SHA-512 checked; an image of that name with other content refused) reads
+//! like the source, ranges zeroed over backing data included; `backup-delta-max` 3 (the 4th backup full, a revert
+//! ending the chain, each full saying why) and an incremental after its base snapshot was deleted and purged; an
+//! unreachable target and a corrupt block in the store fail clearly and change nothing.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::*;
+use testkit::servers::{S3_ENV, S3Server};
+use testkit::{TestRng, nbd_sha256, qemu_io, wait_for};
+
+const MIB: u64 = 1 << 20;
+
+fn ok(url: &str, args: &[&str]) -> String {
+    let (ok, out, err) = corral(url, args);
+    assert!(ok, "corral {args:?}: {out}{err}");
+    out
+}
+
+fn attach(url: &str, name: &str) -> String {
+    let out = ok(url, &["volume", "attach", name, "--timeout", "90"]);
+    out.lines()
+        .find(|l| l.starts_with("nbd+unix://"))
+        .unwrap_or_else(|| panic!("attach {name} prints the NBD URI: {out}"))
+        .to_owned()
+}
+
+/// `corral backup create` (waits), its JSON.
+fn backup(url: &str, volume: &str, extra: &[&str]) -> Value {
+    let mut args = vec!["--json", "backup", "create", volume];
+    args.extend_from_slice(extra);
+    let v: Value = serde_json::from_str(&ok(url, &args)).unwrap();
+    assert_eq!(v["state"], "completed", "{v}");
+    v
+}
+
+fn get(url: &str, path: &str) -> Value {
+    let (code, v) = rest("GET", &format!("{url}{path}"), None);
+    assert_eq!(code, 200, "GET {path}: {v}");
+    v
+}
+
+fn write_io(uri: &str, cmds: &[&str]) {
+    let mut all = cmds.to_vec();
+    all.push("flush");
+    let (ok, out) = qemu_io(uri, &all);
+    assert!(ok, "{out}");
+}
+
+fn qemu_img_compare(a: &str, b: &str) {
+    let out = Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw", a, b])
+        .output()
+        .expect("qemu-img");
+    assert!(
+        out.status.success(),
+        "qemu-img compare {a} {b}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A raw image of `len` bytes of incompressible data from `seed`, and its SHA-512 (hex, as `sha512sum` prints it).
+fn raw_image(path: &Path, seed: u64, len: usize) -> String {
+    let mut buf = vec![0u8; len];
+    TestRng::new(seed).fill(&mut buf);
+    std::fs::write(path, &buf).unwrap();
+    let out = Command::new("sha512sum").arg(path).output().unwrap();
+    assert!(out.status.success());
+    String::from_utf8_lossy(&out.stdout)
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+/// Uploads `file` as backing image `name` through the CLI (which waits until it is ready).
+fn upload_image(url: &str, name: &str, file: &Path) -> Value {
+    let out = ok(
+        url,
+        &[
+            "--json",
+            "backing-image",
+            "create",
+            name,
+            "--from-file",
+            file.to_str().unwrap(),
+        ],
+    );
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["state"], "ready", "{v}");
+    v
+}
+
+fn set_file_target(url: &str, target: &Path) {
+    std::fs::create_dir_all(target).unwrap();
+    ok(
+        url,
+        &[
+            "backup",
+            "target",
+            "set",
+            &format!("file://{}", target.display()),
+            "--poll-interval",
+            "1",
+        ],
+    );
+}
+
+/// Every stored block file under a `file://` target.
+fn block_files(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if p.extension().is_some_and(|x| x == "blk") {
+                out.push(p);
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn snapshot_names(url: &str, volume: &str) -> Vec<String> {
+    let v = get(url, &format!("/v1/volumes/{volume}/snapshots"));
+    let mut names: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["name"].as_str().unwrap().to_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn a_volume_over_a_backing_image_restores_over_the_recorded_image_and_a_mismatched_checksum_is_refused() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let target = dir.path().join("target");
+    let base = dir.path().join("base.raw");
+    let checksum = raw_image(&base, 1, usize::try_from(8 * MIB).unwrap());
+    let m = Manager::start(&dir.path().join("n1"), "node-1", "embedded", port_range(0));
+    let url = m.url.clone();
+    set_file_target(&url, &target);
+    let bi = upload_image(&url, "base", &base);
+    assert_eq!(bi["currentChecksum"], checksum.as_str(), "{bi}");
+
+    // A volume over the image: writes over backing data, a 2 MiB block zeroed over backing data (the backup
+    // records a zero marker), a write past the image's end.
+    ok(
+        &url,
+        &[
+            "volume",
+            "create",
+            "src",
+            "--size",
+            "16Mi",
+            "--replicas",
+            "1",
+            "--backing-image",
+            "base",
+        ],
+    );
+    let src = attach(&url, "src");
+    write_io(
+        &src,
+        &[
+            "write -P 0x5a 512k 256k",
+            "write -z 2M 2M",
+            "write -P 0x6b 6M 1M",
+            "write -P 0x7c 12M 1M",
+        ],
+    );
+    let (okk, o) = qemu_io(&src, &["read -P 0 2M 2M"]);
+    assert!(okk, "the zeroed block reads zeros over the backing data: {o}");
+    let sum = nbd_sha256(&src);
+
+    let b = backup(&url, "src", &[]);
+    assert_eq!(b["backingImageName"], "base", "{b}");
+    assert_eq!(b["backingImageChecksum"], checksum.as_str(), "{b}");
+    let id = b["id"].as_str().unwrap().to_owned();
+    let shown = ok(&url, &["backup", "get", &id]);
+    assert!(shown.contains("backing image") && shown.contains("base"), "{shown}");
+
+    // Restore into a new volume: no image named, the backup's is taken and checked.
+    ok(
+        &url,
+        &[
+            "volume",
+            "create",
+            "r1",
+            "--from-backup",
+            &id,
+            "--replicas",
+            "1",
+        ],
+    );
+    let r1v = get(&url, "/v1/volumes/r1");
+    assert_eq!(r1v["backingImage"], "base", "{r1v}");
+    let r1 = attach(&url, "r1");
+    assert_eq!(nbd_sha256(&r1), sum, "r1 reads like src, the zeroed block included");
+    let (okk, o) = qemu_io(&r1, &["read -P 0 2M 2M"]);
+    assert!(okk, "the zeroed block restored as zeros, not as the backing image: {o}");
+    qemu_img_compare(&r1, &src);
+    // Another image named explicitly is refused.
+    let other = dir.path().join("other.raw");
+    let other_sum = raw_image(&other, 2, usize::try_from(8 * MIB).unwrap());
+    upload_image(&url, "other", &other);
+    let (code, e) = rest(
+        "POST",
+        &format!("{url}/v1/volumes"),
+        Some(&json!({"name": "r-other", "size": 16 * MIB, "numberOfReplicas": 1, "fromBackup": id, "backingImage": "other"})),
+    );
+    assert!(
+        code == 409 && e["message"].as_str().unwrap().contains("not other"),
+        "{code} {e}"
+    );
+
+    // Another cluster on the same target whose image "base" holds other content: refused, nothing created.
+    let m2 = Manager::start(&dir.path().join("n2"), "node-1", "embedded", port_range(1));
+    let url2 = m2.url.clone();
+    set_file_target(&url2, &target);
+    let wrong = dir.path().join("wrong.raw");
+    std::fs::copy(&other, &wrong).unwrap();
+    let bi2 = upload_image(&url2, "base", &wrong);
+    assert_eq!(bi2["currentChecksum"], other_sum.as_str(), "{bi2}");
+    wait_for(
+        "the other cluster lists the backup",
+        Duration::from_secs(60),
+        || {
+            let (code, v) = rest("GET", &format!("{url2}/v1/backups/{id}"), None);
+            (code == 200 && v["state"] == "completed").then_some(())
+        },
+    );
+    let (okk, out, err) = corral(&url2, &["volume", "create", "r2", "--from-backup", &id, "--replicas", "1"]);
+    assert!(
+        !okk && err.contains("checksum mismatch") && err.contains(&checksum[..16]) && err.contains(&other_sum[..16]),
+        "a different image of the same name is refused: {out}{err}"
+    );
+    let (code, _) = rest("GET", &format!("{url2}/v1/volumes/r2"), None);
+    assert_eq!(code, 404, "nothing created");
+    let (code, e) = rest(
+        "POST",
+        &format!("{url2}/v1/volumes"),
+        Some(&json!({"name": "r2", "size": 16 * MIB, "numberOfReplicas": 1, "fromBackup": id})),
+    );
+    assert_eq!(code, 409, "{e}");
+
+    // The right image under that name: the restore there reads like the source too.
+    let (code, e) = rest("DELETE", &format!("{url2}/v1/backingimages/base"), None);
+    assert_eq!(code, 204, "{e}");
+    wait_for("the wrong image gone", Duration::from_secs(60), || {
+        let (code, _) = rest("GET", &format!("{url2}/v1/backingimages/base"), None);
+        (code == 404).then_some(())
+    });
+    upload_image(&url2, "base", &base);
+    ok(
+        &url2,
+        &["volume", "create", "r2", "--from-backup", &id, "--replicas", "1"],
+    );
+    let r2 = attach(&url2, "r2");
+    assert_eq!(nbd_sha256(&r2), sum, "restored on the other cluster over the right image");
+}
+
+/// The engine's gRPC address (`HOST:PORT`) of an attached volume.
+fn engine_url(url: &str, volume: &str) -> String {
+    let v = get(url, &format!("/v1/volumes/{volume}"));
+    let a = v["engine"]["address"].as_str().unwrap_or_default().to_owned();
+    assert!(!a.is_empty(), "{v}");
+    a
+}
+
+#[test]
+fn backup_delta_max_three_makes_the_fourth_full_a_revert_ends_the_chain_and_a_purged_base_keeps_incrementals() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Manager::start(&dir.path().join("n1"), "node-1", "embedded", port_range(0));
+    let url = m.url.clone();
+    set_file_target(&url, &dir.path().join("target"));
+    ok(&url, &["setting", "set", "backup-delta-max", "3"]);
+    ok(
+        &url,
+        &["volume", "create", "src", "--size", "32Mi", "--replicas", "1"],
+    );
+    let src = attach(&url, "src");
+
+    // delta-max 3 counts the full: full, #1, #2, then a full again.
+    let mut bs = Vec::new();
+    for i in 0..5u64 {
+        write_io(&src, &[&format!("write -P {:#x} {} 1M", 0x11 + i, i * 4 * MIB)]);
+        bs.push(backup(&url, "src", &[]));
+    }
+    let kinds: Vec<(bool, u64)> = bs
+        .iter()
+        .map(|b| (b["isIncremental"] == true, b["chainPosition"].as_u64().unwrap()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [(false, 0), (true, 1), (true, 2), (false, 0), (true, 1)],
+        "{bs:#?}"
+    );
+    assert!(bs[0]["fullReason"].as_str().unwrap().contains("first backup"), "{}", bs[0]);
+    assert!(
+        bs[3]["fullReason"].as_str().unwrap().contains("backup-delta-max (3"),
+        "the 4th says why it is full: {}",
+        bs[3]
+    );
+    for b in [&bs[1], &bs[2], &bs[4]] {
+        assert_eq!(b["fullReason"], "", "{b}");
+    }
+    assert_eq!(bs[4]["baseBackup"], bs[3]["id"], "{}", bs[4]);
+
+    // A revert between two backups: the next one is full and says the volume was reverted.
+    let snap4 = bs[3]["snapshot"].as_str().unwrap().to_owned();
+    ok(&url, &["snapshot", "revert", "src", &snap4]);
+    let v = wait_for("src serves IO after the revert", Duration::from_secs(60), || {
+        let v = get(&url, "/v1/volumes/src");
+        (v["state"] == "attached" && v["frontendDisabled"] == false && !v["endpoints"].as_array()?.is_empty())
+            .then_some(v)
+    });
+    let src = unix_endpoint(&v);
+    write_io(&src, &["write -P 0x31 20M 1M"]);
+    let b6 = backup(&url, "src", &[]);
+    assert_eq!(b6["isIncremental"], false, "{b6}");
+    assert!(
+        b6["fullReason"].as_str().unwrap().contains("reverted"),
+        "a revert ended the chain: {b6}"
+    );
+
+    // The snapshot of the newest backup removed and purged: the next backup still extends the chain (from the
+    // surviving ancestor), reads and uploads only what changed, and restores bit-exactly.
+    write_io(&src, &["write -P 0x41 24M 1M"]);
+    let b7 = backup(&url, "src", &[]);
+    assert_eq!(b7["isIncremental"], true, "{b7}");
+    let snap7 = b7["snapshot"].as_str().unwrap().to_owned();
+    write_io(&src, &["write -P 0x42 28M 1M"]);
+    let (code, e) = rest(
+        "DELETE",
+        &format!("{url}/v1/volumes/src/snapshots/{snap7}"),
+        None,
+    );
+    assert_eq!(code, 204, "{e}");
+    let engine = engine_url(&url, "src");
+    let out = Command::new(cli_bin().with_file_name("corral-engine"))
+        .args(["--url", &engine, "snapshot", "purge"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "purge: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    wait_for("the base snapshot purged", Duration::from_secs(60), || {
+        let out = Command::new(cli_bin().with_file_name("corral-engine"))
+            .args(["--url", &engine, "--json", "snapshot", "ls"])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        (out.status.success() && !text.contains(&snap7)).then_some(())
+    });
+    let sum = nbd_sha256(&src);
+    let b8 = backup(&url, "src", &[]);
+    assert!(
+        b8["isIncremental"] == true && b8["fullReason"] == "" && b8["baseBackup"] == b7["id"],
+        "the base snapshot's deletion does not end the chain: {b8}"
+    );
+    assert_eq!(b8["chainPosition"], 2, "{b8}");
+    assert!(
+        b8["newBytes"].as_u64().unwrap() <= 4 * MIB,
+        "only the changed blocks are uploaded: {b8}"
+    );
+    ok(
+        &url,
+        &[
+            "volume",
+            "create",
+            "r8",
+            "--from-backup",
+            b8["id"].as_str().unwrap(),
+            "--replicas",
+            "1",
+        ],
+    );
+    let r8 = attach(&url, "r8");
+    assert_eq!(nbd_sha256(&r8), sum, "the incremental over a purged base restores bit-exactly");
+}
+
+#[test]
+fn an_unreachable_target_and_a_corrupt_block_fail_clearly_and_change_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Manager::start(&dir.path().join("n1"), "node-1", "embedded", port_range(0));
+    let url = m.url.clone();
+
+    // A corrupt block in a file:// target: the restore fails naming the block; the volume is never attachable.
+    let target = dir.path().join("target");
+    set_file_target(&url, &target);
+    ok(
+        &url,
+        &["volume", "create", "src", "--size", "16Mi", "--replicas", "1"],
+    );
+    let src = attach(&url, "src");
+    write_io(&src, &["write -P 0x5a 0 2M", "write -P 0x6b 8M 2M"]);
+    let b = backup(&url, "src", &[]);
+    let id = b["id"].as_str().unwrap().to_owned();
+    let blocks = block_files(&target);
+    assert_eq!(blocks.len(), 2, "{blocks:?}");
+    let bad = &blocks[1];
+    let mut data = std::fs::read(bad).unwrap();
+    let last = data.len() - 1;
+    data[last] ^= 0x55;
+    std::fs::write(bad, &data).unwrap();
+    let hash = bad.file_stem().unwrap().to_string_lossy().into_owned();
+    let (okk, out, err) = corral(&url, &["volume", "create", "rc", "--from-backup", &id, "--replicas", "1"]);
+    assert!(!okk, "a restore over a corrupt block succeeded: {out}{err}");
+    let r = wait_for("the restore failed", Duration::from_secs(90), || {
+        let r = get(&url, "/v1/volumes/rc/restore");
+        (r["state"] == "failed").then_some(r)
+    });
+    let msg = r["message"].as_str().unwrap();
+    assert!(msg.contains(&hash) && msg.contains("volume offset"), "the error names the block: {r}");
+    let (code, e) = rest("POST", &format!("{url}/v1/volumes/rc/attach"), Some(&json!({})));
+    assert!(
+        code == 409 && e["message"].as_str().unwrap().contains("failed"),
+        "a failed restore is never served: {code} {e}"
+    );
+
+    // An S3 target that stops answering: a backup and a restore are refused before anything changes.
+    let s3_dir = dir.path().join("s3");
+    std::fs::create_dir_all(s3_dir.join("bucket")).unwrap();
+    let s3 = S3Server::start(&s3_dir, &[]);
+    let out = Command::new(cli_bin())
+        .args(["--url", &url, "backup", "target", "set", "s3://bucket/pre", "--name", "s3"])
+        .args(["--endpoint", &s3.endpoint, "--credentials-from-env"])
+        .envs(S3_ENV)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let (code, e) = rest(
+        "POST",
+        &format!("{url}/v1/backups"),
+        Some(&json!({"volume": "src", "target": "s3"})),
+    );
+    assert_eq!(code, 201, "{e}");
+    let s3_backup = e["id"].as_str().unwrap().to_owned();
+    wait_for("the S3 backup completed", Duration::from_secs(90), || {
+        (get(&url, &format!("/v1/backups/s3:{s3_backup}"))["state"] == "completed").then_some(())
+    });
+    drop(s3);
+    let snaps = snapshot_names(&url, "src");
+    let backups = get(&url, "/v1/backups").as_array().unwrap().len();
+    let (code, e) = rest(
+        "POST",
+        &format!("{url}/v1/backups"),
+        Some(&json!({"volume": "src", "target": "s3"})),
+    );
+    let msg = e["message"].as_str().unwrap_or_default();
+    assert!(
+        code == 503 && msg.contains("backup target s3") && msg.contains("nothing was changed"),
+        "{code} {e}"
+    );
+    let (okk, out, err) = corral(
+        &url,
+        &["volume", "create", "rs3", "--from-backup", &format!("s3:{s3_backup}"), "--replicas", "1"],
+    );
+    assert!(
+        !okk && err.contains("backup target s3"),
+        "a restore from an unreachable target: {out}{err}"
+    );
+    let (code, _) = rest("GET", &format!("{url}/v1/volumes/rs3"), None);
+    assert_eq!(code, 404, "no volume created");
+    assert_eq!(snapshot_names(&url, "src"), snaps, "no snapshot taken");
+    assert_eq!(get(&url, "/v1/backups").as_array().unwrap().len(), backups, "no backup listed");
+}
