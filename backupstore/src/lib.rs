@@ -4,6 +4,7 @@
 //! garbage collection, cross-process locks, and restore into any [`RestoreSink`]. It knows nothing about
 //! replicas: a snapshot is any [`BackupSource`]. See `docs/formats.md` ("Backup store") for the layout.
 
+pub mod backing_image;
 pub mod block;
 pub mod blockmap;
 pub mod config;

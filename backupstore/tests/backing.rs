@@ -117,3 +117,50 @@ async fn without_a_backing_image_zero_blocks_stay_out_of_the_map() {
     assert!(b.blocks.iter().all(|x| !x.is_zero()));
     assert_eq!(b.blocks.len(), 13);
 }
+
+#[tokio::test]
+async fn a_backing_image_backed_up_into_its_area_restores_from_its_url_and_a_second_backup_uploads_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let s = store(&dir.path().join("target"));
+    // 5 MiB: data, a hole, data (2 MiB blocks: the file's blocks 0, 2 hold data; block 1 is half hole).
+    let image = dir.path().join("backing");
+    let mut data = vec![0u8; 5 << 20];
+    for (i, b) in data.iter_mut().enumerate() {
+        *b = (i.wrapping_mul(2_654_435_761) >> 13) as u8;
+    }
+    data[(3 << 20)..(4 << 20)].fill(0);
+    std::fs::write(&image, &data).unwrap();
+    let sum = "ab".repeat(64);
+
+    let b1 = s
+        .backup_backing_image("base", &image, &sum, "bi1", &Progress::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        (b1.backing_image_name.as_str(), b1.backing_image_checksum.as_str()),
+        ("base", sum.as_str())
+    );
+    assert!(b1.stats.new_blocks > 0);
+    assert!(dir.path().join("target/backing-images/volumes/base/backups/backup_bi1.cfg").exists());
+    assert!(s.list_volumes().await.unwrap().is_empty(), "images are not backup volumes");
+    let b2 = s
+        .backup_backing_image("base", &image, &sum, "bi2", &Progress::default())
+        .await
+        .unwrap();
+    assert_eq!(b2.stats.new_blocks, 0, "an unchanged image uploads nothing: {:?}", b2.stats);
+
+    // Restored through its URL alone (what the data source's restore gets), into a file: the same bytes.
+    let url = s.backing_images().backup_url("base", "bi2");
+    assert!(url.contains("/backing-images?"), "{url}");
+    let url = backupstore::BackupUrl::parse(&url).unwrap();
+    let (vol, name) = (url.volume.clone().unwrap(), url.backup.clone().unwrap());
+    let other = backupstore::BackupStore::open(&url, &std::collections::BTreeMap::new()).unwrap();
+    let out = dir.path().join("restored");
+    let sink = Arc::new(backupstore::file::FileSink::create(&out, b2.size).unwrap());
+    other
+        .restore(&vol, &name, sink.clone(), &RestoreOptions::default(), &Progress::default())
+        .await
+        .unwrap();
+    sink.sync().unwrap();
+    assert!(std::fs::read(&out).unwrap() == data, "the restored image differs");
+}
