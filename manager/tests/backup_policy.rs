@@ -491,3 +491,72 @@ fn an_unreachable_target_and_a_corrupt_block_fail_clearly_and_change_nothing() {
     assert_eq!(snapshot_names(&url, "src"), snaps, "no snapshot taken");
     assert_eq!(get(&url, "/v1/backups").as_array().unwrap().len(), backups, "no backup listed");
 }
+
+#[test]
+fn a_backing_image_backed_up_deleted_and_restored_from_the_target_reads_the_same() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let target = dir.path().join("target");
+    let raw = dir.path().join("img.raw");
+    let checksum = raw_image(&raw, 3, usize::try_from(6 * MIB).unwrap());
+    let m = Manager::start(&dir.path().join("n1"), "node-1", "embedded", port_range(0));
+    let url = m.url.clone();
+    set_file_target(&url, &target);
+    upload_image(&url, "img", &raw);
+
+    let b: Value = serde_json::from_str(&ok(&url, &["--json", "backup", "backing-image", "img"])).unwrap();
+    assert_eq!(b["checksum"], checksum.as_str(), "{b}");
+    assert!(b["newBytes"].as_u64().unwrap() >= 6 * MIB, "{b}");
+    let backup_url = b["backupUrl"].as_str().unwrap().to_owned();
+    assert!(backup_url.contains("backing-images"), "{b}");
+    // Deduplicated: a second backup of the same image uploads nothing.
+    let b2: Value = serde_json::from_str(&ok(&url, &["--json", "backup", "backing-image", "img"])).unwrap();
+    assert_eq!(b2["newBytes"], 0, "{b2}");
+    assert!(
+        get(&url, "/v1/backupvolumes").as_array().unwrap().is_empty(),
+        "an image is not listed as a backup volume"
+    );
+
+    // Deleted, then restored from the target under its name, checked against its SHA-512.
+    let (code, e) = rest("DELETE", &format!("{url}/v1/backingimages/img"), None);
+    assert_eq!(code, 204, "{e}");
+    let v: Value = wait_for("img restored from the target", Duration::from_secs(120), || {
+        let (okk, out, err) = corral(
+            &url,
+            &[
+                "--json",
+                "backing-image",
+                "create",
+                "img",
+                "--source",
+                "restore",
+                "--backup-url",
+                &backup_url,
+                "--expected-checksum",
+                &checksum,
+            ],
+        );
+        if okk {
+            return serde_json::from_str(&out).ok();
+        }
+        assert!(err.contains("still being deleted"), "{out}{err}");
+        None
+    });
+    assert!(v["state"] == "ready" && v["currentChecksum"] == checksum.as_str(), "{v}");
+    assert_eq!(v["sourceType"], "restore", "{v}");
+    ok(
+        &url,
+        &["volume", "create", "vm", "--size", "8Mi", "--replicas", "1", "--backing-image", "img"],
+    );
+    let uri = attach(&url, "vm");
+    qemu_img_compare(raw.to_str().unwrap(), &uri);
+
+    // Bad input: an image that does not exist, an unknown target.
+    let (code, e) = rest("POST", &format!("{url}/v1/backingimages/nope/backup"), None);
+    assert_eq!(code, 404, "{e}");
+    let (code, e) = rest(
+        "POST",
+        &format!("{url}/v1/backingimages/img/backup"),
+        Some(&json!({"target": "nope"})),
+    );
+    assert!(code == 409 && e["message"].as_str().unwrap().contains("not set"), "{code} {e}");
+}

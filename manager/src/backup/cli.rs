@@ -63,6 +63,15 @@ pub enum BackupCmd {
     },
     /// Set a volume's backup-max-count (`none`: the setting's; 0: no limit).
     MaxCount { volume: String, count: String },
+    /// Back a ready backing image up into a target's backing-image area (blocks deduplicated against its earlier
+    /// backups); prints the backup URL that `corral backing-image create NAME --source restore --backup-url URL
+    /// --expected-checksum SHA512` restores it from.
+    BackingImage {
+        name: String,
+        /// Target name (default: `default`).
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// Backup volumes (a volume's backups on a target).
     Volume {
         #[command(subcommand)]
@@ -538,6 +547,26 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
                     "volume {volume}: restore of {} {}",
                     r.restore.backup,
                     corral_daemon::output::serialized_name(&r.restore.state)
+                )
+            })
+        }
+        BackupCmd::BackingImage { name, target } => {
+            let v: super::backing::BackingImageBackupView = c
+                .post(
+                    &format!("/v1/backingimages/{name}/backup"),
+                    &super::backing::BackingImageBackupRequest { target },
+                )
+                .await?;
+            print(json, &v, || {
+                format!(
+                    "backing image {} backed up as {} on target {} ({} uploaded, {} blocks deduplicated)\nbackup URL: {}\nSHA-512: {}\n",
+                    v.image,
+                    v.backup,
+                    v.target,
+                    corral_daemon::human_bytes(v.new_bytes),
+                    v.deduplicated_blocks,
+                    v.backup_url,
+                    v.checksum
                 )
             })
         }

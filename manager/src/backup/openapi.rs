@@ -34,6 +34,11 @@ pub fn shape(method: &str, path: &str) -> Option<(Option<(Value, bool)>, u16, Op
         ) => (None, 204, None),
         ("get", "/v1/backupvolumes") => (None, 200, Some(arr("BackupVolume"))),
         ("get", "/v1/backupvolumes/{backupvolume}") => (None, 200, Some(r("BackupVolume"))),
+        ("post", "/v1/backingimages/{backingimage}/backup") => (
+            Some((r("BackingImageBackupRequest"), false)),
+            201,
+            Some(r("BackingImageBackup")),
+        ),
         ("get", "/v1/backups") => (None, 200, Some(arr("Backup"))),
         ("post", "/v1/backups") => (Some((r("BackupCreate"), true)), 201, Some(r("Backup"))),
         ("get", "/v1/backups/{backup}") => (None, 200, Some(r("Backup"))),
@@ -152,6 +157,18 @@ pub fn schemas() -> Value {
                 "mode": {"type": "string", "enum": ["auto", "full"]},
                 "snapshotTaken": {"type": "boolean"}, "replica": s,
                 "backingImageName": s, "backingImageChecksum": s,
+            }
+        },
+        "BackingImageBackupRequest": {
+            "type": "object", "additionalProperties": false,
+            "properties": {"target": {"type": "string", "pattern": NAME_PATTERN, "nullable": true}}
+        },
+        "BackingImageBackup": {
+            "type": "object",
+            "required": ["image", "target", "backup", "backupUrl", "checksum", "size", "newBytes", "deduplicatedBlocks", "completed"],
+            "properties": {
+                "image": s, "target": s, "backup": s, "backupUrl": s, "checksum": s, "size": uint,
+                "newBytes": uint, "deduplicatedBlocks": uint, "completed": s,
             }
         },
         "BackupMaxCount": {

@@ -68,6 +68,12 @@ pub fn register(r: &mut Routes) {
         "Delete a backup volume with every backup and block on its target",
         delete_volume,
     );
+    r.add(
+        "post",
+        "/v1/backingimages/{backingimage}/backup",
+        "Back a ready backing image up into a target's backing-image area (deduplicated); restore it with a backing image of source type restore and the returned backupUrl",
+        super::backing::backup_image,
+    );
     r.add("get", "/v1/backups", "List backups of every target", list_backups);
     r.add(
         "post",
@@ -228,7 +234,7 @@ fn target_error(e: TargetError) -> ApiError {
 
 /// The target answers (a listing within `target::LIST_TIMEOUT`): a backup or restore against one that does not
 /// is refused before a snapshot is taken or a volume created (503: try again once the target is back).
-async fn target_reachable(ctx: &Ctx, name: &str) -> Result<(), ApiError> {
+pub(super) async fn target_reachable(ctx: &Ctx, name: &str) -> Result<(), ApiError> {
     let t = super::target::open(ctx, name).await.map_err(target_error)?;
     super::target::check(&t).await.map(|_| ()).map_err(|e| match e {
         TargetError::Unusable { .. } => ApiError::Unavailable(format!("{e}: nothing was changed")),
@@ -498,7 +504,7 @@ async fn delete_volume(State(ctx): State<Ctx>, Path(r): Path<String>) -> Result<
     Ok(StatusCode::NO_CONTENT)
 }
 
-fn store_error(e: &backupstore::BackupStoreError) -> ApiError {
+pub(super) fn store_error(e: &backupstore::BackupStoreError) -> ApiError {
     use backupstore::ErrorKind;
     match e.kind() {
         ErrorKind::InvalidArgument => ApiError::Invalid(e.to_string()),
