@@ -141,13 +141,24 @@ async fn a_backing_image_backed_up_into_its_area_restores_from_its_url_and_a_sec
         ("base", sum.as_str())
     );
     assert!(b1.stats.new_blocks > 0);
-    assert!(dir.path().join("target/backing-images/volumes/base/backups/backup_bi1.cfg").exists());
-    assert!(s.list_volumes().await.unwrap().is_empty(), "images are not backup volumes");
+    assert!(
+        dir.path()
+            .join("target/backing-images/volumes/base/backups/backup_bi1.cfg")
+            .exists()
+    );
+    assert!(
+        s.list_volumes().await.unwrap().is_empty(),
+        "images are not backup volumes"
+    );
     let b2 = s
         .backup_backing_image("base", &image, &sum, "bi2", &Progress::default())
         .await
         .unwrap();
-    assert_eq!(b2.stats.new_blocks, 0, "an unchanged image uploads nothing: {:?}", b2.stats);
+    assert_eq!(
+        b2.stats.new_blocks, 0,
+        "an unchanged image uploads nothing: {:?}",
+        b2.stats
+    );
 
     // Restored through its URL alone (what the data source's restore gets), into a file: the same bytes.
     let url = s.backing_images().backup_url("base", "bi2");
@@ -158,7 +169,13 @@ async fn a_backing_image_backed_up_into_its_area_restores_from_its_url_and_a_sec
     let out = dir.path().join("restored");
     let sink = Arc::new(backupstore::file::FileSink::create(&out, b2.size).unwrap());
     other
-        .restore(&vol, &name, sink.clone(), &RestoreOptions::default(), &Progress::default())
+        .restore(
+            &vol,
+            &name,
+            sink.clone(),
+            &RestoreOptions::default(),
+            &Progress::default(),
+        )
         .await
         .unwrap();
     sink.sync().unwrap();

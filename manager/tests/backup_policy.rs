@@ -191,26 +191,28 @@ fn a_volume_over_a_backing_image_restores_over_the_recorded_image_and_a_mismatch
     assert_eq!(b["backingImageChecksum"], checksum.as_str(), "{b}");
     let id = b["id"].as_str().unwrap().to_owned();
     let shown = ok(&url, &["backup", "get", &id]);
-    assert!(shown.contains("backing image") && shown.contains("base"), "{shown}");
+    assert!(
+        shown.contains("backing image") && shown.contains("base"),
+        "{shown}"
+    );
 
     // Restore into a new volume: no image named, the backup's is taken and checked.
     ok(
         &url,
-        &[
-            "volume",
-            "create",
-            "r1",
-            "--from-backup",
-            &id,
-            "--replicas",
-            "1",
-        ],
+        &["volume", "create", "r1", "--from-backup", &id, "--replicas", "1"],
     );
     // Equal to src: the ranges src never wrote show the image's random data, so r1 runs over that very image.
     let r1 = attach(&url, "r1");
-    assert_eq!(nbd_sha256(&r1), sum, "r1 reads like src, the zeroed block included");
+    assert_eq!(
+        nbd_sha256(&r1),
+        sum,
+        "r1 reads like src, the zeroed block included"
+    );
     let (okk, o) = qemu_io(&r1, &["read -P 0 2M 2M"]);
-    assert!(okk, "the zeroed block restored as zeros, not as the backing image: {o}");
+    assert!(
+        okk,
+        "the zeroed block restored as zeros, not as the backing image: {o}"
+    );
     qemu_img_compare(&r1, &src);
     // Another image named explicitly is refused.
     let other = dir.path().join("other.raw");
@@ -219,7 +221,9 @@ fn a_volume_over_a_backing_image_restores_over_the_recorded_image_and_a_mismatch
     let (code, e) = rest(
         "POST",
         &format!("{url}/v1/volumes"),
-        Some(&json!({"name": "r-other", "size": 16 * MIB, "numberOfReplicas": 1, "fromBackup": id, "backingImage": "other"})),
+        Some(
+            &json!({"name": "r-other", "size": 16 * MIB, "numberOfReplicas": 1, "fromBackup": id, "backingImage": "other"}),
+        ),
     );
     assert!(
         code == 409 && e["message"].as_str().unwrap().contains("not other"),
@@ -242,9 +246,14 @@ fn a_volume_over_a_backing_image_restores_over_the_recorded_image_and_a_mismatch
             (code == 200 && v["state"] == "completed").then_some(())
         },
     );
-    let (okk, out, err) = corral(&url2, &["volume", "create", "r2", "--from-backup", &id, "--replicas", "1"]);
+    let (okk, out, err) = corral(
+        &url2,
+        &["volume", "create", "r2", "--from-backup", &id, "--replicas", "1"],
+    );
     assert!(
-        !okk && err.contains("checksum mismatch") && err.contains(&checksum[..16]) && err.contains(&other_sum[..16]),
+        !okk && err.contains("checksum mismatch")
+            && err.contains(&checksum[..16])
+            && err.contains(&other_sum[..16]),
         "a different image of the same name is refused: {out}{err}"
     );
     let (code, _) = rest("GET", &format!("{url2}/v1/volumes/r2"), None);
@@ -263,7 +272,14 @@ fn a_volume_over_a_backing_image_restores_over_the_recorded_image_and_a_mismatch
     wait_for("the wrong image gone", Duration::from_secs(60), || {
         let (okk, out, err) = corral(
             &url2,
-            &["--json", "backing-image", "create", "base", "--from-file", base.to_str().unwrap()],
+            &[
+                "--json",
+                "backing-image",
+                "create",
+                "base",
+                "--from-file",
+                base.to_str().unwrap(),
+            ],
         );
         if okk {
             return Some(out);
@@ -276,7 +292,11 @@ fn a_volume_over_a_backing_image_restores_over_the_recorded_image_and_a_mismatch
         &["volume", "create", "r2", "--from-backup", &id, "--replicas", "1"],
     );
     let r2 = attach(&url2, "r2");
-    assert_eq!(nbd_sha256(&r2), sum, "restored on the other cluster over the right image");
+    assert_eq!(
+        nbd_sha256(&r2),
+        sum,
+        "restored on the other cluster over the right image"
+    );
 }
 
 /// The engine's gRPC address (`HOST:PORT`) of an attached volume.
@@ -288,7 +308,8 @@ fn engine_url(url: &str, volume: &str) -> String {
 }
 
 #[test]
-fn backup_delta_max_three_makes_the_fourth_full_a_revert_ends_the_chain_and_a_purged_base_keeps_incrementals() {
+fn backup_delta_max_three_makes_the_fourth_full_a_revert_ends_the_chain_and_a_purged_base_keeps_incrementals()
+{
     let dir = tempfile::tempdir().unwrap();
     let m = Manager::start(&dir.path().join("n1"), "node-1", "embedded", port_range(0));
     let url = m.url.clone();
@@ -315,9 +336,16 @@ fn backup_delta_max_three_makes_the_fourth_full_a_revert_ends_the_chain_and_a_pu
         [(false, 0), (true, 1), (true, 2), (false, 0), (true, 1)],
         "{bs:#?}"
     );
-    assert!(bs[0]["fullReason"].as_str().unwrap().contains("first backup"), "{}", bs[0]);
     assert!(
-        bs[3]["fullReason"].as_str().unwrap().contains("backup-delta-max (3"),
+        bs[0]["fullReason"].as_str().unwrap().contains("first backup"),
+        "{}",
+        bs[0]
+    );
+    assert!(
+        bs[3]["fullReason"]
+            .as_str()
+            .unwrap()
+            .contains("backup-delta-max (3"),
         "the 4th says why it is full: {}",
         bs[3]
     );
@@ -352,11 +380,7 @@ fn backup_delta_max_three_makes_the_fourth_full_a_revert_ends_the_chain_and_a_pu
     write_io(&src, &["write -P 0x42 28M 1M"]);
     // A snapshot above it (the head never absorbs a removed snapshot), so the purge merges b7's snapshot away.
     ok(&url, &["snapshot", "create", "src", "above"]);
-    let (code, e) = rest(
-        "DELETE",
-        &format!("{url}/v1/volumes/src/snapshots/{snap7}"),
-        None,
-    );
+    let (code, e) = rest("DELETE", &format!("{url}/v1/volumes/src/snapshots/{snap7}"), None);
     assert_eq!(code, 204, "{e}");
     let engine = engine_url(&url, "src");
     let out = Command::new(cli_bin().with_file_name("corral-engine"))
@@ -401,7 +425,11 @@ fn backup_delta_max_three_makes_the_fourth_full_a_revert_ends_the_chain_and_a_pu
         ],
     );
     let r8 = attach(&url, "r8");
-    assert_eq!(nbd_sha256(&r8), sum, "the incremental over a purged base restores bit-exactly");
+    assert_eq!(
+        nbd_sha256(&r8),
+        sum,
+        "the incremental over a purged base restores bit-exactly"
+    );
 }
 
 #[test]
@@ -429,14 +457,20 @@ fn an_unreachable_target_and_a_corrupt_block_fail_clearly_and_change_nothing() {
     data[last] ^= 0x55;
     std::fs::write(bad, &data).unwrap();
     let hash = bad.file_stem().unwrap().to_string_lossy().into_owned();
-    let (okk, out, err) = corral(&url, &["volume", "create", "rc", "--from-backup", &id, "--replicas", "1"]);
+    let (okk, out, err) = corral(
+        &url,
+        &["volume", "create", "rc", "--from-backup", &id, "--replicas", "1"],
+    );
     assert!(!okk, "a restore over a corrupt block succeeded: {out}{err}");
     let r = wait_for("the restore failed", Duration::from_secs(90), || {
         let r = get(&url, "/v1/volumes/rc/restore");
         (r["state"] == "failed").then_some(r)
     });
     let msg = r["message"].as_str().unwrap();
-    assert!(msg.contains(&hash) && msg.contains("volume offset"), "the error names the block: {r}");
+    assert!(
+        msg.contains(&hash) && msg.contains("volume offset"),
+        "the error names the block: {r}"
+    );
     let (code, e) = rest("POST", &format!("{url}/v1/volumes/rc/attach"), Some(&json!({})));
     assert!(
         code == 409 && e["message"].as_str().unwrap().contains("failed"),
@@ -448,7 +482,16 @@ fn an_unreachable_target_and_a_corrupt_block_fail_clearly_and_change_nothing() {
     std::fs::create_dir_all(s3_dir.join("bucket")).unwrap();
     let s3 = S3Server::start(&s3_dir, &[]);
     let out = Command::new(cli_bin())
-        .args(["--url", &url, "backup", "target", "set", "s3://bucket/pre", "--name", "s3"])
+        .args([
+            "--url",
+            &url,
+            "backup",
+            "target",
+            "set",
+            "s3://bucket/pre",
+            "--name",
+            "s3",
+        ])
         .args(["--endpoint", &s3.endpoint, "--credentials-from-env"])
         .envs(S3_ENV)
         .output()
@@ -480,7 +523,15 @@ fn an_unreachable_target_and_a_corrupt_block_fail_clearly_and_change_nothing() {
     );
     let (okk, out, err) = corral(
         &url,
-        &["volume", "create", "rs3", "--from-backup", &s3_backup, "--replicas", "1"],
+        &[
+            "volume",
+            "create",
+            "rs3",
+            "--from-backup",
+            &s3_backup,
+            "--replicas",
+            "1",
+        ],
     );
     assert!(
         !okk && err.contains("backup target s3"),
@@ -489,7 +540,11 @@ fn an_unreachable_target_and_a_corrupt_block_fail_clearly_and_change_nothing() {
     let (code, _) = rest("GET", &format!("{url}/v1/volumes/rs3"), None);
     assert_eq!(code, 404, "no volume created");
     assert_eq!(snapshot_names(&url, "src"), snaps, "no snapshot taken");
-    assert_eq!(get(&url, "/v1/backups").as_array().unwrap().len(), backups, "no backup listed");
+    assert_eq!(
+        get(&url, "/v1/backups").as_array().unwrap().len(),
+        backups,
+        "no backup listed"
+    );
 }
 
 #[test]
@@ -541,11 +596,24 @@ fn a_backing_image_backed_up_deleted_and_restored_from_the_target_reads_the_same
         assert!(err.contains("still being deleted"), "{out}{err}");
         None
     });
-    assert!(v["state"] == "ready" && v["currentChecksum"] == checksum.as_str(), "{v}");
+    assert!(
+        v["state"] == "ready" && v["currentChecksum"] == checksum.as_str(),
+        "{v}"
+    );
     assert_eq!(v["sourceType"], "restore", "{v}");
     ok(
         &url,
-        &["volume", "create", "vm", "--size", "8Mi", "--replicas", "1", "--backing-image", "img"],
+        &[
+            "volume",
+            "create",
+            "vm",
+            "--size",
+            "8Mi",
+            "--replicas",
+            "1",
+            "--backing-image",
+            "img",
+        ],
     );
     let uri = attach(&url, "vm");
     qemu_img_compare(raw.to_str().unwrap(), &uri);
@@ -558,5 +626,8 @@ fn a_backing_image_backed_up_deleted_and_restored_from_the_target_reads_the_same
         &format!("{url}/v1/backingimages/img/backup"),
         Some(&json!({"target": "nope"})),
     );
-    assert!(code == 409 && e["message"].as_str().unwrap().contains("not set"), "{code} {e}");
+    assert!(
+        code == 409 && e["message"].as_str().unwrap().contains("not set"),
+        "{code} {e}"
+    );
 }

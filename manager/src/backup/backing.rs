@@ -22,7 +22,10 @@ use crate::store::StoreError;
 /// volume's. `None` without a backing image.
 pub async fn recorded(ctx: &Ctx, b: &Backup) -> Result<Option<(String, String)>, StoreError> {
     if !b.backing_image_name.is_empty() {
-        return Ok(Some((b.backing_image_name.clone(), b.backing_image_checksum.clone())));
+        return Ok(Some((
+            b.backing_image_name.clone(),
+            b.backing_image_checksum.clone(),
+        )));
     }
     Ok(ctx
         .db
@@ -123,7 +126,9 @@ pub async fn backup_image(
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("backing image {name:?} does not exist")))?;
     if bi.data.spec.deletion_timestamp.is_some() {
-        return Err(ApiError::Conflict(format!("backing image {name} is being deleted")));
+        return Err(ApiError::Conflict(format!(
+            "backing image {name} is being deleted"
+        )));
     }
     backupstore::validate_name("backing image", &name).map_err(|e| ApiError::Conflict(e.to_string()))?;
     let Some(checksum) = sha512_hex(&bi.data.status.current_checksum) else {
