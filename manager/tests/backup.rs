@@ -23,12 +23,6 @@ use testkit::{TestRng, nbd_sha256, qemu_io, wait_for};
 const MIB: u64 = 1 << 20;
 const SECRET: &str = S3_ENV[1].1;
 
-fn ok(url: &str, args: &[&str]) -> String {
-    let (ok, out, err) = corral(url, args);
-    assert!(ok, "corral {args:?}: {out}{err}");
-    out
-}
-
 /// `corral` with the S3 key pair in its environment (for `--credentials-from-env`).
 fn corral_with_keys(url: &str, args: &[&str]) -> (bool, String, String) {
     let out = Command::new(cli_bin())
@@ -42,14 +36,6 @@ fn corral_with_keys(url: &str, args: &[&str]) -> (bool, String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-fn attach(url: &str, name: &str) -> String {
-    let out = ok(url, &["volume", "attach", name, "--timeout", "90"]);
-    out.lines()
-        .find(|l| l.starts_with("nbd+unix://"))
-        .unwrap_or_else(|| panic!("attach {name} prints the NBD URI: {out}"))
-        .to_owned()
 }
 
 fn detach(url: &str, name: &str) {
@@ -67,19 +53,6 @@ fn get(m: &Manager, path: &str) -> serde_json::Value {
     let (code, v) = rest("GET", &format!("{}{path}", m.url), None);
     assert_eq!(code, 200, "GET {path}: {v}");
     v
-}
-
-fn qemu_img_compare(a: &str, b: &str) {
-    let out = Command::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "raw", a, b])
-        .output()
-        .expect("qemu-img");
-    assert!(
-        out.status.success(),
-        "qemu-img compare {a} {b}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Writes `len` bytes of incompressible data at `offset` through NBD (nbdcopy from a generated file).

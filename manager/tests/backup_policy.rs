@@ -18,20 +18,6 @@ use testkit::{TestRng, nbd_sha256, qemu_io, wait_for};
 
 const MIB: u64 = 1 << 20;
 
-fn ok(url: &str, args: &[&str]) -> String {
-    let (ok, out, err) = corral(url, args);
-    assert!(ok, "corral {args:?}: {out}{err}");
-    out
-}
-
-fn attach(url: &str, name: &str) -> String {
-    let out = ok(url, &["volume", "attach", name, "--timeout", "90"]);
-    out.lines()
-        .find(|l| l.starts_with("nbd+unix://"))
-        .unwrap_or_else(|| panic!("attach {name} prints the NBD URI: {out}"))
-        .to_owned()
-}
-
 /// `corral backup create` (waits), its JSON.
 fn backup(url: &str, volume: &str, extra: &[&str]) -> Value {
     let mut args = vec!["--json", "backup", "create", volume];
@@ -52,19 +38,6 @@ fn write_io(uri: &str, cmds: &[&str]) {
     all.push("flush");
     let (ok, out) = qemu_io(uri, &all);
     assert!(ok, "{out}");
-}
-
-fn qemu_img_compare(a: &str, b: &str) {
-    let out = Command::new("qemu-img")
-        .args(["compare", "-f", "raw", "-F", "raw", a, b])
-        .output()
-        .expect("qemu-img");
-    assert!(
-        out.status.success(),
-        "qemu-img compare {a} {b}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// A raw image of `len` bytes of incompressible data from `seed`, and its SHA-512 (hex, as `sha512sum` prints it).

@@ -162,3 +162,33 @@ pub fn unix_endpoint(v: &serde_json::Value) -> String {
         .expect("unix endpoint")
         .to_owned()
 }
+
+/// Runs the `corral` CLI against `url` and asserts success; returns stdout.
+pub fn ok(url: &str, args: &[&str]) -> String {
+    let (ok, out, err) = corral(url, args);
+    assert!(ok, "corral {args:?}: {out}{err}");
+    out
+}
+
+/// `corral volume attach NAME` (waits); returns the `nbd+unix://` URI it prints.
+pub fn attach(url: &str, name: &str) -> String {
+    let out = ok(url, &["volume", "attach", name, "--timeout", "90"]);
+    out.lines()
+        .find(|l| l.starts_with("nbd+unix://"))
+        .unwrap_or_else(|| panic!("attach {name} prints the NBD URI: {out}"))
+        .to_owned()
+}
+
+/// `qemu-img compare` of two raw images (files or NBD URIs); a larger side must read zeros past the other's end.
+pub fn qemu_img_compare(a: &str, b: &str) {
+    let out = Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw", a, b])
+        .output()
+        .expect("qemu-img");
+    assert!(
+        out.status.success(),
+        "qemu-img compare {a} {b}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
