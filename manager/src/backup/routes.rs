@@ -24,7 +24,7 @@ use crate::api::routes::Routes;
 use crate::context::Ctx;
 use crate::error::ApiError;
 use crate::model::{ProcessState, Volume, VolumeState};
-use crate::store::StoreError;
+use crate::store::{Object, StoreError};
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
@@ -550,7 +550,14 @@ async fn get_backup(State(ctx): State<Ctx>, Path(r): Path<String>) -> ApiResult<
 }
 
 async fn delete_backup(State(ctx): State<Ctx>, Path(r): Path<String>) -> Result<StatusCode, ApiError> {
-    let k = ref_key("backup", &r)?;
+    remove_backup(&ctx, &r).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Deletes `[TARGET:]NAME` from its target and the store: the one path of `DELETE /v1/backups/{backup}` and of a
+/// recurring job's retention. Refused while it runs or a restore reads it.
+pub async fn remove_backup(ctx: &Ctx, r: &str) -> Result<(), ApiError> {
+    let k = ref_key("backup", r)?;
     let b = ctx
         .db
         .get::<Backup>(&k)
@@ -592,7 +599,7 @@ async fn delete_backup(State(ctx): State<Ctx>, Path(r): Path<String>) -> Result<
         Err(e) => return Err(store_error(&e)),
     }
     ctx.db.delete_any::<Backup>(&k).await?;
-    Ok(StatusCode::NO_CONTENT)
+    Ok(())
 }
 
 /// A new backup's name: `backup-` and 16 hex digits.
@@ -604,6 +611,20 @@ async fn create_backup(
     State(ctx): State<Ctx>,
     Body(req): Body<BackupCreate>,
 ) -> Result<(StatusCode, Json<BackupView>), ApiError> {
+    let b = request_backup(&ctx, &req).await?;
+    Ok((
+        StatusCode::CREATED,
+        Json(BackupView {
+            id: b.name,
+            backup: b.data,
+        }),
+    ))
+}
+
+/// Checks a backup request and records it `pending` for the leader's backup controller: the one path of
+/// `POST /v1/backups` and of recurring backup jobs (which run their retention before it, so that the
+/// `backup-max-count` check here sees the room it made).
+pub async fn request_backup(ctx: &Ctx, req: &BackupCreate) -> Result<Object<Backup>, ApiError> {
     check_name("volume name", &req.volume)?;
     backupstore::validate_name("volume", &req.volume).map_err(|e| ApiError::Invalid(e.to_string()))?;
     if let Some(s) = &req.snapshot {
@@ -728,14 +749,7 @@ async fn create_backup(
     let k = key(&target, &name);
     ctx.db.create(&k, b).await?;
     tracing::info!(backup = %name, volume = %req.volume, target = %t.name, "backup requested");
-    let b = ctx.db.must_get::<Backup>(&k).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(BackupView {
-            id: b.name,
-            backup: b.data,
-        }),
-    ))
+    Ok(ctx.db.must_get::<Backup>(&k).await?)
 }
 
 async fn put_max_count(

@@ -11,11 +11,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::cron::Cron;
-use super::model::{JOB_LABEL, JobSpec, RecurringJob, Task};
-use super::{Decision, beyond_retention, decide, snapshot_name};
+use super::model::{JobSpec, RecurringJob, Task};
+use super::{Decision, decide};
 use crate::context::Ctx;
 use crate::controller::{Requeue, WorkQueue, feed, now, run_worker};
 use crate::model::{Engine, ProcessState, Volume};
+use crate::volume_engine::VolumeEngine;
 
 /// Jobs with a run under way on this leader.
 type Running = Arc<Mutex<HashSet<String>>>;
@@ -96,10 +97,11 @@ async fn reconcile(
                 r.insert(name.clone());
             }
             let spec = job.data.spec.clone();
+            let next_fire = job.data.status.next_run;
             tokio::spawn(async move {
                 let span = tracing::info_span!("recurring_job", job = name, task = %spec.task, fire);
                 let results = tokio::select! {
-                    r = run(&ctx, &name, &spec, fire).instrument(span) => r,
+                    r = run(&ctx, &name, &spec, fire, next_fire).instrument(span) => r,
                     () = cancel.cancelled() => {
                         if let Ok(mut r) = running.lock() { r.remove(&name); }
                         return;
@@ -144,8 +146,15 @@ pub async fn targets(ctx: &Ctx, spec: &JobSpec) -> anyhow::Result<Vec<String>> {
     Ok(out)
 }
 
-/// One run over every target volume, `concurrency` at a time: what each volume got.
-async fn run(ctx: &Ctx, job: &str, spec: &JobSpec, fire: i64) -> std::collections::BTreeMap<String, String> {
+/// One run over every target volume, `concurrency` at a time: what each volume got. A failure is logged and
+/// recorded; the next fire time tries again.
+async fn run(
+    ctx: &Ctx,
+    job: &str,
+    spec: &JobSpec,
+    fire: i64,
+    next_fire: i64,
+) -> std::collections::BTreeMap<String, String> {
     let volumes = match targets(ctx, spec).await {
         Ok(v) => v,
         Err(e) => {
@@ -156,33 +165,48 @@ async fn run(ctx: &Ctx, job: &str, spec: &JobSpec, fire: i64) -> std::collection
     let width = usize::try_from(spec.concurrency.max(1)).unwrap_or(1);
     futures::stream::iter(volumes)
         .map(|v| async move {
-            let r = match spec.task {
-                Task::Snapshot => snapshot_task(ctx, job, spec, fire, &v).await,
-                Task::Backup => Err(anyhow::anyhow!("the backup task needs backups in the manager")),
+            let r = match attached(ctx, &v).await {
+                Ok(Attached::Yes(mut c)) => match spec.task {
+                    Task::Snapshot => super::snapshot_task::run(ctx, &mut c, job, spec, fire).await,
+                    Task::Backup => {
+                        super::backup_task::run(ctx, &mut c, &v, job, spec, fire, next_fire).await
+                    }
+                },
+                Ok(Attached::No(why)) => Ok(format!("skipped: {why}")),
+                Err(e) => Err(e),
             };
-            let r = r.unwrap_or_else(|e| format!("failed: {e:#}"));
-            tracing::info!(job, volume = v, result = r, "recurring job ran");
-            (v, r)
+            match r {
+                Ok(r) => {
+                    tracing::info!(job, volume = v, result = r, "recurring job ran");
+                    (v, r)
+                }
+                Err(e) => {
+                    let r = format!("failed: {e:#}");
+                    tracing::warn!(job, volume = v, result = r, "recurring job ran");
+                    (v, r)
+                }
+            }
         })
         .buffer_unordered(width)
         .collect()
         .await
 }
 
-/// Takes the run's snapshot of `volume` and removes the job's snapshots beyond `retain`. A volume that is not
-/// attached (or is attached without a frontend for a clone, restore or revert) is skipped.
-async fn snapshot_task(
-    ctx: &Ctx,
-    job: &str,
-    spec: &JobSpec,
-    fire: i64,
-    volume: &str,
-) -> anyhow::Result<String> {
+/// Whether a run works on a volume.
+enum Attached {
+    Yes(VolumeEngine),
+    /// Why not (shown as `skipped: ...`).
+    No(&'static str),
+}
+
+/// The engine of `volume` when a run can work on it: a volume that is not attached (or is attached without a
+/// frontend for a clone, restore or revert) is skipped.
+async fn attached(ctx: &Ctx, volume: &str) -> anyhow::Result<Attached> {
     let Some(v) = ctx.db.get::<Volume>(volume).await? else {
-        return Ok("skipped: the volume was deleted".to_owned());
+        return Ok(Attached::No("the volume was deleted"));
     };
     if v.data.spec.disable_frontend {
-        return Ok("skipped: attached in maintenance mode".to_owned());
+        return Ok(Attached::No("attached in maintenance mode"));
     }
     let engine = ctx
         .db
@@ -190,43 +214,11 @@ async fn snapshot_task(
         .await?
         .filter(|e| e.data.status.state == ProcessState::Running && v.data.spec.node_id.is_some());
     let Some(engine) = engine else {
-        return Ok("skipped: not attached".to_owned());
+        return Ok(Attached::No("not attached"));
     };
-    let mut c = crate::volume_engine::VolumeEngine::connect(&engine)
-        .await
-        .map_err(|e| anyhow::anyhow!(e))?;
-    let name = snapshot_name(job, fire);
-    let mut labels = spec.labels.clone();
-    labels.insert(JOB_LABEL.to_owned(), job.to_owned());
-    c.snapshot_create(ctx, name.clone(), labels.into_iter().collect())
-        .await?;
-    let mine: Vec<(String, i64)> = c
-        .snapshots(ctx)
-        .await?
-        .iter()
-        .filter(|s| !s.removed && s.labels.get(JOB_LABEL).is_some_and(|j| j == job))
-        .map(|s| {
-            let t = chrono::DateTime::parse_from_rfc3339(&s.created).map_or(0, |t| t.timestamp());
-            (s.name.clone(), t)
-        })
-        .collect();
-    let old = beyond_retention(&mine, spec.retain);
-    for s in &old {
-        c.snapshot_remove(ctx, s.clone()).await?;
-    }
-    // Give the space back; refused while a replica rebuilds (the next run purges then).
-    let purged = old.is_empty() || c.snapshot_purge().await.is_ok();
-    Ok(if old.is_empty() {
-        format!("snapshot {name}")
-    } else {
-        format!(
-            "snapshot {name}; removed {}{}",
-            old.join(", "),
-            if purged {
-                ""
-            } else {
-                " (purge deferred: a replica rebuilds)"
-            }
-        )
-    })
+    Ok(Attached::Yes(
+        VolumeEngine::connect(&engine)
+            .await
+            .map_err(|e| anyhow::anyhow!(e))?,
+    ))
 }

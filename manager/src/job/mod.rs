@@ -1,13 +1,16 @@
 //! Recurring jobs: a snapshot or backup task run on a cron schedule over volumes chosen by name or group, keeping
-//! the newest `retain` of what each job made per volume. Jobs run on the leader only; a fire time is claimed in
-//! the store before its run starts, so neither a manager restart nor a change of leader runs it twice. A fire time
-//! found more than [`GRACE`] in the past (no manager was up to run it) is recorded as missed and not caught up.
+//! the newest `retain` of what each job made per volume ([`snapshot_task`], [`backup_task`]). Jobs run on the
+//! leader only; a fire time is claimed in the store before its run starts, so neither a manager restart nor a
+//! change of leader runs it twice. Fire times are run in order: one at most [`GRACE`] old that no manager claimed
+//! (a restart, a change of leader) is still run; older ones are recorded as missed and not caught up.
 
+pub mod backup_task;
 pub mod cli;
 pub mod controller;
 pub mod cron;
 pub mod model;
 pub mod routes;
+pub mod snapshot_task;
 
 use std::time::Duration;
 
@@ -27,23 +30,26 @@ pub enum Decision {
 }
 
 /// The scheduler's one rule, a pure function of the schedule, the last fire time claimed, the job's creation and
-/// the time now (all unix seconds).
+/// the time now (all unix seconds). Fire times are run in order, each once: the earliest unclaimed one is due
+/// while it is at most [`GRACE`] old, so a manager restart or a change of leader that takes less than the grace
+/// skips none; older unclaimed ones are recorded missed at once (the latest of them), not caught up.
 pub fn decide(cron: &cron::Cron, last_scheduled: i64, created: i64, now: i64) -> Decision {
     let at = |t: i64| chrono::DateTime::from_timestamp(t, 0).unwrap_or_default();
     let next = |t: i64| cron.next(at(t)).map(|n| n.timestamp());
-    let Some(fire) = cron.previous(at(now)).map(|p| p.timestamp()) else {
-        return Decision::Wait(next(now));
+    let prev = |t: i64| cron.previous(at(t)).map(|p| p.timestamp());
+    // The first fire time not claimed yet and not before the job existed.
+    let Some(first) = next(last_scheduled.max(created - 1)) else {
+        return Decision::Wait(None);
     };
-    // A fire time before the job existed, or already claimed, is not due.
-    if fire < created || fire <= last_scheduled {
-        return Decision::Wait(next(now));
+    if first > now {
+        return Decision::Wait(Some(first));
     }
     let grace = i64::try_from(GRACE.as_secs()).unwrap_or(60);
-    if now - fire > grace {
-        Decision::Missed(fire)
-    } else {
-        Decision::Run(fire)
+    if now - first <= grace {
+        return Decision::Run(first);
     }
+    // Stale: the latest fire time older than the grace is recorded missed; those after it are run in order.
+    Decision::Missed(prev(now - grace - 1).unwrap_or(first).max(first))
 }
 
 /// Of the items a job made on one volume (name, creation time), the ones to remove so that the newest `retain`
@@ -101,6 +107,35 @@ mod tests {
             decide(&c, t("2026-11-24T10:10:00Z"), created, t("2026-11-24T10:12:00Z")),
             Decision::Wait(Some(t("2026-11-24T10:15:00Z")))
         );
+    }
+
+    #[test]
+    fn fire_times_within_the_grace_are_run_in_order_after_a_leader_change() {
+        let c = cron::Cron::parse("*/5 * * * * *").unwrap();
+        let created = t("2026-11-24T10:00:00Z");
+        let last = t("2026-11-24T10:00:05Z");
+        // No leader from 10:00:07 to 10:00:21: 10:00:10, :15 and :20 are run one after the other.
+        let now = t("2026-11-24T10:00:21Z");
+        assert_eq!(decide(&c, last, created, now), Decision::Run(last + 5));
+        assert_eq!(decide(&c, last + 5, created, now), Decision::Run(last + 10));
+        assert_eq!(decide(&c, last + 10, created, now), Decision::Run(last + 15));
+        assert_eq!(
+            decide(&c, last + 15, created, now),
+            Decision::Wait(Some(last + 20))
+        );
+        // Down for 3 minutes: everything older than 60 s is missed in one step, the rest is run.
+        let now = t("2026-11-24T10:03:02Z");
+        assert_eq!(
+            decide(&c, last, created, now),
+            Decision::Missed(t("2026-11-24T10:02:00Z"))
+        );
+        assert_eq!(
+            decide(&c, t("2026-11-24T10:02:00Z"), created, now),
+            Decision::Run(t("2026-11-24T10:02:05Z"))
+        );
+        // A schedule that never fires again waits for nothing.
+        let feb30 = cron::Cron::parse("0 0 30 2 *").unwrap();
+        assert_eq!(decide(&feb30, 0, created, now), Decision::Wait(None));
     }
 
     #[test]

@@ -123,12 +123,7 @@ pub fn validate(req: &JobCreate, created: i64) -> Result<JobSpec, ApiError> {
     check_name("job name", &req.name)?;
     let task = match req.task.as_str() {
         "snapshot" => Task::Snapshot,
-        "backup" => {
-            return Err(ApiError::Invalid(
-                "task \"backup\" is not available yet: recurring backups are not built; use `corral backup create` (POST /v1/backups)"
-                    .to_owned(),
-            ));
-        }
+        "backup" => Task::Backup,
         t => {
             return Err(ApiError::Invalid(format!(
                 "task {t:?} is not one of snapshot, backup"
