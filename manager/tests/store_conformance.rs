@@ -278,12 +278,14 @@ async fn etcd_leadership_moves_when_the_leader_stops() {
     let lead_a = a.campaign("a").await.unwrap();
     let b2 = b.clone();
     let mut wait_b = tokio::spawn(async move { b2.campaign("b").await.unwrap() });
+    // Held well past the lease's 6 s TTL: the leader keeps renewing it.
     assert!(
-        tokio::time::timeout(Duration::from_millis(1500), &mut wait_b)
+        tokio::time::timeout(Duration::from_secs(14), &mut wait_b)
             .await
             .is_err(),
         "two leaders at once"
     );
+    assert!(!lead_a.is_cancelled(), "the leader lost its lease");
     // Stepping down revokes the lease: b takes over well within the lease TTL.
     lead_a.cancel();
     let lead_b = tokio::time::timeout(Duration::from_secs(10), wait_b)

@@ -252,6 +252,10 @@ impl EtcdStore {
 async fn keep_alive(lease_client: LeaseClient<Channel>, lease: i64, token: CancellationToken) {
     let mut client = lease_client.clone();
     let (tx, rx) = mpsc::channel(1);
+    // The first renewal is queued before the stream opens: etcd answers the call's headers only once a request
+    // arrived, so awaiting the open with nothing sent never returned and the lease expired after its TTL (a
+    // second leader took over while this one still led).
+    let _ = tx.try_send(LeaseKeepAliveRequest { id: lease });
     let opened = client.lease_keep_alive(ReceiverStream::new(rx)).await;
     let period = Duration::from_secs(u64::try_from(LEADER_TTL / 3).unwrap_or(1));
     match opened {
