@@ -515,7 +515,7 @@ fn components() -> Value {
         },
         "RecurringJobCreate": object(&["name", "task", "cron", "retain"], json!({
             "name": name_schema(),
-            "task": {"type": "string", "enum": ["snapshot"]},
+            "task": {"type": "string", "enum": ["snapshot", "backup"]},
             "cron": {"type": "string", "pattern": crate::job::cron::PATTERN.as_str()},
             "retain": {"type": "integer", "minimum": 1, "maximum": crate::job::model::MAX_RETAIN},
             "concurrency": nullable(json!({"type": "integer", "minimum": 1, "maximum": crate::job::model::MAX_CONCURRENCY})),
