@@ -65,15 +65,10 @@ fn runs_in_log(log: &str, job: &str, volume: &str) -> Vec<Run> {
                 && l.contains(&format!("volume=\"{volume}\""))
         })
         .map(|l| Run {
-            fire: fire
-                .captures(l)
-                .unwrap_or_else(|| panic!("no fire time in {l}"))[1]
+            fire: fire.captures(l).unwrap_or_else(|| panic!("no fire time in {l}"))[1]
                 .parse()
                 .unwrap(),
-            result: result
-                .captures(l)
-                .unwrap_or_else(|| panic!("no result in {l}"))[1]
-                .replace("\\\"", "\""),
+            result: result.captures(l).unwrap_or_else(|| panic!("no result in {l}"))[1].replace("\\\"", "\""),
         })
         .collect()
 }
@@ -196,17 +191,9 @@ fn use_case(delta_max: u32, retain: u32, limit: u32, n: i64) -> (tempfile::TempD
 fn check_store(m: &Manager, runs: &[Run], dir: &std::path::Path) {
     let made: Vec<String> = runs.iter().filter_map(Run::backup).collect();
     let deleted: BTreeSet<String> = runs.iter().flat_map(Run::deleted).collect();
-    let want: BTreeSet<String> = made
-        .iter()
-        .filter(|b| !deleted.contains(*b))
-        .cloned()
-        .collect();
+    let want: BTreeSet<String> = made.iter().filter(|b| !deleted.contains(*b)).cloned().collect();
     let have = job_backups(&m.url, "uc");
-    assert_eq!(
-        have.keys().cloned().collect::<BTreeSet<_>>(),
-        want,
-        "{runs:#?}"
-    );
+    assert_eq!(have.keys().cloned().collect::<BTreeSet<_>>(), want, "{runs:#?}");
     for r in runs.iter().filter(|r| r.backup().is_some()) {
         let b = r.backup().unwrap();
         if let Some(v) = have.get(&b) {
@@ -245,7 +232,10 @@ fn check_store(m: &Manager, runs: &[Run], dir: &std::path::Path) {
         .filter(|s| s["labels"]["corral.io/recurring-job"] == "uc" && s["removed"] == false)
         .filter_map(|s| s["name"].as_str())
         .collect();
-    let newest = made.last().and_then(|b| have.get(b)).map(|v| v["snapshot"].as_str().unwrap());
+    let newest = made
+        .last()
+        .and_then(|b| have.get(b))
+        .map(|v| v["snapshot"].as_str().unwrap());
     assert_eq!(
         mine,
         newest.into_iter().collect::<Vec<_>>(),
@@ -280,11 +270,7 @@ fn use_case_1_delta_max_7_retain_7_limit_7_the_8th_backup_removes_the_1st_and_st
     let (dir, m, runs) = use_case(7, 7, 7, 8);
     assert!(runs.iter().all(|r| !r.failed()), "{runs:#?}");
     assert_eq!(fulls(&runs), vec![1, 8], "{runs:#?}");
-    assert!(
-        runs[7].result.contains("backup-delta-max (7"),
-        "{:?}",
-        runs[7]
-    );
+    assert!(runs[7].result.contains("backup-delta-max (7"), "{:?}", runs[7]);
     assert_eq!(
         deleted_at(&runs),
         vec![(8, vec![backup_of(&runs, 1)])],
@@ -315,11 +301,7 @@ fn use_case_3_delta_max_5_retain_7_limit_7_the_6th_starts_a_new_chain_and_the_1s
     let (dir, m, runs) = use_case(5, 7, 7, 8);
     assert!(runs.iter().all(|r| !r.failed()), "{runs:#?}");
     assert_eq!(fulls(&runs), vec![1, 6], "{runs:#?}");
-    assert!(
-        runs[5].result.contains("backup-delta-max (5"),
-        "{:?}",
-        runs[5]
-    );
+    assert!(runs[5].result.contains("backup-delta-max (5"), "{:?}", runs[5]);
     assert_eq!(
         deleted_at(&runs),
         vec![(8, vec![backup_of(&runs, 1)])],
@@ -458,16 +440,12 @@ fn leader_sigkill_keeps_each_fire_time_once(cron: &str, period: i64, before: usi
         "the follower ran the job"
     );
     ms[lead].kill();
-    wait_for(
-        "the other manager to lead",
-        Duration::from_secs(120),
-        || {
-            ms[other]
-                .log()
-                .contains("leading the cluster-wide controllers")
-                .then_some(())
-        },
-    );
+    wait_for("the other manager to lead", Duration::from_secs(120), || {
+        ms[other]
+            .log()
+            .contains("leading the cluster-wide controllers")
+            .then_some(())
+    });
     ms[lead].restart();
     let runs = wait_quiet_after(&ms, &url, "every", first.len() + after, period);
     ok(&url, &["job", "rm", "every"]);

@@ -583,7 +583,7 @@ pub async fn remove_backup(ctx: &Ctx, r: &str) -> Result<(), ApiError> {
             rs.name, b.data.name
         )));
     }
-    let t = super::target::open(&ctx, &b.data.target)
+    let t = super::target::open(ctx, &b.data.target)
         .await
         .map_err(target_error)?;
     match t
@@ -637,10 +637,10 @@ pub async fn request_backup(ctx: &Ctx, req: &BackupCreate) -> Result<Object<Back
         .get::<Volume>(&req.volume)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("volume {:?} not found", req.volume)))?;
-    let t = super::target::open(&ctx, &target).await.map_err(target_error)?;
+    let t = super::target::open(ctx, &target).await.map_err(target_error)?;
     // Before the snapshot is taken: an unreachable target changes nothing.
-    target_reachable(&ctx, &target).await?;
-    if let Some((b, s)) = super::running_on(&ctx, &req.volume).await? {
+    target_reachable(ctx, &target).await?;
+    if let Some((b, s)) = super::running_on(ctx, &req.volume).await? {
         return Err(ApiError::Conflict(format!(
             "backup {b} of volume {} (snapshot {s}) is running: one at a time",
             req.volume

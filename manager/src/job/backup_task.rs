@@ -18,8 +18,8 @@
 use std::time::Duration;
 
 use super::GRACE;
-use super::snapshot_task::{job_snapshots, remove_snapshots, take_snapshot};
 use super::model::{JOB_LABEL, JobSpec};
+use super::snapshot_task::{job_snapshots, remove_snapshots, take_snapshot};
 use crate::backup::model::{Backup, BackupState, DEFAULT_TARGET};
 use crate::backup::routes::{BackupCreate, remove_backup, request_backup};
 use crate::context::Ctx;

@@ -24,11 +24,7 @@ pub async fn take_snapshot(
 }
 
 /// The job's snapshots of the volume behind `c` that are not removed: (name, creation time).
-pub async fn job_snapshots(
-    ctx: &Ctx,
-    c: &mut VolumeEngine,
-    job: &str,
-) -> anyhow::Result<Vec<(String, i64)>> {
+pub async fn job_snapshots(ctx: &Ctx, c: &mut VolumeEngine, job: &str) -> anyhow::Result<Vec<(String, i64)>> {
     Ok(c.snapshots(ctx)
         .await?
         .iter()
@@ -42,11 +38,7 @@ pub async fn job_snapshots(
 
 /// Removes `old` snapshots and purges (gives the space back); a purge refused while a replica rebuilds is left
 /// to the next run. Returns what the result says about it.
-pub async fn remove_snapshots(
-    ctx: &Ctx,
-    c: &mut VolumeEngine,
-    old: &[String],
-) -> anyhow::Result<String> {
+pub async fn remove_snapshots(ctx: &Ctx, c: &mut VolumeEngine, old: &[String]) -> anyhow::Result<String> {
     if old.is_empty() {
         return Ok(String::new());
     }
