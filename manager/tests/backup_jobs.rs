@@ -478,7 +478,7 @@ fn a_backup_job_on_two_managers_runs_each_fire_time_once_on_the_leader_across_it
 
 /// The seed's literal case: every minute, retain 2, over 4 minutes (and more: the leader's SIGKILL in between).
 #[test]
-#[ignore = "5 minutes: cargo nextest run -p manager --test backup_jobs --run-ignored ignored-only"]
+#[ignore = "about 3 minutes: cargo nextest run -p manager --test backup_jobs --run-ignored ignored-only"]
 fn every_minute_with_retain_2_over_4_minutes_2_backups_remain_across_a_leader_sigkill() {
     leader_sigkill_keeps_each_fire_time_once("* * * * *", 60, 2, 2);
 }
