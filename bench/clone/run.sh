@@ -34,23 +34,23 @@ rm -rf "$DIR"; mkdir -p "$DIR"
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
 
-start_volume() { # name -> sets ADDR_<name> (engine gRPC); every listener on port 0, read from the ready files
-  local name=$1
+start_volume() { # name [frontend] -> sets ADDR_<name> (engine gRPC); every listener on port 0, from the ready files
+  local name=$1 frontend=${2:-}
   local r=$DIR/$name-r.ready e=$DIR/$name-e.ready replica
   "$REPLICA" --ready-file "$r" serve --dir "$DIR/$name-r" --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 \
     --sync-listen 127.0.0.1:0 >"$DIR/$name-r.log" 2>&1 & PIDS+=($!)
   ready_wait "$r" "$!"
   replica="tcp://$(ready_addr "$r" control)?data=$(ready_addr "$r" data)&sync=$(ready_addr "$r" sync)"
   "$ENGINE" --ready-file "$e" serve --volume "$name" --size "$((SIZE_MIB << 20))" --listen 127.0.0.1:0 \
-    --replica "$replica" --nbd-listen "unix:$DIR/$name.sock" >"$DIR/$name-e.log" 2>&1 & PIDS+=($!)
+    --replica "$replica" ${frontend:+--nbd-listen "unix:$DIR/$name.sock"} >"$DIR/$name-e.log" 2>&1 & PIDS+=($!)
   ready_wait "$e" "$!"
   printf -v "ADDR_$name" '%s' "$(ready_addr "$e" control)"
 }
 
 now() { date +%s.%N; }
 
-start_volume src
-start_volume tgt
+start_volume src frontend
+start_volume tgt   # no frontend: a clone refuses a target whose frontend serves IO
 half=$((DATA_MIB / 2))
 echo "writing ${DATA_MIB} MiB into the ${SIZE_MIB} MiB source volume through NBD..." >&2
 qemu-io -f raw "nbd+unix:///src?socket=$DIR/src.sock" \
