@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Volume clone benchmark: `corral-engine snapshot clone` of a 4 GiB volume holding 1 GiB of data (source replica
 # -> target replica over loopback, through VolumeExport/SnapshotClone and sparse-sync) against
-# `cp --sparse=always` of the source snapshot file on the same disk, in one run. Prints both and the ratio.
+# `cp --sparse=always` of the source snapshot file on the same disk, in one run, and `corral-sync` serve + send of the
+# same file over loopback (the clone's transport alone: the difference to it is what the clone path adds). Prints the
+# three and the ratios.
 #
 #   bench/clone/run.sh                              # 4 GiB volume, 1 GiB data
 #   SIZE_MIB=1024 DATA_MIB=256 bench/clone/run.sh   # smaller, quicker
 #
-# Both timings start from a warm page cache for the source and include making the copy durable (the clone's
-# receiver fsyncs before its commit; cp is followed by `sync FILE`). Needs ~2.5x DATA_MIB free in BENCH_DIR.
+# All timings start from a warm page cache for the source and include making the copy durable (the receivers fsync
+# before their commit; cp is followed by `sync FILE`; cp runs twice, its best counts). Needs ~2.5x DATA_MIB free in
+# BENCH_DIR. BIN_DIR=DIR takes prebuilt corral-replica, corral-engine and corral-sync from DIR instead of building.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -16,11 +19,12 @@ SIZE_MIB="${SIZE_MIB:-4096}"
 DATA_MIB="${DATA_MIB:-1024}"
 
 if [[ -z "${BIN_DIR:-}" ]]; then
-  (cd "$ROOT" && cargo build --release -q -p replica -p engine --bins)
+  (cd "$ROOT" && cargo build --release -q -p replica -p engine -p sparse-sync --bins)
   BIN_DIR="${CARGO_TARGET_DIR:-$ROOT/target}/release"
 fi
 REPLICA="$BIN_DIR/corral-replica"
 ENGINE="$BIN_DIR/corral-engine"
+SYNC="$BIN_DIR/corral-sync"
 
 PIDS=()
 cleanup() {
@@ -72,9 +76,32 @@ sync "$DIR/cp.img"
 t1=$(now)
 cp_s=$(echo "$t1 - $t0" | bc -l)
 
+rm -f "$DIR/cp.img"
+t0=$(now)
+"$SYNC" --json serve --listen 127.0.0.1:0 --file "$DIR/sync.img" --idle-timeout 60 >"$DIR/serve.out" & PIDS+=($!)
+addr=""
+for _ in $(seq 1 500); do
+  addr=$(head -1 "$DIR/serve.out" 2>/dev/null | sed -n 's/.*"address":"\([^"]*\)".*/\1/p')
+  [[ -n "$addr" ]] && break; sleep 0.01
+done
+[[ -n "$addr" ]] || { echo "corral-sync serve did not start" >&2; exit 1; }
+"$SYNC" --json send --file "$SNAP" --to "$addr" --workers 4 >/dev/null
+wait "${PIDS[-1]}"
+t1=$(now)
+sync_s=$(echo "$t1 - $t0" | bc -l)
+cmp "$SNAP" "$DIR/sync.img" || { echo "corral-sync copy differs from the source snapshot" >&2; exit 1; }
+rm -f "$DIR/sync.img"
+
+t0=$(now)   # cp again, after the others: the best of its two runs is the reference
+cp --sparse=always "$SNAP" "$DIR/cp.img"
+sync "$DIR/cp.img"
+t1=$(now)
+cp_s=$(echo "if ($t1 - $t0 < $cp_s) $t1 - $t0 else $cp_s" | bc -l)
+
 alloc() { echo $(( $(stat -c %b "$1") * 512 >> 20 )); }
 printf '%-38s %10s %12s %14s\n' "method" "seconds" "MiB/s data" "allocated MiB"
 printf '%-38s %10.2f %12.0f %14s\n' "corral-engine snapshot clone" "$clone_s" "$(echo "$DATA_MIB / $clone_s" | bc -l)" "$(alloc "$cloned")"
 printf '%-38s %10.2f %12.0f %14s\n' "cp --sparse=always (same disk)" "$cp_s" "$(echo "$DATA_MIB / $cp_s" | bc -l)" "$(alloc "$DIR/cp.img")"
-printf 'clone / cp time ratio: %.2f  (volume %s MiB, data %s MiB, loopback, one run)\n' \
-  "$(echo "$clone_s / $cp_s" | bc -l)" "$SIZE_MIB" "$DATA_MIB"
+printf '%-38s %10.2f %12.0f %14s\n' "corral-sync serve + send (loopback)" "$sync_s" "$(echo "$DATA_MIB / $sync_s" | bc -l)" "-"
+printf 'clone / cp time ratio: %.2f   clone / corral-sync: %.2f   (volume %s MiB, data %s MiB, loopback, one run)\n' \
+  "$(echo "$clone_s / $cp_s" | bc -l)" "$(echo "$clone_s / $sync_s" | bc -l)" "$SIZE_MIB" "$DATA_MIB"
