@@ -87,9 +87,11 @@ impl From<std::io::Error> for BackendError {
 
 /// A block device as the data-protocol server sees it. Implemented by the replica.
 ///
-/// All calls are blocking and run on the server's IO worker threads, never on an async reactor thread.
-/// They may be called concurrently from several threads; ordering between concurrent requests is the
-/// client's business (it only sends a flush after the writes it covers were acknowledged).
+/// All calls are blocking and run on the thread of the connection that received the request (flushes on
+/// that connection's flusher thread), never on an async reactor thread. They may be called concurrently
+/// from several threads (one per connection); ordering between concurrent requests is the client's
+/// business (it only sends a flush after the writes it covers were acknowledged). Reads and writes should
+/// be cheap when the data is cached: the connection does nothing else while one runs.
 pub trait BlockBackend: Send + Sync + 'static {
     /// Size, sector size and name, answered at `Hello`.
     fn info(&self) -> Result<VolumeInfo, BackendError>;

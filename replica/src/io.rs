@@ -97,7 +97,9 @@ impl Replica {
         match layer {
             Some(i) => {
                 let l = &chain.layers[to_usize(u64::from(i))];
-                pread_full(&l.file, dst, offset).ctx("read", self.dir.join(&l.name))
+                // The error's path is joined only on error: this is the read path of every request.
+                pread_full(&l.file, dst, offset)
+                    .map_err(|e| ReplicaError::io("read", self.dir.join(&l.name), e))
             }
             None => match &chain.backing {
                 Some(b) => b.read(dst, offset),
@@ -145,9 +147,19 @@ impl Replica {
         let head = chain.head();
         head.file
             .write_all_at(data, offset)
-            .ctx("write", self.dir.join(&head.name))?;
-        let first = offset / BLOCK_SIZE;
-        write_lock(&self.map).set(first, first + data.len() as u64 / BLOCK_SIZE, chain.head_index());
+            .map_err(|e| ReplicaError::io("write", self.dir.join(&head.name), e))?;
+        let (first, last) = (offset / BLOCK_SIZE, (offset + data.len() as u64) / BLOCK_SIZE);
+        let head_idx = chain.head_index();
+        // Overwrites of blocks the head already holds (the common case once warm) leave the map alone:
+        // checked under the shared lock, so concurrent writers do not queue on the exclusive one.
+        let mut in_head = true;
+        read_lock(&self.map).visit(first, last, |_, _, l| {
+            in_head = l == Some(head_idx);
+            in_head
+        });
+        if !in_head {
+            write_lock(&self.map).set(first, last, head_idx);
+        }
         Ok(())
     }
 
@@ -163,7 +175,7 @@ impl Replica {
             return head
                 .file
                 .write_all_at(data, offset)
-                .ctx("write", self.dir.join(&head.name));
+                .map_err(|e| ReplicaError::io("write", self.dir.join(&head.name), e));
         }
         let start = block * BLOCK_SIZE;
         let mut buf = [0u8; BLOCK_BYTES];

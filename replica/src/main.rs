@@ -78,12 +78,9 @@ enum Cmd {
         volume: String,
         #[command(flatten)]
         metrics: corral_daemon::metrics::MetricsListenArg,
-        /// Data-protocol requests in flight per connection.
+        /// Data-protocol requests a connection runs before writing their replies (and flushes it queues).
         #[arg(long, default_value_t = 128)]
         data_window: usize,
-        /// Data-protocol IO worker threads.
-        #[arg(long, default_value_t = 8)]
-        io_threads: usize,
         /// TEST BUILDS ONLY: make a data-protocol operation fail (repeatable). OP is read, write, unmap,
         /// write-zeroes, flush or block-status; ACTION is error, no-space, delay:MS, hang or drop; the first N
         /// operations pass. Change at run time with POST/DELETE /debug/faults on --metrics-listen.
@@ -190,14 +187,12 @@ async fn main() -> anyhow::Result<()> {
             volume,
             metrics,
             data_window,
-            io_threads,
             #[cfg(feature = "fault-injection")]
             faults,
         } => {
             let cancel = corral_daemon::shutdown_on_signal();
             let data = data_protocol::ServerConfig {
                 window: data_window,
-                io_threads,
                 ..Default::default()
             };
             // Never derived from the --listen port: each listener is named, or a free port.

@@ -1,242 +1,361 @@
-//! One client connection: a reader task that admits requests within the window and a writer task that
-//! sends replies in completion order.
+//! One client connection, run to completion on its own OS thread.
+//!
+//! The thread reads whatever one `recv` brings (up to [`IN_BUF_LEN`]), runs every complete request in it
+//! in order against the backend — a 4 KiB `pread`/`pwrite` that hits the page cache costs less than waking
+//! another thread — appends each reply to one output buffer (read data is read straight into it) and
+//! writes the batch with one `write`. Nothing is handed to another task or thread on the way, so a request
+//! costs no wake-up beyond the socket's own. Write payloads are used where they sit in the input buffer;
+//! only a payload larger than that buffer goes into a pooled buffer.
+//!
+//! Flushes are the exception: an `fdatasync` can take milliseconds, so they go to the connection's flusher
+//! thread (started at the first flush) and answer out of order; reads and writes behind a flush do not
+//! wait for it. That is safe because the client sends a flush only after the writes it covers were
+//! acknowledged, i.e. after this thread ran them.
+//!
+//! Backpressure is the socket: while the thread runs a batch it does not read, and TCP pushes back on
+//! the client. At most `window` requests run before their replies are written.
 
-use std::sync::Arc;
+use std::io::{self, Read, Write};
+use std::net::Shutdown;
 use std::sync::atomic::Ordering::Relaxed;
-
-use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
-use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
+use std::sync::{Arc, Mutex, PoisonError, mpsc};
+use std::thread::JoinHandle;
 
 use super::Shared;
-use super::io_pool::{Job, Reply, ReplyBody, truncate_utf8};
+use super::request::{Executor, Reply, ReplyBody, truncate_utf8};
 use crate::backend::{BackendError, ErrorKind, VolumeInfo};
-use crate::codec::{FrameHeader, FrameKind, MAX_NAME_LEN, VERSION};
-use crate::transport::{BoxRead, BoxWrite, FrameReader, FrameWriter, ReadError};
+use crate::codec::{DecodeError, FrameHeader, FrameKind, HEADER_LEN, MAX_NAME_LEN, VERSION};
 
-/// How the reader stopped.
-enum ReaderEnd {
-    /// Peer closed cleanly between frames.
-    PeerClosed,
-    /// The server is shutting down.
-    Shutdown,
-    /// The writer failed (peer gone); nothing more can be answered.
-    WriterGone,
-    /// Hello was refused (version mismatch or backend not ready); the refusal is queued.
-    Refused,
-    /// The peer broke the protocol or the socket failed: drop without answering.
-    Violation(String),
-    Io(std::io::Error),
+/// Input buffer: requests (with their write payloads) that fit in it are run without another copy.
+const IN_BUF_LEN: usize = 256 << 10;
+/// Replies gathered beyond this size are written before the batch ends.
+const OUT_FLUSH_LEN: usize = 1 << 20;
+/// Output capacity kept between batches (a 16 MiB read grows it; it shrinks back afterwards).
+const OUT_KEEP_LEN: usize = 4 << 20;
+
+/// A connected socket, used with blocking calls.
+pub(crate) enum Stream {
+    Tcp(std::net::TcpStream),
+    Unix(std::os::unix::net::UnixStream),
 }
 
-pub(crate) async fn serve_connection(
-    shared: Arc<Shared>,
-    read: BoxRead,
-    write: BoxWrite,
-    shutdown: CancellationToken,
-) {
-    let window = shared.cfg.window.max(1);
-    let window_u32 = u32::try_from(window).unwrap_or(u32::MAX);
-    let permits = Arc::new(Semaphore::new(window));
-    // Every queued reply holds a window permit, so `window` slots (+1 for a refusal) never block a worker.
-    let (reply_tx, reply_rx) = mpsc::channel::<Reply>(window + 1);
-    // Cancelled when the connection must die now: violation, or the writer lost the socket.
-    let kill = CancellationToken::new();
-    let writer = tokio::spawn(writer_loop(FrameWriter::new(write), reply_rx, kill.clone()).in_current_span());
-
-    let mut reader = ConnReader {
-        shared: &shared,
-        frames: FrameReader::new(read),
-        permits: &permits,
-        reply_tx: &reply_tx,
-        hello_done: false,
-    };
-    let end = tokio::select! {
-        biased;
-        () = kill.cancelled() => ReaderEnd::WriterGone,
-        end = reader.run(&shutdown) => end,
-    };
-    match &end {
-        ReaderEnd::PeerClosed => tracing::debug!("peer closed the connection"),
-        ReaderEnd::Shutdown => tracing::debug!("server shutting down: finishing in-flight requests"),
-        ReaderEnd::WriterGone => tracing::debug!("reply stream failed; dropping connection"),
-        ReaderEnd::Refused => tracing::info!("hello refused; closing connection"),
-        ReaderEnd::Violation(why) => {
-            shared.metrics.protocol_violations.fetch_add(1, Relaxed);
-            tracing::warn!(reason = %why, "protocol violation; dropping connection");
-            kill.cancel();
-        }
-        ReaderEnd::Io(err) => {
-            tracing::info!(error = %err, "connection read failed; dropping connection");
-            kill.cancel();
-        }
-    }
-    drop(reader);
-    // In-flight requests finish on the workers; each releases its permit once answered (or dropped).
-    // A peer that stops reading could hold its replies (and a shutdown) forever: give it a grace period.
-    let all_done = permits.acquire_many(window_u32);
-    tokio::pin!(all_done);
-    if tokio::time::timeout(shared.cfg.shutdown_grace, &mut all_done)
-        .await
-        .is_err()
-    {
-        tracing::warn!("peer not taking replies; dropping connection with requests in flight");
-        kill.cancel();
-        let _ = all_done.await;
-    }
-    drop(reply_tx);
-    if let Ok(Err(err)) = writer.await {
-        tracing::debug!(error = %err, "reply writer stopped");
-    }
-}
-
-async fn writer_loop(
-    mut out: FrameWriter<BoxWrite>,
-    mut replies: mpsc::Receiver<Reply>,
-    kill: CancellationToken,
-) -> std::io::Result<()> {
-    let result = async {
-        loop {
-            let first = tokio::select! {
-                biased;
-                () = kill.cancelled() => return Ok(()),
-                r = replies.recv() => r,
-            };
-            let Some(mut reply) = first else { break };
-            loop {
-                if matches!(reply.body, ReplyBody::DropConnection) {
-                    // Not flushed: the peer loses what was still buffered, as with a real network failure.
-                    tracing::warn!(id = reply.header.id, "backend asked to drop the connection");
-                    return Err(std::io::Error::other("backend asked to drop the connection"));
-                }
-                out.write_frame(&reply.header, reply.payload()).await?;
-                // Release the buffer and the window slot as soon as the bytes are handed over.
-                drop(reply);
-                match replies.try_recv() {
-                    Ok(next) => reply = next,
-                    Err(_) => break,
-                }
-            }
-            out.flush().await?;
-        }
-        out.shutdown().await
-    }
-    .await;
-    if result.is_err() {
-        kill.cancel();
-    }
-    result
-}
-
-struct ConnReader<'a> {
-    shared: &'a Shared,
-    frames: FrameReader<BoxRead>,
-    permits: &'a Arc<Semaphore>,
-    reply_tx: &'a mpsc::Sender<Reply>,
-    hello_done: bool,
-}
-
-impl ConnReader<'_> {
-    async fn run(&mut self, shutdown: &CancellationToken) -> ReaderEnd {
-        loop {
-            // Backpressure: with the window full we stop reading, and TCP pushes back on the client.
-            let permit = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return ReaderEnd::Shutdown,
-                p = self.permits.clone().acquire_owned() => match p {
-                    Ok(p) => p,
-                    Err(_) => return ReaderEnd::Shutdown,
-                },
-            };
-            let step = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return ReaderEnd::Shutdown,
-                step = self.next_request(permit) => step,
-            };
-            if let Some(end) = step {
-                return end;
-            }
-        }
+impl Stream {
+    pub(crate) fn try_clone(&self) -> io::Result<Self> {
+        Ok(match self {
+            Self::Tcp(s) => Self::Tcp(s.try_clone()?),
+            Self::Unix(s) => Self::Unix(s.try_clone()?),
+        })
     }
 
-    /// Reads and dispatches one frame; `Some` ends the connection.
-    async fn next_request(&mut self, permit: OwnedSemaphorePermit) -> Option<ReaderEnd> {
-        let header = match self.frames.next_header().await {
-            Ok(Some(h)) => h,
-            Ok(None) => return Some(ReaderEnd::PeerClosed),
-            Err(ReadError::Io(e)) => return Some(ReaderEnd::Io(e)),
-            Err(e) => return Some(ReaderEnd::Violation(e.to_string())),
+    pub(crate) fn shutdown(&self, how: Shutdown) {
+        // Fails only when the socket is already shut down or disconnected: nothing left to do then.
+        let _ = match self {
+            Self::Tcp(s) => s.shutdown(how),
+            Self::Unix(s) => s.shutdown(how),
         };
-        if !header.kind.is_request() {
-            return Some(ReaderEnd::Violation(format!(
-                "client sent a {:?} reply",
-                header.kind
-            )));
+    }
+
+    pub(crate) fn prepare(&self, write_timeout: std::time::Duration) -> io::Result<()> {
+        match self {
+            Self::Tcp(s) => {
+                s.set_nonblocking(false)?;
+                s.set_write_timeout(Some(write_timeout))
+            }
+            Self::Unix(s) => {
+                s.set_nonblocking(false)?;
+                s.set_write_timeout(Some(write_timeout))
+            }
+        }
+    }
+}
+
+impl Read for Stream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.read(buf),
+            Self::Unix(s) => s.read(buf),
+        }
+    }
+}
+
+impl Write for Stream {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        match self {
+            Self::Tcp(s) => s.write(buf),
+            Self::Unix(s) => s.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        Ok(())
+    }
+}
+
+/// How the connection stopped.
+enum End {
+    /// Peer closed cleanly between frames (or the server shut the read side down).
+    PeerClosed,
+    /// Hello was refused (version mismatch or backend not ready); the refusal was sent.
+    Refused,
+    /// The backend asked for the connection to be dropped without an answer.
+    Dropped,
+    /// The peer broke the protocol: drop without answering.
+    Violation(String),
+    /// The socket failed (including a peer that took no replies for `shutdown_grace`).
+    Io(io::Error),
+}
+
+impl From<DecodeError> for End {
+    fn from(e: DecodeError) -> Self {
+        Self::Violation(format!("protocol violation: {e}"))
+    }
+}
+
+/// Serves one connection until it ends; runs on the connection's own thread.
+pub(crate) fn serve(shared: &Arc<Shared>, stream: Stream) {
+    let out = match stream.try_clone() {
+        Ok(s) => Arc::new(Mutex::new(s)),
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot clone the connection's socket; dropping it");
+            return;
+        }
+    };
+    let mut conn = Connection {
+        exec: &shared.exec,
+        window: shared.cfg.window.max(1),
+        input: stream,
+        out,
+        replies: Vec::with_capacity(64 << 10),
+        hello_done: false,
+        flusher: None,
+    };
+    let end = conn.run();
+    match &end {
+        End::PeerClosed => tracing::debug!("peer closed the connection"),
+        End::Refused => tracing::info!("hello refused; closing connection"),
+        End::Dropped => tracing::warn!("backend asked to drop the connection"),
+        End::Violation(why) => {
+            shared.exec.metrics.protocol_violations.fetch_add(1, Relaxed);
+            tracing::warn!(reason = %why, "protocol violation; dropping connection");
+        }
+        End::Io(err) => tracing::info!(error = %err, "connection failed; dropping connection"),
+    }
+    let graceful = matches!(end, End::PeerClosed | End::Refused);
+    if graceful && let Err(e) = conn.send() {
+        tracing::debug!(error = %e, "final replies not delivered");
+    }
+    if !graceful {
+        // Unblocks a flusher writing to a peer that does not read, and tells the peer at once.
+        conn.input.shutdown(Shutdown::Both);
+    }
+    if let Some(f) = conn.flusher.take() {
+        drop(f.jobs);
+        let _ = f.thread.join();
+    }
+    conn.input.shutdown(Shutdown::Both);
+}
+
+struct Flusher {
+    jobs: mpsc::SyncSender<u64>,
+    thread: JoinHandle<()>,
+}
+
+struct Connection<'a> {
+    exec: &'a Arc<Executor>,
+    window: usize,
+    input: Stream,
+    /// The socket's write side, shared with the flusher; locked for one batch write at a time.
+    out: Arc<Mutex<Stream>>,
+    /// Encoded replies of the current batch.
+    replies: Vec<u8>,
+    hello_done: bool,
+    flusher: Option<Flusher>,
+}
+
+impl Connection<'_> {
+    fn run(&mut self) -> End {
+        let mut input = vec![0u8; IN_BUF_LEN];
+        let (mut start, mut end) = (0usize, 0usize);
+        loop {
+            let mut ran = 0usize;
+            // Every complete request the last reads brought.
+            while end - start >= HEADER_LEN {
+                let h = match FrameHeader::decode_slice(&input[start..end]) {
+                    Ok(h) => h,
+                    Err(e) => return e.into(),
+                };
+                let frame_len = HEADER_LEN + h.payload_usize();
+                if end - start < frame_len {
+                    if frame_len <= input.len() {
+                        break; // the rest arrives with the next read
+                    }
+                    // A payload larger than the input buffer: into a pooled buffer, the rest straight from
+                    // the socket.
+                    if let Err(e) = self.send() {
+                        return End::Io(e);
+                    }
+                    let mut payload = self.exec.buffers.get(h.payload_usize());
+                    let have = end - start - HEADER_LEN;
+                    payload[..have].copy_from_slice(&input[start + HEADER_LEN..end]);
+                    (start, end) = (0, 0);
+                    if let Err(e) = self.input.read_exact(&mut payload[have..]) {
+                        return match e.kind() {
+                            io::ErrorKind::UnexpectedEof => {
+                                End::Violation("connection closed in the middle of a frame".to_owned())
+                            }
+                            _ => End::Io(e),
+                        };
+                    }
+                    if let Some(end) = self.handle(h, &payload) {
+                        return end;
+                    }
+                    continue;
+                }
+                let payload = &input[start + HEADER_LEN..start + frame_len];
+                start += frame_len;
+                if let Some(end) = self.handle(h, payload) {
+                    return end;
+                }
+                ran += 1;
+                if ran >= self.window || self.replies.len() >= OUT_FLUSH_LEN {
+                    if let Err(e) = self.send() {
+                        return End::Io(e);
+                    }
+                    ran = 0;
+                }
+            }
+            if let Err(e) = self.send() {
+                return End::Io(e);
+            }
+            // Keep the partial frame at the front so the next read can complete it.
+            if start > 0 {
+                input.copy_within(start..end, 0);
+                (start, end) = (0, end - start);
+            }
+            match self.input.read(&mut input[end..]) {
+                Ok(0) if end == 0 => return End::PeerClosed,
+                Ok(0) => return End::Violation("connection closed in the middle of a frame".to_owned()),
+                Ok(n) => end += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return End::Io(e),
+            }
+        }
+    }
+
+    /// Writes the gathered replies with one call (under the write lock the flusher shares).
+    fn send(&mut self) -> io::Result<()> {
+        if self.replies.is_empty() {
+            return Ok(());
+        }
+        let result = self
+            .out
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .write_all(&self.replies);
+        self.replies.clear();
+        if self.replies.capacity() > OUT_KEEP_LEN {
+            self.replies.shrink_to(64 << 10);
+        }
+        result
+    }
+
+    /// Runs one request and queues its reply; `Some` ends the connection.
+    fn handle(&mut self, h: FrameHeader, payload: &[u8]) -> Option<End> {
+        if !h.kind.is_request() {
+            return Some(End::Violation(format!("client sent a {:?} reply", h.kind)));
         }
         if !self.hello_done {
-            if header.kind != FrameKind::Hello {
-                return Some(ReaderEnd::Violation(format!("{:?} before Hello", header.kind)));
+            if h.kind != FrameKind::Hello {
+                return Some(End::Violation(format!("{:?} before Hello", h.kind)));
             }
-            return self.hello(header, permit).await;
+            return self.hello(&h, payload);
         }
-        self.shared.metrics.requests.fetch_add(1, Relaxed);
-        let payload = match header.kind {
-            FrameKind::Hello => return Some(ReaderEnd::Violation("second Hello".to_owned())),
+        self.exec.metrics.requests.fetch_add(1, Relaxed);
+        match h.kind {
+            FrameKind::Hello => Some(End::Violation("second Hello".to_owned())),
             FrameKind::Ping => {
-                return self
-                    .reply(Reply::empty(FrameKind::Ok, header.id, Some(permit)))
-                    .await;
+                Reply::empty(FrameKind::Ok, h.id).encode_into(&mut self.replies);
+                None
             }
-            FrameKind::Write => {
-                let mut buf = self.shared.buffers.get(header.payload_usize());
-                if let Err(e) = self.frames.read_payload(&mut buf).await {
-                    return Some(read_error_end(e));
-                }
-                Some(buf)
+            FrameKind::Read => self.read(&h),
+            FrameKind::Flush => self.flush(h.id),
+            _ => {
+                let reply = match self.exec.run(&h, payload) {
+                    Ok((body, length)) => {
+                        let mut reply = Reply::empty(FrameKind::Ok, h.id);
+                        reply.header.length = length;
+                        reply.body = body;
+                        reply
+                    }
+                    Err(err) => failure(self.exec, &h, err),
+                };
+                self.queue(&reply)
             }
-            _ => None,
-        };
-        let job = Job {
-            header,
-            payload,
-            reply_to: self.reply_tx.clone(),
-            permit,
-        };
-        if self.shared.io.submit(job).await.is_err() {
-            return Some(ReaderEnd::Shutdown);
         }
+    }
+
+    /// Reads the data straight into the output buffer, behind its reply header.
+    fn read(&mut self, h: &FrameHeader) -> Option<End> {
+        let at = self.replies.len();
+        let len = h.length_usize();
+        self.replies.resize(at + HEADER_LEN + len, 0);
+        match self.exec.read(h, &mut self.replies[at + HEADER_LEN..]) {
+            Ok(()) => {
+                let mut header = FrameHeader::new(FrameKind::Ok, h.id, 0, 0);
+                header.payload_len = h.length;
+                self.replies[at..at + HEADER_LEN].copy_from_slice(&header.encode());
+                None
+            }
+            Err(err) => {
+                self.replies.truncate(at);
+                self.queue(&failure(self.exec, h, err))
+            }
+        }
+    }
+
+    fn queue(&mut self, reply: &Reply) -> Option<End> {
+        if matches!(reply.body, ReplyBody::DropConnection) {
+            return Some(End::Dropped);
+        }
+        reply.encode_into(&mut self.replies);
         None
     }
 
-    async fn hello(&mut self, header: FrameHeader, permit: OwnedSemaphorePermit) -> Option<ReaderEnd> {
-        let mut name = [0u8; MAX_NAME_LEN as usize];
-        let name = &mut name[..header.payload_usize()];
-        if let Err(e) = self.frames.read_payload(name).await {
-            return Some(read_error_end(e));
+    /// Hands a flush to the flusher thread, starting it at the first flush.
+    fn flush(&mut self, id: u64) -> Option<End> {
+        if self.flusher.is_none() {
+            match spawn_flusher(self.exec.clone(), self.out.clone(), self.window) {
+                Ok(f) => self.flusher = Some(f),
+                Err(e) => {
+                    let err = BackendError::new(ErrorKind::Io, format!("cannot start the flusher: {e}"));
+                    return self.queue(&Reply::failure(id, err, false));
+                }
+            }
         }
+        let jobs = &self.flusher.as_ref()?.jobs;
+        // Waits while `window` flushes are queued; fails only when the flusher dropped the connection.
+        match jobs.send(id) {
+            Ok(()) => None,
+            Err(_) => Some(End::Dropped),
+        }
+    }
+
+    fn hello(&mut self, h: &FrameHeader, name: &[u8]) -> Option<End> {
         let client = String::from_utf8_lossy(name);
-        tracing::debug!(client = %client, version = header.length, "hello");
-        if header.length != u32::from(VERSION) {
+        tracing::debug!(client = %client, version = h.length, "hello");
+        if h.length != u32::from(VERSION) {
             let err = BackendError::new(
                 ErrorKind::Invalid,
                 format!(
                     "protocol version {} not supported; this server speaks {VERSION}",
-                    header.length
+                    h.length
                 ),
             );
-            self.reply(Reply::failure(header.id, err, false, Some(permit)))
-                .await;
-            return Some(ReaderEnd::Refused);
+            self.queue(&Reply::failure(h.id, err, false));
+            return Some(End::Refused);
         }
-        let backend = self.shared.backend.clone();
-        let info = tokio::task::spawn_blocking(move || backend.info())
-            .await
-            .unwrap_or_else(|e| {
-                Err(BackendError::new(
-                    ErrorKind::Unavailable,
-                    format!("volume info failed: {e}"),
-                ))
-            });
+        let info = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| self.exec.backend.info()))
+            .unwrap_or_else(|_| Err(BackendError::new(ErrorKind::Unavailable, "volume info panicked")));
         match info {
             Ok(VolumeInfo {
                 size,
@@ -244,40 +363,58 @@ impl ConnReader<'_> {
                 mut name,
             }) => {
                 truncate_utf8(&mut name, MAX_NAME_LEN);
-                let header = FrameHeader {
-                    kind: FrameKind::Ok,
-                    id: header.id,
-                    offset: size,
-                    length: sector_size,
-                    payload_len: u32::try_from(name.len()).unwrap_or(MAX_NAME_LEN),
-                };
                 self.hello_done = true;
-                self.reply(Reply {
-                    header,
+                self.queue(&Reply {
+                    header: FrameHeader::new(FrameKind::Ok, h.id, size, sector_size),
                     body: ReplyBody::Text(name),
-                    _permit: Some(permit),
                 })
-                .await
             }
             Err(err) => {
-                self.reply(Reply::failure(header.id, err, false, Some(permit)))
-                    .await;
-                Some(ReaderEnd::Refused)
+                self.queue(&Reply::failure(h.id, err, false));
+                Some(End::Refused)
             }
-        }
-    }
-
-    async fn reply(&self, reply: Reply) -> Option<ReaderEnd> {
-        match self.reply_tx.send(reply).await {
-            Ok(()) => None,
-            Err(_) => Some(ReaderEnd::WriterGone),
         }
     }
 }
 
-fn read_error_end(e: ReadError) -> ReaderEnd {
-    match e {
-        ReadError::Io(e) => ReaderEnd::Io(e),
-        other => ReaderEnd::Violation(other.to_string()),
-    }
+/// The reply to a failed request, counted and logged.
+fn failure(exec: &Executor, h: &FrameHeader, err: BackendError) -> Reply {
+    exec.metrics.errors.fetch_add(1, Relaxed);
+    tracing::debug!(kind = ?h.kind, offset = h.offset, length = h.length, error = %err, "request failed");
+    Reply::failure(h.id, err, h.kind == FrameKind::Read)
+}
+
+/// The connection's flusher: runs queued flushes in order and writes each reply under the write lock.
+/// A backend asking to drop the connection, or a failed write, shuts the socket down, which ends the
+/// connection thread too.
+fn spawn_flusher(exec: Arc<Executor>, out: Arc<Mutex<Stream>>, window: usize) -> io::Result<Flusher> {
+    let (jobs, rx) = mpsc::sync_channel::<u64>(window);
+    let span = tracing::Span::current();
+    let thread = std::thread::Builder::new()
+        .name("dp-flush".to_owned())
+        .spawn(move || {
+            let _span = span.enter();
+            let mut buf = Vec::with_capacity(HEADER_LEN);
+            for id in rx {
+                let h = FrameHeader::new(FrameKind::Flush, id, 0, 0);
+                let reply = match exec.run(&h, &[]) {
+                    Ok(_) => Reply::empty(FrameKind::Ok, id),
+                    Err(err) => failure(&exec, &h, err),
+                };
+                let mut out = out.lock().unwrap_or_else(PoisonError::into_inner);
+                if matches!(reply.body, ReplyBody::DropConnection) {
+                    tracing::warn!(id, "backend asked to drop the connection");
+                    out.shutdown(Shutdown::Both);
+                    return;
+                }
+                buf.clear();
+                reply.encode_into(&mut buf);
+                if let Err(e) = out.write_all(&buf) {
+                    tracing::debug!(error = %e, "flush reply not delivered");
+                    out.shutdown(Shutdown::Both);
+                    return;
+                }
+            }
+        })?;
+    Ok(Flusher { jobs, thread })
 }

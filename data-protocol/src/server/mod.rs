@@ -1,12 +1,12 @@
 //! The replica side: accepts connections and serves a [`BlockBackend`] over them.
 //!
-//! Per connection: one reader task that admits at most `window` requests at a time (it stops reading
-//! when the window is full) and one writer task that sends replies as they complete, flushing when its
-//! queue drains. Blocking backend calls run on a fixed pool of IO threads fed by one bounded queue;
-//! payload buffers come from a shared [`BufferPool`].
+//! Each connection runs its requests to completion on its own OS thread ([`connection`]): it reads a
+//! batch, runs it against the backend in order and writes the batch's replies with one call; flushes go
+//! to a per-connection flusher thread. There is no shared IO pool and no hand-off between tasks on the
+//! data path. The async side only accepts connections and, on cancel, shuts their read side down.
 
 mod connection;
-mod io_pool;
+mod request;
 
 use std::io;
 use std::sync::Arc;
@@ -21,21 +21,19 @@ use tracing::Instrument;
 use crate::backend::BlockBackend;
 use crate::metrics::ServerMetrics;
 use crate::pool::BufferPool;
-use crate::transport::{BoxRead, BoxWrite};
-use io_pool::IoPool;
+use connection::Stream;
+use request::Executor;
 
 /// Server tuning. `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
 pub struct ServerConfig {
-    /// Requests in flight per connection before the reader stops reading (default 128).
+    /// Requests a connection runs before it writes their replies, and flushes it queues for its flusher
+    /// before it stops reading (default 128).
     pub window: usize,
-    /// IO worker threads running backend calls (default 8).
-    pub io_threads: usize,
-    /// Jobs queued for the workers across all connections before readers wait (default 1024).
-    pub io_queue: usize,
     /// Idle payload-buffer capacity kept for reuse (default 64 MiB).
     pub buffer_pool_bytes: usize,
-    /// On shutdown, how long a connection may take to deliver its in-flight replies (default 10 s).
+    /// How long a write of replies may block on a peer that does not read before the connection is
+    /// dropped; bounds how long a shutdown waits for such a peer (default 10 s).
     pub shutdown_grace: Duration,
 }
 
@@ -43,8 +41,6 @@ impl Default for ServerConfig {
     fn default() -> Self {
         Self {
             window: 128,
-            io_threads: 8,
-            io_queue: 1024,
             buffer_pool_bytes: 64 << 20,
             shutdown_grace: Duration::from_secs(10),
         }
@@ -53,11 +49,8 @@ impl Default for ServerConfig {
 
 /// State shared by every connection of one server.
 pub(crate) struct Shared {
-    backend: Arc<dyn BlockBackend>,
     cfg: ServerConfig,
-    io: IoPool,
-    buffers: BufferPool,
-    metrics: Arc<ServerMetrics>,
+    exec: Arc<Executor>,
 }
 
 /// A data-protocol server for one backend. It can serve several listeners at once (TCP and unix).
@@ -66,31 +59,21 @@ pub struct DataServer {
 }
 
 impl DataServer {
-    /// Starts the IO worker threads.
+    /// A server for `backend` (no thread runs until a connection arrives).
     pub fn new(backend: Arc<dyn BlockBackend>, cfg: ServerConfig) -> io::Result<Self> {
-        let buffers = BufferPool::new(cfg.buffer_pool_bytes);
-        let metrics = Arc::new(ServerMetrics::default());
-        let io = IoPool::start(
-            backend.clone(),
-            buffers.clone(),
-            metrics.clone(),
-            cfg.io_threads,
-            cfg.io_queue,
-        )?;
+        let exec = Arc::new(Executor {
+            backend,
+            buffers: BufferPool::new(cfg.buffer_pool_bytes),
+            metrics: Arc::new(ServerMetrics::default()),
+        });
         Ok(Self {
-            shared: Arc::new(Shared {
-                backend,
-                cfg,
-                io,
-                buffers,
-                metrics,
-            }),
+            shared: Arc::new(Shared { cfg, exec }),
         })
     }
 
     /// The server's counters.
     pub fn metrics(&self) -> Arc<ServerMetrics> {
-        self.shared.metrics.clone()
+        self.shared.exec.metrics.clone()
     }
 
     /// Serves TCP connections until `cancel`; then stops accepting, lets every connection finish its
@@ -104,19 +87,9 @@ impl DataServer {
         self.accept_loop(listener, cancel).await;
     }
 
-    /// Stops the IO workers and joins them. Call after every `serve_*` returned.
+    /// Releases the server. Call after every `serve_*` returned (they join their connection threads).
     pub async fn shutdown(self) {
-        let Ok(mut shared) = Arc::try_unwrap(self.shared) else {
-            // Still serving elsewhere: dropping our handle is all we can do.
-            return;
-        };
-        let threads = shared.io.close();
-        let _ = tokio::task::spawn_blocking(move || {
-            for t in threads {
-                let _ = t.join();
-            }
-        })
-        .await;
+        drop(self.shared);
     }
 
     async fn accept_loop(&self, listener: impl Acceptor, cancel: CancellationToken) {
@@ -129,22 +102,20 @@ impl DataServer {
                 a = listener.accept_boxed() => a,
             };
             match accepted {
-                Ok((read, write, peer)) => {
+                Ok((stream, peer)) => {
                     conn_seq += 1;
-                    self.shared.metrics.connections_accepted.fetch_add(1, Relaxed);
+                    self.shared
+                        .exec
+                        .metrics
+                        .connections_accepted
+                        .fetch_add(1, Relaxed);
                     let span = tracing::info_span!("data_conn", peer = %peer, conn = conn_seq);
-                    let shared = self.shared.clone();
-                    let cancel = cancel.clone();
-                    tasks.spawn(
-                        async move {
-                            shared.metrics.connections_active.fetch_add(1, Relaxed);
-                            tracing::debug!("connection accepted");
-                            connection::serve_connection(shared.clone(), read, write, cancel).await;
-                            shared.metrics.connections_active.fetch_sub(1, Relaxed);
-                            tracing::debug!("connection closed");
+                    match self.start_connection(stream, conn_seq, span.clone(), cancel.clone()) {
+                        Ok(conn) => {
+                            tasks.spawn(conn.instrument(span));
                         }
-                        .instrument(span),
-                    );
+                        Err(err) => tracing::warn!(parent: &span, error = %err, "cannot serve connection"),
+                    }
                 }
                 Err(err) => {
                     // Usually EMFILE/ENFILE: back off instead of spinning.
@@ -158,6 +129,59 @@ impl DataServer {
         }
         tasks.close();
         tasks.wait().await;
+    }
+
+    /// Starts the connection's thread; the returned future ends when the thread did, and on `cancel`
+    /// shuts the socket's read side down so the thread answers what it read and stops.
+    fn start_connection(
+        &self,
+        stream: Stream,
+        seq: u64,
+        span: tracing::Span,
+        cancel: CancellationToken,
+    ) -> io::Result<impl Future<Output = ()> + use<>> {
+        stream.prepare(self.shared.cfg.shutdown_grace)?;
+        let mut control = SocketGuard(Some(stream.try_clone()?));
+        let shared = self.shared.clone();
+        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+        std::thread::Builder::new()
+            .name(format!("dp-conn-{seq}"))
+            .spawn(move || {
+                let _span = span.enter();
+                let metrics = &shared.exec.metrics;
+                metrics.connections_active.fetch_add(1, Relaxed);
+                tracing::debug!("connection accepted");
+                connection::serve(&shared, stream);
+                metrics.connections_active.fetch_sub(1, Relaxed);
+                tracing::debug!("connection closed");
+                drop(done_tx);
+            })?;
+        Ok(async move {
+            let mut done = done_rx;
+            tokio::select! {
+                _ = &mut done => {}
+                () = cancel.cancelled() => {
+                    if let Some(s) = &control.0 {
+                        s.shutdown(std::net::Shutdown::Read);
+                    }
+                    let _ = done.await;
+                }
+            }
+            // The thread is done: close our handle without touching the socket.
+            drop(control.0.take());
+        })
+    }
+}
+
+/// Shuts the socket down when dropped: a connection task dropped without finishing (its runtime was shut
+/// down) must not leave the thread serving, nor the peer connected.
+struct SocketGuard(Option<Stream>);
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        if let Some(s) = &self.0 {
+            s.shutdown(std::net::Shutdown::Both);
+        }
     }
 }
 
@@ -187,28 +211,26 @@ pub async fn serve_unix(
     Ok(())
 }
 
-/// A listener whose connections are split into boxed halves (one allocation per connection).
+/// A listener whose connections are handed over as blocking sockets.
 trait Acceptor {
-    async fn accept_boxed(&self) -> io::Result<(BoxRead, BoxWrite, String)>;
+    async fn accept_boxed(&self) -> io::Result<(Stream, String)>;
 }
 
 impl Acceptor for TcpListener {
-    async fn accept_boxed(&self) -> io::Result<(BoxRead, BoxWrite, String)> {
+    async fn accept_boxed(&self) -> io::Result<(Stream, String)> {
         let (stream, peer) = self.accept().await?;
         stream.set_nodelay(true)?;
-        let (r, w) = stream.into_split();
-        Ok((Box::new(r), Box::new(w), peer.to_string()))
+        Ok((Stream::Tcp(stream.into_std()?), peer.to_string()))
     }
 }
 
 impl Acceptor for UnixListener {
-    async fn accept_boxed(&self) -> io::Result<(BoxRead, BoxWrite, String)> {
+    async fn accept_boxed(&self) -> io::Result<(Stream, String)> {
         let (stream, peer) = self.accept().await?;
         let peer = match peer.as_pathname() {
             Some(p) => format!("unix:{}", p.display()),
             None => "unix".to_owned(),
         };
-        let (r, w) = stream.into_split();
-        Ok((Box::new(r), Box::new(w), peer))
+        Ok((Stream::Unix(stream.into_std()?), peer))
     }
 }

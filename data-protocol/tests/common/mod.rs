@@ -23,8 +23,9 @@ pub struct MemBackend {
     /// Requests currently inside the backend, and the most seen at once.
     pub inside: AtomicUsize,
     pub max_inside: AtomicUsize,
-    /// Reads at this offset wait until `release_slow_read`.
+    /// Reads at this offset (and flushes, with `slow_flush`) wait until `release_slow_read`.
     slow_read_offset: Option<u64>,
+    slow_flush: bool,
     slow_gate: Gate,
     pub completed: AtomicUsize,
     pub flushes: AtomicUsize,
@@ -42,6 +43,14 @@ impl MemBackend {
         Arc::new(backend)
     }
 
+    /// Flushes are held in the backend until [`release_slow_read`](Self::release_slow_read).
+    pub fn with_slow_flush(size: usize) -> Arc<Self> {
+        let mut backend = Self::build(size, None);
+        backend.slow_flush = true;
+        backend.slow_gate.set(false);
+        Arc::new(backend)
+    }
+
     pub fn release_slow_read(&self) {
         self.slow_gate.set(true);
     }
@@ -55,6 +64,7 @@ impl MemBackend {
             inside: AtomicUsize::new(0),
             max_inside: AtomicUsize::new(0),
             slow_read_offset,
+            slow_flush: false,
             slow_gate: Gate::default(),
             completed: AtomicUsize::new(0),
             flushes: AtomicUsize::new(0),
@@ -154,6 +164,9 @@ impl BlockBackend for MemBackend {
 
     fn flush(&self) -> Result<(), BackendError> {
         let _inside = self.enter();
+        if self.slow_flush {
+            self.slow_gate.wait_open();
+        }
         self.flushes.fetch_add(1, SeqCst);
         Ok(())
     }
