@@ -105,6 +105,12 @@ impl PooledBuf {
     }
 }
 
+impl AsRef<[u8]> for PooledBuf {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
 impl Deref for PooledBuf {
     type Target = [u8];
     fn deref(&self) -> &[u8] {

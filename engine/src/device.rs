@@ -21,8 +21,10 @@ impl BlockDevice for Volume {
         Volume::read(self, offset, buf).await.map_err(device_error)
     }
 
-    async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), DeviceError> {
-        Volume::write(self, offset, data, fua).await.map_err(device_error)
+    async fn write(&self, offset: u64, data: bytes::Bytes, fua: bool) -> Result<(), DeviceError> {
+        Volume::write_bytes(self, offset, data, fua)
+            .await
+            .map_err(device_error)
     }
 
     async fn flush(&self) -> Result<(), DeviceError> {

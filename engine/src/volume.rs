@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Instant;
 
+use bytes::Bytes;
 use data_protocol::{ClientError, DataClient};
 use tokio::sync::RwLock;
 
@@ -230,15 +231,21 @@ impl Volume {
 
     /// Writes to every RW and WO replica. With `fua`, the write is flushed before it is acknowledged.
     pub async fn write(&self, offset: u64, data: &[u8], fua: bool) -> Result<(), EngineError> {
+        self.write_bytes(offset, Bytes::copy_from_slice(data), fua).await
+    }
+
+    /// [`write`](Self::write) of an owned buffer: every replica is sent this one buffer, none copies it.
+    pub async fn write_bytes(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), EngineError> {
         self.check_range(offset, data.len() as u64)?;
         let start = Instant::now();
         let reps = self.replicas.read().await;
         let rebuilding = reps.iter().any(|r| r.mode() == Mode::Wo);
         let aligned = offset.is_multiple_of(BLOCK_SIZE) && (data.len() as u64).is_multiple_of(BLOCK_SIZE);
         let r = if rebuilding && !aligned {
-            self.write_widened(&reps, offset, data).await
+            self.write_widened(&reps, offset, &data).await
         } else {
-            self.fan_out(&reps, "write", |d| d.write(offset, data)).await
+            self.fan_out(&reps, "write", |d| d.write_bytes(offset, data.clone()))
+                .await
         };
         let r = match r {
             Ok(()) if fua => self.fan_out(&reps, "flush", DataClient::flush).await,
@@ -277,7 +284,9 @@ impl Volume {
         }
         let head = usize::try_from(offset - start).unwrap_or(0);
         buf[head..head + data.len()].copy_from_slice(data);
-        self.fan_out(reps, "write", |d| d.write(start, &buf)).await
+        let buf = Bytes::from(buf);
+        self.fan_out(reps, "write", |d| d.write_bytes(start, buf.clone()))
+            .await
     }
 
     /// Flushes every RW and WO replica (`fdatasync` of each head, then its revision counter).

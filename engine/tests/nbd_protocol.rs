@@ -374,10 +374,12 @@ async fn shutdown_does_not_wait_forever_for_a_client_that_stops_reading_replies(
     for i in 0..256u64 {
         c.request(cmd::READ, 0, i, 0, MIB as u32).await;
     }
-    // Wait until the server is stuck on this client: more reads executed than the reply queue holds.
+    // Wait until the server is stuck on this client: more reads executed (1 MiB each) than the socket buffers
+    // hold (a few MiB), so replies are owed. The connection runs up to 64 at once and collects every finished
+    // reply before writing, so it gets there before its first write blocks.
     let reads = server.counters.clone();
     let deadline = tokio::time::Instant::now() + nbd_support::DEADLINE;
-    while reads.read.requests.load(Ordering::Relaxed) < 100 {
+    while reads.read.requests.load(Ordering::Relaxed) < 32 {
         assert!(
             tokio::time::Instant::now() < deadline,
             "server never executed the reads"

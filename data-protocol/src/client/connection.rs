@@ -3,6 +3,7 @@
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -23,7 +24,8 @@ const CLIENT_POOL_BYTES: usize = 32 << 20;
 /// A frame queued for a connection's writer.
 pub(super) struct Outgoing {
     pub(super) header: FrameHeader,
-    pub(super) payload: Option<PooledBuf>,
+    /// A write's data: one buffer shared by every replica the write goes to.
+    pub(super) payload: Option<Bytes>,
 }
 
 pub(super) async fn connect(addr: &str, cfg: ClientConfig) -> Result<DataClient, ClientError> {

@@ -7,10 +7,12 @@
 //! error or lost connection puts the whole client in a failed state: every pending and later request
 //! returns that error at once, and the engine marks the replica ERR.
 //!
-//! Data is copied once on each side of the caller: write data into a pooled buffer before it is queued,
-//! read data out of a pooled buffer after the reply arrived. Writing straight from or into the caller's
-//! slice would need the slice to outlive the request, which a borrowed `&mut [u8]` cannot promise (the
-//! caller's future may be dropped, or leaked, with the request still on the wire).
+//! Write data travels as an owned, shared buffer ([`Bytes`]): [`DataClient::write_bytes`] sends the
+//! caller's buffer itself (the engine passes one buffer to every replica), [`DataClient::write`] copies a
+//! borrowed slice into a pooled buffer first. Read data is copied out of a pooled buffer after the reply
+//! arrived: writing into the caller's `&mut [u8]` would need the slice to outlive the request, which a
+//! borrow cannot promise (the caller's future may be dropped, or leaked, with the request still on the
+//! wire).
 
 mod connection;
 mod slots;
@@ -21,6 +23,7 @@ use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
+use bytes::Bytes;
 use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
@@ -167,8 +170,26 @@ impl DataClient {
         }
     }
 
-    /// Writes `data` at `offset` (at most [`MAX_IO`] bytes).
+    /// Writes `data` at `offset` (at most [`MAX_IO`] bytes); the data is copied into a pooled buffer.
     pub async fn write(&self, offset: u64, data: &[u8]) -> Result<(), ClientError> {
+        let length = io_length(data.len())?;
+        let mut buf = self.core.buffers.get(data.len());
+        buf.copy_from_slice(data);
+        self.core
+            .request(
+                FrameKind::Write,
+                offset,
+                length,
+                Some(Bytes::from_owner(buf)),
+                None,
+            )
+            .await
+            .map(drop)
+    }
+
+    /// Writes `data` at `offset` (at most [`MAX_IO`] bytes) without copying it: the same buffer can go
+    /// to every replica, and is sent from where it is.
+    pub async fn write_bytes(&self, offset: u64, data: Bytes) -> Result<(), ClientError> {
         let length = io_length(data.len())?;
         self.core
             .request(FrameKind::Write, offset, length, Some(data), None)
@@ -271,7 +292,7 @@ impl Core {
         kind: FrameKind,
         offset: u64,
         length: u32,
-        data: Option<&[u8]>,
+        payload: Option<Bytes>,
         conn: Option<usize>,
     ) -> Result<Answer, ClientError> {
         self.failed()?;
@@ -284,11 +305,6 @@ impl Core {
         let id = slot.begin(kind, length);
         // Checked after `begin`: `fail` either saw this slot pending or set the failure before we look.
         self.failed()?;
-        let payload = data.map(|d| {
-            let mut buf = self.buffers.get(d.len());
-            buf.copy_from_slice(d);
-            buf
-        });
         let header = FrameHeader {
             kind,
             id,

@@ -1,31 +1,34 @@
-//! The transmission phase of one connection: a pipeline of one reader, `max_in_flight` workers and one
-//! writer.
+//! The transmission phase of one connection, run by one task: it reads whatever one `recv` brings, parses
+//! every complete request in it, starts each as a future in a [`FuturesUnordered`] (at most `max_in_flight`
+//! at once), and writes the replies of the requests that finished into one buffer, flushed when no further
+//! reply is ready — so replies that complete together leave in one syscall. No request is handed to another
+//! task on its way through: the only wake-ups are the socket's and the replicas' replies.
 //!
-//! - The **reader** parses request headers, validates them against the export, reads write payloads into
-//!   pooled buffers and queues the work on a bounded channel. Invalid requests are answered directly (write
-//!   payloads are drained first, so the stream stays in sync). When every worker is busy and the queue is
-//!   full the reader stops reading the socket: that is the backpressure a client sees.
-//! - Each **worker** takes one request at a time, calls the device and hands the reply to the writer. The
-//!   workers are spawned once per connection, so a request costs no task spawn; buffers come from a
-//!   per-connection [`BufferPool`], so a warm connection allocates nothing per read or write.
-//! - The **writer** serialises replies in completion order (the protocol matches them by cookie) and flushes
-//!   its buffer only when no further reply is ready, so replies completed together leave in one syscall.
+//! - Requests are validated against the export as they are parsed; an invalid one is answered at once (a
+//!   write's payload is skipped, so the stream stays in sync). With `max_in_flight` requests running the task
+//!   stops reading the socket: that is the backpressure a client sees.
+//! - Write payloads that arrived with their header are copied once from the input buffer into a pooled
+//!   buffer; a payload larger than the input buffer is read straight into its pooled buffer.
 //!
-//! NBD_CMD_DISC, end of stream or server shutdown stop the reader; queued and running requests still complete
-//! and their replies are sent before the socket is shut down. A request with a bad magic closes the
-//! connection (the stream can no longer be framed), as does any socket error.
+//! NBD_CMD_DISC, end of stream or server shutdown stop the reading; running requests still complete and
+//! their replies are sent (within a grace period) before the socket is shut down. A request with a bad magic
+//! closes the connection (the stream can no longer be framed), as does any socket error — and even then the
+//! requests already started run to their end, so every replica sees the outcome of every write it was sent
+//! (a replica that failed one goes ERR) before the connection is gone.
 
 use std::io;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use data_protocol::{BufferPool, PooledBuf};
+use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
 use thiserror::Error;
-use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
-use tokio::sync::{Mutex, mpsc};
-use tokio::task::JoinSet;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, warn};
+use tracing::{debug, warn};
 
 use super::handshake::Negotiated;
 use super::metrics::{CommandKind, NbdCounters};
@@ -41,6 +44,10 @@ const MAX_ERROR_MESSAGE: usize = 1024;
 const POOL_RETAINED_BYTES: usize = 64 << 20;
 /// How long replies still owed at shutdown may take to reach a client.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
+/// Input buffer: requests and the write payloads that fit in it are parsed from one read.
+const IN_BUF_LEN: usize = 256 << 10;
+/// Reply buffer; a read's data at least this large bypasses it.
+const OUT_BUF_LEN: usize = 256 << 10;
 
 /// Why a connection ended abnormally.
 #[derive(Debug, Error)]
@@ -63,7 +70,7 @@ pub(crate) struct Transmission {
 struct Work {
     header: RequestHeader,
     kind: CommandKind,
-    payload: Option<PooledBuf>,
+    payload: Option<Bytes>,
 }
 
 enum ReplyBody {
@@ -79,6 +86,8 @@ struct Reply {
     body: ReplyBody,
 }
 
+type Running<'a> = FuturesUnordered<Pin<Box<dyn Future<Output = Reply> + Send + 'a>>>;
+
 /// Runs the transmission phase until the client disconnects, the server shuts down or the stream breaks.
 pub(crate) async fn transmit<D, R, W>(
     device: Arc<D>,
@@ -93,136 +102,250 @@ where
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let stop = shutdown.child_token();
-    let pool = BufferPool::new(POOL_RETAINED_BYTES);
-    let workers_n = t.max_in_flight.max(1);
-    let (work_tx, work_rx) = mpsc::channel::<Work>(1);
-    let (reply_tx, reply_rx) = mpsc::channel::<Reply>(workers_n);
-    let work_rx = Arc::new(Mutex::new(work_rx));
-
-    let writer = tokio::spawn(
-        write_replies(writer, reply_rx, t.negotiated.structured_replies, stop.clone()).in_current_span(),
-    );
-    let mut workers = JoinSet::new();
-    for _ in 0..workers_n {
-        let worker = run_worker(
-            device.clone(),
-            work_rx.clone(),
-            reply_tx.clone(),
-            pool.clone(),
-            t.negotiated.structured_replies,
-            counters.clone(),
-        );
-        workers.spawn(worker.in_current_span());
-    }
-
-    let read_result = read_requests(&*device, t, reader, &pool, &work_tx, &reply_tx, &counters, &stop).await;
-    // Let queued and running requests finish, then the writer drains their replies and exits.
-    drop(work_tx);
-    drop(reply_tx);
-    while workers.join_next().await.is_some() {}
-    let write_result = match writer.await {
-        Ok(r) => r,
-        Err(join) => Err(io::Error::other(format!("reply writer task failed: {join}"))),
+    let mut session = Session {
+        device: &*device,
+        t,
+        reader,
+        out: BufWriter::with_capacity(OUT_BUF_LEN, writer),
+        pool: BufferPool::new(POOL_RETAINED_BYTES),
+        counters: &counters,
+        input: vec![0u8; IN_BUF_LEN],
+        start: 0,
+        end: 0,
+        running: FuturesUnordered::new(),
+        ready: Vec::new(),
     };
-    read_result?;
-    write_result?;
+    let served = session.serve(&shutdown).await;
+    // Whatever ended the connection, the requests already started run to their end.
+    let finished = session.finish(served.is_ok(), &shutdown).await;
+    served?;
+    finished?;
     Ok(())
 }
 
-/// The reader: returns when the client disconnects (DISC or EOF) or the connection is stopped.
-#[allow(clippy::too_many_arguments)] // the pipeline's shared parts, borrowed rather than bundled
-async fn read_requests<D: BlockDevice, R: AsyncRead + Unpin>(
-    device: &D,
+/// One connection's state, owned by its task.
+struct Session<'a, D, R, W> {
+    device: &'a D,
     t: Transmission,
     reader: R,
-    pool: &BufferPool,
-    work_tx: &mpsc::Sender<Work>,
-    reply_tx: &mpsc::Sender<Reply>,
-    counters: &NbdCounters,
-    stop: &CancellationToken,
-) -> Result<(), ConnectionError> {
-    let mut rd = BufReader::with_capacity(64 * 1024, reader);
-    loop {
-        let mut raw = [0u8; REQUEST_HEADER_LEN];
-        match read_or_stop(stop, rd.read_exact(&mut raw)).await {
-            None => return Ok(()),
-            Some(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                debug!("client closed the connection without NBD_CMD_DISC");
-                return Ok(());
-            }
-            Some(Err(e)) => return Err(e.into()),
-            Some(Ok(_)) => {}
-        }
-        let header = match RequestHeader::parse(&raw) {
-            Ok(h) => h,
-            Err(e) => {
-                counters
-                    .protocol_errors
-                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                return Err(e.into());
-            }
-        };
-        let kind = command_kind(header.command);
-        match check_request(&header, device.size(), t) {
-            Ok(Action::Disconnect) => {
+    out: BufWriter<W>,
+    pool: BufferPool,
+    counters: &'a NbdCounters,
+    /// Bytes read from the socket; `start..end` is not parsed yet.
+    input: Vec<u8>,
+    start: usize,
+    end: usize,
+    running: Running<'a>,
+    /// Replies collected for one batched write (kept for its capacity).
+    ready: Vec<Reply>,
+}
+
+/// What parsing the input buffer found.
+enum Parsed {
+    /// Every complete request was started; read more.
+    NeedMore,
+    /// The client sent NBD_CMD_DISC.
+    Disconnect,
+}
+
+impl<'a, D: BlockDevice, R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Session<'a, D, R, W> {
+    /// Reads, starts and answers requests until the client disconnects or the connection is stopped.
+    async fn serve(&mut self, stop: &CancellationToken) -> Result<(), ConnectionError> {
+        let max = self.t.max_in_flight.max(1);
+        loop {
+            // Requests left in the buffer when the limit was reached start as soon as others finish.
+            if let Parsed::Disconnect = self.parse(stop).await? {
                 debug!("client sent NBD_CMD_DISC");
                 return Ok(());
             }
-            Ok(Action::Execute) => {
-                let payload = if header.command == cmd::WRITE {
-                    let mut buf = pool.get(header.length as usize);
-                    match read_or_stop(stop, rd.read_exact(&mut buf)).await {
-                        None => return Ok(()),
-                        Some(r) => r?,
-                    };
-                    Some(buf)
-                } else {
-                    None
-                };
-                let work = Work {
-                    header,
-                    kind,
-                    payload,
-                };
-                // Blocks while every worker is busy (backpressure); a stopped connection gives up waiting.
-                if !matches!(read_or_stop(stop, work_tx.send(work)).await, Some(Ok(()))) {
-                    return Ok(());
+            let can_read = self.running.len() < max && self.end < self.input.len();
+            tokio::select! {
+                biased;
+                () = stop.cancelled() => return Ok(()),
+                Some(reply) = self.running.next(), if !self.running.is_empty() => {
+                    within_grace(stop, self.write_ready(reply)).await?;
                 }
-            }
-            Err((code, message)) => {
-                debug!(
-                    command = header.command,
-                    offset = header.offset,
-                    length = header.length,
-                    message,
-                    "rejected"
-                );
-                if header.command == cmd::WRITE {
-                    // Resynchronise on the next header by discarding the payload we will not write.
-                    let mut payload = (&mut rd).take(u64::from(header.length));
-                    match read_or_stop(stop, tokio::io::copy(&mut payload, &mut tokio::io::sink())).await {
-                        None => return Ok(()),
-                        Some(Ok(n)) if n == u64::from(header.length) => {}
-                        Some(Ok(_)) => return Ok(()), // EOF inside the payload: the client is gone
-                        Some(Err(e)) => return Err(e.into()),
+                n = self.reader.read(&mut self.input[self.end..]), if can_read => {
+                    let n = n?;
+                    if n == 0 {
+                        if self.start < self.end {
+                            debug!("client closed the connection in the middle of a request");
+                        } else {
+                            debug!("client closed the connection without NBD_CMD_DISC");
+                        }
+                        return Ok(());
                     }
-                }
-                counters.record(kind, 0, false);
-                let body = ReplyBody::Error {
-                    errno: code,
-                    message: message.to_owned(),
-                };
-                let reply = Reply {
-                    cookie: header.cookie,
-                    offset: header.offset,
-                    body,
-                };
-                if !matches!(read_or_stop(stop, reply_tx.send(reply)).await, Some(Ok(()))) {
-                    return Ok(());
+                    self.end += n;
                 }
             }
         }
+    }
+
+    /// Writes `first` and every other reply that is ready now, then flushes. The ready ones are collected
+    /// before anything is written, so a slow socket does not hold back requests that could finish.
+    async fn write_ready(&mut self, first: Reply) -> io::Result<()> {
+        let mut ready = std::mem::take(&mut self.ready);
+        ready.push(first);
+        while let Some(Some(reply)) = self.running.next().now_or_never() {
+            ready.push(reply);
+        }
+        let structured = self.t.negotiated.structured_replies;
+        let mut result = Ok(());
+        for reply in ready.drain(..) {
+            if result.is_ok() {
+                result = write_reply(&mut self.out, reply, structured).await;
+            }
+        }
+        self.ready = ready;
+        result?;
+        self.out.flush().await
+    }
+
+    /// Starts every complete request in the input buffer (up to `max_in_flight` running); keeps a partial
+    /// one at the front of the buffer for the next read.
+    async fn parse(&mut self, stop: &CancellationToken) -> Result<Parsed, ConnectionError> {
+        let max = self.t.max_in_flight.max(1);
+        while self.end - self.start >= REQUEST_HEADER_LEN && self.running.len() < max {
+            let mut raw = [0u8; REQUEST_HEADER_LEN];
+            raw.copy_from_slice(&self.input[self.start..self.start + REQUEST_HEADER_LEN]);
+            let header = match RequestHeader::parse(&raw) {
+                Ok(h) => h,
+                Err(e) => {
+                    self.counters
+                        .protocol_errors
+                        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    return Err(e.into());
+                }
+            };
+            let payload_len = if header.command == cmd::WRITE {
+                header.length as usize
+            } else {
+                0
+            };
+            let have = self.end - self.start - REQUEST_HEADER_LEN;
+            if have < payload_len && REQUEST_HEADER_LEN + payload_len <= self.input.len() {
+                break; // the rest arrives with the next read
+            }
+            self.start += REQUEST_HEADER_LEN;
+            let kind = command_kind(header.command);
+            match check_request(&header, self.device.size(), self.t) {
+                Ok(Action::Disconnect) => return Ok(Parsed::Disconnect),
+                Ok(Action::Execute) => {
+                    let payload = if header.command == cmd::WRITE {
+                        let mut buf = self.pool.get(payload_len);
+                        let now = have.min(payload_len);
+                        buf[..now].copy_from_slice(&self.input[self.start..self.start + now]);
+                        self.start += now;
+                        if now < payload_len {
+                            // Larger than the input buffer: the rest straight from the socket.
+                            match read_or_stop(stop, self.reader.read_exact(&mut buf[now..])).await {
+                                None => return Ok(Parsed::Disconnect),
+                                Some(r) => r?,
+                            };
+                        }
+                        Some(Bytes::from_owner(buf))
+                    } else {
+                        None
+                    };
+                    let work = Work {
+                        header,
+                        kind,
+                        payload,
+                    };
+                    let (device, pool, counters) = (self.device, self.pool.clone(), self.counters);
+                    let structured = self.t.negotiated.structured_replies;
+                    self.running.push(Box::pin(async move {
+                        execute(device, work, &pool, structured, counters).await
+                    }));
+                }
+                Err((code, message)) => {
+                    debug!(
+                        command = header.command,
+                        offset = header.offset,
+                        length = header.length,
+                        message,
+                        "rejected"
+                    );
+                    if header.command == cmd::WRITE {
+                        // Resynchronise on the next header by discarding the payload we will not write.
+                        let now = have.min(payload_len);
+                        self.start += now;
+                        let rest = (payload_len - now) as u64;
+                        if rest > 0 {
+                            let mut skip = (&mut self.reader).take(rest);
+                            match read_or_stop(stop, tokio::io::copy(&mut skip, &mut tokio::io::sink())).await
+                            {
+                                None => return Ok(Parsed::Disconnect),
+                                Some(Ok(n)) if n == rest => {}
+                                Some(Ok(_)) => return Ok(Parsed::Disconnect), // EOF inside the payload
+                                Some(Err(e)) => return Err(e.into()),
+                            }
+                        }
+                    }
+                    self.counters.record(kind, 0, false);
+                    let reply = Reply {
+                        cookie: header.cookie,
+                        offset: header.offset,
+                        body: ReplyBody::Error {
+                            errno: code,
+                            message: message.to_owned(),
+                        },
+                    };
+                    let structured = self.t.negotiated.structured_replies;
+                    within_grace(stop, async {
+                        write_reply(&mut self.out, reply, structured).await?;
+                        self.out.flush().await
+                    })
+                    .await?;
+                }
+            }
+        }
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        } else if self.start > 0 {
+            self.input.copy_within(self.start..self.end, 0);
+            (self.start, self.end) = (0, self.end - self.start);
+        }
+        Ok(Parsed::NeedMore)
+    }
+
+    /// Lets the running requests finish. After a clean end their replies are sent (within a grace period
+    /// once the server is stopping) and the socket is shut down; after an error they only run out.
+    async fn finish(&mut self, clean: bool, stop: &CancellationToken) -> io::Result<()> {
+        let structured = self.t.negotiated.structured_replies;
+        let result = async {
+            while let Some(reply) = self.running.next().await {
+                if clean {
+                    write_reply(&mut self.out, reply, structured).await?;
+                }
+            }
+            Ok(())
+        };
+        let r = within_grace(stop, result).await;
+        // Requests still running (the client stopped reading, or a write failed) finish without a reply.
+        while self.running.next().await.is_some() {}
+        if !clean {
+            return Ok(());
+        }
+        r?;
+        self.out.flush().await?;
+        self.out.shutdown().await
+    }
+}
+
+/// Awaits a write of replies; once the server is stopping it gets [`SHUTDOWN_GRACE`], so a client that stopped
+/// reading cannot hold the server.
+async fn within_grace<T>(
+    stop: &CancellationToken,
+    fut: impl Future<Output = io::Result<T>>,
+) -> io::Result<T> {
+    let give_up = async {
+        stop.cancelled().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        r = fut => r,
+        () = give_up => Err(io::Error::new(io::ErrorKind::TimedOut, "client did not take its replies")),
     }
 }
 
@@ -295,24 +418,6 @@ fn command_kind(command: u16) -> CommandKind {
     }
 }
 
-async fn run_worker<D: BlockDevice>(
-    device: Arc<D>,
-    work: Arc<Mutex<mpsc::Receiver<Work>>>,
-    replies: mpsc::Sender<Reply>,
-    pool: BufferPool,
-    structured: bool,
-    counters: Arc<NbdCounters>,
-) {
-    loop {
-        let next = work.lock().await.recv().await;
-        let Some(w) = next else { return };
-        let reply = execute(&*device, w, &pool, structured, &counters).await;
-        if replies.send(reply).await.is_err() {
-            return;
-        }
-    }
-}
-
 async fn execute<D: BlockDevice>(
     device: &D,
     w: Work,
@@ -331,7 +436,7 @@ async fn execute<D: BlockDevice>(
                 .await
                 .map(|()| ReplyBody::Data(buf))
         }
-        cmd::WRITE => match &w.payload {
+        cmd::WRITE => match w.payload {
             Some(data) => device.write(h.offset, data, fua).await.map(|()| ReplyBody::Done),
             None => Err(DeviceError::invalid("write without payload")),
         },
@@ -411,47 +516,6 @@ fn descriptors(pieces: &[(u64, Allocation)], len: u32, req_one: bool) -> Vec<(u3
         out.truncate(1);
     }
     out
-}
-
-async fn write_replies<W: AsyncWrite + Unpin>(
-    writer: W,
-    mut replies: mpsc::Receiver<Reply>,
-    structured: bool,
-    stop: CancellationToken,
-) -> io::Result<()> {
-    let mut w = BufWriter::with_capacity(256 * 1024, writer);
-    let result = async {
-        loop {
-            let reply = match replies.try_recv() {
-                Ok(r) => r,
-                Err(mpsc::error::TryRecvError::Empty) => {
-                    w.flush().await?;
-                    match replies.recv().await {
-                        Some(r) => r,
-                        None => break,
-                    }
-                }
-                Err(mpsc::error::TryRecvError::Disconnected) => break,
-            };
-            write_reply(&mut w, reply, structured).await?;
-        }
-        w.flush().await?;
-        w.shutdown().await
-    };
-    // Replies still owed at shutdown get a grace period; a client that stopped reading cannot hold the server.
-    let give_up = async {
-        stop.cancelled().await;
-        tokio::time::sleep(SHUTDOWN_GRACE).await;
-    };
-    let result = tokio::select! {
-        r = result => r,
-        () = give_up => Err(io::Error::new(io::ErrorKind::TimedOut, "client did not take its replies")),
-    };
-    if result.is_err() {
-        // Nobody can receive replies any more: stop reading requests too.
-        stop.cancel();
-    }
-    result
 }
 
 async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: Reply, structured: bool) -> io::Result<()> {

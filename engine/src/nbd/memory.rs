@@ -119,7 +119,7 @@ impl BlockDevice for MemoryDevice {
         Ok(())
     }
 
-    async fn write(&self, offset: u64, data: &[u8], _fua: bool) -> Result<(), DeviceError> {
+    async fn write(&self, offset: u64, data: bytes::Bytes, _fua: bool) -> Result<(), DeviceError> {
         let range = self.span(offset, data.len() as u64)?;
         let mut state = self.lock();
         state.check(offset, data.len() as u64)?;
@@ -127,7 +127,7 @@ impl BlockDevice for MemoryDevice {
         for b in range.start / block..range.end.div_ceil(block) {
             state.blocks[b] = Allocation::Data;
         }
-        state.data[range].copy_from_slice(data);
+        state.data[range].copy_from_slice(&data);
         Ok(())
     }
 
@@ -184,7 +184,9 @@ mod tests {
     #[tokio::test]
     async fn allocation_follows_writes_trims_and_zeroes() {
         let dev = MemoryDevice::new(8 * MEMORY_BLOCK);
-        dev.write(MEMORY_BLOCK + 10, &[1; 10], false).await.unwrap();
+        dev.write(MEMORY_BLOCK + 10, bytes::Bytes::from_static(&[1; 10]), false)
+            .await
+            .unwrap();
         dev.write_zeroes(4 * MEMORY_BLOCK, 2 * MEMORY_BLOCK, false)
             .await
             .unwrap();

@@ -2,8 +2,8 @@
 //! socket and/or TCP.
 //!
 //! This module owns the NBD wire protocol and nothing below it: the fixed newstyle handshake ([`handshake`]),
-//! the transmission phase (a pipelined connection: one reader parsing requests, a bounded set of workers
-//! calling the device, one writer serialising replies, see `connection.rs`), the listeners ([`NbdServer`])
+//! the transmission phase (one task per connection that parses every request a read brings, runs them as
+//! concurrent futures and writes finished replies in batches, see `connection.rs`), the listeners ([`NbdServer`])
 //! and the per-server counters ([`NbdCounters`]). What a read, write or flush *means* is the device's
 //! business: the engine's volume implements [`BlockDevice`] and fans the request out to its replicas.
 //!
@@ -46,11 +46,12 @@ pub trait BlockDevice: Send + Sync + 'static {
     fn size(&self) -> u64;
     /// Fills `buf` with the bytes at `offset`.
     fn read(&self, offset: u64, buf: &mut [u8]) -> impl Future<Output = Result<(), DeviceError>> + Send;
-    /// Writes `data` at `offset`; with `fua`, the data is durable when the future resolves.
+    /// Writes `data` at `offset`; with `fua`, the data is durable when the future resolves. The buffer is
+    /// owned and cheap to clone, so a device can pass it on (to every replica) without copying it.
     fn write(
         &self,
         offset: u64,
-        data: &[u8],
+        data: bytes::Bytes,
         fua: bool,
     ) -> impl Future<Output = Result<(), DeviceError>> + Send;
     /// Makes every write completed before the call (on any connection) durable.
