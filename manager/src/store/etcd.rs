@@ -9,9 +9,10 @@ use std::collections::VecDeque;
 use std::time::Duration;
 
 use corral_proto::etcd::etcdserverpb::{
-    Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseRevokeRequest, PutRequest,
-    RangeRequest, RequestOp, TxnRequest, WatchCreateRequest, WatchRequest, WatchResponse, compare,
-    kv_client::KvClient, lease_client::LeaseClient, request_op, watch_client::WatchClient, watch_request,
+    Compare, DeleteRangeRequest, LeaseGrantRequest, LeaseKeepAliveRequest, LeaseKeepAliveResponse,
+    LeaseRevokeRequest, PutRequest, RangeRequest, RequestOp, TxnRequest, WatchCreateRequest, WatchRequest,
+    WatchResponse, compare, kv_client::KvClient, lease_client::LeaseClient, request_op,
+    watch_client::WatchClient, watch_request,
 };
 use corral_proto::etcd::mvccpb::{KeyValue, event::EventType};
 use futures::stream;
@@ -261,18 +262,21 @@ async fn keep_alive(lease_client: LeaseClient<Channel>, lease: i64, token: Cance
     match opened {
         Ok(resp) => {
             let mut responses = resp.into_inner();
-            loop {
+            // Each renewal's answer must come within one period: the last good renewal is then at most two periods
+            // old when this leader steps down, before the lease (three periods) can expire and another one lead.
+            // The first answer is the queued renewal's.
+            let mut alive = renewed(&mut responses, period).await;
+            while alive {
                 tokio::select! {
                     () = token.cancelled() => break,
                     () = tokio::time::sleep(period) => {}
                 }
-                let alive = tx.send(LeaseKeepAliveRequest { id: lease }).await.is_ok()
-                    && matches!(responses.message().await, Ok(Some(r)) if r.ttl > 0);
-                if !alive {
-                    tracing::warn!("leader lease lost");
-                    token.cancel();
-                    break;
-                }
+                alive = tx.send(LeaseKeepAliveRequest { id: lease }).await.is_ok()
+                    && renewed(&mut responses, period).await;
+            }
+            if !alive {
+                tracing::warn!("leader lease lost");
+                token.cancel();
             }
         }
         Err(e) => {
@@ -281,6 +285,14 @@ async fn keep_alive(lease_client: LeaseClient<Channel>, lease: i64, token: Cance
         }
     }
     let _ = client.lease_revoke(LeaseRevokeRequest { id: lease }).await;
+}
+
+/// Whether etcd answered the next keep-alive within `within` with the lease still alive.
+async fn renewed(responses: &mut Streaming<LeaseKeepAliveResponse>, within: Duration) -> bool {
+    matches!(
+        tokio::time::timeout(within, responses.message()).await,
+        Ok(Ok(Some(r))) if r.ttl > 0
+    )
 }
 
 #[async_trait::async_trait]
