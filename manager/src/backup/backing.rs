@@ -156,7 +156,7 @@ pub async fn backup_image(
                 "no ready copy of backing image {name} on node {node}: back it up through a node that holds one"
             ))
         })?;
-    super::routes::target_reachable(&ctx, &target).await?;
+    super::errors::target_reachable(&ctx, &target).await?;
     let t = super::target::open(&ctx, &target)
         .await
         .map_err(|e| ApiError::Conflict(e.to_string()))?;
@@ -172,7 +172,7 @@ pub async fn backup_image(
             &backupstore::Progress::default(),
         )
         .await
-        .map_err(|e| super::routes::store_error(&e))?;
+        .map_err(|e| super::errors::store_error(&e))?;
     tracing::info!(image = %name, %target, %backup, new_bytes = cfg.stats.new_bytes, "backing image backup completed");
     Ok((
         StatusCode::CREATED,

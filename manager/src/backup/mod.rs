@@ -15,6 +15,7 @@
 pub mod backing;
 pub mod cli;
 pub mod controller;
+mod errors;
 pub mod model;
 pub mod openapi;
 pub mod restore;

@@ -12,6 +12,7 @@ use corral_proto::v1;
 use serde::{Deserialize, Serialize};
 
 use super::controller::MAX_COUNT_SETTING;
+use super::errors::{store_error, target_error, target_reachable};
 use super::model::{
     Backup, BackupMode, BackupState, BackupTarget, BackupTargetSecret, BackupTargetSpec, BackupTargetStatus,
     BackupVolume, DEFAULT_TARGET, VolumeRestore, key,
@@ -222,24 +223,6 @@ pub struct RestoreView {
     pub volume: String,
     #[serde(flatten)]
     pub restore: VolumeRestore,
-}
-
-fn target_error(e: TargetError) -> ApiError {
-    match e {
-        TargetError::NotSet(_) => ApiError::Conflict(e.to_string()),
-        TargetError::Unusable { .. } => ApiError::Invalid(e.to_string()),
-        TargetError::Store(e) => e.into(),
-    }
-}
-
-/// The target answers (a listing within `target::LIST_TIMEOUT`): a backup or restore against one that does not
-/// is refused before a snapshot is taken or a volume created (503: try again once the target is back).
-pub(super) async fn target_reachable(ctx: &Ctx, name: &str) -> Result<(), ApiError> {
-    let t = super::target::open(ctx, name).await.map_err(target_error)?;
-    super::target::check(&t).await.map(|_| ()).map_err(|e| match e {
-        TargetError::Unusable { .. } => ApiError::Unavailable(format!("{e}: nothing was changed")),
-        e => target_error(e),
-    })
 }
 
 /// `[TARGET:]NAME` → store key, names checked.
@@ -502,16 +485,6 @@ async fn delete_volume(State(ctx): State<Ctx>, Path(r): Path<String>) -> Result<
     }
     ctx.db.delete_any::<BackupVolume>(&k).await?;
     Ok(StatusCode::NO_CONTENT)
-}
-
-pub(super) fn store_error(e: &backupstore::BackupStoreError) -> ApiError {
-    use backupstore::ErrorKind;
-    match e.kind() {
-        ErrorKind::InvalidArgument => ApiError::Invalid(e.to_string()),
-        ErrorKind::NotFound => ApiError::NotFound(e.to_string()),
-        ErrorKind::FailedPrecondition | ErrorKind::Cancelled => ApiError::Conflict(e.to_string()),
-        ErrorKind::Corrupt | ErrorKind::Io => ApiError::Unavailable(e.to_string()),
-    }
 }
 
 async fn list_backups(State(ctx): State<Ctx>) -> ApiResult<Vec<BackupView>> {
