@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::model::{Backup, BackupMode, BackupState};
 use super::target::{OpenTarget, TargetError};
 use crate::context::Ctx;
+use crate::controller::Stop;
 use crate::controller::{Requeue, WorkQueue, feed, run_worker};
 use crate::model::{Engine, ProcessState, Replica};
 use crate::store::{Object, StoreError};
@@ -84,18 +85,6 @@ pub async fn rw_replicas(
         .map(|(a, _)| a.clone())
         .collect();
     Ok((!rw.is_empty()).then_some((e, rw)))
-}
-
-/// Why a step did not go on.
-enum Stop {
-    Fail(String),
-    Retry(anyhow::Error),
-}
-
-impl<E: Into<anyhow::Error>> From<E> for Stop {
-    fn from(e: E) -> Self {
-        Self::Retry(e.into())
-    }
 }
 
 async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {

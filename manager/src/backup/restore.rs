@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::model::{Backup, BackupState, RestoreState, VolumeRestore, key};
 use crate::context::Ctx;
+use crate::controller::Stop;
 use crate::controller::{Requeue, WorkQueue, feed, run_worker};
 use crate::error::ApiError;
 use crate::model::{Robustness, Volume, VolumeSpec, VolumeState};
@@ -159,17 +160,6 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
         let m = ctx.metrics.clone();
         run_worker("restore", q, c, m, |name| reconcile(ctx.clone(), name)).await;
     });
-}
-
-enum Stop {
-    Fail(String),
-    Retry(anyhow::Error),
-}
-
-impl<E: Into<anyhow::Error>> From<E> for Stop {
-    fn from(e: E) -> Self {
-        Self::Retry(e.into())
-    }
 }
 
 /// Detaches a volume this restore attached (without a frontend); true once it is detached.

@@ -25,6 +25,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::model::{CloneState, VolumeClone};
 use crate::context::Ctx;
+use crate::controller::Stop;
 use crate::controller::{Requeue, WorkQueue, feed, run_worker};
 use crate::model::{Engine, ProcessState, Robustness, Volume, VolumeState};
 use crate::store::{Object, StoreError};
@@ -61,20 +62,6 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
         let m = ctx.metrics.clone();
         run_worker("clone", q, c, m, |name| reconcile(ctx.clone(), name)).await;
     });
-}
-
-/// Why a step did not go on.
-enum Stop {
-    /// The clone cannot complete: it ends failed with this reason.
-    Fail(String),
-    /// Something transient (the store, an engine not answering): retried with backoff.
-    Retry(anyhow::Error),
-}
-
-impl<E: Into<anyhow::Error>> From<E> for Stop {
-    fn from(e: E) -> Self {
-        Self::Retry(e.into())
-    }
 }
 
 async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {

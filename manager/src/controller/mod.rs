@@ -63,6 +63,20 @@ impl WorkQueue {
 /// What a reconcile asks for next.
 pub type Requeue = Option<Duration>;
 
+/// Why a step of a long operation (a clone, a backup, a restore) did not go on.
+pub enum Stop {
+    /// The operation cannot complete: it ends failed with this reason.
+    Fail(String),
+    /// Something transient (the store, a daemon not answering): retried with backoff.
+    Retry(anyhow::Error),
+}
+
+impl<E: Into<anyhow::Error>> From<E> for Stop {
+    fn from(e: E) -> Self {
+        Self::Retry(e.into())
+    }
+}
+
 /// Runs `reconcile` over the queue until `cancel`. Errors back off per name with the manager's one policy (`process::restart_backoff`).
 pub async fn run_worker<F, Fut>(
     controller: &'static str,
