@@ -33,3 +33,4 @@ pub mod cli;
 pub mod daemon;
 pub mod metrics;
 pub mod service;
+pub mod v2;

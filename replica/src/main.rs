@@ -88,6 +88,26 @@ enum Cmd {
         #[arg(long = "fault", value_name = "OP=ACTION[,after=N]", value_parser = clap::value_parser!(replica::fault::FaultRule))]
         faults: Vec<replica::fault::FaultRule>,
     },
+    /// Serve the v2 data engine on one disk: the disk's lvstore (crate lvstore) hosting many replicas as lvol
+    /// chains, each on its own control, data and sync listeners (its replica address); gRPC LvstoreService on
+    /// --listen adds, lists and removes them.
+    ServeLvstore {
+        /// The disk: a block device or a preallocated file holding an lvstore.
+        #[arg(long, env = "CORRAL_LVSTORE_DISK")]
+        disk: PathBuf,
+        /// gRPC LvstoreService address HOST:PORT; hosted replicas listen on its host.
+        #[arg(long, env = "CORRAL_LVSTORE_LISTEN", default_value = "127.0.0.1:9600")]
+        listen: SocketAddr,
+        /// Format the disk when it holds no lvstore (an existing lvstore is never formatted over).
+        #[arg(long)]
+        format: bool,
+        /// Cluster size for --format.
+        #[arg(long, default_value = "1M", value_parser = corral_daemon::parse_size)]
+        cluster_size: u64,
+        /// Data-protocol requests a connection runs before writing their replies.
+        #[arg(long, default_value_t = 128)]
+        data_window: usize,
+    },
     /// Show a replica: offline from its directory (--dir), or live over gRPC (--url: a replica address, or its
     /// control endpoint HOST:PORT).
     Info {
@@ -170,7 +190,7 @@ enum SnapCmd {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let kind = RunKind::serving(matches!(cli.cmd, Cmd::Serve { .. }));
+    let kind = RunKind::serving(matches!(cli.cmd, Cmd::Serve { .. } | Cmd::ServeLvstore { .. }));
     let process = cli.common.init(kind)?;
     let json = cli.output.json;
     match cli.cmd {
@@ -217,6 +237,26 @@ async fn main() -> anyhow::Result<()> {
                 faults,
             };
             serve(cfg, cancel).await
+        }
+        Cmd::ServeLvstore {
+            disk,
+            listen,
+            format,
+            cluster_size,
+            data_window,
+        } => {
+            let cfg = replica::v2::daemon::LvstoreServeConfig {
+                disk,
+                listen,
+                format,
+                cluster_size,
+                ready_file: process.ready_file,
+                data: data_protocol::ServerConfig {
+                    window: data_window,
+                    ..Default::default()
+                },
+            };
+            replica::v2::daemon::serve_lvstore(cfg, corral_daemon::shutdown_on_signal()).await
         }
         Cmd::Info { dir: Some(dir), .. } => {
             let s = replica::inspect(&dir).with_context(|| format!("inspect {}", dir.display()))?;

@@ -1,0 +1,337 @@
+//! `corral-replica serve-lvstore`: the v2 data engine's per-disk daemon. Opens the disk's lvstore (formats it
+//! with `--format` when the device holds none), hosts every replica found in it and serves gRPC
+//! `LvstoreService` on `--listen` to add, list and remove replicas. Each hosted replica gets its own control,
+//! data and sync listeners on the daemon's host — its replica address, as a v1 replica's — and their ports are
+//! recorded in the head lvol, so a restarted daemon serves each replica at the same address.
+//! SIGTERM/SIGINT: stop accepting, finish in-flight IO, flush every replica.
+
+use std::collections::BTreeMap;
+use std::net::{IpAddr, SocketAddr};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use anyhow::Context;
+use corral_daemon::ready::ReadyReport;
+use corral_proto::ReplicaAddress;
+use corral_proto::v1::{
+    self, lvstore_service_server::LvstoreService, lvstore_service_server::LvstoreServiceServer,
+    replica_service_server::ReplicaServiceServer, sync_agent_service_server::SyncAgentServiceServer,
+};
+use data_protocol::{BlockBackend, DataServer, ServerConfig};
+use lvstore::{FormatOptions, LvStore, OpenMode};
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+use tracing::{info, warn};
+
+use super::lvol::{LvolReplica, check_replica_name, replicas_in};
+use super::service::{V2Grpc, V2Replica};
+use crate::error::ReplicaError;
+use crate::jobs::JobTable;
+use crate::locks::lock;
+use crate::service::grpc::ServedEndpoints;
+
+/// Configuration of `serve-lvstore`.
+#[derive(Debug, Clone)]
+pub struct LvstoreServeConfig {
+    /// The disk: a block device or a preallocated file.
+    pub disk: PathBuf,
+    /// gRPC `LvstoreService` address; hosted replicas listen on its IP.
+    pub listen: SocketAddr,
+    /// Format the device when it holds no lvstore (never over an existing one).
+    pub format: bool,
+    /// Cluster size for `--format`.
+    pub cluster_size: u64,
+    pub ready_file: Option<PathBuf>,
+    pub data: ServerConfig,
+}
+
+struct Hosted {
+    host: Arc<V2Replica>,
+    address: ReplicaAddress,
+    cancel: CancellationToken,
+    tasks: tokio::task::JoinSet<anyhow::Result<()>>,
+}
+
+/// The daemon's state: the store and the replicas it serves.
+pub struct LvstoreDaemon {
+    store: Arc<LvStore>,
+    ip: IpAddr,
+    data: ServerConfig,
+    cancel: CancellationToken,
+    hosted: tokio::sync::Mutex<BTreeMap<String, Hosted>>,
+    /// Replicas being stopped or started: refuses a concurrent add/remove of the same name.
+    busy: Mutex<std::collections::BTreeSet<String>>,
+}
+
+async fn bind(ip: IpAddr, port: u16, name: &str, what: &str) -> anyhow::Result<TcpListener> {
+    match TcpListener::bind(SocketAddr::new(ip, port)).await {
+        Ok(l) => Ok(l),
+        Err(e) if port != 0 => {
+            warn!(replica = name, port, error = %e, "{what} port recorded for the replica is taken; picking a free one");
+            Ok(TcpListener::bind(SocketAddr::new(ip, 0)).await?)
+        }
+        Err(e) => Err(e).with_context(|| format!("bind {what} listener of {name}")),
+    }
+}
+
+impl LvstoreDaemon {
+    /// Starts serving `name` (loading it from the store) on `ports` (0: free; the recorded ones when the
+    /// replica exists).
+    async fn host(&self, name: &str, ports: [u16; 3]) -> anyhow::Result<ReplicaAddress> {
+        let mut hosted = self.hosted.lock().await;
+        if let Some(h) = hosted.get(name) {
+            return Ok(h.address.clone());
+        }
+        let store = self.store.clone();
+        let n = name.to_owned();
+        let replica = Arc::new(
+            tokio::task::spawn_blocking(move || LvolReplica::load(store, &n)).await??,
+        );
+        let recorded = replica.recorded_ports();
+        let want = if recorded == [0; 3] { ports } else { recorded };
+        let control = bind(self.ip, want[0], name, "control").await?;
+        let data = bind(self.ip, want[1], name, "data").await?;
+        let sync = bind(self.ip, want[2], name, "sync").await?;
+        let served = ServedEndpoints {
+            data: data.local_addr()?,
+            sync: sync.local_addr()?,
+        };
+        let bound = [control.local_addr()?.port(), served.data.port(), served.sync.port()];
+        if replica.is_open() && bound != recorded {
+            let r = replica.clone();
+            tokio::task::spawn_blocking(move || r.set_ports(bound)).await??;
+        }
+        let host = Arc::new(V2Replica {
+            replica,
+            jobs: JobTable::default(),
+            ports: bound,
+        });
+        let cancel = self.cancel.child_token();
+        let grpc = V2Grpc::new(host.clone(), served);
+        let mut tasks = tokio::task::JoinSet::new();
+        let c = cancel.clone();
+        let (svc, sync_svc) = (
+            ReplicaServiceServer::new(grpc.clone()),
+            SyncAgentServiceServer::new(grpc),
+        );
+        tasks.spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(control), c.cancelled())
+                .await
+                .context("ReplicaService")
+        });
+        let c = cancel.clone();
+        tasks.spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(sync_svc)
+                .serve_with_incoming_shutdown(TcpListenerStream::new(sync), c.cancelled())
+                .await
+                .context("SyncAgentService")
+        });
+        let server = DataServer::new(host.clone() as Arc<dyn BlockBackend>, self.data.clone())?;
+        let c = cancel.clone();
+        tasks.spawn(async move {
+            server.serve_tcp(data, c).await;
+            server.shutdown().await;
+            Ok(())
+        });
+        let mut address = ReplicaAddress::tcp(&self.ip.to_string(), bound[0], bound[1], bound[2]);
+        address.replica = Some(name.to_owned());
+        info!(replica = name, %address, "serving replica");
+        hosted.insert(
+            name.to_owned(),
+            Hosted {
+                host,
+                address: address.clone(),
+                cancel,
+                tasks,
+            },
+        );
+        Ok(address)
+    }
+
+    /// Stops serving `name` (in-flight IO finishes), flushes it, and with `delete` deletes its lvols.
+    async fn unhost(&self, name: &str, delete: bool) -> Result<(), ReplicaError> {
+        let h = self.hosted.lock().await.remove(name);
+        let Some(mut h) = h else {
+            return Err(ReplicaError::NotFound(format!("replica {name} is not hosted here")));
+        };
+        h.cancel.cancel();
+        while h.tasks.join_next().await.is_some() {}
+        let r = h.host.replica.clone();
+        tokio::task::spawn_blocking(move || if delete { r.delete() } else { r.close() })
+            .await
+            .map_err(|e| ReplicaError::FailedPrecondition(e.to_string()))?
+    }
+
+    async fn describe(&self, name: &str) -> Option<v1::LvstoreReplica> {
+        let hosted = self.hosted.lock().await;
+        let h = hosted.get(name)?;
+        let r = &h.host.replica;
+        let state = match (r.is_open(), r.status().map(|s| s.state)) {
+            (true, _) => "open".to_owned(),
+            (false, Ok(s)) => s,
+            (false, Err(_)) => "error".to_owned(),
+        };
+        Some(v1::LvstoreReplica {
+            name: name.to_owned(),
+            address: h.address.to_string(),
+            state,
+            size: r.size(),
+        })
+    }
+}
+
+/// `LvstoreService` over the daemon.
+#[derive(Clone)]
+pub struct LvstoreGrpc(Arc<LvstoreDaemon>);
+
+fn port(p: u32) -> Result<u16, Status> {
+    u16::try_from(p).map_err(|_| Status::invalid_argument(format!("port {p} out of range")))
+}
+
+#[tonic::async_trait]
+impl LvstoreService for LvstoreGrpc {
+    async fn lvstore_replica_add(
+        &self,
+        req: Request<v1::LvstoreReplicaAddRequest>,
+    ) -> Result<Response<v1::LvstoreReplica>, Status> {
+        let req = req.into_inner();
+        check_replica_name(&req.name)?;
+        let ports = [port(req.control_port)?, port(req.data_port)?, port(req.sync_port)?];
+        if !lock(&self.0.busy).insert(req.name.clone()) {
+            return Err(Status::aborted(format!("replica {} is being changed", req.name)));
+        }
+        let res = self.0.host(&req.name, ports).await;
+        lock(&self.0.busy).remove(&req.name);
+        res.map_err(|e| Status::internal(format!("{e:#}")))?;
+        if req.size > 0 {
+            let h = self.0.hosted.lock().await.get(&req.name).map(|h| h.host.clone());
+            if let Some(h) = h
+                && !h.replica.is_open()
+            {
+                let p = h.ports;
+                tokio::task::spawn_blocking(move || {
+                    h.replica.create(req.size, req.disable_revision_counter, p)
+                })
+                .await
+                .map_err(|e| Status::internal(e.to_string()))??;
+            }
+        }
+        self.0
+            .describe(&req.name)
+            .await
+            .map(Response::new)
+            .ok_or_else(|| Status::aborted("replica removed meanwhile"))
+    }
+
+    async fn lvstore_replica_remove(
+        &self,
+        req: Request<v1::LvstoreReplicaRemoveRequest>,
+    ) -> Result<Response<v1::LvstoreEmpty>, Status> {
+        let req = req.into_inner();
+        check_replica_name(&req.name)?;
+        if !lock(&self.0.busy).insert(req.name.clone()) {
+            return Err(Status::aborted(format!("replica {} is being changed", req.name)));
+        }
+        let res = self.0.unhost(&req.name, req.delete_data).await;
+        lock(&self.0.busy).remove(&req.name);
+        res?;
+        Ok(Response::new(v1::LvstoreEmpty {}))
+    }
+
+    async fn lvstore_replica_list(
+        &self,
+        _: Request<v1::LvstoreEmpty>,
+    ) -> Result<Response<v1::LvstoreReplicaListResponse>, Status> {
+        let names: Vec<String> = self.0.hosted.lock().await.keys().cloned().collect();
+        let mut replicas = Vec::new();
+        for n in names {
+            if let Some(r) = self.0.describe(&n).await {
+                replicas.push(r);
+            }
+        }
+        Ok(Response::new(v1::LvstoreReplicaListResponse { replicas }))
+    }
+
+    async fn lvstore_info(
+        &self,
+        _: Request<v1::LvstoreEmpty>,
+    ) -> Result<Response<v1::LvstoreInfoResponse>, Status> {
+        let s = self.0.store.space();
+        Ok(Response::new(v1::LvstoreInfoResponse {
+            path: self.0.store.path().display().to_string(),
+            direct_io: self.0.store.direct_io(),
+            device_bytes: s.device_bytes,
+            cluster_size: s.cluster_size,
+            total_clusters: s.total_clusters,
+            used_clusters: s.used_clusters,
+            free_clusters: s.free_clusters,
+        }))
+    }
+}
+
+/// Opens the store, formatting it with `format` only when the device holds no lvstore.
+fn open_store(cfg: &LvstoreServeConfig) -> anyhow::Result<LvStore> {
+    match LvStore::open(&cfg.disk, OpenMode::ReadWrite) {
+        Ok(s) => Ok(s),
+        Err(lvstore::Error::NotAnLvstore { .. }) if cfg.format => {
+            info!(disk = %cfg.disk.display(), "no lvstore on the disk: formatting it (--format)");
+            Ok(LvStore::format(
+                &cfg.disk,
+                &FormatOptions {
+                    cluster_size: cfg.cluster_size,
+                    ..Default::default()
+                },
+            )?)
+        }
+        Err(e @ lvstore::Error::NotAnLvstore { .. }) => Err(anyhow::anyhow!(
+            "{e}; format it with `corral-lvstore format` or start with --format"
+        )),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Runs the daemon until `cancel`.
+pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -> anyhow::Result<()> {
+    info!(?cfg, "corral-replica serve-lvstore starting");
+    let c = cfg.clone();
+    let store = Arc::new(tokio::task::spawn_blocking(move || open_store(&c)).await??);
+    let daemon = Arc::new(LvstoreDaemon {
+        store: store.clone(),
+        ip: cfg.listen.ip(),
+        data: cfg.data.clone(),
+        cancel: cancel.clone(),
+        hosted: tokio::sync::Mutex::default(),
+        busy: Mutex::default(),
+    });
+    for name in replicas_in(&store) {
+        daemon
+            .host(&name, [0; 3])
+            .await
+            .with_context(|| format!("serve replica {name}"))?;
+    }
+    let listener = TcpListener::bind(cfg.listen)
+        .await
+        .with_context(|| format!("bind {}", cfg.listen))?;
+    ReadyReport::new()
+        .tcp("control", listener.local_addr()?)
+        .announce(cfg.ready_file.as_deref())?;
+    tonic::transport::Server::builder()
+        .add_service(LvstoreServiceServer::new(LvstoreGrpc(daemon.clone())))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), cancel.cancelled())
+        .await
+        .context("LvstoreService")?;
+    let names: Vec<String> = daemon.hosted.lock().await.keys().cloned().collect();
+    for n in names {
+        if let Err(e) = daemon.unhost(&n, false).await {
+            warn!(replica = %n, error = %e, "closing replica failed");
+        }
+    }
+    tokio::task::spawn_blocking(move || store.flush()).await??;
+    info!(disk = %cfg.disk.display(), "corral-replica serve-lvstore stopped; replicas flushed");
+    Ok(())
+}

@@ -1,0 +1,777 @@
+//! One v2 replica: a chain of lvols in the disk's shared [`LvStore`] — the head lvol `NAME` (writable) over its
+//! snapshots `NAME.snap.SNAP` (read-only) — with the operations of the v1 [`crate::Replica`] the engine uses
+//! (IO, snapshot, revert, expand, mark removed, purge, revision counter, rebuilding flag, status), so the v2
+//! daemon answers the same gRPC and data-protocol requests as a v1 replica.
+//!
+//! Metadata lives in xattrs (`docs/formats.md`, "v2 replica"): on the head `corral.volume` (revision counter on or
+//! off, rebuilding, listener ports, head index) and `corral.salvage` (last-modified time, allocated bytes and the
+//! revision counter, rewritten at each flush that follows a write, after the data is durable); on a snapshot
+//! `corral.snapshot` (created, user-created, removed, labels). Every change is one journaled lvstore operation.
+//!
+//! Revert is crash-ordered: the new head is cloned as `NAME.revert` (with the old head's `corral.volume`), the old
+//! head deleted, then `NAME.revert` renamed to `NAME`. Opening finishes it: `NAME.revert` beside `NAME` means the
+//! revert had not begun deleting (the clone is deleted); `NAME.revert` alone means the old head is gone (renamed).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use lvstore::{BlobId, BlobKind, LvStore, LvolInfo};
+use serde::{Deserialize, Serialize};
+
+use crate::error::{ReplicaError, Result};
+use crate::jobs::JobControl;
+use crate::locks::{read_lock, write_lock};
+use crate::names;
+use crate::replica::{DiskStatus, ReplicaStatus, SECTOR_SIZE, SnapshotRequest};
+
+/// Head xattr: the replica's settings.
+pub const XATTR_VOLUME: &str = "corral.volume";
+/// Head xattr: salvage fields, rewritten at each flush after a write.
+pub const XATTR_SALVAGE: &str = "corral.salvage";
+/// Snapshot xattr: the snapshot's metadata.
+pub const XATTR_SNAPSHOT: &str = "corral.snapshot";
+/// Separator between a replica's name and its snapshot's in lvol names.
+const SNAP_INFIX: &str = ".snap.";
+/// Suffix of the head being put in place by a revert.
+const REVERT_SUFFIX: &str = ".revert";
+const BLOCK: u64 = 4096;
+
+/// `corral.volume` of a head lvol.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct VolumeXattr {
+    pub revision_counter_disabled: bool,
+    #[serde(default)]
+    pub rebuilding: bool,
+    /// Ports the replica's control, data and sync listeners were bound to (0: none yet).
+    #[serde(default)]
+    pub ports: [u16; 3],
+    /// Index shown in the head's v1-style name (`volume-head-NNN.img`), bumped by snapshot and revert.
+    #[serde(default)]
+    pub head_index: u32,
+}
+
+/// `corral.salvage` of a head lvol (seed 003: what salvage compares when the counter is off).
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct SalvageXattr {
+    /// Nanoseconds since the epoch of the last flush that followed a write.
+    pub last_modify_time: i64,
+    /// Bytes the head lvol holds itself.
+    pub allocated_bytes: u64,
+    /// Revision counter (0 when disabled).
+    pub revision_counter: u64,
+}
+
+/// `corral.snapshot` of a snapshot lvol.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SnapshotXattr {
+    pub created: String,
+    pub user_created: bool,
+    #[serde(default)]
+    pub removed: bool,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+/// Checks a replica name: it becomes an lvol name and the prefix of its snapshots', so letters, digits, `_`, `-`
+/// only (no `.`, which would let `a.snap.b` be both a replica and a snapshot of `a`), 1–100 bytes.
+pub fn check_replica_name(name: &str) -> Result<()> {
+    let ok = !name.is_empty()
+        && name.len() <= 100
+        && !name.starts_with('-')
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+    if ok {
+        Ok(())
+    } else {
+        Err(ReplicaError::InvalidArgument(format!(
+            "invalid replica name {name:?}: 1-100 ASCII letters, digits, '_' or '-', not starting with '-'"
+        )))
+    }
+}
+
+/// The replica names the store holds (head lvols and unfinished reverts).
+pub fn replicas_in(store: &LvStore) -> Vec<String> {
+    let mut out: Vec<String> = store
+        .list()
+        .into_iter()
+        .filter(|l| l.kind == BlobKind::Lvol)
+        .filter_map(|l| {
+            let n = l.name.strip_suffix(REVERT_SUFFIX).unwrap_or(&l.name).to_owned();
+            check_replica_name(&n).is_ok().then_some(n)
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    out
+}
+
+/// Maps a store error to the replica's.
+pub(crate) fn lv_err(store: &LvStore, e: lvstore::Error) -> ReplicaError {
+    use lvstore::{Error as E, ErrorKind as K};
+    let path = store.path().to_owned();
+    match e {
+        E::Io { path, source, .. } => ReplicaError::io("lvstore IO", path, source),
+        e => {
+            let msg = e.to_string();
+            match e.kind() {
+                K::NotFound => ReplicaError::NotFound(msg),
+                K::Exists => ReplicaError::AlreadyExists(msg),
+                K::Invalid => ReplicaError::InvalidArgument(msg),
+                K::NoSpace => ReplicaError::NoSpace { op: "lvstore", path },
+                K::BadStore => ReplicaError::CorruptMeta { path, reason: msg },
+                K::Poisoned | K::Io => ReplicaError::FailedPrecondition(msg),
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Open {
+    head: BlobId,
+    size: u64,
+    volume: VolumeXattr,
+}
+
+/// One replica hosted in an lvstore. Created empty ("initial") until [`LvolReplica::create`] or found in the
+/// store at [`LvolReplica::load`].
+pub struct LvolReplica {
+    store: Arc<LvStore>,
+    name: String,
+    /// `None`: initial (no head lvol) or closed.
+    open: RwLock<Option<Open>>,
+    /// A head lvol exists (open or closed).
+    exists: AtomicBool,
+    /// Serialises shape changes (snapshot, revert, expand, purge steps).
+    shape: Mutex<()>,
+    counter: AtomicU64,
+    /// Writes since the last flush (salvage fields are rewritten only then).
+    written: AtomicBool,
+    pub(crate) purging: AtomicBool,
+}
+
+impl std::fmt::Debug for LvolReplica {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LvolReplica").field("name", &self.name).finish_non_exhaustive()
+    }
+}
+
+impl LvolReplica {
+    /// Replica `name` of `store`: finishes an interrupted revert and opens the head when there is one.
+    pub fn load(store: Arc<LvStore>, name: &str) -> Result<Self> {
+        check_replica_name(name)?;
+        let r = Self {
+            store,
+            name: name.to_owned(),
+            open: RwLock::new(None),
+            exists: AtomicBool::new(false),
+            shape: Mutex::new(()),
+            counter: AtomicU64::new(0),
+            written: AtomicBool::new(false),
+            purging: AtomicBool::new(false),
+        };
+        r.finish_revert()?;
+        if r.store.lookup(name).is_ok() {
+            r.exists.store(true, Ordering::SeqCst);
+            r.open()?;
+        }
+        Ok(r)
+    }
+
+    fn err(&self, e: lvstore::Error) -> ReplicaError {
+        lv_err(&self.store, e)
+    }
+
+    fn revert_name(&self) -> String {
+        format!("{}{REVERT_SUFFIX}", self.name)
+    }
+
+    fn snap_lvol(&self, file: &str) -> String {
+        format!(
+            "{}{SNAP_INFIX}{}",
+            self.name,
+            names::snapshot_name(file).unwrap_or(file)
+        )
+    }
+
+    /// The v1 file name of a snapshot lvol of this replica, if it is one.
+    fn snap_file(&self, lvol: &str) -> Option<String> {
+        lvol.strip_prefix(&self.name)?
+            .strip_prefix(SNAP_INFIX)
+            .map(names::snapshot_file)
+    }
+
+    fn finish_revert(&self) -> Result<()> {
+        let tmp = self.revert_name();
+        if self.store.lookup(&tmp).is_err() {
+            return Ok(());
+        }
+        if self.store.lookup(&self.name).is_ok() {
+            self.store.delete(&tmp).map_err(|e| self.err(e))
+        } else {
+            self.store.rename(&tmp, &self.name).map_err(|e| self.err(e))
+        }
+    }
+
+    /// Replica name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<LvStore> {
+        &self.store
+    }
+
+    fn read_volume_xattr(&self) -> Result<VolumeXattr> {
+        match self.store.xattr(&self.name, XATTR_VOLUME).map_err(|e| self.err(e))? {
+            None => Ok(VolumeXattr::default()),
+            Some(v) => serde_json::from_slice(&v).map_err(|e| ReplicaError::CorruptMeta {
+                path: self.store.path().join(&self.name),
+                reason: format!("xattr {XATTR_VOLUME}: {e}"),
+            }),
+        }
+    }
+
+    /// The salvage fields as last flushed (default when never flushed).
+    pub fn salvage(&self) -> Result<SalvageXattr> {
+        match self.store.xattr(&self.name, XATTR_SALVAGE).map_err(|e| self.err(e))? {
+            None => Ok(SalvageXattr::default()),
+            Some(v) => serde_json::from_slice(&v).map_err(|e| ReplicaError::CorruptMeta {
+                path: self.store.path().join(&self.name),
+                reason: format!("xattr {XATTR_SALVAGE}: {e}"),
+            }),
+        }
+    }
+
+    fn write_volume_xattr(&self, v: &VolumeXattr) -> Result<()> {
+        let bytes = serde_json::to_vec(v).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
+        self.store
+            .set_xattr(&self.name, XATTR_VOLUME, &bytes)
+            .map_err(|e| self.err(e))
+    }
+
+    /// Creates the head lvol (the replica must not exist) and opens it.
+    pub fn create(&self, size: u64, disable_revision_counter: bool, ports: [u16; 3]) -> Result<()> {
+        let _shape = crate::locks::lock(&self.shape);
+        if self.exists.load(Ordering::SeqCst) {
+            return Err(ReplicaError::AlreadyExists(format!("replica {}", self.name)));
+        }
+        if size == 0 || !size.is_multiple_of(BLOCK) {
+            return Err(ReplicaError::InvalidArgument(format!(
+                "size {size} is not a positive multiple of {BLOCK}"
+            )));
+        }
+        self.store.create_lvol(&self.name, size).map_err(|e| self.err(e))?;
+        let v = VolumeXattr {
+            revision_counter_disabled: disable_revision_counter,
+            ports,
+            ..Default::default()
+        };
+        if let Err(e) = self.write_volume_xattr(&v) {
+            let _ = self.store.delete(&self.name);
+            return Err(e);
+        }
+        self.exists.store(true, Ordering::SeqCst);
+        self.open_locked()
+    }
+
+    /// Opens the head (no-op when open).
+    pub fn open(&self) -> Result<()> {
+        let _shape = crate::locks::lock(&self.shape);
+        self.open_locked()
+    }
+
+    fn open_locked(&self) -> Result<()> {
+        if read_lock(&self.open).is_some() {
+            return Ok(());
+        }
+        let head = self.store.lookup(&self.name).map_err(|e| self.err(e))?;
+        let size = self.store.size_of(head).map_err(|e| self.err(e))?;
+        let volume = self.read_volume_xattr()?;
+        let salvage = self.salvage()?;
+        self.counter.store(salvage.revision_counter, Ordering::SeqCst);
+        *write_lock(&self.open) = Some(Open { head, size, volume });
+        Ok(())
+    }
+
+    /// Flushes and closes (IO then fails until [`open`](Self::open)).
+    pub fn close(&self) -> Result<()> {
+        let _shape = crate::locks::lock(&self.shape);
+        if read_lock(&self.open).is_none() {
+            return Ok(());
+        }
+        self.flush()?;
+        *write_lock(&self.open) = None;
+        Ok(())
+    }
+
+    /// Closes and deletes every lvol of the replica (snapshots from the newest down).
+    pub fn delete(&self) -> Result<()> {
+        let _shape = crate::locks::lock(&self.shape);
+        *write_lock(&self.open) = None;
+        let mine: Vec<LvolInfo> = self
+            .store
+            .list()
+            .into_iter()
+            .filter(|l| l.name == self.name || l.name == self.revert_name() || self.snap_file(&l.name).is_some())
+            .collect();
+        // Leaves first: a blob is deleted once nothing of this replica reads through to it.
+        let mut left: Vec<LvolInfo> = mine;
+        while !left.is_empty() {
+            let names: Vec<String> = left.iter().map(|l| l.name.clone()).collect();
+            let before = left.len();
+            let mut next = Vec::new();
+            for l in left {
+                let info = self.store.info(&l.name).map_err(|e| self.err(e))?;
+                if info.children.iter().any(|c| names.contains(c)) {
+                    next.push(l);
+                } else {
+                    self.store.delete(&l.name).map_err(|e| self.err(e))?;
+                }
+            }
+            if next.len() == before {
+                return Err(ReplicaError::FailedPrecondition(format!(
+                    "replica {}: lvols {:?} have clones outside the replica",
+                    self.name,
+                    next.iter().map(|l| &l.name).collect::<Vec<_>>()
+                )));
+            }
+            left = next;
+        }
+        self.exists.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn current(&self) -> Result<Open> {
+        read_lock(&self.open).clone().ok_or_else(|| {
+            ReplicaError::FailedPrecondition(format!("replica {} is not open", self.name))
+        })
+    }
+
+    /// Is the head open?
+    pub fn is_open(&self) -> bool {
+        read_lock(&self.open).is_some()
+    }
+
+    /// Volume size (0 when not open).
+    pub fn size(&self) -> u64 {
+        read_lock(&self.open).as_ref().map_or(0, |o| o.size)
+    }
+
+    fn check_range(o: &Open, offset: u64, len: u64) -> Result<()> {
+        if offset.checked_add(len).is_none_or(|e| e > o.size) {
+            return Err(ReplicaError::OutOfRange {
+                offset,
+                len,
+                size: o.size,
+            });
+        }
+        Ok(())
+    }
+
+    fn bump(&self, o: &Open) {
+        if !o.volume.revision_counter_disabled {
+            self.counter.fetch_add(1, Ordering::SeqCst);
+        }
+        self.written.store(true, Ordering::SeqCst);
+    }
+
+    pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        let g = read_lock(&self.open);
+        let o = g.as_ref().ok_or_else(|| self.not_open())?;
+        Self::check_range(o, offset, buf.len() as u64)?;
+        self.store.read_at(o.head, offset, buf).map_err(|e| self.err(e))
+    }
+
+    pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        let g = read_lock(&self.open);
+        let o = g.as_ref().ok_or_else(|| self.not_open())?;
+        Self::check_range(o, offset, data.len() as u64)?;
+        self.bump(o);
+        self.store.write_at(o.head, offset, data).map_err(|e| self.err(e))
+    }
+
+    pub fn unmap(&self, offset: u64, len: u64) -> Result<()> {
+        let g = read_lock(&self.open);
+        let o = g.as_ref().ok_or_else(|| self.not_open())?;
+        Self::check_range(o, offset, len)?;
+        self.bump(o);
+        // Whole blocks only, as v1 (a partial block keeps its data).
+        let (s, e) = (offset.next_multiple_of(BLOCK), (offset + len) / BLOCK * BLOCK);
+        if s < e {
+            self.store.unmap(o.head, s, e - s).map_err(|e| self.err(e))?;
+        }
+        Ok(())
+    }
+
+    pub fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        let g = read_lock(&self.open);
+        let o = g.as_ref().ok_or_else(|| self.not_open())?;
+        Self::check_range(o, offset, len)?;
+        self.bump(o);
+        self.store.write_zeroes(o.head, offset, len).map_err(|e| self.err(e))
+    }
+
+    pub fn allocated_ranges(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>> {
+        let g = read_lock(&self.open);
+        let o = g.as_ref().ok_or_else(|| self.not_open())?;
+        Self::check_range(o, offset, len)?;
+        self.store
+            .allocated_ranges(o.head, offset, len)
+            .map_err(|e| self.err(e))
+    }
+
+    fn not_open(&self) -> ReplicaError {
+        ReplicaError::FailedPrecondition(format!("replica {} is not open", self.name))
+    }
+
+    /// Makes every acknowledged write durable (the store's flush), then, when something was written since the
+    /// last flush, records the salvage fields in the head's `corral.salvage` (one journaled operation).
+    pub fn flush(&self) -> Result<()> {
+        let o = self.current()?;
+        self.store.flush().map_err(|e| self.err(e))?;
+        if self.written.swap(false, Ordering::SeqCst) {
+            let allocated = self
+                .store
+                .info(&self.name)
+                .map_err(|e| self.err(e))?
+                .allocated_bytes;
+            let s = SalvageXattr {
+                last_modify_time: now_ns(),
+                allocated_bytes: allocated,
+                revision_counter: if o.volume.revision_counter_disabled {
+                    0
+                } else {
+                    self.counter.load(Ordering::SeqCst)
+                },
+            };
+            let bytes = serde_json::to_vec(&s).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
+            if let Err(e) = self.store.set_xattr(&self.name, XATTR_SALVAGE, &bytes) {
+                self.written.store(true, Ordering::SeqCst);
+                return Err(self.err(e));
+            }
+        }
+        Ok(())
+    }
+
+    /// The revision counter (0 when disabled).
+    pub fn revision_counter(&self) -> u64 {
+        self.counter.load(Ordering::SeqCst)
+    }
+
+    /// Sets the revision counter (after a rebuild) and makes it durable.
+    pub fn set_revision_counter(&self, v: u64) -> Result<()> {
+        self.counter.store(v, Ordering::SeqCst);
+        self.written.store(true, Ordering::SeqCst);
+        self.flush()
+    }
+
+    fn update_volume(&self, f: impl FnOnce(&mut VolumeXattr)) -> Result<()> {
+        let mut g = write_lock(&self.open);
+        let o = g.as_mut().ok_or_else(|| self.not_open())?;
+        let mut v = o.volume.clone();
+        f(&mut v);
+        if v != o.volume {
+            self.write_volume_xattr(&v)?;
+            o.volume = v;
+        }
+        Ok(())
+    }
+
+    pub fn set_rebuilding(&self, rebuilding: bool) -> Result<()> {
+        self.update_volume(|v| v.rebuilding = rebuilding)
+    }
+
+    /// Records the listeners' ports (so a restarted daemon binds the same).
+    pub fn set_ports(&self, ports: [u16; 3]) -> Result<()> {
+        self.update_volume(|v| v.ports = ports)
+    }
+
+    /// The recorded ports, read from the store (also when closed).
+    pub fn recorded_ports(&self) -> [u16; 3] {
+        if let Some(o) = read_lock(&self.open).as_ref() {
+            return o.volume.ports;
+        }
+        self.read_volume_xattr().map_or([0; 3], |v| v.ports)
+    }
+
+    /// Takes a snapshot in O(1): the head's data becomes `NAME.snap.SNAP`, the head reads through to it.
+    pub fn snapshot(&self, req: &SnapshotRequest) -> Result<()> {
+        let _shape = crate::locks::lock(&self.shape);
+        self.snapshot_locked(req)
+    }
+
+    fn snapshot_locked(&self, req: &SnapshotRequest) -> Result<()> {
+        let file = names::resolve_snapshot(&req.name)?;
+        let lvol = self.snap_lvol(&file);
+        if self.store.lookup(&lvol).is_ok() {
+            return Err(ReplicaError::AlreadyExists(file));
+        }
+        // IO stops for the snapshot (the store's exclusive gate); flush first so the salvage fields are current.
+        self.flush()?;
+        self.store.snapshot(&self.name, &lvol).map_err(|e| self.err(e))?;
+        let meta = SnapshotXattr {
+            created: if req.created.is_empty() {
+                crate::meta::now_rfc3339()
+            } else {
+                req.created.clone()
+            },
+            user_created: req.user_created,
+            removed: false,
+            labels: req.labels.clone(),
+        };
+        self.write_snapshot_xattr(&lvol, &meta)?;
+        self.update_volume(|v| v.head_index += 1)
+    }
+
+    fn write_snapshot_xattr(&self, lvol: &str, m: &SnapshotXattr) -> Result<()> {
+        let bytes = serde_json::to_vec(m).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
+        self.store
+            .set_xattr(lvol, XATTR_SNAPSHOT, &bytes)
+            .map_err(|e| self.err(e))
+    }
+
+    fn snapshot_xattr(&self, lvol: &str) -> Result<SnapshotXattr> {
+        match self.store.xattr(lvol, XATTR_SNAPSHOT).map_err(|e| self.err(e))? {
+            None => Ok(SnapshotXattr::default()),
+            Some(v) => serde_json::from_slice(&v).map_err(|e| ReplicaError::CorruptMeta {
+                path: self.store.path().join(lvol),
+                reason: format!("xattr {XATTR_SNAPSHOT}: {e}"),
+            }),
+        }
+    }
+
+    /// Grows the volume: a system snapshot `expand-SIZE` (as v1), then the head is resized.
+    pub fn expand(&self, size: u64) -> Result<()> {
+        let _shape = crate::locks::lock(&self.shape);
+        let cur = self.current()?.size;
+        if size == cur {
+            return Ok(());
+        }
+        if size < cur || !size.is_multiple_of(BLOCK) {
+            return Err(ReplicaError::InvalidArgument(format!(
+                "cannot expand from {cur} to {size}: the new size must be larger and a multiple of {BLOCK}"
+            )));
+        }
+        self.snapshot_locked(&SnapshotRequest {
+            name: format!("expand-{size}"),
+            user_created: false,
+            created: String::new(),
+            labels: BTreeMap::from([("replica-expansion".to_owned(), size.to_string())]),
+        })?;
+        let mut g = write_lock(&self.open);
+        self.store.resize(&self.name, size).map_err(|e| self.err(e))?;
+        if let Some(o) = g.as_mut() {
+            o.size = size;
+        }
+        Ok(())
+    }
+
+    /// Reverts to a snapshot: a new empty head over it; the old head's data is discarded, newer snapshots stay.
+    pub fn revert(&self, name: &str, _created: &str) -> Result<()> {
+        let _shape = crate::locks::lock(&self.shape);
+        if self.purging.load(Ordering::Acquire) {
+            return Err(ReplicaError::FailedPrecondition(
+                "cannot revert while a purge runs".into(),
+            ));
+        }
+        let file = names::resolve_snapshot(name)?;
+        let lvol = self.snap_lvol(&file);
+        if self.store.lookup(&lvol).is_err() {
+            return Err(ReplicaError::NotFound(format!("snapshot {file}")));
+        }
+        if self.snapshot_xattr(&lvol)?.removed {
+            return Err(ReplicaError::FailedPrecondition(format!(
+                "snapshot {file} is marked removed"
+            )));
+        }
+        let mut g = write_lock(&self.open);
+        let o = g.as_mut().ok_or_else(|| self.not_open())?;
+        let mut volume = o.volume.clone();
+        volume.head_index += 1;
+        let tmp = self.revert_name();
+        self.store.clone_snapshot(&lvol, &tmp).map_err(|e| self.err(e))?;
+        let bytes = serde_json::to_vec(&volume).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
+        let salvage = self.store.xattr(&self.name, XATTR_SALVAGE).ok().flatten();
+        let prepared = self
+            .store
+            .set_xattr(&tmp, XATTR_VOLUME, &bytes)
+            .and_then(|()| match &salvage {
+                Some(s) => self.store.set_xattr(&tmp, XATTR_SALVAGE, s),
+                None => Ok(()),
+            })
+            .and_then(|()| {
+                // The clone has the snapshot's size; the volume keeps its own (after an expand, larger).
+                if self.store.size_of(self.store.lookup(&tmp)?)? == o.size {
+                    Ok(())
+                } else {
+                    self.store.resize(&tmp, o.size)
+                }
+            });
+        if let Err(e) = prepared {
+            let _ = self.store.delete(&tmp);
+            return Err(self.err(e));
+        }
+        self.store.delete(&self.name).map_err(|e| self.err(e))?; // commit point
+        self.store.rename(&tmp, &self.name).map_err(|e| self.err(e))?;
+        o.head = self.store.lookup(&self.name).map_err(|e| self.err(e))?;
+        o.volume = volume;
+        self.written.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Marks a snapshot removed; the next purge deletes it.
+    pub fn mark_removed(&self, name: &str) -> Result<()> {
+        let _shape = crate::locks::lock(&self.shape);
+        let file = names::resolve_snapshot(name)?;
+        let lvol = self.snap_lvol(&file);
+        if self.store.lookup(&lvol).is_err() {
+            return Err(ReplicaError::NotFound(format!("snapshot {file}")));
+        }
+        let mut m = self.snapshot_xattr(&lvol)?;
+        if !m.removed {
+            m.removed = true;
+            self.write_snapshot_xattr(&lvol, &m)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes every removed snapshot with at most one child (the store merges it into its child: the clusters
+    /// move, only blocks both hold are copied). A removed snapshot with several children (a revert's side branch)
+    /// stays, as in v1.
+    pub fn purge(&self, ctl: &JobControl) -> Result<()> {
+        self.purging.store(true, Ordering::Release);
+        let res = self.purge_inner(ctl);
+        self.purging.store(false, Ordering::Release);
+        res
+    }
+
+    fn purge_inner(&self, ctl: &JobControl) -> Result<()> {
+        let removed: Vec<String> = self
+            .store
+            .list()
+            .into_iter()
+            .filter(|l| self.snap_file(&l.name).is_some())
+            .filter(|l| self.snapshot_xattr(&l.name).is_ok_and(|m| m.removed))
+            .map(|l| l.name)
+            .collect();
+        let total = removed.len().max(1);
+        for (i, lvol) in removed.iter().enumerate() {
+            if ctl.is_cancelled() {
+                return Err(ReplicaError::Cancelled);
+            }
+            let _shape = crate::locks::lock(&self.shape);
+            let info = self.store.info(lvol).map_err(|e| self.err(e))?;
+            if info.children.len() <= 1 {
+                self.store.delete(lvol).map_err(|e| self.err(e))?;
+            }
+            ctl.set_progress(u32::try_from((i + 1) * 100 / total).unwrap_or(100));
+        }
+        Ok(())
+    }
+
+    /// State and metadata, in the v1 replica's form (head `volume-head-NNN.img`, snapshots
+    /// `volume-snap-NAME.img`).
+    pub fn status(&self) -> Result<ReplicaStatus> {
+        let dir = format!("{}#{}", self.store.path().display(), self.name);
+        let Some(o) = read_lock(&self.open).clone() else {
+            let state = if self.exists.load(Ordering::SeqCst) {
+                "closed"
+            } else {
+                "initial"
+            };
+            return Ok(ReplicaStatus {
+                state: state.into(),
+                dir,
+                size: 0,
+                sector_size: SECTOR_SIZE,
+                head: String::new(),
+                parent: String::new(),
+                dirty: false,
+                rebuilding: false,
+                error: String::new(),
+                backing_file: String::new(),
+                chain: vec![],
+                disks: BTreeMap::new(),
+                revision_counter: 0,
+                revision_counter_disabled: false,
+                last_modify_time: 0,
+                head_file_size: 0,
+                extent_map_runs: 0,
+            });
+        };
+        let head_file = names::head_file(o.volume.head_index);
+        let all = self.store.list();
+        let by_name: BTreeMap<&str, &LvolInfo> = all.iter().map(|l| (l.name.as_str(), l)).collect();
+        let file_of = |lvol: &str| -> String {
+            if lvol == self.name {
+                head_file.clone()
+            } else {
+                self.snap_file(lvol).unwrap_or_default()
+            }
+        };
+        let mut disks = BTreeMap::new();
+        for l in all.iter().filter(|l| l.name == self.name || self.snap_file(&l.name).is_some()) {
+            let file = file_of(&l.name);
+            let meta = if l.name == self.name {
+                SnapshotXattr::default()
+            } else {
+                self.snapshot_xattr(&l.name)?
+            };
+            disks.insert(
+                file.clone(),
+                DiskStatus {
+                    name: file,
+                    parent: l.parent.as_deref().map(&file_of).unwrap_or_default(),
+                    children: l.children.iter().map(|c| file_of(c)).filter(|c| !c.is_empty()).collect(),
+                    removed: meta.removed,
+                    user_created: meta.user_created,
+                    created: meta.created,
+                    size: l.allocated_bytes,
+                    labels: meta.labels,
+                },
+            );
+        }
+        let mut chain = Vec::new();
+        let mut cur = Some(self.name.clone());
+        while let Some(n) = cur {
+            chain.push(file_of(&n));
+            cur = by_name.get(n.as_str()).and_then(|l| l.parent.clone());
+        }
+        let head = by_name.get(self.name.as_str());
+        let salvage = self.salvage()?;
+        Ok(ReplicaStatus {
+            state: if o.volume.rebuilding { "rebuilding" } else { "open" }.into(),
+            dir,
+            size: o.size,
+            sector_size: SECTOR_SIZE,
+            head: head_file,
+            parent: chain.get(1).cloned().unwrap_or_default(),
+            dirty: false,
+            rebuilding: o.volume.rebuilding,
+            error: String::new(),
+            backing_file: String::new(),
+            chain,
+            disks,
+            revision_counter: if o.volume.revision_counter_disabled {
+                0
+            } else {
+                self.revision_counter()
+            },
+            revision_counter_disabled: o.volume.revision_counter_disabled,
+            last_modify_time: salvage.last_modify_time,
+            head_file_size: head.map_or(0, |h| h.allocated_bytes),
+            extent_map_runs: 0,
+        })
+    }
+}
+
+fn now_ns() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}

@@ -1,0 +1,11 @@
+//! The v2 data engine's replica service (issue 20, item 2): one daemon per disk (`corral-replica
+//! serve-lvstore`) hosting many replicas as lvol chains in the disk's lvstore (crate `lvstore`), each served
+//! over the same data protocol and gRPC services as a v1 replica, so the engine has one code path for both.
+//!
+//! - [`lvol`]: one replica over an lvol chain (IO, snapshot, revert, expand, purge, salvage xattrs);
+//! - [`service`]: its data-protocol backend and gRPC services;
+//! - [`daemon`]: the per-disk daemon and its `LvstoreService` (add, list, remove replicas).
+
+pub mod daemon;
+pub mod lvol;
+pub mod service;

@@ -1,0 +1,334 @@
+//! One hosted v2 replica as a network service: the data protocol ([`BlockBackend`]), gRPC `ReplicaService` and
+//! gRPC `SyncAgentService`, answering as a v1 replica does, so the engine's code paths are the same for both.
+//! Purge works; rebuild, hash, export and clone are not built for v2 yet and answer `UNIMPLEMENTED` naming the
+//! missing piece (issue 20).
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::sync::Arc;
+
+use corral_proto::v1::{self, replica_service_server::ReplicaService, sync_agent_service_server::SyncAgentService};
+use data_protocol::{BackendError, BlockBackend, ErrorKind as WireKind, VolumeInfo};
+use tonic::{Request, Response, Status};
+
+use super::lvol::LvolReplica;
+use crate::error::{ErrorKind, ReplicaError};
+use crate::jobs::{JobState, JobStatus, JobTable};
+use crate::replica::{SECTOR_SIZE, SnapshotRequest};
+use crate::service::grpc::ServedEndpoints;
+use crate::service::to_proto;
+
+const PURGE: &str = "purge";
+
+/// What a hosted replica is served with.
+#[derive(Debug)]
+pub struct V2Replica {
+    pub replica: Arc<LvolReplica>,
+    pub jobs: JobTable,
+    /// Ports of the control, data and sync listeners (recorded in the head at create).
+    pub ports: [u16; 3],
+}
+
+fn wire_error(e: &ReplicaError) -> BackendError {
+    let kind = match e {
+        ReplicaError::OutOfRange { .. } => WireKind::OutOfRange,
+        _ => match e.kind() {
+            ErrorKind::NoSpace => WireKind::NoSpace,
+            ErrorKind::InvalidArgument => WireKind::Invalid,
+            ErrorKind::FailedPrecondition => WireKind::Unavailable,
+            _ => WireKind::Io,
+        },
+    };
+    BackendError::new(kind, e.to_string())
+}
+
+impl BlockBackend for V2Replica {
+    fn info(&self) -> Result<VolumeInfo, BackendError> {
+        if !self.replica.is_open() {
+            return Err(BackendError::new(
+                WireKind::Unavailable,
+                format!("replica {} is not open", self.replica.name()),
+            ));
+        }
+        Ok(VolumeInfo {
+            size: self.replica.size(),
+            sector_size: u32::try_from(SECTOR_SIZE).unwrap_or(512),
+            name: self.replica.name().to_owned(),
+        })
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
+        self.replica.read_at(offset, buf).map_err(|e| wire_error(&e))
+    }
+
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), BackendError> {
+        self.replica.write_at(offset, buf).map_err(|e| wire_error(&e))
+    }
+
+    fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.replica.unmap(offset, len).map_err(|e| wire_error(&e))
+    }
+
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BackendError> {
+        self.replica.write_zeroes(offset, len).map_err(|e| wire_error(&e))
+    }
+
+    fn flush(&self) -> Result<(), BackendError> {
+        self.replica.flush().map_err(|e| wire_error(&e))
+    }
+
+    fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>, BackendError> {
+        self.replica
+            .allocated_ranges(offset, len)
+            .map_err(|e| wire_error(&e))
+    }
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ReplicaError> + Send + 'static,
+) -> Result<T, Status> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| Status::internal(format!("task failed: {e}")))?
+        .map_err(Status::from)
+}
+
+fn not_yet(what: &str) -> Status {
+    Status::unimplemented(format!(
+        "{what} is not built for v2 (lvstore) replicas yet (issue 20); use a v1 replica for it"
+    ))
+}
+
+/// `ReplicaService` and `SyncAgentService` of one hosted replica.
+#[derive(Debug, Clone)]
+pub struct V2Grpc {
+    host: Arc<V2Replica>,
+    served: ServedEndpoints,
+}
+
+impl V2Grpc {
+    pub fn new(host: Arc<V2Replica>, served: ServedEndpoints) -> Self {
+        Self { host, served }
+    }
+
+    async fn reply(&self) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let r = self.host.replica.clone();
+        let s = blocking(move || r.status()).await?;
+        Ok(Response::new(v1::ReplicaResponse {
+            replica: Some(to_proto(&s, self.host.replica.name())),
+            data_endpoint: self.served.data.to_string(),
+            sync_endpoint: self.served.sync.to_string(),
+        }))
+    }
+
+    async fn with_replica(
+        &self,
+        f: impl FnOnce(&LvolReplica) -> Result<(), ReplicaError> + Send + 'static,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let r = self.host.replica.clone();
+        blocking(move || f(&r)).await?;
+        self.reply().await
+    }
+}
+
+#[tonic::async_trait]
+impl ReplicaService for V2Grpc {
+    async fn replica_create(
+        &self,
+        req: Request<v1::ReplicaCreateRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let req = req.into_inner();
+        let ports = self.host.ports;
+        self.with_replica(move |r| r.create(req.size, req.disable_revision_counter, ports))
+            .await
+    }
+
+    async fn replica_delete(&self, _: Request<v1::Empty>) -> Result<Response<v1::Empty>, Status> {
+        let r = self.host.replica.clone();
+        blocking(move || r.delete()).await?;
+        Ok(Response::new(v1::Empty {}))
+    }
+
+    async fn replica_get(&self, _: Request<v1::Empty>) -> Result<Response<v1::ReplicaResponse>, Status> {
+        self.reply().await
+    }
+
+    async fn replica_open(
+        &self,
+        _: Request<v1::ReplicaOpenRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        self.with_replica(LvolReplica::open).await
+    }
+
+    async fn replica_close(&self, _: Request<v1::Empty>) -> Result<Response<v1::ReplicaResponse>, Status> {
+        self.with_replica(LvolReplica::close).await
+    }
+
+    async fn replica_reload(&self, _: Request<v1::Empty>) -> Result<Response<v1::ReplicaResponse>, Status> {
+        // Nothing is cached beyond the head id, which every shape change keeps current.
+        self.reply().await
+    }
+
+    async fn replica_revert(
+        &self,
+        req: Request<v1::ReplicaRevertRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let req = req.into_inner();
+        self.with_replica(move |r| r.revert(&req.name, &req.created)).await
+    }
+
+    async fn replica_snapshot(
+        &self,
+        req: Request<v1::ReplicaSnapshotRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let req = req.into_inner();
+        let snap = SnapshotRequest {
+            name: req.name,
+            user_created: req.user_created,
+            created: req.created,
+            labels: req.labels.into_iter().collect::<BTreeMap<_, _>>(),
+        };
+        self.with_replica(move |r| r.snapshot(&snap)).await
+    }
+
+    async fn replica_expand(
+        &self,
+        req: Request<v1::ReplicaExpandRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let size = req.into_inner().size;
+        self.with_replica(move |r| r.expand(size)).await
+    }
+
+    async fn disk_mark_as_removed(
+        &self,
+        req: Request<v1::DiskRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let name = req.into_inner().name;
+        self.with_replica(move |r| r.mark_removed(&name)).await
+    }
+
+    async fn rebuilding_set(
+        &self,
+        req: Request<v1::RebuildingSetRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let v = req.into_inner().rebuilding;
+        self.with_replica(move |r| r.set_rebuilding(v)).await
+    }
+
+    async fn revision_counter_set(
+        &self,
+        req: Request<v1::RevisionCounterSetRequest>,
+    ) -> Result<Response<v1::ReplicaResponse>, Status> {
+        let v = req.into_inner().counter;
+        self.with_replica(move |r| r.set_revision_counter(v)).await
+    }
+}
+
+#[tonic::async_trait]
+impl SyncAgentService for V2Grpc {
+    async fn snapshot_purge(&self, _: Request<v1::Empty>) -> Result<Response<v1::Empty>, Status> {
+        let r = self.host.replica.clone();
+        if !r.is_open() {
+            return Err(Status::failed_precondition(format!(
+                "replica {} is not open",
+                r.name()
+            )));
+        }
+        let Some(ctl) = self.host.jobs.start(PURGE) else {
+            return Err(Status::failed_precondition("a purge is already running"));
+        };
+        let host = self.host.clone();
+        tokio::task::spawn_blocking(move || {
+            let status = match r.purge(&ctl) {
+                Ok(()) => JobStatus {
+                    state: JobState::Complete,
+                    ..Default::default()
+                },
+                Err(ReplicaError::Cancelled) => JobStatus {
+                    state: JobState::Cancelled,
+                    ..Default::default()
+                },
+                Err(e) => JobStatus {
+                    state: JobState::Error,
+                    error: e.to_string(),
+                    ..Default::default()
+                },
+            };
+            host.jobs.finish(PURGE, status);
+        });
+        Ok(Response::new(v1::Empty {}))
+    }
+
+    async fn snapshot_purge_status(
+        &self,
+        _: Request<v1::Empty>,
+    ) -> Result<Response<v1::SnapshotPurgeStatusResponse>, Status> {
+        let s = self.host.jobs.status(PURGE);
+        Ok(Response::new(v1::SnapshotPurgeStatusResponse {
+            is_purging: s.state == JobState::InProgress,
+            state: s.state.as_str().to_owned(),
+            progress: s.progress,
+            error: s.error,
+        }))
+    }
+
+    async fn snapshot_hash(&self, _: Request<v1::SnapshotHashRequest>) -> Result<Response<v1::Empty>, Status> {
+        Err(not_yet("snapshot hashing"))
+    }
+
+    async fn snapshot_hash_status(
+        &self,
+        _: Request<v1::SnapshotHashStatusRequest>,
+    ) -> Result<Response<v1::SnapshotHashStatusResponse>, Status> {
+        Err(not_yet("snapshot hashing"))
+    }
+
+    async fn snapshot_hash_cancel(
+        &self,
+        _: Request<v1::SnapshotHashStatusRequest>,
+    ) -> Result<Response<v1::Empty>, Status> {
+        Err(not_yet("snapshot hashing"))
+    }
+
+    async fn files_sync(&self, _: Request<v1::FilesSyncRequest>) -> Result<Response<v1::Empty>, Status> {
+        Err(not_yet("rebuild (receiving snapshot lvols)"))
+    }
+
+    async fn replica_rebuild_status(
+        &self,
+        _: Request<v1::Empty>,
+    ) -> Result<Response<v1::JobStatusResponse>, Status> {
+        Ok(Response::new(v1::JobStatusResponse {
+            state: JobState::None.as_str().into(),
+            ..Default::default()
+        }))
+    }
+
+    async fn file_send(
+        &self,
+        _: Request<v1::FileSendRequest>,
+    ) -> Result<Response<v1::FileSendResponse>, Status> {
+        Err(not_yet("rebuild (sending snapshot lvols)"))
+    }
+
+    async fn volume_export(
+        &self,
+        _: Request<v1::VolumeExportRequest>,
+    ) -> Result<Response<v1::VolumeExportResponse>, Status> {
+        Err(not_yet("snapshot export"))
+    }
+
+    async fn snapshot_clone(&self, _: Request<v1::SnapshotCloneRequest>) -> Result<Response<v1::Empty>, Status> {
+        Err(not_yet("snapshot clone"))
+    }
+
+    async fn snapshot_clone_status(
+        &self,
+        _: Request<v1::Empty>,
+    ) -> Result<Response<v1::JobStatusResponse>, Status> {
+        Ok(Response::new(v1::JobStatusResponse {
+            state: JobState::None.as_str().into(),
+            ..Default::default()
+        }))
+    }
+}
