@@ -5,7 +5,7 @@ mod common;
 use std::process::Command;
 use std::time::Duration;
 
-use common::{Engine, Replica};
+use common::{DataEngine, Engine, Replica};
 use corral_proto::{ReplicaAddress, v1};
 use testkit::qemu_io;
 use testkit::{wait_for, wait_for_async};
@@ -13,19 +13,30 @@ use testkit::{wait_for, wait_for_async};
 const SIZE: u64 = 64 << 20;
 
 fn replicas(dir: &std::path::Path, n: usize, extra: &[&str]) -> Vec<Replica> {
+    replicas_on(DataEngine::V1, dir, n, extra)
+}
+
+fn replicas_on(engine: DataEngine, dir: &std::path::Path, n: usize, extra: &[&str]) -> Vec<Replica> {
     (0..n)
-        .map(|i| Replica::start(&dir.join(format!("r{i}")), extra))
+        .map(|i| Replica::start_on(engine, &dir.join(format!("r{i}")), extra))
         .collect()
 }
+
+// The same tests against v1 replicas and v2 (lvstore) replicas: `NAME::v1`, `NAME::v2`.
+on_both_engines!(
+    qemu_clients_read_back_patterns_over_unix_and_tcp_and_convert_equals_what_was_written,
+    revert_returns_the_volume_to_the_snapshot,
+    a_replica_that_missed_writes_is_err_at_start_with_the_revision_counter,
+    nbdinfo_map_shows_holes_where_nothing_was_written,
+);
 
 fn addrs(rs: &[Replica]) -> Vec<String> {
     rs.iter().map(Replica::address).collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn qemu_clients_read_back_patterns_over_unix_and_tcp_and_convert_equals_what_was_written() {
+async fn qemu_clients_read_back_patterns_over_unix_and_tcp_and_convert_equals_what_was_written(engine: DataEngine) {
     let t = tempfile::tempdir().unwrap();
-    let rs = replicas(t.path(), 2, &[]);
+    let rs = replicas_on(engine, t.path(), 2, &[]);
     let e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
     let (ok, out) = qemu_io(
         &e.unix_uri(),
@@ -159,10 +170,9 @@ async fn replica_killed_under_load_goes_err_io_continues_and_a_new_replica_rebui
     assert!(after[60 << 20..61 << 20].iter().all(|&b| b == 0xee));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn revert_returns_the_volume_to_the_snapshot() {
+async fn revert_returns_the_volume_to_the_snapshot(engine: DataEngine) {
     let t = tempfile::tempdir().unwrap();
-    let rs = replicas(t.path(), 2, &[]);
+    let rs = replicas_on(engine, t.path(), 2, &[]);
     let e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
     assert!(qemu_io(&e.unix_uri(), &["write -P 0xaa 0 2M"]).0);
     assert!(e.cli(&["snapshot", "create", "s1"]).status.success());
@@ -193,10 +203,9 @@ async fn revert_returns_the_volume_to_the_snapshot() {
     assert_eq!(st.code(), tonic::Code::FailedPrecondition);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_that_missed_writes_is_err_at_start_with_the_revision_counter() {
+async fn a_replica_that_missed_writes_is_err_at_start_with_the_revision_counter(engine: DataEngine) {
     let t = tempfile::tempdir().unwrap();
-    let rs = replicas(t.path(), 2, &[]);
+    let rs = replicas_on(engine, t.path(), 2, &[]);
     {
         let mut e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
         assert!(qemu_io(&e.unix_uri(), &["write -P 0x01 0 64k", "flush"]).0);
@@ -279,10 +288,9 @@ async fn replica_status(r: &Replica) -> v1::Replica {
     r.status().await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn nbdinfo_map_shows_holes_where_nothing_was_written() {
+async fn nbdinfo_map_shows_holes_where_nothing_was_written(engine: DataEngine) {
     let t = tempfile::tempdir().unwrap();
-    let rs = replicas(t.path(), 2, &[]);
+    let rs = replicas_on(engine, t.path(), 2, &[]);
     let e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
     assert!(qemu_io(&e.unix_uri(), &["write -P 0x01 0 1M"]).0);
     assert!(e.cli(&["snapshot", "create", "s1"]).status.success());

@@ -107,6 +107,10 @@ enum Cmd {
         /// Data-protocol requests a connection runs before writing their replies.
         #[arg(long, default_value_t = 128)]
         data_window: usize,
+        /// Host replica NAME from the start (repeatable; created on the engine's ReplicaCreate). The ready
+        /// file reports its listeners as NAME.control, NAME.data and NAME.sync.
+        #[arg(long = "replica", value_name = "NAME")]
+        replicas: Vec<String>,
     },
     /// Show a replica: offline from its directory (--dir), or live over gRPC (--url: a replica address, or its
     /// control endpoint HOST:PORT).
@@ -244,6 +248,7 @@ async fn main() -> anyhow::Result<()> {
             format,
             cluster_size,
             data_window,
+            replicas,
         } => {
             let cfg = replica::v2::daemon::LvstoreServeConfig {
                 disk,
@@ -255,6 +260,7 @@ async fn main() -> anyhow::Result<()> {
                     window: data_window,
                     ..Default::default()
                 },
+                replicas,
             };
             replica::v2::daemon::serve_lvstore(cfg, corral_daemon::shutdown_on_signal()).await
         }

@@ -24,16 +24,114 @@ pub fn bin(name: &str) -> PathBuf {
     workspace_bin(name)
 }
 
+/// The data engine a test replica runs on: v1 (`corral-replica serve`, a directory of sparse files) or v2
+/// (`corral-replica serve-lvstore`, an lvol chain in an lvstore on a preallocated file).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataEngine {
+    V1,
+    V2,
+}
+
+/// Bytes of the preallocated file a v2 test replica's lvstore lives on.
+pub const V2_DISK_BYTES: u64 = 512 << 20;
+
+/// Runs `$name(DataEngine::V1)` and `$name(DataEngine::V2)` as two tests, `$name::v1` and `$name::v2` (the
+/// same test, parameterised over the data engine).
+#[macro_export]
+macro_rules! on_both_engines {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn v1() {
+                super::$name($crate::common::DataEngine::V1).await;
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn v2() {
+                super::$name($crate::common::DataEngine::V2).await;
+            }
+        }
+    )*};
+}
+
 /// A replica daemon.
 pub struct Replica {
     pub daemon: Daemon,
     pub dir: PathBuf,
+    /// v2: the replica's name in the lvstore (its listeners are `NAME.control` etc. in the ready file).
+    pub lvstore_replica: Option<String>,
 }
 
 impl Replica {
     /// Starts `corral-replica serve` on free ports.
     pub fn start(dir: &Path, extra: &[&str]) -> Self {
         Self::spawn(dir, "127.0.0.1:0", "127.0.0.1:0", "127.0.0.1:0", extra)
+    }
+
+    /// Starts a replica on `engine`: v1 as [`start`](Self::start); v2 as a `corral-replica serve-lvstore` daemon
+    /// over `dir/disk.img` (preallocated, formatted at first start) hosting one replica `r`. `extra` may hold
+    /// `--size N` and `--disable-revision-counter` for v2 (the replica is then created at once).
+    pub fn start_on(engine: DataEngine, dir: &Path, extra: &[&str]) -> Self {
+        if engine == DataEngine::V1 {
+            return Self::start(dir, extra);
+        }
+        std::fs::create_dir_all(dir).unwrap();
+        let disk = dir.join("disk.img");
+        if !disk.exists() {
+            let st = Command::new("fallocate")
+                .args(["-l", &V2_DISK_BYTES.to_string()])
+                .arg(&disk)
+                .status()
+                .unwrap();
+            assert!(st.success(), "fallocate {}", disk.display());
+        }
+        let daemon = DaemonCommand::new(bin("corral-replica"))
+            .label("corral-replica-lvstore")
+            .args(["serve-lvstore", "--format", "--cluster-size", "64K", "--disk"])
+            .arg(&disk)
+            .args(["--listen", "127.0.0.1:0", "--replica", "r"])
+            .spawn();
+        let r = Self {
+            daemon,
+            dir: dir.to_owned(),
+            lvstore_replica: Some("r".into()),
+        };
+        let size = extra
+            .iter()
+            .position(|a| *a == "--size")
+            .map(|i| extra[i + 1].to_owned());
+        let disable_rc = extra.contains(&"--disable-revision-counter");
+        assert!(
+            extra.iter().all(|a| ["--size", "--disable-revision-counter"].contains(a) || Some(*a) == size.as_deref()),
+            "v2 test replicas take only --size and --disable-revision-counter: {extra:?}"
+        );
+        if let Some(size) = size {
+            let size = corral_daemon::parse_size(&size).unwrap();
+            let addr = r.replica_address();
+            std::thread::spawn(move || {
+                tokio::runtime::Runtime::new().unwrap().block_on(async move {
+                    ReplicaServiceClient::connect(addr.control.grpc_uri())
+                        .await
+                        .unwrap()
+                        .replica_create(v1::ReplicaCreateRequest {
+                            size,
+                            disable_revision_counter: disable_rc,
+                        })
+                        .await
+                        .unwrap();
+                });
+            })
+            .join()
+            .unwrap();
+        }
+        r
+    }
+
+    /// Name of listener `what` (`control`, `data`, `sync`) of this replica in its daemon's ready file.
+    fn listener(&self, what: &str) -> String {
+        match &self.lvstore_replica {
+            Some(n) => format!("{n}.{what}"),
+            None => what.to_owned(),
+        }
     }
 
     fn spawn(dir: &Path, control: &str, data: &str, sync: &str, extra: &[&str]) -> Self {
@@ -47,6 +145,7 @@ impl Replica {
         Self {
             daemon,
             dir: dir.to_owned(),
+            lvstore_replica: None,
         }
     }
 
@@ -54,9 +153,9 @@ impl Replica {
     pub fn replica_address(&self) -> ReplicaAddress {
         ReplicaAddress::tcp(
             "127.0.0.1",
-            self.daemon.port("control"),
-            self.daemon.port("data"),
-            self.daemon.port("sync"),
+            self.daemon.port(&self.listener("control")),
+            self.daemon.port(&self.listener("data")),
+            self.daemon.port(&self.listener("sync")),
         )
     }
 
@@ -71,14 +170,14 @@ impl Replica {
 
     /// `ReplicaService` on the control endpoint.
     pub async fn control(&self) -> ReplicaServiceClient<Channel> {
-        ReplicaServiceClient::connect(self.daemon.http_url("control"))
+        ReplicaServiceClient::connect(self.daemon.http_url(&self.listener("control")))
             .await
             .unwrap()
     }
 
     /// `SyncAgentService` on the sync endpoint.
     pub async fn sync_agent(&self) -> SyncAgentServiceClient<Channel> {
-        SyncAgentServiceClient::connect(self.daemon.http_url("sync"))
+        SyncAgentServiceClient::connect(self.daemon.http_url(&self.listener("sync")))
             .await
             .unwrap()
     }
@@ -97,7 +196,7 @@ impl Replica {
 
     /// Reads the whole volume through this replica's data endpoint (its chain flattened).
     pub async fn flattened(&self, size: u64) -> Vec<u8> {
-        let c = DataClient::connect(self.daemon.addr("data"), ClientConfig::default())
+        let c = DataClient::connect(self.daemon.addr(&self.listener("data")), ClientConfig::default())
             .await
             .unwrap();
         let mut out = vec![0u8; usize::try_from(size).unwrap()];

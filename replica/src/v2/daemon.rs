@@ -45,6 +45,8 @@ pub struct LvstoreServeConfig {
     pub cluster_size: u64,
     pub ready_file: Option<PathBuf>,
     pub data: ServerConfig,
+    /// Replicas to host from the start (besides those the store holds), created on the engine's ReplicaCreate.
+    pub replicas: Vec<String>,
 }
 
 struct Hosted {
@@ -308,16 +310,30 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
         hosted: tokio::sync::Mutex::default(),
         busy: Mutex::default(),
     });
-    for name in replicas_in(&store) {
-        daemon
+    for name in &cfg.replicas {
+        check_replica_name(name)?;
+    }
+    let mut ready = ReadyReport::new();
+    let mut names = replicas_in(&store);
+    names.extend(cfg.replicas.iter().cloned());
+    names.sort();
+    names.dedup();
+    for name in names {
+        let a = daemon
             .host(&name, [0; 3])
             .await
             .with_context(|| format!("serve replica {name}"))?;
+        // `NAME.control`, `NAME.data`, `NAME.sync` (replica names hold no dots).
+        for (what, ep) in [("control", &a.control), ("data", &a.data), ("sync", &a.sync)] {
+            if let corral_proto::Endpoint::Tcp { port, .. } = ep {
+                ready = ready.tcp(&format!("{name}.{what}"), SocketAddr::new(daemon.ip, *port));
+            }
+        }
     }
     let listener = TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("bind {}", cfg.listen))?;
-    ReadyReport::new()
+    ready
         .tcp("control", listener.local_addr()?)
         .announce(cfg.ready_file.as_deref())?;
     tonic::transport::Server::builder()
