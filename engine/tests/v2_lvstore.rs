@@ -40,7 +40,9 @@ fn lvstore_daemon(disk: &std::path::Path) -> Daemon {
 }
 
 async fn service(d: &Daemon) -> LvstoreServiceClient<Channel> {
-    LvstoreServiceClient::connect(d.http_url("control")).await.unwrap()
+    LvstoreServiceClient::connect(d.http_url("control"))
+        .await
+        .unwrap()
 }
 
 async fn add(d: &Daemon, name: &str) -> String {
@@ -67,7 +69,11 @@ fn check(disk: &std::path::Path) -> String {
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(out.status.success(), "corral-lvstore check {}: {text}", disk.display());
+    assert!(
+        out.status.success(),
+        "corral-lvstore check {}: {text}",
+        disk.display()
+    );
     text
 }
 
@@ -90,7 +96,11 @@ async fn replicas_of_two_volumes_on_one_lvstore_survive_a_daemon_sigkill_with_ev
     let mut da = lvstore_daemon(&disk_a);
     let db = lvstore_daemon(&disk_b);
     // Volume x: one replica on each disk; volume y: one replica on disk a (two volumes share daemon a).
-    let (x0, y0, x1) = (add(&da, "x-r0").await, add(&da, "y-r0").await, add(&db, "x-r1").await);
+    let (x0, y0, x1) = (
+        add(&da, "x-r0").await,
+        add(&da, "y-r0").await,
+        add(&db, "x-r1").await,
+    );
     let ex = Engine::start(t.path(), "x", SIZE, &[x0.clone(), x1.clone()], &[]);
     let mut ey = Engine::start(t.path(), "y", SIZE, std::slice::from_ref(&y0), &[]);
 
@@ -124,7 +134,10 @@ async fn replicas_of_two_volumes_on_one_lvstore_survive_a_daemon_sigkill_with_ev
             let off = (16 << 20) + i * BLOCK;
             let p = u8::try_from(i % 250 + 1).unwrap();
             let (ok, _) = qemu_io(&uri, &[&format!("write -P 0x{p:02x} {off} {BLOCK}"), "flush"]);
-            assert!(ok, "write at {off} failed: the engine must go on with the other replica");
+            assert!(
+                ok,
+                "write at {off} failed: the engine must go on with the other replica"
+            );
             acked_w.lock().unwrap().push((off, p));
         }
     });
@@ -138,7 +151,10 @@ async fn replicas_of_two_volumes_on_one_lvstore_survive_a_daemon_sigkill_with_ev
     let after_kill = acked.lock().unwrap().len();
     writer.join().unwrap();
     let total = acked.lock().unwrap().len();
-    assert!(total > after_kill, "the writer was not running when the daemon was killed");
+    assert!(
+        total > after_kill,
+        "the writer was not running when the daemon was killed"
+    );
     eprintln!(
         "{} writes acknowledged before the kill, {} in all",
         durable.len(),
@@ -176,7 +192,10 @@ async fn replicas_of_two_volumes_on_one_lvstore_survive_a_daemon_sigkill_with_ev
     drop((ex, ey));
     drop((da, db));
     let text = check(&disk_a);
-    assert!(text.contains("ok") || text.contains("clean") || !text.is_empty(), "{text}");
+    assert!(
+        text.contains("ok") || text.contains("clean") || !text.is_empty(),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -193,7 +212,10 @@ async fn a_disk_that_is_not_an_lvstore_and_names_with_path_tricks_are_refused_an
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success(), "served a disk that holds no lvstore");
-    assert!(err.contains("not an lvstore") && err.contains("--format"), "{err}");
+    assert!(
+        err.contains("not an lvstore") && err.contains("--format"),
+        "{err}"
+    );
     assert!(std::fs::read(&p).unwrap() == junk, "the disk was changed");
     // A missing disk.
     let out = Command::new(bin("corral-replica"))
@@ -208,7 +230,16 @@ async fn a_disk_that_is_not_an_lvstore_and_names_with_path_tricks_are_refused_an
     let daemon = lvstore_daemon(&d);
     add(&daemon, "good").await;
     let mut svc = service(&daemon).await;
-    for bad in ["", "../x", "a/b", "a.snap.b", ".hidden", "-rf", "a b", &"x".repeat(101)] {
+    for bad in [
+        "",
+        "../x",
+        "a/b",
+        "a.snap.b",
+        ".hidden",
+        "-rf",
+        "a b",
+        &"x".repeat(101),
+    ] {
         let st = svc
             .lvstore_replica_add(v1::LvstoreReplicaAddRequest {
                 name: bad.into(),
@@ -222,11 +253,10 @@ async fn a_disk_that_is_not_an_lvstore_and_names_with_path_tricks_are_refused_an
     }
     // Snapshot names with path tricks, on a hosted replica.
     let good: ReplicaAddress = add(&daemon, "good").await.parse().unwrap();
-    let mut ctl = corral_proto::v1::replica_service_client::ReplicaServiceClient::connect(
-        good.control.grpc_uri(),
-    )
-    .await
-    .unwrap();
+    let mut ctl =
+        corral_proto::v1::replica_service_client::ReplicaServiceClient::connect(good.control.grpc_uri())
+            .await
+            .unwrap();
     ctl.replica_create(v1::ReplicaCreateRequest {
         size: 4 << 20,
         disable_revision_counter: false,
@@ -250,7 +280,13 @@ async fn a_disk_that_is_not_an_lvstore_and_names_with_path_tricks_are_refused_an
         .into_inner()
         .replicas;
     assert_eq!(listed.len(), 1, "{listed:?}");
-    let s = ctl.replica_get(v1::Empty {}).await.unwrap().into_inner().replica.unwrap();
+    let s = ctl
+        .replica_get(v1::Empty {})
+        .await
+        .unwrap()
+        .into_inner()
+        .replica
+        .unwrap();
     assert_eq!(s.disks.len(), 1, "only the head: {:?}", s.disks);
     drop(daemon);
     let out = Command::new(bin("corral-lvstore"))
@@ -262,10 +298,20 @@ async fn a_disk_that_is_not_an_lvstore_and_names_with_path_tricks_are_refused_an
     assert!(out.status.success(), "{ls}");
     assert!(ls.contains("\"good\"") && !ls.contains("snap"), "{ls}");
     let out = Command::new(bin("corral-replica"))
-        .args(["serve-lvstore", "--listen", "127.0.0.1:0", "--replica", "../etc", "--disk"])
+        .args([
+            "serve-lvstore",
+            "--listen",
+            "127.0.0.1:0",
+            "--replica",
+            "../etc",
+            "--disk",
+        ])
         .arg(&d)
         .output()
         .unwrap();
     let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && err.contains("invalid replica name"), "{err}");
+    assert!(
+        !out.status.success() && err.contains("invalid replica name"),
+        "{err}"
+    );
 }

@@ -34,7 +34,9 @@ fn addrs(rs: &[Replica]) -> Vec<String> {
     rs.iter().map(Replica::address).collect()
 }
 
-async fn qemu_clients_read_back_patterns_over_unix_and_tcp_and_convert_equals_what_was_written(engine: DataEngine) {
+async fn qemu_clients_read_back_patterns_over_unix_and_tcp_and_convert_equals_what_was_written(
+    engine: DataEngine,
+) {
     let t = tempfile::tempdir().unwrap();
     let rs = replicas_on(engine, t.path(), 2, &[]);
     let e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);

@@ -101,7 +101,9 @@ impl Replica {
             .map(|i| extra[i + 1].to_owned());
         let disable_rc = extra.contains(&"--disable-revision-counter");
         assert!(
-            extra.iter().all(|a| ["--size", "--disable-revision-counter"].contains(a) || Some(*a) == size.as_deref()),
+            extra
+                .iter()
+                .all(|a| ["--size", "--disable-revision-counter"].contains(a) || Some(*a) == size.as_deref()),
             "v2 test replicas take only --size and --disable-revision-counter: {extra:?}"
         );
         if let Some(size) = size {

@@ -88,9 +88,7 @@ impl LvstoreDaemon {
         }
         let store = self.store.clone();
         let n = name.to_owned();
-        let replica = Arc::new(
-            tokio::task::spawn_blocking(move || LvolReplica::load(store, &n)).await??,
-        );
+        let replica = Arc::new(tokio::task::spawn_blocking(move || LvolReplica::load(store, &n)).await??);
         let recorded = replica.recorded_ports();
         let want = if recorded == [0; 3] { ports } else { recorded };
         let control = bind(self.ip, want[0], name, "control").await?;
@@ -100,7 +98,11 @@ impl LvstoreDaemon {
             data: data.local_addr()?,
             sync: sync.local_addr()?,
         };
-        let bound = [control.local_addr()?.port(), served.data.port(), served.sync.port()];
+        let bound = [
+            control.local_addr()?.port(),
+            served.data.port(),
+            served.sync.port(),
+        ];
         if replica.is_open() && bound != recorded {
             let r = replica.clone();
             tokio::task::spawn_blocking(move || r.set_ports(bound)).await??;
@@ -159,7 +161,9 @@ impl LvstoreDaemon {
     async fn unhost(&self, name: &str, delete: bool) -> Result<(), ReplicaError> {
         let h = self.hosted.lock().await.remove(name);
         let Some(mut h) = h else {
-            return Err(ReplicaError::NotFound(format!("replica {name} is not hosted here")));
+            return Err(ReplicaError::NotFound(format!(
+                "replica {name} is not hosted here"
+            )));
         };
         h.cancel.cancel();
         while h.tasks.join_next().await.is_some() {}
@@ -203,7 +207,11 @@ impl LvstoreService for LvstoreGrpc {
     ) -> Result<Response<v1::LvstoreReplica>, Status> {
         let req = req.into_inner();
         check_replica_name(&req.name)?;
-        let ports = [port(req.control_port)?, port(req.data_port)?, port(req.sync_port)?];
+        let ports = [
+            port(req.control_port)?,
+            port(req.data_port)?,
+            port(req.sync_port)?,
+        ];
         if !lock(&self.0.busy).insert(req.name.clone()) {
             return Err(Status::aborted(format!("replica {} is being changed", req.name)));
         }

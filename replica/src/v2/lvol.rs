@@ -83,7 +83,9 @@ pub fn check_replica_name(name: &str) -> Result<()> {
     let ok = !name.is_empty()
         && name.len() <= 100
         && !name.starts_with('-')
-        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
     if ok {
         Ok(())
     } else {
@@ -155,7 +157,9 @@ pub struct LvolReplica {
 
 impl std::fmt::Debug for LvolReplica {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("LvolReplica").field("name", &self.name).finish_non_exhaustive()
+        f.debug_struct("LvolReplica")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
     }
 }
 
@@ -227,7 +231,11 @@ impl LvolReplica {
     }
 
     fn read_volume_xattr(&self) -> Result<VolumeXattr> {
-        match self.store.xattr(&self.name, XATTR_VOLUME).map_err(|e| self.err(e))? {
+        match self
+            .store
+            .xattr(&self.name, XATTR_VOLUME)
+            .map_err(|e| self.err(e))?
+        {
             None => Ok(VolumeXattr::default()),
             Some(v) => serde_json::from_slice(&v).map_err(|e| ReplicaError::CorruptMeta {
                 path: self.store.path().join(&self.name),
@@ -238,7 +246,11 @@ impl LvolReplica {
 
     /// The salvage fields as last flushed (default when never flushed).
     pub fn salvage(&self) -> Result<SalvageXattr> {
-        match self.store.xattr(&self.name, XATTR_SALVAGE).map_err(|e| self.err(e))? {
+        match self
+            .store
+            .xattr(&self.name, XATTR_SALVAGE)
+            .map_err(|e| self.err(e))?
+        {
             None => Ok(SalvageXattr::default()),
             Some(v) => serde_json::from_slice(&v).map_err(|e| ReplicaError::CorruptMeta {
                 path: self.store.path().join(&self.name),
@@ -265,7 +277,9 @@ impl LvolReplica {
                 "size {size} is not a positive multiple of {BLOCK}"
             )));
         }
-        self.store.create_lvol(&self.name, size).map_err(|e| self.err(e))?;
+        self.store
+            .create_lvol(&self.name, size)
+            .map_err(|e| self.err(e))?;
         let v = VolumeXattr {
             revision_counter_disabled: disable_revision_counter,
             ports,
@@ -317,7 +331,9 @@ impl LvolReplica {
             .store
             .list()
             .into_iter()
-            .filter(|l| l.name == self.name || l.name == self.revert_name() || self.snap_file(&l.name).is_some())
+            .filter(|l| {
+                l.name == self.name || l.name == self.revert_name() || self.snap_file(&l.name).is_some()
+            })
             .collect();
         // Leaves first: a blob is deleted once nothing of this replica reads through to it.
         let mut left: Vec<LvolInfo> = mine;
@@ -347,9 +363,9 @@ impl LvolReplica {
     }
 
     fn current(&self) -> Result<Open> {
-        read_lock(&self.open).clone().ok_or_else(|| {
-            ReplicaError::FailedPrecondition(format!("replica {} is not open", self.name))
-        })
+        read_lock(&self.open)
+            .clone()
+            .ok_or_else(|| ReplicaError::FailedPrecondition(format!("replica {} is not open", self.name)))
     }
 
     /// Is the head open?
@@ -413,7 +429,9 @@ impl LvolReplica {
         let o = g.as_ref().ok_or_else(|| self.not_open())?;
         Self::check_range(o, offset, len)?;
         self.bump(o);
-        self.store.write_zeroes(o.head, offset, len).map_err(|e| self.err(e))
+        self.store
+            .write_zeroes(o.head, offset, len)
+            .map_err(|e| self.err(e))
     }
 
     pub fn allocated_ranges(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>> {
@@ -715,7 +733,10 @@ impl LvolReplica {
             }
         };
         let mut disks = BTreeMap::new();
-        for l in all.iter().filter(|l| l.name == self.name || self.snap_file(&l.name).is_some()) {
+        for l in all
+            .iter()
+            .filter(|l| l.name == self.name || self.snap_file(&l.name).is_some())
+        {
             let file = file_of(&l.name);
             let meta = if l.name == self.name {
                 SnapshotXattr::default()
@@ -727,7 +748,12 @@ impl LvolReplica {
                 DiskStatus {
                     name: file,
                     parent: l.parent.as_deref().map(&file_of).unwrap_or_default(),
-                    children: l.children.iter().map(|c| file_of(c)).filter(|c| !c.is_empty()).collect(),
+                    children: l
+                        .children
+                        .iter()
+                        .map(|c| file_of(c))
+                        .filter(|c| !c.is_empty())
+                        .collect(),
                     removed: meta.removed,
                     user_created: meta.user_created,
                     created: meta.created,
@@ -774,4 +800,142 @@ fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use lvstore::FormatOptions;
+
+    fn store(dir: &std::path::Path) -> Arc<LvStore> {
+        let p = dir.join("disk.img");
+        std::fs::File::create(&p).unwrap().set_len(64 << 20).unwrap();
+        Arc::new(
+            LvStore::format(
+                &p,
+                &FormatOptions {
+                    cluster_size: 64 << 10,
+                    ..Default::default()
+                },
+            )
+            .unwrap(),
+        )
+    }
+
+    fn snap(r: &LvolReplica, name: &str) {
+        r.snapshot(&SnapshotRequest {
+            name: name.into(),
+            user_created: true,
+            ..Default::default()
+        })
+        .unwrap();
+    }
+
+    fn read(r: &LvolReplica, off: u64, len: usize) -> Vec<u8> {
+        let mut b = vec![0u8; len];
+        r.read_at(off, &mut b).unwrap();
+        b
+    }
+
+    #[test]
+    fn snapshot_revert_expand_and_purge_keep_each_snapshots_data() {
+        let t = tempfile::tempdir().unwrap();
+        let s = store(t.path());
+        let r = LvolReplica::load(s.clone(), "r").unwrap();
+        assert_eq!(r.status().unwrap().state, "initial");
+        r.create(1 << 20, false, [1, 2, 3]).unwrap();
+        r.write_at(0, &[1u8; 8192]).unwrap();
+        snap(&r, "s1");
+        r.write_at(4096, &[2u8; 4096]).unwrap();
+        snap(&r, "s2");
+        r.write_at(0, &[3u8; 512]).unwrap();
+        let st = r.status().unwrap();
+        assert_eq!(
+            st.chain,
+            ["volume-head-002.img", "volume-snap-s2.img", "volume-snap-s1.img"]
+        );
+        assert_eq!(st.revision_counter, 3);
+        // Remove and purge the middle snapshot: the data reads the same.
+        let before = read(&r, 0, 16384);
+        r.mark_removed("s1").unwrap();
+        r.purge(&JobControl::default()).unwrap();
+        assert_eq!(read(&r, 0, 16384), before);
+        assert_eq!(
+            r.status().unwrap().chain,
+            ["volume-head-002.img", "volume-snap-s2.img"]
+        );
+        // Revert to s2: the head's writes are gone, s2's data is back.
+        r.revert("s2", "").unwrap();
+        assert_eq!(read(&r, 0, 8192), [[1u8; 4096], [2u8; 4096]].concat());
+        // Expand: the new range reads zeros and takes writes; the volume settings survive a reload.
+        r.expand(2 << 20).unwrap();
+        assert_eq!(read(&r, (2 << 20) - 4096, 4096), vec![0u8; 4096]);
+        r.write_at((2 << 20) - 4096, &[9u8; 4096]).unwrap();
+        r.flush().unwrap();
+        let salvage = r.salvage().unwrap();
+        assert!(salvage.last_modify_time > 0 && salvage.allocated_bytes >= 4096);
+        assert_eq!(salvage.revision_counter, r.revision_counter());
+        drop(r);
+        let r = LvolReplica::load(s.clone(), "r").unwrap();
+        assert_eq!(r.size(), 2 << 20);
+        assert_eq!(r.recorded_ports(), [1, 2, 3]);
+        assert_eq!(read(&r, (2 << 20) - 4096, 4096), vec![9u8; 4096]);
+        assert_eq!(r.revision_counter(), salvage.revision_counter);
+        s.check().unwrap();
+        // Deleting the replica deletes every lvol of it.
+        r.delete().unwrap();
+        assert!(s.list().is_empty(), "{:?}", s.list());
+    }
+
+    #[test]
+    fn an_interrupted_revert_is_finished_or_undone_at_load() {
+        let t = tempfile::tempdir().unwrap();
+        let s = store(t.path());
+        let r = LvolReplica::load(s.clone(), "r").unwrap();
+        r.create(1 << 20, false, [0; 3]).unwrap();
+        r.write_at(0, &[1u8; 4096]).unwrap();
+        snap(&r, "s1");
+        r.write_at(0, &[2u8; 4096]).unwrap();
+        r.flush().unwrap();
+        drop(r);
+        // Crashed after the clone, before the old head's delete: undone (the head keeps its writes).
+        s.clone_snapshot("r.snap.s1", "r.revert").unwrap();
+        let r = LvolReplica::load(s.clone(), "r").unwrap();
+        assert_eq!(read(&r, 0, 4096), vec![2u8; 4096]);
+        assert!(s.lookup("r.revert").is_err());
+        drop(r);
+        // Crashed after the delete, before the rename: finished (the reverted head is in place).
+        s.clone_snapshot("r.snap.s1", "r.revert").unwrap();
+        let v = s.xattr("r", XATTR_VOLUME).unwrap().unwrap();
+        s.set_xattr("r.revert", XATTR_VOLUME, &v).unwrap();
+        s.delete("r").unwrap();
+        assert_eq!(replicas_in(&s), ["r"]);
+        let r = LvolReplica::load(s.clone(), "r").unwrap();
+        assert_eq!(read(&r, 0, 4096), vec![1u8; 4096]);
+        s.check().unwrap();
+    }
+
+    #[test]
+    fn io_past_the_end_and_on_a_closed_replica_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let s = store(t.path());
+        let r = LvolReplica::load(s, "r").unwrap();
+        assert!(r.write_at(0, &[1u8; 512]).is_err(), "IO before create");
+        r.create(1 << 20, true, [0; 3]).unwrap();
+        assert!(matches!(
+            r.write_at((1 << 20) - 512, &[0u8; 1024]),
+            Err(ReplicaError::OutOfRange { .. })
+        ));
+        r.write_at(0, &[1u8; 512]).unwrap();
+        assert_eq!(r.status().unwrap().revision_counter, 0, "counter disabled");
+        r.close().unwrap();
+        assert_eq!(r.status().unwrap().state, "closed");
+        assert!(r.read_at(0, &mut [0u8; 512]).is_err());
+        r.open().unwrap();
+        assert_eq!(read(&r, 0, 512), vec![1u8; 512]);
+        assert!(r.create(1 << 20, true, [0; 3]).is_err(), "created twice");
+        for bad in ["", "a.b", "../x", "a/b", "-x"] {
+            assert!(check_replica_name(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -7,7 +7,9 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
-use corral_proto::v1::{self, replica_service_server::ReplicaService, sync_agent_service_server::SyncAgentService};
+use corral_proto::v1::{
+    self, replica_service_server::ReplicaService, sync_agent_service_server::SyncAgentService,
+};
 use data_protocol::{BackendError, BlockBackend, ErrorKind as WireKind, VolumeInfo};
 use tonic::{Request, Response, Status};
 
@@ -174,7 +176,8 @@ impl ReplicaService for V2Grpc {
         req: Request<v1::ReplicaRevertRequest>,
     ) -> Result<Response<v1::ReplicaResponse>, Status> {
         let req = req.into_inner();
-        self.with_replica(move |r| r.revert(&req.name, &req.created)).await
+        self.with_replica(move |r| r.revert(&req.name, &req.created))
+            .await
     }
 
     async fn replica_snapshot(
@@ -272,7 +275,10 @@ impl SyncAgentService for V2Grpc {
         }))
     }
 
-    async fn snapshot_hash(&self, _: Request<v1::SnapshotHashRequest>) -> Result<Response<v1::Empty>, Status> {
+    async fn snapshot_hash(
+        &self,
+        _: Request<v1::SnapshotHashRequest>,
+    ) -> Result<Response<v1::Empty>, Status> {
         Err(not_yet("snapshot hashing"))
     }
 
@@ -318,7 +324,10 @@ impl SyncAgentService for V2Grpc {
         Err(not_yet("snapshot export"))
     }
 
-    async fn snapshot_clone(&self, _: Request<v1::SnapshotCloneRequest>) -> Result<Response<v1::Empty>, Status> {
+    async fn snapshot_clone(
+        &self,
+        _: Request<v1::SnapshotCloneRequest>,
+    ) -> Result<Response<v1::Empty>, Status> {
         Err(not_yet("snapshot clone"))
     }
 
