@@ -1,25 +1,35 @@
 //! Seed 003 test plan: revision counter disabled, three replicas, a write load with flushes, SIGKILL the engine
 //! mid-write, restart with `--salvage-requested`: the volume serves again and every write acknowledged before the
 //! last acknowledged flush is intact. Repeated ten times; between rounds the replicas salvage did not pick are
-//! rebuilt from the chosen one, so every round starts with three RW replicas.
+//! rebuilt from the chosen one, so every round starts with three RW replicas. Parameterised over the data engine
+//! (`::v1`, `::v2`); v2 replicas cannot be rebuilt yet, so there the others stay ERR and each round's salvage
+//! must keep choosing the replica that has every flushed write (by the last-modified time and allocated bytes in
+//! its head lvol's xattrs).
 
 mod common;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{Engine, Replica};
+use common::{DataEngine, Engine, Replica};
 use testkit::qemu_io;
 
 const SIZE: u64 = 64 << 20;
 const ROUNDS: u64 = 10;
 const BLOCK: u64 = 64 << 10;
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn salvage_after_engine_sigkill_keeps_every_flushed_write_ten_times() {
+on_both_engines!(salvage_after_engine_sigkill_keeps_every_flushed_write_ten_times);
+
+async fn salvage_after_engine_sigkill_keeps_every_flushed_write_ten_times(engine: DataEngine) {
     let t = tempfile::tempdir().unwrap();
     let rs: Vec<Replica> = (0..3)
-        .map(|i| Replica::start(&t.path().join(format!("r{i}")), &["--disable-revision-counter"]))
+        .map(|i| {
+            Replica::start_on(
+                engine,
+                &t.path().join(format!("r{i}")),
+                &["--disable-revision-counter"],
+            )
+        })
         .collect();
     let addrs: Vec<String> = rs.iter().map(Replica::address).collect();
     let mut durable: Vec<(u64, u8)> = Vec::new();
@@ -37,8 +47,16 @@ async fn salvage_after_engine_sigkill_keeps_every_flushed_write_ten_times() {
                 let (ok, out) = qemu_io(&e.unix_uri(), &[&format!("read -P 0x{p:02x} {off} {BLOCK}")]);
                 assert!(ok, "round {round}: flushed write at {off} lost: {out}");
             }
+            if engine == DataEngine::V2 {
+                // No rebuild of v2 replicas yet: the salvaged one is RW, the others stay behind.
+                let modes = e.modes().await;
+                assert!(
+                    modes.iter().filter(|(_, m)| m == "RW").count() >= 1,
+                    "round {round}: {modes:?}"
+                );
+            }
             // Bring the others back: remove and rebuild them from the salvaged one.
-            for (a, m) in e.modes().await {
+            for (a, m) in e.modes().await.into_iter().filter(|_| engine == DataEngine::V1) {
                 if m == "ERR" {
                     assert!(e.cli(&["replica", "rm", &a]).status.success());
                     let out = e.cli(&["replica", "add", &a]);
@@ -51,7 +69,7 @@ async fn salvage_after_engine_sigkill_keeps_every_flushed_write_ten_times() {
             }
             let modes = e.modes().await;
             assert!(
-                modes.len() == 3 && modes.iter().all(|(_, m)| m == "RW"),
+                engine == DataEngine::V2 || (modes.len() == 3 && modes.iter().all(|(_, m)| m == "RW")),
                 "round {round}: {modes:?}"
             );
         }
