@@ -2,7 +2,7 @@
 //! spec/status documents with optimistic concurrency and watches), the resources (nodes and disks, volumes,
 //! engines, replicas, settings, snapshots), the controllers that turn volume specs into running `corral-replica`
 //! and `corral-engine` processes on each node (supervised, restarted, re-adopted after a manager restart), the REST
-//! API (`/v1/...`) and the user CLI `corral` (its REST client is [`client`]).
+//! API (`/v1/...`), the web UI at `/` ([`ui`]) and the user CLI `corral` (its REST client is [`client`]).
 
 pub mod api;
 pub mod backing_image;
@@ -20,4 +20,5 @@ pub mod scheduler;
 pub mod server;
 pub mod snapshot;
 pub mod store;
+pub mod ui;
 pub mod volume_engine;

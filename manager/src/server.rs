@@ -153,7 +153,7 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
     corral_daemon::ready::ReadyReport::new()
         .tcp("http", listener.local_addr()?)
         .announce(cfg.ready_file.as_deref())?;
-    let app = crate::api::router(ctx);
+    let app = crate::ui::router(ctx.clone()).merge(crate::api::router(ctx));
     let c = cancel.clone();
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { c.cancelled().await })

@@ -387,6 +387,17 @@ fn components() -> Value {
             "message": {"type": "string"},
         }
     }));
+    let engine = nullable(json!({
+        "type": "object",
+        "required": ["nodeId", "state", "address", "restarts"],
+        "properties": {
+            "nodeId": {"type": "string"},
+            "state": {"type": "string", "enum": process_states()},
+            "address": {"type": "string"},
+            "pid": nullable(json!({"type": "integer"})),
+            "restarts": {"type": "integer", "minimum": 0},
+        }
+    }));
     json!({
         "Error": {
             "type": "object",
@@ -442,17 +453,8 @@ fn components() -> Value {
                 "frontendDisabled": {"type": "boolean"},
                 "salvageRequested": {"type": "boolean"},
                 "message": {"type": "string"},
-                "engine": nullable(json!({
-                    "type": "object",
-                    "required": ["nodeId", "state", "address", "restarts"],
-                    "properties": {
-                        "nodeId": {"type": "string"},
-                        "state": {"type": "string", "enum": process_states()},
-                        "address": {"type": "string"},
-                        "pid": nullable(json!({"type": "integer"})),
-                        "restarts": {"type": "integer", "minimum": 0},
-                    }
-                })),
+                "backingImage": nullable(json!({"type": "string"})),
+                "engine": engine,
                 "replicas": {"type": "array", "items": {"$ref": "#/components/schemas/Replica"}},
                 "dataSource": nullable(json!({"type": "string"})),
                 "cloneStatus": clone_status,

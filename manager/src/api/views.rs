@@ -162,6 +162,9 @@ pub struct VolumeView {
     pub frontend_disabled: bool,
     pub salvage_requested: bool,
     pub message: String,
+    /// The backing image the volume's replicas sit on.
+    #[serde(default)]
+    pub backing_image: Option<String>,
     pub engine: Option<EngineView>,
     pub replicas: Vec<ReplicaView>,
     /// `vol://NAME` or `snap://NAME/SNAPSHOT` when the volume is a clone.
@@ -228,6 +231,7 @@ impl VolumeView {
             frontend_disabled: d.status.frontend_disabled,
             salvage_requested: d.spec.salvage_requested,
             message: d.status.message.clone(),
+            backing_image: d.spec.backing_image.clone(),
             engine: engine.map(|e| EngineView {
                 node_id: e.data.spec.node_id.clone(),
                 state: e.data.status.state,

@@ -1,0 +1,552 @@
+//! The web UI in a real browser: Debian's `chromium`, driven headless through `chromedriver` (WebDriver is HTTP and
+//! JSON: the calls go through curl like the other REST calls of these tests), against a real `corral-manager` with
+//! real daemons. From the pages: a volume is created, attached and seen healthy as the store's watch streams its
+//! progress in (no reload); a volume form is filled and submitted with the keyboard alone; bad input (an empty name,
+//! a size that is not a multiple of 4096, a checksum of the wrong length, a URL that is not http(s)) shows the API's
+//! message next to its field and creates nothing; a qcow2 made by `qemu-img` is uploaded as a backing image and
+//! becomes ready with the file's SHA-512; Delete is disabled for an image a volume uses; two unused images are
+//! deleted in one batch after a confirmation; at 390 px the layout is checked by element positions. Every page is
+//! photographed at 1280×800 and 390×844 into `target/tmp/ui-screenshots/` (copies are committed in `docs/ui/`).
+//!
+//! Run alone: `cargo nextest run -p manager --test ui` (build the binaries first). Without chromium and
+//! chromedriver (Debian `chromium`, `chromium-driver`) the test is skipped with the reason, unless `CI` is set:
+//! then it fails.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::*;
+use testkit::{Daemon, DaemonCommand, kill_under, wait_for};
+
+/// Each wait of the test for the page; the volume's attach and the upload take a few seconds on an idle machine.
+const PAGE: Duration = Duration::from_secs(20);
+const HEALTHY: Duration = Duration::from_secs(60);
+
+/// The WebDriver element reference key (W3C).
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+/// A headless chromium session through chromedriver. Dropping it ends the session (chromium exits), then kills
+/// chromedriver and anything left that mentions the session's profile directory.
+struct Browser {
+    session: String,
+    driver: Daemon,
+    profile: tempfile::TempDir,
+}
+
+impl Browser {
+    fn start() -> Browser {
+        let profile = tempfile::Builder::new()
+            .prefix("corral-ui-chromium-")
+            .tempdir()
+            .unwrap();
+        let driver = testkit::ports::retry_on_address_in_use(|| {
+            let port = testkit::ports::unbound_port();
+            DaemonCommand::new("chromedriver")
+                .arg(format!("--port={port}"))
+                .listening_on("http", format!("127.0.0.1:{port}"))
+                .try_spawn()
+        });
+        let caps = json!({"capabilities": {"alwaysMatch": {
+            "browserName": "chrome",
+            "goog:chromeOptions": {"args": [
+                "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                format!("--user-data-dir={}", profile.path().display()),
+            ]}
+        }}});
+        let (code, v) = rest(
+            "POST",
+            &format!("{}/session", driver.http_url("http")),
+            Some(&caps),
+        );
+        assert_eq!(code, 200, "new WebDriver session: {v}");
+        let session = v["value"]["sessionId"].as_str().expect("sessionId").to_owned();
+        Browser {
+            session,
+            driver,
+            profile,
+        }
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}/session/{}{path}", self.driver.http_url("http"), self.session)
+    }
+
+    /// A WebDriver command; Err carries the driver's error name and message.
+    fn try_cmd(&self, method: &str, path: &str, body: Option<&Value>) -> Result<Value, String> {
+        let (code, v) = rest(method, &self.url(path), body);
+        if code == 200 {
+            Ok(v["value"].clone())
+        } else {
+            Err(format!("{} {}", v["value"]["error"], v["value"]["message"]))
+        }
+    }
+
+    fn cmd(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
+        self.try_cmd(method, path, body)
+            .unwrap_or_else(|e| panic!("WebDriver {method} {path}: {e}"))
+    }
+
+    fn js(&self, script: &str, args: &[Value]) -> Value {
+        self.cmd(
+            "POST",
+            "/execute/sync",
+            Some(&json!({"script": script, "args": args})),
+        )
+    }
+
+    fn resize(&self, width: u32, height: u32) {
+        self.cmd(
+            "POST",
+            "/window/rect",
+            Some(&json!({"width": width, "height": height})),
+        );
+    }
+
+    /// Opens `url` and waits until the page rendered its content (the shell marks `main` after each render).
+    fn open(&self, url: &str) {
+        self.cmd("POST", "/url", Some(&json!({ "url": url })));
+        self.wait_rendered();
+    }
+
+    /// Navigates inside the application (a hash change, no reload) and waits for the new page's render.
+    fn go(&self, hash: &str) {
+        let before = self.js(
+            "return document.getElementById('page').dataset.rendered ?? ''",
+            &[],
+        );
+        self.js("location.hash = arguments[0]", &[json!(hash)]);
+        wait_for(&format!("page {hash} rendered"), PAGE, || {
+            let now = self.js(
+                "return location.hash === arguments[0] ? (document.getElementById('page').dataset.rendered ?? '') : null",
+                &[json!(hash)],
+            );
+            (!now.is_null() && now != before).then_some(())
+        });
+    }
+
+    fn wait_rendered(&self) {
+        wait_for("page rendered", PAGE, || {
+            self.js(
+                "return document.getElementById('page')?.dataset.rendered ?? null",
+                &[],
+            )
+            .as_str()
+            .map(|_| ())
+        });
+    }
+
+    fn find(&self, css: &str) -> Option<String> {
+        self.try_cmd(
+            "POST",
+            "/element",
+            Some(&json!({"using": "css selector", "value": css})),
+        )
+        .ok()
+        .and_then(|v| v[ELEMENT].as_str().map(str::to_owned))
+    }
+
+    /// Clicks the element `css` selects once it exists and is enabled; a live re-render that replaced it between
+    /// finding and clicking is retried.
+    fn click(&self, css: &str) {
+        wait_for(&format!("{css} clickable"), PAGE, || {
+            let enabled = self.js(
+                "const e = document.querySelector(arguments[0]); return !!e && !e.disabled",
+                &[json!(css)],
+            );
+            if enabled != json!(true) {
+                return None;
+            }
+            let id = self.find(css)?;
+            self.try_cmd("POST", &format!("/element/{id}/click"), Some(&json!({})))
+                .ok()
+                .map(|_| ())
+        });
+    }
+
+    /// Types `text` into the field `css` (emptied first) with WebDriver key events.
+    fn fill(&self, css: &str, text: &str) {
+        let id = wait_for(&format!("field {css}"), PAGE, || self.find(css));
+        self.cmd("POST", &format!("/element/{id}/clear"), Some(&json!({})));
+        self.cmd(
+            "POST",
+            &format!("/element/{id}/value"),
+            Some(&json!({ "text": text })),
+        );
+    }
+
+    /// Presses keys on whatever has the focus (W3C actions: key down and up for each).
+    fn keys(&self, keys: &[&str]) {
+        let mut actions = Vec::new();
+        for k in keys {
+            actions.push(json!({"type": "keyDown", "value": k}));
+            actions.push(json!({"type": "keyUp", "value": k}));
+        }
+        self.cmd(
+            "POST",
+            "/actions",
+            Some(&json!({"actions": [{"type": "key", "id": "keyboard", "actions": actions}]})),
+        );
+    }
+
+    /// Presses `keys` together (the first ones held while the next go down), e.g. Control+A.
+    fn chord(&self, keys: &[&str]) {
+        let mut actions: Vec<Value> = keys
+            .iter()
+            .map(|k| json!({"type": "keyDown", "value": k}))
+            .collect();
+        actions.extend(keys.iter().rev().map(|k| json!({"type": "keyUp", "value": k})));
+        self.cmd(
+            "POST",
+            "/actions",
+            Some(&json!({"actions": [{"type": "key", "id": "keyboard", "actions": actions}]})),
+        );
+    }
+
+    fn typing(&self, text: &str) {
+        let chars: Vec<String> = text.chars().map(String::from).collect();
+        self.keys(&chars.iter().map(String::as_str).collect::<Vec<_>>());
+    }
+
+    fn text(&self, css: &str) -> Option<String> {
+        self.js(
+            "return document.querySelector(arguments[0])?.textContent ?? null",
+            &[json!(css)],
+        )
+        .as_str()
+        .map(str::to_owned)
+    }
+
+    /// Waits until the element `css` exists and its text satisfies `ok`; returns the text.
+    fn wait_text(&self, css: &str, what: &str, timeout: Duration, ok: impl Fn(&str) -> bool) -> String {
+        wait_for(what, timeout, || self.text(css).filter(|t| ok(t)))
+    }
+
+    fn screenshot(&self, path: &Path) {
+        let b64 = self.cmd("GET", "/screenshot", None);
+        let mut child = Command::new("base64")
+            .args(["-d"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::fs::File::create(path).unwrap())
+            .spawn()
+            .expect("base64");
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(b64.as_str().expect("screenshot base64").as_bytes())
+            .unwrap();
+        assert!(child.wait().unwrap().success(), "decode {}", path.display());
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = self.try_cmd("DELETE", "", None);
+        self.driver.kill();
+        kill_under(self.profile.path());
+    }
+}
+
+/// Why the browser cannot run here, if it cannot.
+fn browser_missing() -> Option<String> {
+    for tool in ["chromium", "chromedriver"] {
+        let found = Command::new("sh")
+            .args(["-c", &format!("command -v {tool}")])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !found {
+            return Some(format!(
+                "{tool} is not installed (Debian packages chromium, chromium-driver)"
+            ));
+        }
+    }
+    None
+}
+
+fn api_names(m: &Manager, path: &str) -> Vec<String> {
+    let (code, v) = rest("GET", &format!("{}{path}", m.url), None);
+    assert_eq!(code, 200, "{v}");
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// Backing images not being deleted.
+fn live_images(m: &Manager) -> Vec<String> {
+    let (code, v) = rest("GET", &format!("{}/v1/backingimages", m.url), None);
+    assert_eq!(code, 200, "{v}");
+    v.as_array()
+        .unwrap()
+        .iter()
+        .filter(|x| x["deletionTimestamp"].is_null())
+        .map(|x| x["name"].as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The field error shown under `field` of the open form, once there is one.
+fn field_error(b: &Browser, field: &str) -> String {
+    b.wait_text(
+        &format!("#f-{field}-error"),
+        &format!("an error under {field}"),
+        PAGE,
+        |t| !t.is_empty(),
+    )
+}
+
+fn shots_dir() -> PathBuf {
+    let d = Path::new(env!("CARGO_TARGET_TMPDIR")).join("ui-screenshots");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// A qcow2 of 32 MiB virtual size with 1 MiB of a pattern, made by qemu-img and qemu-io.
+fn qcow2_fixture(dir: &Path) -> PathBuf {
+    let path = dir.join("upload.qcow2");
+    let ok = Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2"])
+        .arg(&path)
+        .arg("32M")
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "qemu-img create");
+    let out = Command::new("qemu-io")
+        .args(["-f", "qcow2", "-c", "write -P 0x5a 1M 1M"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "qemu-io: {out:?}");
+    path
+}
+
+#[test]
+fn ui_drives_volumes_and_backing_images_in_chromium() {
+    if let Some(why) = browser_missing() {
+        assert!(std::env::var_os("CI").is_none(), "CI must run the UI test: {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = testkit::disk_tempdir("corral-ui-");
+    let m = Manager::start(&dir.path().join("n1"), "n1", "embedded", port_range(0));
+    let b = Browser::start();
+    b.resize(1280, 800);
+    b.open(&format!("{}/#/volumes", m.url));
+    let shots = shots_dir();
+
+    // Bad input: the API's message under the field that caused it, and nothing created.
+    b.click("[data-key=create-volume]");
+    b.fill("#f-name", "");
+    b.fill("#f-size", "5000");
+    b.click("dialog button[type=submit]");
+    let e = field_error(&b, "name");
+    assert!(e.contains("volume name \"\" is not a valid name"), "{e}");
+    b.fill("#f-name", "bad");
+    b.click("dialog button[type=submit]");
+    let e = field_error(&b, "size");
+    assert!(e.contains("size 5000 is not a positive multiple of 4096"), "{e}");
+    assert_eq!(
+        b.text("#f-name-error").as_deref(),
+        Some(""),
+        "the name's error went with the name's fix"
+    );
+    assert!(
+        api_names(&m, "/v1/volumes").is_empty(),
+        "bad input created nothing"
+    );
+    b.screenshot(&shots.join("volume-create-error-1280.png"));
+
+    // A volume created from the page, attached from its page, healthy as the watch streams it in: no reload.
+    b.fill("#f-name", "web1");
+    b.fill("#f-size", "64 MiB");
+    b.click("dialog button[type=submit]");
+    wait_for("the volume's page", PAGE, || {
+        (b.js("return location.hash", &[]) == json!("#/volumes/web1")).then_some(())
+    });
+    b.wait_rendered();
+    assert_eq!(volume(&m, "web1")["size"], json!(64 << 20));
+    b.js("window.__sameDocument = true", &[]);
+    b.click("[data-key=attach-web1]");
+    b.wait_text("dl.facts", "web1 healthy on its page", HEALTHY, |t| {
+        t.contains("healthy") && t.contains("nbd+unix://")
+    });
+    assert_eq!(
+        b.js("return window.__sameDocument === true", &[]),
+        json!(true),
+        "the page was not reloaded"
+    );
+    assert_eq!(volume(&m, "web1")["robustness"], "healthy");
+    b.wait_text("[data-label=Mode]", "the replica in RW", PAGE, |t| t == "RW");
+
+    // One form with the keyboard alone: Tab to "Create Volume", Enter, type, Tab, type, Enter.
+    b.go("#/volumes");
+    wait_for("Create Volume focused by Tab", PAGE, || {
+        b.keys(&["\u{E004}"]);
+        (b.js("return document.activeElement?.dataset.key ?? ''", &[]) == json!("create-volume"))
+            .then_some(())
+    });
+    b.keys(&["\u{E007}"]);
+    wait_for("the name field focused", PAGE, || {
+        (b.js("return document.activeElement?.id", &[]) == json!("f-name")).then_some(())
+    });
+    b.typing("kbd1");
+    b.keys(&["\u{E004}"]);
+    assert_eq!(b.js("return document.activeElement?.id", &[]), json!("f-size"));
+    b.chord(&["\u{E009}", "a"]);
+    b.typing("32 MiB");
+    b.keys(&["\u{E007}"]);
+    wait_for("kbd1 created by keyboard", PAGE, || {
+        (b.js("return location.hash", &[]) == json!("#/volumes/kbd1")).then_some(())
+    });
+    assert_eq!(volume(&m, "kbd1")["size"], json!(32 << 20));
+
+    // Backing images: bad input refused at its field, then an upload of a qcow2 that becomes ready.
+    let qcow2 = qcow2_fixture(dir.path());
+    b.go("#/backingimages");
+    b.click("[data-key=create-bi]");
+    b.fill("#f-name", "bi-bad");
+    b.fill("#f-url", "ftp://example.invalid/x.img");
+    b.click("dialog button[type=submit]");
+    let e = field_error(&b, "url");
+    assert!(e.contains("url"), "{e}");
+    b.fill("#f-url", "http://127.0.0.1:9/x.img");
+    b.fill("#f-expectedChecksum", "abc");
+    b.click("dialog button[type=submit]");
+    let e = field_error(&b, "expectedChecksum");
+    assert!(e.contains("128 hex digits"), "{e}");
+    assert!(
+        api_names(&m, "/v1/backingimages").is_empty(),
+        "bad input created nothing"
+    );
+    b.fill("#f-expectedChecksum", "");
+    b.fill("#f-name", "bi-up");
+    b.click("#f-sourceType option[value=upload]");
+    b.js(
+        "document.getElementById('f-sourceType').dispatchEvent(new Event('change'))",
+        &[],
+    );
+    let file = wait_for("the file field", PAGE, || b.find("#f-file"));
+    b.cmd(
+        "POST",
+        &format!("/element/{file}/value"),
+        Some(&json!({"text": qcow2.display().to_string()})),
+    );
+    b.click("dialog button[type=submit]");
+    wait_for("the image's page", HEALTHY, || {
+        (b.js("return location.hash", &[]) == json!("#/backingimages/bi-up")).then_some(())
+    });
+    let facts = b.wait_text("dl.facts", "bi-up ready", HEALTHY, |t| {
+        t.contains("Current SHA512 Checksum") && t.contains("ready")
+    });
+    let sha = testkit::sha512_file(&qcow2);
+    assert!(
+        facts.contains(&sha),
+        "the page shows the file's SHA-512 {sha}: {facts}"
+    );
+    b.wait_text("[data-label=State] .badge", "the disk file ready", PAGE, |t| {
+        t == "ready"
+    });
+
+    // Delete disabled while a volume uses the image; two unused ones deleted in one batch, after a confirmation.
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/volumes", m.url),
+        Some(&json!({"name": "on-bi", "size": 64 << 20, "numberOfReplicas": 1, "backingImage": "bi-up"})),
+    );
+    assert_eq!(code, 201, "{v}");
+    for name in ["unused-1", "unused-2"] {
+        let (code, v) = rest(
+            "POST",
+            &format!("{}/v1/backingimages", m.url),
+            Some(&json!({"name": name, "sourceType": "upload"})),
+        );
+        assert_eq!(code, 201, "{v}");
+    }
+    b.go("#/backingimages");
+    b.wait_text("table", "three images listed", PAGE, |t| {
+        t.contains("unused-2") && t.contains("bi-up")
+    });
+    assert_eq!(
+        b.js(
+            "return document.querySelector('[data-key=\"delete-bi-up\"]').disabled",
+            &[]
+        ),
+        json!(true),
+        "Delete is disabled for an image a volume uses"
+    );
+    b.click("[data-key=pick-unused-1]");
+    b.click("[data-key=pick-unused-2]");
+    b.click("[data-key=batch-delete]");
+    let q = b.wait_text("dialog p", "the confirmation", PAGE, |t| t.contains("Delete 2"));
+    assert!(q.contains("unused-1") && q.contains("unused-2"), "{q}");
+    b.click("dialog form.confirm button[type=submit]");
+    // Their files go in the background: the API lists them as deleting until then.
+    wait_for("both unused images deleted", HEALTHY, || {
+        (live_images(&m) == ["bi-up"]).then_some(())
+    });
+
+    // Every page at both sizes; at 390 px the layout is checked by element positions.
+    let pages = [
+        ("dashboard", "#/"),
+        ("volumes", "#/volumes"),
+        ("volume-detail", "#/volumes/web1"),
+        ("backing-images", "#/backingimages"),
+        ("backing-image-detail", "#/backingimages/bi-up"),
+        ("backups", "#/backups"),
+        ("nodes", "#/nodes"),
+        ("recurring-jobs", "#/recurringjobs"),
+        ("settings", "#/settings"),
+    ];
+    for (w, h) in [(1280, 800), (390, 844)] {
+        b.resize(w, h);
+        for (name, hash) in pages {
+            b.go(hash);
+            b.screenshot(&shots.join(format!("{name}-{w}.png")));
+            if w == 390 {
+                narrow_layout_fits(&b, name);
+            }
+        }
+    }
+    b.go("#/volumes");
+    b.click("[data-key=create-volume]");
+    b.screenshot(&shots.join("volume-create-390.png"));
+    let fits = b.js(
+        "const r = document.getElementById('dialog').getBoundingClientRect(); return r.left >= 0 && r.right <= innerWidth",
+        &[],
+    );
+    assert_eq!(fits, json!(true), "the create form fits a 390 px screen");
+    eprintln!("screenshots in {}", shots.display());
+}
+
+/// At 390 px: nothing wider than the screen, the navigation inside it, and a table row laid out as a card (its
+/// cells stacked, each under the one before, at the same left edge).
+fn narrow_layout_fits(b: &Browser, page: &str) {
+    let v = b.js(
+        r"const out = {w: innerWidth, scroll: document.documentElement.scrollWidth, outside: []};
+        for (const e of document.querySelectorAll('#nav a, main button, main a, main input, main select')) {
+            const r = e.getBoundingClientRect();
+            if (r.width > 0 && (r.left < 0 || r.right > innerWidth + 0.5)) out.outside.push(e.outerHTML.slice(0, 80));
+        }
+        const cells = [...(document.querySelector('table.grid tbody tr')?.children ?? [])].map((td) => td.getBoundingClientRect());
+        out.stacked = cells.length < 2 || cells.every((r, i) => i === 0 || (r.top >= cells[i - 1].bottom - 0.5 && Math.abs(r.left - cells[0].left) < 1));
+        return out;",
+        &[],
+    );
+    assert_eq!(v["w"], json!(390), "{page}: viewport {v}");
+    assert!(
+        v["scroll"].as_i64() <= v["w"].as_i64(),
+        "{page}: the page scrolls sideways at 390 px: {v}"
+    );
+    assert_eq!(
+        v["outside"],
+        json!([]),
+        "{page}: elements outside the screen: {v}"
+    );
+    assert_eq!(v["stacked"], json!(true), "{page}: table rows are cards: {v}");
+}
