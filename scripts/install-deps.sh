@@ -15,7 +15,7 @@ declare -A CORRAL_PACKAGES=(
   [nbdinfo]=libnbd-bin [nbdfuse]=libnbd-bin [nbdsh]=python3-libnbd
   [fio]=fio [nbdkit]=nbdkit [fusermount3]=fuse3 [rsync]=rsync [mkfs.ext4]=e2fsprogs [losetup]=mount [mkfs.xfs]=xfsprogs
   [etcd]=etcd-server [curl]=curl [python3]=python3 [setsid]=util-linux [flock]=util-linux [mmdebstrap]=mmdebstrap
-  [objcopy]=binutils
+  [objcopy]=binutils [chromium]=chromium [chromedriver]=chromium-driver
 )
 
 # Installs the Debian packages given, as root; prints what to run otherwise. Status 0 when installed.

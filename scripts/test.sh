@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 # shellcheck source=scripts/install-deps.sh
 . scripts/install-deps.sh
 need_tools qemu-img qemu-io qemu-nbd nbdinfo nbdfuse nbdsh fio nbdkit fusermount3 rsync mkfs.ext4 losetup mkfs.xfs etcd \
-  curl python3 setsid flock || echo "warning: tests that need the missing tools will fail" >&2
+  curl python3 setsid flock chromium chromedriver || echo "warning: tests that need the missing tools will fail" >&2
 need_rclone || echo "warning: rclone not installed; S3 backup tests will fail" >&2
 
 # Building needs no protoc (protox compiles every .proto, etcd's included): make any build script that would call

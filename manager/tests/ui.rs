@@ -98,12 +98,26 @@ impl Browser {
         )
     }
 
-    fn resize(&self, width: u32, height: u32) {
-        self.cmd(
-            "POST",
-            "/window/rect",
-            Some(&json!({"width": width, "height": height})),
-        );
+    /// Sets the viewport (what the page sees as innerWidth × innerHeight) to `width` × `height`: the window is
+    /// set, then made taller by what its frame takes (headless chromium's frame has no width).
+    fn resize(&self, width: i64, height: i64) {
+        let rect = |h: i64| {
+            self.cmd(
+                "POST",
+                "/window/rect",
+                Some(&json!({"width": width, "height": h})),
+            );
+        };
+        rect(height);
+        let frame = self
+            .js("return outerHeight - innerHeight", &[])
+            .as_i64()
+            .unwrap_or(0);
+        if frame > 0 {
+            rect(height + frame);
+        }
+        let got = self.js("return [innerWidth, innerHeight]", &[]);
+        assert_eq!(got, json!([width, height]), "viewport");
     }
 
     /// Opens `url` and waits until the page rendered its content (the shell marks `main` after each render).
@@ -383,6 +397,11 @@ fn ui_drives_volumes_and_backing_images_in_chromium() {
     );
     assert_eq!(volume(&m, "web1")["robustness"], "healthy");
     b.wait_text("[data-label=Mode]", "the replica in RW", PAGE, |t| t == "RW");
+    b.click("[data-key=take-snapshot]");
+    let snap = b.wait_text("[data-row] .tree", "the snapshot listed", PAGE, |t| !t.is_empty());
+    let (code, snaps) = rest("GET", &format!("{}/v1/volumes/web1/snapshots", m.url), None);
+    assert_eq!(code, 200, "{snaps}");
+    assert!(snaps.to_string().contains(&snap), "{snap} in {snaps}");
 
     // One form with the keyboard alone: Tab to "Create Volume", Enter, type, Tab, type, Enter.
     b.go("#/volumes");
@@ -549,4 +568,45 @@ fn narrow_layout_fits(b: &Browser, page: &str) {
         "{page}: elements outside the screen: {v}"
     );
     assert_eq!(v["stacked"], json!(true), "{page}: table rows are cards: {v}");
+}
+
+/// Page weight and speed: the first load of the volumes page listing 200 volumes (every byte the browser fetched,
+/// the time from navigation to the rendered table). Prints the figures; run alone (it creates 200 volumes):
+/// `cargo nextest run -p manager --test ui --run-ignored ignored-only`.
+#[test]
+#[ignore = "a measurement: run alone, see CONTRIBUTING.md"]
+fn ui_volumes_page_weight_with_200_volumes() {
+    if let Some(why) = browser_missing() {
+        panic!("{why}");
+    }
+    let dir = testkit::disk_tempdir("corral-ui-weight-");
+    let m = Manager::start(&dir.path().join("n1"), "n1", "embedded", port_range(0));
+    for i in 0..200 {
+        let (code, v) = rest(
+            "POST",
+            &format!("{}/v1/volumes", m.url),
+            Some(&json!({"name": format!("vol-{i:03}"), "size": 1 << 30, "numberOfReplicas": 1})),
+        );
+        assert_eq!(code, 201, "{v}");
+    }
+    let b = Browser::start();
+    b.resize(1280, 800);
+    b.open(&format!("{}/#/volumes", m.url));
+    b.wait_text("table.grid tbody", "200 rows", PAGE, |t| t.contains("vol-199"));
+    let v = b.js(
+        r"const res = performance.getEntriesByType('resource');
+        const nav = performance.getEntriesByType('navigation')[0];
+        const bytes = (e) => e.transferSize || e.encodedBodySize || 0;
+        return {
+            rows: document.querySelectorAll('table.grid tbody tr').length,
+            requests: res.length + 1,
+            bytes: bytes(nav) + res.reduce((a, e) => a + bytes(e), 0),
+            api_bytes: res.filter((e) => e.name.includes('/v1/')).reduce((a, e) => a + bytes(e), 0),
+            rendered_ms: Math.round(performance.getEntriesByName('corral-rendered')[0].startTime),
+            dom_content_loaded_ms: Math.round(nav.domContentLoadedEventEnd),
+        };",
+        &[],
+    );
+    assert_eq!(v["rows"], json!(200), "{v}");
+    println!("volumes page with 200 volumes, first load: {v}");
 }

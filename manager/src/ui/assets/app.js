@@ -69,6 +69,8 @@ async function show(fresh) {
   if (focusKey && !fresh) main.querySelector(`[data-key="${CSS.escape(focusKey)}"]`)?.focus();
   if (fresh) main.focus({ preventScroll: true });
   main.dataset.rendered = String(gen);
+  // Time to the first rendered content (read by the page-weight test).
+  if (!performance.getEntriesByName('corral-rendered').length) performance.mark('corral-rendered');
 }
 
 let pending = null;

@@ -141,7 +141,7 @@ export async function renderDetail(name) {
     heading(name,
       attachButtons(v, area),
       actionButton('Take Snapshot', area, () => api('POST', `/v1/volumes/${q}/snapshots`, {}),
-        { disabled: !attachedForIo, title: attachedForIo ? null : 'Attach the volume first' }),
+        { key: 'take-snapshot', disabled: !attachedForIo, title: attachedForIo ? null : 'Attach the volume first' }),
       h('button', { type: 'button', disabled: v.state !== 'attached', onclick: () => formDialog({
         title: `Expand ${name}`, submitLabel: 'Expand',
         fields: [{ name: 'size', label: 'New size', value: fmtBytes(v.size), matches: /size|smaller/ }],
