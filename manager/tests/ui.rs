@@ -510,6 +510,41 @@ fn ui_drives_volumes_and_backing_images_in_chromium() {
         (live_images(&m) == ["bi-up"]).then_some(())
     });
 
+    // A backup target, a backup of web1 and a recurring job, so that their pages show rows; the backup's Restore
+    // opens the restore form.
+    let target = dir.path().join("backups");
+    std::fs::create_dir_all(&target).unwrap();
+    let (code, v) = rest(
+        "PUT",
+        &format!("{}/v1/backuptargets/default", m.url),
+        Some(&json!({"url": format!("file://{}", target.display())})),
+    );
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/backups", m.url),
+        Some(&json!({"volume": "web1"})),
+    );
+    assert!(code == 200 || code == 201, "{v}");
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/recurringjobs", m.url),
+        Some(
+            &json!({"name": "hourly", "task": "snapshot", "cron": "0 * * * *", "retain": 3, "volumes": ["web1"]}),
+        ),
+    );
+    assert_eq!(code, 201, "{v}");
+    b.go("#/backups");
+    b.wait_text("body", "the backup completed on the page", HEALTHY, |t| {
+        t.contains("completed")
+    });
+    b.click("[data-key^='restore-']");
+    b.wait_text("dialog", "the restore form", PAGE, |t| {
+        t.contains("New volume name")
+    });
+    b.screenshot(&shots.join("backup-restore-1280.png"));
+    b.click("dialog button[type=button]");
+
     // Every page at both sizes; at 390 px the layout is checked by element positions.
     let pages = [
         ("dashboard", "#/"),
