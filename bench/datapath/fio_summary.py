@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
 """Turns fio JSON into the data-path table of bench/datapath/run.sh.
 
-  fio_summary.py row JOB TARGET FIO.json   -> one TSV row: job target iops mib_s p50_us p99_us
-  fio_summary.py table RESULTS.tsv         -> the table with ratios to nbdkit (a) and qemu-nbd (a'), then the
-                                              issue's targets, each marked met / MISSED (benchmarked, not asserted)
+  fio_summary.py row JOB TARGET FIO.json [CPU_S SECONDS]
+      -> one TSV row: job target iops mib_s p50_us p99_us cpu_us_per_io, where CPU_S is the CPU time the target's
+         processes took over SECONDS of the job (ramp included; its IOs are counted at the job's rate)
+  fio_summary.py table RESULTS.tsv
+      -> the table with ratios to nbdkit (a) and qemu-nbd (a'), then issue 16's targets, each marked met / MISSED
+         (benchmarked, not asserted)
 """
 import json
 import sys
@@ -14,10 +17,12 @@ TARGET_LABELS = {
     "b": "(b) engine 1r",
     "c": "(c) engine 3r",
     "d": "(d) engine 3r+rev",
+    "bt": "(b) 1r, TCP",
+    "ct": "(c) 3r, TCP",
 }
 
 
-def row(job, target, path):
+def row(job, target, path, cpu_s=None, seconds=None):
     with open(path) as f:
         text = f.read()
     # fio may print text lines before the JSON; run.sh strips them, this is a second guard.
@@ -29,7 +34,10 @@ def row(job, target, path):
     pct = side["clat_ns"].get("percentile", {})
     p50 = pct.get("50.000000", 0) / 1000
     p99 = pct.get("99.000000", 0) / 1000
-    print(f"{job}\t{target}\t{side['iops']:.0f}\t{side['bw_bytes'] / 2**20:.1f}\t{p50:.0f}\t{p99:.0f}")
+    cpu_per_io = "-"
+    if cpu_s is not None and side["iops"] > 0:
+        cpu_per_io = f"{float(cpu_s) * 1e6 / (side['iops'] * float(seconds)):.1f}"
+    print(f"{job}\t{target}\t{side['iops']:.0f}\t{side['bw_bytes'] / 2**20:.1f}\t{p50:.0f}\t{p99:.0f}\t{cpu_per_io}")
 
 
 def ratio(x, base):
@@ -40,20 +48,25 @@ def table(path):
     rows = []
     with open(path) as f:
         for line in f:
-            job, target, iops, mib, p50, p99 = line.rstrip("\n").split("\t")
-            rows.append((job, target, float(iops), float(mib), float(p50), float(p99)))
+            job, target, iops, mib, p50, p99, *cpu = line.rstrip("\n").split("\t")
+            cpu = float(cpu[0]) if cpu and cpu[0] != "-" else None
+            rows.append((job, target, float(iops), float(mib), float(p50), float(p99), cpu))
     iops = {(r[0], r[1]): r[2] for r in rows}
+    cpu = {(r[0], r[1]): r[6] for r in rows}
     jobs = list(dict.fromkeys(r[0] for r in rows))
 
-    header = ["job", "target", "IOPS", "MiB/s", "p50 µs", "p99 µs", "×(a)", "×(a')"]
+    header = ["job", "target", "IOPS", "MiB/s", "p50 µs", "p99 µs", "×(a)", "×(a')", "CPU µs/IO", "CPU ×(a)"]
     out = [header]
     for job in jobs:
         for r in rows:
             if r[0] != job:
                 continue
             a, a2 = iops.get((job, "a")), iops.get((job, "a2"))
+            cpu_a = cpu.get((job, "a"))
             out.append([job, TARGET_LABELS.get(r[1], r[1]), f"{r[2]:.0f}", f"{r[3]:.1f}", f"{r[4]:.0f}",
-                        f"{r[5]:.0f}", ratio(r[2], a), ratio(r[2], a2)])
+                        f"{r[5]:.0f}", ratio(r[2], a), ratio(r[2], a2),
+                        "-" if r[6] is None else f"{r[6]:.1f}",
+                        ratio(r[6], cpu_a) if r[6] is not None and cpu_a else "-"])
     widths = [max(len(x[i]) for x in out) for i in range(len(header))]
     left = {0, 1}
 
@@ -67,27 +80,34 @@ def table(path):
         print(fmt(cells))
 
     print()
-    print("Targets of issue 4 (benchmarked, not asserted):")
+    print("Targets of issue 16 (benchmarked, not asserted):")
 
-    def check(desc, pairs, want):
+    def check(desc, pairs, want, higher=True):
         got = [(job, x / base) for job, x, base in pairs if x is not None and base]
         if not got:
             print(f"  {desc}: not measured")
             return
-        worst_job, worst = min(got, key=lambda g: g[1])
-        ok = "met" if worst >= want else "MISSED"
+        worst_job, worst = (min if higher else max)(got, key=lambda g: g[1])
+        ok = "met" if (worst >= want if higher else worst <= want) else "MISSED"
         detail = ", ".join(f"{job} {r:.2f}" for job, r in got)
         print(f"  {desc}: {ok} (worst {worst:.2f} on {worst_job}; {detail})")
 
-    writes = [j for j in jobs if "write" in j]
-    check("(b) >= 0.8x nbdkit, every job", [(j, iops.get((j, "b")), iops.get((j, "a"))) for j in jobs], 0.8)
-    check("(b) >= 1.0x qemu-nbd, every job", [(j, iops.get((j, "b")), iops.get((j, "a2"))) for j in jobs], 1.0)
-    check("(c) writes >= 0.5x nbdkit", [(j, iops.get((j, "c")), iops.get((j, "a"))) for j in writes], 0.5)
+    def vs_a(target, js):
+        return [(j, iops.get((j, target)), iops.get((j, "a"))) for j in js]
+
+    reads = [j for j in jobs if "read" in j]
+    check("(b) >= 0.8x nbdkit, every job", vs_a("b", jobs), 0.8)
+    check("(c) reads >= 0.8x nbdkit", vs_a("c", reads), 0.8)
+    check("(c) randwrite 4k qd32 >= 0.5x nbdkit", vs_a("c", [j for j in jobs if j == "randwrite-4k-qd32"]), 0.5)
+    check("(c) randwrite 4k qd1 >= 0.4x nbdkit", vs_a("c", [j for j in jobs if j == "randwrite-4k-qd1"]), 0.4)
+    check("(c) seqwrite 1M >= 0.3x nbdkit", vs_a("c", [j for j in jobs if j.startswith("seqwrite")]), 0.3)
+    check("(b) CPU per IO <= 1.5x nbdkit's, every job",
+          [(j, cpu.get((j, "b")), cpu.get((j, "a"))) for j in jobs], 1.5, higher=False)
     check("(d) >= 0.9x (c), every job", [(j, iops.get((j, "d")), iops.get((j, "c"))) for j in jobs], 0.9)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 5 and sys.argv[1] == "row":
+    if len(sys.argv) in (5, 7) and sys.argv[1] == "row":
         row(*sys.argv[2:])
     elif len(sys.argv) == 3 and sys.argv[1] == "table":
         table(sys.argv[2])

@@ -7,6 +7,9 @@
 #
 # Targets: (a) nbdkit file, (a') qemu-nbd raw, (b) engine + 1 replica, (c) engine + 3 replicas on loopback,
 # (b) and (c) with --disable-revision-counter on the engine and on every replica, (d) as (c) with the counter on.
+# Replicas serve the data protocol on a unix socket too (--data-unix, as the manager starts them), which the engine
+# on their node uses; bt and ct are b and c with replicas on TCP only (the path to a replica on another node).
+# Every row also gives the CPU time per IO of the target's processes (utime + stime from /proc/PID/stat).
 # Jobs: 4 KiB randread / randwrite at iodepth 1 and 32, 1 MiB sequential write at iodepth 8; every job runs for
 # RUNTIME seconds after the whole device was written once with 1 MiB writes (reads then hit data, not holes).
 #
@@ -112,17 +115,20 @@ start_target() {
       TARGET_PIDS+=("$LAST_PID")
       wait_until qemu-nbd "$LAST_PID" socket_ready "$tdir/nbd.sock"
       URI="nbd+unix:///?socket=$tdir/nbd.sock" ;;
-    b | c | d)
-      local n=3 rc=()
-      [[ $t == b ]] && n=1
+    b | c | d | bt | ct)
+      local n=3 rc=() unix=1
+      [[ $t == b* ]] && n=1
+      [[ $t == ?t ]] && unix=0
       [[ $t != d ]] && rc=(--disable-revision-counter)
-      local replicas=() i ready
+      local replicas=() i ready local_data
       for ((i = 0; i < n; i++)); do
         # Every listener on port 0; the ready file names the three endpoints the engine is given.
         mkdir -p "$tdir/replica-$i"
         ready="$tdir/replica-$i.ready"
+        local_data=()
+        ((unix)) && local_data=(--data-unix "$tdir/replica-$i.data.sock")
         start "$tdir/replica-$i.log" "$REPLICA_BIN" --ready-file "$ready" serve --dir "$tdir/replica-$i" \
-          --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 --sync-listen 127.0.0.1:0 \
+          --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 --sync-listen 127.0.0.1:0 "${local_data[@]}" \
           --size "$SIZE" --volume bench "${rc[@]}"
         TARGET_PIDS+=("$LAST_PID")
         ready_wait "$ready" "$LAST_PID" "$READY_DEADLINE"
@@ -157,6 +163,17 @@ fio_json() {
   sed -n '/^{/,$p' "$out.raw" >"$out"
 }
 
+# cpu_ticks PID...: utime + stime of the PIDs, in clock ticks (fields 14 and 15 of /proc/PID/stat; every thread).
+cpu_ticks() {
+  local pid sum=0
+  for pid in "$@"; do
+    # The command name (field 2) may hold spaces: cut after its closing parenthesis.
+    sum=$((sum + $(sed 's/^.*) //' "/proc/$pid/stat" | awk '{print $12 + $13}')))
+  done
+  echo "$sum"
+}
+CLK_TCK=$(getconf CLK_TCK)
+
 # name:rw:bs:iodepth
 JOBS=(
   "randread-4k-qd1:randread:4k:1"
@@ -185,10 +202,15 @@ for t in $TARGETS; do
       (sleep "$((RUNTIME / 2 + 1))"; top -b -n1 -w 200 | head -25 >"$WORK/$t/top-$name.txt") &
       top_pid=$!
     fi
+    cpu0=$(cpu_ticks "${TARGET_PIDS[@]}")
     fio_json "$WORK/$t/$name.json" --rw="$rw" --bs="$bs" --iodepth="$qd" --time_based --runtime="$RUNTIME" \
       --ramp_time=1 --norandommap --randrepeat=0
+    cpu1=$(cpu_ticks "${TARGET_PIDS[@]}")
     if [[ -n $top_pid ]]; then wait "$top_pid"; fi
-    python3 "$HERE/fio_summary.py" row "$name" "$t" "$WORK/$t/$name.json" >>"$RESULTS"
+    # CPU seconds of the target's processes over the job (ramp included; fio_summary.py counts the ramp's IOs at
+    # the job's rate).
+    cpu_s=$(python3 -c 'import sys; print((int(sys.argv[2]) - int(sys.argv[1])) / int(sys.argv[3]))' "$cpu0" "$cpu1" "$CLK_TCK")
+    python3 "$HERE/fio_summary.py" row "$name" "$t" "$WORK/$t/$name.json" "$cpu_s" "$((RUNTIME + 1))" >>"$RESULTS"
   done
   stop_target "$t"
 done

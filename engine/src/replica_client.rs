@@ -1,6 +1,7 @@
 //! The engine's view of one replica: its address, gRPC control and sync-agent clients, the data-protocol client,
 //! and its mode (RW, WO, ERR) with the reason it went ERR. ERR is terminal for this engine instance.
 
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
@@ -31,6 +32,22 @@ pub enum Mode {
 }
 
 impl Mode {
+    fn to_u8(self) -> u8 {
+        match self {
+            Self::Rw => 0,
+            Self::Wo => 1,
+            Self::Err => 2,
+        }
+    }
+
+    fn from_u8(v: u8) -> Self {
+        match v {
+            0 => Self::Rw,
+            1 => Self::Wo,
+            _ => Self::Err,
+        }
+    }
+
     /// The API string.
     pub fn as_str(self) -> &'static str {
         match self {
@@ -59,7 +76,10 @@ pub struct ReplicaEntry {
     pub address: ReplicaAddress,
     /// `None` when it could not be reached (then the mode is ERR).
     pub conn: Option<Connection>,
-    state: Mutex<(Mode, String)>,
+    /// [`Mode`], read by every IO without a lock.
+    mode: AtomicU8,
+    /// Why it went ERR; written once, under this lock, on the way to ERR.
+    reason: Mutex<String>,
 }
 
 /// How long a replica may take to answer its first `ReplicaGet`.
@@ -87,13 +107,13 @@ pub async fn connect(
         .await
         .map_err(|e| not_replica(&e))?;
     let mut control = ReplicaServiceClient::new(channel);
-    let mut status = tokio::time::timeout(PROBE_TIMEOUT, control.replica_get(v1::Empty {}))
+    let probe = tokio::time::timeout(PROBE_TIMEOUT, control.replica_get(v1::Empty {}))
         .await
         .map_err(|_| not_replica(&format!("no gRPC answer within {} s", PROBE_TIMEOUT.as_secs())))?
         .map_err(|e| not_replica(&format!("ReplicaGet: {} {}", e.code(), e.message())))?
-        .into_inner()
-        .replica
-        .unwrap_or_default();
+        .into_inner();
+    let local_data = probe.data_local_endpoint;
+    let mut status = probe.replica.unwrap_or_default();
     if status.state == "initial" {
         let Some((size, disable_rc)) = create else {
             return Err(EngineError::FailedPrecondition(format!(
@@ -123,9 +143,12 @@ pub async fn connect(
     let sync_channel = connect_endpoint(&address.sync, GrpcTimeouts::CONTROL)
         .await
         .map_err(|e| not_replica(&format!("sync endpoint: {e}")))?;
-    let data = DataClient::connect(&address.data.to_socket_string(), client.clone())
-        .await
-        .map_err(|e| not_replica(&format!("data endpoint {}: {e}", address.data)))?;
+    let data = match connect_local_data(address, &local_data, client).await {
+        Some(data) => data,
+        None => DataClient::connect(&address.data.to_socket_string(), client.clone())
+            .await
+            .map_err(|e| not_replica(&format!("data endpoint {}: {e}", address.data)))?,
+    };
     Ok((
         Connection {
             control,
@@ -136,13 +159,40 @@ pub async fn connect(
     ))
 }
 
+/// The data client over the replica's unix socket (`local`, from `ReplicaGet`) when that socket is on this node:
+/// a replica beside the engine is reached without TCP (issue 16 item 4; the manager starts every replica with
+/// one). `None` — use the address's TCP data endpoint — when the replica serves none, the path is not here (the
+/// replica is on another node), or connecting fails. The replica's address, with its TCP endpoint, stays what
+/// names it; the socket path holds the replica's own name, so a path found here is that replica's.
+async fn connect_local_data(
+    address: &ReplicaAddress,
+    local: &str,
+    client: &ClientConfig,
+) -> Option<DataClient> {
+    let path = local.strip_prefix("unix:")?;
+    if !std::path::Path::new(path).exists() {
+        return None;
+    }
+    match DataClient::connect(local, client.clone()).await {
+        Ok(data) => {
+            info!(replica = %address, socket = path, "data protocol over the replica's unix socket");
+            Some(data)
+        }
+        Err(e) => {
+            warn!(replica = %address, socket = path, error = %e, "unix data socket refused: using TCP");
+            None
+        }
+    }
+}
+
 impl ReplicaEntry {
     /// A connected replica in `mode`.
     pub fn new(address: ReplicaAddress, conn: Connection, mode: Mode) -> Self {
         Self {
             address,
             conn: Some(conn),
-            state: Mutex::new((mode, String::new())),
+            mode: AtomicU8::new(mode.to_u8()),
+            reason: Mutex::new(String::new()),
         }
     }
 
@@ -151,40 +201,40 @@ impl ReplicaEntry {
         Self {
             address,
             conn,
-            state: Mutex::new((Mode::Err, reason)),
+            mode: AtomicU8::new(Mode::Err.to_u8()),
+            reason: Mutex::new(reason),
         }
     }
 
     /// Current mode.
     pub fn mode(&self) -> Mode {
-        self.state.lock().unwrap_or_else(PoisonError::into_inner).0
+        Mode::from_u8(self.mode.load(Ordering::Acquire))
     }
 
     /// Why it is ERR ("" otherwise).
     pub fn error(&self) -> String {
-        self.state
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .1
-            .clone()
+        self.reason.lock().unwrap_or_else(PoisonError::into_inner).clone()
     }
 
     /// Sets RW or WO (ignored once ERR).
     pub fn set_mode(&self, mode: Mode) {
-        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if s.0 != Mode::Err {
-            s.0 = mode;
-        }
+        let _ = self.mode.fetch_update(Ordering::AcqRel, Ordering::Acquire, |m| {
+            (Mode::from_u8(m) != Mode::Err).then_some(mode.to_u8())
+        });
     }
 
     /// Puts the replica out of the volume (terminal). Returns true if it was not ERR before.
     pub fn set_err(&self, reason: &str) -> bool {
-        let mut s = self.state.lock().unwrap_or_else(PoisonError::into_inner);
-        if s.0 == Mode::Err {
+        // The reason is written before the mode turns ERR, so whoever sees ERR finds it.
+        let mut r = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
+        let was = Mode::from_u8(self.mode.load(Ordering::Acquire));
+        if was == Mode::Err {
             return false;
         }
-        warn!(replica = %self.address, was = s.0.as_str(), reason, "replica set to ERR");
-        *s = (Mode::Err, reason.to_owned());
+        reason.clone_into(&mut r);
+        let was = Mode::from_u8(self.mode.swap(Mode::Err.to_u8(), Ordering::AcqRel));
+        drop(r);
+        warn!(replica = %self.address, was = was.as_str(), reason, "replica set to ERR");
         if let Some(c) = &self.conn {
             let data = c.data.clone();
             tokio::spawn(async move { data.close().await });

@@ -362,3 +362,41 @@ async fn re_adding_a_replica_skips_snapshot_files_whose_recorded_checksums_match
         "the re-added replica differs"
     );
 }
+
+/// Issue 16 item 4: a replica that serves the data protocol on a unix socket (as the manager starts every replica)
+/// is reached there by an engine on its node; its address keeps naming the TCP endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_beside_a_replica_reaches_it_over_its_unix_socket_and_falls_back_to_tcp_without_one() {
+    let t = tempfile::tempdir().unwrap();
+    let sock = t.path().join("r0.sock");
+    let r = Replica::start(&t.path().join("r0"), &["--data-unix", sock.to_str().unwrap()]);
+    let st = r
+        .control()
+        .await
+        .replica_get(v1::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.data_local_endpoint, format!("unix:{}", sock.display()));
+    // The address's TCP data endpoint leads nowhere: IO works only through the unix socket.
+    let mut nowhere: ReplicaAddress = r.replica_address();
+    nowhere.data = corral_proto::Endpoint::tcp("127.0.0.1", testkit::ports::unbound_port());
+    let e = Engine::start(t.path(), "vol", SIZE, &[nowhere.to_string()], &[]);
+    let (ok, out) = qemu_io(
+        &e.unix_uri(),
+        &["write -P 0x3c 4k 64k", "flush", "read -P 0x3c 4k 64k"],
+    );
+    assert!(ok, "{out}");
+    assert_eq!(e.modes().await, vec![(nowhere.to_string(), "RW".to_owned())]);
+    drop(e);
+
+    // Without the socket file (the replica on another node), the engine takes the TCP endpoint and reads the
+    // same data; given the dead TCP endpoint now, it cannot start (the check above can fail).
+    std::fs::remove_file(&sock).unwrap();
+    let err = Engine::start_failing("vol", SIZE, &[nowhere.to_string()]);
+    assert!(err.contains("data endpoint"), "{err}");
+    let t2 = tempfile::tempdir().unwrap();
+    let e = Engine::start(t2.path(), "vol", SIZE, &[r.address()], &[]);
+    let (ok, out) = qemu_io(&e.unix_uri(), &["read -P 0x3c 4k 64k"]);
+    assert!(ok, "{out}");
+}

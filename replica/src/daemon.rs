@@ -36,6 +36,8 @@ pub struct ServeConfig {
     pub listen: SocketAddr,
     /// Data-protocol address.
     pub data_listen: SocketAddr,
+    /// Data protocol on a unix socket as well, for an engine on this node.
+    pub data_unix: Option<PathBuf>,
     /// gRPC `SyncAgentService` (and backup) address.
     pub sync_listen: SocketAddr,
     /// Where to write the ready report (`corral_daemon::ready`).
@@ -72,6 +74,21 @@ fn raise_nofile_limit() {
         };
         let _ = rustix::process::setrlimit(rustix::process::Resource::Nofile, new);
     }
+}
+
+/// Binds the data protocol's unix socket at `path`, replacing a socket file left by a process that died (a
+/// SIGKILLed replica cannot remove its own); any other kind of file there is refused, not removed.
+fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(m) if m.file_type().is_socket() => {
+            std::fs::remove_file(path).with_context(|| format!("remove stale socket {}", path.display()))?;
+        }
+        Ok(_) => bail!("--data-unix {}: exists and is not a socket", path.display()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(e).with_context(|| format!("--data-unix {}", path.display())),
+    }
+    tokio::net::UnixListener::bind(path).with_context(|| format!("bind data socket {}", path.display()))
 }
 
 /// Runs the daemon until `cancel`.
@@ -121,18 +138,27 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
     let sync = TcpListener::bind(cfg.sync_listen)
         .await
         .with_context(|| format!("bind sync-agent address {}", cfg.sync_listen))?;
+    let data_unix = match &cfg.data_unix {
+        Some(path) => Some((bind_unix(path)?, path.clone())),
+        None => None,
+    };
     let served = ServedEndpoints {
         data: data.local_addr()?,
         sync: sync.local_addr()?,
+        data_unix: data_unix.as_ref().map(|(_, p)| p.clone()),
     };
     let mut ready = ReadyReport::new()
         .tcp("control", control.local_addr()?)
         .tcp("data", served.data)
         .tcp("sync", served.sync);
+    if let Some((_, path)) = &data_unix {
+        ready = ready.unix("data-unix", path);
+    }
 
     let data_server = DataServer::new(host.clone() as Arc<dyn BlockBackend>, cfg.data.clone())?;
     let data_metrics = data_server.metrics();
     let grpc = ReplicaGrpc::new(host.clone(), cfg.listen.ip(), served, cancel.clone());
+    let data_server = Arc::new(data_server);
 
     let mut tasks = tokio::task::JoinSet::new();
     let c = cancel.clone();
@@ -164,10 +190,21 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
         tasks.spawn(async move { serve_metrics(listener, h, m, c).await });
     }
     ready.announce(cfg.ready_file.as_deref())?;
+    if let Some((listener, path)) = data_unix {
+        let (s, c) = (data_server.clone(), cancel.clone());
+        tasks.spawn(async move {
+            s.serve_unix(listener, c).await;
+            // Nothing listens there any more: a client must not find a socket that refuses it.
+            let _ = std::fs::remove_file(&path);
+            Ok(())
+        });
+    }
     data_server.serve_tcp(data, cancel.clone()).await;
-    data_server.shutdown().await;
     while let Some(r) = tasks.join_next().await {
         r??;
+    }
+    if let Ok(s) = Arc::try_unwrap(data_server) {
+        s.shutdown().await;
     }
     let h = host.clone();
     tokio::task::spawn_blocking(move || h.close()).await??;

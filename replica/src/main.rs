@@ -43,6 +43,11 @@ enum Cmd {
         /// ReplicaGet report it).
         #[arg(long, env = "CORRAL_REPLICA_DATA_LISTEN")]
         data_listen: Option<SocketAddr>,
+        /// Also serve the data protocol on this unix socket (a stale socket file there is replaced). An engine
+        /// on this node learns it from ReplicaGet and connects there instead of TCP; the manager gives it to
+        /// every replica it starts.
+        #[arg(long, env = "CORRAL_REPLICA_DATA_UNIX")]
+        data_unix: Option<PathBuf>,
         /// Sync-agent (gRPC SyncAgentService) address HOST:PORT (default: a free port on the --listen host; the
         /// ready file and ReplicaGet report it).
         #[arg(long, env = "CORRAL_REPLICA_SYNC_LISTEN")]
@@ -202,6 +207,7 @@ async fn main() -> anyhow::Result<()> {
             dir,
             listen,
             data_listen,
+            data_unix,
             sync_listen,
             size,
             backing_file,
@@ -225,6 +231,7 @@ async fn main() -> anyhow::Result<()> {
                 dir,
                 listen,
                 data_listen: data_listen.unwrap_or(any_port),
+                data_unix,
                 sync_listen: sync_listen.unwrap_or(any_port),
                 ready_file: process.ready_file,
                 size,

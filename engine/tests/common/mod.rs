@@ -53,6 +53,20 @@ macro_rules! on_both_engines {
     )*};
 }
 
+/// Whether replicas serve the data protocol on a unix socket too, as the manager starts them (the engine then
+/// reaches them there): the default. `CORRAL_TEST_REPLICA_DATA=tcp` runs the suites over TCP only, the path
+/// of a replica on another node (CONTRIBUTING.md).
+pub fn local_data_socket() -> bool {
+    std::env::var("CORRAL_TEST_REPLICA_DATA").as_deref() != Ok("tcp")
+}
+
+/// Where the replica of `dir` serves the data protocol on a unix socket (beside the directory).
+pub fn data_socket(dir: &Path) -> PathBuf {
+    let mut s = dir.as_os_str().to_owned();
+    s.push(".data.sock");
+    PathBuf::from(s)
+}
+
 /// A replica daemon.
 pub struct Replica {
     pub daemon: Daemon,
@@ -137,13 +151,15 @@ impl Replica {
     }
 
     fn spawn(dir: &Path, control: &str, data: &str, sync: &str, extra: &[&str]) -> Self {
-        let daemon = DaemonCommand::new(bin("corral-replica"))
+        let mut cmd = DaemonCommand::new(bin("corral-replica"))
             .label("corral-replica")
             .args(["serve", "--dir"])
             .arg(dir)
-            .args(["--listen", control, "--data-listen", data, "--sync-listen", sync])
-            .args(extra)
-            .spawn();
+            .args(["--listen", control, "--data-listen", data, "--sync-listen", sync]);
+        if local_data_socket() && !extra.contains(&"--data-unix") {
+            cmd = cmd.arg("--data-unix").arg(data_socket(dir));
+        }
+        let daemon = cmd.args(extra).spawn();
         Self {
             daemon,
             dir: dir.to_owned(),

@@ -53,6 +53,10 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
         let gone = local.data_paths.lock().ok().and_then(|mut m| m.remove(&name));
         let (path, rec) = gone.map_or((None, None), |(p, r)| (Some(p), r));
         local.sup.stop(&name, rec.as_ref(), Duration::from_secs(10)).await;
+        // A SIGKILLed replica leaves its socket file behind.
+        if let Some(sock) = data_socket(&ctx.cfg.data_dir, &name) {
+            let _ = std::fs::remove_file(sock);
+        }
         if let Some(path) = path {
             tracing::info!(replica = name, path = %path.display(), "removing deleted replica's data");
             tokio::task::spawn_blocking(move || std::fs::remove_dir_all(&path).or_else(ignore_missing))
@@ -135,6 +139,12 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
         "--volume".to_owned(),
         r.spec.volume.clone(),
     ];
+    if let Some(sock) = data_socket(&ctx.cfg.data_dir, &name) {
+        let dir = sock.parent().unwrap_or(&ctx.cfg.data_dir);
+        std::fs::create_dir_all(dir).with_context(|| format!("create {}", dir.display()))?;
+        args.push("--data-unix".to_owned());
+        args.push(sock.display().to_string());
+    }
     if r.spec.revision_counter_disabled {
         args.push("--disable-revision-counter".to_owned());
     }
@@ -201,6 +211,19 @@ fn replica_address(listen: &BTreeMap<String, String>) -> anyhow::Result<String> 
         replica: None,
     };
     Ok(address.to_string())
+}
+
+/// Where replica `name` serves the data protocol on a unix socket: an engine on this node connects there instead
+/// of TCP (issue 16 item 4). `None` when the path would not fit a socket address (the engine then uses TCP).
+fn data_socket(data_dir: &std::path::Path, name: &str) -> Option<PathBuf> {
+    // sockaddr_un.sun_path holds 108 bytes with the terminating NUL.
+    const MAX_SOCKET_PATH: usize = 107;
+    let sock = data_dir.join("sockets").join(format!("replica-{name}.data.sock"));
+    if sock.as_os_str().len() > MAX_SOCKET_PATH {
+        tracing::warn!(replica = name, path = %sock.display(), "socket path too long: data protocol over TCP only");
+        return None;
+    }
+    Some(sock)
 }
 
 fn ignore_missing(e: std::io::Error) -> std::io::Result<()> {

@@ -50,10 +50,12 @@ pub struct ReplicaGrpc {
 
 /// The daemon's other listeners, as bound, which `ReplicaResponse` reports so that a client given the control
 /// endpoint learns the whole replica address.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct ServedEndpoints {
     pub data: std::net::SocketAddr,
     pub sync: std::net::SocketAddr,
+    /// The data protocol's unix socket, when the daemon serves one.
+    pub data_unix: Option<std::path::PathBuf>,
 }
 
 impl ReplicaGrpc {
@@ -82,6 +84,12 @@ impl ReplicaGrpc {
             replica: Some(to_proto(&s, self.host.volume())),
             data_endpoint: self.served.data.to_string(),
             sync_endpoint: self.served.sync.to_string(),
+            data_local_endpoint: self
+                .served
+                .data_unix
+                .as_ref()
+                .map(|p| format!("unix:{}", p.display()))
+                .unwrap_or_default(),
         }))
     }
 
