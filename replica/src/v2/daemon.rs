@@ -97,6 +97,8 @@ impl LvstoreDaemon {
         let served = ServedEndpoints {
             data: data.local_addr()?,
             sync: sync.local_addr()?,
+            // v2 replicas serve the data protocol on TCP only for now (issue 16 item 4 covers v1's `--data-unix`).
+            data_unix: None,
         };
         let bound = [
             control.local_addr()?.port(),

@@ -120,6 +120,7 @@ impl V2Grpc {
             replica: Some(to_proto(&s, self.host.replica.name())),
             data_endpoint: self.served.data.to_string(),
             sync_endpoint: self.served.sync.to_string(),
+            data_local_endpoint: String::new(),
         }))
     }
 
