@@ -336,6 +336,161 @@ fn use_case_4_delta_max_7_retain_7_limit_5_the_6th_backup_is_refused_with_the_li
     check_store(&m, &runs, dir.path());
 }
 
+/// A job's own `deltaMax` beats the `backup-delta-max` setting, and its `--target` takes its backups to that
+/// named target (retention counts them there); an unknown target, and backup options on a snapshot job, are
+/// refused when the job is created.
+#[test]
+fn a_jobs_delta_max_beats_the_setting_and_its_target_receives_its_backups() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = single_node(dir.path());
+    let url = m.url.clone();
+    // The setting alone would keep all 4 in one chain.
+    ok(&url, &["setting", "set", "backup-delta-max", "10"]);
+    let other = dir.path().join("other");
+    std::fs::create_dir(&other).unwrap();
+    ok(
+        &url,
+        &[
+            "backup",
+            "target",
+            "set",
+            &format!("file://{}", other.display()),
+            "--name",
+            "other",
+        ],
+    );
+
+    let (code, v) = rest(
+        "POST",
+        &format!("{url}/v1/recurringjobs"),
+        Some(
+            &serde_json::json!({"name": "nt", "task": "backup", "cron": "* * * * *", "retain": 2,
+            "volumes": ["vol"], "target": "nowhere"}),
+        ),
+    );
+    assert_eq!(code, 404, "{v}");
+    assert!(
+        v["message"]
+            .as_str()
+            .unwrap()
+            .contains("backup target \"nowhere\" is not set"),
+        "{v}"
+    );
+    let (okk, _, err) = corral(
+        &url,
+        &[
+            "job",
+            "create",
+            "snap",
+            "--task",
+            "snapshot",
+            "--cron",
+            "* * * * *",
+            "--retain",
+            "2",
+            "--delta-max",
+            "2",
+        ],
+    );
+    assert!(!okk && err.contains("for backup jobs"), "{err}");
+    let (okk, _, err) = corral(
+        &url,
+        &[
+            "job",
+            "create",
+            "zero",
+            "--task",
+            "backup",
+            "--cron",
+            "* * * * *",
+            "--retain",
+            "2",
+            "--delta-max",
+            "0",
+        ],
+    );
+    assert!(!okk && err.contains("deltaMax 0"), "{err}");
+    let (code, _) = rest("GET", &format!("{url}/v1/recurringjobs/nt"), None);
+    assert_eq!(code, 404, "a refused job is not created");
+
+    let (cron, fires) = finite_schedule(4, 2);
+    ok(
+        &url,
+        &[
+            "job",
+            "create",
+            "uc",
+            "--task",
+            "backup",
+            "--cron",
+            &cron,
+            "--retain",
+            "4",
+            "--volume",
+            "vol",
+            "--delta-max",
+            "2",
+            "--target",
+            "other",
+        ],
+    );
+    let shown = ok(&url, &["job", "get", "uc"]);
+    assert!(
+        shown.contains("target: other") && shown.contains("backup-delta-max: 2 (the job's)"),
+        "{shown}"
+    );
+    let j = job(&url, "uc");
+    assert_eq!(
+        (j["target"].as_str(), j["deltaMax"].as_u64()),
+        (Some("other"), Some(2)),
+        "{j}"
+    );
+
+    let last = *fires.last().unwrap();
+    let wait = u64::try_from(last - chrono::Utc::now().timestamp()).unwrap_or(0) + 180;
+    wait_for("the 4 runs", Duration::from_secs(wait), || {
+        let j = job(&url, "uc");
+        (j["lastScheduled"] == last && j["lastFinished"].as_i64().unwrap_or(0) > 0).then_some(())
+    });
+    let runs = runs_in_log(&m.log(), "uc", "vol");
+    assert_eq!(
+        runs.iter().map(|r| r.fire).collect::<Vec<_>>(),
+        fires,
+        "{runs:#?}"
+    );
+    assert!(runs.iter().all(|r| !r.failed()), "{runs:#?}");
+    // Chains of 2: full, incremental, full (delta-max 2 reached), incremental.
+    assert_eq!(fulls(&runs), vec![1, 3], "{runs:#?}");
+    assert!(runs[2].result.contains("backup-delta-max (2"), "{:?}", runs[2]);
+    let have = job_backups(&url, "uc");
+    assert_eq!(have.len(), 4, "{have:#?}");
+    for (name, b) in &have {
+        assert_eq!(b["target"], "other", "{b}");
+        assert_eq!(b["deltaMax"], 2, "{b}");
+        assert_eq!(b["id"], format!("other:{name}"), "{b}");
+    }
+    let on = |d: &std::path::Path, b: &str| {
+        let mut stack = vec![d.to_path_buf()];
+        let mut found = false;
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+                found |= e.path().to_string_lossy().contains(b);
+                if e.path().is_dir() {
+                    stack.push(e.path());
+                }
+            }
+        }
+        found
+    };
+    for name in have.keys() {
+        assert!(on(&other, name), "{name} is on target other");
+        assert!(
+            !on(&dir.path().join("target"), name),
+            "{name} is not on the default target"
+        );
+    }
+}
+
 /// Which runs a manager's log shows, each with whether that process was leading when it logged it: the latest of
 /// "corral-manager starting", "lost leadership" and "leading the cluster-wide controllers" before the run's line
 /// must be the last.

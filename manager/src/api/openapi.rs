@@ -524,6 +524,8 @@ fn components() -> Value {
             "volumes": {"type": "array", "items": name_schema()},
             "groups": {"type": "array", "items": name_schema()},
             "labels": string_map(),
+            "target": nullable(name_schema()),
+            "deltaMax": nullable(json!({"type": "integer", "minimum": 1, "maximum": u32::MAX})),
         })),
         "RecurringJob": {
             "type": "object",
@@ -538,6 +540,8 @@ fn components() -> Value {
                 "labels": string_map(), "created": {"type": "integer"},
                 "lastScheduled": {"type": "integer"}, "lastMissed": {"type": "integer"},
                 "nextRun": {"type": "integer"}, "lastResults": string_map(), "lastFinished": {"type": "integer"},
+                "target": nullable(json!({"type": "string"})),
+                "deltaMax": nullable(json!({"type": "integer", "minimum": 1})),
             }
         },
         "JobGroupsRequest": object(&["groups"], json!({"groups": {"type": "array", "items": name_schema()}})),

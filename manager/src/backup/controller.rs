@@ -224,7 +224,11 @@ async fn start_job(ctx: &Ctx, t: &OpenTarget, b: &mut Backup) -> Result<Requeue,
     } else {
         "auto"
     };
-    let delta_max = u32::try_from(ctx.setting_u64(DELTA_MAX_SETTING).await).unwrap_or(u32::MAX);
+    // The backup's own delta-max (a recurring job's) over the setting.
+    let delta_max = match b.delta_max {
+        Some(n) => n,
+        None => u32::try_from(ctx.setting_u64(DELTA_MAX_SETTING).await).unwrap_or(u32::MAX),
+    };
     let mut c = replica_client(&replica).await?;
     // Asked before a manager restart (the answer was lost): the job is known to the replica.
     if c.backup_status(v1::BackupJobRef {
@@ -273,7 +277,7 @@ async fn start_job(ctx: &Ctx, t: &OpenTarget, b: &mut Backup) -> Result<Requeue,
             )));
         }
     }
-    tracing::info!(backup = %b.name, volume = %b.source_volume, snapshot = %b.snapshot, %replica, mode, "backup started");
+    tracing::info!(backup = %b.name, volume = %b.source_volume, snapshot = %b.snapshot, %replica, mode, delta_max, "backup started");
     b.replica = replica;
     b.state = BackupState::InProgress;
     b.error.clear();

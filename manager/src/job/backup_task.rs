@@ -1,12 +1,14 @@
 //! The `backup` task of a recurring job on one attached volume, in seed 004's order:
 //!
-//! 1. **retention first**: of the job's completed backups of the volume on the default target (found by the
+//! 1. **retention first**: of the job's completed backups of the volume on its target (the job's `target`, else
+//!    `default`; found by the
 //!    `corral.io/recurring-job` label, never another job's or a manual backup), the newest `retain - 1` stay and
 //!    the rest are deleted (blocks another backup uses stay), so that the `backup-max-count` check of the new
 //!    backup sees the room retention made (use case 1: limit 7, retain 7, the 8th backup is taken);
 //! 2. the run's snapshot, labelled with the job, and a backup of it through the one path `POST /v1/backups` takes
 //!    ([`crate::backup::routes::request_backup`]: the volume's limit, one backup per volume at a time, the chain
-//!    policy `backup-delta-max` / `backup-incremental`), driven by the leader's backup controller;
+//!    policy `backup-delta-max` — the job's own `deltaMax` over the setting — / `backup-incremental`), driven by
+//!    the leader's backup controller;
 //! 3. the run waits for it (until the next fire time, at least [`MIN_WAIT`]) and then, as Longhorn does, removes
 //!    the job's snapshots except the one its newest completed backup was made from (the next incremental diffs
 //!    against it) and one a running backup reads, and purges.
@@ -32,15 +34,25 @@ const POLL: Duration = Duration::from_millis(500);
 /// The least a run waits for its backup, however close the next fire time is.
 pub const MIN_WAIT: Duration = Duration::from_secs(30);
 
-/// The job's backups of `volume` on the default target (any state), oldest first.
-async fn job_backups(ctx: &Ctx, job: &str, volume: &str) -> anyhow::Result<Vec<Object<Backup>>> {
+/// The target a job's backups go to.
+fn target_of(spec: &JobSpec) -> &str {
+    spec.target.as_deref().unwrap_or(DEFAULT_TARGET)
+}
+
+/// The job's backups of `volume` on `target` (any state), oldest first.
+async fn job_backups(
+    ctx: &Ctx,
+    job: &str,
+    volume: &str,
+    target: &str,
+) -> anyhow::Result<Vec<Object<Backup>>> {
     let mut out: Vec<Object<Backup>> = ctx
         .db
         .list::<Backup>()
         .await?
         .into_iter()
         .filter(|b| {
-            b.data.target == DEFAULT_TARGET
+            b.data.target == target
                 && b.data.volume == volume
                 && b.data.labels.get(JOB_LABEL).is_some_and(|j| j == job)
         })
@@ -96,7 +108,7 @@ pub async fn run(
     next_fire: i64,
 ) -> anyhow::Result<String> {
     // 1. Retention, before the new backup meets backup-max-count.
-    let mine = job_backups(ctx, job, volume).await?;
+    let mine = job_backups(ctx, job, volume, target_of(spec)).await?;
     let data: Vec<Backup> = mine.iter().map(|b| b.data.clone()).collect();
     let mut removed = Vec::new();
     for name in to_delete(&data, spec.retain) {
@@ -125,7 +137,8 @@ pub async fn run(
             snapshot: Some(snapshot.clone()),
             full: false,
             labels,
-            target: None,
+            target: spec.target.clone(),
+            delta_max: spec.delta_max,
         },
     )
     .await;
@@ -135,7 +148,7 @@ pub async fn run(
     };
 
     // 3. The job's snapshots no backup needs go, whatever the backup's outcome (a refused backup's too).
-    let cleaned = clean_snapshots(ctx, c, job, volume).await;
+    let cleaned = clean_snapshots(ctx, c, job, volume, target_of(spec)).await;
     let made = outcome?;
     let mut r = format!("{made} of snapshot {snapshot}");
     if !removed.is_empty() {
@@ -185,8 +198,14 @@ async fn wait_done(ctx: &Ctx, key: &str, fire: i64, next_fire: i64) -> anyhow::R
 
 /// Removes the job's snapshots of `volume` except the one its newest completed backup was made from and any a
 /// running backup reads, and purges.
-async fn clean_snapshots(ctx: &Ctx, c: &mut VolumeEngine, job: &str, volume: &str) -> anyhow::Result<String> {
-    let backups = job_backups(ctx, job, volume).await?;
+async fn clean_snapshots(
+    ctx: &Ctx,
+    c: &mut VolumeEngine,
+    job: &str,
+    volume: &str,
+    target: &str,
+) -> anyhow::Result<String> {
+    let backups = job_backups(ctx, job, volume, target).await?;
     let mut keep: Vec<String> = backups
         .iter()
         .rev()

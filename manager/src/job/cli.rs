@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use anyhow::bail;
 use clap::Subcommand;
 
+use super::model::Task;
 use super::routes::{GroupsRequest, GroupsView, JobCreate, JobView};
 use crate::client::Client;
 
@@ -51,6 +52,12 @@ pub struct CreateArgs {
     /// A label for what the job makes, `key=value` (repeatable).
     #[arg(long = "label")]
     labels: Vec<String>,
+    /// Backup task: the backup target (a name `corral backup target set --name` gave; default: `default`).
+    #[arg(long)]
+    target: Option<String>,
+    /// Backup task: the job's backup-delta-max (backups in a chain, its full one included) over the setting's.
+    #[arg(long)]
+    delta_max: Option<u32>,
 }
 
 fn when(t: i64) -> String {
@@ -97,6 +104,18 @@ fn detail(j: &JobView) -> String {
         s.push('\n');
     }
     s.push_str(&format!("concurrency: {}\n", j.concurrency));
+    if j.task == Task::Backup {
+        s.push_str(&format!(
+            "target: {}\n",
+            j.target
+                .as_deref()
+                .unwrap_or(crate::backup::model::DEFAULT_TARGET)
+        ));
+        s.push_str(&match j.delta_max {
+            Some(n) => format!("backup-delta-max: {n} (the job's)\n"),
+            None => "backup-delta-max: the setting's\n".to_owned(),
+        });
+    }
     for (k, v) in &j.labels {
         s.push_str(&format!("label {k}={v}\n"));
     }
@@ -138,6 +157,8 @@ pub async fn run(c: &Client, json: bool, cmd: JobCmd) -> anyhow::Result<()> {
                 volumes: args.volumes,
                 groups: args.groups,
                 labels,
+                target: args.target,
+                delta_max: args.delta_max,
             };
             let j: JobView = c.post("/v1/recurringjobs", &req).await?;
             print(json, &j, || detail(&j))

@@ -14,7 +14,8 @@ pub enum Task {
     /// Takes a snapshot labelled with the job; removes the job's snapshots beyond `retain`.
     #[default]
     Snapshot,
-    /// Takes a snapshot and backs it up to the default backup target; removes the job's backups beyond `retain`.
+    /// Takes a snapshot and backs it up (to the job's target, else the default one); removes the job's backups
+    /// beyond `retain`.
     Backup,
 }
 
@@ -56,6 +57,13 @@ pub struct JobSpec {
     pub labels: BTreeMap<String, String>,
     /// Unix seconds of creation: a schedule's fire times before it are not runs of this job.
     pub created: i64,
+    /// Backup task: the backup target its backups go to (None: `default`). Checked to exist at creation.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Backup task: the job's own `backup-delta-max` (backups in a chain, its full one included), over the
+    /// setting's for the backups it makes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_max: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

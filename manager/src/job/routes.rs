@@ -13,6 +13,7 @@ use super::model::{JobSpec, JobStatus, MAX_CONCURRENCY, MAX_RETAIN, RecurringJob
 use crate::api::extract::{Body, Path};
 use crate::api::openapi::check_name;
 use crate::api::routes::Routes;
+use crate::backup::model::BackupTarget;
 use crate::context::Ctx;
 use crate::error::ApiError;
 use crate::model::Volume;
@@ -64,6 +65,12 @@ pub struct JobCreate {
     pub groups: Vec<String>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Backup task: the backup target (default: `default`); it must be set.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub target: Option<String>,
+    /// Backup task: the job's `backup-delta-max`, over the setting's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_max: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -84,6 +91,12 @@ pub struct JobView {
     pub groups: Vec<String>,
     pub labels: BTreeMap<String, String>,
     pub created: i64,
+    /// Backup task: the target (None: `default`).
+    #[serde(default)]
+    pub target: Option<String>,
+    /// Backup task: the job's `backup-delta-max` (None: the setting's).
+    #[serde(default)]
+    pub delta_max: Option<u32>,
     #[serde(flatten)]
     pub status: JobStatus,
 }
@@ -101,6 +114,8 @@ impl JobView {
             groups: spec.groups,
             labels: spec.labels,
             created: spec.created,
+            target: spec.target,
+            delta_max: spec.delta_max,
             status,
         }
     }
@@ -149,6 +164,19 @@ pub fn validate(req: &JobCreate, created: i64) -> Result<JobSpec, ApiError> {
     for g in &req.groups {
         check_name("group name", g)?;
     }
+    if task != Task::Backup && (req.target.is_some() || req.delta_max.is_some()) {
+        return Err(ApiError::Invalid(format!(
+            "target and deltaMax are for backup jobs, not {task} jobs"
+        )));
+    }
+    if let Some(t) = &req.target {
+        check_name("backup target", t)?;
+    }
+    if req.delta_max == Some(0) {
+        return Err(ApiError::Invalid(
+            "deltaMax 0: a chain holds at least its full backup (1 makes every backup full)".into(),
+        ));
+    }
     Ok(JobSpec {
         task,
         cron: req.cron.clone(),
@@ -158,6 +186,8 @@ pub fn validate(req: &JobCreate, created: i64) -> Result<JobSpec, ApiError> {
         groups: req.groups.clone(),
         labels: req.labels.clone(),
         created,
+        target: req.target.clone(),
+        delta_max: req.delta_max,
     })
 }
 
@@ -166,6 +196,14 @@ async fn create(
     Body(req): Body<JobCreate>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
     let spec = validate(&req, crate::controller::now())?;
+    // A job that could never back anything up is refused now, not at each fire time.
+    if let Some(t) = &spec.target
+        && ctx.db.get::<BackupTarget>(t).await?.is_none()
+    {
+        return Err(ApiError::NotFound(format!(
+            "backup target {t:?} is not set (corral backup target set URL --name {t})"
+        )));
+    }
     let job = RecurringJob {
         spec,
         status: JobStatus::default(),
