@@ -118,6 +118,7 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
     crate::controller::replica::start(&ctx, &cancel);
     crate::controller::engine::start(&ctx, &cancel);
     crate::backing_image::start_node(&ctx, &cancel);
+    crate::backup::start_node(&ctx, &cancel);
     let leader_ctx = ctx.clone();
     let leader_cancel = cancel.clone();
     let node_id = cfg.node_id.clone();

@@ -405,6 +405,33 @@ fn a_downloaded_qcow2_backs_a_volume_through_io_snapshots_reattach_and_a_live_up
     assert_eq!(v["sourceType"], "upload");
 
     // An image no volume uses is deleted with its files.
+    let old_uuid = v["uuid"].as_str().unwrap().to_owned();
+    let (code, v) = rest("DELETE", &format!("{}/v1/backingimages/up1", m.url), None);
+    assert_eq!(code, 204, "{v}");
+    // Gone for the API at once, and so is its name: a create right away waits for the old files to go.
+    let (code, v) = rest("GET", &format!("{}/v1/backingimages/up1", m.url), None);
+    assert_eq!(code, 404, "{v}");
+    let (_, all) = rest("GET", &format!("{}/v1/backingimages", m.url), None);
+    assert!(
+        all.as_array()
+            .unwrap()
+            .iter()
+            .any(|b| b["name"] == "up1" && b["state"] == "deleting"),
+        "the deleted image's files were still being removed: {all}"
+    );
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/backingimages", m.url),
+        Some(&serde_json::json!({"name": "up1", "sourceType": "upload"})),
+    );
+    assert_eq!(code, 201, "{v}");
+    assert_ne!(v["uuid"], old_uuid.as_str(), "{v}");
+    assert!(
+        backing_files(&data_dir, "up1")
+            .iter()
+            .all(|p| !p.to_string_lossy().contains(&old_uuid)),
+        "the create waited for the deleted image's files"
+    );
     let (code, v) = rest("DELETE", &format!("{}/v1/backingimages/up1", m.url), None);
     assert_eq!(code, 204, "{v}");
     wait_for("up1 gone", Duration::from_secs(30), || {
@@ -1089,6 +1116,10 @@ fn a_backup_made_by_the_manager_on_s3_restores_into_a_backing_image_with_the_tar
         "s3://bucket/pre?endpoint={}&backup={name}&volume=src",
         s3.endpoint
     );
+    // The backup shows it (REST and `backup get`): what `--source restore` takes.
+    assert_eq!(b["url"], backup_url.as_str(), "{b}");
+    let shown = corral_with_s3_keys(&m.url, &["backup", "get", name]);
+    assert!(shown.contains(&backup_url), "{shown}");
 
     // A URL that names no backup is refused and leaves nothing.
     let create = |body: Value| rest("POST", &format!("{}/v1/backingimages", m.url), Some(&body));

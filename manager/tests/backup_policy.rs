@@ -532,6 +532,7 @@ fn a_backing_image_backed_up_deleted_and_restored_from_the_target_reads_the_same
     upload_image(&url, "img", &raw);
 
     let b: Value = serde_json::from_str(&ok(&url, &["--json", "backup", "backing-image", "img"])).unwrap();
+    assert_eq!(b["state"], "completed", "{b}");
     assert_eq!(b["checksum"], checksum.as_str(), "{b}");
     assert!(b["newBytes"].as_u64().unwrap() >= 6 * MIB, "{b}");
     let backup_url = b["backupUrl"].as_str().unwrap().to_owned();
@@ -547,28 +548,23 @@ fn a_backing_image_backed_up_deleted_and_restored_from_the_target_reads_the_same
     // Deleted, then restored from the target under its name, checked against its SHA-512.
     let (code, e) = rest("DELETE", &format!("{url}/v1/backingimages/img"), None);
     assert_eq!(code, 204, "{e}");
-    let v: Value = wait_for("img restored from the target", Duration::from_secs(120), || {
-        let (okk, out, err) = corral(
-            &url,
-            &[
-                "--json",
-                "backing-image",
-                "create",
-                "img",
-                "--source",
-                "restore",
-                "--backup-url",
-                &backup_url,
-                "--expected-checksum",
-                &checksum,
-            ],
-        );
-        if okk {
-            return serde_json::from_str(&out).ok();
-        }
-        assert!(err.contains("still being deleted"), "{out}{err}");
-        None
-    });
+    // At once: the create waits for the deleted image's files to go.
+    let v: Value = serde_json::from_str(&ok(
+        &url,
+        &[
+            "--json",
+            "backing-image",
+            "create",
+            "img",
+            "--source",
+            "restore",
+            "--backup-url",
+            &backup_url,
+            "--expected-checksum",
+            &checksum,
+        ],
+    ))
+    .unwrap();
     assert!(
         v["state"] == "ready" && v["currentChecksum"] == checksum.as_str(),
         "{v}"
@@ -603,4 +599,122 @@ fn a_backing_image_backed_up_deleted_and_restored_from_the_target_reads_the_same
         code == 409 && e["message"].as_str().unwrap().contains("not set"),
         "{code} {e}"
     );
+}
+
+/// A backing image's backup is a tracked operation: it runs in the manager, not in the request, so the waiting
+/// CLI can be SIGKILLed while it is in progress (progress seen between 0 and 100) and the backup still completes;
+/// and one whose target breaks mid-way (the target directory replaced by a file) ends `failed` with the store's
+/// error, shown by REST and `corral backup backing-image-get`.
+#[test]
+fn a_backing_image_backup_runs_past_its_killed_client_with_progress_and_a_failure_shows_why() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let target = dir.path().join("target");
+    let raw = dir.path().join("img.raw");
+    let len = 64 * MIB;
+    let checksum = raw_image(&raw, 11, usize::try_from(len).unwrap());
+    let m = Manager::start(&dir.path().join("n1"), "node-1", "embedded", port_range(0));
+    let url = m.url.clone();
+    set_file_target(&url, &target);
+    upload_image(&url, "img", &raw);
+    let only = |url: &str| -> Value {
+        let all = get(url, "/v1/backingimagebackups");
+        let mut all = all.as_array().unwrap().clone();
+        all.sort_by_key(|b| b["started"].as_str().unwrap_or_default().to_owned());
+        all.pop().expect("a backup is listed")
+    };
+
+    // 1. The first backup (every block uploaded): the target breaks while it runs.
+    let b: Value = serde_json::from_str(&ok(
+        &url,
+        &["--json", "backup", "backing-image", "img", "--no-wait"],
+    ))
+    .unwrap();
+    assert!(
+        matches!(b["state"].as_str(), Some("pending" | "in-progress")),
+        "{b}"
+    );
+    let id = b["id"].as_str().unwrap().to_owned();
+    let running = wait_for("the first backup in progress", Duration::from_secs(60), || {
+        let v = get(&url, &format!("/v1/backingimagebackups/{id}"));
+        assert_ne!(
+            v["state"], "completed",
+            "the backup ended before the target could be broken: {v}"
+        );
+        (v["state"] == "in-progress" && v["progress"].as_u64().unwrap() > 0).then_some(v)
+    });
+    let moved = dir.path().join("target.moved");
+    std::fs::rename(&target, &moved).unwrap();
+    std::fs::write(&target, b"not a directory").unwrap();
+    let failed = wait_for("the first backup failed", Duration::from_secs(60), || {
+        let v = get(&url, &format!("/v1/backingimagebackups/{id}"));
+        assert_ne!(v["state"], "completed", "{v}");
+        (v["state"] == "failed").then_some(v)
+    });
+    assert!(!failed["error"].as_str().unwrap().is_empty(), "{failed}");
+    assert!(
+        failed["progress"].as_u64() < Some(100),
+        "was at {running}: {failed}"
+    );
+    let shown = ok(&url, &["backup", "backing-image-get", &id]);
+    assert!(shown.contains("failed: "), "{shown}");
+    std::fs::remove_file(&target).unwrap();
+    std::fs::rename(&moved, &target).unwrap();
+
+    // 2. A backup whose waiting client is SIGKILLed mid-way completes anyway.
+    let mut cli = Command::new(cli_bin())
+        .args(["--url", &url, "backup", "backing-image", "img"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut seen = Vec::new();
+    let running = wait_for("the second backup in progress", Duration::from_secs(60), || {
+        let v = only(&url);
+        if v["id"] == id.as_str() {
+            return None;
+        }
+        seen.push((v["state"].clone(), v["progress"].clone()));
+        assert_ne!(
+            v["state"], "completed",
+            "the backup ended before its client was killed: {seen:?}"
+        );
+        let p = v["progress"].as_u64().unwrap();
+        (v["state"] == "in-progress" && p > 0 && p < 100).then_some(v)
+    });
+    cli.kill().unwrap();
+    cli.wait().unwrap();
+    let id2 = running["id"].as_str().unwrap().to_owned();
+    let done = wait_for("the second backup completed", Duration::from_secs(120), || {
+        let v = get(&url, &format!("/v1/backingimagebackups/{id2}"));
+        assert_ne!(v["state"], "failed", "{v}");
+        (v["state"] == "completed").then_some(v)
+    });
+    assert_eq!(done["progress"], 100, "{done}");
+    assert_eq!(done["checksum"], checksum.as_str(), "{done}");
+    assert_eq!(done["size"], len, "{done}");
+    assert_eq!(done["nodeId"], "node-1", "{done}");
+    assert!(
+        done["backupUrl"].as_str().unwrap().contains("backing-images"),
+        "{done}"
+    );
+    let listed = ok(&url, &["backup", "backing-image-ls"]);
+    assert!(
+        listed.contains(&id2) && listed.contains("completed") && listed.contains(&id),
+        "{listed}"
+    );
+    let j: Value = serde_json::from_str(&ok(&url, &["--json", "backup", "backing-image-get", &id2])).unwrap();
+    assert_eq!(j, done);
+    // Unknown ids are 404, path tricks 400.
+    let (code, e) = rest(
+        "GET",
+        &format!("{url}/v1/backingimagebackups/default:bi-nope"),
+        None,
+    );
+    assert_eq!(code, 404, "{e}");
+    let (code, e) = rest(
+        "GET",
+        &format!("{url}/v1/backingimagebackups/default:..%2Fx"),
+        None,
+    );
+    assert_eq!(code, 400, "{e}");
 }

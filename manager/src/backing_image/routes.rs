@@ -246,16 +246,15 @@ async fn create(
     };
     check_copies("minNumberOfCopies", min)?;
     if let Some(old) = ctx.db.get::<BackingImage>(&req.name).await? {
-        return Err(ApiError::Conflict(
-            if old.data.spec.deletion_timestamp.is_some() {
-                format!(
-                    "backing image {:?} is still being deleted: create it again once it is gone",
-                    req.name
-                )
-            } else {
-                format!("backing image {:?} already exists", req.name)
-            },
-        ));
+        if old.data.spec.deletion_timestamp.is_none() {
+            return Err(ApiError::Conflict(format!(
+                "backing image {:?} already exists",
+                req.name
+            )));
+        }
+        // Deleted (GET already answers 404): its files are being removed; the new image of that name waits for
+        // them rather than refusing a name the API calls free.
+        wait_deleted(&ctx, &req.name).await?;
     }
     let bi = BackingImage {
         spec: BackingImageSpec {
@@ -295,6 +294,37 @@ async fn create(
         Err(e) => return Err(e.into()),
     }
     Ok((StatusCode::CREATED, Json(BackingImageView::new(&obj))))
+}
+
+/// How long a create waits for a deleted image of the same name to be gone (its copies removed by the disk
+/// managers, usually within seconds).
+const DELETED_WAIT: Duration = Duration::from_secs(30);
+
+/// Waits until the deleted image `name` is gone from the store; 409 when its files are still being removed after
+/// [`DELETED_WAIT`] (a disk manager that does not answer), naming the disks.
+async fn wait_deleted(ctx: &Ctx, name: &str) -> Result<(), ApiError> {
+    let end = Instant::now() + DELETED_WAIT;
+    loop {
+        let Some(old) = ctx.db.get::<BackingImage>(name).await? else {
+            return Ok(());
+        };
+        if Instant::now() >= end {
+            let disks: Vec<&str> = old
+                .data
+                .status
+                .disk_file_status_map
+                .keys()
+                .map(String::as_str)
+                .collect();
+            return Err(ApiError::Conflict(format!(
+                "backing image {name:?} was deleted and its copies (disks {}) are still being removed after {}s: \
+                 create it again once they are",
+                disks.join(", "),
+                DELETED_WAIT.as_secs()
+            )));
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Volumes that use `image`.

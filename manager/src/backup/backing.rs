@@ -2,18 +2,10 @@
 //! SHA-512; a restore into a new volume takes that image (or the one the user names, which must be the same name)
 //! and checks, before anything is created, that the image of that name here has the SHA-512 the backup recorded.
 //! An image of the same name with other content would show through every block the volume never wrote: refused.
-//! And a backing image itself is backed up into the target's backing-image area (`backupstore::backing_image`),
-//! to be restored elsewhere by a backing image of source type `restore`.
+//! (A backing image itself is backed up by [`super::image_backup`].)
 
-use axum::Json;
-use axum::extract::State;
-use axum::http::StatusCode;
-use serde::{Deserialize, Serialize};
-
-use super::model::{Backup, BackupVolume, DEFAULT_TARGET, key};
-use crate::api::extract::{Body, Path};
-use crate::api::openapi::check_name;
-use crate::backing_image::model::{BackingImage, BackingImageManager, state};
+use super::model::{Backup, BackupVolume, key};
+use crate::backing_image::model::BackingImage;
 use crate::context::Ctx;
 use crate::error::ApiError;
 use crate::store::StoreError;
@@ -37,7 +29,7 @@ pub async fn recorded(ctx: &Ctx, b: &Backup) -> Result<Option<(String, String)>,
 
 /// A SHA-512 as 128 lower-case hex digits (`sha512:` prefix dropped); `None` for anything else (an image hashed
 /// by a bare replica records `sha256:HEX`, which cannot be compared with the control plane's SHA-512).
-fn sha512_hex(c: &str) -> Option<String> {
+pub(super) fn sha512_hex(c: &str) -> Option<String> {
     let hex = c.strip_prefix("sha512:").unwrap_or(c);
     (hex.len() == 128 && hex.bytes().all(|b| b.is_ascii_hexdigit())).then(|| hex.to_ascii_lowercase())
 }
@@ -80,112 +72,4 @@ pub async fn check_checksum(ctx: &Ctx, b: &Backup, image: &str, recorded: &str) 
             b.name
         ))),
     }
-}
-
-/// `POST /v1/backingimages/{backingimage}/backup`: the target to back the image up into.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct BackingImageBackupRequest {
-    /// Default: `default`.
-    #[serde(default)]
-    pub target: Option<String>,
-}
-
-/// A backing image's backup in the target's backing-image area.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BackingImageBackupView {
-    pub image: String,
-    pub target: String,
-    pub backup: String,
-    /// What a backing image of source type `restore` takes as `backupURL`.
-    pub backup_url: String,
-    /// SHA-512 of the image, recorded in the backup.
-    pub checksum: String,
-    pub size: u64,
-    /// Bytes uploaded (blocks the area did not hold).
-    pub new_bytes: u64,
-    pub deduplicated_blocks: u64,
-    pub completed: String,
-}
-
-/// Backs a ready backing image up into a target (from this node's ready copy), deduplicated against the image's
-/// earlier backups; restore it elsewhere with a backing image of source type `restore` and the `backupUrl`.
-pub async fn backup_image(
-    State(ctx): State<Ctx>,
-    Path(name): Path<String>,
-    body: Option<Body<BackingImageBackupRequest>>,
-) -> Result<(StatusCode, Json<BackingImageBackupView>), ApiError> {
-    let req = body.map(|Body(b)| b).unwrap_or_default();
-    check_name("backing image", &name)?;
-    let target = req.target.unwrap_or_else(|| DEFAULT_TARGET.to_owned());
-    check_name("backup target", &target)?;
-    let bi = ctx
-        .db
-        .get::<BackingImage>(&name)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("backing image {name:?} does not exist")))?;
-    if bi.data.spec.deletion_timestamp.is_some() {
-        return Err(ApiError::Conflict(format!(
-            "backing image {name} is being deleted"
-        )));
-    }
-    backupstore::validate_name("backing image", &name).map_err(|e| ApiError::Conflict(e.to_string()))?;
-    let Some(checksum) = sha512_hex(&bi.data.status.current_checksum) else {
-        return Err(ApiError::Conflict(format!(
-            "backing image {name} is not ready (no verified SHA-512 yet): back it up once it is"
-        )));
-    };
-    let node = ctx.cfg.node_id.clone();
-    let path = ctx
-        .db
-        .list::<BackingImageManager>()
-        .await?
-        .into_iter()
-        .filter(|m| m.data.spec.node_id == node)
-        .find_map(|m| {
-            m.data
-                .status
-                .files
-                .get(&name)
-                .filter(|f| f.uuid == bi.data.spec.uuid && f.state == state::READY && !f.path.is_empty())
-                .map(|f| f.path.clone())
-        })
-        .ok_or_else(|| {
-            ApiError::Conflict(format!(
-                "no ready copy of backing image {name} on node {node}: back it up through a node that holds one"
-            ))
-        })?;
-    super::errors::target_reachable(&ctx, &target).await?;
-    let t = super::target::open(&ctx, &target)
-        .await
-        .map_err(|e| ApiError::Conflict(e.to_string()))?;
-    let backup = format!("bi-{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
-    tracing::info!(image = %name, %target, %backup, path, "backing image backup started");
-    let cfg = t
-        .store
-        .backup_backing_image(
-            &name,
-            std::path::Path::new(&path),
-            &checksum,
-            &backup,
-            &backupstore::Progress::default(),
-        )
-        .await
-        .map_err(|e| super::errors::store_error(&e))?;
-    tracing::info!(image = %name, %target, %backup, new_bytes = cfg.stats.new_bytes, "backing image backup completed");
-    Ok((
-        StatusCode::CREATED,
-        Json(BackingImageBackupView {
-            image: name.clone(),
-            target,
-            backup_url: t.store.backing_images().backup_url(&name, &backup),
-            backup,
-            checksum,
-            size: cfg.size,
-            new_bytes: cfg.stats.new_bytes,
-            deduplicated_blocks: cfg.stats.deduplicated_blocks,
-            completed: cfg.completed,
-        }),
-    ))
 }

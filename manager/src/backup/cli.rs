@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Subcommand;
 
+use super::image_backup::{BackingImageBackupRequest, BackingImageBackupView};
 use super::model::{BackupState, RestoreState};
 use super::routes::{
     BackupCreate, BackupMaxCount, BackupTargetSet, BackupTargetView, BackupView, BackupVolumeView,
@@ -39,6 +40,9 @@ pub enum BackupCmd {
         labels: Vec<String>,
         #[arg(long)]
         target: Option<String>,
+        /// This backup's backup-delta-max (backups in a chain, its full one included) over the setting's.
+        #[arg(long)]
+        delta_max: Option<u32>,
         #[arg(long)]
         no_wait: bool,
         /// Seconds to wait.
@@ -66,12 +70,23 @@ pub enum BackupCmd {
     /// Back a ready backing image up into a target's backing-image area (blocks deduplicated against its earlier
     /// backups); prints the backup URL that `corral backing-image create NAME --source restore --backup-url URL
     /// --expected-checksum SHA512` restores it from.
+    /// Waits with a progress bar unless --no-wait; the backup runs in a manager holding a ready copy, whatever
+    /// happens to this command (follow it with `corral backup backing-image-get ID`).
     BackingImage {
         name: String,
         /// Target name (default: `default`).
         #[arg(long)]
         target: Option<String>,
+        #[arg(long)]
+        no_wait: bool,
+        /// Seconds to wait.
+        #[arg(long, default_value_t = 86400)]
+        timeout: u64,
     },
+    /// Backups of backing images: state, progress, backup URL.
+    BackingImageLs,
+    /// One backup of a backing image: [TARGET:]NAME.
+    BackingImageGet { id: String },
     /// Backup volumes (a volume's backups on a target).
     Volume {
         #[command(subcommand)]
@@ -274,33 +289,86 @@ fn volume_table(vs: &[BackupVolumeView]) -> String {
     )
 }
 
-/// Waits (progress bar) until the backup `id` completed; failed is an error with the reason.
-pub async fn wait_backup(c: &Client, id: &str, timeout: Duration) -> anyhow::Result<BackupView> {
-    let bar = corral_daemon::percent_bar(&format!("backup {id}"));
+/// Waits (progress bar) until the tracked operation at `path` (a volume's or a backing image's backup, both with
+/// a [`BackupState`]) completed; failed is an error with the reason. `of` reads its state, progress and error.
+async fn wait_done<T: serde::de::DeserializeOwned>(
+    c: &Client,
+    path: &str,
+    what: &str,
+    timeout: Duration,
+    of: impl Fn(&T) -> (BackupState, u32, String),
+) -> anyhow::Result<T> {
+    let bar = corral_daemon::percent_bar(what);
     let end = Instant::now() + timeout;
     loop {
-        let b: BackupView = c.get(&format!("/v1/backups/{id}")).await?;
-        bar.set_position(u64::from(b.backup.progress));
-        match b.backup.state {
+        let v: T = c.get(path).await?;
+        let (state, progress, error) = of(&v);
+        bar.set_position(u64::from(progress));
+        match state {
             BackupState::Completed => {
                 bar.finish_and_clear();
-                return Ok(b);
+                return Ok(v);
             }
             BackupState::Failed => {
                 bar.abandon();
-                bail!("backup {id} failed: {}", b.backup.error);
+                bail!("{what} failed: {error}");
             }
             BackupState::Pending | BackupState::InProgress => {}
         }
         if Instant::now() > end {
             bar.abandon();
-            bail!(
-                "backup {id} is still running ({}%) after {timeout:?}",
-                b.backup.progress
-            );
+            bail!("{what} is still running ({progress}%) after {timeout:?}");
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// Waits (progress bar) until the backup `id` completed; failed is an error with the reason.
+pub async fn wait_backup(c: &Client, id: &str, timeout: Duration) -> anyhow::Result<BackupView> {
+    wait_done(
+        c,
+        &format!("/v1/backups/{id}"),
+        &format!("backup {id}"),
+        timeout,
+        |b: &BackupView| (b.backup.state, b.backup.progress, b.backup.error.clone()),
+    )
+    .await
+}
+
+fn image_backup_table(bs: &[BackingImageBackupView]) -> String {
+    table(
+        &[
+            "BACKUP",
+            "IMAGE",
+            "NODE",
+            "STATE",
+            "SIZE",
+            "NEW",
+            "COMPLETED",
+            "URL",
+        ],
+        bs.iter()
+            .map(|v| {
+                let b = &v.backup;
+                vec![
+                    v.id.clone(),
+                    b.image.clone(),
+                    b.node_id.clone(),
+                    match b.state {
+                        BackupState::InProgress | BackupState::Pending => {
+                            format!("{} {}%", b.state.as_str(), b.progress)
+                        }
+                        BackupState::Failed => format!("failed: {}", b.error),
+                        BackupState::Completed => "completed".into(),
+                    },
+                    corral_daemon::human_bytes(b.size),
+                    corral_daemon::human_bytes(b.new_bytes),
+                    b.completed.clone(),
+                    b.backup_url.clone(),
+                ]
+            })
+            .collect(),
+    )
 }
 
 /// Waits (progress bar) until the restore into `volume` completed; failed is an error with the reason.
@@ -438,6 +506,7 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
             full,
             labels,
             target,
+            delta_max,
             no_wait,
             timeout,
         } => {
@@ -455,6 +524,7 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
                 full,
                 labels,
                 target,
+                delta_max,
             };
             let mut b: BackupView = c.post("/v1/backups", &body).await?;
             if !no_wait {
@@ -500,6 +570,7 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
                     vec!["uploaded new".into(), corral_daemon::human_bytes(x.new_bytes)],
                     vec!["started".into(), x.started.clone()],
                     vec!["completed".into(), x.completed.clone()],
+                    vec!["url".into(), b.url.clone()],
                 ];
                 if !x.labels.is_empty() {
                     rows.push(vec![
@@ -550,24 +621,65 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
                 )
             })
         }
-        BackupCmd::BackingImage { name, target } => {
-            let v: super::backing::BackingImageBackupView = c
+        BackupCmd::BackingImage {
+            name,
+            target,
+            no_wait,
+            timeout,
+        } => {
+            let mut v: BackingImageBackupView = c
                 .post(
                     &format!("/v1/backingimages/{name}/backup"),
-                    &super::backing::BackingImageBackupRequest { target },
+                    &BackingImageBackupRequest { target },
                 )
                 .await?;
-            print(json, &v, || {
-                format!(
-                    "backing image {} backed up as {} on target {} ({} uploaded, {} blocks deduplicated)\nbackup URL: {}\nSHA-512: {}\n",
-                    v.image,
-                    v.backup,
-                    v.target,
-                    corral_daemon::human_bytes(v.new_bytes),
-                    v.deduplicated_blocks,
-                    v.backup_url,
-                    v.checksum
+            if !no_wait {
+                v = wait_done(
+                    c,
+                    &format!("/v1/backingimagebackups/{}", v.id),
+                    &format!("backup {} of backing image {name}", v.id),
+                    Duration::from_secs(timeout),
+                    |b: &BackingImageBackupView| (b.backup.state, b.backup.progress, b.backup.error.clone()),
                 )
+                .await?;
+            }
+            print(json, &v, || {
+                let b = &v.backup;
+                if b.state == BackupState::Completed {
+                    format!(
+                        "backing image {} backed up as {} ({} uploaded, {} blocks deduplicated)\nbackup URL: {}\nSHA-512: {}\n",
+                        b.image,
+                        v.id,
+                        corral_daemon::human_bytes(b.new_bytes),
+                        b.deduplicated_blocks,
+                        b.backup_url,
+                        b.checksum
+                    )
+                } else {
+                    format!(
+                        "backup {} of backing image {}: {} on node {} (corral backup backing-image-get {})\n",
+                        v.id,
+                        b.image,
+                        b.state.as_str(),
+                        b.node_id,
+                        v.id
+                    )
+                }
+            })
+        }
+        BackupCmd::BackingImageLs => {
+            let bs: Vec<BackingImageBackupView> = c.get("/v1/backingimagebackups").await?;
+            print(json, &bs, || image_backup_table(&bs))
+        }
+        BackupCmd::BackingImageGet { id } => {
+            let b: BackingImageBackupView = c.get(&format!("/v1/backingimagebackups/{id}")).await?;
+            print(json, &b, || {
+                let mut s = image_backup_table(std::slice::from_ref(&b));
+                if !s.ends_with('\n') {
+                    s.push('\n');
+                }
+                s.push_str(&format!("SHA-512: {}\n", b.backup.checksum));
+                s
             })
         }
         BackupCmd::MaxCount { volume, count } => {

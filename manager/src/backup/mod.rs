@@ -9,6 +9,8 @@
 //! - [`controller`]: the leader's backup jobs (request → replica job → record), [`restore`]: the leader's
 //!   restores, guarded like clones (a volume whose restore has not completed is never attached for IO);
 //! - [`backing`]: the backing image a restore takes, checked against the SHA-512 the backup recorded;
+//!   [`image_backup`]: backups of backing images, tracked like volume backups and run by
+//!   [`image_backup_runner`] on a node holding a ready copy;
 //! - [`routes`]: REST (`/v1/backuptargets`, `/v1/backupvolumes`, `/v1/backups`, `/v1/volumes/{v}/restore`) and
 //!   its OpenAPI shapes; [`cli`]: `corral backup ...`.
 
@@ -16,6 +18,8 @@ pub mod backing;
 pub mod cli;
 pub mod controller;
 mod errors;
+pub mod image_backup;
+pub mod image_backup_runner;
 pub mod model;
 pub mod openapi;
 pub mod restore;
@@ -33,6 +37,11 @@ pub fn start_leader(ctx: &Ctx, cancel: &CancellationToken) {
     target::start(ctx, cancel);
     controller::start(ctx, cancel);
     restore::start(ctx, cancel);
+}
+
+/// Starts the node-local backup controllers (every manager): this node's backing-image backups.
+pub fn start_node(ctx: &Ctx, cancel: &CancellationToken) {
+    image_backup_runner::start(ctx, cancel);
 }
 
 /// The backup of this cluster that still reads a snapshot of `volume`, if any: (backup, snapshot).

@@ -60,6 +60,21 @@ impl BackupTargetSpec {
             format!("{}?{}", self.url, q.join("&"))
         }
     }
+
+    /// The backup store's URL of one backup on this target, `TARGET?backup=NAME&volume=VOLUME`: what a backing
+    /// image of source type `restore` takes.
+    pub fn backup_url(&self, volume: &str, backup: &str) -> String {
+        let url = self.store_url();
+        match backupstore::BackupUrl::parse(&url) {
+            Ok(mut u) => {
+                u.volume = Some(volume.to_owned());
+                u.backup = Some(backup.to_owned());
+                u.to_string()
+            }
+            // A stored target URL always parses (`PUT` checked it); shown as written otherwise.
+            Err(_) => url,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -204,6 +219,9 @@ pub struct Backup {
     /// Address of the replica that runs the job, once asked.
     #[serde(default)]
     pub replica: String,
+    /// The `backup-delta-max` asked for with the backup (a recurring job's own); None: the setting's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_max: Option<u32>,
 }
 
 impl Resource for Backup {
@@ -266,4 +284,40 @@ pub struct VolumeRestore {
 
 impl Resource for VolumeRestore {
     const KIND: &'static str = "volume-restore";
+}
+
+/// A backup of a backing image into a target's backing-image area (key `TARGET:NAME`), tracked like a volume's
+/// [`Backup`]: recorded `pending` by the request, run by the manager of `node_id` (which holds a ready copy of
+/// the image) whatever happens to the client, `in-progress` with its progress, then `completed` or `failed`
+/// with the reason.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackingImageBackup {
+    pub target: String,
+    /// The backing image.
+    pub image: String,
+    /// Its UUID when the backup was asked for: a copy of another image of the same name is never read.
+    pub image_uuid: String,
+    /// The backup's name in the target's backing-image area.
+    pub backup: String,
+    /// What a backing image of source type `restore` takes as `backupURL`.
+    pub backup_url: String,
+    /// SHA-512 of the image, recorded in the backup.
+    pub checksum: String,
+    /// The node whose copy is read.
+    pub node_id: String,
+    pub state: BackupState,
+    /// 0-100.
+    pub progress: u32,
+    pub size: u64,
+    /// Bytes uploaded (blocks the area did not hold).
+    pub new_bytes: u64,
+    pub deduplicated_blocks: u64,
+    pub started: String,
+    pub completed: String,
+    pub error: String,
+}
+
+impl Resource for BackingImageBackup {
+    const KIND: &'static str = "backing-image-backup";
 }

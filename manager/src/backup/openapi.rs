@@ -39,6 +39,8 @@ pub fn shape(method: &str, path: &str) -> Option<(Option<(Value, bool)>, u16, Op
             201,
             Some(r("BackingImageBackup")),
         ),
+        ("get", "/v1/backingimagebackups") => (None, 200, Some(arr("BackingImageBackup"))),
+        ("get", "/v1/backingimagebackups/{backingimagebackup}") => (None, 200, Some(r("BackingImageBackup"))),
         ("get", "/v1/backups") => (None, 200, Some(arr("Backup"))),
         ("post", "/v1/backups") => (Some((r("BackupCreate"), true)), 201, Some(r("Backup"))),
         ("get", "/v1/backups/{backup}") => (None, 200, Some(r("Backup"))),
@@ -56,7 +58,8 @@ pub fn shape(method: &str, path: &str) -> Option<(Option<(Value, bool)>, u16, Op
 
 /// The path parameters of this module's routes that are not plain names.
 pub fn path_param(p: &str) -> Option<Value> {
-    matches!(p, "backup" | "backupvolume").then(|| json!({"type": "string", "pattern": BACKUP_REF_PATTERN}))
+    matches!(p, "backup" | "backupvolume" | "backingimagebackup")
+        .then(|| json!({"type": "string", "pattern": BACKUP_REF_PATTERN}))
 }
 
 fn states() -> Vec<Value> {
@@ -142,13 +145,14 @@ pub fn schemas() -> Value {
                 "full": {"type": "boolean", "default": false},
                 "labels": {"type": "object", "additionalProperties": {"type": "string"}},
                 "target": {"type": "string", "pattern": NAME_PATTERN, "nullable": true},
+                "deltaMax": {"type": "integer", "minimum": 1, "maximum": u32::MAX, "nullable": true},
             }
         },
         "Backup": {
             "type": "object",
-            "required": ["id", "target", "volume", "name", "snapshot", "state", "progress", "size", "isIncremental", "chainPosition", "fullReason", "error"],
+            "required": ["id", "url", "target", "volume", "name", "snapshot", "state", "progress", "size", "isIncremental", "chainPosition", "fullReason", "error"],
             "properties": {
-                "id": s, "target": s, "volume": s, "name": s, "snapshot": s, "labels": map,
+                "id": s, "url": s, "target": s, "volume": s, "name": s, "snapshot": s, "labels": map,
                 "state": {"type": "string", "enum": states()},
                 "progress": {"type": "integer", "minimum": 0, "maximum": 100},
                 "size": uint, "isIncremental": {"type": "boolean"}, "chainPosition": uint,
@@ -157,6 +161,7 @@ pub fn schemas() -> Value {
                 "mode": {"type": "string", "enum": ["auto", "full"]},
                 "snapshotTaken": {"type": "boolean"}, "replica": s,
                 "backingImageName": s, "backingImageChecksum": s,
+                "deltaMax": {"type": "integer", "minimum": 0, "maximum": u32::MAX},
             }
         },
         "BackingImageBackupRequest": {
@@ -165,10 +170,13 @@ pub fn schemas() -> Value {
         },
         "BackingImageBackup": {
             "type": "object",
-            "required": ["image", "target", "backup", "backupUrl", "checksum", "size", "newBytes", "deduplicatedBlocks", "completed"],
+            "required": ["id", "image", "imageUuid", "target", "backup", "backupUrl", "checksum", "nodeId", "state", "progress",
+                "size", "newBytes", "deduplicatedBlocks", "started", "completed", "error"],
             "properties": {
-                "image": s, "target": s, "backup": s, "backupUrl": s, "checksum": s, "size": uint,
-                "newBytes": uint, "deduplicatedBlocks": uint, "completed": s,
+                "id": s, "image": s, "imageUuid": s, "target": s, "backup": s, "backupUrl": s, "checksum": s, "nodeId": s,
+                "state": {"type": "string", "enum": states()},
+                "progress": {"type": "integer", "minimum": 0, "maximum": 100},
+                "size": uint, "newBytes": uint, "deduplicatedBlocks": uint, "started": s, "completed": s, "error": s,
             }
         },
         "BackupMaxCount": {

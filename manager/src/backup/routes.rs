@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use corral_proto::v1;
 use serde::{Deserialize, Serialize};
 
 use super::controller::MAX_COUNT_SETTING;
@@ -26,6 +25,7 @@ use crate::context::Ctx;
 use crate::error::ApiError;
 use crate::model::{ProcessState, Volume, VolumeState};
 use crate::store::{Object, StoreError};
+use crate::volume_engine::VolumeEngine;
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
@@ -72,8 +72,20 @@ pub fn register(r: &mut Routes) {
     r.add(
         "post",
         "/v1/backingimages/{backingimage}/backup",
-        "Back a ready backing image up into a target's backing-image area (deduplicated); restore it with a backing image of source type restore and the returned backupUrl",
-        super::backing::backup_image,
+        "Back a ready backing image up into a target's backing-image area (deduplicated), run by a manager holding a ready copy: follow it with GET /v1/backingimagebackups/{id}; restore it with a backing image of source type restore and its backupUrl",
+        super::image_backup::request,
+    );
+    r.add(
+        "get",
+        "/v1/backingimagebackups",
+        "List the backups of backing images (state, progress, error)",
+        super::image_backup::list,
+    );
+    r.add(
+        "get",
+        "/v1/backingimagebackups/{backingimagebackup}",
+        "Get a backup of a backing image ([TARGET:]NAME)",
+        super::image_backup::get,
     );
     r.add("get", "/v1/backups", "List backups of every target", list_backups);
     r.add(
@@ -181,6 +193,10 @@ pub struct BackupCreate {
     /// Default: `default`.
     #[serde(default)]
     pub target: Option<String>,
+    /// This backup's `backup-delta-max` (backups in a chain, its full one included) over the setting's: what a
+    /// recurring job with its own `deltaMax` asks for.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delta_max: Option<u32>,
 }
 
 /// A volume's own `backup-max-count`: None falls back to the setting; 0 = no limit.
@@ -200,13 +216,46 @@ pub struct RestoreRequest {
     pub backup: String,
 }
 
-/// A backup as shown: its id (`TARGET:NAME`) and record.
+/// A backup as shown: its id (`TARGET:NAME`), its URL in the backup store and its record.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct BackupView {
     pub id: String,
+    /// `TARGET?backup=NAME&volume=VOLUME` (what `corral backing-image create --source restore --backup-url`
+    /// takes); empty when the target is not set here any more.
+    #[serde(default)]
+    pub url: String,
     #[serde(flatten)]
     pub backup: Backup,
+}
+
+/// The views of some backups, each with its URL on its target.
+async fn views(ctx: &Ctx, bs: Vec<Object<Backup>>) -> Result<Vec<BackupView>, StoreError> {
+    let targets: BTreeMap<String, BackupTargetSpec> = ctx
+        .db
+        .list::<BackupTarget>()
+        .await?
+        .into_iter()
+        .map(|t| (t.name, t.data.spec))
+        .collect();
+    Ok(bs
+        .into_iter()
+        .map(|b| BackupView {
+            id: b.name,
+            url: targets
+                .get(&b.data.target)
+                .map(|t| t.backup_url(&b.data.volume, &b.data.name))
+                .unwrap_or_default(),
+            backup: b.data,
+        })
+        .collect())
+}
+
+async fn view(ctx: &Ctx, b: Object<Backup>) -> Result<BackupView, ApiError> {
+    views(ctx, vec![b])
+        .await?
+        .pop()
+        .ok_or_else(|| ApiError::Internal("no view of a backup".into()))
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -488,16 +537,7 @@ async fn delete_volume(State(ctx): State<Ctx>, Path(r): Path<String>) -> Result<
 }
 
 async fn list_backups(State(ctx): State<Ctx>) -> ApiResult<Vec<BackupView>> {
-    let mut out: Vec<BackupView> = ctx
-        .db
-        .list::<Backup>()
-        .await?
-        .into_iter()
-        .map(|b| BackupView {
-            id: b.name,
-            backup: b.data,
-        })
-        .collect();
+    let mut out = views(&ctx, ctx.db.list::<Backup>().await?).await?;
     out.sort_by(|a, b| {
         (&a.backup.target, &a.backup.volume, &a.backup.started, &a.id).cmp(&(
             &b.backup.target,
@@ -516,10 +556,7 @@ async fn get_backup(State(ctx): State<Ctx>, Path(r): Path<String>) -> ApiResult<
         .get::<Backup>(&k)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("backup {r:?} not found")))?;
-    Ok(Json(BackupView {
-        id: b.name,
-        backup: b.data,
-    }))
+    Ok(Json(view(&ctx, b).await?))
 }
 
 async fn delete_backup(State(ctx): State<Ctx>, Path(r): Path<String>) -> Result<StatusCode, ApiError> {
@@ -585,13 +622,7 @@ async fn create_backup(
     Body(req): Body<BackupCreate>,
 ) -> Result<(StatusCode, Json<BackupView>), ApiError> {
     let b = request_backup(&ctx, &req).await?;
-    Ok((
-        StatusCode::CREATED,
-        Json(BackupView {
-            id: b.name,
-            backup: b.data,
-        }),
-    ))
+    Ok((StatusCode::CREATED, Json(view(&ctx, b).await?)))
 }
 
 /// Checks a backup request and records it `pending` for the leader's backup controller: the one path of
@@ -605,6 +636,11 @@ pub async fn request_backup(ctx: &Ctx, req: &BackupCreate) -> Result<Object<Back
     }
     let target = req.target.clone().unwrap_or_else(|| DEFAULT_TARGET.to_owned());
     check_name("backup target", &target)?;
+    if req.delta_max == Some(0) {
+        return Err(ApiError::Invalid(
+            "deltaMax 0: a chain holds at least its full backup (1 makes every backup full)".into(),
+        ));
+    }
     let v = ctx
         .db
         .get::<Volume>(&req.volume)
@@ -660,22 +696,11 @@ pub async fn request_backup(ctx: &Ctx, req: &BackupCreate) -> Result<Object<Back
                 req.volume
             ))
         })?;
-    let mut engine = crate::controller::engine::client(&e.data.status.address)
-        .await
-        .map_err(|err| {
-            ApiError::Unavailable(format!(
-                "engine of {} at {}: {err}",
-                req.volume, e.data.status.address
-            ))
-        })?;
+    let mut engine = VolumeEngine::connect(&e).await.map_err(ApiError::Unavailable)?;
     let name = new_backup_name();
-    let snaps = engine.snapshot_list(v1::Empty {}).await?.into_inner();
     let (snapshot, taken) = match &req.snapshot {
         Some(s) => {
-            let have = crate::snapshot::from_engine(&req.volume, &snaps)
-                .iter()
-                .any(|x| x.name == *s && !x.removed);
-            if !have {
+            if !engine.has_snapshot(ctx, s).await? {
                 return Err(ApiError::NotFound(format!(
                     "volume {} has no snapshot {s:?}",
                     req.volume
@@ -684,21 +709,8 @@ pub async fn request_backup(ctx: &Ctx, req: &BackupCreate) -> Result<Object<Back
             (s.clone(), false)
         }
         None => {
-            let r = engine
-                .snapshot_create(v1::SnapshotCreateRequest {
-                    name: name.clone(),
-                    labels: [("corral.io/backup".to_owned(), name.clone())].into(),
-                })
-                .await?
-                .into_inner();
-            let l = engine.snapshot_list(v1::Empty {}).await?.into_inner();
-            crate::snapshot::record(
-                &ctx.db,
-                &req.volume,
-                &crate::snapshot::from_engine(&req.volume, &l),
-            )
-            .await?;
-            (r.name, true)
+            let labels = [("corral.io/backup".to_owned(), name.clone())].into();
+            (engine.snapshot_create(ctx, name.clone(), labels).await?, true)
         }
     };
     let b = Backup {
@@ -716,6 +728,7 @@ pub async fn request_backup(ctx: &Ctx, req: &BackupCreate) -> Result<Object<Back
             BackupMode::Auto
         },
         snapshot_taken: taken,
+        delta_max: req.delta_max,
         started: chrono::Utc::now().to_rfc3339(),
         ..Default::default()
     };

@@ -1,0 +1,167 @@
+//! Backups of backing images (seed 000) into a target's backing-image area (`backupstore::backing_image`), as
+//! tracked operations like volume backups: `POST /v1/backingimages/{name}/backup` checks the request and records
+//! a [`BackingImageBackup`] `pending` for the manager of a node holding a ready copy (this one when it does); that
+//! manager's [`super::image_backup_runner`] runs it, so the client may go away; `GET /v1/backingimagebackups[/ID]`
+//! shows its state, progress and error. A backup is restored elsewhere by a backing image of source type
+//! `restore` with the record's `backupUrl`.
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use serde::{Deserialize, Serialize};
+
+use super::errors::{target_error, target_reachable};
+use super::model::{BackingImageBackup, BackupState, DEFAULT_TARGET, key};
+use super::restore::parse_ref;
+use crate::api::extract::{Body, Path};
+use crate::api::openapi::check_name;
+use crate::backing_image::model::{BackingImage, BackingImageManager, state};
+use crate::context::Ctx;
+use crate::error::ApiError;
+use crate::store::Object;
+
+/// `POST /v1/backingimages/{backingimage}/backup`: the target to back the image up into.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct BackingImageBackupRequest {
+    /// Default: `default`.
+    #[serde(default)]
+    pub target: Option<String>,
+}
+
+/// A backing image's backup as shown: its id (`TARGET:NAME`) and record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BackingImageBackupView {
+    pub id: String,
+    #[serde(flatten)]
+    pub backup: BackingImageBackup,
+}
+
+impl BackingImageBackupView {
+    fn new(o: Object<BackingImageBackup>) -> Self {
+        Self {
+            id: o.name,
+            backup: o.data,
+        }
+    }
+}
+
+/// The path of a ready copy of image `name` (UUID `uuid`) that the manager of `node` reports, if any.
+pub(super) fn ready_copy(
+    managers: &[Object<BackingImageManager>],
+    node: &str,
+    name: &str,
+    uuid: &str,
+) -> Option<String> {
+    managers
+        .iter()
+        .filter(|m| m.data.spec.node_id == node)
+        .find_map(|m| {
+            m.data
+                .status
+                .files
+                .get(name)
+                .filter(|f| f.uuid == uuid && f.state == state::READY && !f.path.is_empty())
+                .map(|f| f.path.clone())
+        })
+}
+
+/// Checks a backup of a ready backing image and records it `pending` for the manager of a node that holds a
+/// ready copy (this node first); answers at once, the backup runs there.
+pub async fn request(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    body: Option<Body<BackingImageBackupRequest>>,
+) -> Result<(StatusCode, Json<BackingImageBackupView>), ApiError> {
+    let req = body.map(|Body(b)| b).unwrap_or_default();
+    check_name("backing image", &name)?;
+    let target = req.target.unwrap_or_else(|| DEFAULT_TARGET.to_owned());
+    check_name("backup target", &target)?;
+    let bi = ctx
+        .db
+        .get::<BackingImage>(&name)
+        .await?
+        .filter(|b| b.data.spec.deletion_timestamp.is_none())
+        .ok_or_else(|| ApiError::NotFound(format!("backing image {name:?} does not exist")))?;
+    backupstore::validate_name("backing image", &name).map_err(|e| ApiError::Conflict(e.to_string()))?;
+    let Some(checksum) = super::backing::sha512_hex(&bi.data.status.current_checksum) else {
+        return Err(ApiError::Conflict(format!(
+            "backing image {name} is not ready (no verified SHA-512 yet): back it up once it is"
+        )));
+    };
+    let uuid = bi.data.spec.uuid.clone();
+    let managers = ctx.db.list::<BackingImageManager>().await?;
+    let mut nodes: Vec<String> = managers.iter().map(|m| m.data.spec.node_id.clone()).collect();
+    nodes.sort();
+    nodes.dedup();
+    // This node's copy first (no network hop), then any node's.
+    nodes.sort_by_key(|n| *n != ctx.cfg.node_id);
+    let node = nodes
+        .into_iter()
+        .find(|n| ready_copy(&managers, n, &name, &uuid).is_some())
+        .ok_or_else(|| ApiError::Conflict(format!("no node holds a ready copy of backing image {name}")))?;
+    let t = super::target::open(&ctx, &target).await.map_err(target_error)?;
+    // Before anything is recorded: an unreachable target changes nothing.
+    target_reachable(&ctx, &target).await?;
+    if let Some(b) = ctx
+        .db
+        .list::<BackingImageBackup>()
+        .await?
+        .into_iter()
+        .find(|b| b.data.image == name && b.data.target == target && b.data.state.active())
+    {
+        return Err(ApiError::Conflict(format!(
+            "backing image {name} is being backed up to target {target} ({}, {}%): one at a time",
+            b.name, b.data.progress
+        )));
+    }
+    let backup = format!("bi-{}", &uuid::Uuid::new_v4().simple().to_string()[..16]);
+    let record = BackingImageBackup {
+        target: target.clone(),
+        image: name.clone(),
+        image_uuid: uuid,
+        backup_url: t.store.backing_images().backup_url(&name, &backup),
+        backup: backup.clone(),
+        checksum,
+        node_id: node.clone(),
+        state: BackupState::Pending,
+        size: bi.data.status.size,
+        started: chrono::Utc::now().to_rfc3339(),
+        ..Default::default()
+    };
+    let o = ctx.db.create(&key(&target, &backup), record).await?;
+    tracing::info!(image = %name, %target, %backup, %node, "backing image backup requested");
+    Ok((StatusCode::CREATED, Json(BackingImageBackupView::new(o))))
+}
+
+pub async fn list(State(ctx): State<Ctx>) -> Result<Json<Vec<BackingImageBackupView>>, ApiError> {
+    let mut all: Vec<BackingImageBackupView> = ctx
+        .db
+        .list::<BackingImageBackup>()
+        .await?
+        .into_iter()
+        .map(BackingImageBackupView::new)
+        .collect();
+    all.sort_by(|a, b| {
+        (&a.backup.image, &a.backup.started, &a.id).cmp(&(&b.backup.image, &b.backup.started, &b.id))
+    });
+    Ok(Json(all))
+}
+
+/// `[TARGET:]NAME` of a backing image's backup.
+pub async fn get(
+    State(ctx): State<Ctx>,
+    Path(r): Path<String>,
+) -> Result<Json<BackingImageBackupView>, ApiError> {
+    let (t, n) = parse_ref(&r);
+    check_name("backup target", &t)?;
+    backupstore::validate_name("backup", &n).map_err(|e| ApiError::Invalid(e.to_string()))?;
+    match ctx.db.get::<BackingImageBackup>(&key(&t, &n)).await {
+        Ok(Some(o)) => Ok(Json(BackingImageBackupView::new(o))),
+        Ok(None) => Err(ApiError::NotFound(format!(
+            "backing image backup {r:?} not found"
+        ))),
+        Err(e) => Err(e.into()),
+    }
+}
