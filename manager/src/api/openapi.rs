@@ -297,6 +297,29 @@ fn uint() -> Value {
 }
 
 /// A request object: exactly these properties (the server refuses unknown fields).
+/// A recurring job's create body: a snapshot job, or a backup job which may also name its target and deltaMax
+/// (one schema per task, so that the document says what the server refuses).
+fn job_create_schema() -> Value {
+    let job = |task: &str, backup: bool| {
+        let mut props = json!({
+            "name": name_schema(),
+            "task": {"type": "string", "enum": [task]},
+            "cron": {"type": "string", "pattern": crate::job::cron::PATTERN.as_str()},
+            "retain": {"type": "integer", "minimum": 1, "maximum": crate::job::model::MAX_RETAIN},
+            "concurrency": nullable(json!({"type": "integer", "minimum": 1, "maximum": crate::job::model::MAX_CONCURRENCY})),
+            "volumes": {"type": "array", "items": name_schema()},
+            "groups": {"type": "array", "items": name_schema()},
+            "labels": string_map(),
+        });
+        if backup {
+            props["target"] = nullable(name_schema());
+            props["deltaMax"] = nullable(json!({"type": "integer", "minimum": 1, "maximum": u32::MAX}));
+        }
+        object(&["name", "task", "cron", "retain"], props)
+    };
+    json!({"oneOf": [job("snapshot", false), job("backup", true)]})
+}
+
 fn object(required: &[&str], props: Value) -> Value {
     let mut o = json!({"type": "object", "additionalProperties": false});
     o["properties"] = props;
@@ -515,18 +538,7 @@ fn components() -> Value {
                 "disks": {"type": "array", "items": {"type": "object"}},
             }
         },
-        "RecurringJobCreate": object(&["name", "task", "cron", "retain"], json!({
-            "name": name_schema(),
-            "task": {"type": "string", "enum": ["snapshot", "backup"]},
-            "cron": {"type": "string", "pattern": crate::job::cron::PATTERN.as_str()},
-            "retain": {"type": "integer", "minimum": 1, "maximum": crate::job::model::MAX_RETAIN},
-            "concurrency": nullable(json!({"type": "integer", "minimum": 1, "maximum": crate::job::model::MAX_CONCURRENCY})),
-            "volumes": {"type": "array", "items": name_schema()},
-            "groups": {"type": "array", "items": name_schema()},
-            "labels": string_map(),
-            "target": nullable(name_schema()),
-            "deltaMax": nullable(json!({"type": "integer", "minimum": 1, "maximum": u32::MAX})),
-        })),
+        "RecurringJobCreate": job_create_schema(),
         "RecurringJob": {
             "type": "object",
             "required": ["name", "task", "cron", "retain", "concurrency", "volumes", "groups", "labels", "created",
