@@ -106,7 +106,7 @@ async fn reconcile(
                 .await;
             match (&outcome, written) {
                 (_, Err(e)) => {
-                    tracing::warn!(key, error = %e, "cannot record the backing image backup's end")
+                    tracing::warn!(key, error = %e, "cannot record the backing image backup's end");
                 }
                 (Ok(cfg), Ok(_)) => {
                     tracing::info!(
