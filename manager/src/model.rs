@@ -131,6 +131,9 @@ pub struct VolumeSpec {
     /// This volume's `backup-max-count` (None: the setting's).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_max_count: Option<u32>,
+    /// This volume's `backup-delta-max` (None: the setting's); a recurring job's own `deltaMax` goes over it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub backup_delta_max: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -336,16 +336,19 @@ fn use_case_4_delta_max_7_retain_7_limit_5_the_6th_backup_is_refused_with_the_li
     check_store(&m, &runs, dir.path());
 }
 
-/// A job's own `deltaMax` beats the `backup-delta-max` setting, and its `--target` takes its backups to that
+/// A job's own `deltaMax` beats the volume's `backup-delta-max`, which beats the setting, and its `--target` takes its backups to that
 /// named target (retention counts them there); an unknown target, and backup options on a snapshot job, are
 /// refused when the job is created.
 #[test]
-fn a_jobs_delta_max_beats_the_setting_and_its_target_receives_its_backups() {
+fn a_jobs_delta_max_beats_the_volumes_and_the_settings_and_its_target_receives_its_backups() {
     let dir = tempfile::tempdir().unwrap();
     let m = single_node(dir.path());
     let url = m.url.clone();
-    // The setting alone would keep all 4 in one chain.
+    // The setting alone would keep all 4 in one chain, the volume's own 3 would make the 4th full.
     ok(&url, &["setting", "set", "backup-delta-max", "10"]);
+    ok(&url, &["backup", "delta-max", "vol", "3"]);
+    let (okk, _, err) = corral(&url, &["backup", "delta-max", "vol", "0"]);
+    assert!(!okk && err.contains("backupDeltaMax 0"), "{err}");
     let other = dir.path().join("other");
     std::fs::create_dir(&other).unwrap();
     ok(
@@ -489,6 +492,37 @@ fn a_jobs_delta_max_beats_the_setting_and_its_target_receives_its_backups() {
             "{name} is not on the default target"
         );
     }
+
+    // Backups outside the job take the volume's 3 over the setting's 10: a chain of full, #1, #2, then full.
+    let manual: Vec<Value> = (0..4)
+        .map(|_| {
+            let b: Value = serde_json::from_str(&ok(
+                &url,
+                &["--json", "backup", "create", "vol", "--target", "other"],
+            ))
+            .unwrap();
+            assert_eq!(b["state"], "completed", "{b}");
+            b
+        })
+        .collect();
+    let kinds: Vec<(bool, u64)> = manual
+        .iter()
+        .map(|b| {
+            (
+                b["isIncremental"].as_bool().unwrap(),
+                b["chainPosition"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(kinds[1..], [(true, 1), (true, 2), (false, 0)], "{manual:#?}");
+    assert!(
+        manual[3]["fullReason"]
+            .as_str()
+            .unwrap()
+            .contains("backup-delta-max (3"),
+        "{}",
+        manual[3]
+    );
 }
 
 /// Which runs a manager's log shows, each with whether that process was leading when it logged it: the latest of

@@ -378,6 +378,7 @@ async fn create_volume(
                 .as_ref()
                 .map(|(b, _)| crate::backup::routes::from_backup_ref(b)),
             backup_max_count: None,
+            backup_delta_max: None,
         },
         status: model::VolumeStatus {
             revision_counter_disabled: disabled,

@@ -13,8 +13,8 @@ use clap::Subcommand;
 use super::image_backup::{BackingImageBackupRequest, BackingImageBackupView};
 use super::model::{BackupState, RestoreState};
 use super::routes::{
-    BackupCreate, BackupMaxCount, BackupTargetSet, BackupTargetView, BackupView, BackupVolumeView,
-    CREDENTIAL_KEYS, RestoreRequest, RestoreView,
+    BackupCreate, BackupDeltaMax, BackupMaxCount, BackupTargetSet, BackupTargetView, BackupView,
+    BackupVolumeView, CREDENTIAL_KEYS, RestoreRequest, RestoreView,
 };
 use crate::client::{Client, ClientError};
 
@@ -67,6 +67,9 @@ pub enum BackupCmd {
     },
     /// Set a volume's backup-max-count (`none`: the setting's; 0: no limit).
     MaxCount { volume: String, count: String },
+    /// Set a volume's backup-delta-max: backups in a chain, its full one included (`none`: the setting's). A
+    /// recurring job's --delta-max goes over it.
+    DeltaMax { volume: String, count: String },
     /// Back a ready backing image up into a target's backing-image area (blocks deduplicated against its earlier
     /// backups); prints the backup URL that `corral backing-image create NAME --source restore --backup-url URL
     /// --expected-checksum SHA512` restores it from.
@@ -699,6 +702,25 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
             print(json, &r, || match r.backup_max_count {
                 Some(n) => format!("volume {volume}: backup-max-count {n}"),
                 None => format!("volume {volume}: backup-max-count from the setting"),
+            })
+        }
+        BackupCmd::DeltaMax { volume, count } => {
+            let backup_delta_max = match count.as_str() {
+                "none" => None,
+                n => Some(
+                    n.parse()
+                        .with_context(|| format!("count {n:?}: a whole number or none"))?,
+                ),
+            };
+            let r: BackupDeltaMax = c
+                .put(
+                    &format!("/v1/volumes/{volume}/backupdeltamax"),
+                    &BackupDeltaMax { backup_delta_max },
+                )
+                .await?;
+            print(json, &r, || match r.backup_delta_max {
+                Some(n) => format!("volume {volume}: backup-delta-max {n}"),
+                None => format!("volume {volume}: backup-delta-max from the setting"),
             })
         }
         BackupCmd::Volume { cmd } => match cmd {

@@ -224,8 +224,13 @@ async fn start_job(ctx: &Ctx, t: &OpenTarget, b: &mut Backup) -> Result<Requeue,
     } else {
         "auto"
     };
-    // The backup's own delta-max (a recurring job's) over the setting.
-    let delta_max = match b.delta_max {
+    // The backup's own delta-max (a recurring job's), else the volume's, else the setting.
+    let volume_delta_max = ctx
+        .db
+        .get::<crate::model::Volume>(&b.source_volume)
+        .await?
+        .and_then(|v| v.data.spec.backup_delta_max);
+    let delta_max = match b.delta_max.or(volume_delta_max) {
         Some(n) => n,
         None => u32::try_from(ctx.setting_u64(DELTA_MAX_SETTING).await).unwrap_or(u32::MAX),
     };

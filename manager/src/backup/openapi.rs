@@ -47,6 +47,9 @@ pub fn shape(method: &str, path: &str) -> Option<(Option<(Value, bool)>, u16, Op
         ("put", "/v1/volumes/{volume}/backupmaxcount") => {
             (Some((r("BackupMaxCount"), true)), 200, Some(r("BackupMaxCount")))
         }
+        ("put", "/v1/volumes/{volume}/backupdeltamax") => {
+            (Some((r("BackupDeltaMax"), true)), 200, Some(r("BackupDeltaMax")))
+        }
         ("get", "/v1/volumes/{volume}/restore") => (None, 200, Some(r("Restore"))),
         ("post", "/v1/volumes/{volume}/activate") => (None, 200, Some(r("Restore"))),
         ("post", "/v1/volumes/{volume}/restore") => {
@@ -182,6 +185,10 @@ pub fn schemas() -> Value {
         "BackupMaxCount": {
             "type": "object", "additionalProperties": false,
             "properties": {"backupMaxCount": {"type": "integer", "minimum": 0, "maximum": u32::MAX, "nullable": true}}
+        },
+        "BackupDeltaMax": {
+            "type": "object", "additionalProperties": false,
+            "properties": {"backupDeltaMax": {"type": "integer", "minimum": 1, "maximum": u32::MAX, "nullable": true}}
         },
         "RestoreRequest": {
             "type": "object", "additionalProperties": false, "required": ["backup"],

@@ -113,6 +113,12 @@ pub fn register(r: &mut Routes) {
         put_max_count,
     );
     r.add(
+        "put",
+        "/v1/volumes/{volume}/backupdeltamax",
+        "Set the volume's backup-delta-max (null: the setting's); a recurring job's deltaMax goes over it",
+        put_delta_max,
+    );
+    r.add(
         "get",
         "/v1/volumes/{volume}/restore",
         "The volume's last restore from a backup",
@@ -757,6 +763,42 @@ async fn put_max_count(
         })?;
     Ok(Json(BackupMaxCount {
         backup_max_count: v.data.spec.backup_max_count,
+    }))
+}
+
+/// A volume's own `backup-delta-max`: None falls back to the setting.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[serde(deny_unknown_fields)]
+pub struct BackupDeltaMax {
+    #[serde(default)]
+    pub backup_delta_max: Option<u32>,
+}
+
+async fn put_delta_max(
+    State(ctx): State<Ctx>,
+    Path(volume): Path<String>,
+    Body(req): Body<BackupDeltaMax>,
+) -> ApiResult<BackupDeltaMax> {
+    if req.backup_delta_max == Some(0) {
+        return Err(ApiError::Invalid(
+            "backupDeltaMax 0: a chain holds at least its full backup (1 makes every backup full)".into(),
+        ));
+    }
+    let v = ctx
+        .db
+        .modify::<Volume>(&volume, |v| {
+            let changed = v.spec.backup_delta_max != req.backup_delta_max;
+            v.spec.backup_delta_max = req.backup_delta_max;
+            changed
+        })
+        .await
+        .map_err(|e| match e {
+            StoreError::NotFound { .. } => ApiError::NotFound(format!("volume {volume:?} not found")),
+            e => e.into(),
+        })?;
+    Ok(Json(BackupDeltaMax {
+        backup_delta_max: v.data.spec.backup_delta_max,
     }))
 }
 
