@@ -623,10 +623,14 @@ fn a_backing_image_backup_runs_past_its_killed_client_with_progress_and_a_failur
         all.pop().expect("a backup is listed")
     };
 
-    // 1. The first backup (every block uploaded): the target breaks while it runs.
+    // 1. The backup of another image (every block uploaded): the target breaks while it runs. (Its own image, so
+    // that the blocks it uploaded do not shorten the next backup.)
+    let raw2 = dir.path().join("img2.raw");
+    raw_image(&raw2, 12, usize::try_from(len).unwrap());
+    upload_image(&url, "img2", &raw2);
     let b: Value = serde_json::from_str(&ok(
         &url,
-        &["--json", "backup", "backing-image", "img", "--no-wait"],
+        &["--json", "backup", "backing-image", "img2", "--no-wait"],
     ))
     .unwrap();
     assert!(
