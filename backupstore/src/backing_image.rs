@@ -44,6 +44,7 @@ impl BackupStore {
             root: self.path(BACKING_IMAGES_DIR),
             target: self.target.backing_images(),
             lock_timing: self.lock_timing,
+            local_root: self.local_root.clone(),
         }
     }
 

@@ -78,34 +78,46 @@ pub fn block_hash(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
 }
 
-/// Encodes `data` (hash already computed) with `method`, falling back to raw when compression does not shrink it.
-pub fn encode_block(data: &[u8], hash: &str, method: Compression) -> Vec<u8> {
+/// The header of `data`'s stored block and its compressed payload, `None` when compression does not shrink it (the
+/// payload is then `data` itself): a caller that writes header and payload separately needs no encoded copy.
+pub fn encode_parts(
+    data: &[u8],
+    hash: &str,
+    method: Compression,
+) -> ([u8; BLOCK_HEADER_LEN], Option<Vec<u8>>) {
     let compressed = match method {
         Compression::None => None,
         Compression::Lz4 => Some(lz4_flex::block::compress(data)),
         Compression::Zstd => zstd::bulk::compress(data, 3).ok(),
+    }
+    .filter(|c| c.len() < data.len());
+    let (used, payload_len) = match &compressed {
+        Some(c) => (method, c.len()),
+        None => (Compression::None, data.len()),
     };
-    let (used, payload) = match compressed {
-        Some(c) if c.len() < data.len() => (method, c),
-        _ => (Compression::None, data.to_vec()),
-    };
-    let mut out = Vec::with_capacity(BLOCK_HEADER_LEN + payload.len());
-    out.extend_from_slice(&BLOCK_MAGIC);
-    out.push(BLOCK_FORMAT_VERSION);
-    out.push(used.code());
-    out.extend_from_slice(&[0, 0]);
-    out.extend_from_slice(&u32::try_from(data.len()).unwrap_or(u32::MAX).to_le_bytes());
-    out.extend_from_slice(&u32::try_from(payload.len()).unwrap_or(u32::MAX).to_le_bytes());
-    let mut digest = [0u8; 32];
+    let mut h = [0u8; BLOCK_HEADER_LEN];
+    h[..8].copy_from_slice(&BLOCK_MAGIC);
+    h[8] = BLOCK_FORMAT_VERSION;
+    h[9] = used.code();
+    h[12..16].copy_from_slice(&u32::try_from(data.len()).unwrap_or(u32::MAX).to_le_bytes());
+    h[16..20].copy_from_slice(&u32::try_from(payload_len).unwrap_or(u32::MAX).to_le_bytes());
     // A hash that is not 64 hex digits cannot come from block_hash; keep zeros and let decode refuse it.
-    let _ = hex::decode_to_slice(hash, &mut digest);
-    out.extend_from_slice(&digest);
-    out.extend_from_slice(&payload);
+    let _ = hex::decode_to_slice(hash, &mut h[20..52]);
+    (h, compressed)
+}
+
+/// Encodes `data` (hash already computed) with `method`, falling back to raw when compression does not shrink it.
+pub fn encode_block(data: &[u8], hash: &str, method: Compression) -> Vec<u8> {
+    let (header, compressed) = encode_parts(data, hash, method);
+    let payload = compressed.as_deref().unwrap_or(data);
+    let mut out = Vec::with_capacity(BLOCK_HEADER_LEN + payload.len());
+    out.extend_from_slice(&header);
+    out.extend_from_slice(payload);
     out
 }
 
-/// Decodes a stored block and verifies it against `hash`; the error text says what failed.
-pub fn decode_block(stored: &[u8], hash: &str) -> Result<Vec<u8>, String> {
+/// Checks a stored block's header against `hash` and the stored length: (compression, uncompressed length).
+fn check_header(stored: &[u8], hash: &str) -> Result<(Compression, usize), String> {
     let h = stored
         .get(..BLOCK_HEADER_LEN)
         .ok_or_else(|| format!("{} bytes: shorter than the header", stored.len()))?;
@@ -124,21 +136,17 @@ pub fn decode_block(stored: &[u8], hash: &str) -> Result<Vec<u8>, String> {
             "header says {raw_len} bytes, more than the largest block size {MAX_BLOCK_SIZE}"
         ));
     }
-    let payload = &stored[BLOCK_HEADER_LEN..];
-    if payload.len() != payload_len {
-        return Err(format!(
-            "payload is {} bytes, header says {payload_len}",
-            payload.len()
-        ));
+    let payload = stored.len() - BLOCK_HEADER_LEN;
+    if payload != payload_len {
+        return Err(format!("payload is {payload} bytes, header says {payload_len}"));
     }
     if hex::encode(&h[20..52]) != hash {
         return Err("header checksum differs from the block's name".into());
     }
-    let data = match method {
-        Compression::None => payload.to_vec(),
-        Compression::Lz4 => lz4_flex::block::decompress(payload, raw_len).map_err(|e| format!("lz4: {e}"))?,
-        Compression::Zstd => zstd::bulk::decompress(payload, raw_len).map_err(|e| format!("zstd: {e}"))?,
-    };
+    Ok((method, raw_len))
+}
+
+fn check_data(data: Vec<u8>, raw_len: usize, hash: &str) -> Result<Vec<u8>, String> {
     if data.len() != raw_len {
         return Err(format!(
             "{} bytes after decompression, header says {raw_len}",
@@ -150,6 +158,38 @@ pub fn decode_block(stored: &[u8], hash: &str) -> Result<Vec<u8>, String> {
         return Err(format!("checksum mismatch: data hashes to {actual}"));
     }
     Ok(data)
+}
+
+fn decompress(method: Compression, payload: &[u8], raw_len: usize) -> Result<Vec<u8>, String> {
+    match method {
+        Compression::None => Ok(payload.to_vec()),
+        Compression::Lz4 => lz4_flex::block::decompress(payload, raw_len).map_err(|e| format!("lz4: {e}")),
+        Compression::Zstd => zstd::bulk::decompress(payload, raw_len).map_err(|e| format!("zstd: {e}")),
+    }
+}
+
+/// Decodes a stored block and verifies it against `hash`; the error text says what failed.
+pub fn decode_block(stored: &[u8], hash: &str) -> Result<Vec<u8>, String> {
+    let (method, raw_len) = check_header(stored, hash)?;
+    check_data(
+        decompress(method, &stored[BLOCK_HEADER_LEN..], raw_len)?,
+        raw_len,
+        hash,
+    )
+}
+
+/// [`decode_block`] of an owned buffer: a raw payload is moved to the front in place instead of copied into a
+/// new allocation.
+pub fn decode_block_owned(mut stored: Vec<u8>, hash: &str) -> Result<Vec<u8>, String> {
+    let (method, raw_len) = check_header(&stored, hash)?;
+    let data = match method {
+        Compression::None => {
+            stored.drain(..BLOCK_HEADER_LEN);
+            stored
+        }
+        m => decompress(m, &stored[BLOCK_HEADER_LEN..], raw_len)?,
+    };
+    check_data(data, raw_len, hash)
 }
 
 #[cfg(test)]
@@ -171,6 +211,7 @@ mod tests {
                     assert!(enc.len() < data.len() / 10, "{m:?} did not compress text");
                 }
                 assert_eq!(decode_block(&enc, &h).unwrap(), data);
+                assert_eq!(decode_block_owned(enc.clone(), &h).unwrap(), data);
             }
         }
     }
@@ -184,6 +225,10 @@ mod tests {
             let mut bad = enc.clone();
             bad[pos] ^= 0x40;
             assert!(decode_block(&bad, &h).is_err(), "flip at {pos} not detected");
+            assert!(
+                decode_block_owned(bad, &h).is_err(),
+                "flip at {pos} not detected (owned)"
+            );
         }
         assert!(decode_block(&enc[..10], &h).is_err());
     }

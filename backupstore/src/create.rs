@@ -12,12 +12,13 @@ use futures::{StreamExt, TryStreamExt};
 use tracing::{info, warn};
 
 use crate::block::{
-    Compression, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, block_hash, encode_block,
+    Compression, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, block_hash, encode_block, encode_parts,
 };
 use crate::config::{
     BackupConfig, BackupState, BackupStats, FORMAT_VERSION, FullReason, VolumeConfig, ZERO_MARKER,
 };
 use crate::error::{BackupStoreError, Result};
+use crate::local::{StagedBlocks, local_error};
 use crate::{BackupStore, GcOptions, Progress, blockmap, join_error, now_rfc3339, validate_name};
 
 /// The snapshot being backed up.
@@ -471,6 +472,11 @@ impl BackupStore {
         };
         let method = vol.compression;
         let zero_marker = source.zero_hides_backing();
+        let staged = self
+            .local_root
+            .as_ref()
+            .map(|r| (Arc::new(StagedBlocks::new(r.clone())), r.clone()));
+        let staged = &staged;
         let changes: BTreeMap<u64, Option<String>> = futures::stream::iter(offsets)
             .map(|off| {
                 let (src, stats, seen, throttle) = (source.clone(), &stats, &seen, &throttle);
@@ -512,13 +518,34 @@ impl BackupStore {
                         true
                     };
                     if first_here && (full || !existed) {
-                        let h = hash.clone();
-                        let enc = tokio::task::spawn_blocking(move || encode_block(&data, &h, method))
-                            .await
-                            .map_err(|e| join_error(&e))?;
-                        let n = enc.len() as u64;
                         throttle.account(len).await;
-                        self.put_bytes(&path, enc).await?;
+                        let h = hash.clone();
+                        let n = match &staged {
+                            // file://: compressed and written in one blocking call, header and payload written
+                            // from where they lie (no encoded copy); made durable in groups (see `local`).
+                            Some((staged, root)) => {
+                                let (staged, dest) = (staged.clone(), root.join(path.as_ref()));
+                                tokio::task::spawn_blocking(move || {
+                                    let (header, compressed) = encode_parts(&data, &h, method);
+                                    let payload = compressed.as_deref().unwrap_or(&data);
+                                    staged
+                                        .write(dest, &[&header, payload])
+                                        .map(|()| (header.len() + payload.len()) as u64)
+                                })
+                                .await
+                                .map_err(|e| join_error(&e))?
+                                .map_err(|e| BackupStoreError::store("put", &path, local_error(e)))?
+                            }
+                            None => {
+                                let enc =
+                                    tokio::task::spawn_blocking(move || encode_block(&data, &h, method))
+                                        .await
+                                        .map_err(|e| join_error(&e))?;
+                                let n = enc.len() as u64;
+                                self.put_bytes(&path, enc).await?;
+                                n
+                            }
+                        };
                         let mut s = lock_stats();
                         if existed {
                             s.reuploaded_blocks += 1;
@@ -538,6 +565,14 @@ impl BackupStore {
             .buffer_unordered(concurrency)
             .try_collect()
             .await?;
+        // Every block durable under its final name before the record says complete.
+        if let Some((staged, _)) = staged {
+            let st = staged.clone();
+            tokio::task::spawn_blocking(move || st.finish())
+                .await
+                .map_err(|e| join_error(&e))?
+                .map_err(|e| BackupStoreError::store("put", &self.blocks_dir(volume), local_error(e)))?;
+        }
 
         let base_blocks = base.as_ref().map_or(&[][..], |b| &b.blocks[..]);
         cfg.blocks = blockmap::merge(base_blocks, &changes, size);

@@ -12,6 +12,7 @@ mod create;
 pub mod error;
 pub mod file;
 mod gc;
+mod local;
 pub mod lock;
 mod restore;
 pub mod target;
@@ -108,6 +109,8 @@ pub struct BackupStore {
     root: Path,
     target: TargetUrl,
     lock_timing: lock::LockTiming,
+    /// The directory of a `file://` target: blocks are written and read there directly (see `local`).
+    local_root: Option<std::path::PathBuf>,
 }
 
 /// One backup as listed.
@@ -132,6 +135,7 @@ impl BackupStore {
             root,
             target: url.target.clone(),
             lock_timing: lock::LockTiming::default(),
+            local_root: (url.target.scheme == "file").then(|| url.target.location.clone().into()),
         })
     }
 
@@ -142,6 +146,7 @@ impl BackupStore {
             root: Path::from(target.prefix.as_str()),
             target,
             lock_timing: lock::LockTiming::default(),
+            local_root: None,
         }
     }
 
@@ -379,6 +384,26 @@ impl BackupStore {
     /// Reads and verifies one stored block.
     pub async fn read_block(&self, volume: &str, hash: &str) -> Result<Vec<u8>> {
         let p = self.block_path(volume, hash);
+        if let Some(root) = &self.local_root {
+            // A file:// target: read and verify in one blocking call (no detour through the object store's
+            // chunked reads).
+            let (file, h, p2) = (root.join(p.as_ref()), hash.to_owned(), p.clone());
+            return tokio::task::spawn_blocking(move || match std::fs::read(&file) {
+                Ok(stored) => {
+                    block::decode_block_owned(stored, &h).map_err(|reason| BackupStoreError::Corrupt {
+                        path: p2.to_string(),
+                        reason,
+                    })
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(BackupStoreError::Corrupt {
+                    path: p2.to_string(),
+                    reason: "block missing".into(),
+                }),
+                Err(e) => Err(BackupStoreError::store("get", &p2, local::local_error(e))),
+            })
+            .await
+            .map_err(|e| join_error(&e))?;
+        }
         let stored = self
             .get_bytes(&p)
             .await?

@@ -139,6 +139,25 @@ pub async fn restored(s: &BackupStore, name: &str) -> Vec<u8> {
     sink.data.lock().unwrap().clone()
 }
 
+/// Block files written under a `file://` target's directory, those a running backup has staged but not yet
+/// published (`<hash>.blk#<digits>`, invisible to listings) included.
+pub fn written_block_files(dir: &std::path::Path) -> usize {
+    fn walk(p: &std::path::Path) -> usize {
+        std::fs::read_dir(p).map_or(0, |d| {
+            d.map(|e| {
+                let e = e.unwrap();
+                if e.file_type().unwrap().is_dir() {
+                    walk(&e.path())
+                } else {
+                    1
+                }
+            })
+            .sum()
+        })
+    }
+    walk(&dir.join("volumes/vol/blocks"))
+}
+
 pub async fn stored_blocks(s: &BackupStore) -> usize {
     let p = object_store::path::Path::from("volumes/vol/blocks");
     use futures::TryStreamExt;
