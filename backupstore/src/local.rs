@@ -91,7 +91,7 @@ impl StagedBlocks {
             (g.bytes >= FLUSH_BYTES || since.elapsed() >= FLUSH_AGE).then(|| std::mem::take(&mut *g))
         };
         match full {
-            Some(g) => self.publish(g),
+            Some(g) => self.publish(&g),
             None => Ok(()),
         }
     }
@@ -102,7 +102,7 @@ impl StagedBlocks {
     }
 
     /// Durable first, then visible under the final name.
-    fn publish(&self, g: Group) -> io::Result<()> {
+    fn publish(&self, g: &Group) -> io::Result<()> {
         if g.files.is_empty() {
             return Ok(());
         }
@@ -123,7 +123,7 @@ impl StagedBlocks {
     /// block written through [`Self::write`] is durable under its final name.
     pub(crate) fn finish(&self) -> io::Result<()> {
         let g = std::mem::take(&mut *self.group());
-        self.publish(g)?;
+        self.publish(&g)?;
         // The renames of earlier groups and of this one.
         self.sync()
     }

@@ -210,44 +210,41 @@ impl BackupStore {
         let n = writes.len() as u64;
         let size = to.size;
         let bytes: u64 = futures::stream::iter(writes)
-            .map(|b| async move {
-                progress.check()?;
-                let data = self.read_block(volume, &b.hash).await.map_err(|e| match e {
-                    BackupStoreError::Corrupt { path, reason } => BackupStoreError::Corrupt {
-                        path,
-                        reason: format!("block at volume offset {}: {reason}", b.offset),
-                    },
-                    e => e,
-                })?;
-                let len = data.len() as u64;
-                let want = bs.min(size - b.offset);
-                if len != want {
-                    return Err(BackupStoreError::Corrupt {
-                        path: self.block_path(volume, &b.hash).to_string(),
-                        reason: format!(
-                            "block at volume offset {} is {len} bytes, expected {want}",
-                            b.offset
-                        ),
-                    });
-                }
-                Ok::<_, BackupStoreError>((b.offset, data))
-            })
-            .buffer_unordered(opts.concurrency.max(1))
-            // Blocks are fetched, decompressed and verified `concurrency` at once, and written one at a time:
-            // concurrent writes into one file only queue on its inode lock (measured: 15 % of a restore's CPU
-            // spinning there). Fetches keep running on their blocking threads while a write is under way.
-            .try_fold(0, |acc, (offset, data)| {
+            .map(|b| {
                 let sink = sink.clone();
                 async move {
+                    progress.check()?;
+                    let data = self.read_block(volume, &b.hash).await.map_err(|e| match e {
+                        BackupStoreError::Corrupt { path, reason } => BackupStoreError::Corrupt {
+                            path,
+                            reason: format!("block at volume offset {}: {reason}", b.offset),
+                        },
+                        e => e,
+                    })?;
                     let len = data.len() as u64;
-                    tokio::task::spawn_blocking(move || sink.write_at(offset, &data))
+                    let want = bs.min(size - b.offset);
+                    if len != want {
+                        return Err(BackupStoreError::Corrupt {
+                            path: self.block_path(volume, &b.hash).to_string(),
+                            reason: format!(
+                                "block at volume offset {} is {len} bytes, expected {want}",
+                                b.offset
+                            ),
+                        });
+                    }
+                    tokio::task::spawn_blocking(move || sink.write_at(b.offset, &data))
                         .await
                         .map_err(|e| join_error(&e))?
-                        .map_err(|source| BackupStoreError::SinkWrite { offset, source })?;
+                        .map_err(|source| BackupStoreError::SinkWrite {
+                            offset: b.offset,
+                            source,
+                        })?;
                     progress.step(len);
-                    Ok(acc + len)
+                    Ok::<_, BackupStoreError>(len)
                 }
             })
+            .buffer_unordered(opts.concurrency.max(1))
+            .try_fold(0, |acc, l| async move { Ok(acc + l) })
             .await?;
         info!(volume, backup, bytes, "restore complete");
         Ok(RestoreOutcome {

@@ -13,8 +13,11 @@ SIZE_MIB=${1:-2048}
 BENCH_DIR=${BENCH_DIR:-/var/tmp}
 W=$(mktemp -d "$BENCH_DIR/corral-backup-bench.XXXXXX")
 trap 'rm -rf "$W"' EXIT
-cargo build --release -q -p backupstore --examples
-BIN=${CARGO_TARGET_DIR:-target}/release/examples/file_backup
+# BIN=/path/to/file_backup runs another build of the example (a before/after comparison) without building.
+if [ -z "${BIN:-}" ]; then
+    cargo build --release -q -p backupstore --examples
+    BIN=${CARGO_TARGET_DIR:-target}/release/examples/file_backup
+fi
 
 echo "generating ${SIZE_MIB} MiB sources in $W ..." >&2
 head -c "$((SIZE_MIB << 20))" /dev/urandom > "$W/random.img"
@@ -46,7 +49,7 @@ for kind in random halfzero; do
     t_rs=$("$BIN" restore "$W/restored.img" "file://$W/store-$kind" vol b1 | secs)
     cmp "$f" "$W/restored.img" || { echo "restore of $kind differs" >&2; exit 1; }
     rm -f "$W/restored.img"
-    for row in "cp+sync:$t_cp" "tar -cf+sync:$t_tar" "backup (lz4, 2 MiB, 8 in flight):$t_bk" "restore (8 in flight):$t_rs"; do
+    for row in "cp+sync:$t_cp" "tar -cf+sync:$t_tar" "backup (lz4, 2 MiB, 8 in flight):$t_bk" "restore (8 fetched at once):$t_rs"; do
         op=${row%%:*}; t=${row##*:}
         printf '%-10s | %-34s | %8.2f | %9s | %5.2fx\n' "$kind" "$op" "$t" "$(mbs "$t")" "$(python3 -c "print($t_cp / $t)")"
     done
@@ -54,19 +57,36 @@ for kind in random halfzero; do
     echo "$kind: stored $((stored >> 20)) MiB for ${SIZE_MIB} MiB" >&2
 done
 
-# 1 % change: 1 MiB written at every 50th 2 MiB-aligned block (about 1 % of the data), then an incremental.
+# 1 % change: extents of 1 MiB at random 4 KiB-aligned offsets (seeded; aligned to nothing larger, as a guest
+# filesystem's writes are), SIZE/100 of them, written into a copy; then an incremental of the copy into the store of
+# the default block size (2 MiB) and into one of 256 KiB blocks (`file_backup ... BLOCK_SIZE`, a per-volume choice
+# recorded in volume.cfg). Each extent dirties ceil-ish(1 MiB / B) + 1 blocks: uploads ~ (1 MiB + B) per extent.
 cp "$W/random.img" "$W/changed.img"
-blocks=$((SIZE_MIB / 2)); n=0
-for ((b = 0; b < blocks; b += 50)); do
-    dd if=/dev/urandom of="$W/changed.img" bs=1M count=1 seek=$((b * 2)) conv=notrunc status=none; n=$((n + 1))
-done
-"$BIN" backup "$W/changed.img" "file://$W/store-random" vol b2 > "$W/inc.json"
-python3 - "$W/inc.json" "$n" "$SIZE_MIB" <<'PY'
+n=$(python3 - "$W/changed.img" "$SIZE_MIB" <<'PY'
+import os, random, sys
+path, size_mib = sys.argv[1], int(sys.argv[2])
+rng = random.Random(18)
+n = max(1, size_mib // 100)
+with open(path, 'r+b') as f:
+    for _ in range(n):
+        off = rng.randrange(0, ((size_mib << 20) - (1 << 20)) // 4096) * 4096
+        f.seek(off)
+        f.write(os.urandom(1 << 20))
+print(n)
+PY
+)
+"$BIN" backup "$W/random.img" "file://$W/store-small" vol b1 262144 > /dev/null
+for bs in default 256K; do
+    if [ "$bs" = default ]; then store=store-random; else store=store-small; fi
+    "$BIN" backup "$W/changed.img" "file://$W/$store" vol b2 > "$W/inc.json"
+    python3 - "$W/inc.json" "$n" "$SIZE_MIB" "$bs" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); s = r["stats"]; n = int(sys.argv[2]); size = int(sys.argv[3])
-print(f"\n1 % change incremental: {n} MiB changed of {size} MiB ({100 * n / size:.2f} %), "
-      f"incremental={r['incremental']}, {r['seconds']:.2f} s")
+print(f"\n1 % change, block size {sys.argv[4]}: {n} extents of 1 MiB = {n} MiB written of {size} MiB "
+      f"({100 * n / size:.2f} %), incremental={r['incremental']}, {r['seconds']:.2f} s")
 print(f"  uploaded {s['newBlocks']} new blocks = {s['newBytes'] / 2**20:.1f} MiB "
-      f"({s['newStoredBytes'] / 2**20:.1f} MiB stored), deduplicated {s['deduplicatedBlocks']} blocks, "
-      f"read {s['readBytes'] / 2**20:.0f} MiB (a plain file has no change tracking; a replica reads only changed layers)")
+      f"({100 * s['newBytes'] / 2**20 / size:.2f} % of the volume; {s['newStoredBytes'] / 2**20:.1f} MiB stored), "
+      f"deduplicated {s['deduplicatedBlocks']} blocks, read {s['readBytes'] / 2**20:.0f} MiB "
+      f"(a plain file has no change tracking; a replica reads only changed layers)")
 PY
+done
