@@ -245,6 +245,7 @@ impl RebuildTracker {
                 j.progress = s.progress;
                 j.bytes_transferred = s.bytes_transferred;
                 j.bytes_skipped = s.bytes_skipped;
+                j.bytes_copied_locally = s.bytes_copied_locally;
             })
             .await;
             match s.state.as_str() {

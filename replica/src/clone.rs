@@ -53,7 +53,10 @@ pub struct CloneStatus {
     /// The snapshot's file name.
     pub snapshot: String,
     pub progress: u32,
+    /// Data bytes moved into this replica (over the network, or copied locally).
     pub bytes_sent: u64,
+    /// Of those, bytes copied from the source's files on this host ([`crate::local_copy`]).
+    pub bytes_local: u64,
 }
 
 /// The clone job slot of one replica daemon.
@@ -136,6 +139,7 @@ pub async fn start(
     tracker: Arc<CloneTracker>,
     rebuilding: bool,
     listen_ip: IpAddr,
+    local_copy: bool,
     req: CloneRequest,
     cancel: CancellationToken,
 ) -> Result<()> {
@@ -173,7 +177,16 @@ pub async fn start(
     }
     info!(dir = %replica.dir().display(), snapshot = %file, from = %req.from, "clone started");
     tokio::spawn(async move {
-        let result = run(&replica, &tracker, listen_ip, &req, &file, estimate, &cancel).await;
+        let result = run(
+            &replica,
+            &tracker,
+            (listen_ip, local_copy),
+            &req,
+            &file,
+            estimate,
+            &cancel,
+        )
+        .await;
         let mut s = lock(&tracker.status);
         match result {
             Ok(()) => {
@@ -197,7 +210,7 @@ pub async fn start(
 async fn run(
     replica: &Arc<Replica>,
     tracker: &CloneTracker,
-    listen_ip: IpAddr,
+    (listen_ip, local_copy): (IpAddr, bool),
     req: &CloneRequest,
     file: &str,
     estimate: u64,
@@ -208,7 +221,24 @@ async fn run(
     let tmp = dir.join(&tmp_name);
     remove_if_exists(&tmp).map_err(|e| e.to_string())?;
     remove_if_exists(&partial_path(&tmp)).map_err(|e| e.to_string())?;
-    let result = receive(replica, tracker, listen_ip, req, file, &tmp, estimate, cancel).await;
+    let local = if local_copy {
+        let ask = v1::LocalFilesRequest {
+            snapshot_file_name: file.to_owned(),
+            chain: true,
+            expected_size: replica.size(),
+            export_backing_image_if_exist: req.export_backing_image_if_exist,
+        };
+        crate::local_copy::offer(&req.from, ask)
+            .await
+            .inspect_err(|why| info!(snapshot = %file, reason = %why, "clone: no local copy, pulling over the network"))
+            .ok()
+    } else {
+        None
+    };
+    let result = match local {
+        Some(src) => copy_local(tracker, src, &tmp, cancel).await,
+        None => receive(replica, tracker, listen_ip, req, file, &tmp, estimate, cancel).await,
+    };
     let result = match result {
         Ok(()) => {
             let r = replica.clone();
@@ -226,6 +256,61 @@ async fn run(
         let _ = remove_if_exists(&partial_path(&tmp));
     }
     result
+}
+
+/// The clone's data copied from the source's files on this host into `tmp` (see [`crate::local_copy`]).
+async fn copy_local(
+    tracker: &CloneTracker,
+    src: crate::local_copy::LocalSource,
+    tmp: &Path,
+    cancel: &CancellationToken,
+) -> std::result::Result<(), String> {
+    let dir = src.dir.clone();
+    let layers: Vec<Layer> = src
+        .files
+        .iter()
+        .map(|(name, f)| {
+            f.try_clone().map(|file| Layer {
+                name: name.clone(),
+                file,
+            })
+        })
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| format!("source files: {e}"))?;
+    let view = tokio::task::spawn_blocking(move || crate::export::SnapshotView::from_layers(&dir, layers))
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())?;
+    info!(from = %src.dir.display(), layers = src.files.len(), "clone: copying the source's files on this host");
+    let progress = Arc::new(sparse_sync::Progress::new());
+    let copy = crate::local_copy::copy_to(
+        Arc::new(view),
+        tmp.to_owned(),
+        partial_path(tmp),
+        progress.clone(),
+        cancel.clone(),
+    );
+    tokio::pin!(copy);
+    let mut tick = tokio::time::interval(Duration::from_millis(250));
+    let summary = loop {
+        tokio::select! {
+            s = &mut copy => break s?,
+            _ = tick.tick() => lock(&tracker.status).progress = u32::from(progress.percent()).min(99),
+        }
+    };
+    if let Err(e) = src.confirm() {
+        let _ = remove_if_exists(tmp);
+        return Err(e);
+    }
+    info!(
+        data = summary.local.data_bytes,
+        by_kernel = summary.kernel_bytes,
+        "clone: local copy done"
+    );
+    let mut s = lock(&tracker.status);
+    s.bytes_sent = summary.local.data_bytes;
+    s.bytes_local = summary.local.data_bytes;
+    Ok(())
 }
 
 #[allow(clippy::too_many_arguments)]

@@ -56,6 +56,8 @@ pub struct ServeConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Data-protocol server tuning.
     pub data: ServerConfig,
+    /// Copy a clone's or rebuild's source files directly when the source replica is on this host.
+    pub local_copy: bool,
     /// Fault-injection rules in force from the start.
     #[cfg(feature = "fault-injection")]
     pub faults: Vec<crate::fault::FaultRule>,
@@ -157,7 +159,8 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
 
     let data_server = DataServer::new(host.clone() as Arc<dyn BlockBackend>, cfg.data.clone())?;
     let data_metrics = data_server.metrics();
-    let grpc = ReplicaGrpc::new(host.clone(), cfg.listen.ip(), served, cancel.clone());
+    let grpc = ReplicaGrpc::new(host.clone(), cfg.listen.ip(), served, cancel.clone())
+        .with_local_copy(cfg.local_copy);
     let data_server = Arc::new(data_server);
 
     let mut tasks = tokio::task::JoinSet::new();

@@ -13,11 +13,11 @@
 use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use sparse_sync::{DataRanges, Progress, SyncContent};
+use sparse_sync::{DataRanges, FileExtents, Progress, SyncContent};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -130,6 +130,42 @@ impl SnapshotView {
         &self.snapshot
     }
 
+    /// A view over layer files opened elsewhere (a local copy's source, [`crate::local_copy`]), root first, the
+    /// snapshot last; without a backing image.
+    pub(crate) fn from_layers(dir: &Path, layers: Vec<Layer>) -> Result<Self> {
+        let Some(top) = layers.last() else {
+            return Err(ReplicaError::InvalidArgument(
+                "a snapshot view needs a layer".into(),
+            ));
+        };
+        let snapshot = top.name.clone();
+        let size = top.file.metadata().ctx("stat", dir.join(&snapshot))?.len();
+        let map = build_map(dir, &layers)?;
+        Ok(Self {
+            dir: dir.to_owned(),
+            snapshot,
+            layers,
+            backing: None,
+            map,
+            size,
+        })
+    }
+
+    /// The snapshot's size in bytes.
+    pub(crate) fn size_bytes(&self) -> u64 {
+        self.size
+    }
+
+    /// Does the view read blocks from the backing image?
+    pub(crate) fn has_backing(&self) -> bool {
+        self.backing.is_some()
+    }
+
+    /// The layers' file names and open files, root first.
+    pub(crate) fn layer_files(&self) -> impl Iterator<Item = (&str, &File)> {
+        self.layers.iter().map(|l| (l.name.as_str(), &l.file))
+    }
+
     fn collect_ranges(&self, range: Range<u64>) -> Vec<Range<u64>> {
         fn push(out: &mut Vec<Range<u64>>, r: Range<u64>) {
             if r.start >= r.end {
@@ -215,6 +251,29 @@ impl SyncContent for SnapshotView {
     }
 }
 
+impl FileExtents for SnapshotView {
+    fn files_of<'a>(&'a self, range: Range<u64>, out: &mut Vec<(Range<u64>, Option<&'a File>)>) {
+        let (start, end) = (range.start, range.end);
+        self.map
+            .visit(start / BLOCK_SIZE, end.div_ceil(BLOCK_SIZE), |s, e, l| {
+                let r = (s * BLOCK_SIZE).max(start)..(e * BLOCK_SIZE).min(end);
+                let file = l
+                    .and_then(|i| self.layers.get(usize::try_from(i).ok()?))
+                    .map(|l| &l.file);
+                match out.last_mut() {
+                    Some((last, f))
+                        if last.end == r.start
+                            && f.map(std::ptr::from_ref) == file.map(std::ptr::from_ref) =>
+                    {
+                        last.end = r.end;
+                    }
+                    _ => out.push((r, file)),
+                }
+                true
+            });
+    }
+}
+
 /// Exports running on one replica daemon; a purge waits for none to run.
 #[derive(Debug, Default)]
 pub struct ExportTracker {
@@ -225,6 +284,31 @@ impl ExportTracker {
     /// Exports running now.
     pub fn running(&self) -> usize {
         self.running.load(Ordering::Acquire)
+    }
+}
+
+/// A running export that outlives a request (a `LocalFiles` listing): counted until dropped.
+#[derive(Debug)]
+pub(crate) struct ExportLease(Arc<ExportTracker>);
+
+impl ExportTracker {
+    /// Counts an export until the lease is dropped; refused while `purging` (checked after counting, so a purge
+    /// starting now sees it).
+    pub(crate) fn lease(self: &Arc<Self>, purging: bool) -> Result<ExportLease> {
+        self.running.fetch_add(1, Ordering::AcqRel);
+        let lease = ExportLease(self.clone());
+        if purging {
+            return Err(ReplicaError::FailedPrecondition(
+                "a purge is running; export after it finishes".into(),
+            ));
+        }
+        Ok(lease)
+    }
+}
+
+impl Drop for ExportLease {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::AcqRel);
     }
 }
 

@@ -19,6 +19,7 @@ pub mod image_cli;
 mod io;
 pub mod jobs;
 pub mod layout;
+mod local_copy;
 mod locks;
 pub mod meta;
 pub mod names;

@@ -86,6 +86,10 @@ enum Cmd {
         /// Data-protocol requests a connection runs before writing their replies (and flushes it queues).
         #[arg(long, default_value_t = 128)]
         data_window: usize,
+        /// Never copy a clone's or rebuild's source files directly, even when the source replica is on this
+        /// host: always pull them over the network (sparse-sync).
+        #[arg(long, env = "CORRAL_REPLICA_NO_LOCAL_COPY")]
+        no_local_copy: bool,
         /// TEST BUILDS ONLY: make a data-protocol operation fail (repeatable). OP is read, write, unmap,
         /// write-zeroes, flush or block-status; ACTION is error, no-space, delay:MS, hang or drop; the first N
         /// operations pass. Change at run time with POST/DELETE /debug/faults on --metrics-listen.
@@ -217,6 +221,7 @@ async fn main() -> anyhow::Result<()> {
             volume,
             metrics,
             data_window,
+            no_local_copy,
             #[cfg(feature = "fault-injection")]
             faults,
         } => {
@@ -244,6 +249,7 @@ async fn main() -> anyhow::Result<()> {
                 volume,
                 metrics_listen: metrics.metrics_listen,
                 data,
+                local_copy: !no_local_copy,
                 #[cfg(feature = "fault-injection")]
                 faults,
             };

@@ -51,6 +51,8 @@ pub struct RebuildTracker {
     transferred: AtomicU64,
     skipped: AtomicU64,
     done_bytes: AtomicU64,
+    /// Of `transferred`, bytes copied from a source's files on this host.
+    local: AtomicU64,
 }
 
 impl RebuildTracker {
@@ -74,6 +76,7 @@ impl RebuildTracker {
             files_done: s.files_done,
             files_total: s.files_total,
             snapshot_name: String::new(),
+            bytes_copied_locally: self.local.load(Ordering::Relaxed),
         }
     }
 }
@@ -117,6 +120,7 @@ pub async fn start(
     host: Arc<ReplicaHost>,
     tracker: Arc<RebuildTracker>,
     listen_ip: IpAddr,
+    local_copy: bool,
     req: v1::FilesSyncRequest,
     cancel: CancellationToken,
 ) -> Result<(), ReplicaError> {
@@ -144,6 +148,7 @@ pub async fn start(
         tracker.transferred.store(0, Ordering::Relaxed);
         tracker.skipped.store(0, Ordering::Relaxed);
         tracker.done_bytes.store(0, Ordering::Relaxed);
+        tracker.local.store(0, Ordering::Relaxed);
     }
     let replica = host.replica()?;
     let status = replica.status()?;
@@ -162,7 +167,7 @@ pub async fn start(
     }
     sync_dir(&dir)?;
     tokio::spawn(async move {
-        let result = run(&dir, &tracker, listen_ip, &sources, &req, &cancel).await;
+        let result = run(&dir, &tracker, (listen_ip, local_copy), &sources, &req, &cancel).await;
         let mut s = lock(&tracker.status);
         match result {
             Ok(()) => {
@@ -186,7 +191,7 @@ pub async fn start(
 async fn run(
     dir: &std::path::Path,
     tracker: &RebuildTracker,
-    listen_ip: IpAddr,
+    (listen_ip, local_copy): (IpAddr, bool),
     sources: &[ReplicaAddress],
     req: &v1::FilesSyncRequest,
     cancel: &CancellationToken,
@@ -199,7 +204,14 @@ async fn run(
                 return Err("cancelled".into());
             }
             let source = &sources[(i + attempt) % sources.len()];
-            match sync_one(dir, listen_ip, source, f, req.fast_sync, tracker, cancel).await {
+            let synced = match local_copy {
+                true => match copy_local(dir, source, f, req.fast_sync, tracker, cancel).await {
+                    Some(r) => r,
+                    None => sync_one(dir, listen_ip, source, f, req.fast_sync, tracker, cancel).await,
+                },
+                false => sync_one(dir, listen_ip, source, f, req.fast_sync, tracker, cancel).await,
+            };
+            match synced {
                 Ok(()) => {
                     ok = true;
                     break;
@@ -284,6 +296,91 @@ async fn sync_one(
         whole_file_skipped = sent.file_skipped,
         written = summary.bytes_written,
         "rebuild: file synced"
+    );
+    Ok(())
+}
+
+/// Copies one snapshot file from a source on this host ([`crate::local_copy`]); `None` when the local path is not
+/// available (the caller pulls the file over the network). The end state is the network path's: the file under its
+/// name, complete and durable, with the source's recorded checksum recorded beside it; a whole-file skip when both
+/// sides record the same checksum and `fast` is asked.
+async fn copy_local(
+    dir: &std::path::Path,
+    source: &ReplicaAddress,
+    disk: &v1::DiskInfo,
+    fast: bool,
+    tracker: &RebuildTracker,
+    cancel: &CancellationToken,
+) -> Option<Result<(), String>> {
+    let file = disk.name.as_str();
+    let ask = v1::LocalFilesRequest {
+        snapshot_file_name: file.to_owned(),
+        ..Default::default()
+    };
+    let src = match crate::local_copy::offer(source, ask).await {
+        Ok(s) => s,
+        Err(why) => {
+            info!(file, %source, reason = %why, "rebuild: no local copy, pulling over the network");
+            return None;
+        }
+    };
+    let target = dir.join(file);
+    Some(copy_local_from(src, &target, disk, fast, tracker, cancel).await)
+}
+
+async fn copy_local_from(
+    src: crate::local_copy::LocalSource,
+    target: &std::path::Path,
+    disk: &v1::DiskInfo,
+    fast: bool,
+    tracker: &RebuildTracker,
+    cancel: &CancellationToken,
+) -> Result<(), String> {
+    let recorded = src.recorded_checksum().map(str::to_owned);
+    let ours = sparse_sync::record::read_valid(target)
+        .ok()
+        .flatten()
+        .map(|c| format!("{}:{}", c.method, c.checksum));
+    if fast && recorded.is_some() && recorded == ours {
+        src.confirm()?;
+        tracker.skipped.fetch_add(disk.size, Ordering::Relaxed);
+        info!(file = %disk.name, "rebuild: recorded checksums match, file skipped");
+        return Ok(());
+    }
+    let (_, f) = src.files.first().ok_or("no file listed")?;
+    let content = sparse_sync::FileContent::from_file(
+        f.try_clone().map_err(|e| e.to_string())?,
+        &src.dir.join(&disk.name),
+        LayoutMode::SeekData,
+    )
+    .map_err(|e| e.to_string())?;
+    let summary = crate::local_copy::copy_to(
+        Arc::new(content),
+        target.to_owned(),
+        corral_disk::durable::temp_path(target),
+        Arc::new(Progress::new()),
+        cancel.clone(),
+    )
+    .await?;
+    src.confirm()?;
+    // What a network receive leaves too: the sender's record beside the file (with the new file's ctime), and no
+    // partial file of an earlier attempt.
+    let _ = sparse_sync::record::remove_record(target);
+    if let Some(text) = recorded
+        && let Some((method, checksum)) = text.split_once(':')
+    {
+        let sum = sparse_sync::FileChecksum {
+            method: method.to_owned(),
+            checksum: checksum.to_owned(),
+        };
+        sparse_sync::record::write_record(target, &sum).map_err(|e| e.to_string())?;
+    }
+    let _ = remove_if_exists(&sparse_sync::receiver::partial_path(target));
+    let data = summary.local.data_bytes;
+    tracker.transferred.fetch_add(data, Ordering::Relaxed);
+    tracker.local.fetch_add(data, Ordering::Relaxed);
+    info!(
+        file = %disk.name, data, by_kernel = summary.kernel_bytes, "rebuild: file copied from the source's files on this host"
     );
     Ok(())
 }

@@ -43,6 +43,8 @@ pub struct ReplicaGrpc {
     exports: Arc<crate::export::ExportTracker>,
     /// Address sparse-sync receivers bind to (the daemon's listen IP).
     listen_ip: std::net::IpAddr,
+    /// Clone and rebuild copy a source's files directly when it is on this host ([`crate::local_copy`]).
+    local_copy: bool,
     /// The data-protocol and sync-agent listeners, reported in every `ReplicaResponse`.
     served: ServedEndpoints,
     cancel: tokio_util::sync::CancellationToken,
@@ -72,9 +74,17 @@ impl ReplicaGrpc {
             clone: Arc::default(),
             exports: Arc::default(),
             listen_ip,
+            local_copy: true,
             served,
             cancel,
         }
+    }
+
+    /// Whether clone and rebuild may copy a source's files directly when it is on this host (default: yes).
+    #[must_use]
+    pub fn with_local_copy(mut self, enabled: bool) -> Self {
+        self.local_copy = enabled;
+        self
     }
 
     async fn reply(&self) -> Result<Response<v1::ReplicaResponse>, Status> {
@@ -348,6 +358,7 @@ impl SyncAgentService for ReplicaGrpc {
             self.host.clone(),
             self.rebuild.clone(),
             self.listen_ip,
+            self.local_copy,
             req.into_inner(),
             self.cancel.child_token(),
         )
@@ -399,6 +410,34 @@ impl SyncAgentService for ReplicaGrpc {
         }))
     }
 
+    type LocalFilesStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<v1::LocalFilesResponse, Status>> + Send + 'static>,
+    >;
+
+    async fn local_files(
+        &self,
+        req: Request<v1::LocalFilesRequest>,
+    ) -> Result<Response<Self::LocalFilesStream>, Status> {
+        use futures::StreamExt;
+        let req = req.into_inner();
+        let purging = self.host.jobs.status(PURGE).state == JobState::InProgress;
+        // Held until the receiver closes the stream (or this daemon stops): no purge changes the listed files.
+        let lease = self.exports.lease(purging)?;
+        let replica = self.host.replica()?;
+        let listing = blocking(move || crate::local_copy::list(&replica, &req)).await?;
+        let cancel = self.cancel.clone();
+        let held = futures::stream::once(async move {
+            cancel.cancelled().await;
+            drop(lease);
+            Err(Status::unavailable("the source replica is stopping"))
+        });
+        Ok(Response::new(
+            futures::stream::once(async move { Ok(listing) })
+                .chain(held)
+                .boxed(),
+        ))
+    }
+
     async fn snapshot_clone(
         &self,
         req: Request<v1::SnapshotCloneRequest>,
@@ -413,6 +452,7 @@ impl SyncAgentService for ReplicaGrpc {
             self.clone.clone(),
             self.rebuild.to_proto().is_running,
             self.listen_ip,
+            self.local_copy,
             CloneRequest {
                 from,
                 snapshot_file_name: req.snapshot_file_name,
@@ -453,6 +493,7 @@ fn clone_status(s: &CloneStatus) -> v1::JobStatusResponse {
         files_done: u32::from(s.state == JobState::Complete),
         files_total: u32::from(s.state != JobState::None),
         snapshot_name: s.snapshot.clone(),
+        bytes_copied_locally: s.bytes_local,
         ..Default::default()
     }
 }
