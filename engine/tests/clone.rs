@@ -158,6 +158,13 @@ async fn clone_equals_the_snapshot_not_later_writes_on_every_replica_and_export_
     assert_eq!(st.progress, 100);
     assert_eq!(st.from_replica_address, srcs[0].address());
     assert_eq!(st.replicas.len(), 2);
+    // Source and target share this host: every target replica copied the source's files itself.
+    for (addr, r) in &st.replicas {
+        assert!(
+            r.bytes_copied_locally >= 6 << 20 && r.bytes_copied_locally == r.bytes_transferred,
+            "{addr} did not take the local copy path: {r:?}"
+        );
+    }
 
     // Every target replica holds the snapshot's data, not the writes made after it.
     let now = srcs[0].flattened(SIZE).await;
@@ -249,6 +256,58 @@ async fn clone_equals_the_snapshot_not_later_writes_on_every_replica_and_export_
     // An existing file is not overwritten.
     let err = fails(&src.cli(&["snapshot", "export", "s1", "--to", raw.to_str().unwrap()]));
     assert!(err.contains("exists"), "{err}");
+}
+
+/// `qemu-img compare` of two raw files.
+fn same_image(a: &Path, b: &Path) {
+    let cmp = Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .arg(a)
+        .arg(b)
+        .output()
+        .unwrap();
+    assert!(
+        cmp.status.success(),
+        "{} vs {}: {}",
+        a.display(),
+        b.display(),
+        String::from_utf8_lossy(&cmp.stdout)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clone_copies_locally_on_one_host_and_over_the_network_when_the_target_may_not() {
+    let t = tempfile::tempdir_in("/var/tmp").unwrap();
+    let (srcs, src, at_s1) = source(t.path(), 1, &[]).await;
+    let source_snapshot = srcs[0].dir.join("volume-snap-s1.img");
+    for (name, extra, local) in [("local", &[][..], true), ("net", &["--no-local-copy"][..], false)] {
+        let (tgts, tgt) = target(t.path(), name, 1, SIZE, extra);
+        ok(&clone_s1(&tgt, &src, &[]));
+        let st = clone_status(&tgt).await;
+        let r = st.replicas.values().next().unwrap();
+        assert_eq!(r.state, "complete", "{r:?}");
+        if local {
+            assert!(r.bytes_copied_locally >= 6 << 20, "{name}: {r:?}");
+        } else {
+            assert_eq!(r.bytes_copied_locally, 0, "{name}: {r:?}");
+            assert!(r.bytes_transferred >= 6 << 20, "{name}: {r:?}");
+        }
+        assert!(
+            tgts[0].flattened(SIZE).await == at_s1,
+            "{name}: clone differs from s1"
+        );
+        same_image(&source_snapshot, &tgts[0].dir.join("volume-snap-s1.img"));
+        let cloned = allocated(&tgts[0].dir, "volume-snap-s1.img");
+        assert!(
+            cloned <= allocated(&srcs[0].dir, "volume-snap-s1.img"),
+            "{name}: {cloned}"
+        );
+        let left: Vec<String> = files(&tgts[0].dir)
+            .into_iter()
+            .filter(|f| f.ends_with(".clone") || f.contains("partial") || f.ends_with(".tmp"))
+            .collect();
+        assert!(left.is_empty(), "{name}: leftovers {left:?}");
+    }
 }
 
 /// Clone of a volume over a backing image (`format`: raw or qcow2, made by the test with qemu-img).

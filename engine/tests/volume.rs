@@ -400,3 +400,69 @@ async fn an_engine_beside_a_replica_reaches_it_over_its_unix_socket_and_falls_ba
     let (ok, out) = qemu_io(&e.unix_uri(), &["read -P 0x3c 4k 64k"]);
     assert!(ok, "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuild_copies_the_source_files_locally_on_one_host_and_over_the_network_when_told_not_to() {
+    let t = tempfile::tempdir_in("/var/tmp").unwrap();
+    let rs = replicas(t.path(), 1, &[]);
+    let e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
+    assert!(
+        qemu_io(
+            &e.unix_uri(),
+            &["write -P 0x41 0 8M", "write -P 0x42 40M 4M", "flush"]
+        )
+        .0
+    );
+    assert!(e.cli(&["snapshot", "create", "s1"]).status.success());
+    assert!(qemu_io(&e.unix_uri(), &["write -P 0x43 4M 2M", "flush"]).0);
+    for (name, extra, local) in [
+        ("r-local", &[][..], true),
+        ("r-net", &["--no-local-copy"][..], false),
+    ] {
+        let fresh = Replica::start(&t.path().join(name), extra);
+        let out = e.cli(&["replica", "add", &fresh.address(), "--json"]);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let job: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let (sent, local_bytes) = (
+            job["bytesTransferred"].as_u64().unwrap_or(0),
+            job["bytesCopiedLocally"].as_u64().unwrap_or(0),
+        );
+        assert!(sent >= 14 << 20, "{name}: {job}");
+        if local {
+            assert_eq!(local_bytes, sent, "{name} did not copy locally: {job}");
+        } else {
+            assert_eq!(
+                local_bytes, 0,
+                "{name} copied locally although told not to: {job}"
+            );
+        }
+        let modes = e.modes().await;
+        assert!(
+            modes.iter().any(|(a, m)| *a == fresh.address() && m == "RW"),
+            "{modes:?}"
+        );
+        assert!(
+            fresh.flattened(SIZE).await == rs[0].flattened(SIZE).await,
+            "{name} differs from the source"
+        );
+        let snap = std::fs::read_dir(&rs[0].dir)
+            .unwrap()
+            .map(|d| d.unwrap().file_name().into_string().unwrap())
+            .filter(|f| f.starts_with("volume-snap-") && f.ends_with(".img"))
+            .collect::<Vec<_>>();
+        assert!(snap.len() >= 2, "{snap:?}");
+        for f in &snap {
+            let cmp = Command::new("cmp")
+                .arg(rs[0].dir.join(f))
+                .arg(fresh.dir.join(f))
+                .output()
+                .unwrap();
+            assert!(
+                cmp.status.success(),
+                "{name}: {f} differs: {}",
+                String::from_utf8_lossy(&cmp.stdout)
+            );
+        }
+        assert!(e.cli(&["replica", "rm", &fresh.address()]).status.success());
+    }
+}

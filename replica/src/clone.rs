@@ -236,7 +236,7 @@ async fn run(
         None
     };
     let result = match local {
-        Some(src) => copy_local(tracker, src, &tmp, cancel).await,
+        Some(src) => copy_local(tracker, src, req, &tmp, cancel).await,
         None => receive(replica, tracker, listen_ip, req, file, &tmp, estimate, cancel).await,
     };
     let result = match result {
@@ -261,7 +261,8 @@ async fn run(
 /// The clone's data copied from the source's files on this host into `tmp` (see [`crate::local_copy`]).
 async fn copy_local(
     tracker: &CloneTracker,
-    src: crate::local_copy::LocalSource,
+    mut src: crate::local_copy::LocalSource,
+    req: &CloneRequest,
     tmp: &Path,
     cancel: &CancellationToken,
 ) -> std::result::Result<(), String> {
@@ -283,24 +284,27 @@ async fn copy_local(
         .map_err(|e| e.to_string())?;
     info!(from = %src.dir.display(), layers = src.files.len(), "clone: copying the source's files on this host");
     let progress = Arc::new(sparse_sync::Progress::new());
-    let copy = crate::local_copy::copy_to(
-        Arc::new(view),
-        tmp.to_owned(),
-        partial_path(tmp),
-        progress.clone(),
-        cancel.clone(),
-    );
-    tokio::pin!(copy);
-    let mut tick = tokio::time::interval(Duration::from_millis(250));
-    let summary = loop {
-        tokio::select! {
-            s = &mut copy => break s?,
-            _ = tick.tick() => lock(&tracker.status).progress = u32::from(progress.percent()).min(99),
+    let max_rate = (req.max_bytes_per_second > 0).then_some(req.max_bytes_per_second);
+    let summary = {
+        let copy = src.copy(
+            Arc::new(view),
+            (tmp.to_owned(), partial_path(tmp)),
+            max_rate,
+            progress.clone(),
+            cancel,
+        );
+        tokio::pin!(copy);
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tokio::select! {
+                s = &mut copy => break s.map_err(|e| format!("export from {}: {e}", req.from))?,
+                _ = tick.tick() => lock(&tracker.status).progress = u32::from(progress.percent()).min(99),
+            }
         }
     };
     if let Err(e) = src.confirm() {
         let _ = remove_if_exists(tmp);
-        return Err(e);
+        return Err(format!("export from {}: {e}", req.from));
     }
     info!(
         data = summary.local.data_bytes,

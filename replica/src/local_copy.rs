@@ -287,43 +287,66 @@ pub(crate) async fn offer(
     .map_err(|e| e.to_string())?
 }
 
-/// Copies `src` into `dst` on a thread of its own at a lower CPU and IO priority (foreground IO of the replicas
-/// goes first): written to `dst`'s temporary name, fsynced, renamed; a failed or cancelled copy leaves nothing.
-/// `progress` advances in logical bytes.
-pub(crate) async fn copy_to(
-    src: Arc<dyn FileExtents>,
-    dst: PathBuf,
-    tmp: PathBuf,
-    progress: Arc<Progress>,
-    cancel: CancellationToken,
-) -> std::result::Result<ExtentCopySummary, String> {
-    let (tx, rx) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new()
-        .name("local-copy".into())
-        .spawn(move || {
-            lower_priority();
-            let result = (|| {
-                let f = std::fs::OpenOptions::new()
-                    .read(true)
-                    .write(true)
-                    .create(true)
-                    .truncate(true)
-                    .open(&tmp)
-                    .map_err(|e| format!("create {}: {e}", tmp.display()))?;
-                let s =
-                    sparse_sync::copy_extents(&*src, &f, &ExtentCopyOptions::default(), &progress, &cancel)
+impl LocalSource {
+    /// Resolves when the source stops holding its files (it stopped, died, or closed the listing).
+    async fn released(&mut self) -> String {
+        match self.lease.message().await {
+            Ok(None) => "the source closed its listing".to_owned(),
+            Ok(Some(_)) => "the source sent an unexpected listing".to_owned(),
+            Err(s) => s.message().to_owned(),
+        }
+    }
+
+    /// Copies `content` (read from this source's files) into `dst` on a thread of its own at a lower CPU and IO
+    /// priority (foreground IO of the replicas goes first): written to `tmp`, fsynced, renamed over `dst`; a failed
+    /// or cancelled copy leaves nothing. The copy stops as soon as the source lets go of its files. `progress`
+    /// advances in logical bytes.
+    pub(crate) async fn copy(
+        &mut self,
+        content: Arc<dyn FileExtents>,
+        (dst, tmp): (PathBuf, PathBuf),
+        max_rate: Option<u64>,
+        progress: Arc<Progress>,
+        cancel: &CancellationToken,
+    ) -> std::result::Result<ExtentCopySummary, String> {
+        let stop = cancel.child_token();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let thread_stop = stop.clone();
+        std::thread::Builder::new()
+            .name("local-copy".into())
+            .spawn(move || {
+                lower_priority();
+                let result = (|| {
+                    let f = std::fs::OpenOptions::new()
+                        .read(true)
+                        .write(true)
+                        .create(true)
+                        .truncate(true)
+                        .open(&tmp)
+                        .map_err(|e| format!("create {}: {e}", tmp.display()))?;
+                    let opts = ExtentCopyOptions { max_rate };
+                    let s = sparse_sync::copy_extents(&*content, &f, &opts, &progress, &thread_stop)
                         .map_err(|e| format!("copy into {}: {e}", tmp.display()))?;
-                corral_disk::durable::publish(&f, &tmp, &dst)
-                    .map_err(|e| format!("publish {}: {e}", dst.display()))?;
-                Ok(s)
-            })();
-            if result.is_err() {
-                let _ = std::fs::remove_file(&tmp);
+                    corral_disk::durable::publish(&f, &tmp, &dst)
+                        .map_err(|e| format!("publish {}: {e}", dst.display()))?;
+                    Ok(s)
+                })();
+                if result.is_err() {
+                    let _ = std::fs::remove_file(&tmp);
+                }
+                let _ = tx.send(result);
+            })
+            .map_err(|e| format!("local copy thread: {e}"))?;
+        tokio::pin!(rx);
+        tokio::select! {
+            r = &mut rx => r.map_err(|_| "the local copy thread died".to_owned())?,
+            why = self.released() => {
+                stop.cancel();
+                let _ = rx.await;
+                Err(why)
             }
-            let _ = tx.send(result);
-        })
-        .map_err(|e| format!("local copy thread: {e}"))?;
-    rx.await.map_err(|_| "the local copy thread died".to_owned())?
+        }
+    }
 }
 
 /// Lowers this thread's CPU priority (nice 10) and IO priority (best effort, lowest level). Advisory.

@@ -329,7 +329,7 @@ async fn copy_local(
 }
 
 async fn copy_local_from(
-    src: crate::local_copy::LocalSource,
+    mut src: crate::local_copy::LocalSource,
     target: &std::path::Path,
     disk: &v1::DiskInfo,
     fast: bool,
@@ -354,14 +354,15 @@ async fn copy_local_from(
         LayoutMode::SeekData,
     )
     .map_err(|e| e.to_string())?;
-    let summary = crate::local_copy::copy_to(
-        Arc::new(content),
-        target.to_owned(),
-        corral_disk::durable::temp_path(target),
-        Arc::new(Progress::new()),
-        cancel.clone(),
-    )
-    .await?;
+    let summary = src
+        .copy(
+            Arc::new(content),
+            (target.to_owned(), corral_disk::durable::temp_path(target)),
+            None,
+            Arc::new(Progress::new()),
+            cancel,
+        )
+        .await?;
     src.confirm()?;
     // What a network receive leaves too: the sender's record beside the file (with the new file's ctime), and no
     // partial file of an earlier attempt.
