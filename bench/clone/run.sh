@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# Volume clone benchmark: `corral-engine snapshot clone` of a 4 GiB volume holding 1 GiB of data (source replica
-# -> target replica over loopback, through VolumeExport/SnapshotClone and sparse-sync) against
+# Volume clone benchmark: `corral-engine snapshot clone` of a 4 GiB volume holding 1 GiB of data, source and target
+# replica on this host: the local copy path (the target copies the source's snapshot files with copy_file_range) and
+# the network path (a target replica started with --no-local-copy: VolumeExport/SnapshotClone and sparse-sync over
+# loopback), against
 # `cp --sparse=always` of the source snapshot file on the same disk, in one run, and `corral-sync` serve + send of the
 # same file over loopback (the clone's transport alone: the difference to it is what the clone path adds). Prints the
 # three and the ratios.
@@ -38,11 +40,12 @@ rm -rf "$DIR"; mkdir -p "$DIR"
 # shellcheck source=bench/lib.sh
 . "$ROOT/bench/lib.sh"
 
-start_volume() { # name [frontend] -> sets ADDR_<name> (engine gRPC); every listener on port 0, from the ready files
+start_volume() { # name [frontend [replica flags...]] -> sets ADDR_<name> (engine gRPC); listeners on port 0
   local name=$1 frontend=${2:-}
+  shift; shift || true
   local r=$DIR/$name-r.ready e=$DIR/$name-e.ready replica
   "$REPLICA" --ready-file "$r" serve --dir "$DIR/$name-r" --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 \
-    --sync-listen 127.0.0.1:0 >"$DIR/$name-r.log" 2>&1 & PIDS+=($!)
+    --sync-listen 127.0.0.1:0 "$@" >"$DIR/$name-r.log" 2>&1 & PIDS+=($!)
   ready_wait "$r" "$!"
   replica="tcp://$(ready_addr "$r" control)?data=$(ready_addr "$r" data)&sync=$(ready_addr "$r" sync)"
   "$ENGINE" --ready-file "$e" serve --volume "$name" --size "$((SIZE_MIB << 20))" --listen 127.0.0.1:0 \
@@ -55,6 +58,7 @@ now() { date +%s.%N; }
 
 start_volume src frontend
 start_volume tgt   # no frontend: a clone refuses a target whose frontend serves IO
+start_volume tgtnet "" --no-local-copy
 half=$((DATA_MIB / 2))
 echo "writing ${DATA_MIB} MiB into the ${SIZE_MIB} MiB source volume through NBD..." >&2
 qemu-io -f raw "nbd+unix:///src?socket=$DIR/src.sock" \
@@ -69,6 +73,14 @@ t1=$(now)
 clone_s=$(echo "$t1 - $t0" | bc -l)
 cloned="$DIR/tgt-r/volume-snap-s1.img"
 cmp "$SNAP" "$cloned" || { echo "clone differs from the source snapshot" >&2; exit 1; }
+grep -q "clone: local copy done" "$DIR/tgt-r.log" || { echo "the clone did not take the local path" >&2; exit 1; }
+
+t0=$(now)
+"$ENGINE" --url "$ADDR_tgtnet" snapshot clone --from-engine "$ADDR_src" --snapshot s1 >/dev/null
+t1=$(now)
+net_s=$(echo "$t1 - $t0" | bc -l)
+cmp "$SNAP" "$DIR/tgtnet-r/volume-snap-s1.img" || { echo "network clone differs from the source snapshot" >&2; exit 1; }
+! grep -q "clone: local copy done" "$DIR/tgtnet-r.log" || { echo "--no-local-copy copied locally" >&2; exit 1; }
 
 t0=$(now)
 cp --sparse=always "$SNAP" "$DIR/cp.img"
@@ -100,8 +112,9 @@ cp_s=$(echo "if ($t1 - $t0 < $cp_s) $t1 - $t0 else $cp_s" | bc -l)
 
 alloc() { echo $(( $(stat -c %b "$1") * 512 >> 20 )); }
 printf '%-38s %10s %12s %14s\n' "method" "seconds" "MiB/s data" "allocated MiB"
-printf '%-38s %10.2f %12.0f %14s\n' "corral-engine snapshot clone" "$clone_s" "$(echo "$DATA_MIB / $clone_s" | bc -l)" "$(alloc "$cloned")"
+printf '%-38s %10.2f %12.0f %14s\n' "snapshot clone (local copy)" "$clone_s" "$(echo "$DATA_MIB / $clone_s" | bc -l)" "$(alloc "$cloned")"
+printf '%-38s %10.2f %12.0f %14s\n' "snapshot clone (network, loopback)" "$net_s" "$(echo "$DATA_MIB / $net_s" | bc -l)" "$(alloc "$DIR/tgtnet-r/volume-snap-s1.img")"
 printf '%-38s %10.2f %12.0f %14s\n' "cp --sparse=always (same disk)" "$cp_s" "$(echo "$DATA_MIB / $cp_s" | bc -l)" "$(alloc "$DIR/cp.img")"
 printf '%-38s %10.2f %12.0f %14s\n' "corral-sync serve + send (loopback)" "$sync_s" "$(echo "$DATA_MIB / $sync_s" | bc -l)" "-"
-printf 'clone / cp time ratio: %.2f   clone / corral-sync: %.2f   (volume %s MiB, data %s MiB, loopback, one run)\n' \
-  "$(echo "$clone_s / $cp_s" | bc -l)" "$(echo "$clone_s / $sync_s" | bc -l)" "$SIZE_MIB" "$DATA_MIB"
+printf 'clone / cp time ratio: local %.2f, network %.2f   network clone / corral-sync: %.2f   (volume %s MiB, data %s MiB, one run)\n' \
+  "$(echo "$clone_s / $cp_s" | bc -l)" "$(echo "$net_s / $cp_s" | bc -l)" "$(echo "$net_s / $sync_s" | bc -l)" "$SIZE_MIB" "$DATA_MIB"
