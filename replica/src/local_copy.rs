@@ -137,7 +137,8 @@ fn open_no_symlinks(path: &Path, flags: OFlags) -> std::result::Result<File, std
     let fd = rustix::fs::openat2(
         rustix::fs::CWD,
         path,
-        flags | OFlags::CLOEXEC | OFlags::NOFOLLOW,
+        // NONBLOCK: a FIFO or device under a listed name must not hang the open (it is refused right after).
+        flags | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NONBLOCK,
         Mode::empty(),
         ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
     )?;
