@@ -66,6 +66,7 @@ qemu-io -f raw "nbd+unix:///src?socket=$DIR/src.sock" \
 "$ENGINE" --url "$ADDR_src" snapshot create s1 >/dev/null
 SNAP="$DIR/src-r/volume-snap-s1.img"
 cat "$SNAP" >/dev/null   # warm cache for both runs
+sync   # the fill's writeback must not land inside the first timing
 
 t0=$(now)
 "$ENGINE" --url "$ADDR_tgt" snapshot clone --from-engine "$ADDR_src" --snapshot s1 >/dev/null

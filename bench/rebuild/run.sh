@@ -112,6 +112,7 @@ for pattern in $PATTERNS; do
   "$ENGINE" --url "$EADDR" snapshot create s1 >/dev/null
   SNAP="$DIR/src/volume-snap-s1.img"
   cat "$SNAP" >/dev/null
+  sync   # the fill's writeback must not land inside the first timing
 
   cp_s=$(cp_once)
   local_s=$(rebuild local)
