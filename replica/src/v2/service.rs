@@ -332,6 +332,19 @@ impl SyncAgentService for V2Grpc {
         Err(not_yet("snapshot clone"))
     }
 
+    type LocalFilesStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<v1::LocalFilesResponse, Status>> + Send + 'static>,
+    >;
+
+    /// A v2 replica's snapshots are lvols inside the lvstore, not files a receiver could open: the receiver falls
+    /// back to the network path.
+    async fn local_files(
+        &self,
+        _: Request<v1::LocalFilesRequest>,
+    ) -> Result<Response<Self::LocalFilesStream>, Status> {
+        Err(not_yet("local snapshot files"))
+    }
+
     async fn snapshot_clone_status(
         &self,
         _: Request<v1::Empty>,
