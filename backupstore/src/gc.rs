@@ -49,6 +49,8 @@ pub struct GcOutcome {
     pub removed_stale: Vec<String>,
     /// Backups deleted (by retention or by request).
     pub deleted_backups: Vec<String>,
+    /// Staged block files a killed backup left on a `file://` target, removed.
+    pub removed_staged: u64,
 }
 
 fn hash_of(p: &object_store::path::Path) -> Option<String> {
@@ -225,9 +227,26 @@ impl BackupStore {
                 out.kept_blocks += 1;
             }
         }
+        if let Some(root) = &self.local_root {
+            let dir = root.join(self.blocks_dir(volume).as_ref());
+            let staged_cutoff = std::time::SystemTime::now()
+                .checked_sub(opts.margin)
+                .unwrap_or(std::time::UNIX_EPOCH);
+            out.removed_staged =
+                tokio::task::spawn_blocking(move || crate::local::remove_stale_staged(&dir, staged_cutoff))
+                    .await
+                    .map_err(|e| std::io::Error::other(e.to_string()))
+                    .and_then(|r| r)
+                    .map_err(|e| BackupStoreError::Store {
+                        op: "remove staged blocks",
+                        path: self.blocks_dir(volume).to_string(),
+                        source: crate::local::local_error(e),
+                    })?;
+        }
         info!(
             volume,
             deleted = out.deleted_blocks,
+            removed_staged = out.removed_staged,
             kept = out.kept_blocks,
             "garbage collection done"
         );

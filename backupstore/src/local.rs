@@ -11,7 +11,8 @@
 //! filesystem, which a target on a busy shared filesystem pays for.
 //!
 //! Memory: only the paths of at most one group of staged blocks. A backup that fails removes its staged files; a
-//! killed one leaves at most a group of them, invisible to listings (and so to GC and restores).
+//! killed one leaves at most a group of them, invisible to listings and restores; GC removes them
+//! ([`remove_stale_staged`]).
 
 use std::fs::File;
 use std::io::{self, Write};
@@ -138,6 +139,44 @@ impl Drop for StagedBlocks {
     }
 }
 
+/// Whether `name` is a staged block (`<hash>.blk#<digits>`) that [`StagedBlocks`] writes and a killed backup leaves.
+fn is_staged_block(name: &str) -> bool {
+    name.split_once(".blk#")
+        .is_some_and(|(_, n)| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// Removes the staged blocks under `dir` last modified before `cutoff` (blocking): what backups killed before
+/// publishing them left. Called by GC, which holds the volume's `deletion` lock, so no backup of the volume is
+/// staging meanwhile; the age check is a second guard. Returns how many it removed.
+pub(crate) fn remove_stale_staged(dir: &Path, cutoff: std::time::SystemTime) -> io::Result<u64> {
+    let mut removed = 0;
+    let mut dirs = vec![dir.to_owned()];
+    while let Some(d) = dirs.pop() {
+        let entries = match std::fs::read_dir(&d) {
+            Ok(e) => e,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
+        };
+        for entry in entries {
+            let entry = entry?;
+            let ty = entry.file_type()?;
+            if ty.is_dir() {
+                dirs.push(entry.path());
+            } else if ty.is_file()
+                && entry.file_name().to_str().is_some_and(is_staged_block)
+                && entry.metadata()?.modified()? <= cutoff
+            {
+                match std::fs::remove_file(entry.path()) {
+                    Ok(()) => removed += 1,
+                    Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
+            }
+        }
+    }
+    Ok(removed)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -179,5 +218,27 @@ mod tests {
         assert_eq!(names(&d).len(), 3);
         drop(s);
         assert_eq!(names(&d), ["x.blk", "y.blk"]);
+    }
+
+    #[test]
+    fn only_old_staged_blocks_are_removed() {
+        let t = tempfile::tempdir().unwrap();
+        let sub = t.path().join("ab/cd");
+        std::fs::create_dir_all(&sub).unwrap();
+        for n in ["abcd.blk#123", "abcd.blk", "abcd.blk#", "abcd.blk#12x", "other#5"] {
+            std::fs::write(sub.join(n), b"x").unwrap();
+        }
+        // Nothing is older than a cutoff in the past.
+        let past = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        assert_eq!(remove_stale_staged(t.path(), past).unwrap(), 0);
+        let future = std::time::SystemTime::now() + std::time::Duration::from_secs(60);
+        assert_eq!(remove_stale_staged(t.path(), future).unwrap(), 1);
+        let mut left: Vec<_> = std::fs::read_dir(&sub)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["abcd.blk", "abcd.blk#", "abcd.blk#12x", "other#5"]);
+        assert_eq!(remove_stale_staged(&t.path().join("missing"), future).unwrap(), 0);
     }
 }

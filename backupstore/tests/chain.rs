@@ -256,9 +256,16 @@ async fn deleting_the_middle_backup_of_a_chain_keeps_the_later_ones_exact_and_gc
         .filter(|h| !h1.contains(*h) && !h3.contains(*h))
         .collect();
     assert_eq!(only_b2.len(), 1, "b2 changed one block that b3 changed again");
+    // What a backup killed between staging a block and publishing it leaves (`local.rs`): invisible to listings,
+    // collected by GC.
+    let staged = dir.path().join("volumes/vol/blocks/ff/ee/ffee.blk#1234");
+    std::fs::create_dir_all(staged.parent().unwrap()).unwrap();
+    std::fs::write(&staged, b"half a block").unwrap();
     let out = s.delete_backup("vol", "b2", &gc0()).await.unwrap();
     assert!(out.skipped.is_empty(), "{}", out.skipped);
     assert_eq!(out.deleted_blocks, 1, "GC took exactly b2's own block");
+    assert_eq!(out.removed_staged, 1, "GC removed the staged leftover");
+    assert!(!staged.exists());
     assert!(
         !dir.path()
             .join(format!(
