@@ -56,6 +56,7 @@ impl BackupStore {
         file: &Path,
         checksum: &str,
         backup: &str,
+        max_upload_rate: u64,
         progress: &Progress,
     ) -> Result<BackupConfig> {
         validate_name("backing image", image)?;
@@ -71,6 +72,7 @@ impl BackupStore {
             // tracking) and uploads nothing the area holds.
             mode: BackupMode::Auto,
             backing_image: Some((image.to_owned(), checksum.to_owned())),
+            max_upload_rate,
             ..CreateOptions::default()
         };
         self.backing_images()

@@ -133,7 +133,7 @@ async fn a_backing_image_backed_up_into_its_area_restores_from_its_url_and_a_sec
     let sum = "ab".repeat(64);
 
     let b1 = s
-        .backup_backing_image("base", &image, &sum, "bi1", &Progress::default())
+        .backup_backing_image("base", &image, &sum, "bi1", 0, &Progress::default())
         .await
         .unwrap();
     assert_eq!(
@@ -151,7 +151,7 @@ async fn a_backing_image_backed_up_into_its_area_restores_from_its_url_and_a_sec
         "images are not backup volumes"
     );
     let b2 = s
-        .backup_backing_image("base", &image, &sum, "bi2", &Progress::default())
+        .backup_backing_image("base", &image, &sum, "bi2", 0, &Progress::default())
         .await
         .unwrap();
     assert_eq!(

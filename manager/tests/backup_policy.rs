@@ -604,7 +604,8 @@ fn a_backing_image_backed_up_deleted_and_restored_from_the_target_reads_the_same
 /// A backing image's backup is a tracked operation: it runs in the manager, not in the request, so the waiting
 /// CLI can be SIGKILLed while it is in progress (progress seen between 0 and 100) and the backup still completes;
 /// and one whose target breaks mid-way (the target directory replaced by a file) ends `failed` with the store's
-/// error, shown by REST and `corral backup backing-image-get`.
+/// error, shown by REST and `corral backup backing-image-get`. Both are rate-limited (16 MiB/s, ~4 s for 64 MiB) so
+/// that they are seen running: unlimited, a 64 MiB backup can finish within one progress write.
 #[test]
 fn a_backing_image_backup_runs_past_its_killed_client_with_progress_and_a_failure_shows_why() {
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
@@ -630,7 +631,15 @@ fn a_backing_image_backup_runs_past_its_killed_client_with_progress_and_a_failur
     upload_image(&url, "img2", &raw2);
     let b: Value = serde_json::from_str(&ok(
         &url,
-        &["--json", "backup", "backing-image", "img2", "--no-wait"],
+        &[
+            "--json",
+            "backup",
+            "backing-image",
+            "img2",
+            "--no-wait",
+            "--max-upload-rate",
+            "16M",
+        ],
     ))
     .unwrap();
     assert!(
@@ -666,7 +675,15 @@ fn a_backing_image_backup_runs_past_its_killed_client_with_progress_and_a_failur
 
     // 2. A backup whose waiting client is SIGKILLed mid-way completes anyway.
     let mut cli = Command::new(cli_bin())
-        .args(["--url", &url, "backup", "backing-image", "img"])
+        .args([
+            "--url",
+            &url,
+            "backup",
+            "backing-image",
+            "img",
+            "--max-upload-rate",
+            "16M",
+        ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
         .spawn()

@@ -80,6 +80,9 @@ pub enum BackupCmd {
         /// Target name (default: `default`).
         #[arg(long)]
         target: Option<String>,
+        /// Upload at most this many bytes of block data per second (e.g. `50M`; default unlimited).
+        #[arg(long, value_parser = corral_daemon::parse_size)]
+        max_upload_rate: Option<u64>,
         #[arg(long)]
         no_wait: bool,
         /// Seconds to wait.
@@ -627,13 +630,17 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
         BackupCmd::BackingImage {
             name,
             target,
+            max_upload_rate,
             no_wait,
             timeout,
         } => {
             let mut v: BackingImageBackupView = c
                 .post(
                     &format!("/v1/backingimages/{name}/backup"),
-                    &BackingImageBackupRequest { target },
+                    &BackingImageBackupRequest {
+                        target,
+                        max_upload_rate,
+                    },
                 )
                 .await?;
             if !no_wait {

@@ -27,6 +27,9 @@ pub struct BackingImageBackupRequest {
     /// Default: `default`.
     #[serde(default)]
     pub target: Option<String>,
+    /// Upload at most this many bytes of block data per second (default 0: unlimited).
+    #[serde(default)]
+    pub max_upload_rate: Option<u64>,
 }
 
 /// A backing image's backup as shown: its id (`TARGET:NAME`) and record.
@@ -127,6 +130,7 @@ pub async fn request(
         node_id: node.clone(),
         state: BackupState::Pending,
         size: bi.data.status.size,
+        max_upload_rate: req.max_upload_rate.unwrap_or(0),
         started: chrono::Utc::now().to_rfc3339(),
         ..Default::default()
     };

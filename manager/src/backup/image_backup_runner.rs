@@ -162,6 +162,7 @@ async fn run(
         std::path::Path::new(&path),
         &b.checksum,
         &b.backup,
+        b.max_upload_rate,
         &progress,
     );
     tokio::pin!(backup);

@@ -316,6 +316,9 @@ pub struct BackingImageBackup {
     pub started: String,
     pub completed: String,
     pub error: String,
+    /// Bytes of block data per second the upload may take (0: unlimited).
+    #[serde(default)]
+    pub max_upload_rate: u64,
 }
 
 impl Resource for BackingImageBackup {

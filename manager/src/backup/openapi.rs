@@ -169,7 +169,10 @@ pub fn schemas() -> Value {
         },
         "BackingImageBackupRequest": {
             "type": "object", "additionalProperties": false,
-            "properties": {"target": {"type": "string", "pattern": NAME_PATTERN, "nullable": true}}
+            "properties": {
+                "target": {"type": "string", "pattern": NAME_PATTERN, "nullable": true},
+                "maxUploadRate": {"type": "integer", "minimum": 0, "nullable": true},
+            }
         },
         "BackingImageBackup": {
             "type": "object",
@@ -180,6 +183,7 @@ pub fn schemas() -> Value {
                 "state": {"type": "string", "enum": states()},
                 "progress": {"type": "integer", "minimum": 0, "maximum": 100},
                 "size": uint, "newBytes": uint, "deduplicatedBlocks": uint, "started": s, "completed": s, "error": s,
+                "maxUploadRate": uint,
             }
         },
         "BackupMaxCount": {
