@@ -19,6 +19,8 @@ TARGET_LABELS = {
     "d": "(d) engine 3r+rev",
     "bt": "(b) 1r, TCP",
     "ct": "(c) 3r, TCP",
+    "b0": "(b) 1r, before",
+    "c0": "(c) 3r, before",
 }
 
 
@@ -99,6 +101,8 @@ def table(path):
     check("(b) >= 0.8x nbdkit, every job", vs_a("b", jobs), 0.8)
     check("(c) reads >= 0.8x nbdkit", vs_a("c", reads), 0.8)
     check("(c) randwrite 4k qd32 >= 0.5x nbdkit", vs_a("c", [j for j in jobs if j == "randwrite-4k-qd32"]), 0.5)
+    check("(c) randwrite 4k qd32 + flush every 32 >= 0.5x nbdkit",
+          vs_a("c", [j for j in jobs if j == "randwrite-4k-qd32-fsync32"]), 0.5)
     check("(c) randwrite 4k qd1 >= 0.4x nbdkit", vs_a("c", [j for j in jobs if j == "randwrite-4k-qd1"]), 0.4)
     check("(c) seqwrite 1M >= 0.3x nbdkit", vs_a("c", [j for j in jobs if j.startswith("seqwrite")]), 0.3)
     check("(b) CPU per IO <= 1.5x nbdkit's, every job",

@@ -10,13 +10,15 @@
 # Replicas serve the data protocol on a unix socket too (--data-unix, as the manager starts them), which the engine
 # on their node uses; bt and ct are b and c with replicas on TCP only (the path to a replica on another node).
 # Every row also gives the CPU time per IO of the target's processes (utime + stime from /proc/PID/stat).
-# Jobs: 4 KiB randread / randwrite at iodepth 1 and 32, 1 MiB sequential write at iodepth 8; every job runs for
+# Jobs: 4 KiB randread / randwrite at iodepth 1 and 32, 4 KiB randwrite qd32 with a flush every 32 writes,
+# 1 MiB sequential write at iodepth 8; every job runs for
 # RUNTIME seconds after the whole device was written once with 1 MiB writes (reads then hit data, not holes).
 #
 # Environment:
 #   RUNTIME   seconds per job (15)           SIZE      volume / file size (2G)
 #   TARGETS   subset to run, e.g. "a a2 b"   BENCH_DIR where data lives (/var/tmp; the same disk for every target)
 #   BIN_DIR   use corral-* binaries from here and skip the build (default: build into CARGO_TARGET_DIR or target/)
+#   BASE_BIN_DIR  binaries for targets b0 and c0 (b and c run with them): before/after a change in one run
 #   KEEP=1    keep the work directory (fio JSON, daemon logs, top samples)
 #   TOP=1     sample `top -b -n1` in the middle of every job into the work directory
 set -euo pipefail
@@ -43,6 +45,11 @@ mkdir -p "$WORK/bin"
 cp "$BIN_DIR/corral-replica" "$BIN_DIR/corral-engine" "$WORK/bin/"
 REPLICA_BIN="$WORK/bin/corral-replica"
 ENGINE_BIN="$WORK/bin/corral-engine"
+if [[ -n "${BASE_BIN_DIR:-}" ]]; then
+  # Targets b0 c0 (b and c with the binaries of BASE_BIN_DIR): before and after a change in one run.
+  mkdir -p "$WORK/bin0"
+  cp "$BASE_BIN_DIR/corral-replica" "$BASE_BIN_DIR/corral-engine" "$WORK/bin0/"
+fi
 RESULTS="$WORK/results.tsv"
 : >"$RESULTS"
 PIDS=()
@@ -115,11 +122,15 @@ start_target() {
       TARGET_PIDS+=("$LAST_PID")
       wait_until qemu-nbd "$LAST_PID" socket_ready "$tdir/nbd.sock"
       URI="nbd+unix:///?socket=$tdir/nbd.sock" ;;
-    b | c | d | bt | ct)
-      local n=3 rc=() unix=1
+    b | c | d | bt | ct | b0 | c0)
+      local n=3 rc=() unix=1 replica_bin=$REPLICA_BIN engine_bin=$ENGINE_BIN
       [[ $t == b* ]] && n=1
       [[ $t == ?t ]] && unix=0
       [[ $t != d ]] && rc=(--disable-revision-counter)
+      if [[ $t == ?0 ]]; then
+        [[ -d "$WORK/bin0" ]] || { echo "run.sh: target $t needs BASE_BIN_DIR" >&2; exit 2; }
+        replica_bin=$WORK/bin0/corral-replica engine_bin=$WORK/bin0/corral-engine
+      fi
       local replicas=() i ready local_data
       for ((i = 0; i < n; i++)); do
         # Every listener on port 0; the ready file names the three endpoints the engine is given.
@@ -127,14 +138,14 @@ start_target() {
         ready="$tdir/replica-$i.ready"
         local_data=()
         ((unix)) && local_data=(--data-unix "$tdir/replica-$i.data.sock")
-        start "$tdir/replica-$i.log" "$REPLICA_BIN" --ready-file "$ready" serve --dir "$tdir/replica-$i" \
+        start "$tdir/replica-$i.log" "$replica_bin" --ready-file "$ready" serve --dir "$tdir/replica-$i" \
           --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 --sync-listen 127.0.0.1:0 "${local_data[@]}" \
           --size "$SIZE" --volume bench "${rc[@]}"
         TARGET_PIDS+=("$LAST_PID")
         ready_wait "$ready" "$LAST_PID" "$READY_DEADLINE"
         replicas+=(--replica "tcp://$(ready_addr "$ready" control)?data=$(ready_addr "$ready" data)&sync=$(ready_addr "$ready" sync)")
       done
-      start "$tdir/engine.log" "$ENGINE_BIN" serve --volume bench --size "$SIZE" --listen 127.0.0.1:0 \
+      start "$tdir/engine.log" "$engine_bin" serve --volume bench --size "$SIZE" --listen 127.0.0.1:0 \
         "${replicas[@]}" --nbd-listen "unix:$tdir/nbd.sock" "${rc[@]}"
       TARGET_PIDS+=("$LAST_PID")
       wait_until engine "$LAST_PID" socket_ready "$tdir/nbd.sock"
@@ -174,12 +185,14 @@ cpu_ticks() {
 }
 CLK_TCK=$(getconf CLK_TCK)
 
-# name:rw:bs:iodepth
+# name:rw:bs:iodepth[:fsync]; fsync=N sends a flush (NBD_CMD_FLUSH) after every N writes, the job where the
+# revision counter's fdatasync at flush shows ((d) against (c)).
 JOBS=(
   "randread-4k-qd1:randread:4k:1"
   "randread-4k-qd32:randread:4k:32"
   "randwrite-4k-qd1:randwrite:4k:1"
   "randwrite-4k-qd32:randwrite:4k:32"
+  "randwrite-4k-qd32-fsync32:randwrite:4k:32:32"
   "seqwrite-1m-qd8:write:1m:8"
 )
 
@@ -193,7 +206,7 @@ for t in $TARGETS; do
   echo "# target $t: precondition (1 MiB writes over the whole device)" >&2
   fio_json "$WORK/$t/precondition.json" --rw=write --bs=1m --iodepth=8 --end_fsync=1
   for j in "${JOBS[@]}"; do
-    IFS=: read -r name rw bs qd <<<"$j"
+    IFS=: read -r name rw bs qd fsync <<<"$j"
     echo "# target $t: $name (${RUNTIME}s)" >&2
     # Start every job with no dirty pages of the previous one pending (writeback would land inside this job).
     sync -f "$WORK"
@@ -203,8 +216,8 @@ for t in $TARGETS; do
       top_pid=$!
     fi
     cpu0=$(cpu_ticks "${TARGET_PIDS[@]}")
-    fio_json "$WORK/$t/$name.json" --rw="$rw" --bs="$bs" --iodepth="$qd" --time_based --runtime="$RUNTIME" \
-      --ramp_time=1 --norandommap --randrepeat=0
+    fio_json "$WORK/$t/$name.json" --rw="$rw" --bs="$bs" --iodepth="$qd" --fsync="${fsync:-0}" --time_based \
+      --runtime="$RUNTIME" --ramp_time=1 --norandommap --randrepeat=0
     cpu1=$(cpu_ticks "${TARGET_PIDS[@]}")
     if [[ -n $top_pid ]]; then wait "$top_pid"; fi
     # CPU seconds of the target's processes over the job (ramp included; fio_summary.py counts the ramp's IOs at
