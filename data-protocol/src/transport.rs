@@ -1,9 +1,9 @@
-//! Byte-stream plumbing of the client: the buffered frame reader that drives [`FrameDecoder`], and the
-//! stream halves for TCP and unix sockets (a boxed read half, a [`RawWrite`] write half).
+//! Byte-stream plumbing shared by client and server: the buffered frame reader that drives
+//! [`FrameDecoder`], the buffered frame writer, and the boxed stream halves for TCP and unix sockets.
 
 use std::io;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 
 use crate::codec::{DecodeError, Decoded, FrameDecoder, FrameHeader};
 
@@ -12,6 +12,7 @@ use crate::codec::{DecodeError, Decoded, FrameDecoder, FrameHeader};
 pub(crate) const IO_BUF_LEN: usize = 64 << 10;
 
 pub(crate) type BoxRead = Box<dyn AsyncRead + Send + Sync + Unpin>;
+pub(crate) type BoxWrite = Box<dyn AsyncWrite + Send + Sync + Unpin>;
 
 /// Why reading the next frame failed.
 #[derive(Debug, thiserror::Error)]
@@ -76,6 +77,38 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     }
 }
 
+/// Writes frames into a buffered stream; the owner flushes when its queue runs dry.
+pub(crate) struct FrameWriter<W> {
+    inner: BufWriter<W>,
+}
+
+impl<W: AsyncWrite + Unpin> FrameWriter<W> {
+    pub(crate) fn new(inner: W) -> Self {
+        Self {
+            inner: BufWriter::with_capacity(IO_BUF_LEN, inner),
+        }
+    }
+
+    /// Queues one frame. `header.payload_len` must equal `payload.len()`.
+    pub(crate) async fn write_frame(&mut self, header: &FrameHeader, payload: &[u8]) -> io::Result<()> {
+        debug_assert_eq!(header.payload_usize(), payload.len());
+        self.inner.write_all(&header.encode()).await?;
+        if !payload.is_empty() {
+            // Payloads at least as large as the buffer bypass it (one copy fewer).
+            self.inner.write_all(payload).await?;
+        }
+        Ok(())
+    }
+
+    pub(crate) async fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush().await
+    }
+
+    pub(crate) async fn shutdown(&mut self) -> io::Result<()> {
+        self.inner.shutdown().await
+    }
+}
+
 /// Where a client connects: `HOST:PORT` or `unix:/path`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Endpoint<'a> {
@@ -91,77 +124,20 @@ impl<'a> Endpoint<'a> {
         }
     }
 
-    /// Connects and splits the stream: a boxed read half (allocated once per connection) and the write half
-    /// that callers write frames to directly ([`RawWrite`]).
-    pub(crate) async fn connect(&self) -> io::Result<(BoxRead, RawWrite)> {
+    /// Connects and splits the stream into boxed halves (allocated once per connection).
+    pub(crate) async fn connect(&self) -> io::Result<(BoxRead, BoxWrite)> {
         match self {
             Self::Tcp(addr) => {
                 let stream = tokio::net::TcpStream::connect(addr).await?;
                 stream.set_nodelay(true)?;
                 let (r, w) = stream.into_split();
-                Ok((Box::new(r), RawWrite::Tcp(w)))
+                Ok((Box::new(r), Box::new(w)))
             }
             Self::Unix(path) => {
                 let stream = tokio::net::UnixStream::connect(path).await?;
                 let (r, w) = stream.into_split();
-                Ok((Box::new(r), RawWrite::Unix(w)))
+                Ok((Box::new(r), Box::new(w)))
             }
-        }
-    }
-}
-
-/// The write half of a client connection, written through `&self`: a caller that finds the connection idle
-/// writes its frame with one non-blocking `writev` (no hand-off to another task), and the connection's
-/// writer task waits for writability only when the socket is full (see `client::sender`).
-#[derive(Debug)]
-pub(crate) enum RawWrite {
-    Tcp(tokio::net::tcp::OwnedWriteHalf),
-    Unix(tokio::net::unix::OwnedWriteHalf),
-}
-
-impl RawWrite {
-    /// One non-blocking vectored write; `WouldBlock` when the socket buffer is full.
-    pub(crate) fn try_write_vectored(&self, bufs: &[io::IoSlice<'_>]) -> io::Result<usize> {
-        match self {
-            Self::Tcp(w) => w.try_write_vectored(bufs),
-            Self::Unix(w) => w.try_write_vectored(bufs),
-        }
-    }
-
-    /// Waits until the socket may take more bytes.
-    pub(crate) async fn writable(&self) -> io::Result<()> {
-        match self {
-            Self::Tcp(w) => w.writable().await,
-            Self::Unix(w) => w.writable().await,
-        }
-    }
-
-    /// Writes all of `data` (waiting for writability as needed); for the handshake, before the writer exists.
-    pub(crate) async fn write_all(&self, mut data: &[u8]) -> io::Result<()> {
-        while !data.is_empty() {
-            match self.try_write_vectored(&[io::IoSlice::new(data)]) {
-                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
-                Ok(n) => data = &data[n..],
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => self.writable().await?,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(e),
-            }
-        }
-        Ok(())
-    }
-
-    /// Shuts the sending direction down, so the replica sees end of stream and closes its side, even while
-    /// handles to the client (and so this half) are still alive.
-    pub(crate) fn shutdown_write(&self) {
-        use std::os::fd::AsRawFd;
-        let fd = match self {
-            Self::Tcp(w) => AsRef::<tokio::net::TcpStream>::as_ref(w).as_raw_fd(),
-            Self::Unix(w) => AsRef::<tokio::net::UnixStream>::as_ref(w).as_raw_fd(),
-        };
-        // SAFETY: `fd` belongs to the socket `self` borrows, open for at least this call; `shutdown` takes
-        // no pointers. An error (already shut down, peer gone) leaves nothing to do.
-        unsafe {
-            libc::shutdown(fd, libc::SHUT_WR);
         }
     }
 }

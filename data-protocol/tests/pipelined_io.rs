@@ -220,7 +220,7 @@ async fn a_connection_runs_its_requests_one_at_a_time_and_connections_run_side_b
             async move { client.write(i * 4096, &[7; 4096]).await },
         ));
     }
-    // Requests go to an idle connection, else the least busy: one runs on each connection's thread.
+    // Requests go round-robin over the two connections: one runs on each connection's thread.
     wait_for_async(
         "backend.inside.load(SeqCst) == 2",
         Duration::from_secs(5),
@@ -287,66 +287,5 @@ async fn a_caller_that_gives_up_does_not_leak_its_window_slot() {
     let next = tokio::time::timeout(Duration::from_secs(5), client.write(0, &[3; 4096])).await;
     next.expect("the slot is freed by the late reply").unwrap();
     assert!(client.failure().is_none());
-    server.stop().await;
-}
-
-/// Frames the socket cannot take at once (the replica is busy, or a payload larger than the socket buffer) go
-/// to the connection's backlog, which its writer task drains behind them: they leave whole and in order.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn writes_that_fill_the_socket_are_queued_and_sent_whole_in_order() {
-    const SIZE: usize = 16 * MIB;
-    let backend = MemBackend::new(SIZE);
-    let server = TestServer::unix(backend.clone(), ServerConfig::default()).await;
-    let cfg = ClientConfig {
-        connections: 1,
-        ..client_cfg()
-    };
-    let client = DataClient::connect(&server.addr, cfg).await.unwrap();
-    // The server's thread blocks in the backend on the first write, so the socket fills behind it.
-    backend.close_gate();
-    let mut tasks = Vec::new();
-    for t in 0..8u8 {
-        let client = client.clone();
-        tasks.push(tokio::spawn(async move {
-            let base = u64::from(t) * 2 * MIB as u64;
-            // 1 MiB writes (larger than a unix socket's buffer) and 4 KiB ones into the same region, each
-            // awaited, so this task's later write must land over its earlier one.
-            client.write(base, &vec![t + 1; MIB]).await.unwrap();
-            client.write(base + 4096, &[t + 101; 4096]).await.unwrap();
-            client.write(base + MIB as u64, &vec![t + 51; MIB]).await.unwrap();
-        }));
-    }
-    wait_for_async(
-        "backend.inside.load(SeqCst) == 1",
-        Duration::from_secs(5),
-        async || (backend.inside.load(SeqCst) == 1).then_some(()),
-    )
-    .await;
-    backend.open_gate();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    let data = backend.snapshot();
-    for t in 0..8u8 {
-        let base = usize::from(t) * 2 * MIB;
-        assert!(
-            data[base..base + 4096].iter().all(|&b| b == t + 1),
-            "task {t} head"
-        );
-        assert!(
-            data[base + 4096..base + 8192].iter().all(|&b| b == t + 101),
-            "task {t} 4 KiB"
-        );
-        assert!(
-            data[base + 8192..base + MIB].iter().all(|&b| b == t + 1),
-            "task {t} first MiB"
-        );
-        assert!(
-            data[base + MIB..base + 2 * MIB].iter().all(|&b| b == t + 51),
-            "task {t} second MiB"
-        );
-    }
-    assert!(client.failure().is_none());
-    assert_eq!(server.metrics.snapshot().protocol_violations, 0);
     server.stop().await;
 }

@@ -1,25 +1,32 @@
-//! Client connections: connect + `Hello`, and the per-connection writer (backlog only, see [`Sender`]) and
-//! reader tasks, plus the pinger.
+//! Client connections: connect + `Hello`, and the per-connection writer and reader tasks, plus the pinger.
 
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock};
 
+use bytes::Bytes;
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::Instrument;
 
-use super::sender::Sender;
 use super::slots::{Answer, Completion, SlotTable};
 use super::{ClientConfig, ClientError, Core, DataClient};
 use crate::backend::{ErrorKind, VolumeInfo};
 use crate::codec::{FrameHeader, FrameKind, MAX_NAME_LEN, VERSION};
 use crate::pool::{BufferPool, PooledBuf};
-use crate::transport::{BoxRead, Endpoint, FrameReader, ReadError};
+use crate::transport::{BoxRead, BoxWrite, Endpoint, FrameReader, FrameWriter, ReadError};
 
 /// Name the client announces in `Hello`.
 const CLIENT_NAME: &str = concat!("corral-data-client/", env!("CARGO_PKG_VERSION"));
 /// Idle payload-buffer capacity a client keeps for reuse.
 const CLIENT_POOL_BYTES: usize = 32 << 20;
+
+/// A frame queued for a connection's writer.
+pub(super) struct Outgoing {
+    pub(super) header: FrameHeader,
+    /// A write's data: one buffer shared by every replica the write goes to.
+    pub(super) payload: Option<Bytes>,
+}
 
 pub(super) async fn connect(addr: &str, cfg: ClientConfig) -> Result<DataClient, ClientError> {
     let connections = cfg.connections.max(1);
@@ -31,8 +38,8 @@ pub(super) async fn connect(addr: &str, cfg: ClientConfig) -> Result<DataClient,
         let handshake = async {
             let (read, write) = endpoint.connect().await?;
             let mut frames = FrameReader::new(read);
-            let out = Sender::new(write);
-            let conn_info = hello(&mut frames, &out).await?;
+            let mut out = FrameWriter::new(write);
+            let conn_info = hello(&mut frames, &mut out).await?;
             Ok::<_, ClientError>((frames, out, conn_info))
         };
         let (frames, out, conn_info) = tokio::time::timeout(cfg.request_timeout, handshake)
@@ -51,28 +58,29 @@ pub(super) async fn connect(addr: &str, cfg: ClientConfig) -> Result<DataClient,
     let info = info.ok_or_else(|| ClientError::Protocol("no connection".to_owned()))?;
 
     let total_slots = connections.saturating_mul(window);
-    let mut readers = Vec::with_capacity(connections);
-    let mut senders = Vec::with_capacity(connections);
-    for (frames, out) in streams {
-        readers.push(frames);
-        senders.push(out);
+    let mut outgoing = Vec::with_capacity(connections);
+    let mut receivers = Vec::with_capacity(connections);
+    for _ in 0..connections {
+        let (tx, rx) = mpsc::channel(total_slots);
+        outgoing.push(tx);
+        receivers.push(rx);
     }
     let cancel = CancellationToken::new();
     let core = Arc::new(Core {
         cfg,
         addr: addr.to_owned(),
         slots: SlotTable::new(total_slots),
-        senders,
-        in_flight: (0..connections).map(|_| AtomicUsize::new(0)).collect(),
+        outgoing,
+        next_conn: AtomicUsize::new(0),
         buffers: BufferPool::new(CLIENT_POOL_BYTES),
         failure: OnceLock::new(),
         cancel: cancel.clone(),
     });
     let tasks = TaskTracker::new();
-    for (i, frames) in readers.into_iter().enumerate() {
+    for (i, ((frames, out), rx)) in streams.into_iter().zip(receivers).enumerate() {
         let span = tracing::debug_span!("data_client_conn", replica = %addr, conn = i);
-        tasks.spawn(writer_loop(core.clone(), i).instrument(span.clone()));
-        tasks.spawn(reader_loop(core.clone(), i, frames).instrument(span));
+        tasks.spawn(writer_loop(core.clone(), out, rx).instrument(span.clone()));
+        tasks.spawn(reader_loop(core.clone(), frames).instrument(span));
     }
     tasks
         .spawn(ping_loop(core.clone()).instrument(tracing::debug_span!("data_client_ping", replica = %addr)));
@@ -85,11 +93,15 @@ pub(super) async fn connect(addr: &str, cfg: ClientConfig) -> Result<DataClient,
     })
 }
 
-async fn hello(frames: &mut FrameReader<BoxRead>, out: &Sender) -> Result<VolumeInfo, ClientError> {
+async fn hello(
+    frames: &mut FrameReader<BoxRead>,
+    out: &mut FrameWriter<BoxWrite>,
+) -> Result<VolumeInfo, ClientError> {
     let name = CLIENT_NAME.as_bytes();
     let mut header = FrameHeader::new(FrameKind::Hello, 0, 0, u32::from(VERSION));
     header.payload_len = u32::try_from(name.len()).unwrap_or(0);
-    out.write_now(&header, name).await?;
+    out.write_frame(&header, name).await?;
+    out.flush().await?;
     let reply = match frames.next_header().await {
         Ok(Some(h)) => h,
         Ok(None) => {
@@ -140,32 +152,51 @@ fn read_error(e: ReadError) -> ClientError {
     }
 }
 
-/// Drains connection `conn`'s backlog (frames the callers could not write themselves) until the client
-/// stops; then shuts the connection's sending side down so the replica closes it.
-async fn writer_loop(core: Arc<Core>, conn: usize) {
-    let sender = &core.senders[conn];
-    let result = tokio::select! {
-        biased;
-        () = core.cancel.cancelled() => Ok(()),
-        r = sender.drain() => r,
-    };
-    if let Err(e) = result {
-        core.fail(ClientError::Disconnected(format!("write to {}: {e}", core.addr)));
+async fn writer_loop(core: Arc<Core>, mut out: FrameWriter<BoxWrite>, mut rx: mpsc::Receiver<Outgoing>) {
+    let result = async {
+        loop {
+            let first = tokio::select! {
+                biased;
+                () = core.cancel.cancelled() => return Ok(()),
+                f = rx.recv() => f,
+            };
+            let Some(mut frame) = first else {
+                return Ok::<(), std::io::Error>(());
+            };
+            loop {
+                let payload = frame.payload.as_deref().unwrap_or(&[]);
+                out.write_frame(&frame.header, payload).await?;
+                drop(frame);
+                match rx.try_recv() {
+                    Ok(next) => frame = next,
+                    Err(_) => break,
+                }
+            }
+            out.flush().await?;
+        }
     }
-    sender.shutdown();
+    .await;
+    match result {
+        Ok(()) => {
+            let _ = out.shutdown().await;
+        }
+        Err(e) => {
+            core.fail(ClientError::Disconnected(format!("write to {}: {e}", core.addr)));
+        }
+    }
 }
 
-async fn reader_loop(core: Arc<Core>, conn: usize, mut frames: FrameReader<BoxRead>) {
+async fn reader_loop(core: Arc<Core>, mut frames: FrameReader<BoxRead>) {
     let err = tokio::select! {
         biased;
         () = core.cancel.cancelled() => return,
-        err = read_replies(&core, conn, &mut frames) => err,
+        err = read_replies(&core, &mut frames) => err,
     };
     core.fail(err);
 }
 
 /// Dispatches replies until something goes wrong; returns why.
-async fn read_replies(core: &Core, conn: usize, frames: &mut FrameReader<BoxRead>) -> ClientError {
+async fn read_replies(core: &Core, frames: &mut FrameReader<BoxRead>) -> ClientError {
     loop {
         let h = match frames.next_header().await {
             Ok(Some(h)) => h,
@@ -228,7 +259,6 @@ async fn read_replies(core: &Core, conn: usize, frames: &mut FrameReader<BoxRead
             FrameKind::NoSpace => Err(ClientError::NoSpace),
             other => return ClientError::Protocol(format!("unexpected {other:?} frame")),
         };
-        core.answered(conn);
         core.slots.complete(h.id, outcome);
     }
 }
@@ -254,7 +284,7 @@ async fn ping_loop(core: Arc<Core>) {
             () = core.cancel.cancelled() => return,
             _ = ticker.tick() => {}
         }
-        for conn in 0..core.senders.len() {
+        for conn in 0..core.outgoing.len() {
             // Only the previous ping is awaited before the next (as in Longhorn); a failure has already
             // failed the client inside `request`.
             let ping = core.request(FrameKind::Ping, 0, 0, None, Some(conn));

@@ -2,9 +2,8 @@
 //!
 //! Requests from any number of tasks share a fixed [slot table](slots) (`connections × window` slots;
 //! callers wait for a free one), are spread round-robin over the connections, and are matched to their
-//! replies by id. The calling task writes its frame to the socket itself when the connection has nothing
-//! queued (one `writev`, no hand-off); a connection's writer task only drains what a full socket left
-//! queued, in batches ([`sender`]). Each connection also has a reader task; a pinger checks every connection each `ping_interval`. The first timeout, protocol
+//! replies by id. Each connection has a writer task (batches frames, flushes when its queue drains) and
+//! a reader task; a pinger checks every connection each `ping_interval`. The first timeout, protocol
 //! error or lost connection puts the whole client in a failed state: every pending and later request
 //! returns that error at once, and the engine marks the replica ERR.
 //!
@@ -16,24 +15,23 @@
 //! wire).
 
 mod connection;
-mod sender;
 mod slots;
 
 use std::io;
 use std::ops::Range;
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use bytes::Bytes;
+use tokio::sync::mpsc;
 use tokio_util::sync::{CancellationToken, DropGuard};
 use tokio_util::task::TaskTracker;
 
 use crate::backend::{ErrorKind, VolumeInfo};
 use crate::codec::{FrameHeader, FrameKind, MAX_IO, decode_ranges};
 use crate::pool::BufferPool;
-use sender::Sender;
+use connection::Outgoing;
 use slots::{Answer, SlotTable};
 
 /// Client tuning. `Default` gives the documented defaults.
@@ -111,9 +109,8 @@ pub(crate) struct Core {
     cfg: ClientConfig,
     addr: String,
     slots: SlotTable,
-    senders: Vec<Sender>,
-    /// Requests sent and not yet answered, per connection (see [`Core::pick_connection`]).
-    in_flight: Box<[AtomicUsize]>,
+    outgoing: Vec<mpsc::Sender<Outgoing>>,
+    next_conn: AtomicUsize,
     buffers: BufferPool,
     failure: OnceLock<ClientError>,
     cancel: CancellationToken,
@@ -248,7 +245,7 @@ impl DataClient {
 
     /// One round trip on every connection.
     pub async fn ping(&self) -> Result<(), ClientError> {
-        for conn in 0..self.core.senders.len() {
+        for conn in 0..self.core.outgoing.len() {
             self.core.request(FrameKind::Ping, 0, 0, None, Some(conn)).await?;
         }
         Ok(())
@@ -289,26 +286,6 @@ impl Core {
         }
     }
 
-    /// The first idle connection, else the least busy: a lone request (queue depth 1) always takes the same
-    /// connection, so the same replica thread serves it and stays warm, where a round-robin would wake a
-    /// different, longer-sleeping thread each time; under load the requests still spread over all of them.
-    fn pick_connection(&self) -> usize {
-        let mut best = (usize::MAX, 0);
-        for (i, n) in self.in_flight.iter().enumerate() {
-            let n = n.load(Relaxed);
-            if n == 0 {
-                return i;
-            }
-            best = best.min((n, i));
-        }
-        best.1
-    }
-
-    /// A reply arrived on connection `conn`.
-    pub(crate) fn answered(&self, conn: usize) {
-        self.in_flight[conn].fetch_sub(1, Relaxed);
-    }
-
     /// Sends one request and waits for its outcome. `conn` pins it to a connection (pings).
     pub(crate) async fn request(
         &self,
@@ -335,13 +312,15 @@ impl Core {
             length,
             payload_len: if payload.is_some() { length } else { 0 },
         };
-        let conn = conn.map_or_else(|| self.pick_connection(), |c| c % self.senders.len());
-        self.in_flight[conn].fetch_add(1, Relaxed);
-        // Written by this task when the connection is idle, else queued for its writer; either way without
-        // an await between `begin` and sending, so a caller that gives up can only do so once the frame is
-        // on its way (its reply then frees the slot; see `SlotGuard`).
-        if let Err(e) = self.senders[conn].send(&header, payload) {
-            return Err(self.fail(ClientError::Disconnected(format!("write to {}: {e}", self.addr))));
+        let conn = conn.unwrap_or_else(|| self.next_conn.fetch_add(1, Relaxed)) % self.outgoing.len();
+        // `try_send`, not `send().await`: the queue holds as many frames as there are slots so it is
+        // never full, and with no await between `begin` and queueing, a caller that gives up can only do
+        // so once the frame is on its way (its reply then frees the slot; see `SlotGuard`).
+        if self.outgoing[conn]
+            .try_send(Outgoing { header, payload })
+            .is_err()
+        {
+            return Err(self.fail(ClientError::Disconnected("connection writer stopped".to_owned())));
         }
         match tokio::time::timeout(self.cfg.request_timeout, slot.wait()).await {
             Ok(outcome) => outcome,
