@@ -17,9 +17,15 @@ const selected = new Set();
 function icons(b) {
   return [
     b.deletionTimestamp ? h('span', { class: 'icon deleting', title: 'Being deleted', role: 'img', 'aria-label': 'being deleted' }, '⌛') : null,
-    b.state === 'failed' ? h('span', { class: 'icon unavailable', title: `Unavailable: every copy failed. ${b.message}`, role: 'img', 'aria-label': 'unavailable' }, '⚠') : null,
+    unavailable(b) ? h('span', { class: 'icon unavailable', title: `Unavailable: every copy failed. ${failure(b)}`, role: 'img', 'aria-label': 'unavailable', key: `unavailable-${b.name}` }, '⚠') : null,
   ];
 }
+
+/** Seed 000 item 8: every disk record failed. */
+const unavailable = (b) => b.state === 'failed' || (b.disks?.length > 0 && b.disks.every((d) => d.state === 'failed'));
+
+/** Why: the image's message, else its disks' (each once). */
+const failure = (b) => b.message || [...new Set((b.disks ?? []).map((d) => d.message).filter(Boolean))].join('; ');
 
 const usersOf = (vols, name) => vols.filter((v) => v.backingImage === name).map((v) => v.name);
 

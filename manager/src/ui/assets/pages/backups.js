@@ -28,21 +28,21 @@ function imageInfo(bv) {
   });
 }
 
-async function restore(b, bv) {
+async function restore(b, bv, { standby = false } = {}) {
   const images = await api('GET', '/v1/backingimages').catch(() => []);
   const previous = bv?.backingImageName || b.backingImageName;
   return formDialog({
-    title: `Restore ${b.name}`, submitLabel: 'Restore',
+    title: standby ? `DR volume from ${b.volume}` : `Restore ${b.name}`, submitLabel: standby ? 'Create DR Volume' : 'Restore',
     intro: `Backup of volume ${b.volume}, ${fmtBytes(b.size)}, made ${fmtTime(b.completed)}.`,
     fields: [
-      { name: 'name', label: 'New volume name', value: `${b.volume}-restore`, matches: /volume name|volume ".*" already exists/ },
+      { name: 'name', label: 'New volume name', value: `${b.volume}-${standby ? 'dr' : 'restore'}`, matches: /volume name|volume ".*" already exists/ },
       { name: 'size', label: 'Size in bytes', type: 'number', value: String(b.size), matches: /size|smaller/ },
       { name: 'numberOfReplicas', label: 'Number of replicas', type: 'number', value: '3', matches: /numberOfReplicas|replica|room|disk|node/i },
       previous ? { name: 'usePrevious', label: `Use previous backing image (${previous})`, type: 'checkbox', value: true } : null,
       { name: 'backingImage', label: 'Backing image', type: 'select', value: '',
         options: [['', 'None'], ...images.map((i) => [i.name, `${i.name} (${i.state})`])],
         matches: /backing image/i, showIf: (v) => !previous || !v.usePrevious },
-      { name: 'standby', label: 'Standby (DR) volume: keep restoring newer backups', type: 'checkbox', value: false, matches: /standby/ },
+      { name: 'standby', label: 'Standby (DR) volume: keep restoring newer backups until activated', type: 'checkbox', value: standby, matches: /standby/ },
     ].filter(Boolean),
     submit: async (v) => {
       const body = { name: v.name, size: Number(v.size), numberOfReplicas: Number(v.numberOfReplicas), fromBackup: b.id, standby: v.standby };
@@ -51,6 +51,14 @@ async function restore(b, bv) {
       location.hash = `#/volumes/${encodeURIComponent(v.name)}`;
     },
   });
+}
+
+/** Create DR Volume: a standby volume restored from the backup volume's newest backup, following the next ones. */
+function drButton(bv, backups) {
+  const last = backups.find((b) => b.target === bv.target && b.volume === bv.name && b.name === bv.lastBackupName
+    && b.state === 'completed');
+  return h('button', { type: 'button', key: `dr-${bv.id}`, disabled: !last,
+    title: last ? null : 'No completed backup yet', onclick: () => restore(last, bv, { standby: true }) }, 'Create DR Volume');
 }
 
 export async function render() {
@@ -83,7 +91,8 @@ export async function render() {
         { label: 'Last backup', cell: (v) => `${v.lastBackupName} ${fmtTime(v.lastBackupAt)}` },
         { label: 'Operation', cell: (v) => h('div', { class: 'row-actions' },
           h('button', { type: 'button', disabled: !v.backingImageName, title: v.backingImageName ? null : 'No backing image',
-            onclick: () => imageInfo(v) }, 'Backing Image Info'),
+            key: `bi-info-${v.id}`, onclick: () => imageInfo(v) }, 'Backing Image Info'),
+          drButton(v, backups),
           actionButton('Delete', area, () => api('DELETE', `/v1/backupvolumes/${encodeURIComponent(v.id)}`),
             { danger: true, confirm: `Delete backup volume ${v.id} with every backup in it?` })) },
       ],

@@ -25,10 +25,20 @@ function sizeOrThrow(text) {
   return size;
 }
 
-/** The create form; `preset` fills fields (e.g. a restore from the backups page). */
+/** Where a new volume's data comes from: [value, label]. */
+const SOURCES = [['', 'Nothing (empty volume)'], ['volume', 'Another volume (clone)'],
+  ['snapshot', 'A snapshot (clone)'], ['backup', 'A backup (restore)']];
+
+/**
+ * The create form; `preset` fills fields: `source` ('volume' | 'snapshot' | 'backup') with `sourceVolume`,
+ * `snapshot` or `fromBackup` (the clone button of a volume or snapshot, a restore from the backups page).
+ */
 export async function createVolume(preset = {}) {
-  const images = await api('GET', '/v1/backingimages').catch(() => []);
-  const nodes = await api('GET', '/v1/nodes').catch(() => []);
+  const [images, nodes, vols, backups] = await Promise.all([
+    api('GET', '/v1/backingimages').catch(() => []), api('GET', '/v1/nodes').catch(() => []),
+    api('GET', '/v1/volumes').catch(() => []), api('GET', '/v1/backups').catch(() => [])]);
+  const completed = backups.filter((b) => b.state === 'completed');
+  const isClone = (v) => v.source === 'volume' || v.source === 'snapshot';
   return formDialog({
     title: preset.title ?? 'Create Volume',
     fields: [
@@ -39,28 +49,42 @@ export async function createVolume(preset = {}) {
       { name: 'numberOfReplicas', label: 'Number of replicas', type: 'number',
         value: String(preset.numberOfReplicas ?? Math.min(3, Math.max(1, nodes.length))),
         matches: /numberOfReplicas|replica|disk|node|room|schedul/i },
+      // TODO(data engine): a `dataEngine` select (v1/v2) goes here once the API takes it.
+      { name: 'source', label: 'Create from', type: 'select', value: preset.source ?? '', options: SOURCES },
+      { name: 'sourceVolume', label: 'Source volume', type: 'select', value: preset.sourceVolume ?? '',
+        options: [['', 'Choose a volume'], ...vols.map((v) => [v.name, v.name])],
+        matches: /source volume|dataSource|itself a clone/, showIf: isClone },
+      { name: 'snapshot', label: 'Source snapshot', value: preset.snapshot ?? '', matches: /snapshot/,
+        help: 'A snapshot of the source volume (its page lists them).', showIf: (v) => v.source === 'snapshot' },
+      { name: 'fromBackup', label: 'Backup', type: 'select', value: preset.fromBackup ?? '',
+        options: [['', 'Choose a backup'], ...completed.map((b) => [b.id, `${b.id} (${b.volume}, ${fmtBytes(b.size)})`])],
+        matches: /backup "|backup .* (not|is)|fromBackup|restore/, showIf: (v) => v.source === 'backup' },
+      { name: 'standby', label: 'Standby (DR) volume: keep restoring newer backups until activated',
+        type: 'checkbox', value: preset.standby ?? false, matches: /standby/, showIf: (v) => v.source === 'backup' },
       { name: 'backingImage', label: 'Backing image', type: 'select', value: preset.backingImage ?? '',
         options: [['', 'None'], ...images.filter((b) => !b.deletionTimestamp).map((b) => [b.name, `${b.name} (${b.state})`])],
-        matches: /backing image/i },
-      { name: 'dataSource', label: 'Clone from (optional)', value: preset.dataSource ?? '',
-        placeholder: 'vol://VOLUME or snap://VOLUME/SNAPSHOT', matches: /dataSource|source volume|clone|snapshot/ },
-      { name: 'disableRevisionCounter', label: 'Revision counter', type: 'select', value: '',
+        help: 'A clone takes its source\'s, a restore the backup\'s unless another is chosen.',
+        matches: /backing image/i, showIf: (v) => !isClone(v) },
+      { name: 'disableRevisionCounter', label: 'Revision counter', type: 'select', value: preset.disableRevisionCounter ?? '',
         options: [['', 'Setting default'], ['false', 'Enabled'], ['true', 'Disabled']],
         help: 'Setting default: as disable-revision-counter says. Disabled: faster writes; after a crash the replica with the newest data is picked by file times.' },
-      preset.fromBackup ? { name: 'fromBackup', label: 'Restore from backup', value: preset.fromBackup,
-        matches: /backup/i } : null,
-      preset.fromBackup ? { name: 'standby', label: 'Standby (DR) volume: keep restoring newer backups',
-        type: 'checkbox', value: false, matches: /standby/ } : null,
-    ].filter(Boolean),
+    ],
     intro: preset.intro,
     submitLabel: preset.submitLabel ?? 'Create',
     submit: async (v) => {
       const body = { name: v.name, size: sizeOrThrow(v.size), numberOfReplicas: Number(v.numberOfReplicas) };
-      if (v.backingImage) body.backingImage = v.backingImage;
-      if (v.dataSource) body.dataSource = v.dataSource;
+      if (v.backingImage && !isClone(v)) body.backingImage = v.backingImage;
+      if (isClone(v)) {
+        if (!v.sourceVolume) throw new Error('source volume: choose the volume to clone');
+        if (v.source === 'snapshot' && !v.snapshot) throw new Error('snapshot: name the snapshot to clone');
+        body.dataSource = v.source === 'volume' ? `vol://${v.sourceVolume}` : `snap://${v.sourceVolume}/${v.snapshot}`;
+      }
+      if (v.source === 'backup') {
+        if (!v.fromBackup) throw new Error('fromBackup: choose the backup to restore');
+        body.fromBackup = v.fromBackup;
+        if (v.standby) body.standby = true;
+      }
       if (v.disableRevisionCounter) body.disableRevisionCounter = v.disableRevisionCounter === 'true';
-      if (v.fromBackup) body.fromBackup = v.fromBackup;
-      if (v.standby) body.standby = true;
       await api('POST', '/v1/volumes', body);
       location.hash = `#/volumes/${encodeURIComponent(v.name)}`;
     },
@@ -130,11 +154,24 @@ function snapshotRows(snaps) {
   return out;
 }
 
+/** A DR volume's standing: following its backup volume, activating, or activated (a normal volume since). */
+function standbyFact(restore, restoring) {
+  if (!restore || !(restore.standby || restore.activate)) return '';
+  if (restoring) return restore.activate ? 'activating' : `yes: follows backup volume ${restore.backupVolume}`;
+  return restore.state === 'completed' ? `activated (followed ${restore.backupVolume})` : '';
+}
+
 export async function renderDetail(name) {
   const q = encodeURIComponent(name);
   const v = await api('GET', `/v1/volumes/${q}`);
-  const snaps = await api('GET', `/v1/volumes/${q}/snapshots`).catch(() => []);
+  const [snaps, restore] = await Promise.all([
+    api('GET', `/v1/volumes/${q}/snapshots`).catch(() => []),
+    // 404 for a volume never restored from a backup.
+    api('GET', `/v1/volumes/${q}/restore`).catch(() => null)]);
   const area = notice();
+  const restoring = restore && ['initiated', 'restoring'].includes(restore.state);
+  const clone = (extra) => createVolume({ title: `Clone ${name}`, name: `${name}-clone`, size: String(v.size),
+    numberOfReplicas: v.numberOfReplicas, sourceVolume: name, source: 'volume', ...extra });
   const attachedForIo = v.state === 'attached' && !v.frontendDisabled;
   return h('section', {},
     h('p', { class: 'crumbs' }, h('a', { href: '#/volumes' }, 'Volumes'), ' / ', name),
@@ -155,6 +192,11 @@ export async function renderDetail(name) {
           await api('POST', '/v1/backups', { volume: name, snapshot: f.snapshot || null, full: f.full });
         },
       }) }, 'Back Up'),
+      h('button', { type: 'button', key: 'clone-volume', onclick: () => clone({}) }, 'Clone'),
+      restore?.standby && restoring ? actionButton('Activate', area,
+        () => api('POST', `/v1/volumes/${q}/activate`), { key: 'activate',
+          disabled: restore.activate, title: restore.activate ? 'Activation asked: the last restore runs' : null,
+          confirm: `Activate standby volume ${name}? It restores the newest backup once more, then becomes a normal volume that no longer follows ${restore.backupVolume}.` }) : null,
       deleteButton(v, area, () => { location.hash = '#/volumes'; })),
     area,
     facts([
@@ -168,6 +210,9 @@ export async function renderDetail(name) {
       ['Revision counter', v.revisionCounterDisabled ? 'disabled' : 'enabled'],
       ['Frontend', v.frontendDisabled ? 'none (maintenance)' : v.frontend],
       ['Clone', v.cloneStatus ? h('span', {}, `${v.dataSource} `, badge(v.cloneStatus.state), ' ', progress(v.cloneStatus.progress, 'clone progress')) : ''],
+      ['Restore', restore ? h('span', { class: 'restore' }, `${restore.target}:${restore.backup} `, badge(restore.state, restore.message || null),
+        restoring ? progress(restore.progress, 'restore progress') : '') : ''],
+      ['Standby (DR)', standbyFact(restore, restoring)],
       ['Message', v.message],
     ]),
     h('h2', {}, 'Replicas'),
@@ -195,6 +240,8 @@ export async function renderDetail(name) {
         { label: 'Created', cell: (s) => fmtTime(s.created) },
         { label: 'Size', cell: (s) => fmtBytes(s.size) },
         { label: 'Operation', cell: (s) => h('div', { class: 'row-actions' },
+          h('button', { type: 'button', key: `clone-${s.name}`, onclick: () => clone({ source: 'snapshot', snapshot: s.name,
+            title: `Clone snapshot ${s.name}` }) }, 'Clone'),
           actionButton('Revert', area, () => api('POST', `/v1/volumes/${q}/snapshots/${encodeURIComponent(s.name)}/revert`),
             { key: `revert-${s.name}`, confirm: `Revert ${name} to snapshot ${s.name}? Writes after it are lost.`, danger: true }),
           actionButton('Remove', area, () => api('DELETE', `/v1/volumes/${q}/snapshots/${encodeURIComponent(s.name)}`),
