@@ -361,7 +361,10 @@ fn ui_drives_volumes_and_backing_images_in_chromium() {
     let gz = gz.as_array().unwrap();
     assert!(!gz.is_empty(), "the page loaded its modules");
     for pair in gz {
-        assert!(pair[0].as_u64() < pair[1].as_u64(), "a module came compressed: {gz:?}");
+        assert!(
+            pair[0].as_u64() < pair[1].as_u64(),
+            "a module came compressed: {gz:?}"
+        );
     }
 
     // Bad input: the API's message under the field that caused it, and nothing created.
@@ -634,9 +637,7 @@ fn not_found_server() -> std::net::SocketAddr {
         for mut c in l.incoming().flatten() {
             let mut buf = [0u8; 4096];
             let _ = c.read(&mut buf);
-            let _ = c.write_all(
-                b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n",
-            );
+            let _ = c.write_all(b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n");
         }
     });
     addr
@@ -687,7 +688,10 @@ fn ui_restores_clones_and_shows_failed_downloads_in_chromium() {
     });
     let (code, gone) = rest("GET", &format!("{}/v1/backingimages/bi-gone", m.url), None);
     assert_eq!(code, 200, "{gone}");
-    let disk_message = gone["disks"][0]["message"].as_str().unwrap_or_default().to_owned();
+    let disk_message = gone["disks"][0]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned();
     assert!(!disk_message.is_empty(), "the failed copy says why: {gone}");
     assert!(
         tip.starts_with("Unavailable") && tip.contains(&disk_message),
@@ -695,9 +699,12 @@ fn ui_restores_clones_and_shows_failed_downloads_in_chromium() {
     );
     b.screenshot(&shots.join("backing-images-unavailable-1280.png"));
     b.go("#/backingimages/bi-gone");
-    b.wait_text("[data-label=Message]", "the message as text on the detail page", PAGE, |t| {
-        t.contains(&disk_message)
-    });
+    b.wait_text(
+        "[data-label=Message]",
+        "the message as text on the detail page",
+        PAGE,
+        |t| t.contains(&disk_message),
+    );
 
     // An image uploaded through the API, a volume on it with data, backed up to a file:// target.
     let qcow2 = qcow2_fixture(dir.path());
@@ -762,7 +769,10 @@ fn ui_restores_clones_and_shows_failed_downloads_in_chromium() {
         "Use previous backing image is checked by default"
     );
     assert_eq!(
-        b.js("return document.querySelector('[data-field=backingImage]').hidden", &[]),
+        b.js(
+            "return document.querySelector('[data-field=backingImage]').hidden",
+            &[]
+        ),
         json!(true),
         "the image list is hidden while the previous image is used"
     );
@@ -794,13 +804,19 @@ fn ui_restores_clones_and_shows_failed_downloads_in_chromium() {
     b.click("dialog button[type=submit]");
     wait_hash(&b, "#/volumes/dr");
     assert_eq!(restore_of(&m, "dr")["standby"], json!(true));
-    b.wait_text("dl.facts", "the standby shown", PAGE, |t| t.contains("follows backup volume"));
+    b.wait_text("dl.facts", "the standby shown", PAGE, |t| {
+        t.contains("follows backup volume")
+    });
     b.screenshot(&shots.join("volume-detail-standby-1280.png"));
     b.click("[data-key=activate]");
     b.click("dialog form.confirm button[type=submit]");
     b.wait_text("dl.facts", "dr activated", HEALTHY, |t| t.contains("activated"));
     let r = restore_of(&m, "dr");
-    assert_eq!((r["activate"].clone(), r["state"].clone()), (json!(true), json!("completed")), "{r}");
+    assert_eq!(
+        (r["activate"].clone(), r["state"].clone()),
+        (json!(true), json!("completed")),
+        "{r}"
+    );
     assert!(b.find("[data-key=activate]").is_none(), "no Activate once active");
 
     // A clone of a snapshot of src from src's page: a missing snapshot's message under its field, then the clone.
@@ -900,7 +916,11 @@ fn first_load(m: &Manager, gzip: bool) -> Value {
     b.resize(1280, 800);
     if !gzip {
         let cdp = |cmd: &str, params: Value| {
-            b.cmd("POST", "/goog/cdp/execute", Some(&json!({"cmd": cmd, "params": params})));
+            b.cmd(
+                "POST",
+                "/goog/cdp/execute",
+                Some(&json!({"cmd": cmd, "params": params})),
+            );
         };
         cdp("Network.enable", json!({}));
         cdp(
