@@ -5,8 +5,11 @@
 //! a size that is not a multiple of 4096, a checksum of the wrong length, a URL that is not http(s)) shows the API's
 //! message next to its field and creates nothing; a qcow2 made by `qemu-img` is uploaded as a backing image and
 //! becomes ready with the file's SHA-512; Delete is disabled for an image a volume uses; two unused images are
-//! deleted in one batch after a confirmation; at 390 px the layout is checked by element positions. Every page is
-//! photographed at 1280×800 and 390×844 into `target/tmp/ui-screenshots/` (copies are committed in `docs/ui/`).
+//! deleted in one batch after a confirmation; a volume created from the page on that image reads its data; at 390 px
+//! the layout is checked by element positions. A second test: a failed download's unavailable icon and message, a
+//! restore with "Use previous backing image", a DR volume activated, a snapshot clone, a rebuild followed live. Every
+//! page is photographed at 1280×800 and 390×844 into `target/tmp/ui-screenshots/` (copies are committed in
+//! `docs/ui/`).
 //!
 //! Run alone: `cargo nextest run -p manager --test ui` (build the binaries first). Without chromium and
 //! chromedriver (Debian `chromium`, `chromium-driver`) the test is skipped with the reason, unless `CI` is set:
@@ -654,7 +657,8 @@ fn restore_of(m: &Manager, name: &str) -> Value {
 /// from an unreachable port shows the unavailable icon with the message; a backup of a volume on the image,
 /// restored from the backups page with "Use previous backing image" (checked by default), gives a volume on the
 /// image that reads its data; a DR (standby) volume made from the backup volume's row is activated on its page; a
-/// clone of a snapshot from the volume's page (a missing snapshot's message under its field first) completes.
+/// clone of a snapshot from the volume's page (a missing snapshot's message under its field first) completes; a
+/// SIGKILLed replica's rebuild is followed on the volume's page with no reload.
 #[test]
 fn ui_restores_clones_and_shows_failed_downloads_in_chromium() {
     if let Some(why) = browser_missing() {
@@ -770,11 +774,11 @@ fn ui_restores_clones_and_shows_failed_downloads_in_chromium() {
     );
     assert_eq!(
         b.js(
-            "return document.querySelector('[data-field=backingImage]').hidden",
+            "const e = document.querySelector('[data-field=backingImage]'); return e.hidden && e.getClientRects().length === 0",
             &[]
         ),
         json!(true),
-        "the image list is hidden while the previous image is used"
+        "the image list is hidden (not laid out) while the previous image is used"
     );
     b.fill("#f-name", "restored");
     b.fill("#f-numberOfReplicas", "1");
@@ -850,6 +854,71 @@ fn ui_restores_clones_and_shows_failed_downloads_in_chromium() {
         t.contains("healthy") && t.contains("nbd+unix://")
     });
     reads_image_data(&unix_endpoint(&volume(&m, "src-clone")));
+
+    // A rebuild followed live on the volume's page: a replica SIGKILLed, the page (never reloaded) sees the volume
+    // degraded, then a new replica in RW and the volume healthy. Every render is recorded by a MutationObserver, so
+    // a state between two polls of the test is not missed; the rebuild's progress bars seen are printed.
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/volumes", m.url),
+        Some(&json!({"name": "reb", "size": 64 << 20, "numberOfReplicas": 2})),
+    );
+    assert_eq!(code, 201, "{v}");
+    let uri = attach(&m.url, "reb");
+    let (ok, out) = testkit::nbd::qemu_io(&uri, &["write -P 0x3c 0 48M", "flush"]);
+    assert!(ok, "{out}");
+    b.go("#/volumes/reb");
+    b.wait_text("dl.facts", "reb healthy", HEALTHY, |t| t.contains("healthy"));
+    b.js(
+        r"window.__sameDocument = true;
+        window.__seen = [];
+        const note = () => {
+            const robustness = document.querySelectorAll('dl.facts .badge')[1]?.dataset.state;
+            const modes = [...document.querySelectorAll('[data-label=Mode]')].map((e) => e.textContent).join(',');
+            const bars = [...document.querySelectorAll('[data-label=Rebuild] progress')].map((e) => e.value).join(',');
+            const rw = [...document.querySelectorAll('tr[data-row]')]
+                .filter((tr) => tr.querySelector('[data-label=Mode]')?.textContent === 'RW').map((tr) => tr.dataset.row);
+            window.__seen.push({ robustness, modes, bars, rw });
+        };
+        new MutationObserver(note).observe(document.getElementById('page'), { childList: true, subtree: true });",
+        &[],
+    );
+    let before = volume(&m, "reb");
+    let victim = before["replicas"][0]["pid"].as_i64().expect("a replica pid");
+    let old_names: Vec<Value> = before["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["name"].clone())
+        .collect();
+    sigkill(victim);
+    let (ok, out) = testkit::nbd::qemu_io(&uri, &["write -P 0x3d 48M 1M", "flush"]);
+    assert!(ok, "IO goes on with one replica: {out}");
+    let seen = wait_for("the rebuild followed on the page", HEALTHY, || {
+        let seen = b.js("return window.__seen", &[]);
+        let rows = seen.as_array()?;
+        let degraded = rows.iter().any(|r| r["robustness"] == "degraded");
+        let last = rows.last()?;
+        let rw = last["rw"].as_array()?;
+        let new_rw = rw.len() == 2 && rw.iter().any(|n| !old_names.contains(n));
+        (degraded && new_rw && last["robustness"] == "healthy").then_some(seen)
+    });
+    assert_eq!(
+        b.js("return window.__sameDocument === true", &[]),
+        json!(true),
+        "the page was not reloaded"
+    );
+    let bars: Vec<&Value> = seen
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["bars"] != "")
+        .collect();
+    eprintln!(
+        "rebuild on the page: {} renders, {} with a progress bar: {bars:?}",
+        seen.as_array().unwrap().len(),
+        bars.len()
+    );
 }
 
 /// At 390 px: nothing wider than the screen, the navigation inside it, and a table row laid out as a card (its
