@@ -922,7 +922,7 @@ fn ui_restores_clones_and_shows_failed_downloads_in_chromium() {
 }
 
 /// At 390 px: nothing wider than the screen, the navigation inside it, and a table row laid out as a card (its
-/// cells stacked, each under the one before, at the same left edge).
+/// cells stacked, each under the one before, at the same left edge; an empty cell takes no line).
 fn narrow_layout_fits(b: &Browser, page: &str) {
     let v = b.js(
         r"const out = {w: innerWidth, scroll: document.documentElement.scrollWidth, outside: []};
@@ -930,7 +930,7 @@ fn narrow_layout_fits(b: &Browser, page: &str) {
             const r = e.getBoundingClientRect();
             if (r.width > 0 && (r.left < 0 || r.right > innerWidth + 0.5)) out.outside.push(e.outerHTML.slice(0, 80));
         }
-        const cells = [...(document.querySelector('table.grid tbody tr')?.children ?? [])].map((td) => td.getBoundingClientRect());
+        const cells = [...(document.querySelector('table.grid tbody tr')?.children ?? [])].filter((td) => td.getClientRects().length).map((td) => td.getBoundingClientRect());
         out.stacked = cells.length < 2 || cells.every((r, i) => i === 0 || (r.top >= cells[i - 1].bottom - 0.5 && Math.abs(r.left - cells[0].left) < 1));
         return out;",
         &[],
