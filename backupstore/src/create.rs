@@ -173,7 +173,9 @@ fn check_max_count(volume: &str, completed: usize, max: u32, retain: Option<u32>
     Ok(())
 }
 
-fn check_block_size(bs: u64) -> Result<u64> {
+/// A block size a new backup volume can take: a power of two from [`MIN_BLOCK_SIZE`] (4 KiB) to [`MAX_BLOCK_SIZE`]
+/// (16 MiB).
+pub fn check_block_size(bs: u64) -> Result<u64> {
     if (MIN_BLOCK_SIZE..=MAX_BLOCK_SIZE).contains(&bs) && bs.is_power_of_two() {
         Ok(bs)
     } else {

@@ -30,7 +30,7 @@ use serde::de::DeserializeOwned;
 
 pub use block::Compression;
 pub use config::{BackupConfig, BackupState, BlockRef, FullReason, VolumeConfig, ZERO_MARKER};
-pub use create::{BackupMode, BackupSource, Changes, CreateOptions, SnapshotInfo};
+pub use create::{BackupMode, BackupSource, Changes, CreateOptions, SnapshotInfo, check_block_size};
 pub use error::{BackupStoreError, ErrorKind, Result};
 pub use gc::{GcOptions, GcOutcome};
 pub use restore::{RestoreOptions, RestoreOutcome, RestoreSink, VerifyOutcome};

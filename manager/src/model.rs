@@ -364,6 +364,11 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
         "Back up incrementally when the chain allows; false makes every backup full.",
     ),
     (
+        "backup-block-size",
+        "2097152",
+        "Block size in bytes of new backup volumes (a power of two from 4096 to 16777216); a volume's first backup on a target fixes it for that backup volume. Smaller blocks upload less for scattered small changes and cost more objects, requests and block-map entries (backupstore README).",
+    ),
+    (
         "backup-max-count",
         "0",
         "Backups a volume may have on a target before a new one is refused (0 = no limit); a volume's own backupMaxCount overrides it.",

@@ -739,3 +739,273 @@ fn a_backing_image_backup_runs_past_its_killed_client_with_progress_and_a_failur
     );
     assert_eq!(code, 400, "{e}");
 }
+
+/// The volume config of backup volume `volume` under a `file://` target directory.
+fn volume_cfg(target: &Path, volume: &str) -> Value {
+    let p = target.join("volumes").join(volume).join("volume.cfg");
+    serde_json::from_slice(&std::fs::read(&p).unwrap_or_else(|e| panic!("{}: {e}", p.display()))).unwrap()
+}
+
+fn ids(v: &Value) -> Vec<String> {
+    let mut out: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["id"].as_str().unwrap().to_owned())
+        .collect();
+    out.sort();
+    out
+}
+
+/// `backup-block-size` (refused unless a power of two from 4 KiB to 16 MiB) gives a new backup volume its block
+/// size, `--block-size` overrides it for a volume's first backup on a target, and an existing backup volume keeps
+/// its own: a `--block-size` that differs is refused before any snapshot is taken. `backup ls --target` and
+/// `GET /v1/backups?target=&volume=` list one target's backups; an unknown target is 404, not an empty list.
+#[test]
+fn a_backup_volume_keeps_the_block_size_its_first_backup_chose_and_backups_are_listed_per_target() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let (ta, tb) = (dir.path().join("a"), dir.path().join("b"));
+    let m = Manager::start(&dir.path().join("n1"), "node-1", "embedded", port_range(0));
+    let url = m.url.clone();
+    set_file_target(&url, &ta);
+    std::fs::create_dir_all(&tb).unwrap();
+    ok(
+        &url,
+        &[
+            "backup",
+            "target",
+            "set",
+            &format!("file://{}", tb.display()),
+            "--name",
+            "other",
+        ],
+    );
+
+    // The setting takes powers of two from 4 KiB to 16 MiB only.
+    for bad in ["3000", "2048", "33554432", "1048577", "x"] {
+        let (code, e) = rest(
+            "PUT",
+            &format!("{url}/v1/settings/backup-block-size"),
+            Some(&json!({"value": bad})),
+        );
+        assert!(
+            code == 400 && e["message"].as_str().unwrap().contains("power of two"),
+            "{bad}: {code} {e}"
+        );
+    }
+    assert_eq!(get(&url, "/v1/settings/backup-block-size")["value"], "2097152");
+    ok(&url, &["setting", "set", "backup-block-size", "262144"]);
+
+    ok(
+        &url,
+        &["volume", "create", "v", "--size", "16Mi", "--replicas", "1"],
+    );
+    let uri = attach(&url, "v");
+    write_io(&uri, &["write -P 0x11 0 3M", "write -P 0x22 9M 1M"]);
+
+    // --block-size on the first backup of the volume on target `other`; the setting on `default`.
+    let b1 = backup(&url, "v", &["--target", "other", "--block-size", "512K"]);
+    assert_eq!(volume_cfg(&tb, "v")["blockSize"], 512 << 10, "{b1}");
+    let b2 = backup(&url, "v", &[]);
+    assert_eq!(volume_cfg(&ta, "v")["blockSize"], 256 << 10, "{b2}");
+    // The block size shows in the backup volume (the target's listing).
+    wait_for("backup volume other:v listed", Duration::from_secs(30), || {
+        let (code, v) = rest("GET", &format!("{url}/v1/backupvolumes/other:v"), None);
+        (code == 200 && v["blockSize"] == 512 << 10).then_some(())
+    });
+    let shown = ok(&url, &["backup", "volume", "get", "other:v"]);
+    assert!(shown.contains("512"), "{shown}");
+
+    // A block size that differs from the existing backup volume's is refused, and nothing changes: no snapshot
+    // taken, no backup recorded. The volume's own block size (or none) is taken.
+    let snaps_before = get(&url, "/v1/volumes/v/snapshots");
+    let backups_before = ids(&get(&url, "/v1/backups"));
+    let (okk, out, err) = corral(&url, &["backup", "create", "v", "--block-size", "1M"]);
+    assert!(
+        !okk && err.contains("block size 262144") && err.contains("not 1048576"),
+        "{out}{err}"
+    );
+    let (code, e) = rest(
+        "POST",
+        &format!("{url}/v1/backups"),
+        Some(&json!({"volume": "v", "target": "other", "blockSize": 262144})),
+    );
+    assert!(
+        code == 409 && e["message"].as_str().unwrap().contains("524288"),
+        "{code} {e}"
+    );
+    for bad in [3000, 2048, 32 << 20] {
+        let (code, e) = rest(
+            "POST",
+            &format!("{url}/v1/backups"),
+            Some(&json!({"volume": "v", "blockSize": bad})),
+        );
+        assert!(
+            code == 400 && e["message"].as_str().unwrap().contains("power of two"),
+            "{bad}: {code} {e}"
+        );
+    }
+    assert_eq!(get(&url, "/v1/volumes/v/snapshots"), snaps_before);
+    assert_eq!(ids(&get(&url, "/v1/backups")), backups_before);
+    let b3 = backup(&url, "v", &["--target", "other", "--block-size", "512K"]);
+    assert_eq!(b3["isIncremental"], true, "{b3}");
+    // The setting changed later applies to new backup volumes only.
+    ok(&url, &["setting", "set", "backup-block-size", "1048576"]);
+    let b4 = backup(&url, "v", &[]);
+    assert_eq!(b4["isIncremental"], true, "{b4}");
+    assert_eq!(volume_cfg(&ta, "v")["blockSize"], 256 << 10);
+
+    // Listing per target: CLI and REST.
+    let id = |b: &Value| b["id"].as_str().unwrap().to_owned();
+    let mut on_other = vec![id(&b1), id(&b3)];
+    on_other.sort();
+    let mut on_default = vec![id(&b2), id(&b4)];
+    on_default.sort();
+    let all = ids(&get(&url, "/v1/backups"));
+    assert_eq!(all.len(), 4, "{all:?}");
+    assert_eq!(ids(&get(&url, "/v1/backups?target=other")), on_other);
+    assert_eq!(ids(&get(&url, "/v1/backups?target=default&volume=v")), on_default);
+    assert!(ids(&get(&url, "/v1/backups?volume=w")).is_empty());
+    let j: Value = serde_json::from_str(&ok(&url, &["--json", "backup", "ls", "--target", "other"])).unwrap();
+    assert_eq!(ids(&j), on_other);
+    let j: Value =
+        serde_json::from_str(&ok(&url, &["--json", "backup", "ls", "v", "--target", "default"])).unwrap();
+    assert_eq!(ids(&j), on_default);
+    let j: Value = serde_json::from_str(&ok(&url, &["--json", "backup", "ls", "other:v"])).unwrap();
+    assert_eq!(ids(&j), on_other);
+    let table = ok(&url, &["backup", "ls", "--target", "other"]);
+    assert!(
+        on_other.iter().all(|b| table.contains(b)) && on_default.iter().all(|b| !table.contains(b)),
+        "{table}"
+    );
+    // An unknown target is an error, not an empty list; bad names and unknown parameters are 400.
+    let (code, e) = rest("GET", &format!("{url}/v1/backups?target=nope"), None);
+    assert!(
+        code == 404 && e["message"].as_str().unwrap().contains("nope"),
+        "{code} {e}"
+    );
+    let (okk, out, err) = corral(&url, &["backup", "ls", "--target", "nope"]);
+    assert!(!okk && err.contains("nope"), "{out}{err}");
+    for q in ["target=..%2Fx", "volume=..%2Fx", "colour=red"] {
+        let (code, e) = rest("GET", &format!("{url}/v1/backups?{q}"), None);
+        assert_eq!(code, 400, "{q}: {e}");
+    }
+}
+
+/// Finds `backup_NAME.cfg` of backing image `image` under a `file://` target directory.
+fn image_backup_cfg(target: &Path, image: &str, backup: &str) -> PathBuf {
+    target
+        .join("backing-images/volumes")
+        .join(image)
+        .join("backups")
+        .join(format!("backup_{backup}.cfg"))
+}
+
+/// A running backup of a backing image is cancelled (`corral backup backing-image-cancel`, seen in progress before,
+/// rate-limited to 16 MiB/s so that it is): it stops and is recorded failed, "cancelled"; it cannot be deleted while
+/// it runs nor cancelled once ended. `corral backup backing-image-rm` deletes the cancelled one's in-progress marker
+/// and a completed backup from the target and their records; an unknown id is 404.
+#[test]
+fn a_running_backing_image_backup_is_cancelled_and_finished_ones_are_deleted_from_the_target() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let target = dir.path().join("target");
+    let raw = dir.path().join("img.raw");
+    let len = 64 * MIB;
+    raw_image(&raw, 21, usize::try_from(len).unwrap());
+    let m = Manager::start(&dir.path().join("n1"), "node-1", "embedded", port_range(0));
+    let url = m.url.clone();
+    set_file_target(&url, &target);
+    upload_image(&url, "img", &raw);
+
+    let b: Value = serde_json::from_str(&ok(
+        &url,
+        &[
+            "--json",
+            "backup",
+            "backing-image",
+            "img",
+            "--no-wait",
+            "--max-upload-rate",
+            "16M",
+        ],
+    ))
+    .unwrap();
+    let id = b["id"].as_str().unwrap().to_owned();
+    let name = b["backup"].as_str().unwrap().to_owned();
+    let path = format!("{url}/v1/backingimagebackups/{id}");
+    wait_for("the backup in progress", Duration::from_secs(60), || {
+        let v = get(&url, &format!("/v1/backingimagebackups/{id}"));
+        assert_ne!(
+            v["state"], "completed",
+            "the backup ended before it could be cancelled: {v}"
+        );
+        (v["state"] == "in-progress" && v["progress"].as_u64().unwrap() > 0).then_some(())
+    });
+    // Running: not deleted.
+    let (code, e) = rest("DELETE", &path, None);
+    assert!(
+        code == 409 && e["message"].as_str().unwrap().contains("cancel"),
+        "{code} {e}"
+    );
+    assert!(image_backup_cfg(&target, "img", &name).exists());
+
+    let out = ok(&url, &["backup", "backing-image-cancel", &id]);
+    assert!(out.contains("failed") && out.contains("cancelled"), "{out}");
+    let v = get(&url, &format!("/v1/backingimagebackups/{id}"));
+    assert!(
+        v["state"] == "failed"
+            && v["error"].as_str().unwrap().contains("cancelled")
+            && v["progress"].as_u64().unwrap() < 100
+            && v["cancelRequested"] == true,
+        "{v}"
+    );
+    // Recorded failed only once its upload returned; it left its in-progress marker on the target.
+    let marker = std::fs::read(image_backup_cfg(&target, "img", &name)).unwrap();
+    let (code, e) = rest("POST", &format!("{path}/cancel"), None);
+    assert!(
+        code == 409 && e["message"].as_str().unwrap().contains("nothing to cancel"),
+        "{code} {e}"
+    );
+    let cfg: Value = serde_json::from_slice(&marker).unwrap();
+    assert_eq!(
+        cfg["state"], "in-progress",
+        "the cancelled backup's marker: {cfg}"
+    );
+
+    // rm: the marker it left on the target and its record go.
+    ok(&url, &["backup", "backing-image-rm", &id]);
+    assert!(!image_backup_cfg(&target, "img", &name).exists());
+    let (code, e) = rest("GET", &path, None);
+    assert_eq!(code, 404, "{e}");
+
+    // A completed backup: deleted from the target, not listed any more.
+    let done: Value = serde_json::from_str(&ok(&url, &["--json", "backup", "backing-image", "img"])).unwrap();
+    assert_eq!(done["state"], "completed", "{done}");
+    let (id2, name2) = (
+        done["id"].as_str().unwrap().to_owned(),
+        done["backup"].as_str().unwrap().to_owned(),
+    );
+    assert!(image_backup_cfg(&target, "img", &name2).exists());
+    let (code, e) = rest(
+        "POST",
+        &format!("{url}/v1/backingimagebackups/{id2}/cancel"),
+        None,
+    );
+    assert_eq!(code, 409, "{e}");
+    ok(&url, &["backup", "backing-image-rm", &id2]);
+    assert!(!image_backup_cfg(&target, "img", &name2).exists());
+    assert!(
+        get(&url, "/v1/backingimagebackups")
+            .as_array()
+            .unwrap()
+            .is_empty()
+    );
+    let (okk, out, err) = corral(&url, &["backup", "backing-image-rm", &id2]);
+    assert!(!okk && err.contains("not found"), "{out}{err}");
+    let (code, e) = rest(
+        "DELETE",
+        &format!("{url}/v1/backingimagebackups/default:..%2Fx"),
+        None,
+    );
+    assert_eq!(code, 400, "{e}");
+}

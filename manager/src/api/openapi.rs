@@ -32,10 +32,13 @@ pub const MAX_COPIES: u32 = 16;
 pub const BODY_LIMIT: usize = 2 << 20;
 
 /// A setting's value: `true`/`false` for the boolean ones, a whole number (at most 19 digits) for the others,
-/// 1 to 16 for the default number of copies of a backing image.
+/// 1 to 16 for the default number of copies of a backing image, a power of two from 4096 to 16777216 for
+/// `backup-block-size`.
 pub fn setting_value_pattern(name: &str, default: &str) -> &'static str {
     if name == crate::backing_image::image_controller::MIN_COPIES_SETTING {
         "^([1-9]|1[0-6])$"
+    } else if name == crate::backup::openapi::BLOCK_SIZE_SETTING {
+        crate::backup::openapi::BLOCK_SIZE_PATTERN
     } else if matches!(default, "true" | "false") {
         "^(true|false)$"
     } else {
@@ -107,6 +110,7 @@ pub fn check_setting_value(name: &str, default: &str, value: &str) -> Result<(),
         match pattern {
             "^(true|false)$" => "true or false",
             "^[0-9]{1,19}$" => "a whole number (at most 19 digits)",
+            crate::backup::openapi::BLOCK_SIZE_PATTERN => "a power of two from 4096 to 16777216 (bytes)",
             _ => "a whole number from 1 to 16",
         }
     )))
@@ -796,6 +800,7 @@ fn operation(method: &str, path: &str, summary: &str, path_param: &dyn Fn(&str) 
         .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
         .map(|p| json!({"name": p, "in": "path", "required": true, "schema": path_param(p)}))
         .collect();
+    params.extend(crate::backup::openapi::query_params(method, path));
     let upload = path.ends_with("/upload");
     if upload {
         params.push(json!({

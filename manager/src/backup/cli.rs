@@ -1,4 +1,5 @@
-//! `corral backup target set|get|ls|rm`, `backup create|ls|get|rm|restore`, `backup volume ls|get|rm`: tables or
+//! `corral backup target set|get|ls|rm`, `backup create|ls|get|rm|restore`, `backup volume ls|get|rm`,
+//! `backup backing-image|backing-image-ls|backing-image-get|backing-image-cancel|backing-image-rm`: tables or
 //! `--json`, progress bars while a backup or restore runs. Credentials are read from the environment
 //! (`--credentials-from-env`) or a file (`--credentials-file`), never taken as arguments: an argument shows in
 //! `ps` and in shell history.
@@ -43,14 +44,24 @@ pub enum BackupCmd {
         /// This backup's backup-delta-max (backups in a chain, its full one included) over the setting's.
         #[arg(long)]
         delta_max: Option<u32>,
+        /// Block size of the backup volume if this is its first backup on the target (e.g. `256K`; a power of two
+        /// from 4K to 16M; default: the backup-block-size setting). Refused when the backup volume exists with
+        /// another block size.
+        #[arg(long, value_parser = corral_daemon::parse_size)]
+        block_size: Option<u64>,
         #[arg(long)]
         no_wait: bool,
         /// Seconds to wait.
         #[arg(long, default_value_t = 86400)]
         timeout: u64,
     },
-    /// Backups (of one backup volume with VOLUME).
-    Ls { volume: Option<String> },
+    /// Backups (of one backup volume with VOLUME, [TARGET:]NAME).
+    Ls {
+        volume: Option<String>,
+        /// Only the backups of this target.
+        #[arg(long)]
+        target: Option<String>,
+    },
     /// One backup: [TARGET:]NAME.
     Get { backup: String },
     /// Delete a backup: [TARGET:]NAME. Blocks no other backup uses are collected.
@@ -93,6 +104,19 @@ pub enum BackupCmd {
     BackingImageLs,
     /// One backup of a backing image: [TARGET:]NAME.
     BackingImageGet { id: String },
+    /// Cancel a pending or running backup of a backing image ([TARGET:]NAME): the manager running it stops at the
+    /// next block and records it failed ("cancelled"). Waits until it stopped unless --no-wait.
+    BackingImageCancel {
+        id: String,
+        #[arg(long)]
+        no_wait: bool,
+        /// Seconds to wait.
+        #[arg(long, default_value_t = 300)]
+        timeout: u64,
+    },
+    /// Delete a finished backup of a backing image ([TARGET:]NAME) from its target (blocks no other backup of the
+    /// image uses are collected) and its record. A running one must be cancelled first.
+    BackingImageRm { id: String },
     /// Backup volumes (a volume's backups on a target).
     Volume {
         #[command(subcommand)]
@@ -278,6 +302,7 @@ fn volume_table(vs: &[BackupVolumeView]) -> String {
             "BACKUPS",
             "LAST BACKUP",
             "AT",
+            "BLOCK SIZE",
             "BACKING IMAGE",
         ],
         vs.iter()
@@ -288,6 +313,7 @@ fn volume_table(vs: &[BackupVolumeView]) -> String {
                     v.volume.backup_count.to_string(),
                     v.volume.last_backup_name.clone(),
                     v.volume.last_backup_at.clone(),
+                    corral_daemon::human_bytes(v.volume.block_size),
                     v.volume.backing_image_name.clone(),
                 ]
             })
@@ -513,6 +539,7 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
             labels,
             target,
             delta_max,
+            block_size,
             no_wait,
             timeout,
         } => {
@@ -531,6 +558,7 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
                 labels,
                 target,
                 delta_max,
+                block_size,
             };
             let mut b: BackupView = c.post("/v1/backups", &body).await?;
             if !no_wait {
@@ -552,12 +580,29 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
                 }
             })
         }
-        BackupCmd::Ls { volume } => {
-            let mut bs: Vec<BackupView> = c.get("/v1/backups").await?;
+        BackupCmd::Ls { volume, target } => {
+            let mut query = Vec::new();
             if let Some(v) = &volume {
                 let (t, n) = super::restore::parse_ref(v);
-                bs.retain(|b| b.backup.volume == n && (!v.contains(':') || b.backup.target == t));
+                if v.contains(':') {
+                    if target.as_ref().is_some_and(|x| *x != t) {
+                        bail!("{v} names target {t}, --target another");
+                    }
+                    query.push(format!("target={t}"));
+                }
+                query.push(format!("volume={n}"));
             }
+            if let Some(t) = &target
+                && !volume.as_ref().is_some_and(|v| v.contains(':'))
+            {
+                query.push(format!("target={t}"));
+            }
+            let path = if query.is_empty() {
+                "/v1/backups".to_owned()
+            } else {
+                format!("/v1/backups?{}", query.join("&"))
+            };
+            let bs: Vec<BackupView> = c.get(&path).await?;
             print(json, &bs, || backup_table(&bs))
         }
         BackupCmd::Get { backup } => {
@@ -691,6 +736,36 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
                 s.push_str(&format!("SHA-512: {}\n", b.backup.checksum));
                 s
             })
+        }
+        BackupCmd::BackingImageCancel { id, no_wait, timeout } => {
+            let path = format!("/v1/backingimagebackups/{id}");
+            let mut b: BackingImageBackupView =
+                c.post(&format!("{path}/cancel"), &serde_json::json!({})).await?;
+            let end = Instant::now() + Duration::from_secs(timeout);
+            while !no_wait && b.backup.state.active() {
+                if Instant::now() > end {
+                    bail!("backup {id} still {} after {timeout} s", b.backup.state.as_str());
+                }
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                b = c.get(&path).await?;
+            }
+            print(json, &b, || {
+                format!(
+                    "backup {} of backing image {}: {}{}\n",
+                    b.id,
+                    b.backup.image,
+                    b.backup.state.as_str(),
+                    if b.backup.error.is_empty() {
+                        String::new()
+                    } else {
+                        format!(" ({})", b.backup.error)
+                    }
+                )
+            })
+        }
+        BackupCmd::BackingImageRm { id } => {
+            c.delete(&format!("/v1/backingimagebackups/{id}")).await?;
+            Ok(())
         }
         BackupCmd::MaxCount { volume, count } => {
             let backup_max_count = match count.as_str() {

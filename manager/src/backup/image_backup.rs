@@ -2,15 +2,18 @@
 //! tracked operations like volume backups: `POST /v1/backingimages/{name}/backup` checks the request and records
 //! a [`BackingImageBackup`] `pending` for the manager of a node holding a ready copy (this one when it does); that
 //! manager's [`super::image_backup_runner`] runs it, so the client may go away; `GET /v1/backingimagebackups[/ID]`
-//! shows its state, progress and error. A backup is restored elsewhere by a backing image of source type
-//! `restore` with the record's `backupUrl`.
+//! shows its state, progress and error; `POST .../cancel` stops a running one (the manager running it stops at the
+//! next block and records it `failed`, "cancelled"); `DELETE` removes a finished one from the target (its record
+//! there, or the in-progress marker a failed or cancelled one left; blocks no other backup of the image uses are
+//! collected) and then its record. A backup is restored elsewhere by a backing image of source type `restore` with
+//! the record's `backupUrl`.
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 use serde::{Deserialize, Serialize};
 
-use super::errors::{target_error, target_reachable};
+use super::errors::{store_error, target_error, target_reachable};
 use super::model::{BackingImageBackup, BackupState, DEFAULT_TARGET, key};
 use super::restore::parse_ref;
 use crate::api::extract::{Body, Path};
@@ -153,19 +156,102 @@ pub async fn list(State(ctx): State<Ctx>) -> Result<Json<Vec<BackingImageBackupV
     Ok(Json(all))
 }
 
+/// `[TARGET:]NAME` of a backing image's backup → its store key, names checked.
+fn ref_key(r: &str) -> Result<String, ApiError> {
+    let (t, n) = parse_ref(r);
+    check_name("backup target", &t)?;
+    backupstore::validate_name("backup", &n).map_err(|e| ApiError::Invalid(e.to_string()))?;
+    Ok(key(&t, &n))
+}
+
+async fn must_get(ctx: &Ctx, r: &str) -> Result<Object<BackingImageBackup>, ApiError> {
+    let k = ref_key(r)?;
+    ctx.db
+        .get::<BackingImageBackup>(&k)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("backing image backup {r:?} not found")))
+}
+
 /// `[TARGET:]NAME` of a backing image's backup.
 pub async fn get(
     State(ctx): State<Ctx>,
     Path(r): Path<String>,
 ) -> Result<Json<BackingImageBackupView>, ApiError> {
-    let (t, n) = parse_ref(&r);
-    check_name("backup target", &t)?;
-    backupstore::validate_name("backup", &n).map_err(|e| ApiError::Invalid(e.to_string()))?;
-    match ctx.db.get::<BackingImageBackup>(&key(&t, &n)).await {
-        Ok(Some(o)) => Ok(Json(BackingImageBackupView::new(o))),
-        Ok(None) => Err(ApiError::NotFound(format!(
-            "backing image backup {r:?} not found"
-        ))),
-        Err(e) => Err(e.into()),
+    Ok(Json(BackingImageBackupView::new(must_get(&ctx, &r).await?)))
+}
+
+/// `POST /v1/backingimagebackups/{id}/cancel`: a pending backup is failed at once; a running one is marked, and
+/// the manager running it stops it at the next block (it is `failed`, "cancelled", once stopped). Refused for a
+/// backup that already ended.
+pub async fn cancel(
+    State(ctx): State<Ctx>,
+    Path(r): Path<String>,
+) -> Result<Json<BackingImageBackupView>, ApiError> {
+    let k = must_get(&ctx, &r).await?.name;
+    let mut ended = None;
+    let o = ctx
+        .db
+        .modify::<BackingImageBackup>(&k, |b| {
+            if !b.state.active() {
+                ended = Some(b.state);
+                return false;
+            }
+            ended = None;
+            b.cancel_requested = true;
+            // Not claimed by its runner yet: nothing to stop.
+            if b.state == BackupState::Pending {
+                b.state = BackupState::Failed;
+                b.error = CANCELLED.to_owned();
+            }
+            true
+        })
+        .await?;
+    if let Some(s) = ended {
+        return Err(ApiError::Conflict(format!(
+            "backup {r} of backing image {} is {}: there is nothing to cancel",
+            o.data.image,
+            s.as_str()
+        )));
     }
+    tracing::info!(key = %k, image = %o.data.image, state = o.data.state.as_str(), "backing image backup cancel requested");
+    Ok(Json(BackingImageBackupView::new(o)))
+}
+
+/// The error a cancelled backup records.
+pub const CANCELLED: &str = "cancelled (POST /v1/backingimagebackups/{id}/cancel)";
+
+/// `DELETE /v1/backingimagebackups/{id}`: the backup in the target's backing-image area (a completed one, or the
+/// in-progress marker a failed or cancelled one left), blocks no other backup of the image uses, then the record.
+/// Refused while it runs (cancel it first). A backing image being restored from it keeps the target's lock: the
+/// deletion waits for it, then fails without changing anything.
+pub async fn delete(State(ctx): State<Ctx>, Path(r): Path<String>) -> Result<StatusCode, ApiError> {
+    let b = must_get(&ctx, &r).await?;
+    if b.data.state.active() {
+        return Err(ApiError::Conflict(format!(
+            "backup {r} of backing image {} is {} ({}%): cancel it (corral backup backing-image-cancel) and delete it once it failed",
+            b.data.image,
+            b.data.state.as_str(),
+            b.data.progress
+        )));
+    }
+    let t = super::target::open(&ctx, &b.data.target)
+        .await
+        .map_err(target_error)?;
+    match t
+        .store
+        .backing_images()
+        .delete_backup(&b.data.image, &b.data.backup, &backupstore::GcOptions::default())
+        .await
+    {
+        Ok(o) => {
+            tracing::info!(key = %b.name, image = %b.data.image, blocks = o.deleted_blocks, "backing image backup deleted");
+        }
+        // Failed before it wrote anything, or deleted on the target meanwhile.
+        Err(e) if e.kind() == backupstore::ErrorKind::NotFound => {
+            tracing::info!(key = %b.name, image = %b.data.image, "backing image backup record deleted (nothing on the target)");
+        }
+        Err(e) => return Err(store_error(&e)),
+    }
+    ctx.db.delete_any::<BackingImageBackup>(&b.name).await?;
+    Ok(StatusCode::NO_CONTENT)
 }

@@ -1,7 +1,8 @@
 //! Node-local: runs the [`BackingImageBackup`]s recorded for this node (it holds a ready copy of the image),
 //! pending → in-progress (progress written every [`PROGRESS_EVERY`]) → completed | failed with the backup store's
 //! error. The backup runs in a task this manager owns, not in the HTTP request that asked for it: a client that
-//! goes away changes nothing. A manager that stops cancels its runs; one that finds a run of its own still
+//! goes away changes nothing. Each progress tick reads the record: a cancel asked for through any manager
+//! (`cancelRequested`) stops the upload at the next block and the backup is recorded `failed`, "cancelled". A manager that stops cancels its runs; one that finds a run of its own still
 //! `in-progress` after a restart fails it with that reason (a new backup of the image uploads only what the
 //! interrupted one did not: blocks are deduplicated).
 
@@ -58,10 +59,14 @@ async fn reconcile(
     if b.data.state == BackupState::InProgress {
         // Ours, in progress, and no task runs it: this manager restarted meanwhile.
         b.data.state = BackupState::Failed;
-        b.data.error = format!(
-            "the manager of node {} stopped while the backup ran ({}%): back the image up again",
-            b.data.node_id, b.data.progress
-        );
+        b.data.error = if b.data.cancel_requested {
+            super::image_backup::CANCELLED.to_owned()
+        } else {
+            format!(
+                "the manager of node {} stopped while the backup ran ({}%): back the image up again",
+                b.data.node_id, b.data.progress
+            )
+        };
         tracing::warn!(key, error = %b.data.error, "backing image backup failed");
         return update(&ctx, &mut b).await;
     }
@@ -98,7 +103,11 @@ async fn reconcile(
                         }
                         Err(e) => {
                             x.state = BackupState::Failed;
-                            x.error.clone_from(e);
+                            if x.cancel_requested {
+                                super::image_backup::CANCELLED.clone_into(&mut x.error);
+                            } else {
+                                x.error.clone_from(e);
+                            }
                         }
                     }
                     true
@@ -167,7 +176,6 @@ async fn run(
     );
     tokio::pin!(backup);
     let mut tick = tokio::time::interval(PROGRESS_EVERY);
-    let mut shown = 0;
     loop {
         tokio::select! {
             r = &mut backup => return Some(r.map_err(|e| e.to_string())),
@@ -176,18 +184,26 @@ async fn run(
                 return None;
             }
             _ = tick.tick() => {
-                // Below 100 until the record says completed.
+                // Below 100 until the record says completed. Read every tick (written only when changed): it
+                // carries a cancel asked for through any manager.
                 let p = progress.percent().min(99);
-                if p != shown {
-                    shown = p;
-                    let written = ctx.db.modify::<BackingImageBackup>(key, |x| {
-                        let changed = x.state.active() && x.progress != p;
+                let written = ctx.db.modify::<BackingImageBackup>(key, |x| {
+                    let changed = x.state.active() && x.progress != p;
+                    if changed {
                         x.progress = p;
-                        changed
-                    }).await;
-                    if let Err(e) = written {
-                        tracing::debug!(key, error = %e, "progress not written");
                     }
+                    changed
+                }).await;
+                match written {
+                    Ok(x) => {
+                        if x.data.cancel_requested {
+                            tracing::info!(key, progress = p, "backing image backup cancelled");
+                            progress.cancel();
+                        }
+                    }
+                    // Deleted meanwhile (cannot be while active, but then nothing is waiting for it).
+                    Err(StoreError::NotFound { .. }) => progress.cancel(),
+                    Err(e) => tracing::debug!(key, error = %e, "progress not written"),
                 }
             }
         }

@@ -129,6 +129,10 @@ pub struct BackupVolume {
     pub created: String,
     /// Backups listed on the target (any state).
     pub backup_count: u32,
+    /// Block size of every backup of the volume (fixed by its first backup; 0 in documents written before it was
+    /// shown).
+    #[serde(default)]
+    pub block_size: u64,
 }
 
 impl Resource for BackupVolume {
@@ -222,6 +226,11 @@ pub struct Backup {
     /// The `backup-delta-max` asked for with the backup (a recurring job's own); None: the setting's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta_max: Option<u32>,
+    /// Block size for the backup volume if this backup is its first (`--block-size`, else the
+    /// `backup-block-size` setting when the backup was asked for); an existing backup volume keeps its own.
+    /// 0: the backup store's default (records written before the setting existed).
+    #[serde(default)]
+    pub block_size: u64,
 }
 
 impl Resource for Backup {
@@ -319,6 +328,10 @@ pub struct BackingImageBackup {
     /// Bytes of block data per second the upload may take (0: unlimited).
     #[serde(default)]
     pub max_upload_rate: u64,
+    /// A cancel was asked for (`POST .../cancel`): the manager running it stops at the next block and records the
+    /// backup `failed` with "cancelled".
+    #[serde(default)]
+    pub cancel_requested: bool,
 }
 
 impl Resource for BackingImageBackup {

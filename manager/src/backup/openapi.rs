@@ -14,6 +14,12 @@ pub const BACKUP_REF_PATTERN: &str = "^([A-Za-z0-9][A-Za-z0-9._-]{0,199}:)?[A-Za
 pub const TARGET_URL_PATTERN: &str = "^(file:///[^?#\\x00]*|s3://[^/?#\\x00]+(/[^?#\\x00]*)?)$";
 /// The credential names a target keeps.
 pub const CREDENTIAL_KEYS: [&str; 3] = backupstore::target::CREDENTIAL_KEYS;
+/// The setting that gives new backup volumes their block size (bytes).
+pub const BLOCK_SIZE_SETTING: &str = "backup-block-size";
+/// A backup volume's block size as the setting and `blockSize` take it: a power of two from 4 KiB to 16 MiB
+/// (`backupstore::check_block_size`; a unit test holds the two together).
+pub const BLOCK_SIZE_PATTERN: &str =
+    "^(4096|8192|16384|32768|65536|131072|262144|524288|1048576|2097152|4194304|8388608|16777216)$";
 /// Default seconds between two listings of a target.
 pub const DEFAULT_POLL_INTERVAL: u64 = 300;
 
@@ -30,8 +36,14 @@ pub fn shape(method: &str, path: &str) -> Option<(Option<(Value, bool)>, u16, Op
         }
         (
             "delete",
-            "/v1/backuptargets/{backuptarget}" | "/v1/backupvolumes/{backupvolume}" | "/v1/backups/{backup}",
+            "/v1/backuptargets/{backuptarget}"
+            | "/v1/backupvolumes/{backupvolume}"
+            | "/v1/backups/{backup}"
+            | "/v1/backingimagebackups/{backingimagebackup}",
         ) => (None, 204, None),
+        ("post", "/v1/backingimagebackups/{backingimagebackup}/cancel") => {
+            (None, 200, Some(r("BackingImageBackup")))
+        }
         ("get", "/v1/backupvolumes") => (None, 200, Some(arr("BackupVolume"))),
         ("get", "/v1/backupvolumes/{backupvolume}") => (None, 200, Some(r("BackupVolume"))),
         ("post", "/v1/backingimages/{backingimage}/backup") => (
@@ -57,6 +69,26 @@ pub fn shape(method: &str, path: &str) -> Option<(Option<(Value, bool)>, u16, Op
         }
         _ => return None,
     })
+}
+
+/// The block sizes [`BLOCK_SIZE_PATTERN`] takes.
+fn block_sizes() -> Vec<u64> {
+    (12..=24).map(|s| 1u64 << s).collect()
+}
+
+/// The query parameters of this module's routes.
+pub fn query_params(method: &str, path: &str) -> Vec<Value> {
+    match (method, path) {
+        ("get", "/v1/backups") => vec![
+            json!({"name": "target", "in": "query", "required": false,
+                "description": "Only the backups of this target (404 when no such target is set)",
+                "schema": {"type": "string", "pattern": crate::api::patterns::NAME_PATTERN}}),
+            json!({"name": "volume", "in": "query", "required": false,
+                "description": "Only the backups of this backup volume",
+                "schema": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$"}}),
+        ],
+        _ => Vec::new(),
+    }
 }
 
 /// The path parameters of this module's routes that are not plain names.
@@ -137,6 +169,7 @@ pub fn schemas() -> Value {
             "properties": {
                 "id": s, "target": s, "name": s, "size": uint, "lastBackupName": s, "lastBackupAt": s,
                 "backingImageName": s, "backingImageChecksum": s, "labels": map, "created": s, "backupCount": uint,
+                "blockSize": uint,
             }
         },
         "BackupCreate": {
@@ -149,6 +182,7 @@ pub fn schemas() -> Value {
                 "labels": {"type": "object", "additionalProperties": {"type": "string"}},
                 "target": {"type": "string", "pattern": NAME_PATTERN, "nullable": true},
                 "deltaMax": {"type": "integer", "minimum": 1, "maximum": u32::MAX, "nullable": true},
+                "blockSize": {"type": "integer", "enum": block_sizes(), "nullable": true},
             }
         },
         "Backup": {
@@ -165,6 +199,7 @@ pub fn schemas() -> Value {
                 "snapshotTaken": {"type": "boolean"}, "replica": s,
                 "backingImageName": s, "backingImageChecksum": s,
                 "deltaMax": {"type": "integer", "minimum": 0, "maximum": u32::MAX},
+                "blockSize": uint,
             }
         },
         "BackingImageBackupRequest": {
@@ -183,7 +218,7 @@ pub fn schemas() -> Value {
                 "state": {"type": "string", "enum": states()},
                 "progress": {"type": "integer", "minimum": 0, "maximum": 100},
                 "size": uint, "newBytes": uint, "deduplicatedBlocks": uint, "started": s, "completed": s, "error": s,
-                "maxUploadRate": uint,
+                "maxUploadRate": uint, "cancelRequested": {"type": "boolean"},
             }
         },
         "BackupMaxCount": {
@@ -211,4 +246,32 @@ pub fn schemas() -> Value {
             }
         },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_block_size_pattern_takes_exactly_what_the_backup_store_takes() {
+        let re = regex::Regex::new(BLOCK_SIZE_PATTERN).unwrap();
+        let mut candidates: Vec<u64> = (0..=26).map(|s| 1u64 << s).collect();
+        candidates.extend(candidates.clone().iter().flat_map(|c| [c - 1, c + 1]));
+        candidates.extend([0, 3 << 20, 12 << 10]);
+        for bs in candidates {
+            assert_eq!(
+                re.is_match(&bs.to_string()),
+                backupstore::check_block_size(bs).is_ok(),
+                "block size {bs}"
+            );
+        }
+        assert_eq!(
+            block_sizes()
+                .iter()
+                .map(u64::to_string)
+                .collect::<Vec<_>>()
+                .join("|"),
+            BLOCK_SIZE_PATTERN.trim_start_matches("^(").trim_end_matches(")$")
+        );
+    }
 }

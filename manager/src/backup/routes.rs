@@ -18,7 +18,7 @@ use super::model::{
 };
 use super::restore::{check_detach, completed_backup, parse_ref, record_for, spec_ref};
 use super::target::{TargetError, check, open_spec};
-use crate::api::extract::{Body, Path};
+use crate::api::extract::{Body, Path, Query};
 use crate::api::openapi::check_name;
 use crate::api::routes::Routes;
 use crate::context::Ctx;
@@ -29,7 +29,9 @@ use crate::volume_engine::VolumeEngine;
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
-pub use super::openapi::{BACKUP_REF_PATTERN, CREDENTIAL_KEYS, DEFAULT_POLL_INTERVAL, TARGET_URL_PATTERN};
+pub use super::openapi::{
+    BACKUP_REF_PATTERN, BLOCK_SIZE_SETTING, CREDENTIAL_KEYS, DEFAULT_POLL_INTERVAL, TARGET_URL_PATTERN,
+};
 
 pub fn register(r: &mut Routes) {
     r.add("get", "/v1/backuptargets", "List backup targets", list_targets);
@@ -87,7 +89,24 @@ pub fn register(r: &mut Routes) {
         "Get a backup of a backing image ([TARGET:]NAME)",
         super::image_backup::get,
     );
-    r.add("get", "/v1/backups", "List backups of every target", list_backups);
+    r.add(
+        "post",
+        "/v1/backingimagebackups/{backingimagebackup}/cancel",
+        "Cancel a pending or running backup of a backing image: the manager running it stops at the next block and records it failed (cancelled)",
+        super::image_backup::cancel,
+    );
+    r.add(
+        "delete",
+        "/v1/backingimagebackups/{backingimagebackup}",
+        "Delete a finished backup of a backing image from its target (blocks no other backup of the image uses are collected) and its record; refused while it runs",
+        super::image_backup::delete,
+    );
+    r.add(
+        "get",
+        "/v1/backups",
+        "List backups (of every target, or of ?target=NAME; of every backup volume, or of ?volume=NAME)",
+        list_backups,
+    );
     r.add(
         "post",
         "/v1/backups",
@@ -203,6 +222,22 @@ pub struct BackupCreate {
     /// recurring job with its own `deltaMax` asks for.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub delta_max: Option<u32>,
+    /// Block size in bytes of the backup volume this backup creates if it is the volume's first on the target (a
+    /// power of two from 4 KiB to 16 MiB; default: the `backup-block-size` setting). Refused when the backup
+    /// volume exists with another block size.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub block_size: Option<u64>,
+}
+
+/// `GET /v1/backups?target=T&volume=V`: only the backups of target T and/or of backup volume V.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+#[serde(deny_unknown_fields)]
+pub struct BackupListQuery {
+    #[serde(default)]
+    pub target: Option<String>,
+    #[serde(default)]
+    pub volume: Option<String>,
 }
 
 /// A volume's own `backup-max-count`: None falls back to the setting; 0 = no limit.
@@ -542,8 +577,29 @@ async fn delete_volume(State(ctx): State<Ctx>, Path(r): Path<String>) -> Result<
     Ok(StatusCode::NO_CONTENT)
 }
 
-async fn list_backups(State(ctx): State<Ctx>) -> ApiResult<Vec<BackupView>> {
-    let mut out = views(&ctx, ctx.db.list::<Backup>().await?).await?;
+async fn list_backups(
+    State(ctx): State<Ctx>,
+    Query(q): Query<BackupListQuery>,
+) -> ApiResult<Vec<BackupView>> {
+    if let Some(t) = &q.target {
+        check_name("backup target", t)?;
+        // A typo in a filter shows as an error, not as an empty list.
+        if ctx.db.get::<BackupTarget>(t).await?.is_none() {
+            return Err(ApiError::NotFound(format!("backup target {t:?} not found")));
+        }
+    }
+    if let Some(v) = &q.volume {
+        backupstore::validate_name("volume", v).map_err(|e| ApiError::Invalid(e.to_string()))?;
+    }
+    let bs = ctx
+        .db
+        .list::<Backup>()
+        .await?
+        .into_iter()
+        .filter(|b| q.target.as_ref().is_none_or(|t| b.data.target == *t))
+        .filter(|b| q.volume.as_ref().is_none_or(|v| b.data.volume == *v))
+        .collect();
+    let mut out = views(&ctx, bs).await?;
     out.sort_by(|a, b| {
         (&a.backup.target, &a.backup.volume, &a.backup.started, &a.id).cmp(&(
             &b.backup.target,
@@ -647,6 +703,9 @@ pub async fn request_backup(ctx: &Ctx, req: &BackupCreate) -> Result<Object<Back
             "deltaMax 0: a chain holds at least its full backup (1 makes every backup full)".into(),
         ));
     }
+    if let Some(bs) = req.block_size {
+        backupstore::check_block_size(bs).map_err(|e| ApiError::Invalid(e.to_string()))?;
+    }
     let v = ctx
         .db
         .get::<Volume>(&req.volume)
@@ -655,6 +714,25 @@ pub async fn request_backup(ctx: &Ctx, req: &BackupCreate) -> Result<Object<Back
     let t = super::target::open(ctx, &target).await.map_err(target_error)?;
     // Before the snapshot is taken: an unreachable target changes nothing.
     target_reachable(ctx, &target).await?;
+    // A backup volume's block size is fixed by its first backup: one asked for must be the volume's.
+    let block_size = match req.block_size {
+        Some(bs) => {
+            match t.store.volume_config(&req.volume).await {
+                Ok(c) if c.block_size != bs => {
+                    return Err(ApiError::Conflict(format!(
+                        "backup volume {} on target {target} has block size {} (fixed by its first backup), not {bs}: \
+                         back up without a block size, or to another target",
+                        req.volume, c.block_size
+                    )));
+                }
+                Ok(_) => {}
+                Err(e) if e.kind() == backupstore::ErrorKind::NotFound => {}
+                Err(e) => return Err(store_error(&e)),
+            }
+            bs
+        }
+        None => ctx.setting_u64(BLOCK_SIZE_SETTING).await,
+    };
     if let Some((b, s)) = super::running_on(ctx, &req.volume).await? {
         return Err(ApiError::Conflict(format!(
             "backup {b} of volume {} (snapshot {s}) is running: one at a time",
@@ -735,6 +813,7 @@ pub async fn request_backup(ctx: &Ctx, req: &BackupCreate) -> Result<Object<Back
         },
         snapshot_taken: taken,
         delta_max: req.delta_max,
+        block_size,
         started: chrono::Utc::now().to_rfc3339(),
         ..Default::default()
     };

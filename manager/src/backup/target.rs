@@ -273,6 +273,7 @@ fn volume_doc(t: &OpenTarget, v: &str, cfg: &backupstore::VolumeConfig, backups:
         labels: cfg.labels.clone(),
         created: cfg.created.clone(),
         backup_count: u32::try_from(backups).unwrap_or(u32::MAX),
+        block_size: cfg.block_size,
     }
 }
 

@@ -139,6 +139,7 @@ pub async fn run(
             labels,
             target: spec.target.clone(),
             delta_max: spec.delta_max,
+            block_size: None,
         },
     )
     .await;
