@@ -365,8 +365,8 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     ),
     (
         "backup-block-size",
-        "2097152",
-        "Block size in bytes of new backup volumes (a power of two from 4096 to 16777216); a volume's first backup on a target fixes it for that backup volume. Smaller blocks upload less for scattered small changes and cost more objects, requests and block-map entries (backupstore README).",
+        "524288",
+        "Block size in bytes of new backup volumes (a power of two from 4096 to 16777216); a volume's first backup on a target fixes it for that backup volume. Smaller blocks upload less for scattered small changes and cost more objects, requests and block-map entries (bench/backup/README.md).",
     ),
     (
         "backup-max-count",

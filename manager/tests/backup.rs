@@ -524,9 +524,9 @@ fn s3_target_keeps_credentials_secret_and_refuses_unusable_targets() {
     let r = attach(&url, "r");
     qemu_img_compare(&r, &src);
 
-    // An incremental after 1 MiB of incompressible data written into a 2 MiB block whose other half is zeros
-    // stores that one block (lz4 shrinks it to about the 1 MiB of random data) and small records: measured as the
-    // growth of the server's files, not as Corral reports it. The first backup stored 4 MiB.
+    // An incremental after 1 MiB of incompressible data written at a 1 MiB-aligned offset stores the blocks it
+    // covers (two of the default 512 KiB) and small records: measured as the growth of the server's files, not
+    // as Corral reports it. The first backup stored 4 MiB.
     let before = stored_bytes(&s3_dir.join("bucket"));
     write_random(&src, dir.path(), 8, 16 * MIB, MIB);
     let b2 = backup(&url, "src", &[]);

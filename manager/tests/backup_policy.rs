@@ -793,7 +793,7 @@ fn a_backup_volume_keeps_the_block_size_its_first_backup_chose_and_backups_are_l
             "{bad}: {code} {e}"
         );
     }
-    assert_eq!(get(&url, "/v1/settings/backup-block-size")["value"], "2097152");
+    assert_eq!(get(&url, "/v1/settings/backup-block-size")["value"], "524288");
     ok(&url, &["setting", "set", "backup-block-size", "262144"]);
 
     ok(
