@@ -139,6 +139,12 @@ pub enum Op {
     Detach {
         id: BlobId,
     },
+    /// Lvol `id` reads through to snapshot `parent` instead of its current parent (its own clusters stay): how a
+    /// rebuilt replica's head, written since the rebuild began, is put over the snapshots received meanwhile.
+    Reparent {
+        id: BlobId,
+        parent: BlobId,
+    },
     /// One cluster's state after data IO (`None`: unmapped).
     Cluster {
         id: BlobId,
@@ -235,6 +241,15 @@ impl Meta {
                 Ok(())
             }
             Op::RemoveXattr { id, .. } | Op::Detach { id } => self.blob(*id).map(drop),
+            Op::Reparent { id, parent } => {
+                if self.blob(*id)?.kind != BlobKind::Lvol {
+                    return Err(bad("only an lvol can be re-parented".into()));
+                }
+                if self.blob(*parent)?.kind != BlobKind::Snapshot {
+                    return Err(bad("an lvol can only read through to a snapshot".into()));
+                }
+                Ok(())
+            }
             Op::Delete { id } => {
                 let b = self.blob(*id)?;
                 let n = self.children(*id).count();
@@ -386,6 +401,13 @@ impl Meta {
                 if let Some(b) = self.blobs.get_mut(&id) {
                     b.parent = None;
                     b.parent_limit = 0;
+                }
+            }
+            Op::Reparent { id, parent } => {
+                let limit = self.blob(parent)?.size;
+                if let Some(b) = self.blobs.get_mut(&id) {
+                    b.parent = Some(parent);
+                    b.parent_limit = limit.min(b.size);
                 }
             }
             Op::Cluster { id, lcluster, entry } => {
@@ -721,6 +743,11 @@ pub fn encode_ops(ops: &[Op]) -> Vec<u8> {
                 e.u8(9);
                 e.u64(*id);
             }
+            Op::Reparent { id, parent } => {
+                e.u8(11);
+                e.u64(*id);
+                e.u64(*parent);
+            }
             Op::Cluster { id, lcluster, entry } => {
                 e.u8(10);
                 e.u64(*id);
@@ -786,6 +813,10 @@ pub fn decode_ops(buf: &[u8], cluster_size: u64) -> Result<Vec<Op>, FormatError>
             },
             8 => Op::Delete { id: d.u64()? },
             9 => Op::Detach { id: d.u64()? },
+            11 => Op::Reparent {
+                id: d.u64()?,
+                parent: d.u64()?,
+            },
             10 => {
                 let id = d.u64()?;
                 let lcluster = d.u64()?;
@@ -860,6 +891,7 @@ mod tests {
                 id: 3,
                 name: "c2".into(),
             },
+            Op::Reparent { id: 3, parent: 2 },
         ];
         for op in ops.clone() {
             m.apply(op, CS).unwrap();

@@ -610,9 +610,11 @@ impl LvStore {
                 *id
             }
             Op::Snapshot { snap, .. } => *snap,
-            Op::SetXattr { id, .. } | Op::RemoveXattr { id, .. } | Op::Delete { id } | Op::Detach { id } => {
-                *id
-            }
+            Op::SetXattr { id, .. }
+            | Op::RemoveXattr { id, .. }
+            | Op::Delete { id }
+            | Op::Detach { id }
+            | Op::Reparent { id, .. } => *id,
             Op::Cluster { id, .. } => *id,
         };
         self.commit(&mut inner, vec![op])?;
@@ -896,6 +898,31 @@ impl LvStore {
             }
         }
         self.commit(&mut inner, vec![Op::Delete { id: b.id }])
+    }
+
+    /// Puts lvol `name` over snapshot `snapshot`: it reads through to it instead of its current parent (up to the
+    /// snapshot's size), keeping its own clusters, id and xattrs. One journaled op, so it is the commit point of a
+    /// replica rebuild: the head written since the rebuild began goes over the snapshots received meanwhile.
+    pub fn reparent(&self, name: &str, snapshot: &str) -> Result<()> {
+        self.op(|m| {
+            let b = Self::find(m, name)?;
+            if b.kind != BlobKind::Lvol {
+                return Err(Error::Invalid(format!(
+                    "{name:?} is a snapshot: only an lvol can be re-parented"
+                )));
+            }
+            let s = Self::find(m, snapshot)?;
+            if s.kind != BlobKind::Snapshot {
+                return Err(Error::Invalid(format!(
+                    "{snapshot:?} is not a snapshot: snapshot it first"
+                )));
+            }
+            Ok(Op::Reparent {
+                id: b.id,
+                parent: s.id,
+            })
+        })
+        .map(drop)
     }
 
     /// Decouples lvol `name` from its snapshot chain: every block the chain provides is copied into the lvol,
@@ -1210,6 +1237,35 @@ impl LvStore {
                 }
             }
             off += BLOCK_SIZE;
+        }
+        Ok(out)
+    }
+
+    /// The ranges of `[offset, offset + len)` that blob `id` holds itself (bytes, ascending), not reading through
+    /// to its parents: what a snapshot adds over its parent, which is what a rebuild transfers per snapshot.
+    pub fn own_ranges(&self, id: BlobId, offset: u64, len: u64) -> Result<Vec<Range<u64>>> {
+        let _g = self.gate_read();
+        let inner = self.lock();
+        self.check_range(&inner.meta, id, offset, len)?;
+        let b = &inner.meta.blobs[&id];
+        let end = offset + len;
+        let mut out: Vec<Range<u64>> = Vec::new();
+        let bpc = self.cluster_size / BLOCK_SIZE;
+        for (lc, e) in b
+            .clusters
+            .range(offset / self.cluster_size..end.div_ceil(self.cluster_size))
+        {
+            for blk in 0..bpc {
+                let off = lc * self.cluster_size + blk * BLOCK_SIZE;
+                if !e.has(blk) || off + BLOCK_SIZE <= offset || off >= end {
+                    continue;
+                }
+                let (s, e) = (off.max(offset), (off + BLOCK_SIZE).min(end));
+                match out.last_mut() {
+                    Some(r) if r.end == s => r.end = e,
+                    _ => out.push(s..e),
+                }
+            }
         }
         Ok(out)
     }

@@ -454,3 +454,47 @@ fn on_tmpfs_which_refuses_o_direct_the_store_falls_back_to_buffered_io() {
     s.read_at(s.lookup("vol").unwrap(), 4096, &mut b).unwrap();
     assert_eq!(b, [5u8; 8192]);
 }
+
+#[test]
+fn reparent_puts_a_written_lvol_over_another_snapshot_and_own_ranges_list_only_a_blobs_own_blocks() {
+    let dir = testkit::scratch::disk_tempdir("lvstore");
+    let path = disk_file(dir.path(), 64 * MIB);
+    let s = LvStore::format(&path, &small_opts()).unwrap();
+    // The head: empty snapshot under it, then 4 KiB written at 8 KiB (what a rebuilding head holds).
+    let head = s.create_lvol("head", MIB).unwrap();
+    s.snapshot("head", "old").unwrap();
+    s.write_at(head, 8192, &[0xee; 4096]).unwrap();
+    // The received chain: base (1 at 0..64K) <- top (2 at 4K..8K).
+    let w = s.create_lvol("w", MIB).unwrap();
+    s.write_at(w, 0, &[1; 64 << 10]).unwrap();
+    s.snapshot("w", "base").unwrap();
+    s.write_at(w, 4096, &[2; 4096]).unwrap();
+    s.snapshot("w", "top").unwrap();
+    s.delete("w").unwrap();
+    let top = s.lookup("top").unwrap();
+    assert_eq!(s.own_ranges(top, 0, MIB).unwrap(), [4096..8192]);
+    assert_eq!(
+        s.own_ranges(s.lookup("base").unwrap(), 0, MIB).unwrap(),
+        [0..65536]
+    );
+    assert_eq!(s.own_ranges(top, 6000, 100).unwrap(), [6000..6100]);
+    // Only an lvol goes over a snapshot.
+    assert_eq!(s.reparent("top", "base").unwrap_err().kind(), ErrorKind::Invalid);
+    assert_eq!(s.reparent("head", "head").unwrap_err().kind(), ErrorKind::Invalid);
+    s.reparent("head", "top").unwrap();
+    s.delete("old").unwrap();
+    let mut got = vec![0u8; 16384];
+    s.read_at(head, 0, &mut got).unwrap();
+    let mut want = vec![1u8; 16384];
+    want[4096..8192].fill(2);
+    want[8192..12288].fill(0xee);
+    assert_eq!(got, want);
+    // It survives a reopen (journal replay) and the store checks clean.
+    drop(s);
+    let s = LvStore::open(&path, OpenMode::ReadWrite).unwrap();
+    assert_eq!(s.info("head").unwrap().parent.as_deref(), Some("top"));
+    let mut again = vec![0u8; 16384];
+    s.read_at(s.lookup("head").unwrap(), 0, &mut again).unwrap();
+    assert_eq!(again, want);
+    assert_eq!(s.check().unwrap().leaked_clusters, 0);
+}
