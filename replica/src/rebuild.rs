@@ -25,7 +25,7 @@ use crate::names;
 use crate::service::ReplicaHost;
 
 /// Attempts per file before the rebuild fails.
-const ATTEMPTS: usize = 3;
+pub(crate) const ATTEMPTS: usize = 3;
 
 /// Status of the rebuild into this replica.
 #[derive(Debug, Clone, Default)]
@@ -56,6 +56,54 @@ pub struct RebuildTracker {
 }
 
 impl RebuildTracker {
+    /// Starts a job (refused while one runs): sources and files to sync, counters reset.
+    pub(crate) fn begin(
+        &self,
+        sources: &[ReplicaAddress],
+        files: &[v1::DiskInfo],
+    ) -> Result<(), ReplicaError> {
+        let mut s = lock(&self.status);
+        if s.state == JobState::InProgress {
+            return Err(ReplicaError::FailedPrecondition(
+                "a rebuild is already running".into(),
+            ));
+        }
+        *s = RebuildStatus {
+            state: JobState::InProgress,
+            from: sources.iter().map(ToString::to_string).collect(),
+            files_total: u32::try_from(files.len()).unwrap_or(u32::MAX),
+            bytes_total: files.iter().map(|f| f.size).sum(),
+            ..Default::default()
+        };
+        self.transferred.store(0, Ordering::Relaxed);
+        self.skipped.store(0, Ordering::Relaxed);
+        self.done_bytes.store(0, Ordering::Relaxed);
+        self.local.store(0, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// One file of `size` allocated bytes is in place.
+    pub(crate) fn file_done(&self, size: u64) {
+        self.done_bytes.fetch_add(size, Ordering::Relaxed);
+        lock(&self.status).files_done += 1;
+    }
+
+    /// Ends the job with `result` (cancelled when `cancelled`).
+    pub(crate) fn end(&self, result: Result<(), String>, cancelled: bool) {
+        let mut s = lock(&self.status);
+        match result {
+            Ok(()) => s.state = JobState::Complete,
+            Err(e) => {
+                s.state = if cancelled {
+                    JobState::Cancelled
+                } else {
+                    JobState::Error
+                };
+                s.error = e;
+            }
+        }
+    }
+
     /// Current status as the wire message.
     pub fn to_proto(&self) -> v1::JobStatusResponse {
         let s = lock(&self.status).clone();
@@ -81,7 +129,7 @@ impl RebuildTracker {
     }
 }
 
-fn validate_file(name: &str) -> Result<(), ReplicaError> {
+pub(crate) fn validate_file(name: &str) -> Result<(), ReplicaError> {
     match names::snapshot_name(name) {
         Some(n) => names::validate_snapshot_name(n),
         None => Err(ReplicaError::InvalidArgument(format!(
@@ -100,7 +148,18 @@ async fn sync_agent(
 }
 
 /// The sources of a `FilesSync`: each a replica address (`docs/formats.md`), whose sync endpoint serves the files.
-fn parse_sources(addresses: &[String]) -> Result<Vec<ReplicaAddress>, ReplicaError> {
+/// Checks the file names (and parents) of a `FilesSync`.
+pub(crate) fn validate_files(files: &[v1::DiskInfo]) -> Result<(), ReplicaError> {
+    for f in files {
+        validate_file(&f.name)?;
+        if !f.parent.is_empty() {
+            validate_file(&f.parent)?;
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn parse_sources(addresses: &[String]) -> Result<Vec<ReplicaAddress>, ReplicaError> {
     if addresses.is_empty() {
         return Err(ReplicaError::InvalidArgument(
             "FilesSync needs at least one source".into(),
@@ -125,31 +184,8 @@ pub async fn start(
     cancel: CancellationToken,
 ) -> Result<(), ReplicaError> {
     let sources = parse_sources(&req.from_addresses)?;
-    for f in &req.files {
-        validate_file(&f.name)?;
-        if !f.parent.is_empty() {
-            validate_file(&f.parent)?;
-        }
-    }
-    {
-        let mut s = lock(&tracker.status);
-        if s.state == JobState::InProgress {
-            return Err(ReplicaError::FailedPrecondition(
-                "a rebuild is already running".into(),
-            ));
-        }
-        *s = RebuildStatus {
-            state: JobState::InProgress,
-            from: sources.iter().map(ToString::to_string).collect(),
-            files_total: u32::try_from(req.files.len()).unwrap_or(u32::MAX),
-            bytes_total: req.files.iter().map(|f| f.size).sum(),
-            ..Default::default()
-        };
-        tracker.transferred.store(0, Ordering::Relaxed);
-        tracker.skipped.store(0, Ordering::Relaxed);
-        tracker.done_bytes.store(0, Ordering::Relaxed);
-        tracker.local.store(0, Ordering::Relaxed);
-    }
+    validate_files(&req.files)?;
+    tracker.begin(&sources, &req.files)?;
     let replica = host.replica()?;
     let status = replica.status()?;
     let dir = replica.dir().to_owned();
@@ -168,22 +204,11 @@ pub async fn start(
     sync_dir(&dir)?;
     tokio::spawn(async move {
         let result = run(&dir, &tracker, (listen_ip, local_copy), &sources, &req, &cancel).await;
-        let mut s = lock(&tracker.status);
-        match result {
-            Ok(()) => {
-                s.state = JobState::Complete;
-                info!(dir = %dir.display(), files = s.files_total, "rebuild files synced");
-            }
-            Err(e) => {
-                warn!(dir = %dir.display(), error = %e, "rebuild failed");
-                s.state = if cancel.is_cancelled() {
-                    JobState::Cancelled
-                } else {
-                    JobState::Error
-                };
-                s.error = e;
-            }
+        match &result {
+            Ok(()) => info!(dir = %dir.display(), files = req.files.len(), "rebuild files synced"),
+            Err(e) => warn!(dir = %dir.display(), error = %e, "rebuild failed"),
         }
+        tracker.end(result, cancel.is_cancelled());
     });
     Ok(())
 }
@@ -235,13 +260,12 @@ async fn run(
             labels: f.labels.clone().into_iter().collect(),
         };
         write_json_atomic(dir, &names::meta_file(&f.name), &meta).map_err(|e| e.to_string())?;
-        tracker.done_bytes.fetch_add(f.size, Ordering::Relaxed);
-        lock(&tracker.status).files_done += 1;
+        tracker.file_done(f.size);
     }
     Ok(())
 }
 
-async fn sync_one(
+pub(crate) async fn sync_one(
     dir: &std::path::Path,
     listen_ip: IpAddr,
     source: &ReplicaAddress,

@@ -60,6 +60,8 @@ struct Hosted {
 pub struct LvstoreDaemon {
     store: Arc<LvStore>,
     ip: IpAddr,
+    /// Where a rebuild stages each received snapshot before writing it into the store.
+    scratch: PathBuf,
     data: ServerConfig,
     cancel: CancellationToken,
     hosted: tokio::sync::Mutex<BTreeMap<String, Hosted>>,
@@ -109,12 +111,16 @@ impl LvstoreDaemon {
             let r = replica.clone();
             tokio::task::spawn_blocking(move || r.set_ports(bound)).await??;
         }
+        let cancel = self.cancel.child_token();
         let host = Arc::new(V2Replica {
             replica,
             jobs: JobTable::default(),
             ports: bound,
+            rebuild: Arc::default(),
+            listen_ip: self.ip,
+            scratch: self.scratch.clone(),
+            cancel: cancel.clone(),
         });
-        let cancel = self.cancel.child_token();
         let grpc = V2Grpc::new(host.clone(), served);
         let mut tasks = tokio::task::JoinSet::new();
         let c = cancel.clone();
@@ -307,6 +313,14 @@ fn open_store(cfg: &LvstoreServeConfig) -> anyhow::Result<LvStore> {
     }
 }
 
+/// A rebuild's staging directory: beside the disk when it is a file, else the system's temporary directory.
+fn scratch_dir(disk: &std::path::Path) -> PathBuf {
+    match (std::fs::metadata(disk), disk.parent()) {
+        (Ok(m), Some(p)) if m.is_file() && !p.as_os_str().is_empty() => p.to_owned(),
+        _ => std::env::temp_dir(),
+    }
+}
+
 /// Runs the daemon until `cancel`.
 pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -> anyhow::Result<()> {
     info!(?cfg, "corral-replica serve-lvstore starting");
@@ -315,6 +329,7 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
     let daemon = Arc::new(LvstoreDaemon {
         store: store.clone(),
         ip: cfg.listen.ip(),
+        scratch: scratch_dir(&cfg.disk),
         data: cfg.data.clone(),
         cancel: cancel.clone(),
         hosted: tokio::sync::Mutex::default(),

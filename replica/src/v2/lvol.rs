@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use lvstore::{BlobId, BlobKind, LvStore, LvolInfo};
@@ -36,6 +36,10 @@ pub const XATTR_SNAPSHOT: &str = "corral.snapshot";
 const SNAP_INFIX: &str = ".snap.";
 /// Suffix of the head being put in place by a revert.
 const REVERT_SUFFIX: &str = ".revert";
+/// Infix of a snapshot received by a rebuild, not yet in place (`NAME.rcv.SNAP`).
+const RCV_INFIX: &str = ".rcv.";
+/// Infix of a received snapshot still being written (`NAME.rcvw.SNAP`).
+const RCVW_INFIX: &str = ".rcvw.";
 const BLOCK: u64 = 4096;
 
 /// `corral.volume` of a head lvol.
@@ -153,6 +157,17 @@ pub struct LvolReplica {
     /// Writes since the last flush (salvage fields are rewritten only then).
     written: AtomicBool,
     pub(crate) purging: AtomicBool,
+    /// Snapshots being sent to a rebuilding replica (a purge waits for none).
+    sending: AtomicUsize,
+}
+
+/// Holds off purges while a snapshot lvol is being sent.
+pub struct Sending<'a>(&'a AtomicUsize);
+
+impl Drop for Sending<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl std::fmt::Debug for LvolReplica {
@@ -176,8 +191,10 @@ impl LvolReplica {
             counter: AtomicU64::new(0),
             written: AtomicBool::new(false),
             purging: AtomicBool::new(false),
+            sending: AtomicUsize::new(0),
         };
         r.finish_revert()?;
+        r.finish_rebuild()?;
         if r.store.lookup(name).is_ok() {
             r.exists.store(true, Ordering::SeqCst);
             r.open()?;
@@ -332,33 +349,38 @@ impl LvolReplica {
             .list()
             .into_iter()
             .filter(|l| {
-                l.name == self.name || l.name == self.revert_name() || self.snap_file(&l.name).is_some()
+                l.name == self.name
+                    || l.name == self.revert_name()
+                    || self.snap_file(&l.name).is_some()
+                    || self.is_received(&l.name)
             })
             .collect();
-        // Leaves first: a blob is deleted once nothing of this replica reads through to it.
-        let mut left: Vec<LvolInfo> = mine;
+        self.delete_leaves_first(mine.into_iter().map(|l| l.name).collect())?;
+        self.exists.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Deletes the lvols `names`, leaves first: a blob is deleted once none of `names` reads through to it.
+    fn delete_leaves_first(&self, mut left: Vec<String>) -> Result<()> {
         while !left.is_empty() {
-            let names: Vec<String> = left.iter().map(|l| l.name.clone()).collect();
             let before = left.len();
             let mut next = Vec::new();
-            for l in left {
-                let info = self.store.info(&l.name).map_err(|e| self.err(e))?;
-                if info.children.iter().any(|c| names.contains(c)) {
-                    next.push(l);
+            for n in &left {
+                let info = self.store.info(n).map_err(|e| self.err(e))?;
+                if info.children.iter().any(|c| left.contains(c)) {
+                    next.push(n.clone());
                 } else {
-                    self.store.delete(&l.name).map_err(|e| self.err(e))?;
+                    self.store.delete(n).map_err(|e| self.err(e))?;
                 }
             }
             if next.len() == before {
                 return Err(ReplicaError::FailedPrecondition(format!(
-                    "replica {}: lvols {:?} have clones outside the replica",
-                    self.name,
-                    next.iter().map(|l| &l.name).collect::<Vec<_>>()
+                    "replica {}: lvols {next:?} have clones outside the replica",
+                    self.name
                 )));
             }
             left = next;
         }
-        self.exists.store(false, Ordering::SeqCst);
         Ok(())
     }
 
@@ -669,6 +691,11 @@ impl LvolReplica {
     }
 
     fn purge_inner(&self, ctl: &JobControl) -> Result<()> {
+        if self.sending.load(Ordering::Acquire) > 0 {
+            return Err(ReplicaError::FailedPrecondition(
+                "snapshots are being sent to a rebuilding replica; purge after it".into(),
+            ));
+        }
         let removed: Vec<String> = self
             .store
             .list()
@@ -796,6 +823,237 @@ impl LvolReplica {
     }
 }
 
+/// Rebuild (`super::rebuild`): sending snapshot lvols, receiving them as `NAME.rcv.SNAP`, and the crash-ordered
+/// commit that puts the head over them.
+impl LvolReplica {
+    fn is_received(&self, lvol: &str) -> bool {
+        lvol.strip_prefix(&self.name)
+            .is_some_and(|r| r.starts_with(RCV_INFIX) || r.starts_with(RCVW_INFIX))
+    }
+
+    fn rcv_lvol(&self, file: &str) -> String {
+        format!(
+            "{}{RCV_INFIX}{}",
+            self.name,
+            names::snapshot_name(file).unwrap_or(file)
+        )
+    }
+
+    fn rcvw_lvol(&self, file: &str) -> String {
+        format!(
+            "{}{RCVW_INFIX}{}",
+            self.name,
+            names::snapshot_name(file).unwrap_or(file)
+        )
+    }
+
+    /// Snapshot `file` (`volume-snap-X.img`) as read-only sparse content for a rebuild; purges wait until the
+    /// guard is dropped.
+    pub fn snapshot_for_sending(&self, file: &str) -> Result<(super::rebuild::LvolSnapshot, Sending<'_>)> {
+        self.sending.fetch_add(1, Ordering::AcqRel);
+        let guard = Sending(&self.sending);
+        if self.purging.load(Ordering::Acquire) {
+            return Err(ReplicaError::FailedPrecondition(
+                "a purge is running; rebuild after it".into(),
+            ));
+        }
+        let lvol = self.snap_lvol(file);
+        let id = self
+            .store
+            .lookup(&lvol)
+            .map_err(|_| ReplicaError::NotFound(format!("snapshot {file}")))?;
+        let size = self.store.size_of(id).map_err(|e| self.err(e))?;
+        Ok((
+            super::rebuild::LvolSnapshot::new(self.store.clone(), id, size),
+            guard,
+        ))
+    }
+
+    /// Deletes every lvol a rebuild received and has not put in place.
+    pub fn abandon_received(&self) -> Result<()> {
+        let _shape = crate::locks::lock(&self.shape);
+        let received: Vec<String> = self
+            .store
+            .list()
+            .into_iter()
+            .filter(|l| self.is_received(&l.name))
+            .map(|l| l.name)
+            .collect();
+        self.delete_leaves_first(received)
+    }
+
+    /// Writes the staged file of snapshot `disk` into the store as `NAME.rcv.SNAP` (see the module doc of
+    /// `super::rebuild`) and removes the staged file. Its parent must have been received before it.
+    pub fn import_received(&self, staged: &std::path::Path, disk: &corral_proto::v1::DiskInfo) -> Result<()> {
+        use std::os::unix::fs::FileExt;
+        let file = std::fs::File::open(staged).map_err(|e| ReplicaError::io("open", staged, e))?;
+        let size = file
+            .metadata()
+            .map_err(|e| ReplicaError::io("stat", staged, e))?
+            .len();
+        if size == 0 || !size.is_multiple_of(BLOCK) {
+            return Err(ReplicaError::InvalidArgument(format!(
+                "received snapshot {} has size {size}, not a positive multiple of {BLOCK}",
+                disk.name
+            )));
+        }
+        let (w, s) = (self.rcvw_lvol(&disk.name), self.rcv_lvol(&disk.name));
+        for n in [&w, &s] {
+            if self.store.lookup(n).is_ok() {
+                self.store.delete(n).map_err(|e| self.err(e))?;
+            }
+        }
+        let id = if disk.parent.is_empty() {
+            self.store.create_lvol(&w, size).map_err(|e| self.err(e))?
+        } else {
+            let p = self.rcv_lvol(&disk.parent);
+            if self.store.lookup(&p).is_err() {
+                return Err(ReplicaError::FailedPrecondition(format!(
+                    "snapshot {} arrived before its parent {}",
+                    disk.name, disk.parent
+                )));
+            }
+            let id = self.store.clone_snapshot(&p, &w).map_err(|e| self.err(e))?;
+            if self.store.size_of(id).map_err(|e| self.err(e))? != size {
+                self.store.resize(&w, size).map_err(|e| self.err(e))?;
+            }
+            id
+        };
+        let mut buf = vec![0u8; 1 << 20];
+        for r in sparse_sync::data_extents(&file, 0..size) {
+            let r = r.map_err(|e| ReplicaError::io("seek data in", staged, e))?;
+            let mut off = r.start;
+            while off < r.end {
+                let n = usize::try_from((r.end - off).min(buf.len() as u64)).unwrap_or(buf.len());
+                file.read_exact_at(&mut buf[..n], off)
+                    .map_err(|e| ReplicaError::io("read", staged, e))?;
+                self.store.write_at(id, off, &buf[..n]).map_err(|e| self.err(e))?;
+                off += n as u64;
+            }
+        }
+        self.store.flush().map_err(|e| self.err(e))?;
+        self.store.snapshot(&w, &s).map_err(|e| self.err(e))?;
+        self.store.delete(&w).map_err(|e| self.err(e))?;
+        self.write_snapshot_xattr(
+            &s,
+            &SnapshotXattr {
+                created: disk.created.clone(),
+                user_created: disk.user_created,
+                removed: disk.removed,
+                labels: disk.labels.clone().into_iter().collect(),
+            },
+        )?;
+        std::fs::remove_file(staged).map_err(|e| ReplicaError::io("remove", staged, e))
+    }
+
+    /// Puts the head over the received snapshots: the head's parent (the engine's rebuild snapshot, taken here
+    /// too) is replaced by its received copy in one journaled `reparent` — the commit point — then the old
+    /// snapshots are deleted and the received ones renamed `NAME.snap.SNAP`.
+    pub fn commit_received(&self, files: &[corral_proto::v1::DiskInfo]) -> Result<()> {
+        let _shape = crate::locks::lock(&self.shape);
+        let _open = write_lock(&self.open);
+        let parent = self.store.info(&self.name).map_err(|e| self.err(e))?.parent;
+        let Some(file) = parent.as_deref().and_then(|p| self.snap_file(p)) else {
+            return Err(ReplicaError::FailedPrecondition(format!(
+                "replica {}: the head has no snapshot under it (the engine takes one before a rebuild)",
+                self.name
+            )));
+        };
+        if !files.iter().any(|f| f.name == file) {
+            return Err(ReplicaError::FailedPrecondition(format!(
+                "the source has no snapshot {file}, the rebuilt head's parent"
+            )));
+        }
+        self.store
+            .reparent(&self.name, &self.rcv_lvol(&file))
+            .map_err(|e| self.err(e))?;
+        self.finish_received()
+    }
+
+    /// The names of the lvols in the head's tree (its root snapshot and everything under it).
+    fn head_tree(&self) -> std::collections::BTreeSet<String> {
+        let all = self.store.list();
+        let by_name: BTreeMap<&str, &LvolInfo> = all.iter().map(|l| (l.name.as_str(), l)).collect();
+        let mut root = self.name.clone();
+        while let Some(p) = by_name.get(root.as_str()).and_then(|l| l.parent.clone()) {
+            root = p;
+        }
+        let mut tree = std::collections::BTreeSet::new();
+        let mut todo = vec![root];
+        while let Some(n) = todo.pop() {
+            if let Some(l) = by_name.get(n.as_str()) {
+                todo.extend(l.children.iter().cloned());
+            }
+            tree.insert(n);
+        }
+        tree
+    }
+
+    /// After the commit: deletes what is not in the head's tree (the old snapshots) and what is half written,
+    /// then renames the received snapshots into place. Idempotent (load runs it again after a crash).
+    fn finish_received(&self) -> Result<()> {
+        let half: Vec<String> = self
+            .store
+            .list()
+            .into_iter()
+            .filter(|l| {
+                l.name
+                    .strip_prefix(&self.name)
+                    .is_some_and(|r| r.starts_with(RCVW_INFIX))
+            })
+            .map(|l| l.name)
+            .collect();
+        self.delete_leaves_first(half)?;
+        let tree = self.head_tree();
+        let old: Vec<String> = self
+            .store
+            .list()
+            .into_iter()
+            .filter(|l| self.snap_file(&l.name).is_some() && !tree.contains(&l.name))
+            .map(|l| l.name)
+            .collect();
+        self.delete_leaves_first(old)?;
+        for l in self.store.list() {
+            if let Some(snap) = l
+                .name
+                .strip_prefix(&self.name)
+                .and_then(|r| r.strip_prefix(RCV_INFIX))
+            {
+                let to = format!("{}{SNAP_INFIX}{snap}", self.name);
+                self.store.rename(&l.name, &to).map_err(|e| self.err(e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// At load: a rebuild that crashed before its commit is undone, one after it is finished.
+    fn finish_rebuild(&self) -> Result<()> {
+        let all = self.store.list();
+        if !all.iter().any(|l| self.is_received(&l.name)) {
+            return Ok(());
+        }
+        let by_name: BTreeMap<&str, &LvolInfo> = all.iter().map(|l| (l.name.as_str(), l)).collect();
+        let mut committed = false;
+        let mut cur = by_name.get(self.name.as_str()).and_then(|l| l.parent.clone());
+        while let Some(p) = cur {
+            committed |= self.is_received(&p);
+            cur = by_name.get(p.as_str()).and_then(|l| l.parent.clone());
+        }
+        if committed {
+            tracing::info!(replica = %self.name, "finishing a committed rebuild");
+            self.finish_received()
+        } else {
+            tracing::info!(replica = %self.name, "deleting the snapshots of an unfinished rebuild");
+            let received = all
+                .into_iter()
+                .filter(|l| self.is_received(&l.name))
+                .map(|l| l.name)
+                .collect();
+            self.delete_leaves_first(received)
+        }
+    }
+}
+
 fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -913,6 +1171,106 @@ mod tests {
         let r = LvolReplica::load(s.clone(), "r").unwrap();
         assert_eq!(read(&r, 0, 4096), vec![1u8; 4096]);
         s.check().unwrap();
+    }
+
+    /// Stages snapshot `name` (parent `parent`) with `fill` at block 0 and writes it into the store as received.
+    fn receive(r: &LvolReplica, dir: &std::path::Path, name: &str, parent: &str, fill: u8) {
+        use std::os::unix::fs::FileExt;
+        let staged = dir.join(names::snapshot_file(name));
+        let f = std::fs::File::create(&staged).unwrap();
+        f.set_len(1 << 20).unwrap();
+        f.write_all_at(&[fill; 4096], 0).unwrap();
+        let disk = corral_proto::v1::DiskInfo {
+            name: names::snapshot_file(name),
+            parent: if parent.is_empty() {
+                String::new()
+            } else {
+                names::snapshot_file(parent)
+            },
+            created: "2026-01-01T00:00:00Z".into(),
+            user_created: true,
+            ..Default::default()
+        };
+        r.import_received(&staged, &disk).unwrap();
+        assert!(!staged.exists(), "the staging file is removed");
+    }
+
+    fn received_files() -> Vec<corral_proto::v1::DiskInfo> {
+        ["s1", "rebuild-x"]
+            .iter()
+            .map(|n| corral_proto::v1::DiskInfo {
+                name: names::snapshot_file(n),
+                ..Default::default()
+            })
+            .collect()
+    }
+
+    #[test]
+    fn a_rebuild_is_undone_before_its_commit_and_finished_after_it_at_load() {
+        let t = tempfile::tempdir().unwrap();
+        let s = store(t.path());
+        let r = LvolReplica::load(s.clone(), "r").unwrap();
+        r.create(1 << 20, false, [0; 3]).unwrap();
+        r.write_at(0, &[9u8; 4096]).unwrap();
+        snap(&r, "old"); // a former life's snapshot
+        snap(&r, "rebuild-x"); // the engine's rebuild snapshot
+        r.write_at(4096, &[7u8; 4096]).unwrap(); // written during the rebuild
+        // Crash before the commit: the received lvols go, the replica is as it was.
+        receive(&r, t.path(), "s1", "", 1);
+        receive(&r, t.path(), "rebuild-x", "s1", 2);
+        s.clone_snapshot("r.rcv.rebuild-x", "r.rcvw.next").unwrap(); // a half-written one
+        drop(r);
+        let r = LvolReplica::load(s.clone(), "r").unwrap();
+        assert!(
+            s.list().iter().all(|l| !l.name.contains(".rcv")),
+            "{:?}",
+            s.list()
+        );
+        assert_eq!(read(&r, 0, 8192), [[9u8; 4096], [7u8; 4096]].concat());
+        // A rebuild that fails is cleaned up at once.
+        receive(&r, t.path(), "s1", "", 1);
+        r.abandon_received().unwrap();
+        assert!(s.list().iter().all(|l| !l.name.contains(".rcv")));
+        // Receiving a child before its parent is refused.
+        let staged = t.path().join("volume-snap-x.img");
+        std::fs::File::create(&staged).unwrap().set_len(1 << 20).unwrap();
+        let orphan = corral_proto::v1::DiskInfo {
+            name: "volume-snap-x.img".into(),
+            parent: "volume-snap-nope.img".into(),
+            ..Default::default()
+        };
+        assert!(r.import_received(&staged, &orphan).is_err());
+        r.abandon_received().unwrap();
+        // Crash right after the commit (the reparent): finished at load.
+        receive(&r, t.path(), "s1", "", 1);
+        receive(&r, t.path(), "rebuild-x", "s1", 2);
+        s.reparent("r", "r.rcv.rebuild-x").unwrap();
+        drop(r);
+        let r = LvolReplica::load(s.clone(), "r").unwrap();
+        let st = r.status().unwrap();
+        assert_eq!(
+            st.chain,
+            [
+                "volume-head-002.img",
+                "volume-snap-rebuild-x.img",
+                "volume-snap-s1.img"
+            ]
+        );
+        assert!(st.disks["volume-snap-s1.img"].user_created);
+        assert_eq!(read(&r, 0, 8192), [[2u8; 4096], [7u8; 4096]].concat());
+        // A full commit through the API gives the same, and the store checks clean.
+        receive(&r, t.path(), "s1", "", 3);
+        receive(&r, t.path(), "rebuild-x", "s1", 4);
+        r.commit_received(&received_files()).unwrap();
+        assert_eq!(read(&r, 0, 8192), [[4u8; 4096], [7u8; 4096]].concat());
+        assert_eq!(r.status().unwrap().disks.len(), 3);
+        assert_eq!(s.check().unwrap().leaked_clusters, 0);
+        // The sent view of a snapshot is its own blocks only.
+        let (view, _g) = r.snapshot_for_sending("volume-snap-rebuild-x.img").unwrap();
+        use sparse_sync::SyncContent;
+        let ranges: Vec<_> = view.data_ranges(0..1 << 20).map(Result::unwrap).collect();
+        assert_eq!(ranges, [0..4096]);
+        assert!(r.purge(&JobControl::default()).is_err(), "no purge while sending");
     }
 
     #[test]

@@ -8,4 +8,5 @@
 
 pub mod daemon;
 pub mod lvol;
+pub mod rebuild;
 pub mod service;

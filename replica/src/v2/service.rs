@@ -1,7 +1,7 @@
 //! One hosted v2 replica as a network service: the data protocol ([`BlockBackend`]), gRPC `ReplicaService` and
 //! gRPC `SyncAgentService`, answering as a v1 replica does, so the engine's code paths are the same for both.
-//! Purge works; rebuild, hash, export and clone are not built for v2 yet and answer `UNIMPLEMENTED` naming the
-//! missing piece (issue 20).
+//! Purge and rebuild (both ends, [`super::rebuild`]) work; hash, export and clone are not built for v2 yet and
+//! answer `UNIMPLEMENTED` naming the missing piece (issue 20).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -29,6 +29,14 @@ pub struct V2Replica {
     pub jobs: JobTable,
     /// Ports of the control, data and sync listeners (recorded in the head at create).
     pub ports: [u16; 3],
+    /// The rebuild into this replica.
+    pub rebuild: Arc<crate::rebuild::RebuildTracker>,
+    /// Address rebuild receivers bind to (the daemon's IP).
+    pub listen_ip: std::net::IpAddr,
+    /// Directory for a rebuild's staging files.
+    pub scratch: std::path::PathBuf,
+    /// Cancelled when the replica stops being served.
+    pub cancel: tokio_util::sync::CancellationToken,
 }
 
 fn wire_error(e: &ReplicaError) -> BackendError {
@@ -297,25 +305,33 @@ impl SyncAgentService for V2Grpc {
         Err(not_yet("snapshot hashing"))
     }
 
-    async fn files_sync(&self, _: Request<v1::FilesSyncRequest>) -> Result<Response<v1::Empty>, Status> {
-        Err(not_yet("rebuild (receiving snapshot lvols)"))
+    async fn files_sync(&self, req: Request<v1::FilesSyncRequest>) -> Result<Response<v1::Empty>, Status> {
+        let h = &self.host;
+        super::rebuild::start(
+            h.replica.clone(),
+            h.rebuild.clone(),
+            (h.listen_ip, h.scratch.clone()),
+            req.into_inner(),
+            h.cancel.child_token(),
+        )
+        .await?;
+        Ok(Response::new(v1::Empty {}))
     }
 
     async fn replica_rebuild_status(
         &self,
         _: Request<v1::Empty>,
     ) -> Result<Response<v1::JobStatusResponse>, Status> {
-        Ok(Response::new(v1::JobStatusResponse {
-            state: JobState::None.as_str().into(),
-            ..Default::default()
-        }))
+        Ok(Response::new(self.host.rebuild.to_proto()))
     }
 
     async fn file_send(
         &self,
-        _: Request<v1::FileSendRequest>,
+        req: Request<v1::FileSendRequest>,
     ) -> Result<Response<v1::FileSendResponse>, Status> {
-        Err(not_yet("rebuild (sending snapshot lvols)"))
+        Ok(Response::new(
+            super::rebuild::file_send(self.host.replica.clone(), &req.into_inner()).await?,
+        ))
     }
 
     async fn volume_export(

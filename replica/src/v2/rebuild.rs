@@ -1,0 +1,200 @@
+//! Rebuild of a v2 replica, both ends, over the same gRPC calls and sparse-sync protocol as v1 (so v1 and v2
+//! replicas rebuild from each other).
+//!
+//! - **Source** (`FileSend`): a snapshot lvol is sent read-only as [`LvolSnapshot`], a [`SyncContent`] whose data
+//!   ranges are the blocks the snapshot holds itself (what a v1 snapshot file holds), read from the lvstore.
+//! - **Target** (`FilesSync`): each snapshot, parents first, is received by the sparse-sync receiver into a
+//!   staging file in the daemon's scratch directory, then written into the store as `NAME.rcvw.SNAP` (a clone of
+//!   the received parent, or a new lvol for a root), frozen as snapshot `NAME.rcv.SNAP` with its metadata xattr,
+//!   and the staging file removed. When all are in, the head (written since the engine's rebuild snapshot) is put
+//!   over the received copy of its parent by one journaled `reparent` — the commit point — then the old snapshots
+//!   are deleted and the received ones renamed to `NAME.snap.SNAP` ([`LvolReplica::commit_received`]). A failed
+//!   rebuild deletes what it received; after a crash, loading the replica does the same, or finishes a committed
+//!   one (`docs/formats.md`, "v2 replica").
+
+use std::io;
+use std::net::IpAddr;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use corral_proto::v1;
+use lvstore::{BlobId, LvStore};
+use sparse_sync::{DataRanges, Progress, SyncContent};
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+use super::lvol::LvolReplica;
+use crate::error::ReplicaError;
+use crate::rebuild::{ATTEMPTS, RebuildTracker, parse_sources, sync_one, validate_file, validate_files};
+
+/// A snapshot lvol as sparse content: its own blocks are data, the rest (what it reads through to its parent, or
+/// zeros) holes — the layout of a v1 snapshot file.
+pub struct LvolSnapshot {
+    store: Arc<LvStore>,
+    id: BlobId,
+    size: u64,
+}
+
+impl LvolSnapshot {
+    pub fn new(store: Arc<LvStore>, id: BlobId, size: u64) -> Self {
+        Self { store, id, size }
+    }
+}
+
+fn io_err(e: &lvstore::Error) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+impl SyncContent for LvolSnapshot {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn data_ranges(&self, range: Range<u64>) -> DataRanges<'_> {
+        let end = range.end.min(self.size);
+        if range.start >= end {
+            return Box::new(std::iter::empty());
+        }
+        match self.store.own_ranges(self.id, range.start, end - range.start) {
+            Ok(v) => Box::new(v.into_iter().map(Ok)),
+            Err(e) => Box::new(std::iter::once(Err(io_err(&e)))),
+        }
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.store.read_at(self.id, offset, buf).map_err(|e| io_err(&e))
+    }
+}
+
+/// Source side: sends snapshot `req.file_name` of `r` to a receiver.
+pub async fn file_send(
+    r: Arc<LvolReplica>,
+    req: &v1::FileSendRequest,
+) -> Result<v1::FileSendResponse, ReplicaError> {
+    validate_file(&req.file_name)?;
+    let (content, _reading) = r.snapshot_for_sending(&req.file_name)?;
+    let opts = sparse_sync::SendOptions {
+        fast: req.fast_sync,
+        recorded: None,
+        ..Default::default()
+    };
+    let s = sparse_sync::send(
+        Arc::new(content),
+        &req.to_address,
+        &opts,
+        &Progress::new(),
+        &CancellationToken::new(),
+    )
+    .await
+    .map_err(|e| {
+        ReplicaError::FailedPrecondition(format!("send {} to {}: {e}", req.file_name, req.to_address))
+    })?;
+    info!(replica = r.name(), file = %req.file_name, sent = s.bytes_sent, "rebuild: snapshot lvol sent");
+    Ok(v1::FileSendResponse {
+        file_skipped: s.file_skipped,
+        bytes_sent: s.bytes_sent,
+        bytes_skipped: s.bytes_skipped,
+        data_bytes: s.data_bytes,
+    })
+}
+
+/// Where the staging files of `replica`'s rebuild go.
+fn stage_dir(scratch: &Path, replica: &str) -> PathBuf {
+    scratch.join(format!(".corral-rebuild-{replica}"))
+}
+
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ReplicaError> + Send + 'static,
+) -> Result<T, String> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| e.to_string())?
+        .map_err(|e| e.to_string())
+}
+
+/// Target side: starts a rebuild (`FilesSync`) into `r`; returns once the job runs.
+pub async fn start(
+    r: Arc<LvolReplica>,
+    tracker: Arc<RebuildTracker>,
+    (listen_ip, scratch): (IpAddr, PathBuf),
+    req: v1::FilesSyncRequest,
+    cancel: CancellationToken,
+) -> Result<(), ReplicaError> {
+    let sources = parse_sources(&req.from_addresses)?;
+    validate_files(&req.files)?;
+    if !r.is_open() {
+        return Err(ReplicaError::FailedPrecondition(format!(
+            "replica {} is not open",
+            r.name()
+        )));
+    }
+    tracker.begin(&sources, &req.files)?;
+    let stage = stage_dir(&scratch, r.name());
+    tokio::spawn(async move {
+        let result = run(&r, &stage, &tracker, listen_ip, &sources, &req, &cancel).await;
+        let _ = std::fs::remove_dir_all(&stage);
+        match &result {
+            Ok(()) => info!(
+                replica = r.name(),
+                files = req.files.len(),
+                "rebuild: snapshot lvols received"
+            ),
+            Err(e) => {
+                warn!(replica = r.name(), error = %e, "rebuild failed; deleting what it received");
+                let rr = r.clone();
+                if let Err(e) = blocking(move || rr.abandon_received()).await {
+                    warn!(replica = r.name(), error = %e, "rebuild: cleaning up failed (done at the next load)");
+                }
+            }
+        }
+        tracker.end(result, cancel.is_cancelled());
+    });
+    Ok(())
+}
+
+async fn run(
+    r: &Arc<LvolReplica>,
+    stage: &Path,
+    tracker: &RebuildTracker,
+    listen_ip: IpAddr,
+    sources: &[corral_proto::ReplicaAddress],
+    req: &v1::FilesSyncRequest,
+    cancel: &CancellationToken,
+) -> Result<(), String> {
+    let rr = r.clone();
+    blocking(move || rr.abandon_received()).await?;
+    let _ = std::fs::remove_dir_all(stage);
+    std::fs::create_dir_all(stage).map_err(|e| format!("create {}: {e}", stage.display()))?;
+    for (i, f) in req.files.iter().enumerate() {
+        let mut last = String::new();
+        let mut ok = false;
+        for attempt in 0..ATTEMPTS {
+            if cancel.is_cancelled() {
+                return Err("cancelled".into());
+            }
+            let source = &sources[(i + attempt) % sources.len()];
+            // No whole-file skip: the staging file is new, nothing recorded to compare with.
+            match sync_one(stage, listen_ip, source, f, false, tracker, cancel).await {
+                Ok(()) => {
+                    ok = true;
+                    break;
+                }
+                Err(e) => {
+                    warn!(file = %f.name, source = %source, attempt, error = %e, "rebuild: snapshot sync failed");
+                    last = format!("{} from {source}: {e}", f.name);
+                    tokio::time::sleep(Duration::from_millis(500 << attempt)).await;
+                }
+            }
+        }
+        if !ok {
+            return Err(last);
+        }
+        let (rr, staged, disk) = (r.clone(), stage.join(&f.name), f.clone());
+        blocking(move || rr.import_received(&staged, &disk)).await?;
+        tracker.file_done(f.size);
+    }
+    let (rr, files) = (r.clone(), req.files.clone());
+    blocking(move || rr.commit_received(&files)).await
+}
