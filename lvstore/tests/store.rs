@@ -456,6 +456,7 @@ fn on_tmpfs_which_refuses_o_direct_the_store_falls_back_to_buffered_io() {
 }
 
 #[test]
+#[allow(clippy::single_range_in_vec_init)] // expected range lists of one range
 fn reparent_puts_a_written_lvol_over_another_snapshot_and_own_ranges_list_only_a_blobs_own_blocks() {
     let dir = testkit::scratch::disk_tempdir("lvstore");
     let path = disk_file(dir.path(), 64 * MIB);

@@ -1206,6 +1206,7 @@ mod tests {
     }
 
     #[test]
+    #[allow(clippy::single_range_in_vec_init)] // an expected range list of one range
     fn a_rebuild_is_undone_before_its_commit_and_finished_after_it_at_load() {
         let t = tempfile::tempdir().unwrap();
         let s = store(t.path());
