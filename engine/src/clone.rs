@@ -54,7 +54,9 @@ impl Volume {
             )));
         }
         let from = rw_replica_of(from_url).await?;
-        let reps = self.replicas.read().await;
+        // The operations lock keeps a rebuild from starting while the clones start.
+        let ops = self.epochs.lock_ops().await;
+        let reps = ops.set();
         if reps.iter().any(|r| r.mode() == Mode::Wo) {
             return Err(EngineError::FailedPrecondition(format!(
                 "a replica of {} is rebuilding; clone after it finishes",
@@ -121,7 +123,7 @@ impl Volume {
 
     /// The clone state of every replica that can answer, and the combined state (error when any failed).
     pub async fn clone_status(&self) -> Result<v1::VolumeCloneStatusResponse, EngineError> {
-        let reps = self.replicas.read().await;
+        let reps = self.epochs.load();
         let mut out = v1::VolumeCloneStatusResponse::default();
         let mut states = Vec::new();
         for r in reps.iter().filter(|r| r.mode() != Mode::Err) {

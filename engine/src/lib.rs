@@ -7,6 +7,7 @@ pub mod cli;
 pub mod clone;
 pub mod daemon;
 pub mod device;
+pub mod epoch;
 pub mod error;
 pub mod export;
 pub mod frontend;
@@ -20,3 +21,5 @@ pub mod replica_client;
 pub mod service;
 pub mod start;
 pub mod volume;
+#[cfg(test)]
+mod volume_model_tests;

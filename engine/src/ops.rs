@@ -1,6 +1,8 @@
 //! Volume operations that change replica state: snapshot, remove/purge, revert, expand, and replica add/remove.
-//! Snapshot and expansion take the replica list exclusively, so no IO is in flight while every replica switches
-//! heads at once (one name, one point in the write stream).
+//! Every operation that changes replica state takes the volume's operations lock (operations run one at a time;
+//! IO never takes it). Snapshot, revert, expansion and replica add/remove also freeze IO and wait for it to
+//! drain, so no IO is in flight while every replica switches heads at once (one name, one point in the write
+//! stream) or while a new replica set (epoch) is installed; IO resumes when the operation ends.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -9,6 +11,7 @@ use corral_disk::BLOCK_SIZE;
 use corral_proto::v1;
 use tracing::{info, warn};
 
+use crate::epoch::OpsGuard;
 use crate::error::EngineError;
 use crate::replica_client::{self, Mode, ReplicaEntry, parse_address};
 use crate::volume::Volume;
@@ -33,12 +36,26 @@ impl Volume {
         labels: HashMap<String, String>,
         user: bool,
     ) -> Result<String, EngineError> {
+        let mut ops = self.epochs.lock_ops().await;
+        self.snapshot_locked(&mut ops, name, labels, user).await
+    }
+
+    /// [`snapshot`](Self::snapshot) by the holder of the operations lock (a rebuild takes its snapshot inside
+    /// its own critical section).
+    pub(crate) async fn snapshot_locked(
+        &self,
+        ops: &mut OpsGuard<'_>,
+        name: &str,
+        labels: HashMap<String, String>,
+        user: bool,
+    ) -> Result<String, EngineError> {
         let name = if name.is_empty() {
             uuid::Uuid::new_v4().to_string()
         } else {
             name.to_owned()
         };
-        let reps = self.replicas.write().await;
+        let frozen = ops.freeze("snapshot").await;
+        let reps = frozen.set();
         let targets = writable(&reps);
         if !targets.iter().any(|r| r.mode() == Mode::Rw) {
             return Err(EngineError::FailedPrecondition(format!(
@@ -93,13 +110,14 @@ impl Volume {
                 detail: format!("snapshot {name} failed everywhere"),
             });
         }
-        info!(volume = %self.name, snapshot = %name, "snapshot taken");
+        drop(frozen);
+        info!(volume = %self.name, snapshot = %name, epoch = reps.epoch, "snapshot taken");
         Ok(name)
     }
 
     /// The snapshot tree as seen by the first RW replica.
     pub async fn snapshot_list(&self) -> Result<v1::Replica, EngineError> {
-        let reps = self.replicas.read().await;
+        let reps = self.epochs.load();
         let r = rw(&reps)
             .into_iter()
             .next()
@@ -115,7 +133,8 @@ impl Volume {
 
     /// Marks a snapshot removed on every RW replica (refused during a rebuild).
     pub async fn snapshot_remove(&self, name: &str) -> Result<(), EngineError> {
-        let reps = self.replicas.read().await;
+        let ops = self.epochs.lock_ops().await;
+        let reps = ops.set();
         if reps.iter().any(|r| r.mode() == Mode::Wo) {
             return Err(EngineError::FailedPrecondition(
                 "cannot remove a snapshot while a replica rebuilds".into(),
@@ -134,7 +153,8 @@ impl Volume {
 
     /// Starts a purge on every RW replica.
     pub async fn snapshot_purge(&self) -> Result<(), EngineError> {
-        let reps = self.replicas.read().await;
+        let ops = self.epochs.lock_ops().await;
+        let reps = ops.set();
         if reps.iter().any(|r| r.mode() == Mode::Wo) {
             return Err(EngineError::FailedPrecondition(
                 "cannot purge while a replica rebuilds".into(),
@@ -151,7 +171,7 @@ impl Volume {
 
     /// Purge status of every RW replica, and the combined state.
     pub async fn purge_status(&self) -> Result<v1::PurgeStatusResponse, EngineError> {
-        let reps = self.replicas.read().await;
+        let reps = self.epochs.load();
         let mut out = v1::PurgeStatusResponse::default();
         let mut states = Vec::new();
         for r in rw(&reps) {
@@ -188,7 +208,9 @@ impl Volume {
                 self.name
             )));
         }
-        let reps = self.replicas.write().await;
+        let mut ops = self.epochs.lock_ops().await;
+        let frozen = ops.freeze("revert").await;
+        let reps = frozen.set();
         if reps.iter().any(|r| r.mode() == Mode::Wo) {
             return Err(EngineError::FailedPrecondition(
                 "cannot revert while a replica rebuilds".into(),
@@ -242,7 +264,9 @@ impl Volume {
                 "new size {size} must be larger than {cur} and a multiple of {BLOCK_SIZE}"
             )));
         }
-        let reps = self.replicas.write().await;
+        let mut ops = self.epochs.lock_ops().await;
+        let frozen = ops.freeze("expand").await;
+        let reps = frozen.set();
         let mut ok = 0;
         for r in writable(&reps) {
             let mut c = r.connection()?.control.clone();
@@ -260,6 +284,7 @@ impl Volume {
             });
         }
         self.set_size(size);
+        drop(frozen);
         info!(volume = %self.name, size, "expanded");
         Ok(())
     }
@@ -267,7 +292,9 @@ impl Volume {
     /// Removes a replica from the volume (it keeps its data; the daemon keeps running).
     pub async fn replica_remove(&self, address: &str) -> Result<(), EngineError> {
         let address = parse_address(address)?;
-        let mut reps = self.replicas.write().await;
+        let mut ops = self.epochs.lock_ops().await;
+        let mut frozen = ops.freeze("replica remove").await;
+        let mut reps = frozen.set().to_vec();
         let Some(i) = reps.iter().position(|r| r.address == address) else {
             return Err(EngineError::NotFound(format!(
                 "replica {address} is not part of volume {}",
@@ -281,10 +308,13 @@ impl Volume {
             )));
         }
         let r = reps.remove(i);
+        let epoch = frozen.install(reps);
+        drop(frozen);
+        // IO resumed on the new set: nothing sends to the removed replica any more.
         if let Some(c) = &r.conn {
             c.data.close().await;
         }
-        warn!(volume = %self.name, replica = %address, "replica removed");
+        warn!(volume = %self.name, replica = %address, epoch, "replica removed");
         Ok(())
     }
 
@@ -296,7 +326,8 @@ impl Volume {
         client: &data_protocol::ClientConfig,
     ) -> Result<Arc<ReplicaEntry>, EngineError> {
         let address = parse_address(address)?;
-        let mut reps = self.replicas.write().await;
+        let mut ops = self.epochs.lock_ops().await;
+        let reps = ops.set();
         if reps.iter().any(|r| r.address == address) {
             return Err(EngineError::AlreadyExists(format!(
                 "replica {address} is already part of {}",
@@ -324,7 +355,10 @@ impl Volume {
             )));
         }
         let e = Arc::new(ReplicaEntry::new(address, conn, Mode::Rw));
-        reps.push(e.clone());
+        let mut frozen = ops.freeze("replica add").await;
+        let mut next = frozen.set().to_vec();
+        next.push(e.clone());
+        frozen.install(next);
         Ok(e)
     }
 }

@@ -1,13 +1,14 @@
 //! Rebuild, engine side: add a replica in WO mode and bring it to RW.
 //!
 //! 1. Connect the new replica (created with the volume's size if empty) and mark it `Rebuilding` on disk.
-//! 2. With IO paused: flush and take one system snapshot `rebuild-<id>` on every replica *and* the new one, then
-//!    add the new replica as WO. From here every write reaches its head; everything older sits in immutable
-//!    snapshot files on the sources.
-//! 3. Still with snapshots excluded, ask the new replica's sync agent to pull every snapshot file of an RW source
+//! 2. Under the volume's operations lock (steps 2 and 3): freeze IO and install a replica set with the new
+//!    replica in WO, then (IO frozen again) flush and take one system snapshot `rebuild-<id>` on every replica
+//!    *and* the new one. From here every write reaches its head; everything older sits in immutable snapshot
+//!    files on the sources.
+//! 3. Still with snapshots excluded (IO runs), ask the new replica's sync agent to pull every snapshot file of an RW source
 //!    (`FilesSync`; sparse-sync with delta and whole-file skip, files spread over all RW sources).
 //! 4. Poll its progress. When the files are in: reload the new replica, verify its snapshot tree equals the
-//!    source's, and with IO paused copy the source's revision counter, set RW and clear `Rebuilding`.
+//!    source's, and with IO frozen (operations lock, freeze, drain) copy the source's revision counter, set RW and clear `Rebuilding`.
 //!
 //! A failure puts the new replica ERR with the reason; adding it again resumes from what it already holds.
 
@@ -101,8 +102,10 @@ impl RebuildTracker {
         client: &ClientConfig,
     ) -> Result<Arc<ReplicaEntry>, EngineError> {
         let address = parse_address(address)?;
+        // Held until the file sync is started: no other operation changes the set or takes a snapshot between.
+        let mut ops = volume.epochs.lock_ops().await;
         {
-            let reps = volume.replicas.read().await;
+            let reps = ops.set();
             if reps.iter().any(|r| r.address == address) {
                 return Err(EngineError::AlreadyExists(format!(
                     "replica {address} is already part of {} (remove it first to rebuild it)",
@@ -142,22 +145,29 @@ impl RebuildTracker {
         let entry = Arc::new(ReplicaEntry::new(address.clone(), conn, Mode::Wo));
 
         let snap = format!("rebuild-{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
-        let mut reps = volume.replicas.write().await;
-        let sources: Vec<Arc<ReplicaEntry>> = reps.iter().filter(|r| r.mode() == Mode::Rw).cloned().collect();
-        if sources.is_empty() {
-            return Err(EngineError::FailedPrecondition(format!(
-                "volume {} has no RW replica to rebuild from",
-                volume.name
-            )));
-        }
-        reps.push(entry.clone());
-        drop(reps);
-        // snapshot() takes the write lock itself; the WO entry is already in, so it gets the snapshot too.
-        if let Err(e) = volume.snapshot(&snap, HashMap::new(), false).await {
+        let sources: Vec<Arc<ReplicaEntry>> = {
+            let mut frozen = ops.freeze("rebuild: add WO replica").await;
+            let mut next = frozen.set().to_vec();
+            let sources: Vec<Arc<ReplicaEntry>> =
+                next.iter().filter(|r| r.mode() == Mode::Rw).cloned().collect();
+            if sources.is_empty() {
+                return Err(EngineError::FailedPrecondition(format!(
+                    "volume {} has no RW replica to rebuild from",
+                    volume.name
+                )));
+            }
+            next.push(entry.clone());
+            frozen.install(next);
+            sources
+        };
+        // The WO entry is in the set, so it gets the snapshot too (IO frozen again for it).
+        if let Err(e) = volume
+            .snapshot_locked(&mut ops, &snap, HashMap::new(), false)
+            .await
+        {
             entry.set_err(&format!("rebuild snapshot failed: {e}"));
             return Err(e);
         }
-        let reps = volume.replicas.read().await; // no snapshot may interleave with the file list below
         if entry.mode() != Mode::Wo {
             return Err(EngineError::FailedPrecondition(format!(
                 "replica {address} failed during the rebuild snapshot: {}",
@@ -175,7 +185,7 @@ impl RebuildTracker {
         })
         .await
         .map_err(|e| EngineError::replica(&address, &e))?;
-        drop(reps);
+        drop(ops);
         self.update(&address, |j| {
             *j = v1::ReplicaRebuildState {
                 address: address.to_string(),
@@ -259,7 +269,8 @@ impl RebuildTracker {
             .replica_reload(v1::Empty {})
             .await
             .map_err(|e| EngineError::replica(address, &e))?;
-        let reps = volume.replicas.write().await; // IO paused: counters are stable
+        let mut ops = volume.epochs.lock_ops().await;
+        let frozen = ops.freeze("rebuild: WO to RW").await; // counters are stable
         let (src, dst) = (replica_get(source).await?, replica_get(entry).await?);
         if tree(&src) != tree(&dst) {
             return Err(EngineError::Internal(format!(
@@ -281,7 +292,7 @@ impl RebuildTracker {
             .await
             .map_err(|e| EngineError::replica(address, &e))?;
         entry.set_mode(Mode::Rw);
-        drop(reps);
+        drop(frozen);
         Ok(())
     }
 }

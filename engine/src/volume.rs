@@ -1,9 +1,10 @@
 //! The volume's data path: every write goes to all RW and WO replicas and is acknowledged when all answered;
 //! reads rotate over RW replicas; a replica that fails goes ERR and IO continues while one RW replica remains.
 //!
-//! The replica list sits behind an async RwLock: IO holds it shared, operations that must see no IO in flight
-//! (snapshot, expand, adding or removing a replica) hold it exclusively. Mode changes are per replica and never
-//! wait for IO.
+//! The replica list is an immutable [`ReplicaSet`] (an epoch, `epoch.rs`): IO enters the gate and reads it
+//! without a lock; operations that must see no IO in flight (snapshot, expand, adding or removing a replica)
+//! freeze the gate, wait for IO to drain, install a new set if they change it, and resume. Mode changes are
+//! per-replica atomics and never wait for IO.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -11,10 +12,10 @@ use std::time::Instant;
 
 use bytes::Bytes;
 use data_protocol::{ClientError, DataClient};
-use tokio::sync::RwLock;
 
 use corral_disk::{BLOCK_BYTES, BLOCK_SIZE};
 
+use crate::epoch::{Epochs, ReplicaSet};
 use crate::error::EngineError;
 use crate::metrics::VolumeMetrics;
 use crate::replica_client::{Mode, ReplicaEntry};
@@ -32,7 +33,7 @@ pub struct Volume {
     size: AtomicU64,
     /// Sector size reported by the replicas.
     pub sector_size: u32,
-    pub(crate) replicas: RwLock<Vec<Arc<ReplicaEntry>>>,
+    pub(crate) epochs: Epochs,
     next_reader: AtomicUsize,
     /// Revision counter disabled for this volume.
     pub revision_counter_disabled: bool,
@@ -70,7 +71,7 @@ impl Volume {
             name,
             size: AtomicU64::new(size),
             sector_size,
-            replicas: RwLock::new(replicas),
+            epochs: Epochs::new(replicas),
             next_reader: AtomicUsize::new(0),
             revision_counter_disabled: rc_disabled,
             frontend_up: AtomicBool::new(false),
@@ -89,7 +90,12 @@ impl Volume {
 
     /// A snapshot of the replicas and their modes.
     pub async fn replicas(&self) -> Vec<Arc<ReplicaEntry>> {
-        self.replicas.read().await.clone()
+        self.epochs.load().to_vec()
+    }
+
+    /// The current replica set (its epoch and replicas), without waiting for a freeze.
+    pub fn replica_set(&self) -> Arc<ReplicaSet> {
+        self.epochs.load()
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), EngineError> {
@@ -198,8 +204,8 @@ impl Volume {
     pub async fn read(&self, offset: u64, buf: &mut [u8]) -> Result<(), EngineError> {
         self.check_range(offset, buf.len() as u64)?;
         let start = Instant::now();
-        let reps = self.replicas.read().await;
-        let r = self.read_locked(&reps, offset, buf).await;
+        let io = self.epochs.enter().await;
+        let r = self.read_locked(io.set(), offset, buf).await;
         self.metrics.record_read(buf.len() as u64, start, r.is_ok());
         r
     }
@@ -238,17 +244,18 @@ impl Volume {
     pub async fn write_bytes(&self, offset: u64, data: Bytes, fua: bool) -> Result<(), EngineError> {
         self.check_range(offset, data.len() as u64)?;
         let start = Instant::now();
-        let reps = self.replicas.read().await;
+        let io = self.epochs.enter().await;
+        let reps = io.set();
         let rebuilding = reps.iter().any(|r| r.mode() == Mode::Wo);
         let aligned = offset.is_multiple_of(BLOCK_SIZE) && (data.len() as u64).is_multiple_of(BLOCK_SIZE);
         let r = if rebuilding && !aligned {
-            self.write_widened(&reps, offset, &data).await
+            self.write_widened(reps, offset, &data).await
         } else {
-            self.fan_out(&reps, "write", |d| d.write_bytes(offset, data.clone()))
+            self.fan_out(reps, "write", |d| d.write_bytes(offset, data.clone()))
                 .await
         };
         let r = match r {
-            Ok(()) if fua => self.fan_out(&reps, "flush", DataClient::flush).await,
+            Ok(()) if fua => self.fan_out(reps, "flush", DataClient::flush).await,
             other => other,
         };
         self.metrics.record_write(data.len() as u64, start, r.is_ok());
@@ -291,26 +298,28 @@ impl Volume {
 
     /// Flushes every RW and WO replica (`fdatasync` of each head, then its revision counter).
     pub async fn flush(&self) -> Result<(), EngineError> {
-        let reps = self.replicas.read().await;
+        let io = self.epochs.enter().await;
         self.metrics.flushes.fetch_add(1, Ordering::Relaxed);
-        self.fan_out(&reps, "flush", DataClient::flush).await
+        self.fan_out(io.set(), "flush", DataClient::flush).await
     }
 
     /// Discards a range. A no-op while a replica rebuilds (its lower layers would disagree).
     pub async fn trim(&self, offset: u64, len: u64) -> Result<(), EngineError> {
         self.check_range(offset, len)?;
-        let reps = self.replicas.read().await;
+        let io = self.epochs.enter().await;
+        let reps = io.set();
         if reps.iter().any(|r| r.mode() == Mode::Wo) {
             return Ok(());
         }
         let len = to_u32(len)?;
-        self.fan_out(&reps, "unmap", |d| d.unmap(offset, len)).await
+        self.fan_out(reps, "unmap", |d| d.unmap(offset, len)).await
     }
 
     /// Makes a range read as zeros.
     pub async fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), EngineError> {
         self.check_range(offset, len)?;
-        let reps = self.replicas.read().await;
+        let io = self.epochs.enter().await;
+        let reps = io.set();
         if reps.iter().any(|r| r.mode() == Mode::Wo) {
             // A rebuilding replica's lower layers are still arriving: a hole punched in its head now would let
             // them show through later. Write real zeros instead.
@@ -320,22 +329,22 @@ impl Volume {
                 let n = (end - pos).min(ZEROS.len() as u64);
                 let chunk = &ZEROS[..usize::try_from(n).unwrap_or(ZEROS.len())];
                 if pos.is_multiple_of(BLOCK_SIZE) && n.is_multiple_of(BLOCK_SIZE) {
-                    self.fan_out(&reps, "write", |d| d.write(pos, chunk)).await?;
+                    self.fan_out(reps, "write", |d| d.write(pos, chunk)).await?;
                 } else {
-                    self.write_widened(&reps, pos, chunk).await?;
+                    self.write_widened(reps, pos, chunk).await?;
                 }
                 pos += n;
             }
             return Ok(());
         }
         let len = to_u32(len)?;
-        self.fan_out(&reps, "write-zeroes", |d| d.write_zeroes(offset, len))
+        self.fan_out(reps, "write-zeroes", |d| d.write_zeroes(offset, len))
             .await
     }
 
     /// Robustness: healthy (all RW), degraded (some RW), faulted (none).
     pub async fn robustness(&self) -> &'static str {
-        let reps = self.replicas.read().await;
+        let reps = self.epochs.load();
         let rw = reps.iter().filter(|r| r.mode() == Mode::Rw).count();
         if rw == 0 {
             "faulted"
@@ -348,7 +357,7 @@ impl Volume {
 
     /// Marks ERR every replica whose data connection failed (called periodically: finds dead replicas while idle).
     pub async fn check_connections(&self) {
-        let reps = self.replicas.read().await;
+        let reps = self.epochs.load();
         for r in reps.iter() {
             if r.mode() != Mode::Err
                 && let Some(c) = &r.conn
@@ -371,9 +380,10 @@ impl Volume {
     ) -> Result<Vec<(u64, crate::nbd::Allocation)>, EngineError> {
         use crate::nbd::Allocation;
         self.check_range(offset, len)?;
-        let reps = self.replicas.read().await;
+        let io = self.epochs.enter().await;
+        let reps = io.set();
         let Some(reader) = reps.iter().find_map(|r| r.reader()) else {
-            return Err(self.no_healthy(&reps));
+            return Err(self.no_healthy(reps));
         };
         let ask = u32::try_from(len).unwrap_or(u32::MAX);
         let Ok(st) = reader.block_status(offset, ask).await else {
