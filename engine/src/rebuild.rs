@@ -5,10 +5,11 @@
 //!    replica in WO, then (IO frozen again) flush and take one system snapshot `rebuild-<id>` on every replica
 //!    *and* the new one. From here every write reaches its head; everything older sits in immutable snapshot
 //!    files on the sources.
-//! 3. Still with snapshots excluded (IO runs), ask the new replica's sync agent to pull every snapshot file of an RW source
-//!    (`FilesSync`; sparse-sync with delta and whole-file skip, files spread over all RW sources).
+//! 3. Still with snapshots excluded (IO runs), ask the new replica's sync agent to pull every snapshot file of
+//!    an RW source (`FilesSync`; sparse-sync with delta and whole-file skip, files spread over all RW sources).
 //! 4. Poll its progress. When the files are in: reload the new replica, verify its snapshot tree equals the
-//!    source's, and with IO frozen (operations lock, freeze, drain) copy the source's revision counter, set RW and clear `Rebuilding`.
+//!    source's, and with IO frozen (operations lock, freeze, drain) copy the source's revision counter, set RW
+//!    and clear `Rebuilding`.
 //!
 //! A failure puts the new replica ERR with the reason; adding it again resumes from what it already holds.
 
