@@ -325,7 +325,7 @@ impl LocalSource {
                         .truncate(true)
                         .open(&tmp)
                         .map_err(|e| format!("create {}: {e}", tmp.display()))?;
-                    let opts = ExtentCopyOptions { max_rate };
+                    let opts = ExtentCopyOptions { max_rate, pace };
                     let s = sparse_sync::copy_extents(&*content, &f, &opts, &progress, &thread_stop)
                         .map_err(|e| format!("copy into {}: {e}", tmp.display()))?;
                     corral_disk::durable::publish(&f, &tmp, &dst)

@@ -19,7 +19,7 @@ pub mod sender;
 pub mod wire;
 
 pub use content::{FileContent, SyncContent};
-pub use extent_copy::{ExtentCopyOptions, ExtentCopySummary, FileExtents, copy_extents};
+pub use extent_copy::{ExtentCopyOptions, ExtentCopySummary, FileExtents, Pace, SMALL_EXTENT, copy_extents};
 pub use layout::{DataExtents, DataRanges, LayoutMode, data_extents, data_ranges, punch_hole};
 pub use local::{LocalError, LocalSummary, copy, fold, prune};
 pub use plan::DEFAULT_BATCH_SIZE;
