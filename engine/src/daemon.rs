@@ -45,6 +45,8 @@ pub struct ServeConfig {
     pub metrics_listen: Option<SocketAddr>,
     /// Where to write the ready report (`corral_daemon::ready`).
     pub ready_file: Option<std::path::PathBuf>,
+    /// Rate of rebuilds whose request names none.
+    pub rebuild_rate: crate::rebuild::RebuildRate,
 }
 
 /// Runs the engine until `cancel`.
@@ -88,7 +90,7 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
         volume: volume.clone(),
         frontend: frontend.clone(),
         client,
-        rebuilds: Arc::new(RebuildTracker::default()),
+        rebuilds: Arc::new(RebuildTracker::new(cfg.rebuild_rate)),
     };
 
     let mut tasks = tokio::task::JoinSet::new();

@@ -70,6 +70,8 @@ enum Cmd {
         #[arg(long, default_value_t = 8)]
         replica_timeout: u64,
         #[command(flatten)]
+        rebuild_rate: RebuildRateArgs,
+        #[command(flatten)]
         metrics: corral_daemon::metrics::MetricsListenArg,
     },
     /// Volume state.
@@ -100,6 +102,19 @@ enum Cmd {
     },
 }
 
+/// Rebuild rate settings of `serve`, the defaults of every rebuild whose request names none.
+#[derive(clap::Args, Debug)]
+struct RebuildRateArgs {
+    /// Upper bound of data bytes per second one rebuild moves, over its local copy or the network (bytes, or
+    /// with K/M/G; 0: unlimited).
+    #[arg(long, env = "CORRAL_REBUILD_MAX_RATE", value_parser = corral_daemon::parse_size, default_value = "0")]
+    rebuild_max_rate: u64,
+    /// While the new replica serves foreground IO, its local copy slows to this many data bytes per second, and
+    /// speeds up again when IO stops (0: never back off).
+    #[arg(long, env = "CORRAL_REBUILD_BUSY_RATE", value_parser = corral_daemon::parse_size, default_value = "64M")]
+    rebuild_busy_rate: u64,
+}
+
 #[derive(Subcommand, Debug)]
 enum ReplicaCmd {
     /// List replicas with mode and error.
@@ -111,6 +126,14 @@ enum ReplicaCmd {
         /// Do not wait for the rebuild to finish.
         #[arg(long)]
         no_wait: bool,
+        /// Upper bound of data bytes per second this rebuild moves (bytes, or with K/M/G; default: the engine's
+        /// --rebuild-max-rate).
+        #[arg(long, value_parser = corral_daemon::parse_size, default_value = "0")]
+        max_rate: u64,
+        /// Data bytes per second the local copy slows to while the new replica serves foreground IO (default:
+        /// the engine's --rebuild-busy-rate).
+        #[arg(long, value_parser = corral_daemon::parse_size, default_value = "0")]
+        busy_rate: u64,
     },
     /// Remove a replica from the volume.
     Rm {
@@ -168,6 +191,7 @@ async fn main() -> anyhow::Result<()> {
             disable_revision_counter,
             salvage_requested,
             replica_timeout,
+            rebuild_rate,
             metrics,
         } => {
             if frontend != "nbd" {
@@ -185,6 +209,10 @@ async fn main() -> anyhow::Result<()> {
                 replica_timeout: Duration::from_secs(replica_timeout),
                 metrics_listen: metrics.metrics_listen,
                 ready_file: process.ready_file,
+                rebuild_rate: engine::rebuild::RebuildRate {
+                    max_bytes_per_second: rebuild_rate.rebuild_max_rate,
+                    busy_bytes_per_second: rebuild_rate.rebuild_busy_rate,
+                },
             };
             serve(cfg, cancel).await
         }
@@ -247,7 +275,13 @@ async fn main() -> anyhow::Result<()> {
             })
         }
         Cmd::Replica {
-            cmd: ReplicaCmd::Add { address, no_wait },
+            cmd:
+                ReplicaCmd::Add {
+                    address,
+                    no_wait,
+                    max_rate,
+                    busy_rate,
+                },
         } => {
             let mut c = client(&cli.url).await?;
             let r = c
@@ -255,6 +289,8 @@ async fn main() -> anyhow::Result<()> {
                     address: address.to_string(),
                     rebuild: true,
                     timeout_seconds: 0,
+                    max_bytes_per_second: max_rate,
+                    busy_bytes_per_second: busy_rate,
                 })
                 .await?
                 .into_inner();

@@ -12,6 +12,11 @@
 //!    and clear `Rebuilding`.
 //!
 //! A failure puts the new replica ERR with the reason; adding it again resumes from what it already holds.
+//!
+//! Several replicas may rebuild at once: each has its own rebuild snapshot, which the others (WO) take too, so
+//! every rebuilding head keeps exactly the writes since its own snapshot; the sources are the RW replicas only.
+//! Rate: each rebuild carries a [`RebuildRate`] (the request's, or the engine's `--rebuild-max-rate` and
+//! `--rebuild-busy-rate`) to the new replica, which applies it to its local copy and to its network sources.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -26,10 +31,33 @@ use crate::error::EngineError;
 use crate::replica_client::{self, Mode, ReplicaEntry, parse_address};
 use crate::volume::Volume;
 
+/// How fast a rebuild may move data, in data bytes per second (0: no bound).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct RebuildRate {
+    /// Upper bound over the whole rebuild, local copy or network.
+    pub max_bytes_per_second: u64,
+    /// Rate the local copy slows to while the new replica serves foreground IO (0: no backing off).
+    pub busy_bytes_per_second: u64,
+}
+
+impl RebuildRate {
+    /// Each non-zero field of `asked` over this default.
+    #[must_use]
+    pub fn or_default(asked: Self, default: Self) -> Self {
+        let pick = |a: u64, d: u64| if a > 0 { a } else { d };
+        Self {
+            max_bytes_per_second: pick(asked.max_bytes_per_second, default.max_bytes_per_second),
+            busy_bytes_per_second: pick(asked.busy_bytes_per_second, default.busy_bytes_per_second),
+        }
+    }
+}
+
 /// Rebuild jobs of this engine, by replica address.
 #[derive(Debug, Default)]
 pub struct RebuildTracker {
     jobs: Mutex<HashMap<String, v1::ReplicaRebuildState>>,
+    /// The rate of a rebuild whose request names none (`--rebuild-max-rate`, `--rebuild-busy-rate`).
+    default_rate: RebuildRate,
 }
 
 /// Snapshot files of a replica (every disk but the head), parents before children.
@@ -77,6 +105,15 @@ async fn replica_get(e: &ReplicaEntry) -> Result<v1::Replica, EngineError> {
 }
 
 impl RebuildTracker {
+    /// A tracker whose rebuilds default to `rate`.
+    #[must_use]
+    pub fn new(default_rate: RebuildRate) -> Self {
+        Self {
+            jobs: Mutex::default(),
+            default_rate,
+        }
+    }
+
     /// Status of every rebuild this engine ran.
     pub async fn status(&self) -> Vec<v1::ReplicaRebuildState> {
         let mut v: Vec<_> = self.jobs.lock().await.values().cloned().collect();
@@ -95,14 +132,17 @@ impl RebuildTracker {
         f(j);
     }
 
-    /// Adds `address` to the volume and starts rebuilding it; returns the new (WO) replica.
+    /// Adds `address` to the volume and starts rebuilding it at `rate` (its zero fields: the engine's default);
+    /// returns the new (WO) replica. Other replicas may be rebuilding meanwhile.
     pub async fn start(
         self: &Arc<Self>,
         volume: Arc<Volume>,
         address: &str,
         client: &ClientConfig,
+        rate: RebuildRate,
     ) -> Result<Arc<ReplicaEntry>, EngineError> {
         let address = parse_address(address)?;
+        let rate = RebuildRate::or_default(rate, self.default_rate);
         // Held until the file sync is started: no other operation changes the set or takes a snapshot between.
         let mut ops = volume.epochs.lock_ops().await;
         {
@@ -112,11 +152,6 @@ impl RebuildTracker {
                     "replica {address} is already part of {} (remove it first to rebuild it)",
                     volume.name
                 )));
-            }
-            if reps.iter().any(|r| r.mode() == Mode::Wo) {
-                return Err(EngineError::FailedPrecondition(
-                    "another replica is rebuilding".into(),
-                ));
             }
         }
         let (conn, status) = replica_client::connect(
@@ -183,6 +218,8 @@ impl RebuildTracker {
             from_addresses: from.clone(),
             files,
             fast_sync: true,
+            max_bytes_per_second: rate.max_bytes_per_second,
+            busy_bytes_per_second: rate.busy_bytes_per_second,
         })
         .await
         .map_err(|e| EngineError::replica(&address, &e))?;
@@ -197,7 +234,14 @@ impl RebuildTracker {
             };
         })
         .await;
-        info!(volume = %volume.name, replica = %address, snapshot = %snap, "rebuild started");
+        info!(
+            volume = %volume.name,
+            replica = %address,
+            snapshot = %snap,
+            max_bytes_per_second = rate.max_bytes_per_second,
+            busy_bytes_per_second = rate.busy_bytes_per_second,
+            "rebuild started"
+        );
         let (me, v, e) = (self.clone(), volume, entry.clone());
         tokio::spawn(async move { me.finish(v, e, sources[0].clone()).await });
         Ok(entry)

@@ -84,8 +84,12 @@ impl ControllerService for EngineGrpc {
     ) -> Result<Response<v1::ControllerReplica>, Status> {
         let req = req.into_inner();
         let e = if req.rebuild {
+            let rate = crate::rebuild::RebuildRate {
+                max_bytes_per_second: req.max_bytes_per_second,
+                busy_bytes_per_second: req.busy_bytes_per_second,
+            };
             self.rebuilds
-                .start(self.volume.clone(), &req.address, &self.client)
+                .start(self.volume.clone(), &req.address, &self.client, rate)
                 .await?
         } else {
             self.volume.replica_add_empty(&req.address, &self.client).await?

@@ -443,6 +443,7 @@ async fn clone_refuses_bad_input_and_leaves_the_target_unchanged() {
                 ..Default::default()
             }],
             fast_sync: false,
+            ..Default::default()
         })
         .await
         .unwrap();

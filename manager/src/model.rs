@@ -354,6 +354,11 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
         "Upper bound on the data bytes per second a clone's source replica sends (0 = unlimited), so a clone does not starve the source's IO.",
     ),
     (
+        "rebuild-max-bytes-per-second",
+        "0",
+        "Upper bound on the data bytes per second a replica rebuild moves, local copy or network (0 = the engine's --rebuild-max-rate, unlimited by default; the engine also slows a rebuild while the new replica serves IO).",
+    ),
+    (
         "backup-delta-max",
         "7",
         "Incremental backups after a full one before the next full (the chain policy the backup store applies).",

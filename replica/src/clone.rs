@@ -289,7 +289,7 @@ async fn copy_local(
         let copy = src.copy(
             Arc::new(view),
             (tmp.to_owned(), partial_path(tmp)),
-            max_rate,
+            (max_rate, None),
             progress.clone(),
             cancel,
         );

@@ -160,7 +160,8 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
     let data_server = DataServer::new(host.clone() as Arc<dyn BlockBackend>, cfg.data.clone())?;
     let data_metrics = data_server.metrics();
     let grpc = ReplicaGrpc::new(host.clone(), cfg.listen.ip(), served, cancel.clone())
-        .with_local_copy(cfg.local_copy);
+        .with_local_copy(cfg.local_copy)
+        .with_foreground_io(data_metrics.clone());
     let data_server = Arc::new(data_server);
 
     let mut tasks = tokio::task::JoinSet::new();

@@ -25,7 +25,7 @@ use corral_proto::grpc::{GrpcTimeouts, connect_endpoint};
 use corral_proto::v1::{self, sync_agent_service_client::SyncAgentServiceClient};
 use futures::FutureExt;
 use rustix::fs::{Mode, OFlags, ResolveFlags};
-use sparse_sync::{ExtentCopyOptions, ExtentCopySummary, FileExtents, Progress};
+use sparse_sync::{ExtentCopyOptions, ExtentCopySummary, FileExtents, Pace, Progress};
 use tokio_util::sync::CancellationToken;
 
 use crate::error::{IoContext, ReplicaError, Result};
@@ -306,7 +306,7 @@ impl LocalSource {
         &mut self,
         content: Arc<dyn FileExtents>,
         (dst, tmp): (PathBuf, PathBuf),
-        max_rate: Option<u64>,
+        (max_rate, pace): (Option<u64>, Option<Arc<dyn Pace>>),
         progress: Arc<Progress>,
         cancel: &CancellationToken,
     ) -> std::result::Result<ExtentCopySummary, String> {

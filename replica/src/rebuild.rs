@@ -4,16 +4,22 @@
 //! a failed file is retried on another source; a receiver keeps its partial file so a retry resumes instead of
 //! starting over, and whole files whose recorded checksums match are skipped ("fast rebuild"). The head is never
 //! copied: since the engine's rebuild snapshot, every write reaches the target's head directly.
+//!
+//! Rate: `max_bytes_per_second` bounds the whole rebuild on both paths (the local copy paces itself; a network
+//! source is asked to send at that rate). `busy_bytes_per_second` shapes the local copy by foreground IO: while
+//! this replica's data protocol serves requests (a rebuilding replica receives every write of the volume) the copy
+//! slows to that rate, and speeds up again when IO stops ([`ForegroundPace`]).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use corral_proto::ReplicaAddress;
 use corral_proto::v1::{self, sync_agent_service_client::SyncAgentServiceClient};
 use sparse_sync::receiver::{Receiver, ReceiverConfig};
-use sparse_sync::{LayoutMode, Progress};
+use data_protocol::ServerMetrics;
+use sparse_sync::{LayoutMode, Pace, Progress};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -26,6 +32,68 @@ use crate::service::ReplicaHost;
 
 /// Attempts per file before the rebuild fails.
 pub(crate) const ATTEMPTS: usize = 3;
+/// Data-protocol requests per second above which this replica counts as serving foreground IO (the engine's
+/// health pings are far below it).
+const BUSY_REQUESTS_PER_SECOND: f64 = 50.0;
+/// Shortest window the request rate is measured over.
+const BUSY_WINDOW: Duration = Duration::from_millis(50);
+
+/// The rate of a rebuild's local copy: `max`, or the lower `busy` while this replica serves foreground IO.
+#[derive(Debug)]
+struct ForegroundPace {
+    requests: Arc<ServerMetrics>,
+    max: Option<u64>,
+    busy: u64,
+    /// When the window began, the request count then, and whether the last full window was busy.
+    window: Mutex<(Instant, u64, bool)>,
+}
+
+impl ForegroundPace {
+    fn new(requests: Arc<ServerMetrics>, max: Option<u64>, busy: u64) -> Self {
+        let seen = requests.requests.load(Ordering::Relaxed);
+        Self {
+            requests,
+            max,
+            busy,
+            window: Mutex::new((Instant::now(), seen, false)),
+        }
+    }
+}
+
+impl Pace for ForegroundPace {
+    fn rate(&self) -> Option<u64> {
+        let now = Instant::now();
+        let seen = self.requests.requests.load(Ordering::Relaxed);
+        let mut w = lock(&self.window);
+        let elapsed = now.duration_since(w.0);
+        if elapsed >= BUSY_WINDOW {
+            let per_second = seen.saturating_sub(w.1) as f64 / elapsed.as_secs_f64();
+            *w = (now, seen, per_second > BUSY_REQUESTS_PER_SECOND);
+        }
+        match (w.2, self.max) {
+            (true, Some(max)) => Some(max.min(self.busy)),
+            (true, None) => Some(self.busy),
+            (false, max) => max,
+        }
+    }
+}
+
+/// How fast a rebuild may move data (from its `FilesSyncRequest`), and what counts as foreground IO.
+#[derive(Debug, Clone, Default)]
+struct RebuildRate {
+    max: Option<u64>,
+    busy: Option<u64>,
+    foreground: Option<Arc<ServerMetrics>>,
+}
+
+impl RebuildRate {
+    fn pace(&self) -> Option<Arc<dyn Pace>> {
+        let (Some(busy), Some(f)) = (self.busy, &self.foreground) else {
+            return None;
+        };
+        Some(Arc::new(ForegroundPace::new(f.clone(), self.max, busy)))
+    }
+}
 
 /// Status of the rebuild into this replica.
 #[derive(Debug, Clone, Default)]
@@ -179,7 +247,7 @@ pub async fn start(
     host: Arc<ReplicaHost>,
     tracker: Arc<RebuildTracker>,
     listen_ip: IpAddr,
-    local_copy: bool,
+    (local_copy, foreground): (bool, Option<Arc<ServerMetrics>>),
     req: v1::FilesSyncRequest,
     cancel: CancellationToken,
 ) -> Result<(), ReplicaError> {
@@ -202,8 +270,20 @@ pub async fn start(
         remove_if_exists(&dir.join(names::checksum_file(name)))?;
     }
     sync_dir(&dir)?;
+    let rate = RebuildRate {
+        max: Some(req.max_bytes_per_second).filter(|r| *r > 0),
+        busy: Some(req.busy_bytes_per_second).filter(|r| *r > 0),
+        foreground,
+    };
+    info!(
+        dir = %dir.display(),
+        files = req.files.len(),
+        max_bytes_per_second = req.max_bytes_per_second,
+        busy_bytes_per_second = req.busy_bytes_per_second,
+        "rebuild starting"
+    );
     tokio::spawn(async move {
-        let result = run(&dir, &tracker, (listen_ip, local_copy), &sources, &req, &cancel).await;
+        let result = run(&dir, &tracker, (listen_ip, local_copy), &rate, &sources, &req, &cancel).await;
         match &result {
             Ok(()) => info!(dir = %dir.display(), files = req.files.len(), "rebuild files synced"),
             Err(e) => warn!(dir = %dir.display(), error = %e, "rebuild failed"),
@@ -217,6 +297,7 @@ async fn run(
     dir: &std::path::Path,
     tracker: &RebuildTracker,
     (listen_ip, local_copy): (IpAddr, bool),
+    rate: &RebuildRate,
     sources: &[ReplicaAddress],
     req: &v1::FilesSyncRequest,
     cancel: &CancellationToken,
@@ -229,12 +310,16 @@ async fn run(
                 return Err("cancelled".into());
             }
             let source = &sources[(i + attempt) % sources.len()];
-            let synced = match local_copy {
-                true => match copy_local(dir, source, f, req.fast_sync, tracker, cancel).await {
-                    Some(r) => r,
-                    None => sync_one(dir, listen_ip, source, f, req.fast_sync, tracker, cancel).await,
-                },
-                false => sync_one(dir, listen_ip, source, f, req.fast_sync, tracker, cancel).await,
+            let local = match local_copy {
+                true => copy_local(dir, source, f, req.fast_sync, rate, tracker, cancel).await,
+                false => None,
+            };
+            let synced = match local {
+                Some(r) => r,
+                None => {
+                    let to = (dir, listen_ip);
+                    sync_one(to, source, f, (req.fast_sync, rate.max), tracker, cancel).await
+                }
             };
             match synced {
                 Ok(()) => {
@@ -266,11 +351,10 @@ async fn run(
 }
 
 pub(crate) async fn sync_one(
-    dir: &std::path::Path,
-    listen_ip: IpAddr,
+    (dir, listen_ip): (&std::path::Path, IpAddr),
     source: &ReplicaAddress,
     disk: &v1::DiskInfo,
-    fast: bool,
+    (fast, max_rate): (bool, Option<u64>),
     tracker: &RebuildTracker,
     cancel: &CancellationToken,
 ) -> Result<(), String> {
@@ -290,6 +374,7 @@ pub(crate) async fn sync_one(
             file_name: file.to_owned(),
             to_address: to,
             fast_sync: fast,
+            max_bytes_per_second: max_rate.unwrap_or(0),
         })
         .await;
     let sent = match sent {
@@ -333,6 +418,7 @@ async fn copy_local(
     source: &ReplicaAddress,
     disk: &v1::DiskInfo,
     fast: bool,
+    rate: &RebuildRate,
     tracker: &RebuildTracker,
     cancel: &CancellationToken,
 ) -> Option<Result<(), String>> {
@@ -349,14 +435,14 @@ async fn copy_local(
         }
     };
     let target = dir.join(file);
-    Some(copy_local_from(src, &target, disk, fast, tracker, cancel).await)
+    Some(copy_local_from(src, &target, disk, (fast, rate), tracker, cancel).await)
 }
 
 async fn copy_local_from(
     mut src: crate::local_copy::LocalSource,
     target: &std::path::Path,
     disk: &v1::DiskInfo,
-    fast: bool,
+    (fast, rate): (bool, &RebuildRate),
     tracker: &RebuildTracker,
     cancel: &CancellationToken,
 ) -> Result<(), String> {
@@ -382,7 +468,7 @@ async fn copy_local_from(
         .copy(
             Arc::new(content),
             (target.to_owned(), corral_disk::durable::temp_path(target)),
-            None,
+            (rate.max, rate.pace()),
             Arc::new(Progress::new()),
             cancel,
         )
@@ -431,6 +517,7 @@ pub async fn file_send(
     let opts = sparse_sync::SendOptions {
         fast: req.fast_sync,
         recorded,
+        max_rate: Some(req.max_bytes_per_second).filter(|r| *r > 0),
         ..Default::default()
     };
     let s = sparse_sync::send(

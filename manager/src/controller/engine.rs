@@ -422,6 +422,8 @@ async fn watch_running(
                 address: new.data.status.address.clone(),
                 rebuild: true,
                 timeout_seconds: 0,
+                max_bytes_per_second: ctx.setting_u64("rebuild-max-bytes-per-second").await,
+                busy_bytes_per_second: 0,
             })
             .await;
         match added {

@@ -45,6 +45,8 @@ pub struct ReplicaGrpc {
     listen_ip: std::net::IpAddr,
     /// Clone and rebuild copy a source's files directly when it is on this host ([`crate::local_copy`]).
     local_copy: bool,
+    /// The data protocol's counters: a rebuild's local copy backs off while this replica serves foreground IO.
+    foreground: Option<Arc<data_protocol::ServerMetrics>>,
     /// The data-protocol and sync-agent listeners, reported in every `ReplicaResponse`.
     served: ServedEndpoints,
     cancel: tokio_util::sync::CancellationToken,
@@ -75,6 +77,7 @@ impl ReplicaGrpc {
             exports: Arc::default(),
             listen_ip,
             local_copy: true,
+            foreground: None,
             served,
             cancel,
         }
@@ -84,6 +87,13 @@ impl ReplicaGrpc {
     #[must_use]
     pub fn with_local_copy(mut self, enabled: bool) -> Self {
         self.local_copy = enabled;
+        self
+    }
+
+    /// The data-protocol server whose requests count as foreground IO for a rebuild's `busy_bytes_per_second`.
+    #[must_use]
+    pub fn with_foreground_io(mut self, metrics: Arc<data_protocol::ServerMetrics>) -> Self {
+        self.foreground = Some(metrics);
         self
     }
 
@@ -358,7 +368,7 @@ impl SyncAgentService for ReplicaGrpc {
             self.host.clone(),
             self.rebuild.clone(),
             self.listen_ip,
-            self.local_copy,
+            (self.local_copy, self.foreground.clone()),
             req.into_inner(),
             self.cancel.child_token(),
         )

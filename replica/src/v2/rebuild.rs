@@ -176,7 +176,8 @@ async fn run(
             }
             let source = &sources[(i + attempt) % sources.len()];
             // No whole-file skip: the staging file is new, nothing recorded to compare with.
-            match sync_one(stage, listen_ip, source, f, false, tracker, cancel).await {
+            let max_rate = Some(req.max_bytes_per_second).filter(|r| *r > 0);
+            match sync_one((stage, listen_ip), source, f, (false, max_rate), tracker, cancel).await {
                 Ok(()) => {
                     ok = true;
                     break;
