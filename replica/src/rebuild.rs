@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use corral_proto::ReplicaAddress;
 use corral_proto::v1::{self, sync_agent_service_client::SyncAgentServiceClient};
-use sparse_sync::receiver::{Receiver, ReceiverConfig};
 use data_protocol::ServerMetrics;
+use sparse_sync::receiver::{Receiver, ReceiverConfig};
 use sparse_sync::{LayoutMode, Pace, Progress};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};

@@ -122,7 +122,10 @@ pub fn copy_extents(
                         src.files_of(r.clone(), &mut pieces);
                         for (piece, file) in &pieces {
                             let len = piece.end - piece.start;
-                            if kernel && len >= SMALL_EXTENT && let Some(f) = file {
+                            if kernel
+                                && len >= SMALL_EXTENT
+                                && let Some(f) = file
+                            {
                                 if copy_range(f, dst, piece.clone())? {
                                     summary.kernel_bytes += len;
                                     continue;
@@ -299,7 +302,10 @@ mod tests {
     fn assert_allocated(f: &File, data: u64) {
         use std::os::unix::fs::MetadataExt;
         let got = f.metadata().unwrap().blocks() * 512;
-        assert!((data..=data + (32 << 10)).contains(&got), "{got} bytes allocated for {data} of data");
+        assert!(
+            (data..=data + (32 << 10)).contains(&got),
+            "{got} bytes allocated for {data} of data"
+        );
     }
 
     #[test]
@@ -338,7 +344,8 @@ mod tests {
         f.set_len(16 << 20).unwrap();
         f.write_all_at(&vec![3u8; 1 << 20], 0).unwrap();
         for i in 0..64u64 {
-            f.write_all_at(&[i as u8 + 1; 4096], (2 << 20) + i * 8192).unwrap();
+            f.write_all_at(&[i as u8 + 1; 4096], (2 << 20) + i * 8192)
+                .unwrap();
         }
         f.write_all_at(&vec![5u8; 3 << 20], 8 << 20).unwrap();
         let dst = tempfile::NamedTempFile::new_in("/var/tmp").unwrap();
