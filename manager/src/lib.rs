@@ -21,4 +21,5 @@ pub mod server;
 pub mod snapshot;
 pub mod store;
 pub mod ui;
+pub mod v2;
 pub mod volume_engine;

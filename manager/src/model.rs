@@ -36,6 +36,55 @@ pub struct DiskSpec {
     pub allow_scheduling: bool,
     /// Bytes kept free for other users of the file system.
     pub storage_reserved: u64,
+    /// The data engine whose replicas the disk takes: v1 (a directory of replica files) or v2 (an lvstore in
+    /// `<path>/lvstore.img`, served by one `corral-replica serve-lvstore` per disk; see `crate::v2`).
+    #[serde(default)]
+    pub engine: DataEngine,
+    /// v2 only: bytes of the store file the manager creates (preallocated) when the disk holds none; 0 = the
+    /// default (`crate::v2::device::DEFAULT_SIZE`). Ignored for a block device or an existing store.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub lvstore_size: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// The data engine of a volume, its replicas and the disks they go on (issue 20).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataEngine {
+    /// One `corral-replica` process per replica, its data in files under the disk directory.
+    #[default]
+    V1,
+    /// Replicas as lvol chains in the disk's lvstore, one `corral-replica serve-lvstore` per disk.
+    V2,
+}
+
+impl DataEngine {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::V1 => "v1",
+            Self::V2 => "v2",
+        }
+    }
+}
+
+impl std::fmt::Display for DataEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for DataEngine {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "v1" => Ok(Self::V1),
+            "v2" => Ok(Self::V2),
+            _ => Err(format!("unknown data engine {s:?}: v1 or v2")),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -134,6 +183,9 @@ pub struct VolumeSpec {
     /// This volume's `backup-delta-max` (None: the setting's); a recurring job's own `deltaMax` goes over it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub backup_delta_max: Option<u32>,
+    /// v1 or v2 (the `default-data-engine` setting at creation); replicas go only on disks of this engine.
+    #[serde(default)]
+    pub data_engine: DataEngine,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -209,13 +261,17 @@ pub struct ReplicaSpec {
     pub disk: String,
     #[serde(rename = "diskUUID")]
     pub disk_uuid: String,
-    /// `<disk path>/replicas/<replica name>`.
+    /// `<disk path>/replicas/<replica name>` (v1); `<disk path>/lvstore.img#<replica name>` (v2: the lvol chain
+    /// named after the replica in the disk's store).
     pub data_path: String,
     pub size: u64,
     pub revision_counter_disabled: bool,
     pub desire_state: DesireState,
     /// Set when the replica cannot serve any more (its node is gone): a new one is scheduled instead.
     pub failed_at: Option<i64>,
+    /// v1: its own `corral-replica serve` process; v2: hosted by the disk's `serve-lvstore` daemon.
+    #[serde(default)]
+    pub data_engine: DataEngine,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -379,6 +435,11 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
         "Backups a volume may have on a target before a new one is refused (0 = no limit); a volume's own backupMaxCount overrides it.",
     ),
     (
+        "default-data-engine",
+        "v1",
+        "Data engine of volumes created without dataEngine: v1 (a process and files per replica) or v2 (lvol chains in a per-disk lvstore).",
+    ),
+    (
         "backing-image-min-copies",
         "1",
         "Default minNumberOfCopies of new backing images: ready copies kept on distinct nodes, then disks.",
@@ -393,6 +454,12 @@ pub fn validate_setting(name: &str, value: &str) -> Result<(), String> {
             SETTINGS.iter().map(|s| s.0).collect::<Vec<_>>().join(", ")
         ));
     };
+    if name == "default-data-engine" {
+        return value
+            .parse::<DataEngine>()
+            .map(drop)
+            .map_err(|e| format!("setting {name}: {e}"));
+    }
     let is_bool = matches!(*default, "true" | "false");
     if is_bool && !matches!(value, "true" | "false") {
         return Err(format!("setting {name} takes true or false, not {value:?}"));

@@ -23,6 +23,24 @@ pub struct Placement {
     pub path: String,
 }
 
+/// [`place`] over the disks of `engine` (`candidates` holds only those): with none at all, says so.
+pub fn place_on(
+    engine: crate::model::DataEngine,
+    candidates: Vec<DiskCandidate>,
+    existing: &[(String, String)],
+    count: usize,
+    size: u64,
+    soft_anti_affinity: bool,
+) -> Result<Vec<Placement>, String> {
+    if candidates.is_empty() && count > 0 {
+        return Err(format!(
+            "cannot place a {engine} replica: no schedulable {engine} disk (add one with `corral node disk-add \
+             NODE DISK PATH --disk-engine {engine}`)"
+        ));
+    }
+    place(candidates, existing, count, size, soft_anti_affinity)
+}
+
 /// Picks disks for `count` new replicas of `size` bytes. `existing` lists (node, disk) of the volume's healthy
 /// replicas. Fails with a message naming what is missing.
 pub fn place(

@@ -64,6 +64,8 @@ async fn register_node(db: &Db, cfg: &ServerConfig, address: &str) -> Result<(),
                             disk_uuid: uuid,
                             allow_scheduling: true,
                             storage_reserved: 0,
+                            engine: crate::model::DataEngine::V1,
+                            lvstore_size: 0,
                         },
                     )]
                     .into_iter()
@@ -117,6 +119,7 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
     crate::controller::node::start_heartbeat(&ctx, &cancel);
     crate::controller::replica::start(&ctx, &cancel);
     crate::controller::engine::start(&ctx, &cancel);
+    crate::v2::controller::start(&ctx, &cancel);
     crate::backing_image::start_node(&ctx, &cancel);
     crate::backup::start_node(&ctx, &cancel);
     let leader_ctx = ctx.clone();

@@ -113,6 +113,7 @@ pub fn routes() -> Routes {
     crate::backing_image::routes::register(&mut r);
     crate::job::routes::register(&mut r);
     crate::backup::routes::register(&mut r);
+    crate::v2::routes::register(&mut r);
     r.add("get", "/v1/openapi.json", "This document", openapi);
     r.add("get", "/metrics", "Prometheus metrics", metrics);
     r.add("get", "/healthz", "Liveness", healthz);
@@ -235,6 +236,8 @@ async fn add_disk(
             req.path
         )));
     }
+    let local = n.data.spec.host == ctx.cfg.host || node == ctx.cfg.node_id;
+    let lvstore_size = crate::v2::routes::check_disk(&req, local)?;
     // A directory that already is a Corral disk keeps its identity.
     let uuid = match corral_daemon::disk::read_disk_config(path) {
         Ok(c) if n.data.spec.host == ctx.cfg.host || node == ctx.cfg.node_id => c.disk_uuid,
@@ -247,6 +250,8 @@ async fn add_disk(
             disk_uuid: uuid,
             allow_scheduling: req.allow_scheduling,
             storage_reserved: req.storage_reserved,
+            engine: req.disk_engine,
+            lvstore_size,
         },
     );
     ctx.db.update(&mut n).await?;
@@ -348,14 +353,21 @@ async fn create_volume(
         )));
     }
     check_copies("numberOfReplicas", req.number_of_replicas)?;
+    let data_engine = crate::v2::routes::volume_engine(
+        &ctx,
+        &req,
+        clone.as_ref().map(|(_, source)| &source.data),
+        backing_image.as_deref(),
+    )
+    .await?;
     // The replicas must be placeable now: the same check the scheduler makes at attach.
     let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
     let count = usize::try_from(req.number_of_replicas).unwrap_or(usize::MAX);
-    let cands = candidates(&ctx)
+    let cands = candidates(&ctx, data_engine)
         .await
         .map_err(|e| ApiError::Unavailable(format!("{e:#}")))?;
     // A well-formed request the cluster has no room for: its state, not the request, has to change.
-    scheduler::place(cands, &[], count, req.size, soft).map_err(ApiError::Conflict)?;
+    scheduler::place_on(data_engine, cands, &[], count, req.size, soft).map_err(ApiError::Conflict)?;
     let disabled = match req.disable_revision_counter {
         Some(b) => b,
         None => ctx.setting_bool("disable-revision-counter").await,
@@ -379,6 +391,7 @@ async fn create_volume(
                 .map(|(b, _)| crate::backup::routes::from_backup_ref(b)),
             backup_max_count: None,
             backup_delta_max: None,
+            data_engine,
         },
         status: model::VolumeStatus {
             revision_counter_disabled: disabled,

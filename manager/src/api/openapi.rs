@@ -39,6 +39,8 @@ pub fn setting_value_pattern(name: &str, default: &str) -> &'static str {
         "^([1-9]|1[0-6])$"
     } else if name == crate::backup::openapi::BLOCK_SIZE_SETTING {
         crate::backup::openapi::BLOCK_SIZE_PATTERN
+    } else if name == "default-data-engine" {
+        "^(v1|v2)$"
     } else if matches!(default, "true" | "false") {
         "^(true|false)$"
     } else {
@@ -399,6 +401,7 @@ fn components() -> Value {
             "mode": {"type": "string", "description": "RW | WO | ERR in the volume's engine, empty when in none"},
             "rebuildProgress": nullable(json!({"type": "integer", "minimum": 0, "maximum": 100})),
             "address": {"type": "string"},
+            "dataEngine": {"type": "string", "enum": ["v1", "v2"]},
             "pid": nullable(json!({"type": "integer"})),
             "failed": {"type": "boolean"}, "message": {"type": "string"},
         }
@@ -442,6 +445,7 @@ fn components() -> Value {
             "dataSource": nullable(json!({"type": "string", "pattern": DATA_SOURCE_PATTERN})),
             "fromBackup": nullable(json!({"type": "string", "pattern": crate::backup::openapi::BACKUP_REF_PATTERN})),
             "standby": {"type": "boolean", "default": false, "description": "with fromBackup: a DR volume"},
+            "dataEngine": {"type": "string", "enum": ["v1", "v2"], "description": "default: the default-data-engine setting"},
         })),
         "AttachRequest": object(&[], json!({
             "nodeId": nullable(json!({"type": "string"})),
@@ -457,7 +461,12 @@ fn components() -> Value {
             "path": {"type": "string", "pattern": DISK_PATH_PATTERN},
             "allowScheduling": {"type": "boolean", "default": true},
             "storageReserved": uint(),
+            "diskEngine": {"type": "string", "enum": ["v1", "v2"], "default": "v1"},
+            "lvstoreSize": {"type": "integer", "format": "int64", "minimum": crate::v2::device::MIN_SIZE,
+                "maximum": crate::v2::routes::MAX_LVSTORE_SIZE, "multipleOf": crate::v2::device::SIZE_MULTIPLE,
+                "description": "v2: bytes of the store file created on first use (default 10 GiB)"},
         })),
+        "LvstoreDaemon": crate::v2::routes::schema(),
         "BackingImageCreate": {"oneOf": backing_image_create_schemas()},
         "CleanupRequest": object(&["disks"], json!({"disks": {"type": "array", "items": {"type": "string"}}})),
         "Replica": replica,
@@ -469,6 +478,7 @@ fn components() -> Value {
                 "size": uint(),
                 "numberOfReplicas": {"type": "integer"},
                 "frontend": {"type": "string", "enum": frontends()},
+                "dataEngine": {"type": "string", "enum": ["v1", "v2"]},
                 "disableRevisionCounter": nullable(json!({"type": "boolean"})),
                 "revisionCounterDisabled": {"type": "boolean"},
                 "nodeId": nullable(json!({"type": "string"})),
@@ -499,6 +509,7 @@ fn components() -> Value {
                     "properties": {
                         "name": {"type": "string"}, "path": {"type": "string"}, "diskUUID": {"type": "string"},
                         "allowScheduling": {"type": "boolean"}, "storageReserved": uint(),
+                        "diskEngine": {"type": "string", "enum": ["v1", "v2"]}, "lvstoreSize": uint(),
                         "storageMaximum": uint(), "storageAvailable": uint(), "storageScheduled": uint(),
                         "error": {"type": "string"},
                     }
@@ -671,6 +682,7 @@ fn shape(method: &str, path: &str) -> Shape {
             200,
             json_resp(schema_ref("JobGroups")),
         ),
+        ("get", "/v1/lvstores") => (None, 200, json_resp(array_of("LvstoreDaemon"))),
         ("get", "/v1/openapi.json") => (None, 200, json_resp(json!({"type": "object"}))),
         ("get", "/metrics") => (
             None,

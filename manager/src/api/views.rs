@@ -35,6 +35,9 @@ pub struct VolumeCreate {
     /// incrementally and cannot be attached until activated (`POST /v1/volumes/{name}/activate`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub standby: bool,
+    /// v1 or v2; the `default-data-engine` setting when not given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub data_engine: Option<crate::model::DataEngine>,
 }
 
 fn three() -> u32 {
@@ -85,6 +88,12 @@ pub struct DiskCreate {
     pub allow_scheduling: bool,
     #[serde(default)]
     pub storage_reserved: u64,
+    /// The engine whose replicas the disk takes (default v1). A v2 disk keeps its store in `PATH/lvstore.img`.
+    #[serde(default)]
+    pub disk_engine: crate::model::DataEngine,
+    /// v2: bytes of the store file created on first use (default 10 GiB); a whole number of MiB, at least 64.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lvstore_size: Option<u64>,
 }
 
 fn yes() -> bool {
@@ -99,6 +108,7 @@ pub struct ReplicaView {
     pub node_id: String,
     pub disk: String,
     pub data_path: String,
+    pub data_engine: crate::model::DataEngine,
     pub state: crate::model::ProcessState,
     pub desire_state: crate::model::DesireState,
     /// RW | WO | ERR in the volume's engine, empty when not in one.
@@ -120,6 +130,7 @@ impl From<&Object<Replica>> for ReplicaView {
             node_id: r.spec.node_id.clone(),
             disk: r.spec.disk.clone(),
             data_path: r.spec.data_path.clone(),
+            data_engine: r.spec.data_engine,
             state: r.status.state,
             desire_state: r.spec.desire_state,
             mode: r.status.mode.clone(),
@@ -149,6 +160,7 @@ pub struct VolumeView {
     pub size: u64,
     pub number_of_replicas: u32,
     pub frontend: crate::model::Frontend,
+    pub data_engine: crate::model::DataEngine,
     pub disable_revision_counter: Option<bool>,
     pub revision_counter_disabled: bool,
     pub node_id: Option<String>,
@@ -220,6 +232,7 @@ impl VolumeView {
             size: d.spec.size,
             number_of_replicas: d.spec.number_of_replicas,
             frontend: d.spec.frontend,
+            data_engine: d.spec.data_engine,
             disable_revision_counter: d.spec.disable_revision_counter,
             revision_counter_disabled: d.status.revision_counter_disabled,
             node_id: d.spec.node_id.clone(),
@@ -269,6 +282,10 @@ pub struct DiskView {
     pub disk_uuid: String,
     pub allow_scheduling: bool,
     pub storage_reserved: u64,
+    pub disk_engine: crate::model::DataEngine,
+    /// v2: the store size the disk asks for (0: the default).
+    #[serde(default)]
+    pub lvstore_size: u64,
     pub storage_maximum: u64,
     pub storage_available: u64,
     pub storage_scheduled: u64,
@@ -309,6 +326,8 @@ impl NodeView {
                         disk_uuid: s.disk_uuid.clone(),
                         allow_scheduling: s.allow_scheduling,
                         storage_reserved: s.storage_reserved,
+                        disk_engine: s.engine,
+                        lvstore_size: s.lvstore_size,
                         storage_maximum: st.storage_maximum,
                         storage_available: st.storage_available,
                         storage_scheduled: st.storage_scheduled,

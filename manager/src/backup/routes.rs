@@ -711,6 +711,8 @@ pub async fn request_backup(ctx: &Ctx, req: &BackupCreate) -> Result<Object<Back
         .get::<Volume>(&req.volume)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("volume {:?} not found", req.volume)))?;
+    crate::v2::support::check(v.data.spec.data_engine, crate::v2::support::Op::Backup)
+        .map_err(ApiError::Conflict)?;
     let t = super::target::open(ctx, &target).await.map_err(target_error)?;
     // Before the snapshot is taken: an unreachable target changes nothing.
     target_reachable(ctx, &target).await?;

@@ -105,6 +105,11 @@ enum Cmd {
         #[command(subcommand)]
         cmd: manager::backup::cli::BackupCmd,
     },
+    /// The v2 data engine's per-disk lvstore daemons.
+    Lvstore {
+        #[command(subcommand)]
+        cmd: manager::v2::cli::LvstoreCmd,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -113,13 +118,21 @@ enum NodeCmd {
     Get {
         name: String,
     },
-    /// Add a disk (a directory) to a node.
+    /// Add a disk (a directory) to a node. A v2 disk (--disk-engine v2) keeps its lvstore in PATH/lvstore.img:
+    /// a file the manager creates preallocated (--lvstore-size, default 10G) and formats on first use, or a block
+    /// device linked there (formatted only when it reads zeros); foreign data there is never formatted over.
     DiskAdd {
         node: String,
         disk: String,
         path: String,
         #[arg(long, default_value_t = 0, value_parser = corral_daemon::parse_size)]
         reserved: u64,
+        /// The data engine whose replicas the disk takes: v1 or v2.
+        #[arg(long, default_value = "v1")]
+        disk_engine: manager::model::DataEngine,
+        /// v2: size of the store file created on first use (a whole number of MiB, at least 64M).
+        #[arg(long, value_parser = corral_daemon::parse_size)]
+        lvstore_size: Option<u64>,
     },
     DiskRm {
         node: String,
@@ -139,6 +152,9 @@ enum VolumeCmd {
         size: Option<u64>,
         #[arg(long, default_value_t = 3)]
         replicas: u32,
+        /// Data engine: v1 or v2 (replicas as lvols on v2 disks); default: the default-data-engine setting.
+        #[arg(long)]
+        data_engine: Option<manager::model::DataEngine>,
         /// Override the disable-revision-counter setting.
         #[arg(long)]
         disable_revision_counter: Option<bool>,
@@ -744,12 +760,16 @@ async fn main() -> anyhow::Result<()> {
                 disk,
                 path,
                 reserved,
+                disk_engine,
+                lvstore_size,
             } => {
                 let body = DiskCreate {
                     name: disk,
                     path,
                     allow_scheduling: true,
                     storage_reserved: reserved,
+                    disk_engine,
+                    lvstore_size,
                 };
                 let n: NodeView = c.post(&format!("/v1/nodes/{node}/disks"), &body).await?;
                 print(true, &n, String::new)?;
@@ -763,6 +783,7 @@ async fn main() -> anyhow::Result<()> {
                 name,
                 size,
                 replicas,
+                data_engine,
                 disable_revision_counter,
                 backing_image,
                 from_volume,
@@ -803,6 +824,7 @@ async fn main() -> anyhow::Result<()> {
                     data_source,
                     from_backup: from_backup.clone(),
                     standby,
+                    data_engine,
                 };
                 let mut v: VolumeView = c.post("/v1/volumes", &body).await?;
                 if v.clone_status.is_some() && !no_wait {
@@ -952,6 +974,7 @@ async fn main() -> anyhow::Result<()> {
         Cmd::BackingImage { cmd } => manager::backing_image::cli::run(&c, json, cmd).await?,
         Cmd::Job { cmd } => manager::job::cli::run(&c, json, cmd).await?,
         Cmd::Backup { cmd } => manager::backup::cli::run(&c, json, cmd).await?,
+        Cmd::Lvstore { cmd } => manager::v2::cli::run(&c, json, cmd).await?,
         Cmd::Setting { cmd } => match cmd {
             SettingCmd::Ls => {
                 let ss: Vec<SettingView> = c.get("/v1/settings").await?;

@@ -10,12 +10,14 @@ use tokio_util::sync::CancellationToken;
 
 use super::now;
 use crate::context::Ctx;
-use crate::model::{DiskStatus, Node, Replica};
+use crate::model::{DataEngine, DiskSpec, DiskStatus, Node, Replica};
 
 const HEARTBEAT: Duration = Duration::from_secs(2);
 
-/// Checks (or, on a new empty disk, writes) the identity file and measures the file system.
-fn disk_status(path: &Path, uuid: &str) -> DiskStatus {
+/// Checks (or, on a new empty disk, writes) the identity file and measures the file system (v1), or the store
+/// device (v2: its size; a device that holds foreign data is an error, so nothing is placed there).
+fn disk_status(path: &Path, spec: &DiskSpec) -> DiskStatus {
+    let uuid = spec.disk_uuid.as_str();
     let mut st = DiskStatus::default();
     if let Err(e) = std::fs::create_dir_all(path) {
         st.error = format!("cannot create {}: {e}", path.display());
@@ -34,6 +36,21 @@ fn disk_status(path: &Path, uuid: &str) -> DiskStatus {
             return st;
         }
     }
+    if spec.engine == DataEngine::V2 {
+        let dev = crate::v2::device::device_path(path);
+        if let crate::v2::device::Probe::Foreign(why) = crate::v2::device::probe(&dev) {
+            st.error = why;
+            return st;
+        }
+        // A thin store: what it can hold is its size (not yet created: the size it will be created with).
+        st.storage_maximum = crate::v2::device::device_bytes(&dev).unwrap_or(if spec.lvstore_size == 0 {
+            crate::v2::device::DEFAULT_SIZE
+        } else {
+            spec.lvstore_size
+        });
+        st.storage_available = st.storage_maximum;
+        return st;
+    }
     match nix::sys::statvfs::statvfs(path) {
         Ok(v) => {
             let frag = v.fragment_size();
@@ -47,17 +64,17 @@ fn disk_status(path: &Path, uuid: &str) -> DiskStatus {
 
 pub async fn heartbeat_once(ctx: &Ctx) -> anyhow::Result<()> {
     let node = ctx.db.must_get::<Node>(&ctx.cfg.node_id).await?;
-    let disks: Vec<(String, String, String)> = node
+    let disks: Vec<(String, DiskSpec)> = node
         .data
         .spec
         .disks
         .iter()
-        .map(|(n, d)| (n.clone(), d.path.clone(), d.disk_uuid.clone()))
+        .map(|(n, d)| (n.clone(), d.clone()))
         .collect();
     let statuses = tokio::task::spawn_blocking(move || {
         disks
             .into_iter()
-            .map(|(n, p, u)| (n, disk_status(Path::new(&p), &u)))
+            .map(|(n, d)| (n, disk_status(Path::new(&d.path), &d)))
             .collect::<BTreeMap<_, _>>()
     })
     .await?;

@@ -1,5 +1,6 @@
 //! Node-local: runs a `corral-replica` process for every replica document of this node that should run, restarts
 //! crashed ones with backoff, stops the ones that should not, and removes a deleted replica's process and data.
+//! A v2 replica has no process of its own: it is hosted by its disk's lvstore daemon ([`crate::v2::replica`]).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
@@ -29,6 +30,7 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     let local = Arc::new(Local {
         sup: Supervisor::new(BINARY, "replica", &ctx.cfg.bin_dir, &ctx.cfg.data_dir),
         data_paths: Mutex::default(),
+        v2: crate::v2::replica::Hosted::default(),
     });
     let ctx = ctx.clone();
     let c = cancel.clone();
@@ -45,11 +47,15 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
 struct Local {
     sup: Supervisor,
     data_paths: Mutex<HashMap<String, (PathBuf, Option<crate::model::ProcessRecord>)>>,
+    v2: crate::v2::replica::Hosted,
 }
 
 async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<Requeue> {
     let Some(obj) = ctx.db.get::<Replica>(&name).await? else {
         // Deleted: stop what we started and remove its data.
+        if crate::v2::replica::deleted(&ctx, &local.v2, &name).await? {
+            return Ok(None);
+        }
         let gone = local.data_paths.lock().ok().and_then(|mut m| m.remove(&name));
         let (path, rec) = gone.map_or((None, None), |(p, r)| (Some(p), r));
         local.sup.stop(&name, rec.as_ref(), Duration::from_secs(10)).await;
@@ -68,6 +74,9 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
     let r = &obj.data;
     if r.spec.node_id != ctx.cfg.node_id {
         return Ok(None);
+    }
+    if r.spec.data_engine == crate::model::DataEngine::V2 {
+        return crate::v2::replica::reconcile(&ctx, &local.v2, &name, r).await;
     }
     if let Ok(mut m) = local.data_paths.lock() {
         m.insert(

@@ -11,8 +11,8 @@ use tokio_util::sync::CancellationToken;
 use super::{Requeue, WorkQueue, feed, run_worker};
 use crate::context::Ctx;
 use crate::model::{
-    DesireState, Engine, EngineSpec, Node, ProcessState, Replica, ReplicaSpec, Robustness, Volume,
-    VolumeState,
+    DataEngine, DesireState, Engine, EngineSpec, Node, ProcessState, Replica, ReplicaSpec, Robustness,
+    Volume, VolumeState,
 };
 use crate::scheduler::{self, DiskCandidate};
 use crate::store::{Event, Object};
@@ -60,8 +60,9 @@ pub async fn node_is_up(ctx: &Ctx, n: &Node) -> bool {
     super::now() - n.status.heartbeat <= timeout
 }
 
-/// Disks that could take a replica now, with their free space after the replicas already scheduled on them.
-pub async fn candidates(ctx: &Ctx) -> anyhow::Result<Vec<DiskCandidate>> {
+/// Disks of `engine` that could take a replica now, with their free space after the replicas already scheduled
+/// on them.
+pub async fn candidates(ctx: &Ctx, engine: DataEngine) -> anyhow::Result<Vec<DiskCandidate>> {
     let nodes = ctx.db.list::<Node>().await?;
     let replicas = ctx.db.list::<Replica>().await?;
     let over = ctx
@@ -77,7 +78,7 @@ pub async fn candidates(ctx: &Ctx) -> anyhow::Result<Vec<DiskCandidate>> {
             let Some(st) = n.data.status.disks.get(disk) else {
                 continue;
             };
-            if !d.allow_scheduling || !st.error.is_empty() {
+            if !d.allow_scheduling || !st.error.is_empty() || d.engine != engine {
                 continue;
             }
             let scheduled: u64 = replicas
@@ -135,14 +136,25 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     match &v.spec.node_id {
         Some(node) => {
             let want = usize::try_from(v.spec.number_of_replicas).unwrap_or(0);
-            if healthy.len() < want {
+            // A replica added to a volume that holds data joins through a rebuild, which v2 cannot do yet.
+            let refused = if healthy.iter().any(|r| r.data.status.initialized) {
+                crate::v2::support::check(v.spec.data_engine, crate::v2::support::Op::Rebuild).err()
+            } else {
+                None
+            };
+            if healthy.len() < want
+                && let Some(msg) = refused
+            {
+                status.message = format!("{} of {want} replicas: {msg}", healthy.len());
+            } else if healthy.len() < want {
                 let existing: Vec<(String, String)> = healthy
                     .iter()
                     .map(|r| (r.data.spec.node_id.clone(), r.data.spec.disk.clone()))
                     .collect();
                 let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
-                match scheduler::place(
-                    candidates(&ctx).await?,
+                match scheduler::place_on(
+                    v.spec.data_engine,
+                    candidates(&ctx, v.spec.data_engine).await?,
                     &existing,
                     want - healthy.len(),
                     v.spec.size,
@@ -151,7 +163,13 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                     Ok(places) => {
                         for p in places {
                             let rname = replica_name(&name);
-                            let data_path = std::path::Path::new(&p.path).join("replicas").join(&rname);
+                            let data_path = match v.spec.data_engine {
+                                DataEngine::V1 => std::path::Path::new(&p.path).join("replicas").join(&rname),
+                                DataEngine::V2 => {
+                                    crate::v2::device::device_path(std::path::Path::new(&p.path))
+                                        .with_extension(format!("img#{rname}"))
+                                }
+                            };
                             let spec = ReplicaSpec {
                                 volume: name.clone(),
                                 node_id: p.node_id,
@@ -162,6 +180,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                                 revision_counter_disabled: v.status.revision_counter_disabled,
                                 desire_state: DesireState::Running,
                                 failed_at: None,
+                                data_engine: v.spec.data_engine,
                             };
                             tracing::info!(
                                 volume = name,
