@@ -90,7 +90,8 @@ pub fn check_disk(req: &DiskCreate, local: bool) -> Result<u64, ApiError> {
     }
     let size = req.lvstore_size.unwrap_or(0);
     if req.lvstore_size.is_some()
-        && (size < device::MIN_SIZE || size > MAX_LVSTORE_SIZE || !size.is_multiple_of(device::SIZE_MULTIPLE))
+        && (!(device::MIN_SIZE..=MAX_LVSTORE_SIZE).contains(&size)
+            || !size.is_multiple_of(device::SIZE_MULTIPLE))
     {
         return Err(ApiError::Invalid(format!(
             "lvstoreSize {size} is not a whole number of MiB from {} to {MAX_LVSTORE_SIZE}",
