@@ -283,7 +283,16 @@ pub async fn start(
         "rebuild starting"
     );
     tokio::spawn(async move {
-        let result = run(&dir, &tracker, (listen_ip, local_copy), &rate, &sources, &req, &cancel).await;
+        let result = run(
+            &dir,
+            &tracker,
+            (listen_ip, local_copy),
+            &rate,
+            &sources,
+            &req,
+            &cancel,
+        )
+        .await;
         match &result {
             Ok(()) => info!(dir = %dir.display(), files = req.files.len(), "rebuild files synced"),
             Err(e) => warn!(dir = %dir.display(), error = %e, "rebuild failed"),
