@@ -302,23 +302,50 @@ fn v2_volumes_live_on_v2_disks_survive_a_killed_lvstore_daemon_and_read_back_lik
         ],
     );
     assert!(okk, "data after the daemon restart: {out}");
-    // The engine found the replica on v2a ERR at that write: it is failed and its lvols removed from the
-    // restarted daemon; a replacement would need a rebuild, which v2 cannot do yet: refused, with why.
+    // The engine found the replica on v2a ERR at that write: it is failed, its lvols are removed from the restarted
+    // daemon, and a replacement is placed on a v2 disk and rebuilt from the v2 replica on v2b (snapshot lvols
+    // sent over the sync protocol, the head reparented over them).
     let v = wait_for(
-        "the failed v2 replica gone, its replacement refused",
-        Duration::from_secs(60),
+        "the failed v2 replica replaced and rebuilt",
+        Duration::from_secs(120),
         || {
             let v = volume(&m, "vtwo");
             let rs = v["replicas"].as_array().unwrap();
-            let refused = v["message"].as_str().unwrap_or("").contains("cannot rebuild");
-            (rs.len() == 1 && rs[0]["mode"] == "RW" && rs[0]["disk"] == "v2b" && refused).then_some(v)
+            (v["robustness"] == "healthy"
+                && rs.len() == 2
+                && rs.iter().all(|r| r["mode"] == "RW")
+                && rs.iter().any(|r| r["disk"] == "v2a"))
+            .then_some(v)
         },
     );
-    assert_eq!(v["robustness"], "degraded", "{v}");
-    wait_for(
-        "the failed replica's lvols removed",
-        Duration::from_secs(30),
-        || hosted(back["address"].as_str().unwrap()).is_empty().then_some(()),
+    let rebuilt = v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["disk"] == "v2a")
+        .unwrap()["name"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let on_v2a = hosted(back["address"].as_str().unwrap());
+    assert!(
+        on_v2a.iter().any(|n| n.contains(&rebuilt)),
+        "the rebuilt replica {rebuilt} is hosted by v2a's daemon: {on_v2a:?}"
+    );
+    let (okk, out) = qemu_io(
+        &uri2,
+        &[
+            "read -P 0xab 32M 2M",
+            "read -P 0xcd 34M 1M",
+            "read -P 0xab 35M 1M",
+            "read -P 0xef 40M 1M",
+        ],
+    );
+    assert!(okk, "data after the rebuild: {out}");
+    let (_, list) = rest("GET", &format!("{url}/v1/volumes/vtwo/snapshots"), None);
+    assert!(
+        list.as_array().unwrap().iter().any(|s| s["name"] == "s1"),
+        "the snapshot survives the rebuild: {list}"
     );
 
     // Delete: detached, the volume's replicas and lvols go from the daemons.

@@ -35,7 +35,7 @@ impl Op {
 }
 
 /// What v2 replicas cannot do yet. Lift an entry when `replica/src/v2` gains it.
-const UNSUPPORTED: &[Op] = &[Op::Rebuild, Op::Clone, Op::Backup, Op::Restore, Op::BackingImage];
+const UNSUPPORTED: &[Op] = &[Op::Clone, Op::Backup, Op::Restore, Op::BackingImage];
 
 /// Refuses `op` on a volume of `engine` when v2 cannot do it yet; the message says why and what to use instead.
 pub fn check(engine: DataEngine, op: Op) -> Result<(), String> {
@@ -57,6 +57,7 @@ mod tests {
         for op in [Op::Rebuild, Op::Clone, Op::Backup, Op::Restore, Op::BackingImage] {
             assert_eq!(check(DataEngine::V1, op), Ok(()));
         }
+        assert_eq!(check(DataEngine::V2, Op::Rebuild), Ok(()));
         let e = check(DataEngine::V2, Op::Backup).unwrap_err();
         assert!(e.contains("back up a v2 volume") && e.contains("v1"), "{e}");
     }
