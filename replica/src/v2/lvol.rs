@@ -849,7 +849,10 @@ impl LvolReplica {
 
     /// Snapshot `file` (`volume-snap-X.img`) as read-only sparse content for a rebuild; purges wait until the
     /// guard is dropped.
-    pub fn snapshot_for_sending(&self, file: &str) -> Result<(super::rebuild::LvolSnapshot, Sending<'_>)> {
+    pub fn snapshot_for_sending(
+        &self,
+        file: &str,
+    ) -> Result<(super::snapshot_view::LvolSnapshot, Sending<'_>)> {
         self.sending.fetch_add(1, Ordering::AcqRel);
         let guard = Sending(&self.sending);
         if self.purging.load(Ordering::Acquire) {
@@ -864,7 +867,7 @@ impl LvolReplica {
             .map_err(|_| ReplicaError::NotFound(format!("snapshot {file}")))?;
         let size = self.store.size_of(id).map_err(|e| self.err(e))?;
         Ok((
-            super::rebuild::LvolSnapshot::new(self.store.clone(), id, size),
+            super::snapshot_view::LvolSnapshot::new(self.store.clone(), id, size),
             guard,
         ))
     }

@@ -10,3 +10,4 @@ pub mod daemon;
 pub mod lvol;
 pub mod rebuild;
 pub mod service;
+pub mod snapshot_view;

@@ -1,7 +1,8 @@
 //! Rebuild of a v2 replica, both ends, over the same gRPC calls and sparse-sync protocol as v1 (so v1 and v2
 //! replicas rebuild from each other).
 //!
-//! - **Source** (`FileSend`): a snapshot lvol is sent read-only as [`LvolSnapshot`], a [`SyncContent`] whose data
+//! - **Source** (`FileSend`): a snapshot lvol is sent read-only as
+//!   [`LvolSnapshot`](super::snapshot_view::LvolSnapshot), a [`SyncContent`](sparse_sync::SyncContent) whose data
 //!   ranges are the blocks the snapshot holds itself (what a v1 snapshot file holds), read from the lvstore.
 //! - **Target** (`FilesSync`): each snapshot, parents first, is received by the sparse-sync receiver into a
 //!   staging file in the daemon's scratch directory, then written into the store as `NAME.rcvw.SNAP` (a clone of
@@ -12,61 +13,19 @@
 //!   rebuild deletes what it received; after a crash, loading the replica does the same, or finishes a committed
 //!   one (`docs/formats.md`, "v2 replica").
 
-use std::io;
 use std::net::IpAddr;
-use std::ops::Range;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
 use corral_proto::v1;
-use lvstore::{BlobId, LvStore};
-use sparse_sync::{DataRanges, Progress, SyncContent};
+use sparse_sync::Progress;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::lvol::LvolReplica;
 use crate::error::ReplicaError;
 use crate::rebuild::{ATTEMPTS, RebuildTracker, parse_sources, sync_one, validate_file, validate_files};
-
-/// A snapshot lvol as sparse content: its own blocks are data, the rest (what it reads through to its parent, or
-/// zeros) holes — the layout of a v1 snapshot file.
-pub struct LvolSnapshot {
-    store: Arc<LvStore>,
-    id: BlobId,
-    size: u64,
-}
-
-impl LvolSnapshot {
-    pub fn new(store: Arc<LvStore>, id: BlobId, size: u64) -> Self {
-        Self { store, id, size }
-    }
-}
-
-fn io_err(e: &lvstore::Error) -> io::Error {
-    io::Error::other(e.to_string())
-}
-
-impl SyncContent for LvolSnapshot {
-    fn size(&self) -> u64 {
-        self.size
-    }
-
-    fn data_ranges(&self, range: Range<u64>) -> DataRanges<'_> {
-        let end = range.end.min(self.size);
-        if range.start >= end {
-            return Box::new(std::iter::empty());
-        }
-        match self.store.own_ranges(self.id, range.start, end - range.start) {
-            Ok(v) => Box::new(v.into_iter().map(Ok)),
-            Err(e) => Box::new(std::iter::once(Err(io_err(&e)))),
-        }
-    }
-
-    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
-        self.store.read_at(self.id, offset, buf).map_err(|e| io_err(&e))
-    }
-}
 
 /// Source side: sends snapshot `req.file_name` of `r` to a receiver.
 pub async fn file_send(

@@ -1,0 +1,48 @@
+//! A snapshot lvol read as sparse content ([`LvolSnapshot`]): what a v2 source sends where a v1 source sends a
+//! snapshot file. A leaf under `lvol` (which hands it out) and `rebuild` (which sends it).
+
+use std::io;
+use std::ops::Range;
+use std::sync::Arc;
+
+use lvstore::{BlobId, LvStore};
+use sparse_sync::{DataRanges, SyncContent};
+
+/// A snapshot lvol as sparse content: its own blocks are data, the rest (what it reads through to its parent, or
+/// zeros) holes — the layout of a v1 snapshot file.
+pub struct LvolSnapshot {
+    store: Arc<LvStore>,
+    id: BlobId,
+    size: u64,
+}
+
+impl LvolSnapshot {
+    pub fn new(store: Arc<LvStore>, id: BlobId, size: u64) -> Self {
+        Self { store, id, size }
+    }
+}
+
+fn io_err(e: &lvstore::Error) -> io::Error {
+    io::Error::other(e.to_string())
+}
+
+impl SyncContent for LvolSnapshot {
+    fn size(&self) -> u64 {
+        self.size
+    }
+
+    fn data_ranges(&self, range: Range<u64>) -> DataRanges<'_> {
+        let end = range.end.min(self.size);
+        if range.start >= end {
+            return Box::new(std::iter::empty());
+        }
+        match self.store.own_ranges(self.id, range.start, end - range.start) {
+            Ok(v) => Box::new(v.into_iter().map(Ok)),
+            Err(e) => Box::new(std::iter::once(Err(io_err(&e)))),
+        }
+    }
+
+    fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {
+        self.store.read_at(self.id, offset, buf).map_err(|e| io_err(&e))
+    }
+}
