@@ -386,11 +386,19 @@ fn ui_drives_volumes_and_backing_images_in_chromium() {
         Some(""),
         "the name's error went with the name's fix"
     );
+    // The v2 data engine on a node without a v2 disk: the placement refusal under the engine's field.
+    b.fill("#f-name", "bad");
+    b.fill("#f-size", "64 MiB");
+    choose(&b, "#f-dataEngine", "v2");
+    b.click("dialog button[type=submit]");
+    let e = field_error(&b, "dataEngine");
+    assert!(e.contains("v2 disk"), "{e}");
+    b.screenshot(&shots.join("volume-create-error-1280.png"));
+    choose(&b, "#f-dataEngine", "");
     assert!(
         api_names(&m, "/v1/volumes").is_empty(),
         "bad input created nothing"
     );
-    b.screenshot(&shots.join("volume-create-error-1280.png"));
 
     // A volume created from the page, attached from its page, healthy as the watch streams it in: no reload.
     b.fill("#f-name", "web1");

@@ -48,8 +48,12 @@ export async function createVolume(preset = {}) {
         matches: /^size|volume size|not a size|smaller than|cannot be smaller/ },
       { name: 'numberOfReplicas', label: 'Number of replicas', type: 'number',
         value: String(preset.numberOfReplicas ?? Math.min(3, Math.max(1, nodes.length))),
-        matches: /numberOfReplicas|replica|disk|node|room|schedul/i },
-      // TODO(data engine): a `dataEngine` select (v1/v2) goes here once the API takes it.
+        // A v2 placement refusal ("no schedulable v2 disk") belongs to the data engine below.
+        matches: /^(?!.*\bv2\b).*(numberOfReplicas|replica|disk|node|room|schedul)/i },
+      { name: 'dataEngine', label: 'Data engine', type: 'select', value: preset.dataEngine ?? '',
+        options: [['', 'Setting default'], ['v1', 'v1 (snapshot files)'], ['v2', 'v2 (logical-volume store)']],
+        help: 'v2 places replicas only on disks added with the v2 engine.',
+        matches: /data ?engine|v2 disk|v2 data engine/i },
       { name: 'source', label: 'Create from', type: 'select', value: preset.source ?? '', options: SOURCES },
       { name: 'sourceVolume', label: 'Source volume', type: 'select', value: preset.sourceVolume ?? '',
         options: [['', 'Choose a volume'], ...vols.map((v) => [v.name, v.name])],
@@ -84,6 +88,7 @@ export async function createVolume(preset = {}) {
         body.fromBackup = v.fromBackup;
         if (v.standby) body.standby = true;
       }
+      if (v.dataEngine) body.dataEngine = v.dataEngine;
       if (v.disableRevisionCounter) body.disableRevisionCounter = v.disableRevisionCounter === 'true';
       await api('POST', '/v1/volumes', body);
       location.hash = `#/volumes/${encodeURIComponent(v.name)}`;
