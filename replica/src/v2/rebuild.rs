@@ -37,6 +37,7 @@ pub async fn file_send(
     let opts = sparse_sync::SendOptions {
         fast: req.fast_sync,
         recorded: None,
+        max_rate: Some(req.max_bytes_per_second).filter(|r| *r > 0),
         ..Default::default()
     };
     let s = sparse_sync::send(
