@@ -523,6 +523,16 @@ pub async fn file_send(
             .map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?
             .map_err(|e| ReplicaError::io("open", &path, e))?;
     let recorded = sparse_sync::record::read_valid(&path).ok().flatten();
+    send_snapshot(Arc::new(content), recorded, req).await
+}
+
+/// Sends one snapshot's content (a v1 file or a v2 snapshot lvol) as `req` asks: its receiver, fast sync
+/// (`recorded`: the file's checksum record, if any), the rebuild's rate limit.
+pub(crate) async fn send_snapshot(
+    content: Arc<dyn sparse_sync::SyncContent>,
+    recorded: Option<sparse_sync::FileChecksum>,
+    req: &v1::FileSendRequest,
+) -> Result<v1::FileSendResponse, ReplicaError> {
     let opts = sparse_sync::SendOptions {
         fast: req.fast_sync,
         recorded,
@@ -530,7 +540,7 @@ pub async fn file_send(
         ..Default::default()
     };
     let s = sparse_sync::send(
-        Arc::new(content),
+        content,
         &req.to_address,
         &opts,
         &Progress::new(),

@@ -19,13 +19,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_proto::v1;
-use sparse_sync::Progress;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::lvol::LvolReplica;
 use crate::error::ReplicaError;
-use crate::rebuild::{ATTEMPTS, RebuildTracker, parse_sources, sync_one, validate_file, validate_files};
+use crate::rebuild::{
+    ATTEMPTS, RebuildTracker, parse_sources, send_snapshot, sync_one, validate_file, validate_files,
+};
 
 /// Source side: sends snapshot `req.file_name` of `r` to a receiver.
 pub async fn file_send(
@@ -34,30 +35,9 @@ pub async fn file_send(
 ) -> Result<v1::FileSendResponse, ReplicaError> {
     validate_file(&req.file_name)?;
     let (content, _reading) = r.snapshot_for_sending(&req.file_name)?;
-    let opts = sparse_sync::SendOptions {
-        fast: req.fast_sync,
-        recorded: None,
-        max_rate: Some(req.max_bytes_per_second).filter(|r| *r > 0),
-        ..Default::default()
-    };
-    let s = sparse_sync::send(
-        Arc::new(content),
-        &req.to_address,
-        &opts,
-        &Progress::new(),
-        &CancellationToken::new(),
-    )
-    .await
-    .map_err(|e| {
-        ReplicaError::FailedPrecondition(format!("send {} to {}: {e}", req.file_name, req.to_address))
-    })?;
-    info!(replica = r.name(), file = %req.file_name, sent = s.bytes_sent, "rebuild: snapshot lvol sent");
-    Ok(v1::FileSendResponse {
-        file_skipped: s.file_skipped,
-        bytes_sent: s.bytes_sent,
-        bytes_skipped: s.bytes_skipped,
-        data_bytes: s.data_bytes,
-    })
+    let sent = send_snapshot(Arc::new(content), None, req).await?;
+    info!(replica = r.name(), file = %req.file_name, sent = sent.bytes_sent, "rebuild: snapshot lvol sent");
+    Ok(sent)
 }
 
 /// Where the staging files of `replica`'s rebuild go.
