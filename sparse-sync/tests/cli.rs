@@ -139,6 +139,62 @@ fn sender_killed_half_way_resumes_sending_only_what_the_receiver_lacks() {
 }
 
 #[test]
+fn receiver_killed_mid_transfer_fails_the_sender_clearly_and_a_new_receiver_resumes() {
+    let dir = scratch_dir();
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    let ranges = random_sparse_file(&src, (64 << 20) + 3000, 1 << 20, 37);
+    let data = data_bytes(&ranges);
+    let src_sum = sha256_file(&src);
+    let mut server = Server::start(&dst, &["--idle-timeout", "60"]);
+
+    // Throttled so the kill lands mid-transfer; few retries so the sender gives up soon after.
+    let sender = Command::new(BIN)
+        .args(["send", "--file"])
+        .arg(&src)
+        .args(["--to", &server.addr, "--max-rate", "24M", "--retries", "2"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let partial = partial_path(&dst);
+    wait_for(
+        "part of the data on the receiver",
+        Duration::from_secs(30),
+        || (allocated_data(&partial) >= data * 3 / 10).then_some(()),
+    );
+    server.child.kill().unwrap(); // SIGKILL: no close, no cleanup
+    server.child.wait().unwrap();
+    let out = sender.wait_with_output().unwrap();
+    assert!(
+        !out.status.success(),
+        "the sender reported success to a dead receiver"
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&server.addr),
+        "error does not name the receiver: {stderr}"
+    );
+    assert!(
+        !dst.exists(),
+        "a half-written file appeared under the target name"
+    );
+    assert!(
+        allocated_data(&partial) < data,
+        "transfer finished before the kill"
+    );
+    assert_eq!(sha256_file(&src), src_sum, "the source changed");
+
+    let server = Server::start(&dst, &["--idle-timeout", "60"]);
+    let second = send_json(&src, &server.addr, &[]);
+    assert_eq!(second["receiver_had_content"], true);
+    assert!(second["bytes_skipped"].as_u64().unwrap() > 0);
+    server.finished();
+    assert_eq!(sha256_file(&src), sha256_file(&dst));
+    assert_eq!(data_extents(&src), data_extents(&dst));
+    assert!(!partial.exists());
+}
+
+#[test]
 fn send_reports_a_json_summary_and_fast_skips_with_recorded_checksums() {
     let dir = scratch_dir();
     let (src, dst) = (dir.path().join("src.img"), dir.path().join("dst.img"));

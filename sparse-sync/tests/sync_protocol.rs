@@ -165,6 +165,25 @@ async fn delta_sync_sends_only_what_differs_and_punches_stale_data() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_flipped_byte_on_an_existing_target_resends_exactly_its_batch() {
+    let dir = scratch_dir();
+    let (src, dst) = (dir.path().join("src"), dir.path().join("dst"));
+    let mut buf = vec![0u8; 16 << 20];
+    TestRng::new(9).fill(&mut buf);
+    std::fs::write(&src, &buf).unwrap();
+    // Same size and layout, same bytes but one: every batch's checksum matches except the one holding it.
+    let flipped = (5 << 20) + 12_345;
+    buf[flipped] ^= 0x5A;
+    std::fs::write(&dst, &buf).unwrap();
+    let opts = SendOptions::default();
+    let (sent, _) = sync_file(&src, &dst, &opts).await;
+    assert_same_file(&src, &dst);
+    assert!(sent.receiver_had_content);
+    assert_eq!(sent.bytes_sent, opts.batch_size, "{sent:?}");
+    assert_eq!(sent.bytes_skipped, (16 << 20) - opts.batch_size, "{sent:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fast_sync_skips_a_file_whose_recorded_checksums_match_until_the_receiver_file_changes() {
     let dir = scratch_dir();
     let (src, dst) = (dir.path().join("volume-snap-a.img"), dir.path().join("dst.img"));
