@@ -8,6 +8,7 @@
 #
 #   bench/rebuild/run.sh                                   # 4 GiB volume, 2 GiB data, both layouts
 #   SIZE_MIB=1024 PATTERNS=dense bench/rebuild/run.sh      # quicker
+#   BUSY_RATES="64M 32M" bench/rebuild/run.sh             # one rebuild under IO per busy rate (default: the engine's)
 #
 # Every timing starts from a warm page cache for the source and ends when the copy is durable (the rebuild ends when
 # the engine has the new replica RW: its files fsynced and renamed; cp is followed by `sync FILE`; cp runs before and
@@ -121,18 +122,25 @@ for pattern in $PATTERNS; do
   [[ "$(cat "$DIR/local-bytes")" -eq 0 ]] || { echo "the --no-local-copy rebuild copied locally" >&2; exit 1; }
   c=$(cp_once); cp_s=$(echo "if ($c < $cp_s) $c else $cp_s" | bc -l)
 
-  # IO without a rebuild, then during one: fio logs IOPS every 250 ms; the rebuild's window is cut out of the log.
+  # IO without a rebuild, then during one per busy rate: fio logs IOPS every 250 ms; the rebuild's window is cut
+  # out of the log. After the first rebuild, IO with both replicas RW: the ceiling of IO during a rebuild, since
+  # the rebuilding (WO) replica receives every write too.
   without=$(fio_iops "$FIO_SECONDS")
-  start_replica during
-  dpid=$RPID daddr=$RADDR
-  fio_t0=$(now)
-  fio_iops 120 "$DIR/iops" >/dev/null & fpid=$!
-  sleep 1
-  r0=$(now)
-  "$ENGINE" --url "$EADDR" replica add "$daddr" >/dev/null
-  r1=$(now)
-  kill -INT "$fpid"; wait "$fpid" 2>/dev/null || true
-  during=$(python3 - "$DIR"/iops_iops.*.log "$(echo "($r0 - $fio_t0) * 1000" | bc -l)" "$(echo "($r1 - $fio_t0) * 1000" | bc -l)" <<'EOF'
+  first=1 extra=""
+  for rate in ${BUSY_RATES:-default}; do
+    rate_args=()
+    [[ $rate == default ]] || rate_args=(--busy-rate "$rate")
+    start_replica during
+    dpid=$RPID daddr=$RADDR
+    rm -f "$DIR"/iops_iops.*.log
+    fio_t0=$(now)
+    fio_iops 180 "$DIR/iops" >/dev/null & fpid=$!
+    sleep 1
+    r0=$(now)
+    "$ENGINE" --url "$EADDR" replica add "$daddr" "${rate_args[@]}" >/dev/null
+    r1=$(now)
+    kill -INT "$fpid"; wait "$fpid" 2>/dev/null || true
+    d=$(python3 - "$DIR"/iops_iops.*.log "$(echo "($r0 - $fio_t0) * 1000" | bc -l)" "$(echo "($r1 - $fio_t0) * 1000" | bc -l)" <<'EOF'
 import sys
 *logs, a, b = sys.argv[1:]
 a, b = float(a), float(b)
@@ -146,12 +154,21 @@ for log in logs:
 print(round(sum(per.values()) / len(per)) if per else 0)
 EOF
 )
-  "$ENGINE" --url "$EADDR" replica rm "$daddr" >/dev/null
-  kill "$dpid"
-  rebuild_during=$(echo "$r1 - $r0" | bc -l)
-  printf '%-6s %9.2f %14.2f %11.2fx %10.2f %11.2fx %12s %9.2fx  (rebuild under IO %.2f s; fio %s -> %s IOPS)\n' \
+    rb=$(echo "$r1 - $r0" | bc -l)
+    if [[ -n $first ]]; then
+      during=$d rebuild_during=$rb first=""
+      two=$(fio_iops "$FIO_SECONDS")
+      extra+=$(printf '\n       with 2 replicas RW (no rebuild): %s IOPS, %.2fx of without' "$two" "$(echo "$two / $without" | bc -l)")
+    fi
+    extra+=$(printf '\n       busy rate %s: %s IOPS during, %.2fx of without; rebuild under IO %.2f s' "$rate" "$d" \
+      "$(echo "$d / $without" | bc -l)" "$rb")
+    "$ENGINE" --url "$EADDR" replica rm "$daddr" >/dev/null
+    kill "$dpid"; wait "$dpid" 2>/dev/null || true
+    rm -rf "${DIR:?}/during"
+  done
+  printf '%-6s %9.2f %14.2f %11.2fx %10.2f %11.2fx %12s %9.2fx  (rebuild under IO %.2f s; fio %s -> %s IOPS)%s\n' \
     "$pattern" "$cp_s" "$local_s" "$(echo "$cp_s / $local_s" | bc -l)" "$net_s" "$(echo "$cp_s / $net_s" | bc -l)" \
-    "$without" "$(echo "$during / $without" | bc -l)" "$rebuild_during" "$without" "$during"
+    "$without" "$(echo "$during / $without" | bc -l)" "$rebuild_during" "$without" "$during" "$extra"
   for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   wait 2>/dev/null || true
   PIDS=()
