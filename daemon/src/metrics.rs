@@ -13,11 +13,15 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::time::Instant;
 
 use axum::Router;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
+use prometheus_client::encoding::{DescriptorEncoder, NoLabelSet};
+use prometheus_client::metrics::MetricType;
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -215,4 +219,107 @@ mod tests {
             .unwrap_or_default();
         (status, body)
     }
+}
+
+/// Upper bounds (µs) of the latency histogram buckets; the last bucket is +Inf.
+pub const LATENCY_BUCKETS_US: [u64; 14] = [
+    50, 100, 200, 400, 800, 1_600, 3_200, 6_400, 12_800, 25_600, 51_200, 102_400, 409_600, 1_638_400,
+];
+
+/// A fixed-bucket latency histogram of atomics (no allocation, no lock on the IO path): the engine's volume
+/// latencies and the v2 disk daemon's per-replica ones.
+#[derive(Debug, Default)]
+pub struct LatencyHistogram {
+    /// Cumulative counts are computed at export; these are per-bucket counts, index 14 = +Inf.
+    pub buckets: [AtomicU64; 15],
+    /// Sum of observed latencies in µs.
+    pub sum_us: AtomicU64,
+    /// Observations.
+    pub count: AtomicU64,
+}
+
+impl LatencyHistogram {
+    /// Records one latency.
+    pub fn observe(&self, start: Instant) {
+        let us = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+        let i = LATENCY_BUCKETS_US
+            .iter()
+            .position(|&b| us <= b)
+            .unwrap_or(LATENCY_BUCKETS_US.len());
+        self.buckets[i].fetch_add(1, Relaxed);
+        self.sum_us.fetch_add(us, Relaxed);
+        self.count.fetch_add(1, Relaxed);
+    }
+
+    /// Approximate quantile (upper bound of the bucket holding it), in µs.
+    pub fn quantile_us(&self, q: f64) -> u64 {
+        let total = self.count.load(Relaxed);
+        if total == 0 {
+            return 0;
+        }
+        #[allow(
+            clippy::cast_possible_truncation,
+            clippy::cast_sign_loss,
+            clippy::cast_precision_loss
+        )]
+        let rank = ((total as f64) * q).ceil() as u64;
+        let mut seen = 0;
+        for (i, b) in self.buckets.iter().enumerate() {
+            seen += b.load(Relaxed);
+            if seen >= rank {
+                return LATENCY_BUCKETS_US.get(i).copied().unwrap_or(u64::MAX);
+            }
+        }
+        u64::MAX
+    }
+
+    /// Encodes the histogram as the Prometheus histogram `name` (in seconds) with `labels`.
+    ///
+    /// # Errors
+    /// When the encoder fails.
+    pub fn encode(
+        &self,
+        enc: &mut DescriptorEncoder,
+        name: &str,
+        help: &str,
+        labels: &[(&str, &str)],
+    ) -> Result<(), std::fmt::Error> {
+        encode_latency_family(enc, name, help, [(labels, self)])
+    }
+}
+
+/// Encodes one Prometheus histogram `name` (in seconds) with a series per `(labels, histogram)`.
+///
+/// # Errors
+/// When the encoder fails.
+pub fn encode_latency_family<'a>(
+    enc: &mut DescriptorEncoder,
+    name: &str,
+    help: &str,
+    series: impl IntoIterator<Item = (&'a [(&'a str, &'a str)], &'a LatencyHistogram)>,
+) -> Result<(), std::fmt::Error> {
+    #[allow(
+        clippy::cast_precision_loss,
+        reason = "bucket bounds and sums in seconds need no 53-bit precision"
+    )]
+    let seconds = |us: u64| us as f64 / 1e6;
+    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
+    for (labels, h) in series {
+        let buckets: Vec<(f64, u64)> = h
+            .buckets
+            .iter()
+            .enumerate()
+            .map(|(i, b)| {
+                let le = LATENCY_BUCKETS_US.get(i).map_or(f64::INFINITY, |us| seconds(*us));
+                (le, b.load(Relaxed))
+            })
+            .collect();
+        m.encode_family(&labels)?.encode_histogram::<NoLabelSet>(
+            seconds(h.sum_us.load(Relaxed)),
+            h.count.load(Relaxed),
+            &buckets,
+            None,
+        )?;
+    }
+    Ok(())
 }

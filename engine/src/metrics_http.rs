@@ -7,8 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::Relaxed;
 
 use corral_daemon::metrics::Metrics;
-use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric, NoLabelSet};
-use prometheus_client::metrics::MetricType;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
@@ -16,7 +15,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::metrics::{LATENCY_BUCKETS_US, LatencyHistogram};
+use crate::metrics::LatencyHistogram;
 use crate::replica_client::Mode;
 use crate::volume::Volume;
 
@@ -37,28 +36,7 @@ fn encode_latency(
     volume: &str,
     h: &LatencyHistogram,
 ) -> Result<(), std::fmt::Error> {
-    #[allow(
-        clippy::cast_precision_loss,
-        reason = "bucket bounds and sums in seconds need no 53-bit precision"
-    )]
-    let seconds = |us: u64| us as f64 / 1e6;
-    let buckets: Vec<(f64, u64)> = h
-        .buckets
-        .iter()
-        .enumerate()
-        .map(|(i, b)| {
-            let le = LATENCY_BUCKETS_US.get(i).map_or(f64::INFINITY, |us| seconds(*us));
-            (le, b.load(Relaxed))
-        })
-        .collect();
-    let mut m = enc.encode_descriptor(name, help, None, MetricType::Histogram)?;
-    m.encode_family(&[("volume", volume)])?
-        .encode_histogram::<NoLabelSet>(
-            seconds(h.sum_us.load(Relaxed)),
-            h.count.load(Relaxed),
-            &buckets,
-            None,
-        )
+    h.encode(enc, name, help, &[("volume", volume)])
 }
 
 impl prometheus_client::collector::Collector for VolumeCollector {

@@ -75,6 +75,9 @@ struct Inner {
     poisoned: bool,
     /// Journal records replayed at open (reported by `info`).
     replayed: u64,
+    /// Journal records appended and checkpoints written since open (the daemon's metrics).
+    journal_commits: u64,
+    checkpoints: u64,
 }
 
 /// An open logical-volume store.
@@ -128,6 +131,12 @@ pub struct SpaceReport {
     pub journal_bytes: u64,
     /// Sum of the lvols' sizes (thin: may exceed the device).
     pub provisioned_bytes: u64,
+    /// Writable lvols (heads and clones) and read-only snapshots.
+    pub lvols: u64,
+    pub snapshots: u64,
+    /// Journal records appended and metadata checkpoints written since the store was opened.
+    pub journal_commits: u64,
+    pub checkpoints: u64,
 }
 
 /// What `check` found.
@@ -335,6 +344,8 @@ impl LvStore {
                 dirty: BTreeSet::new(),
                 poisoned: false,
                 replayed: seq,
+                journal_commits: 0,
+                checkpoints: 0,
             }),
             gate: RwLock::new(()),
             commit_lock: Mutex::new(()),
@@ -442,6 +453,7 @@ impl LvStore {
         }
         inner.journal_tail += record.len() as u64;
         inner.seq += 1;
+        inner.journal_commits += 1;
         for op in all.split_off(n_dirty) {
             let freed = inner
                 .meta
@@ -498,6 +510,7 @@ impl LvStore {
         inner.meta = meta;
         inner.journal_tail = 0;
         inner.seq = 0;
+        inner.checkpoints += 1;
         for c in freed {
             inner.alloc.release(c);
         }
@@ -577,6 +590,7 @@ impl LvStore {
         }
         inner.journal_tail += record.len() as u64;
         inner.seq += 1;
+        inner.journal_commits += 1;
         drop(inner);
         drop(gate);
         let _g = self.gate_write();
@@ -670,6 +684,7 @@ impl LvStore {
     pub fn space(&self) -> SpaceReport {
         let inner = self.lock();
         let sb = &inner.sb;
+        let count = |kind| inner.meta.blobs.values().filter(|b| b.kind == kind).count() as u64;
         SpaceReport {
             device_bytes: self.dev.len(),
             cluster_size: sb.cluster_size,
@@ -688,6 +703,10 @@ impl LvStore {
                 .filter(|b| b.kind == BlobKind::Lvol)
                 .map(|b| b.size)
                 .sum(),
+            lvols: count(BlobKind::Lvol),
+            snapshots: count(BlobKind::Snapshot),
+            journal_commits: inner.journal_commits,
+            checkpoints: inner.checkpoints,
         }
     }
 

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use corral_daemon::cli::RunKind;
+use corral_daemon::human_bytes;
 use corral_daemon::output::{self, emit};
 use corral_proto::v1;
 use replica::cli::{control, parse_labels, print_replica, print_status, sync_agent, wait_job};
@@ -120,6 +121,8 @@ enum Cmd {
         /// file reports its listeners as NAME.control, NAME.data and NAME.sync.
         #[arg(long = "replica", value_name = "NAME")]
         replicas: Vec<String>,
+        #[command(flatten)]
+        metrics: corral_daemon::metrics::MetricsListenArg,
     },
     /// Show a replica: offline from its directory (--dir), or live over gRPC (--url: a replica address, or its
     /// control endpoint HOST:PORT).
@@ -138,6 +141,14 @@ enum Cmd {
     Snapshot {
         #[command(subcommand)]
         cmd: SnapCmd,
+    },
+    /// Replicas of a running v2 disk daemon (`serve-lvstore`): add, remove, list, and the store's space.
+    Lvstore {
+        /// The daemon's LvstoreService address HOST:PORT (its --listen).
+        #[arg(long)]
+        url: String,
+        #[command(subcommand)]
+        cmd: LvstoreCmd,
     },
     /// Compute (or verify, with --rehash) a snapshot's checksum and record it.
     Hash {
@@ -163,6 +174,28 @@ enum ImageCmd {
         src: PathBuf,
         dst: PathBuf,
     },
+}
+
+#[derive(Subcommand, Debug)]
+enum LvstoreCmd {
+    /// Host replica NAME (creating its head lvol now with --size; without it the engine's ReplicaCreate does).
+    Add {
+        name: String,
+        #[arg(long, value_parser = corral_daemon::parse_size, default_value = "0")]
+        size: u64,
+        #[arg(long)]
+        disable_revision_counter: bool,
+    },
+    /// Stop serving replica NAME; with --delete-data its lvols are deleted too.
+    Rm {
+        name: String,
+        #[arg(long)]
+        delete_data: bool,
+    },
+    /// Hosted replicas with their addresses.
+    Ls,
+    /// The store: device, clusters used and free.
+    Info,
 }
 
 #[derive(Subcommand, Debug)]
@@ -262,6 +295,7 @@ async fn main() -> anyhow::Result<()> {
             cluster_size,
             data_window,
             replicas,
+            metrics,
         } => {
             let cfg = replica::v2::daemon::LvstoreServeConfig {
                 disk,
@@ -274,6 +308,7 @@ async fn main() -> anyhow::Result<()> {
                     ..Default::default()
                 },
                 replicas,
+                metrics_listen: metrics.metrics_listen,
             };
             replica::v2::daemon::serve_lvstore(cfg, corral_daemon::shutdown_on_signal()).await
         }
@@ -293,6 +328,7 @@ async fn main() -> anyhow::Result<()> {
             cmd: ImageCmd::Convert { to, src, dst },
         } => replica::image_cli::image_convert(src, dst, to).await,
         Cmd::Snapshot { cmd } => snapshot(cmd, json).await,
+        Cmd::Lvstore { url, cmd } => lvstore(&url, cmd, json).await,
         Cmd::Hash {
             url,
             snapshot,
@@ -344,6 +380,65 @@ async fn main() -> anyhow::Result<()> {
                 std::process::exit(3);
             }
             Ok(())
+        }
+    }
+}
+
+async fn lvstore(url: &str, cmd: LvstoreCmd, json: bool) -> anyhow::Result<()> {
+    let ch = corral_proto::grpc::connect(url, corral_proto::grpc::GrpcTimeouts::OPERATOR)
+        .await
+        .context("v2 disk daemon")?;
+    let mut c = v1::lvstore_service_client::LvstoreServiceClient::new(ch);
+    match cmd {
+        LvstoreCmd::Add {
+            name,
+            size,
+            disable_revision_counter,
+        } => {
+            let r = c
+                .lvstore_replica_add(v1::LvstoreReplicaAddRequest {
+                    name,
+                    size,
+                    disable_revision_counter,
+                    ..Default::default()
+                })
+                .await?
+                .into_inner();
+            Ok(output::print(json, &r, || {
+                format!("{} {} {}", r.name, r.state, r.address)
+            })?)
+        }
+        LvstoreCmd::Rm { name, delete_data } => {
+            c.lvstore_replica_remove(v1::LvstoreReplicaRemoveRequest {
+                name: name.clone(),
+                delete_data,
+            })
+            .await?;
+            emit(&format!("replica {name} removed"));
+            Ok(())
+        }
+        LvstoreCmd::Ls => {
+            let r = c.lvstore_replica_list(v1::LvstoreEmpty {}).await?.into_inner();
+            Ok(output::print(json, &r, || {
+                r.replicas
+                    .iter()
+                    .map(|x| format!("{}\t{}\t{}\t{}", x.name, x.state, x.size, x.address))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            })?)
+        }
+        LvstoreCmd::Info => {
+            let r = c.lvstore_info(v1::LvstoreEmpty {}).await?.into_inner();
+            Ok(output::print(json, &r, || {
+                format!(
+                    "{}: {} clusters of {} used, {} free, {} total",
+                    r.path,
+                    r.used_clusters,
+                    human_bytes(r.cluster_size),
+                    r.free_clusters,
+                    r.total_clusters
+                )
+            })?)
         }
     }
 }

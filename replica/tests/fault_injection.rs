@@ -9,42 +9,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::Daemon;
+use common::{Daemon, http};
 use data_protocol::{ClientConfig, ClientError, DataClient, ErrorKind};
 use replica::fault::{FaultAction, FaultOp, FaultRuleStatus};
 use testkit::wait_for_async;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const SIZE: u64 = 16 << 20;
-
-/// One HTTP/1.1 request on a fresh connection; returns the status code and body. The metrics server is bound
-/// before the daemon writes its ready file, so it accepts at once.
-async fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
-    let mut stream = tokio::net::TcpStream::connect(addr)
-        .await
-        .unwrap_or_else(|e| panic!("metrics server at {addr}: {e}"));
-    let request = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
-         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    );
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut response = String::new();
-    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut response))
-        .await
-        .expect("HTTP response in time")
-        .unwrap();
-    let status = response
-        .split(' ')
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .unwrap_or_else(|| panic!("bad HTTP response {response:?}"));
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
 
 async fn rules(metrics: &str) -> Vec<FaultRuleStatus> {
     let (status, body) = http(metrics, "GET", "/debug/faults", "").await;

@@ -314,6 +314,7 @@ fn print_info(s: &LvStore, json: bool) -> anyhow::Result<()> {
             ),
             ("data free", b(sp.free_clusters * sp.cluster_size)),
             ("provisioned", b(sp.provisioned_bytes)),
+            ("blobs", format!("{} lvols, {} snapshots", sp.lvols, sp.snapshots)),
             (
                 "metadata",
                 format!(

@@ -26,6 +26,7 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use super::lvol::{LvolReplica, check_replica_name, replicas_in};
+use super::metrics::{MetricsTable, ReplicaIoLatency, ReplicaMetrics, TimedBackend};
 use super::service::{V2Grpc, V2Replica};
 use crate::error::ReplicaError;
 use crate::jobs::JobTable;
@@ -47,6 +48,8 @@ pub struct LvstoreServeConfig {
     pub data: ServerConfig,
     /// Replicas to host from the start (besides those the store holds), created on the engine's ReplicaCreate.
     pub replicas: Vec<String>,
+    /// Prometheus `/metrics`, `/healthz` and `/readyz` address.
+    pub metrics_listen: Option<SocketAddr>,
 }
 
 struct Hosted {
@@ -67,6 +70,8 @@ pub struct LvstoreDaemon {
     hosted: tokio::sync::Mutex<BTreeMap<String, Hosted>>,
     /// Replicas being stopped or started: refuses a concurrent add/remove of the same name.
     busy: Mutex<std::collections::BTreeSet<String>>,
+    /// What `/metrics` reads of each hosted replica.
+    metrics: MetricsTable,
 }
 
 async fn bind(ip: IpAddr, port: u16, name: &str, what: &str) -> anyhow::Result<TcpListener> {
@@ -143,7 +148,20 @@ impl LvstoreDaemon {
                 .await
                 .context("SyncAgentService")
         });
-        let server = DataServer::new(host.clone() as Arc<dyn BlockBackend>, self.data.clone())?;
+        let latency = Arc::new(ReplicaIoLatency::default());
+        let backend = TimedBackend {
+            replica: host.clone(),
+            latency: latency.clone(),
+        };
+        let server = DataServer::new(Arc::new(backend) as Arc<dyn BlockBackend>, self.data.clone())?;
+        lock(&self.metrics).insert(
+            name.to_owned(),
+            ReplicaMetrics {
+                replica: host.clone(),
+                data: server.metrics(),
+                latency,
+            },
+        );
         let c = cancel.clone();
         tasks.spawn(async move {
             server.serve_tcp(data, c).await;
@@ -168,6 +186,7 @@ impl LvstoreDaemon {
     /// Stops serving `name` (in-flight IO finishes), flushes it, and with `delete` deletes its lvols.
     async fn unhost(&self, name: &str, delete: bool) -> Result<(), ReplicaError> {
         let h = self.hosted.lock().await.remove(name);
+        lock(&self.metrics).remove(name);
         let Some(mut h) = h else {
             return Err(ReplicaError::NotFound(format!(
                 "replica {name} is not hosted here"
@@ -334,6 +353,7 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
         cancel: cancel.clone(),
         hosted: tokio::sync::Mutex::default(),
         busy: Mutex::default(),
+        metrics: MetricsTable::default(),
     });
     for name in &cfg.replicas {
         check_replica_name(name)?;
@@ -358,9 +378,21 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
     let listener = TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("bind {}", cfg.listen))?;
-    ready
-        .tcp("control", listener.local_addr()?)
-        .announce(cfg.ready_file.as_deref())?;
+    ready = ready.tcp("control", listener.local_addr()?);
+    let mut metrics_task = None;
+    if let Some(addr) = cfg.metrics_listen {
+        let l = TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("bind metrics {addr}"))?;
+        ready = ready.tcp("metrics", l.local_addr()?);
+        let app = super::metrics::metrics(store.clone(), daemon.metrics.clone()).routes();
+        metrics_task = Some(tokio::spawn(corral_daemon::metrics::serve(
+            l,
+            app,
+            cancel.clone(),
+        )));
+    }
+    ready.announce(cfg.ready_file.as_deref())?;
     tonic::transport::Server::builder()
         .add_service(LvstoreServiceServer::new(LvstoreGrpc(daemon.clone())))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), cancel.cancelled())
@@ -371,6 +403,9 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
         if let Err(e) = daemon.unhost(&n, false).await {
             warn!(replica = %n, error = %e, "closing replica failed");
         }
+    }
+    if let Some(t) = metrics_task {
+        t.await?.context("metrics server")?;
     }
     tokio::task::spawn_blocking(move || store.flush()).await??;
     info!(disk = %cfg.disk.display(), "corral-replica serve-lvstore stopped; replicas flushed");

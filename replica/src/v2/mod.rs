@@ -4,10 +4,12 @@
 //!
 //! - [`lvol`]: one replica over an lvol chain (IO, snapshot, revert, expand, purge, salvage xattrs);
 //! - [`service`]: its data-protocol backend and gRPC services;
-//! - [`daemon`]: the per-disk daemon and its `LvstoreService` (add, list, remove replicas).
+//! - [`daemon`]: the per-disk daemon and its `LvstoreService` (add, list, remove replicas);
+//! - [`metrics`]: its Prometheus metrics (per-replica IO and latency, the store's space and journal).
 
 pub mod daemon;
 pub mod lvol;
+pub mod metrics;
 pub mod rebuild;
 pub mod service;
 pub mod snapshot_view;

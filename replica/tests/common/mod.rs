@@ -12,6 +12,7 @@ use corral_proto::v1::{
 };
 use data_protocol::{ClientConfig, DataClient};
 use testkit::DaemonCommand;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 
 /// A running replica daemon; killed (SIGKILL) on drop unless stopped.
@@ -105,4 +106,33 @@ pub fn block_pattern(block: u64, generation: u64) -> Vec<u8> {
         chunk[8..16].copy_from_slice(&(generation ^ (i as u64) << 48).to_le_bytes());
     }
     v
+}
+
+/// One HTTP/1.1 request on a fresh connection; returns the status code and body. The metrics server is bound
+/// before the daemon writes its ready file, so it accepts at once.
+pub async fn http(addr: &str, method: &str, path: &str, body: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("metrics server at {addr}: {e}"));
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nContent-Type: application/json\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    tokio::time::timeout(Duration::from_secs(10), stream.read_to_string(&mut response))
+        .await
+        .expect("HTTP response in time")
+        .unwrap();
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("bad HTTP response {response:?}"));
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
 }
