@@ -5,8 +5,8 @@
       -> one TSV row: job target iops mib_s p50_us p99_us cpu_us_per_io, where CPU_S is the CPU time the target's
          processes took over SECONDS of the job (ramp included; its IOs are counted at the job's rate)
   fio_summary.py table RESULTS.tsv
-      -> the table with ratios to nbdkit (a) and qemu-nbd (a'), then issue 16's targets, each marked met / MISSED
-         (benchmarked, not asserted)
+      -> the table with ratios to nbdkit (a) and qemu-nbd (a'), then issue 16's targets and issue 20's (v2 against
+         v1), each marked met / MISSED (benchmarked, not asserted)
 """
 import json
 import sys
@@ -21,7 +21,15 @@ TARGET_LABELS = {
     "ct": "(c) 3r, TCP",
     "b0": "(b) 1r, before",
     "c0": "(c) 3r, before",
+    "v2b": "v2 engine 1r",
+    "v2c": "v2 engine 3r",
+    "bs": "(b) after snap",
+    "v2bs": "v2 1r after snap",
 }
+
+# Issue 20: each v2 target against the v1 target of the same shape, measured in the same run (v2 replicas serve the
+# data protocol on TCP only, so bt / ct, v1 on TCP, are the like-for-like peers; b / c use v1's unix socket).
+V2_PEERS = [("v2b", "b"), ("v2b", "bt"), ("v2c", "c"), ("v2c", "ct"), ("v2bs", "bs")]
 
 
 def row(job, target, path, cpu_s=None, seconds=None):
@@ -108,6 +116,17 @@ def table(path):
     check("(b) CPU per IO <= 1.5x nbdkit's, every job",
           [(j, cpu.get((j, "b")), cpu.get((j, "a"))) for j in jobs], 1.5, higher=False)
     check("(d) >= 0.9x (c), every job", [(j, iops.get((j, "d")), iops.get((j, "c"))) for j in jobs], 0.9)
+
+    print()
+    print("Targets of issue 20, v2 against v1 (benchmarked, not asserted):")
+    random4k = [j for j in jobs if j.startswith("rand") and "-4k-" in j]
+    for v2, v1 in V2_PEERS:
+        check(f"{TARGET_LABELS[v2]} 4 KiB random IOPS >= {TARGET_LABELS[v1]}",
+              [(j, iops.get((j, v2)), iops.get((j, v1))) for j in random4k], 1.0)
+    for v2 in dict.fromkeys(v2 for v2, _ in V2_PEERS):
+        got = [f"{j} {x / base:.2f}" for j, x, base in vs_a(v2, jobs) if x is not None and base]
+        if got:
+            print(f"  {TARGET_LABELS[v2]} x nbdkit (a): {', '.join(got)}")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@
 #   RUNTIME=5 SIZE=1G bench/datapath/run.sh     # quick run
 #
 # Targets: (a) nbdkit file, (a') qemu-nbd raw, (b) engine + 1 replica, (c) engine + 3 replicas on loopback,
+# v2b / v2c: (b) and (c) over v2 replicas (`serve-lvstore`), v2bs / bs: 1 replica (v2 / v1) right after a snapshot
+# of the fully written volume (the copy-on-write path),
 # (b) and (c) with --disable-revision-counter on the engine and on every replica, (d) as (c) with the counter on.
 # Replicas serve the data protocol on a unix socket too (--data-unix, as the manager starts them), which the engine
 # on their node uses; bt and ct are b and c with replicas on TCP only (the path to a replica on another node).
@@ -104,6 +106,40 @@ start() {
   PIDS+=("$LAST_PID")
 }
 
+# ---- v2 data engine targets (issue 20) ----
+# v2b: engine + 1 v2 replica; v2c: engine + 3 v2 replicas, each in its own `corral-replica serve-lvstore` daemon (one
+# per node, as the manager runs them) over an lvstore on a preallocated file of 2 x SIZE in the work directory;
+# v2bs: v2b whose volume is snapshotted (through the engine) right after the precondition wrote it fully, so
+# every job runs on the copy-on-write path; bs is the same for v1 (target bt plus the snapshot). The revision counter
+# is off everywhere, as in (b) and (c).
+start_v2_target() {
+  local t=$1 tdir="$WORK/$1" n=1 i ready replicas=()
+  [[ $t == v2c ]] && n=3
+  for ((i = 0; i < n; i++)); do
+    ready="$tdir/lvstore-$i.ready"
+    fallocate -l "$(($(numfmt --from=iec "$SIZE") * 2))" "$tdir/lvstore-$i.img"
+    start "$tdir/lvstore-$i.log" "$REPLICA_BIN" --ready-file "$ready" serve-lvstore --disk "$tdir/lvstore-$i.img" \
+      --format --listen 127.0.0.1:0 --replica "bench-r$i"
+    TARGET_PIDS+=("$LAST_PID")
+    ready_wait "$ready" "$LAST_PID" "$READY_DEADLINE"
+    replicas+=(--replica "tcp://$(ready_addr "$ready" "bench-r$i.control")?data=$(ready_addr "$ready" "bench-r$i.data")&sync=$(ready_addr "$ready" "bench-r$i.sync")&replica=bench-r$i")
+  done
+  start "$tdir/engine.log" "$ENGINE_BIN" --ready-file "$tdir/engine.ready" serve --volume bench --size "$SIZE" \
+    --listen 127.0.0.1:0 "${replicas[@]}" --nbd-listen "unix:$tdir/nbd.sock" --disable-revision-counter
+  TARGET_PIDS+=("$LAST_PID")
+  wait_until engine "$LAST_PID" socket_ready "$tdir/nbd.sock"
+  URI="nbd+unix:///bench?socket=$tdir/nbd.sock"
+}
+
+# Targets bs and v2bs: a snapshot of the fully written volume through the engine (after the precondition).
+snapshot_after_precondition() {
+  local t=$1
+  [[ $t == bs || $t == v2bs ]] || return 0
+  echo "# target $t: snapshot of the fully written volume" >&2
+  "$ENGINE_BIN" --url "$(ready_addr "$WORK/$t/engine.ready" control)" snapshot create bench-snap >/dev/null
+}
+# ---- end of the v2 targets ----
+
 # Starts the servers of target $1; sets URI and TARGET_PIDS.
 start_target() {
   local t=$1 tdir="$WORK/$1"
@@ -122,10 +158,10 @@ start_target() {
       TARGET_PIDS+=("$LAST_PID")
       wait_until qemu-nbd "$LAST_PID" socket_ready "$tdir/nbd.sock"
       URI="nbd+unix:///?socket=$tdir/nbd.sock" ;;
-    b | c | d | bt | ct | b0 | c0)
+    b | c | d | bt | ct | b0 | c0 | bs)
       local n=3 rc=() unix=1 replica_bin=$REPLICA_BIN engine_bin=$ENGINE_BIN
       [[ $t == b* ]] && n=1
-      [[ $t == ?t ]] && unix=0
+      [[ $t == ?t || $t == bs ]] && unix=0 # bs: TCP, as v2bs (v2 replicas have no unix socket yet)
       [[ $t != d ]] && rc=(--disable-revision-counter)
       if [[ $t == ?0 ]]; then
         [[ -d "$WORK/bin0" ]] || { echo "run.sh: target $t needs BASE_BIN_DIR" >&2; exit 2; }
@@ -145,11 +181,12 @@ start_target() {
         ready_wait "$ready" "$LAST_PID" "$READY_DEADLINE"
         replicas+=(--replica "tcp://$(ready_addr "$ready" control)?data=$(ready_addr "$ready" data)&sync=$(ready_addr "$ready" sync)")
       done
-      start "$tdir/engine.log" "$engine_bin" serve --volume bench --size "$SIZE" --listen 127.0.0.1:0 \
-        "${replicas[@]}" --nbd-listen "unix:$tdir/nbd.sock" "${rc[@]}"
+      start "$tdir/engine.log" "$engine_bin" --ready-file "$tdir/engine.ready" serve --volume bench --size "$SIZE" \
+        --listen 127.0.0.1:0 "${replicas[@]}" --nbd-listen "unix:$tdir/nbd.sock" "${rc[@]}"
       TARGET_PIDS+=("$LAST_PID")
       wait_until engine "$LAST_PID" socket_ready "$tdir/nbd.sock"
       URI="nbd+unix:///bench?socket=$tdir/nbd.sock" ;;
+    v2b | v2c | v2bs) start_v2_target "$t" ;;
     *) echo "run.sh: unknown target $t" >&2; exit 2 ;;
   esac
 }
@@ -205,6 +242,7 @@ for t in $TARGETS; do
   start_target "$t"
   echo "# target $t: precondition (1 MiB writes over the whole device)" >&2
   fio_json "$WORK/$t/precondition.json" --rw=write --bs=1m --iodepth=8 --end_fsync=1
+  snapshot_after_precondition "$t"
   for j in "${JOBS[@]}"; do
     IFS=: read -r name rw bs qd fsync <<<"$j"
     echo "# target $t: $name (${RUNTIME}s)" >&2
