@@ -108,7 +108,7 @@ start() {
 
 # ---- v2 data engine targets (issue 20) ----
 # v2b: engine + 1 v2 replica; v2c: engine + 3 v2 replicas, each in its own `corral-replica serve-lvstore` daemon (one
-# per node, as the manager runs them) over an lvstore on a preallocated file of 2 x SIZE in the work directory;
+# per node, as the manager runs them) over an lvstore on a preallocated file of 2 x SIZE + 256 MiB in the work directory;
 # v2bs: v2b whose volume is snapshotted (through the engine) right after the precondition wrote it fully, so
 # every job runs on the copy-on-write path; bs is the same for v1 (target bt plus the snapshot). The revision counter
 # is off everywhere, as in (b) and (c).
@@ -117,7 +117,7 @@ start_v2_target() {
   [[ $t == v2c ]] && n=3
   for ((i = 0; i < n; i++)); do
     ready="$tdir/lvstore-$i.ready"
-    fallocate -l "$(($(numfmt --from=iec "$SIZE") * 2))" "$tdir/lvstore-$i.img"
+    fallocate -l "$(($(numfmt --from=iec "$SIZE") * 2 + (256 << 20)))" "$tdir/lvstore-$i.img" # room for a full COW copy
     start "$tdir/lvstore-$i.log" "$REPLICA_BIN" --ready-file "$ready" serve-lvstore --disk "$tdir/lvstore-$i.img" \
       --format --listen 127.0.0.1:0 --replica "bench-r$i"
     TARGET_PIDS+=("$LAST_PID")
