@@ -11,9 +11,13 @@ use std::time::{Duration, Instant};
 use futures::{StreamExt, TryStreamExt};
 use tracing::{info, warn};
 
+use bytes::Bytes;
+
 use crate::block::{
-    Compression, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, block_hash, encode_block, encode_parts,
+    BLOCK_HEADER_LEN, Compression, DEFAULT_BLOCK_SIZE, MAX_BLOCK_SIZE, MIN_BLOCK_SIZE, block_hash,
+    block_header, compress_into, max_compressed_len, worth_compressing,
 };
+use crate::buf::{BufPool, PooledBuf};
 use crate::config::{
     BackupConfig, BackupState, BackupStats, FORMAT_VERSION, FullReason, VolumeConfig, ZERO_MARKER,
 };
@@ -201,7 +205,37 @@ fn block_offsets(ranges: &[Range<u64>], bs: u64, size: u64) -> BTreeSet<u64> {
 /// Result of reading one block.
 enum Read {
     Zero,
-    Data { hash: String, data: Vec<u8> },
+    /// The data at `data[BLOCK_HEADER_LEN..][..len]`.
+    Data {
+        hash: String,
+        data: PooledBuf,
+    },
+}
+
+/// The stored block (header and payload) of the `len` bytes of data at `data[BLOCK_HEADER_LEN..]`: the header is
+/// written in front of the data when it is stored raw, so the block is one 4 KiB-aligned slice of `data`; a
+/// compressed block is assembled in a buffer taken from `pool` into `scratch`. Compression is tried only when
+/// [`worth_compressing`] says so (not on random data).
+fn encode_in_buffer<'a>(
+    data: &'a mut PooledBuf,
+    len: usize,
+    hash: &str,
+    method: Compression,
+    pool: &Arc<BufPool>,
+    scratch: &'a mut Option<PooledBuf>,
+) -> &'a [u8] {
+    const H: usize = BLOCK_HEADER_LEN;
+    let raw = &data.as_slice()[H..H + len];
+    if worth_compressing(raw, method) {
+        let out = scratch.insert(pool.get());
+        if let Some(c) = compress_into(raw, method, &mut out.as_mut_slice()[H..]) {
+            out.as_mut_slice()[..H].copy_from_slice(&block_header(method, len, c, hash));
+            return &out.as_slice()[..H + c];
+        }
+    }
+    let header = block_header(Compression::None, len, len, hash);
+    data.as_mut_slice()[..H].copy_from_slice(&header);
+    &data.as_slice()[..H + len]
 }
 
 struct Throttle {
@@ -479,20 +513,31 @@ impl BackupStore {
             .as_ref()
             .map(|r| (Arc::new(StagedBlocks::new(r.clone())), r.clone()));
         let staged = &staged;
+        // One buffer per block in flight (two while a compressible block is encoded), reused.
+        let pool = BufPool::new(
+            BLOCK_HEADER_LEN + max_compressed_len(usize::try_from(bs).unwrap_or(usize::MAX)),
+            2 * concurrency,
+        );
+        let pool = &pool;
         let changes: BTreeMap<u64, Option<String>> = futures::stream::iter(offsets)
             .map(|off| {
                 let (src, stats, seen, throttle) = (source.clone(), &stats, &seen, &throttle);
                 async move {
                     progress.check()?;
                     let len = bs.min(size - off);
+                    let blen = usize::try_from(len).unwrap_or(usize::MAX);
+                    let p = pool.clone();
                     let read = tokio::task::spawn_blocking(move || -> std::io::Result<Read> {
-                        let mut buf = vec![0u8; usize::try_from(len).unwrap_or(usize::MAX)];
-                        src.read_at(off, &mut buf)?;
-                        if buf.iter().all(|&b| b == 0) {
+                        // Read into a reused buffer, after room for the stored block's header (see
+                        // `encode_in_buffer`).
+                        let mut buf = p.get();
+                        let data = &mut buf.as_mut_slice()[BLOCK_HEADER_LEN..BLOCK_HEADER_LEN + blen];
+                        src.read_at(off, data)?;
+                        if data.iter().all(|&b| b == 0) {
                             return Ok(Read::Zero);
                         }
                         Ok(Read::Data {
-                            hash: block_hash(&buf),
+                            hash: block_hash(data),
                             data: buf,
                         })
                     })
@@ -523,26 +568,36 @@ impl BackupStore {
                         throttle.account(len).await;
                         let h = hash.clone();
                         let n = match &staged {
-                            // file://: compressed and written in one blocking call, header and payload written
-                            // from where they lie (no encoded copy); made durable in groups (see `local`).
+                            // file://: encoded and written in one blocking call from where the data lies (no
+                            // copy; O_DIRECT where the file system takes it), made durable in groups (see `local`).
                             Some((staged, root)) => {
-                                let (staged, dest) = (staged.clone(), root.join(path.as_ref()));
+                                let (staged, dest, pool) =
+                                    (staged.clone(), root.join(path.as_ref()), pool.clone());
                                 tokio::task::spawn_blocking(move || {
-                                    let (header, compressed) = encode_parts(&data, &h, method);
-                                    let payload = compressed.as_deref().unwrap_or(&data);
-                                    staged
-                                        .write(dest, &[&header, payload])
-                                        .map(|()| (header.len() + payload.len()) as u64)
+                                    let (mut data, mut scratch) = (data, None);
+                                    let stored =
+                                        encode_in_buffer(&mut data, blen, &h, method, &pool, &mut scratch);
+                                    staged.write(dest, stored).map(|()| stored.len() as u64)
                                 })
                                 .await
                                 .map_err(|e| join_error(&e))?
                                 .map_err(|e| BackupStoreError::store("put", &path, local_error(e)))?
                             }
                             None => {
-                                let enc =
-                                    tokio::task::spawn_blocking(move || encode_block(&data, &h, method))
-                                        .await
-                                        .map_err(|e| join_error(&e))?;
+                                let pool = pool.clone();
+                                let enc = tokio::task::spawn_blocking(move || {
+                                    let (mut data, mut scratch) = (data, None);
+                                    Bytes::copy_from_slice(encode_in_buffer(
+                                        &mut data,
+                                        blen,
+                                        &h,
+                                        method,
+                                        &pool,
+                                        &mut scratch,
+                                    ))
+                                })
+                                .await
+                                .map_err(|e| join_error(&e))?;
                                 let n = enc.len() as u64;
                                 self.put_bytes(&path, enc).await?;
                                 n

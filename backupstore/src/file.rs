@@ -62,9 +62,13 @@ impl BackupSource for FileSource {
 }
 
 /// A file written by a restore; created (or truncated) to the backup's size, so untouched ranges are holes.
+/// Writes whose buffer, offset and length are 4 KiB-aligned (every whole block a restore writes) go through a
+/// second descriptor opened with `O_DIRECT` where the file system takes it: no copy into the page cache (half the
+/// CPU of a buffered restore) and no queueing of the writers on the page-cache copy under the inode lock.
 #[derive(Debug)]
 pub struct FileSink {
     file: File,
+    direct: Option<File>,
 }
 
 impl FileSink {
@@ -77,14 +81,25 @@ impl FileSink {
             .truncate(true)
             .open(path)?;
         file.set_len(size)?;
-        Ok(Self { file })
+        Ok(Self::with_direct(path, file))
+    }
+
+    /// `file` plus an `O_DIRECT` descriptor of `path` when the file system takes one (tmpfs does not).
+    fn with_direct(path: &Path, file: File) -> Self {
+        use std::os::unix::fs::OpenOptionsExt;
+        let direct = File::options()
+            .write(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(path)
+            .ok();
+        Self { file, direct }
     }
 
     /// Opens an existing file (a volume's image) to restore into; it keeps its size, and a restore makes what
     /// lies past the backup's end read as zeros.
     pub fn open_existing(path: &Path) -> io::Result<Self> {
         let file = File::options().read(true).write(true).open(path)?;
-        Ok(Self { file })
+        Ok(Self::with_direct(path, file))
     }
 
     /// Makes the restored data durable.
@@ -95,6 +110,26 @@ impl FileSink {
 
 impl RestoreSink for FileSink {
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
+        let align = sparse_sync::DIRECT_IO_ALIGN;
+        if let Some(d) = &self.direct
+            && (data.as_ptr() as usize).is_multiple_of(align)
+            && data.len().is_multiple_of(align)
+            && offset.is_multiple_of(align as u64)
+        {
+            // Allocated first (unwritten extents, a metadata-only call): ext4 then lets aligned direct writes
+            // into the range run concurrently (shared inode lock) instead of one at a time.
+            let _ = rustix::fs::fallocate(
+                d,
+                rustix::fs::FallocateFlags::KEEP_SIZE,
+                offset,
+                data.len() as u64,
+            );
+            match d.write_all_at(data, offset) {
+                // A file system that opened O_DIRECT but refuses this write: the buffered descriptor writes it.
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
+                r => return r,
+            }
+        }
         self.file.write_all_at(data, offset)
     }
 

@@ -7,6 +7,7 @@
 pub mod backing_image;
 pub mod block;
 pub mod blockmap;
+mod buf;
 pub mod config;
 mod create;
 pub mod error;

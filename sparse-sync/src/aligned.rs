@@ -29,6 +29,12 @@ impl AlignedBuf {
     }
 
     /// The whole buffer.
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: `ptr` points to `layout.size()` initialised (zeroed) bytes owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.layout.size()) }
+    }
+
+    /// The whole buffer, writable.
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: `ptr` points to `layout.size()` initialised (zeroed) bytes owned by `self`, borrowed mutably.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.layout.size()) }

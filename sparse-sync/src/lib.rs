@@ -18,6 +18,7 @@ pub mod record;
 pub mod sender;
 pub mod wire;
 
+pub use aligned::{AlignedBuf, DIRECT_IO_ALIGN};
 pub use content::{FileContent, SyncContent};
 pub use extent_copy::{ExtentCopyOptions, ExtentCopySummary, FileExtents, Pace, SMALL_EXTENT, copy_extents};
 pub use layout::{DataExtents, DataRanges, LayoutMode, data_extents, data_ranges, punch_hole};
