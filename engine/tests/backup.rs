@@ -1,6 +1,7 @@
 //! Backups end to end: real replicas and engines, data written with qemu-io over NBD, backups to a local
 //! directory and to a real S3 server (`rclone serve s3`) on loopback, restores into fresh volumes compared byte
-//! for byte with the snapshot they came from.
+//! for byte with the snapshot they came from. The backup and restore tests run against v1 and v2 (lvstore)
+//! replicas (`NAME::v1`, `NAME::v2`), and a v2 backup restores into a v1 volume and back.
 
 mod common;
 
@@ -8,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::Duration;
 
-use common::{Engine, Replica};
+use common::{DataEngine, Engine, Replica};
 use testkit::qemu_io;
 use testkit::servers::{S3_ENV, S3Server};
 use testkit::wait_for;
@@ -24,8 +25,13 @@ struct Volume {
 
 impl Volume {
     fn start(dir: &Path, name: &str, n: usize) -> Self {
+        Self::start_on(DataEngine::V1, dir, name, n)
+    }
+
+    /// A volume of `n` replicas on `engine`.
+    fn start_on(engine: DataEngine, dir: &Path, name: &str, n: usize) -> Self {
         let replicas: Vec<Replica> = (0..n)
-            .map(|i| Replica::start(&dir.join(format!("{name}-r{i}")), &[]))
+            .map(|i| Replica::start_on(engine, &dir.join(format!("{name}-r{i}")), &[]))
             .collect();
         let addrs: Vec<String> = replicas.iter().map(Replica::address).collect();
         let engine = Engine::start(dir, name, SIZE, &addrs, &[]);
@@ -100,6 +106,23 @@ impl Volume {
     }
 }
 
+/// The backup `replica` records as last restored completely into it, read after a SIGKILL and a restart of its
+/// daemon (so from what is durable: a v1 replica's file, a v2 head lvol's xattr).
+async fn recorded_restore(replica: &mut Replica, engine: DataEngine) -> String {
+    replica.kill();
+    let dir = replica.dir.clone();
+    *replica = Replica::start_on(engine, &dir, &[]);
+    let s = replica
+        .backup_service()
+        .await
+        .restore_status(corral_proto::v1::RestoreStatusRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(s.state, "none", "{s:?}");
+    s.last_restored
+}
+
 fn url(status: &serde_json::Value) -> String {
     status["url"].as_str().unwrap().to_owned()
 }
@@ -112,8 +135,8 @@ fn s3_server(dir: &Path) -> S3Server {
 
 /// `stored` is the directory the target's objects land in on disk (for S3: the server's own directory), where
 /// the test counts block objects itself instead of trusting Corral's counters.
-async fn round_trip(t: &Path, target: &str, env: &[(&str, &str)], stored: &Path) {
-    let src = Volume::start(t, "src", 1);
+async fn round_trip(engine: DataEngine, t: &Path, target: &str, env: &[(&str, &str)], stored: &Path) {
+    let src = Volume::start_on(engine, t, "src", 1);
     src.write(&[
         "write -P 0x11 0 3M",
         "write -P 0x22 10M 1M",
@@ -147,13 +170,13 @@ async fn round_trip(t: &Path, target: &str, env: &[(&str, &str)], stored: &Path)
     assert_eq!(b2["newBlocks"].as_u64().unwrap(), 3, "{b2}");
 
     // Each backup restores into a fresh two-replica volume; the first then follows incrementally (standby).
-    let dst = Volume::start(t, "dst", 2);
+    let dst = Volume::start_on(engine, t, "dst", 2);
     dst.cli(env, &["backup", "restore", "--detach-frontend", &url(&b1)]);
     assert!(
         dst.data().await == s1,
         "restore of the full backup differs from s1"
     );
-    let fresh = Volume::start(t, "fresh", 1);
+    let fresh = Volume::start_on(engine, t, "fresh", 1);
     fresh.cli(env, &["backup", "restore", "--detach-frontend", &url(&b2)]);
     assert!(
         fresh.data().await == s2,
@@ -187,11 +210,20 @@ async fn round_trip(t: &Path, target: &str, env: &[(&str, &str)], stored: &Path)
     assert_eq!(ls.as_array().unwrap().len(), 2, "{ls}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn round_trip_to_a_directory_full_and_incremental_restore_equal_their_snapshots() {
+// The same tests against v1 and v2 (lvstore) replicas: `NAME::v1`, `NAME::v2`.
+on_both_engines!(
+    round_trip_to_a_directory_full_and_incremental_restore_equal_their_snapshots,
+    incremental_after_the_base_snapshot_was_deleted_uploads_only_changed_blocks,
+    a_backup_killed_mid_upload_claims_nothing_blocks_deletion_meanwhile_and_a_rerun_completes,
+    a_revert_ends_the_chain_and_the_next_backup_is_full_with_the_reason,
+    a_purge_is_refused_while_a_backup_reads_the_snapshot_and_the_backup_equals_it,
+    a_failed_restore_forgets_the_last_restored_backup_so_no_incremental_builds_on_a_mix,
+);
+
+async fn round_trip_to_a_directory_full_and_incremental_restore_equal_their_snapshots(engine: DataEngine) {
     let t = tempfile::tempdir().unwrap();
     let target = format!("file://{}", t.path().join("store").display());
-    round_trip(t.path(), &target, &[], &t.path().join("store")).await;
+    round_trip(engine, t.path(), &target, &[], &t.path().join("store")).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -199,7 +231,14 @@ async fn round_trip_to_an_s3_server_full_and_incremental_restore_equal_their_sna
     let t = tempfile::tempdir().unwrap();
     let s3 = s3_server(&t.path().join("s3"));
     let target = format!("s3://bk/backups?endpoint={}&region=us-east-1", s3.endpoint);
-    round_trip(t.path(), &target, &S3_ENV, &t.path().join("s3/bk")).await;
+    round_trip(
+        DataEngine::V1,
+        t.path(),
+        &target,
+        &S3_ENV,
+        &t.path().join("s3/bk"),
+    )
+    .await;
     // Credentials from a file named in the environment (a mounted secret) work as well.
     let creds = t.path().join("s3-credentials");
     std::fs::write(
@@ -230,11 +269,10 @@ async fn round_trip_to_an_s3_server_full_and_incremental_restore_equal_their_sna
     assert!(String::from_utf8_lossy(&out.stderr).contains("credentials"));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn incremental_after_the_base_snapshot_was_deleted_uploads_only_changed_blocks() {
+async fn incremental_after_the_base_snapshot_was_deleted_uploads_only_changed_blocks(engine: DataEngine) {
     let t = tempfile::tempdir().unwrap();
     let target = format!("file://{}", t.path().join("store").display());
-    let v = Volume::start(t.path(), "vol", 1);
+    let v = Volume::start_on(engine, t.path(), "vol", 1);
     // Eight distinct blocks, so deduplication cannot hide a re-upload.
     let w: Vec<String> = (0..8)
         .map(|i| format!("write -P {} {}k 256k", 0x40 + i, i * 256))
@@ -265,7 +303,7 @@ async fn incremental_after_the_base_snapshot_was_deleted_uploads_only_changed_bl
     assert_eq!(insp["backup"]["stats"]["newBytes"].as_u64().unwrap(), 2 * BLOCK);
     assert_eq!(insp["chain"].as_array().unwrap().len(), 2);
 
-    let fresh = Volume::start(t.path(), "fresh", 1);
+    let fresh = Volume::start_on(engine, t.path(), "fresh", 1);
     fresh.cli(&[], &["backup", "restore", "--detach-frontend", &url(&b2)]);
     assert!(fresh.data().await == s2);
 }
@@ -379,12 +417,13 @@ fn blk_files(dir: &Path) -> usize {
     n
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_backup_killed_mid_upload_claims_nothing_blocks_deletion_meanwhile_and_a_rerun_completes() {
+async fn a_backup_killed_mid_upload_claims_nothing_blocks_deletion_meanwhile_and_a_rerun_completes(
+    engine: DataEngine,
+) {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let target = format!("file://{}", store.display());
-    let mut v = Volume::start(t.path(), "vol", 1);
+    let mut v = Volume::start_on(engine, t.path(), "vol", 1);
     v.write(&["write -P 0x01 0 256k"]);
     v.snapshot("s0");
     let b0 = v.backup(&[], &target, "s0", &[]);
@@ -462,7 +501,7 @@ async fn a_backup_killed_mid_upload_claims_nothing_blocks_deletion_meanwhile_and
 
     // Restart replica and engine; the rerun completes and reuses what was uploaded.
     v.replicas[0].kill();
-    v.replicas[0] = Replica::start(&t.path().join("vol-r0"), &[]);
+    v.replicas[0] = Replica::start_on(engine, &t.path().join("vol-r0"), &[]);
     v.engine = Engine::start(t.path(), "vol", SIZE, &[v.replicas[0].address()], &[]);
     let b1 = v.backup(&[], &target, "s1", &[]);
     assert_eq!(b1["isIncremental"], true);
@@ -470,16 +509,15 @@ async fn a_backup_killed_mid_upload_claims_nothing_blocks_deletion_meanwhile_and
         b1["deduplicatedBlocks"].as_u64().unwrap() >= (uploaded - 1) as u64,
         "{b1}"
     );
-    let fresh = Volume::start(t.path(), "fresh", 1);
+    let fresh = Volume::start_on(engine, t.path(), "fresh", 1);
     fresh.cli(&[], &["backup", "restore", "--detach-frontend", &url(&b1)]);
     assert!(fresh.data().await == s1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_revert_ends_the_chain_and_the_next_backup_is_full_with_the_reason() {
+async fn a_revert_ends_the_chain_and_the_next_backup_is_full_with_the_reason(engine: DataEngine) {
     let t = tempfile::tempdir().unwrap();
     let target = format!("file://{}", t.path().join("store").display());
-    let v = Volume::start(t.path(), "vol", 1);
+    let v = Volume::start_on(engine, t.path(), "vol", 1);
     v.write(&["write -P 0x61 0 1M"]);
     v.snapshot("s1");
     v.backup(&[], &target, "s1", &[]);
@@ -510,18 +548,17 @@ async fn a_revert_ends_the_chain_and_the_next_backup_is_full_with_the_reason() {
     let b3 = v.backup(&[], &target, "s3", &[]);
     assert_eq!(b3["isIncremental"], false, "{b3}");
     assert!(b3["fullReason"].as_str().unwrap().contains("reverted"), "{b3}");
-    let fresh = Volume::start(t.path(), "fresh", 1);
+    let fresh = Volume::start_on(engine, t.path(), "fresh", 1);
     fresh.cli(&[], &["backup", "restore", "--detach-frontend", &url(&b3)]);
     assert!(fresh.data().await == s3);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_purge_is_refused_while_a_backup_reads_the_snapshot_and_the_backup_equals_it() {
+async fn a_purge_is_refused_while_a_backup_reads_the_snapshot_and_the_backup_equals_it(engine: DataEngine) {
     // Without the guard, purging the removed s1 prunes it (holes punched where the head has data) under the
     // running backup, which then stores zeros for those blocks.
     let t = tempfile::tempdir().unwrap();
     let target = format!("file://{}", t.path().join("store").display());
-    let v = Volume::start(t.path(), "vol", 1);
+    let v = Volume::start_on(engine, t.path(), "vol", 1);
     let w: Vec<String> = (0..8)
         .map(|i| format!("write -P {} {}k 256k", 0x30 + i, i * 256))
         .collect();
@@ -566,29 +603,32 @@ async fn a_purge_is_refused_while_a_backup_reads_the_snapshot_and_the_backup_equ
             .any(|b| b["state"] == "complete")
             .then_some(())
     });
-    let fresh = Volume::start(t.path(), "fresh", 1);
+    let fresh = Volume::start_on(engine, t.path(), "fresh", 1);
     fresh.cli(&[], &["backup", "restore", "--detach-frontend", &backup_url]);
     assert!(fresh.data().await == s1, "the restored backup differs from s1");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failed_restore_forgets_the_last_restored_backup_so_no_incremental_builds_on_a_mix() {
+async fn a_failed_restore_forgets_the_last_restored_backup_so_no_incremental_builds_on_a_mix(
+    engine: DataEngine,
+) {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let target = format!("file://{}", store.display());
-    let v = Volume::start(t.path(), "vol", 1);
+    let v = Volume::start_on(engine, t.path(), "vol", 1);
     v.write(&["write -P 0x10 0 256k", "write -P 0x11 1M 256k"]);
     v.snapshot("s1");
     let b1 = v.backup(&[], &target, "s1", &[]);
     v.write(&["write -P 0x20 0 256k", "write -P 0x21 1M 256k"]);
     v.snapshot("s2");
     let b2 = v.backup(&[], &target, "s2", &[]);
-    let dst = Volume::start(t.path(), "dst", 1);
+    let mut dst = Volume::start_on(engine, t.path(), "dst", 1);
     dst.cli(&[], &["backup", "restore", "--detach-frontend", &url(&b1)]);
-    let state_file = dst.replicas[0].dir.join("backup-restore.json");
-    let state =
-        || -> serde_json::Value { serde_json::from_slice(&std::fs::read(&state_file).unwrap()).unwrap() };
-    assert_eq!(state()["lastRestored"], b1["backupName"]);
+    assert_eq!(
+        recorded_restore(&mut dst.replicas[0], engine).await,
+        b1["backupName"].as_str().unwrap()
+    );
+    dst.engine.kill();
+    dst.engine = Engine::start(t.path(), "dst", SIZE, &[dst.replicas[0].address()], &[]);
 
     // Damage the block b2 stored at 1M: the incremental restore fails part-way.
     let name = b2["backupName"].as_str().unwrap();
@@ -623,9 +663,9 @@ async fn a_failed_restore_forgets_the_last_restored_backup_so_no_incremental_bui
         ],
     );
     assert!(!out.status.success(), "a corrupt block must fail the restore");
-    assert_ne!(
-        state()["lastRestored"],
-        b1["backupName"],
+    assert_eq!(
+        recorded_restore(&mut dst.replicas[0], engine).await,
+        "",
         "the volume no longer equals b1, yet an incremental would build on it"
     );
 }
@@ -847,4 +887,71 @@ async fn a_range_zeroed_over_the_backing_image_restores_as_zeros_and_the_backup_
         ok,
         "the restored volume differs (zeroed range must not show the backing image): {out}"
     );
+}
+
+/// `qemu-img compare` of two volumes through their engines' NBD sockets: bit-exact, holes compared as zeros.
+fn qemu_img_compare(a: &Volume, b: &Volume) {
+    let out = Command::new("qemu-img")
+        .args(["compare", "-f", "raw", "-F", "raw"])
+        .args([a.engine.unix_uri(), b.engine.unix_uri()])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "qemu-img compare: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v2_backup_restores_into_a_v1_volume_and_back_bit_exact() {
+    let t = tempfile::tempdir().unwrap();
+    let target = format!("file://{}", t.path().join("store").display());
+    let src = Volume::start_on(DataEngine::V2, t.path(), "v2src", 1);
+    src.write(&[
+        "write -P 0x5a 0 2M",
+        "write -P 0x5b 7M 4k",
+        "write -P 0x5c 23M 1M",
+    ]);
+    src.snapshot("s1");
+    src.write(&["write -P 0x5d 1M 256k", "write -z 23M 512k"]);
+    src.snapshot("s2");
+    let want = src.data().await;
+    src.backup(&[], &target, "s1", &[]);
+    let b2 = src.backup(&[], &target, "s2", &[]);
+    assert_eq!(b2["isIncremental"], true, "{b2}");
+
+    // v2 -> v1.
+    let v1 = Volume::start_on(DataEngine::V1, t.path(), "v1dst", 1);
+    v1.write(&["write -P 0x99 0 24M"]); // old data the restore must replace, also where the backup has holes
+    v1.cli(&[], &["backup", "restore", "--detach-frontend", &url(&b2)]);
+    assert!(
+        v1.data().await == want,
+        "the v1 volume differs from the v2 snapshot"
+    );
+    qemu_img_compare(&src, &v1);
+
+    // v1 -> v2, into a volume that held other data.
+    v1.snapshot("r1");
+    let b3 = v1.backup(&[], &target, "r1", &[]);
+    let back = Volume::start_on(DataEngine::V2, t.path(), "v2back", 1);
+    back.write(&["write -P 0x77 0 24M"]);
+    back.snapshot("old");
+    back.cli(&[], &["backup", "restore", "--detach-frontend", &url(&b3)]);
+    assert!(
+        back.data().await == want,
+        "the v2 volume differs after v2 -> v1 -> v2"
+    );
+    qemu_img_compare(&src, &back);
+    // Holes stay holes in the v2 restore over an empty head: what was never written is unallocated.
+    let fresh = Volume::start_on(DataEngine::V2, t.path(), "v2fresh", 1);
+    fresh.cli(&[], &["backup", "restore", "--detach-frontend", &url(&b3)]);
+    qemu_img_compare(&src, &fresh);
+    let map = Command::new("nbdinfo")
+        .args(["--map", &fresh.engine.unix_uri()])
+        .output()
+        .unwrap();
+    let map = String::from_utf8_lossy(&map.stdout);
+    assert!(map.contains("hole"), "{map}");
 }

@@ -21,24 +21,99 @@ use backupstore::{BackupSource, Changes, RestoreSink, SnapshotInfo};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use corral_disk::BLOCK_SIZE;
+use corral_disk::{BLOCK_SIZE, durable};
 
 use crate::chain::{Layer, build_map};
 use crate::error::{IoContext, ReplicaError, Result};
 use crate::extent_map::ExtentMap;
 use crate::locks::read_lock;
-use crate::meta::{DiskMeta, load_json, write_json_atomic};
+use crate::meta::DiskMeta;
 use crate::names;
 use crate::replica::Replica;
 
-/// Where a replica records the backup its data equals after a restore (for incremental / DR restores).
+/// Where a v1 replica records the backup its data equals after a restore (for incremental / DR restores).
 pub const RESTORE_STATE_FILE: &str = "backup-restore.json";
 
-/// Where a replica records that its backup chain was ended (a backup was restored into it): the next backup of
+/// Where a v1 replica records that its backup chain was ended (a backup was restored into it): the next backup of
 /// the volume is full. Removed after a full backup completes.
 pub const CHAIN_END_FILE: &str = "backup-chain-end.json";
 
-/// Contents of [`CHAIN_END_FILE`].
+/// The two backup records a replica keeps beside its data: files in a v1 replica's directory, xattrs of a v2
+/// replica's head lvol (`docs/formats.md`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackupRecord {
+    /// [`RestoreState`].
+    RestoreState,
+    /// [`ChainEnd`].
+    ChainEnd,
+}
+
+impl BackupRecord {
+    /// The v1 file name.
+    pub fn file(self) -> &'static str {
+        match self {
+            Self::RestoreState => RESTORE_STATE_FILE,
+            Self::ChainEnd => CHAIN_END_FILE,
+        }
+    }
+}
+
+/// Where a replica keeps its [`BackupRecord`]s (JSON bytes); every save and clear is crash-atomic.
+pub trait BackupRecords: Send + Sync {
+    /// The record's bytes, `None` when unset.
+    fn load(&self, record: BackupRecord) -> Result<Option<Vec<u8>>>;
+    /// Replaces the record.
+    fn save(&self, record: BackupRecord, bytes: &[u8]) -> Result<()>;
+    /// Removes the record (no-op when unset).
+    fn clear(&self, record: BackupRecord) -> Result<()>;
+}
+
+/// A v1 replica's records: files in its directory, written temp + fsync + rename.
+#[derive(Debug, Clone)]
+pub struct DirRecords(pub PathBuf);
+
+impl BackupRecords for DirRecords {
+    fn load(&self, record: BackupRecord) -> Result<Option<Vec<u8>>> {
+        let p = self.0.join(record.file());
+        match std::fs::read(&p) {
+            Ok(b) => Ok(Some(b)),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(ReplicaError::io("read", &p, e)),
+        }
+    }
+
+    fn save(&self, record: BackupRecord, bytes: &[u8]) -> Result<()> {
+        let p = self.0.join(record.file());
+        durable::write_atomic(&p, bytes).ctx("write crash-safely", &p)
+    }
+
+    fn clear(&self, record: BackupRecord) -> Result<()> {
+        crate::meta::remove_if_exists(&self.0.join(record.file()))
+    }
+}
+
+fn load_record<T: serde::de::DeserializeOwned>(
+    records: &dyn BackupRecords,
+    record: BackupRecord,
+) -> Result<Option<T>> {
+    let Some(bytes) = records.load(record)? else {
+        return Ok(None);
+    };
+    serde_json::from_slice(&bytes)
+        .map(Some)
+        .map_err(|e| ReplicaError::CorruptMeta {
+            path: PathBuf::from(record.file()),
+            reason: e.to_string(),
+        })
+}
+
+fn save_record<T: Serialize>(records: &dyn BackupRecords, record: BackupRecord, v: &T) -> Result<()> {
+    let bytes = serde_json::to_vec(v)
+        .map_err(|e| ReplicaError::InvalidArgument(format!("cannot encode {}: {e}", record.file())))?;
+    records.save(record, &bytes)
+}
+
+/// Contents of the [`BackupRecord::ChainEnd`] record.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ChainEnd {
@@ -49,23 +124,23 @@ pub struct ChainEnd {
 }
 
 impl ChainEnd {
-    /// The marker of `dir`, if set.
-    pub fn load(dir: &Path) -> Result<Option<Self>> {
-        load_json(&dir.join(CHAIN_END_FILE))
+    /// The marker, if set.
+    pub fn load(records: &dyn BackupRecords) -> Result<Option<Self>> {
+        load_record(records, BackupRecord::ChainEnd)
     }
 
     /// Sets the marker crash-safely.
-    pub fn save(&self, dir: &Path) -> Result<()> {
-        write_json_atomic(dir, CHAIN_END_FILE, self)
+    pub fn save(&self, records: &dyn BackupRecords) -> Result<()> {
+        save_record(records, BackupRecord::ChainEnd, self)
     }
 
     /// Clears the marker (a new chain started).
-    pub fn clear(dir: &Path) -> Result<()> {
-        crate::meta::remove_if_exists(&dir.join(CHAIN_END_FILE))
+    pub fn clear(records: &dyn BackupRecords) -> Result<()> {
+        records.clear(BackupRecord::ChainEnd)
     }
 }
 
-/// Contents of [`RESTORE_STATE_FILE`].
+/// Contents of the [`BackupRecord::RestoreState`] record.
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct RestoreState {
@@ -78,15 +153,56 @@ pub struct RestoreState {
 }
 
 impl RestoreState {
-    /// Loads the state of `dir` (default when never restored).
-    pub fn load(dir: &Path) -> Result<Self> {
-        Ok(load_json(&dir.join(RESTORE_STATE_FILE))?.unwrap_or_default())
+    /// Loads the state (default when never restored).
+    pub fn load(records: &dyn BackupRecords) -> Result<Self> {
+        Ok(load_record(records, BackupRecord::RestoreState)?.unwrap_or_default())
     }
 
     /// Saves it crash-safely.
-    pub fn save(&self, dir: &Path) -> Result<()> {
-        write_json_atomic(dir, RESTORE_STATE_FILE, self)
+    pub fn save(&self, records: &dyn BackupRecords) -> Result<()> {
+        save_record(records, BackupRecord::RestoreState, self)
     }
+}
+
+/// Change tracking over a snapshot chain, for v1 files and v2 lvols alike. `chain` holds the snapshot names of
+/// the layers, root first, `name` last; `extents_from(i)` is the union of the data ranges of layers `i..`;
+/// `exists_locally` says whether a snapshot is still on the replica (to tell deleted from reverted-away ones).
+pub fn chain_changes(
+    chain: &[String],
+    exists_locally: &dyn Fn(&str) -> bool,
+    extents_from: &dyn Fn(usize) -> io::Result<Vec<Range<u64>>>,
+    base: &str,
+    base_ancestors: &[String],
+) -> io::Result<Changes> {
+    let name = chain.last().map_or("", String::as_str);
+    let pos = |n: &str| chain.iter().position(|x| x == n);
+    let since = |i: usize, diff_from: &str| -> io::Result<Changes> {
+        Ok(Changes::Since {
+            diff_from: diff_from.to_owned(),
+            ranges: extents_from(i)?,
+        })
+    };
+    if let Some(i) = pos(base) {
+        return since(i + 1, base);
+    }
+    let ended = |s: &str| {
+        Ok(Changes::ChainEnded(format!(
+            "snapshot {s} of the last backup is not an ancestor of {name} (the volume was reverted)"
+        )))
+    };
+    if exists_locally(base) {
+        return ended(base);
+    }
+    // The last backed-up snapshot was deleted: diff from its nearest surviving ancestor.
+    for a in base_ancestors {
+        if let Some(i) = pos(a) {
+            return since(i + 1, a);
+        }
+        if exists_locally(a) {
+            return ended(a);
+        }
+    }
+    since(0, "")
 }
 
 /// One snapshot of a replica, readable without the live chain.
@@ -163,7 +279,7 @@ impl SnapshotSource {
             created: meta.created.clone(),
             ancestors: snap_names[..snap_names.len() - 1].iter().rev().cloned().collect(),
         };
-        let chain_end = ChainEnd::load(&dir)?;
+        let chain_end = ChainEnd::load(&DirRecords(dir.clone()))?;
         Ok(Self {
             dir,
             info,
@@ -239,35 +355,13 @@ impl BackupSource for SnapshotSource {
     }
 
     fn changes_since(&self, base: &str, base_ancestors: &[String]) -> io::Result<Changes> {
-        let pos = |n: &str| self.chain.iter().position(|x| x == n);
-        let since = |i: usize, diff_from: &str| -> io::Result<Changes> {
-            Ok(Changes::Since {
-                diff_from: diff_from.to_owned(),
-                ranges: self.extents_of(&self.layers[i..])?,
-            })
-        };
-        if let Some(i) = pos(base) {
-            return since(i + 1, base);
-        }
-        let ended = |s: &str| {
-            Ok(Changes::ChainEnded(format!(
-                "snapshot {s} of the last backup is not an ancestor of {} (the volume was reverted)",
-                self.info.name
-            )))
-        };
-        if self.exists_locally(base) {
-            return ended(base);
-        }
-        // The last backed-up snapshot was deleted: diff from its nearest surviving ancestor.
-        for a in base_ancestors {
-            if let Some(i) = pos(a) {
-                return since(i + 1, a);
-            }
-            if self.exists_locally(a) {
-                return ended(a);
-            }
-        }
-        since(0, "")
+        chain_changes(
+            &self.chain,
+            &|s| self.exists_locally(s),
+            &|i| self.extents_of(&self.layers[i..]),
+            base,
+            base_ancestors,
+        )
     }
 
     fn chain_ended(&self) -> Option<String> {

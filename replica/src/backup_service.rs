@@ -1,6 +1,9 @@
 //! gRPC `ReplicaBackupService` (served on the sync-agent port P+2): backup jobs of this replica's snapshots and
 //! the restore job into this replica. Each replica restores itself (the engine's CLI asks every RW replica, with
 //! the frontend down), so the same path serves a data source or a standby volume without an engine.
+//!
+//! The service runs over a [`BackupHost`]: a v1 [`ReplicaHost`] (snapshot files, records beside them) or a v2
+//! lvol replica (`crate::v2::backup`: snapshot lvols, records in the head's xattrs) — one job code path for both.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -14,7 +17,7 @@ use corral_proto::v1::{self, replica_backup_service_server::ReplicaBackupService
 use tonic::{Request, Response, Status};
 use tracing::{Instrument, error, info, info_span};
 
-use crate::backup::{ReplicaSink, RestoreState, SnapshotSource};
+use crate::backup::{BackupRecords, ChainEnd, DirRecords, ReplicaSink, RestoreState, SnapshotSource};
 use crate::error::ReplicaError;
 use crate::locks::lock;
 use crate::service::ReplicaHost;
@@ -44,10 +47,80 @@ struct RestoreJob {
     progress: Arc<Progress>,
 }
 
-/// Implements `ReplicaBackupService` over one [`ReplicaHost`].
-#[derive(Debug, Clone)]
+/// A snapshot opened for a backup.
+pub struct OpenedSource {
+    /// What the backup reads.
+    pub source: Arc<dyn backupstore::BackupSource>,
+    /// Name and checksum of the backing image under the volume, if any; may read the whole image (called on a
+    /// blocking thread, only when the request names none).
+    pub backing_image: BackingImageProbe,
+    /// Holds off purges until dropped (a purge would change the layers the source reads).
+    pub guard: Box<dyn Send + Sync>,
+}
+
+/// Computes a backing image's name and checksum.
+pub type BackingImageProbe =
+    Box<dyn FnOnce() -> Result<Option<(String, String)>, ReplicaError> + Send + 'static>;
+
+/// What the backup service needs of the replica it serves (v1 or v2).
+pub trait BackupHost: Send + Sync + 'static {
+    /// Volume name the replica was started with (may be empty).
+    fn volume(&self) -> String;
+    /// Opens `snapshot` for a backup, refusing while a purge runs (blocking).
+    fn open_source(&self, snapshot: &str) -> Result<OpenedSource, ReplicaError>;
+    /// The restore sink into the open replica's head, and the volume size.
+    fn sink(&self) -> Result<(Arc<dyn backupstore::RestoreSink>, u64), ReplicaError>;
+    /// Makes restored data durable (blocking).
+    fn flush(&self) -> Result<(), ReplicaError>;
+    /// Where the replica keeps its restore state and chain-end marker.
+    fn records(&self) -> Result<Arc<dyn BackupRecords>, ReplicaError>;
+}
+
+impl BackupHost for V1Backup {
+    fn volume(&self) -> String {
+        self.0.volume().to_owned()
+    }
+
+    fn open_source(&self, snapshot: &str) -> Result<OpenedSource, ReplicaError> {
+        let replica = self.0.replica()?;
+        // Counted as running first, so a purge starting now sees the backup; a purge punches or overwrites the
+        // files the source reads (a pruned or folded snapshot would be backed up with the wrong data).
+        let reading = BackupReading::new(self.0.clone());
+        if self.0.jobs.status(crate::service::grpc::PURGE).state == crate::jobs::JobState::InProgress {
+            return Err(ReplicaError::FailedPrecondition(
+                "a purge is running; back up after it finishes".into(),
+            ));
+        }
+        let source = Arc::new(SnapshotSource::open(&replica, snapshot)?);
+        let src = source.clone();
+        Ok(OpenedSource {
+            source,
+            backing_image: Box::new(move || src.backing_image()),
+            guard: Box::new(reading),
+        })
+    }
+
+    fn sink(&self) -> Result<(Arc<dyn backupstore::RestoreSink>, u64), ReplicaError> {
+        let replica = self.0.replica()?;
+        let size = replica.size();
+        Ok((Arc::new(ReplicaSink { replica }), size))
+    }
+
+    fn flush(&self) -> Result<(), ReplicaError> {
+        self.0.replica()?.flush()
+    }
+
+    fn records(&self) -> Result<Arc<dyn BackupRecords>, ReplicaError> {
+        Ok(Arc::new(DirRecords(std::path::PathBuf::from(
+            self.0.status()?.dir,
+        ))))
+    }
+}
+
+/// Implements `ReplicaBackupService` over one [`BackupHost`].
+#[derive(Clone)]
 pub struct ReplicaBackupGrpc {
-    host: Arc<ReplicaHost>,
+    host: Arc<dyn BackupHost>,
     backups: Arc<Mutex<HashMap<String, BackupJob>>>,
     restore: Arc<Mutex<RestoreJob>>,
 }
@@ -106,6 +179,10 @@ impl Drop for BackupReading {
     }
 }
 
+/// The v1 replica of a [`ReplicaHost`] as a [`BackupHost`].
+#[derive(Debug)]
+struct V1Backup(Arc<ReplicaHost>);
+
 /// The backing image named in a request: both fields or neither; the checksum as `sha512:HEX`.
 fn backing_image_given(name: &str, checksum: &str) -> Result<Option<(String, String)>, Status> {
     match (name.is_empty(), checksum.is_empty()) {
@@ -142,8 +219,13 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl ReplicaBackupGrpc {
-    /// The service for `host`.
+    /// The service for the v1 replica of `host`.
     pub fn new(host: Arc<ReplicaHost>) -> Self {
+        Self::over(Arc::new(V1Backup(host)))
+    }
+
+    /// The service for any [`BackupHost`] (the v2 daemon's replicas).
+    pub fn over(host: Arc<dyn BackupHost>) -> Self {
         Self {
             host,
             backups: Arc::default(),
@@ -178,7 +260,7 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
         let volume = match (&url.volume, r.volume.as_str(), self.host.volume()) {
             (Some(v), _, _) => v.clone(),
             (None, v, _) if !v.is_empty() => v.to_owned(),
-            (None, _, v) if !v.is_empty() => v.to_owned(),
+            (None, _, v) if !v.is_empty() => v,
             _ => return Err(Status::invalid_argument("no backup volume name: pass volume")),
         };
         let name = if r.backup_name.is_empty() {
@@ -201,17 +283,10 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
                 .collect(),
         )
         .map_err(|e| backup_status(&e))?;
-        let replica = self.host.replica()?;
-        // Counted as running first, so a purge starting now sees the backup; a purge punches or overwrites the
-        // files the source reads (a pruned or folded snapshot would be backed up with the wrong data).
-        let reading = BackupReading::new(self.host.clone());
-        if self.host.jobs.status(crate::service::grpc::PURGE).state == crate::jobs::JobState::InProgress {
-            return Err(Status::failed_precondition(
-                "a purge is running; back up after it finishes",
-            ));
-        }
-        let snapshot = r.snapshot.clone();
-        let source = blocking(move || SnapshotSource::open(&replica, &snapshot)).await?;
+        let (host, snapshot) = (self.host.clone(), r.snapshot.clone());
+        let opened = blocking(move || host.open_source(&snapshot)).await?;
+        let host = self.host.clone();
+        let records = blocking(move || host.records()).await?;
         let backup_url = store.backup_url(&volume, &name);
         {
             let mut jobs = lock(&self.backups);
@@ -260,17 +335,18 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
             };
         }
         let jobs = self.backups.clone();
-        let dir = std::path::PathBuf::from(self.host.status().map(|st| st.dir).unwrap_or_default());
         let span = info_span!("backup", backup = %name, volume = %volume, snapshot = %r.snapshot);
         tokio::spawn(
             async move {
-                let _reading = reading;
-                let source = Arc::new(source);
-                let src = source.clone();
+                let OpenedSource {
+                    source,
+                    backing_image,
+                    guard: _reading,
+                } = opened;
                 let result = async {
                     opts.backing_image = match given_backing {
                         Some(b) => Some(b),
-                        None => tokio::task::spawn_blocking(move || src.backing_image())
+                        None => tokio::task::spawn_blocking(backing_image)
                             .await
                             .map_err(|e| BackupStoreError::FailedPrecondition(e.to_string()))?
                             .map_err(|e| BackupStoreError::FailedPrecondition(e.to_string()))?,
@@ -286,7 +362,7 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
                     Ok(c) => {
                         // A full backup started a new chain: a restore marker no longer applies.
                         if !c.is_incremental
-                            && let Err(e) = crate::backup::ChainEnd::clear(&dir)
+                            && let Err(e) = ChainEnd::clear(records.as_ref())
                         {
                             error!(error = %e, "clearing the backup chain-end marker failed");
                         }
@@ -360,21 +436,21 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
                 .collect(),
         )
         .map_err(|e| backup_status(&e))?;
-        let replica = self.host.replica()?;
+        let (sink, size) = self.host.sink()?;
         let cfg = store
             .backup_config(&volume, &backup)
             .await
             .map_err(|e| backup_status(&e))?;
-        if cfg.size > replica.size() {
+        if cfg.size > size {
             return Err(Status::failed_precondition(format!(
-                "backup {backup} is {} bytes, larger than this volume ({} bytes): expand the volume first",
+                "backup {backup} is {} bytes, larger than this volume ({size} bytes): expand the volume first",
                 cfg.size,
-                replica.size()
             )));
         }
-        let dir = replica.dir().to_owned();
-        let d = dir.clone();
-        let state = blocking(move || RestoreState::load(&d)).await?;
+        let host = self.host.clone();
+        let records = blocking(move || host.records()).await?;
+        let rec = records.clone();
+        let state = blocking(move || RestoreState::load(rec.as_ref())).await?;
         let since = (r.incremental && state.volume == volume && !state.last_restored.is_empty())
             .then(|| state.last_restored.clone());
         let progress = Arc::new(Progress::default());
@@ -404,28 +480,26 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
             ..Default::default()
         };
         let job = self.restore.clone();
+        let host = self.host.clone();
         let span = info_span!("restore", backup = %backup, volume = %volume);
         tokio::spawn(
             async move {
-                let sink = Arc::new(ReplicaSink {
-                    replica: replica.clone(),
-                });
                 // Forget the last restored backup before the data changes: after a failed or killed restore the
                 // volume holds a mix, and an incremental from the old base would skip blocks this one changed.
-                let (d, v) = (dir.clone(), volume.clone());
-                let end = crate::backup::ChainEnd {
+                let (d, v) = (records.clone(), volume.clone());
+                let end = ChainEnd {
                     reason: format!("backup {backup} of volume {volume} was restored into the volume"),
                     at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
                 };
                 // The restore changes the data under the last backed-up snapshot's descendants (zeroed ranges can
                 // become holes no layer diff shows): the next backup must be full. Set before the first write.
                 let cleared = tokio::task::spawn_blocking(move || {
-                    end.save(&d)?;
+                    end.save(d.as_ref())?;
                     RestoreState {
                         volume: v,
                         ..Default::default()
                     }
-                    .save(&d)
+                    .save(d.as_ref())
                 })
                 .await
                 .map_err(|e| BackupStoreError::FailedPrecondition(e.to_string()))
@@ -442,8 +516,8 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
                             url: r.url.clone(),
                         };
                         tokio::task::spawn_blocking(move || {
-                            replica.flush()?;
-                            st.save(&dir)
+                            host.flush()?;
+                            st.save(records.as_ref())
                         })
                         .await
                         .map_err(|e| e.to_string())
@@ -493,20 +567,19 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
         if r.reason.is_empty() {
             return Err(Status::invalid_argument("a chain end needs a reason"));
         }
-        let replica = self.host.replica()?;
-        let dir = replica.dir().to_owned();
-        let end = crate::backup::ChainEnd {
+        let host = self.host.clone();
+        let end = ChainEnd {
             reason: r.reason.clone(),
             at: chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
         };
-        blocking(move || end.save(&dir)).await?;
+        blocking(move || end.save(host.records()?.as_ref())).await?;
         let mut out = v1::BackupChainEndResponse::default();
         if !r.target.is_empty() {
             let url = BackupUrl::parse(&r.target).map_err(|e| backup_status(&e))?;
             let volume = match (&url.volume, r.volume.as_str(), self.host.volume()) {
                 (Some(v), _, _) => v.clone(),
                 (None, v, _) if !v.is_empty() => v.to_owned(),
-                (None, _, v) if !v.is_empty() => v.to_owned(),
+                (None, _, v) if !v.is_empty() => v,
                 _ => return Err(Status::invalid_argument("no backup volume name: pass volume")),
             };
             let store =
@@ -529,8 +602,7 @@ impl ReplicaBackupService for ReplicaBackupGrpc {
         let mut s = job.status.clone();
         if s.state.is_empty() {
             s.state = "none".into();
-            let dir = self.host.status().map(|st| st.dir).unwrap_or_default();
-            if let Ok(st) = RestoreState::load(std::path::Path::new(&dir)) {
+            if let Ok(st) = self.host.records().and_then(|r| RestoreState::load(r.as_ref())) {
                 s.last_restored = st.last_restored;
                 s.backup_url = st.url;
             }

@@ -200,6 +200,17 @@ impl Replica {
             .unwrap()
     }
 
+    /// `ReplicaBackupService` on the sync endpoint.
+    pub async fn backup_service(
+        &self,
+    ) -> corral_proto::v1::replica_backup_service_client::ReplicaBackupServiceClient<Channel> {
+        corral_proto::v1::replica_backup_service_client::ReplicaBackupServiceClient::connect(
+            self.daemon.http_url(&self.listener("sync")),
+        )
+        .await
+        .unwrap()
+    }
+
     /// The replica's state (`ReplicaGet`).
     pub async fn status(&self) -> v1::Replica {
         self.control()

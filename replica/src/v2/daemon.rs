@@ -15,7 +15,8 @@ use corral_daemon::ready::ReadyReport;
 use corral_proto::ReplicaAddress;
 use corral_proto::v1::{
     self, lvstore_service_server::LvstoreService, lvstore_service_server::LvstoreServiceServer,
-    replica_service_server::ReplicaServiceServer, sync_agent_service_server::SyncAgentServiceServer,
+    replica_backup_service_server::ReplicaBackupServiceServer, replica_service_server::ReplicaServiceServer,
+    sync_agent_service_server::SyncAgentServiceServer,
 };
 use data_protocol::{BlockBackend, DataServer, ServerConfig};
 use lvstore::{FormatOptions, LvStore, OpenMode};
@@ -25,9 +26,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
+use super::backup::V2Backup;
 use super::lvol::{LvolReplica, check_replica_name, replicas_in};
 use super::metrics::{MetricsTable, ReplicaIoLatency, ReplicaMetrics, TimedBackend};
 use super::service::{V2Grpc, V2Replica};
+use crate::backup_service::ReplicaBackupGrpc;
 use crate::error::ReplicaError;
 use crate::jobs::JobTable;
 use crate::locks::lock;
@@ -133,6 +136,9 @@ impl LvstoreDaemon {
             ReplicaServiceServer::new(grpc.clone()),
             SyncAgentServiceServer::new(grpc),
         );
+        let backup_svc = ReplicaBackupServiceServer::new(ReplicaBackupGrpc::over(Arc::new(V2Backup(
+            host.replica.clone(),
+        ))));
         tasks.spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(svc)
@@ -144,6 +150,7 @@ impl LvstoreDaemon {
         tasks.spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(sync_svc)
+                .add_service(backup_svc)
                 .serve_with_incoming_shutdown(TcpListenerStream::new(sync), c.cancelled())
                 .await
                 .context("SyncAgentService")

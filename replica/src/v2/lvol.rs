@@ -32,6 +32,12 @@ pub const XATTR_VOLUME: &str = "corral.volume";
 pub const XATTR_SALVAGE: &str = "corral.salvage";
 /// Snapshot xattr: the snapshot's metadata.
 pub const XATTR_SNAPSHOT: &str = "corral.snapshot";
+/// Head xattr: the backup last restored completely into the replica (`crate::backup::RestoreState`, JSON;
+/// `super::backup`).
+pub const XATTR_RESTORE_STATE: &str = "corral.backup-restore";
+/// Head xattr: the replica's backup chain was ended (`crate::backup::ChainEnd`, JSON); cleared by the next full
+/// backup, kept across a revert.
+pub const XATTR_CHAIN_END: &str = "corral.backup-chain-end";
 /// Separator between a replica's name and its snapshot's in lvol names.
 const SNAP_INFIX: &str = ".snap.";
 /// Suffix of the head being put in place by a revert.
@@ -157,8 +163,8 @@ pub struct LvolReplica {
     /// Writes since the last flush (salvage fields are rewritten only then).
     written: AtomicBool,
     pub(crate) purging: AtomicBool,
-    /// Snapshots being sent to a rebuilding replica (a purge waits for none).
-    sending: AtomicUsize,
+    /// Snapshots being sent to a rebuilding replica or read by a backup (a purge waits for none).
+    pub(super) sending: AtomicUsize,
 }
 
 /// Holds off purges while a snapshot lvol is being sent.
@@ -210,7 +216,7 @@ impl LvolReplica {
         format!("{}{REVERT_SUFFIX}", self.name)
     }
 
-    fn snap_lvol(&self, file: &str) -> String {
+    pub(super) fn snap_lvol(&self, file: &str) -> String {
         format!(
             "{}{SNAP_INFIX}{}",
             self.name,
@@ -219,7 +225,7 @@ impl LvolReplica {
     }
 
     /// The v1 file name of a snapshot lvol of this replica, if it is one.
-    fn snap_file(&self, lvol: &str) -> Option<String> {
+    pub(super) fn snap_file(&self, lvol: &str) -> Option<String> {
         lvol.strip_prefix(&self.name)?
             .strip_prefix(SNAP_INFIX)
             .map(names::snapshot_file)
@@ -575,7 +581,7 @@ impl LvolReplica {
             .map_err(|e| self.err(e))
     }
 
-    fn snapshot_xattr(&self, lvol: &str) -> Result<SnapshotXattr> {
+    pub(super) fn snapshot_xattr(&self, lvol: &str) -> Result<SnapshotXattr> {
         match self.store.xattr(lvol, XATTR_SNAPSHOT).map_err(|e| self.err(e))? {
             None => Ok(SnapshotXattr::default()),
             Some(v) => serde_json::from_slice(&v).map_err(|e| ReplicaError::CorruptMeta {
@@ -636,13 +642,17 @@ impl LvolReplica {
         let tmp = self.revert_name();
         self.store.clone_snapshot(&lvol, &tmp).map_err(|e| self.err(e))?;
         let bytes = serde_json::to_vec(&volume).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
-        let salvage = self.store.xattr(&self.name, XATTR_SALVAGE).ok().flatten();
+        // The head's own records move to the new head; a backup chain-end marker must outlive a revert too.
+        let kept: Vec<(&str, Vec<u8>)> = [XATTR_SALVAGE, XATTR_CHAIN_END]
+            .into_iter()
+            .filter_map(|k| Some((k, self.store.xattr(&self.name, k).ok().flatten()?)))
+            .collect();
         let prepared = self
             .store
             .set_xattr(&tmp, XATTR_VOLUME, &bytes)
-            .and_then(|()| match &salvage {
-                Some(s) => self.store.set_xattr(&tmp, XATTR_SALVAGE, s),
-                None => Ok(()),
+            .and_then(|()| {
+                kept.iter()
+                    .try_for_each(|(k, v)| self.store.set_xattr(&tmp, k, v))
             })
             .and_then(|()| {
                 // The clone has the snapshot's size; the volume keeps its own (after an expand, larger).
@@ -693,7 +703,8 @@ impl LvolReplica {
     fn purge_inner(&self, ctl: &JobControl) -> Result<()> {
         if self.sending.load(Ordering::Acquire) > 0 {
             return Err(ReplicaError::FailedPrecondition(
-                "snapshots are being sent to a rebuilding replica; purge after it".into(),
+                "a backup is running or snapshots are being sent to a rebuilding replica; purge after it finishes"
+                    .into(),
             ));
         }
         let removed: Vec<String> = self

@@ -4,9 +4,11 @@
 //!
 //! - [`lvol`]: one replica over an lvol chain (IO, snapshot, revert, expand, purge, salvage xattrs);
 //! - [`service`]: its data-protocol backend and gRPC services;
+//! - [`backup`]: its backup source, restore sink and backup records (xattrs) for `ReplicaBackupService`;
 //! - [`daemon`]: the per-disk daemon and its `LvstoreService` (add, list, remove replicas);
 //! - [`metrics`]: its Prometheus metrics (per-replica IO and latency, the store's space and journal).
 
+pub mod backup;
 pub mod daemon;
 pub mod lvol;
 pub mod metrics;
