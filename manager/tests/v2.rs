@@ -3,7 +3,7 @@
 //! served over NBD (qemu-io, qemu-img, fio), snapshots, the per-disk daemon SIGKILLed under the attached
 //! volume and restarted with the data intact, v1 and v2 volumes written by one fio verify job reading back
 //! identically, and the refusals: no v2 disk, foreign data where the store goes, an unknown engine, what v2
-//! cannot do yet.
+//! cannot do yet. A v2 volume backs up (full, then incremental) and restores into a v1 and a v2 volume.
 
 mod support;
 
@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
-use testkit::{qemu_io, wait_for};
+use testkit::{nbd_sha256, qemu_io, wait_for};
 
 const SIZE: u64 = 64 << 20;
 
@@ -365,4 +365,96 @@ fn v2_volumes_live_on_v2_disks_survive_a_killed_lvstore_daemon_and_read_back_lik
                 .then_some(())
         },
     );
+}
+
+/// `corral --json backup create VOLUME` (waits): its JSON.
+fn backup(url: &str, volume: &str) -> Value {
+    serde_json::from_str(&ok(url, &["--json", "backup", "create", volume])).unwrap()
+}
+
+#[test]
+fn a_v2_volume_backs_up_incrementally_and_restores_into_a_v1_and_a_v2_volume() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Manager::start(&dir.path().join("n1"), "node-1", "embedded", port_range(0));
+    let url = m.url.clone();
+    let disk = dir.path().join("v2a");
+    ok(
+        &url,
+        &[
+            "node",
+            "disk-add",
+            "node-1",
+            "v2a",
+            disk.to_str().unwrap(),
+            "--disk-engine",
+            "v2",
+            "--lvstore-size",
+            "256M",
+        ],
+    );
+    wait_for("the lvstore daemon running", Duration::from_secs(60), || {
+        lvstore(&m, "v2a").filter(|d| d["state"] == "running")
+    });
+    let target = dir.path().join("target");
+    std::fs::create_dir(&target).unwrap();
+    ok(
+        &url,
+        &["backup", "target", "set", &format!("file://{}", target.display())],
+    );
+    ok(
+        &url,
+        &[
+            "volume",
+            "create",
+            "src",
+            "--size",
+            "32Mi",
+            "--replicas",
+            "1",
+            "--data-engine",
+            "v2",
+        ],
+    );
+    let src = attach(&url, "src");
+    let (okk, out) = qemu_io(&src, &["write -P 0x5a 0 4M", "write -P 0x6b 20M 2M", "flush"]);
+    assert!(okk, "{out}");
+    let b1 = backup(&url, "src");
+    assert_eq!(b1["state"], "completed", "{b1}");
+    assert_eq!(b1["isIncremental"], false, "{b1}");
+    let (okk, out) = qemu_io(&src, &["write -P 0x77 8M 1M", "write -z 20M 1M", "flush"]);
+    assert!(okk, "{out}");
+    let sum = nbd_sha256(&src);
+    let b2 = backup(&url, "src");
+    assert_eq!(b2["state"], "completed", "{b2}");
+    assert_eq!(b2["isIncremental"], true, "{b2}");
+    assert!(
+        b2["readBytes"].as_u64().unwrap() < b1["readBytes"].as_u64().unwrap(),
+        "the incremental reads only the changed blocks: {b1} {b2}"
+    );
+    let id = b2["id"].as_str().unwrap().to_owned();
+
+    // Into a v1 volume and into a v2 volume: both read like the source.
+    for (name, engine) in [("r1", "v1"), ("r2", "v2")] {
+        ok(
+            &url,
+            &[
+                "volume",
+                "create",
+                name,
+                "--from-backup",
+                &id,
+                "--replicas",
+                "1",
+                "--data-engine",
+                engine,
+            ],
+        );
+        let r = rest("GET", &format!("{url}/v1/volumes/{name}/restore"), None).1;
+        assert_eq!(r["state"], "completed", "{name}: {r}");
+        let v = volume(&m, name);
+        assert_eq!(v["dataEngine"], engine, "{v}");
+        let uri = attach(&url, name);
+        assert_eq!(nbd_sha256(&uri), sum, "{name} ({engine}) reads like the source");
+        qemu_img_compare(&uri, &src);
+    }
 }

@@ -14,7 +14,7 @@
 use std::fs::File;
 use std::io;
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use backupstore::{BackupSource, Changes, RestoreSink, SnapshotInfo};

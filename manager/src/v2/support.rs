@@ -12,9 +12,9 @@ pub enum Op {
     Rebuild,
     /// A clone from or into a v2 volume (snapshot export over sparse-sync).
     Clone,
-    /// A backup of a v2 volume (snapshot export and hashing).
+    /// A backup of a v2 volume (supported: the v2 daemon serves `ReplicaBackupService`).
     Backup,
-    /// A restore into a v2 volume.
+    /// A restore into a v2 volume (supported, as `Backup`).
     Restore,
     /// A v2 volume over a backing image (v2 replicas take no backing file).
     BackingImage,
@@ -35,7 +35,7 @@ impl Op {
 }
 
 /// What v2 replicas cannot do yet. Lift an entry when `replica/src/v2` gains it.
-const UNSUPPORTED: &[Op] = &[Op::Clone, Op::Backup, Op::Restore, Op::BackingImage];
+const UNSUPPORTED: &[Op] = &[Op::Clone, Op::BackingImage];
 
 /// Refuses `op` on a volume of `engine` when v2 cannot do it yet; the message says why and what to use instead.
 pub fn check(engine: DataEngine, op: Op) -> Result<(), String> {
@@ -57,8 +57,10 @@ mod tests {
         for op in [Op::Rebuild, Op::Clone, Op::Backup, Op::Restore, Op::BackingImage] {
             assert_eq!(check(DataEngine::V1, op), Ok(()));
         }
-        assert_eq!(check(DataEngine::V2, Op::Rebuild), Ok(()));
-        let e = check(DataEngine::V2, Op::Backup).unwrap_err();
-        assert!(e.contains("back up a v2 volume") && e.contains("v1"), "{e}");
+        for op in [Op::Rebuild, Op::Backup, Op::Restore] {
+            assert_eq!(check(DataEngine::V2, op), Ok(()));
+        }
+        let e = check(DataEngine::V2, Op::Clone).unwrap_err();
+        assert!(e.contains("clone a volume") && e.contains("v1"), "{e}");
     }
 }
