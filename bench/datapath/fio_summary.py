@@ -1,9 +1,10 @@
 #!/usr/bin/env python3
 """Turns fio JSON into the data-path table of bench/datapath/run.sh.
 
-  fio_summary.py row JOB TARGET FIO.json [CPU_S SECONDS]
-      -> one TSV row: job target iops mib_s p50_us p99_us cpu_us_per_io, where CPU_S is the CPU time the target's
-         processes took over SECONDS of the job (ramp included; its IOs are counted at the job's rate)
+  fio_summary.py row JOB TARGET FIO.json [CPU_S SECONDS [CTX_SWITCHES]]
+      -> one TSV row: job target iops mib_s p50_us p99_us cpu_us_per_io ctx_per_io, where CPU_S is the CPU time
+         and CTX_SWITCHES the context switches (voluntary + involuntary) of the target's processes over SECONDS
+         of the job (ramp included; its IOs are counted at the job's rate)
   fio_summary.py table RESULTS.tsv
       -> the table with ratios to nbdkit (a) and qemu-nbd (a'), then issue 16's targets and issue 20's (v2 against
          v1), each marked met / MISSED (benchmarked, not asserted)
@@ -32,7 +33,7 @@ TARGET_LABELS = {
 V2_PEERS = [("v2b", "b"), ("v2b", "bt"), ("v2c", "c"), ("v2c", "ct"), ("v2bs", "bs")]
 
 
-def row(job, target, path, cpu_s=None, seconds=None):
+def row(job, target, path, cpu_s=None, seconds=None, ctx=None):
     with open(path) as f:
         text = f.read()
     # fio may print text lines before the JSON; run.sh strips them, this is a second guard.
@@ -47,7 +48,11 @@ def row(job, target, path, cpu_s=None, seconds=None):
     cpu_per_io = "-"
     if cpu_s is not None and side["iops"] > 0:
         cpu_per_io = f"{float(cpu_s) * 1e6 / (side['iops'] * float(seconds)):.1f}"
-    print(f"{job}\t{target}\t{side['iops']:.0f}\t{side['bw_bytes'] / 2**20:.1f}\t{p50:.0f}\t{p99:.0f}\t{cpu_per_io}")
+    ctx_per_io = "-"
+    if ctx is not None and side["iops"] > 0:
+        ctx_per_io = f"{float(ctx) / (side['iops'] * float(seconds)):.2f}"
+    print(f"{job}\t{target}\t{side['iops']:.0f}\t{side['bw_bytes'] / 2**20:.1f}\t{p50:.0f}\t{p99:.0f}\t{cpu_per_io}"
+          f"\t{ctx_per_io}")
 
 
 def ratio(x, base):
@@ -58,25 +63,29 @@ def table(path):
     rows = []
     with open(path) as f:
         for line in f:
-            job, target, iops, mib, p50, p99, *cpu = line.rstrip("\n").split("\t")
-            cpu = float(cpu[0]) if cpu and cpu[0] != "-" else None
-            rows.append((job, target, float(iops), float(mib), float(p50), float(p99), cpu))
+            job, target, iops, mib, p50, p99, *extra = line.rstrip("\n").split("\t")
+            cpu, ctx = (float(x) if x != "-" else None for x in (extra + ["-", "-"])[:2])
+            rows.append((job, target, float(iops), float(mib), float(p50), float(p99), cpu, ctx))
     iops = {(r[0], r[1]): r[2] for r in rows}
     cpu = {(r[0], r[1]): r[6] for r in rows}
+    ctx = {(r[0], r[1]): r[7] for r in rows}
     jobs = list(dict.fromkeys(r[0] for r in rows))
 
-    header = ["job", "target", "IOPS", "MiB/s", "p50 µs", "p99 µs", "×(a)", "×(a')", "CPU µs/IO", "CPU ×(a)"]
+    header = ["job", "target", "IOPS", "MiB/s", "p50 µs", "p99 µs", "×(a)", "×(a')", "CPU µs/IO", "CPU ×(a)", "ctx/IO",
+              "ctx ×(a)"]
     out = [header]
     for job in jobs:
         for r in rows:
             if r[0] != job:
                 continue
             a, a2 = iops.get((job, "a")), iops.get((job, "a2"))
-            cpu_a = cpu.get((job, "a"))
+            cpu_a, ctx_a = cpu.get((job, "a")), ctx.get((job, "a"))
             out.append([job, TARGET_LABELS.get(r[1], r[1]), f"{r[2]:.0f}", f"{r[3]:.1f}", f"{r[4]:.0f}",
                         f"{r[5]:.0f}", ratio(r[2], a), ratio(r[2], a2),
                         "-" if r[6] is None else f"{r[6]:.1f}",
-                        ratio(r[6], cpu_a) if r[6] is not None and cpu_a else "-"])
+                        ratio(r[6], cpu_a) if r[6] is not None and cpu_a else "-",
+                        "-" if r[7] is None else f"{r[7]:.2f}",
+                        ratio(r[7], ctx_a) if r[7] is not None and ctx_a else "-"])
     widths = [max(len(x[i]) for x in out) for i in range(len(header))]
     left = {0, 1}
 
@@ -130,7 +139,7 @@ def table(path):
 
 
 if __name__ == "__main__":
-    if len(sys.argv) in (5, 7) and sys.argv[1] == "row":
+    if len(sys.argv) in (5, 7, 8) and sys.argv[1] == "row":
         row(*sys.argv[2:])
     elif len(sys.argv) == 3 and sys.argv[1] == "table":
         table(sys.argv[2])

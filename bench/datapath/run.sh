@@ -11,7 +11,8 @@
 # (b) and (c) with --disable-revision-counter on the engine and on every replica, (d) as (c) with the counter on.
 # Replicas serve the data protocol on a unix socket too (--data-unix, as the manager starts them), which the engine
 # on their node uses; bt and ct are b and c with replicas on TCP only (the path to a replica on another node).
-# Every row also gives the CPU time per IO of the target's processes (utime + stime from /proc/PID/stat).
+# Every row also gives the CPU time per IO of the target's processes (utime + stime from /proc/PID/stat) and their
+# context switches per IO (voluntary + involuntary, every thread's /proc/PID/task/TID/status).
 # Jobs: 4 KiB randread / randwrite at iodepth 1 and 32, 4 KiB randwrite qd32 with a flush every 32 writes,
 # 1 MiB sequential write at iodepth 8; every job runs for
 # RUNTIME seconds after the whole device was written once with 1 MiB writes (reads then hit data, not holes).
@@ -222,6 +223,16 @@ cpu_ticks() {
 }
 CLK_TCK=$(getconf CLK_TCK)
 
+# ctx_switches PID...: voluntary + involuntary context switches of every thread of the PIDs (each thread's
+# /proc/PID/task/TID/status; the process's own status line counts its main thread only). A thread that exits
+# mid-job takes its count with it: the data path's threads (replica connection threads, runtime workers) live
+# for the whole job.
+ctx_switches() {
+  local pid
+  for pid in "$@"; do cat "/proc/$pid/task/"*/status 2>/dev/null; done |
+    awk '/^(voluntary|nonvoluntary)_ctxt_switches:/ {s += $2} END {print s + 0}'
+}
+
 # name:rw:bs:iodepth[:fsync]; fsync=N sends a flush (NBD_CMD_FLUSH) after every N writes, the job where the
 # revision counter's fdatasync at flush shows ((d) against (c)).
 JOBS=(
@@ -253,15 +264,16 @@ for t in $TARGETS; do
       (sleep "$((RUNTIME / 2 + 1))"; top -b -n1 -w 200 | head -25 >"$WORK/$t/top-$name.txt") &
       top_pid=$!
     fi
-    cpu0=$(cpu_ticks "${TARGET_PIDS[@]}")
+    cpu0=$(cpu_ticks "${TARGET_PIDS[@]}") cs0=$(ctx_switches "${TARGET_PIDS[@]}")
     fio_json "$WORK/$t/$name.json" --rw="$rw" --bs="$bs" --iodepth="$qd" --fsync="${fsync:-0}" --time_based \
       --runtime="$RUNTIME" --ramp_time=1 --norandommap --randrepeat=0
-    cpu1=$(cpu_ticks "${TARGET_PIDS[@]}")
+    cpu1=$(cpu_ticks "${TARGET_PIDS[@]}") cs1=$(ctx_switches "${TARGET_PIDS[@]}")
     if [[ -n $top_pid ]]; then wait "$top_pid"; fi
     # CPU seconds of the target's processes over the job (ramp included; fio_summary.py counts the ramp's IOs at
     # the job's rate).
     cpu_s=$(python3 -c 'import sys; print((int(sys.argv[2]) - int(sys.argv[1])) / int(sys.argv[3]))' "$cpu0" "$cpu1" "$CLK_TCK")
-    python3 "$HERE/fio_summary.py" row "$name" "$t" "$WORK/$t/$name.json" "$cpu_s" "$((RUNTIME + 1))" >>"$RESULTS"
+    python3 "$HERE/fio_summary.py" row "$name" "$t" "$WORK/$t/$name.json" "$cpu_s" "$((RUNTIME + 1))" \
+      "$((cs1 - cs0))" >>"$RESULTS"
   done
   stop_target "$t"
 done
