@@ -5,6 +5,14 @@
       -> one TSV row: job target iops mib_s p50_us p99_us cpu_us_per_io ctx_per_io, where CPU_S is the CPU time
          and CTX_SWITCHES the context switches (voluntary + involuntary) of the target's processes over SECONDS
          of the job (ramp included; its IOs are counted at the job's rate)
+  fio_summary.py scrape ROLE=URL...
+      -> JSON {role: {metric: value}} of the corral_io_counter_* metrics at each URL (an io-counters build),
+         summed per role (the replicas of a target share the role "replicas")
+  fio_summary.py countrow JOB TARGET FIO.json BEFORE.json AFTER.json SECONDS
+      -> one TSV row of counts per IO for each role: job target role locks copies copied_x kernel_x, where
+         copied_x / kernel_x are the bytes copied in user space / by the kernel as multiples of the IO size
+  fio_summary.py counts COUNTS.tsv
+      -> the table of those rows
   fio_summary.py table RESULTS.tsv
       -> the table with ratios to nbdkit (a) and qemu-nbd (a'), then issue 16's targets and issue 20's (v2 against
          v1), each marked met / MISSED (benchmarked, not asserted)
@@ -53,6 +61,70 @@ def row(job, target, path, cpu_s=None, seconds=None, ctx=None):
         ctx_per_io = f"{float(ctx) / (side['iops'] * float(seconds)):.2f}"
     print(f"{job}\t{target}\t{side['iops']:.0f}\t{side['bw_bytes'] / 2**20:.1f}\t{p50:.0f}\t{p99:.0f}\t{cpu_per_io}"
           f"\t{ctx_per_io}")
+
+
+def _io(path):
+    with open(path) as f:
+        text = f.read()
+    j = json.loads(text[text.index("{"):])["jobs"][0]
+    side = j["write"] if j["write"]["io_bytes"] > j["read"]["io_bytes"] else j["read"]
+    return side["iops"], side["io_bytes"] / max(side["total_ios"], 1)
+
+
+def scrape(*pairs):
+    import urllib.request
+    out = {}
+    for pair in pairs:
+        role, url = pair.split("=", 1)
+        text = urllib.request.urlopen(url, timeout=10).read().decode()
+        acc = out.setdefault(role, {})
+        for line in text.splitlines():
+            # The engine's own read and write counts are the exact IO count of the job (fio's is per second).
+            if line.startswith(("corral_io_counter_", "corral_engine_reads_total", "corral_engine_writes_total")):
+                name, value = line.split()[:2]
+                name = name.split("{")[0].removesuffix("_total").removeprefix("corral_io_counter_")
+                acc[name] = acc.get(name, 0) + float(value)
+    print(json.dumps(out))
+
+
+def countrow(job, target, path, before, after, seconds):
+    iops, bs = _io(path)
+    with open(before) as f:
+        b = json.load(f)
+    with open(after) as f:
+        a = json.load(f)
+
+    def delta(role, name):
+        return a.get(role, {}).get(name, 0) - b.get(role, {}).get(name, 0)
+
+    # IOs the engine completed between the scrapes (ramp included); fio's rate times the time otherwise.
+    ios = delta("engine", "corral_engine_reads") + delta("engine", "corral_engine_writes")
+    if ios <= 0:
+        ios = iops * float(seconds)
+    for role in a:
+        a[role] = {k: v for k, v in a[role].items() if not k.startswith("corral_engine_")}
+        d = {k: a[role].get(k, 0) - b.get(role, {}).get(k, 0) for k in a[role]}
+        if not d or ios <= 0:
+            continue
+        print(f"{job}\t{target}\t{role}\t{d.get('locks', 0) / ios:.2f}\t{d.get('copies', 0) / ios:.2f}"
+              f"\t{d.get('copied_bytes', 0) / ios / bs:.2f}\t{d.get('kernel_bytes', 0) / ios / bs:.2f}")
+
+
+def counts(path):
+    header = ["job", "target", "process", "locks/IO", "memcpy calls/IO", "user copies of the payload",
+              "kernel copies of the payload"]
+    rows = [header]
+    with open(path) as f:
+        for line in f:
+            job, target, role, *vals = line.rstrip("\n").split("\t")
+            rows.append([job, TARGET_LABELS.get(target, target), role, *vals])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    for i, r in enumerate(rows):
+        print("| " + " | ".join(c.ljust(w) if k < 3 else c.rjust(w) for k, (c, w) in enumerate(zip(r, widths)))
+              + " |")
+        if i == 0:
+            print("|" + "|".join("-" * (w + 2) if k < 3 else "-" * (w + 1) + ":" for k, w in enumerate(widths))
+                  + "|")
 
 
 def ratio(x, base):
@@ -141,6 +213,12 @@ def table(path):
 if __name__ == "__main__":
     if len(sys.argv) in (5, 7, 8) and sys.argv[1] == "row":
         row(*sys.argv[2:])
+    elif len(sys.argv) >= 3 and sys.argv[1] == "scrape":
+        scrape(*sys.argv[2:])
+    elif len(sys.argv) == 8 and sys.argv[1] == "countrow":
+        countrow(*sys.argv[2:])
+    elif len(sys.argv) == 3 and sys.argv[1] == "counts":
+        counts(sys.argv[2])
     elif len(sys.argv) == 3 and sys.argv[1] == "table":
         table(sys.argv[2])
     else:

@@ -24,6 +24,8 @@
 #   BASE_BIN_DIR  binaries for targets b0 and c0 (b and c run with them): before/after a change in one run
 #   KEEP=1    keep the work directory (fio JSON, daemon logs, top samples)
 #   TOP=1     sample `top -b -n1` in the middle of every job into the work directory
+#   COUNT=1   also print locks and payload copies per IO of the engine and the replicas (needs binaries built with
+#             `--features engine/io-counters,replica/io-counters` in BIN_DIR / BASE_BIN_DIR; scraped from /metrics)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/../.." && pwd)"
@@ -145,7 +147,7 @@ snapshot_after_precondition() {
 start_target() {
   local t=$1 tdir="$WORK/$1"
   mkdir -p "$tdir"
-  TARGET_PIDS=()
+  TARGET_PIDS=() COUNT_URLS=()
   case $t in
     a)
       truncate -s "$SIZE" "$tdir/disk.img"
@@ -168,7 +170,9 @@ start_target() {
         [[ -d "$WORK/bin0" ]] || { echo "run.sh: target $t needs BASE_BIN_DIR" >&2; exit 2; }
         replica_bin=$WORK/bin0/corral-replica engine_bin=$WORK/bin0/corral-engine
       fi
-      local replicas=() i ready local_data
+      local replicas=() i ready local_data metrics=()
+      COUNT_URLS=()
+      [[ "${COUNT:-0}" == 1 ]] && metrics=(--metrics-listen 127.0.0.1:0)
       for ((i = 0; i < n; i++)); do
         # Every listener on port 0; the ready file names the three endpoints the engine is given.
         mkdir -p "$tdir/replica-$i"
@@ -177,15 +181,18 @@ start_target() {
         ((unix)) && local_data=(--data-unix "$tdir/replica-$i.data.sock")
         start "$tdir/replica-$i.log" "$replica_bin" --ready-file "$ready" serve --dir "$tdir/replica-$i" \
           --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 --sync-listen 127.0.0.1:0 "${local_data[@]}" \
-          --size "$SIZE" --volume bench "${rc[@]}"
+          --size "$SIZE" --volume bench "${rc[@]}" "${metrics[@]}"
         TARGET_PIDS+=("$LAST_PID")
         ready_wait "$ready" "$LAST_PID" "$READY_DEADLINE"
+        ((${#metrics[@]})) && COUNT_URLS+=("replicas=http://$(ready_addr "$ready" metrics)/metrics")
         replicas+=(--replica "tcp://$(ready_addr "$ready" control)?data=$(ready_addr "$ready" data)&sync=$(ready_addr "$ready" sync)")
       done
       start "$tdir/engine.log" "$engine_bin" --ready-file "$tdir/engine.ready" serve --volume bench --size "$SIZE" \
-        --listen 127.0.0.1:0 "${replicas[@]}" --nbd-listen "unix:$tdir/nbd.sock" "${rc[@]}"
+        --listen 127.0.0.1:0 "${replicas[@]}" --nbd-listen "unix:$tdir/nbd.sock" "${rc[@]}" "${metrics[@]}"
       TARGET_PIDS+=("$LAST_PID")
       wait_until engine "$LAST_PID" socket_ready "$tdir/nbd.sock"
+      ((${#metrics[@]})) && ready_wait "$tdir/engine.ready" "$LAST_PID" "$READY_DEADLINE" &&
+        COUNT_URLS+=("engine=http://$(ready_addr "$tdir/engine.ready" metrics)/metrics")
       URI="nbd+unix:///bench?socket=$tdir/nbd.sock" ;;
     v2b | v2c | v2bs) start_v2_target "$t" ;;
     *) echo "run.sh: unknown target $t" >&2; exit 2 ;;
@@ -264,10 +271,16 @@ for t in $TARGETS; do
       (sleep "$((RUNTIME / 2 + 1))"; top -b -n1 -w 200 | head -25 >"$WORK/$t/top-$name.txt") &
       top_pid=$!
     fi
+    ((${#COUNT_URLS[@]})) && python3 "$HERE/fio_summary.py" scrape "${COUNT_URLS[@]}" >"$WORK/$t/$name.count0.json"
     cpu0=$(cpu_ticks "${TARGET_PIDS[@]}") cs0=$(ctx_switches "${TARGET_PIDS[@]}")
     fio_json "$WORK/$t/$name.json" --rw="$rw" --bs="$bs" --iodepth="$qd" --fsync="${fsync:-0}" --time_based \
       --runtime="$RUNTIME" --ramp_time=1 --norandommap --randrepeat=0
     cpu1=$(cpu_ticks "${TARGET_PIDS[@]}") cs1=$(ctx_switches "${TARGET_PIDS[@]}")
+    if ((${#COUNT_URLS[@]})); then
+      python3 "$HERE/fio_summary.py" scrape "${COUNT_URLS[@]}" >"$WORK/$t/$name.count1.json"
+      python3 "$HERE/fio_summary.py" countrow "$name" "$t" "$WORK/$t/$name.json" "$WORK/$t/$name.count0.json" \
+        "$WORK/$t/$name.count1.json" "$((RUNTIME + 1))" >>"$WORK/counts.tsv"
+    fi
     if [[ -n $top_pid ]]; then wait "$top_pid"; fi
     # CPU seconds of the target's processes over the job (ramp included; fio_summary.py counts the ramp's IOs at
     # the job's rate).
@@ -279,3 +292,8 @@ for t in $TARGETS; do
 done
 
 python3 "$HERE/fio_summary.py" table "$RESULTS"
+if [[ -s "$WORK/counts.tsv" ]]; then
+  echo
+  echo "Locks and payload copies per IO (io-counters build; copies as multiples of the IO size):"
+  python3 "$HERE/fio_summary.py" counts "$WORK/counts.tsv"
+fi

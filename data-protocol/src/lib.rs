@@ -13,6 +13,7 @@
 pub mod backend;
 pub mod client;
 pub mod codec;
+pub mod io_counters;
 pub mod metrics;
 pub mod pool;
 pub mod server;

@@ -45,6 +45,7 @@ impl BufferPool {
     /// zeros); callers overwrite all of it.
     pub fn get(&self, len: usize) -> PooledBuf {
         let reused = {
+            crate::io_counters::lock();
             let mut free = self.inner.free.lock().unwrap_or_else(PoisonError::into_inner);
             // Best effort fit: prefer the most recently returned buffer that is already large enough.
             let pos = free.bufs.iter().rposition(|b| b.len() >= len);
@@ -81,6 +82,7 @@ impl BufferPool {
 
 impl PoolInner {
     fn put(&self, buf: Vec<u8>) {
+        crate::io_counters::lock();
         let mut free = self.free.lock().unwrap_or_else(PoisonError::into_inner);
         if free.retained_bytes + buf.capacity() <= self.max_retained_bytes {
             free.retained_bytes += buf.capacity();

@@ -53,6 +53,7 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
                 };
             }
             let (n, decoded) = self.decoder.decode(buf)?;
+            crate::io_counters::kernel(n);
             let header = match decoded {
                 Decoded::Header(h) => Some(h),
                 Decoded::NeedMore | Decoded::Payload(_) => None,
@@ -67,6 +68,9 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// Reads exactly `dst.len()` payload bytes of the current frame into `dst`.
     pub(crate) async fn read_payload(&mut self, dst: &mut [u8]) -> Result<(), ReadError> {
         debug_assert!(dst.len() <= self.decoder.payload_remaining());
+        // What the buffer already holds is copied out of it; the rest is read straight into `dst`.
+        crate::io_counters::copy(self.inner.buffer().len().min(dst.len()));
+        crate::io_counters::kernel(dst.len());
         // BufReader drains what it holds, then reads large remainders directly into `dst`.
         self.inner.read_exact(dst).await.map_err(|e| match e.kind() {
             io::ErrorKind::UnexpectedEof => ReadError::TruncatedFrame,
@@ -92,6 +96,11 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
     /// Queues one frame. `header.payload_len` must equal `payload.len()`.
     pub(crate) async fn write_frame(&mut self, header: &FrameHeader, payload: &[u8]) -> io::Result<()> {
         debug_assert_eq!(header.payload_usize(), payload.len());
+        crate::io_counters::kernel(crate::codec::HEADER_LEN + payload.len());
+        if payload.len() < IO_BUF_LEN {
+            // BufWriter copies what is smaller than its buffer; larger payloads go straight to the socket.
+            crate::io_counters::copy(payload.len());
+        }
         self.inner.write_all(&header.encode()).await?;
         if !payload.is_empty() {
             // Payloads at least as large as the buffer bypass it (one copy fewer).

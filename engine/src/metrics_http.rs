@@ -57,6 +57,11 @@ impl prometheus_client::collector::Collector for VolumeCollector {
             let mut family = enc.encode_descriptor(name, help, None, c.metric_type())?;
             c.encode(family.encode_family(&volume)?)?;
         }
+        // Empty unless built with the io-counters feature.
+        for (name, help, val) in data_protocol::io_counters::metrics() {
+            let c = ConstCounter::new(val);
+            c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)?;
+        }
         encode_latency(
             &mut enc,
             "engine_read_latency_seconds",

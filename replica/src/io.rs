@@ -31,6 +31,7 @@ fn to_usize(v: u64) -> usize {
 /// Reads `buf.len()` bytes at `offset`; bytes past the file's end read as zeros (older layers are shorter after an
 /// expansion).
 pub(crate) fn pread_full(file: &File, mut buf: &mut [u8], mut offset: u64) -> io::Result<()> {
+    data_protocol::io_counters::kernel(buf.len());
     while !buf.is_empty() {
         match file.read_at(buf, offset) {
             Ok(0) => {
@@ -59,6 +60,7 @@ impl Replica {
 
     /// Reads `buf.len()` bytes at `offset`.
     pub fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        data_protocol::io_counters::lock();
         let chain = self.chain_read_open()?;
         Self::check_range(&chain, offset, buf.len() as u64)?;
         self.read_locked(&chain, offset, buf)
@@ -71,6 +73,7 @@ impl Replica {
         let mut pieces = [(0u64, 0u64, None::<LayerIndex>); PIECES];
         while cursor < last {
             let mut n = 0;
+            data_protocol::io_counters::lock();
             read_lock(&self.map).visit(cursor, last, |s, e, l| {
                 pieces[n] = (s, e, l);
                 n += 1;
@@ -113,6 +116,7 @@ impl Replica {
 
     /// Writes `data` at `offset` (any 512-byte-aligned or unaligned range inside the volume).
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
+        data_protocol::io_counters::lock();
         let chain = self.chain_read_open()?;
         Self::check_range(&chain, offset, data.len() as u64)?;
         if let Some(c) = &self.counter {
@@ -145,6 +149,7 @@ impl Replica {
 
     fn write_full_blocks(&self, chain: &Chain, offset: u64, data: &[u8]) -> Result<()> {
         let head = chain.head();
+        data_protocol::io_counters::kernel(data.len());
         head.file
             .write_all_at(data, offset)
             .map_err(|e| ReplicaError::io("write", self.dir.join(&head.name), e))?;
@@ -153,11 +158,13 @@ impl Replica {
         // Overwrites of blocks the head already holds (the common case once warm) leave the map alone:
         // checked under the shared lock, so concurrent writers do not queue on the exclusive one.
         let mut in_head = true;
+        data_protocol::io_counters::lock();
         read_lock(&self.map).visit(first, last, |_, _, l| {
             in_head = l == Some(head_idx);
             in_head
         });
         if !in_head {
+            data_protocol::io_counters::lock();
             write_lock(&self.map).set(first, last, head_idx);
         }
         Ok(())
@@ -170,8 +177,11 @@ impl Replica {
         let block = offset / BLOCK_SIZE;
         let head = chain.head();
         let head_idx = chain.head_index();
+        data_protocol::io_counters::lock();
         let _stripe = lock(&self.rmw[to_usize(block % RMW_STRIPES as u64)]);
+        data_protocol::io_counters::lock();
         if read_lock(&self.map).layer_of(block) == Some(head_idx) {
+            data_protocol::io_counters::kernel(data.len());
             return head
                 .file
                 .write_all_at(data, offset)
@@ -181,7 +191,9 @@ impl Replica {
         let mut buf = [0u8; BLOCK_BYTES];
         self.read_locked(chain, start, &mut buf)?;
         let at = to_usize(offset - start);
+        data_protocol::io_counters::copy(data.len());
         buf[at..at + data.len()].copy_from_slice(data);
+        data_protocol::io_counters::kernel(buf.len());
         head.file
             .write_all_at(&buf, start)
             .ctx("write", self.dir.join(&head.name))?;

@@ -55,7 +55,9 @@ impl prometheus_client::collector::Collector for Collector {
                 d.connections_accepted,
             ),
         ];
-        for (name, help, v) in counters {
+        // The io-counters totals (none unless built with that feature) are taken with the others, before
+        // this scrape takes any lock of its own.
+        for (name, help, v) in counters.into_iter().chain(data_protocol::io_counters::metrics()) {
             let c = ConstCounter::new(v);
             c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)?;
         }

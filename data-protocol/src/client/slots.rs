@@ -59,6 +59,7 @@ pub(super) struct Expected {
 }
 
 fn lock(m: &Mutex<SlotState>) -> MutexGuard<'_, SlotState> {
+    crate::io_counters::lock();
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -91,6 +92,7 @@ impl SlotTable {
         // The permit is given back explicitly when the slot returns to the free list (see `release`),
         // which for an abandoned request is only when its reply arrives.
         permit.forget();
+        crate::io_counters::lock();
         let index = self.free.lock().unwrap_or_else(PoisonError::into_inner).pop()?;
         Some(SlotGuard { table: self, index })
     }
@@ -142,6 +144,7 @@ impl SlotTable {
     }
 
     fn release(&self, index: usize) {
+        crate::io_counters::lock();
         self.free
             .lock()
             .unwrap_or_else(PoisonError::into_inner)

@@ -196,6 +196,8 @@ impl Connection<'_> {
                     }
                     let mut payload = self.exec.buffers.get(h.payload_usize());
                     let have = end - start - HEADER_LEN;
+                    crate::io_counters::copy(have);
+                    crate::io_counters::kernel(payload.len() - have);
                     payload[..have].copy_from_slice(&input[start + HEADER_LEN..end]);
                     (start, end) = (0, 0);
                     if let Err(e) = self.input.read_exact(&mut payload[have..]) {
@@ -229,13 +231,17 @@ impl Connection<'_> {
             }
             // Keep the partial frame at the front so the next read can complete it.
             if start > 0 {
+                crate::io_counters::copy(end - start);
                 input.copy_within(start..end, 0);
                 (start, end) = (0, end - start);
             }
             match self.input.read(&mut input[end..]) {
                 Ok(0) if end == 0 => return End::PeerClosed,
                 Ok(0) => return End::Violation("connection closed in the middle of a frame".to_owned()),
-                Ok(n) => end += n,
+                Ok(n) => {
+                    crate::io_counters::kernel(n);
+                    end += n;
+                }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
                 Err(e) => return End::Io(e),
             }
@@ -247,6 +253,8 @@ impl Connection<'_> {
         if self.replies.is_empty() {
             return Ok(());
         }
+        crate::io_counters::lock();
+        crate::io_counters::kernel(self.replies.len());
         let result = self
             .out
             .lock()
@@ -401,6 +409,7 @@ fn spawn_flusher(exec: Arc<Executor>, out: Arc<Mutex<Stream>>, window: usize) ->
                     Ok(_) => Reply::empty(FrameKind::Ok, id),
                     Err(err) => failure(&exec, &h, err),
                 };
+                crate::io_counters::lock();
                 let mut out = out.lock().unwrap_or_else(PoisonError::into_inner);
                 if matches!(reply.body, ReplyBody::DropConnection) {
                     tracing::warn!(id, "backend asked to drop the connection");

@@ -167,6 +167,7 @@ impl<'a, D: BlockDevice, R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Session<'a
                 }
                 n = self.reader.read(&mut self.input[self.end..]), if can_read => {
                     let n = n?;
+                    data_protocol::io_counters::kernel(n);
                     if n == 0 {
                         if self.start < self.end {
                             debug!("client closed the connection in the middle of a request");
@@ -234,6 +235,8 @@ impl<'a, D: BlockDevice, R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Session<'a
                     let payload = if header.command == cmd::WRITE {
                         let mut buf = self.pool.get(payload_len);
                         let now = have.min(payload_len);
+                        data_protocol::io_counters::copy(now);
+                        data_protocol::io_counters::kernel(payload_len - now);
                         buf[..now].copy_from_slice(&self.input[self.start..self.start + now]);
                         self.start += now;
                         if now < payload_len {
@@ -303,6 +306,7 @@ impl<'a, D: BlockDevice, R: AsyncRead + Unpin, W: AsyncWrite + Unpin> Session<'a
         if self.start == self.end {
             (self.start, self.end) = (0, 0);
         } else if self.start > 0 {
+            data_protocol::io_counters::copy(self.end - self.start);
             self.input.copy_within(self.start..self.end, 0);
             (self.start, self.end) = (0, self.end - self.start);
         }
@@ -518,6 +522,15 @@ fn descriptors(pieces: &[(u64, Allocation)], len: u32, req_one: bool) -> Vec<(u3
     out
 }
 
+/// Counts (io-counters builds) a read reply's data on its way out: copied into the output `BufWriter` when
+/// smaller than its buffer, then copied by the kernel with its `header` bytes.
+fn count_reply_data(len: usize, header: usize) {
+    if len < OUT_BUF_LEN {
+        data_protocol::io_counters::copy(len);
+    }
+    data_protocol::io_counters::kernel(header + len);
+}
+
 async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: Reply, structured: bool) -> io::Result<()> {
     let cookie = reply.cookie;
     if !structured {
@@ -526,6 +539,7 @@ async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: Reply, structured:
                 w.write_all(&super::wire::simple_reply(0, cookie)).await
             }
             ReplyBody::Data(buf) => {
+                count_reply_data(buf.len(), 16);
                 w.write_all(&super::wire::simple_reply(0, cookie)).await?;
                 w.write_all(&buf).await
             }
@@ -539,6 +553,7 @@ async fn write_reply<W: AsyncWrite + Unpin>(w: &mut W, reply: Reply, structured:
                 .await
         }
         ReplyBody::Data(buf) => {
+            count_reply_data(buf.len(), 32);
             let len = u32::try_from(buf.len() + 8).map_err(io::Error::other)?;
             w.write_all(&header(chunk::FLAG_DONE, chunk::OFFSET_DATA, cookie, len))
                 .await?;

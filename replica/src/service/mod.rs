@@ -150,6 +150,12 @@ fn wire_error(e: &ReplicaError) -> BackendError {
     BackendError::new(kind, e.to_string())
 }
 
+/// `ReplicaHost::replica` on the IO path: the host's current-replica lock, then the chain lock `is_closed` reads.
+fn count_replica_lookup() {
+    data_protocol::io_counters::lock();
+    data_protocol::io_counters::lock();
+}
+
 impl BlockBackend for ReplicaHost {
     fn info(&self) -> Result<VolumeInfo, BackendError> {
         let r = self.replica().map_err(|e| wire_error(&e))?;
@@ -163,6 +169,7 @@ impl BlockBackend for ReplicaHost {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError> {
         #[cfg(feature = "fault-injection")]
         self.faults.check(FaultOp::Read)?;
+        count_replica_lookup();
         self.replica()
             .and_then(|r| r.read_at(offset, buf))
             .map_err(|e| wire_error(&e))
@@ -171,6 +178,7 @@ impl BlockBackend for ReplicaHost {
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), BackendError> {
         #[cfg(feature = "fault-injection")]
         self.faults.check(FaultOp::Write)?;
+        count_replica_lookup();
         self.replica()
             .and_then(|r| r.write_at(offset, buf))
             .map_err(|e| wire_error(&e))
