@@ -232,8 +232,8 @@ CLK_TCK=$(getconf CLK_TCK)
 
 # ctx_switches PID...: voluntary + involuntary context switches of every thread of the PIDs (each thread's
 # /proc/PID/task/TID/status; the process's own status line counts its main thread only). A thread that exits
-# mid-job takes its count with it: the data path's threads (replica connection threads, runtime workers) live
-# for the whole job.
+# takes its count with it (nbdkit's and qemu-nbd's connection threads end with fio's connection), so the job
+# samples it while fio is connected: 0.5 s into the ramp and RUNTIME seconds later.
 ctx_switches() {
   local pid
   for pid in "$@"; do cat "/proc/$pid/task/"*/status 2>/dev/null; done |
@@ -272,10 +272,15 @@ for t in $TARGETS; do
       top_pid=$!
     fi
     ((${#COUNT_URLS[@]})) && python3 "$HERE/fio_summary.py" scrape "${COUNT_URLS[@]}" >"$WORK/$t/$name.count0.json"
-    cpu0=$(cpu_ticks "${TARGET_PIDS[@]}") cs0=$(ctx_switches "${TARGET_PIDS[@]}")
+    cpu0=$(cpu_ticks "${TARGET_PIDS[@]}")
+    (sleep 0.5; ctx_switches "${TARGET_PIDS[@]}"; sleep "$RUNTIME"; ctx_switches "${TARGET_PIDS[@]}") >"$WORK/$t/$name.ctx" &
+    ctx_pid=$!
     fio_json "$WORK/$t/$name.json" --rw="$rw" --bs="$bs" --iodepth="$qd" --fsync="${fsync:-0}" --time_based \
       --runtime="$RUNTIME" --ramp_time=1 --norandommap --randrepeat=0
-    cpu1=$(cpu_ticks "${TARGET_PIDS[@]}") cs1=$(ctx_switches "${TARGET_PIDS[@]}")
+    cpu1=$(cpu_ticks "${TARGET_PIDS[@]}")
+    wait "$ctx_pid"
+    # Switches over RUNTIME seconds, scaled to the RUNTIME + 1 seconds fio_summary.py divides by.
+    ctx=$(awk -v r="$RUNTIME" 'NR == 1 {a = $1} NR == 2 {b = $1} END {printf "%d", (b - a) * (r + 1) / r}' "$WORK/$t/$name.ctx")
     if ((${#COUNT_URLS[@]})); then
       python3 "$HERE/fio_summary.py" scrape "${COUNT_URLS[@]}" >"$WORK/$t/$name.count1.json"
       python3 "$HERE/fio_summary.py" countrow "$name" "$t" "$WORK/$t/$name.json" "$WORK/$t/$name.count0.json" \
@@ -286,7 +291,7 @@ for t in $TARGETS; do
     # the job's rate).
     cpu_s=$(python3 -c 'import sys; print((int(sys.argv[2]) - int(sys.argv[1])) / int(sys.argv[3]))' "$cpu0" "$cpu1" "$CLK_TCK")
     python3 "$HERE/fio_summary.py" row "$name" "$t" "$WORK/$t/$name.json" "$cpu_s" "$((RUNTIME + 1))" \
-      "$((cs1 - cs0))" >>"$RESULTS"
+      "$ctx" >>"$RESULTS"
   done
   stop_target "$t"
 done
