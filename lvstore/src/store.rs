@@ -391,6 +391,11 @@ impl LvStore {
         self.cluster_size
     }
 
+    /// The store's UUID, set at format (what names a disk's copy of a v2 backing image, `bi-NAME-disk-UUID`).
+    pub fn uuid(&self) -> String {
+        uuid::Uuid::from_bytes(self.lock().sb.store_uuid).to_string()
+    }
+
     fn writable(&self) -> Result<()> {
         if self.mode == OpenMode::ReadOnly {
             return Err(Error::Invalid(format!(

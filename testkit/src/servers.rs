@@ -44,6 +44,35 @@ impl S3Server {
     }
 }
 
+/// `rclone serve http DIR` on loopback: plain GETs of the files in DIR, with `Content-Length` (a stand-in for a
+/// download URL); killed on drop.
+pub struct HttpFileServer {
+    pub daemon: Daemon,
+    /// `http://127.0.0.1:PORT`.
+    pub endpoint: String,
+}
+
+impl HttpFileServer {
+    /// # Panics
+    /// When rclone is missing or does not serve.
+    pub fn start(dir: &Path) -> Self {
+        let daemon = retry_on_address_in_use(|| {
+            let addr = format!("127.0.0.1:{}", unbound_port());
+            DaemonCommand::new("rclone")
+                .label("rclone-http")
+                .args(["serve", "http"])
+                .arg(dir)
+                .args(["--addr", &addr])
+                .listening_on("http", &addr)
+                .try_spawn()
+        });
+        Self {
+            endpoint: daemon.http_url("http"),
+            daemon,
+        }
+    }
+}
+
 /// A single-member `etcd` with its data in a directory; killed on drop.
 pub struct Etcd {
     pub daemon: Daemon,

@@ -27,6 +27,7 @@ use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
 use super::backup::V2Backup;
+use super::backing_image::BackingImages;
 use super::lvol::{LvolReplica, check_replica_name, replicas_in};
 use super::metrics::{MetricsTable, ReplicaIoLatency, ReplicaMetrics, TimedBackend};
 use super::service::{V2Grpc, V2Replica};
@@ -75,6 +76,8 @@ pub struct LvstoreDaemon {
     busy: Mutex<std::collections::BTreeSet<String>>,
     /// What `/metrics` reads of each hosted replica.
     metrics: MetricsTable,
+    /// This disk's copies of v2 backing images.
+    backing_images: Arc<BackingImages>,
 }
 
 async fn bind(ip: IpAddr, port: u16, name: &str, what: &str) -> anyhow::Result<TcpListener> {
@@ -246,12 +249,31 @@ impl LvstoreService for LvstoreGrpc {
             port(req.data_port)?,
             port(req.sync_port)?,
         ];
+        // Checked before hosting, so a refused request leaves nothing hosted.
+        let over = if req.backing_image.is_empty() {
+            None
+        } else {
+            let info = self.0.backing_images.get(&req.backing_image)?;
+            if info.state != corral_proto::backing_image::FileState::Ready.as_str() {
+                return Err(Status::failed_precondition(format!(
+                    "v2 backing image {} is {} on this disk, not ready",
+                    req.backing_image, info.state
+                )));
+            }
+            Some(info.lvol)
+        };
         if !lock(&self.0.busy).insert(req.name.clone()) {
             return Err(Status::aborted(format!("replica {} is being changed", req.name)));
         }
         let res = self.0.host(&req.name, ports).await;
         lock(&self.0.busy).remove(&req.name);
         res.map_err(|e| Status::internal(format!("{e:#}")))?;
+        if let Some(lvol) = over {
+            let h = self.0.hosted.lock().await.get(&req.name).map(|h| h.host.clone());
+            if let Some(h) = h {
+                h.replica.create_over_backing_image(Some(lvol));
+            }
+        }
         if req.size > 0 {
             let h = self.0.hosted.lock().await.get(&req.name).map(|h| h.host.clone());
             if let Some(h) = h
@@ -316,6 +338,65 @@ impl LvstoreService for LvstoreGrpc {
             free_clusters: s.free_clusters,
         }))
     }
+
+    async fn backing_image_create(
+        &self,
+        req: Request<v1::BackingImageCreateRequest>,
+    ) -> Result<Response<v1::BackingImageV2CopyInfo>, Status> {
+        Ok(Response::new(self.0.backing_images.create(req.into_inner())?))
+    }
+
+    async fn backing_image_delete(
+        &self,
+        req: Request<v1::BackingImageRef>,
+    ) -> Result<Response<v1::LvstoreEmpty>, Status> {
+        self.0.backing_images.delete(&req.into_inner().name).await?;
+        Ok(Response::new(v1::LvstoreEmpty {}))
+    }
+
+    async fn backing_image_get(
+        &self,
+        req: Request<v1::BackingImageRef>,
+    ) -> Result<Response<v1::BackingImageV2CopyInfo>, Status> {
+        Ok(Response::new(self.0.backing_images.get(&req.into_inner().name)?))
+    }
+
+    async fn backing_image_list(
+        &self,
+        _: Request<v1::LvstoreEmpty>,
+    ) -> Result<Response<v1::BackingImageListResponse>, Status> {
+        Ok(Response::new(v1::BackingImageListResponse {
+            backing_images: self.0.backing_images.list(),
+        }))
+    }
+
+    type BackingImageWatchStream = std::pin::Pin<
+        Box<dyn futures::Stream<Item = Result<v1::BackingImageV2CopyInfo, Status>> + Send + 'static>,
+    >;
+
+    async fn backing_image_watch(
+        &self,
+        _: Request<v1::LvstoreEmpty>,
+    ) -> Result<Response<Self::BackingImageWatchStream>, Status> {
+        use tokio::sync::broadcast::error::RecvError;
+        let rx = self.0.backing_images.watch();
+        let cancel = self.0.cancel.clone();
+        let stream = futures::stream::unfold((rx, cancel), |(mut rx, cancel)| async move {
+            loop {
+                let next = tokio::select! {
+                    r = rx.recv() => r,
+                    () = cancel.cancelled() => return None,
+                };
+                match next {
+                    Ok(info) => return Some((Ok(info), (rx, cancel))),
+                    // Missed changes: the watcher lists again; the stream goes on with the next one.
+                    Err(RecvError::Lagged(n)) => warn!(missed = n, "backing-image watcher lagged"),
+                    Err(RecvError::Closed) => return None,
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(stream)))
+    }
 }
 
 /// Opens the store, formatting it with `format` only when the device holds no lvstore.
@@ -352,6 +433,9 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
     info!(?cfg, "corral-replica serve-lvstore starting");
     let c = cfg.clone();
     let store = Arc::new(tokio::task::spawn_blocking(move || open_store(&c)).await??);
+    // Before the replicas: an interrupted backing-image create's temp head is deleted, never hosted.
+    let (s, c) = (store.clone(), cancel.child_token());
+    let backing_images = Arc::new(tokio::task::spawn_blocking(move || BackingImages::recover(s, c)).await??);
     let daemon = Arc::new(LvstoreDaemon {
         store: store.clone(),
         ip: cfg.listen.ip(),
@@ -361,6 +445,7 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
         hosted: tokio::sync::Mutex::default(),
         busy: Mutex::default(),
         metrics: MetricsTable::default(),
+        backing_images,
     });
     for name in &cfg.replicas {
         check_replica_name(name)?;
@@ -405,6 +490,7 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), cancel.cancelled())
         .await
         .context("LvstoreService")?;
+    daemon.backing_images.shutdown().await;
     let names: Vec<String> = daemon.hosted.lock().await.keys().cloned().collect();
     for n in names {
         if let Err(e) = daemon.unhost(&n, false).await {

@@ -110,7 +110,7 @@ pub fn replicas_in(store: &LvStore) -> Vec<String> {
     let mut out: Vec<String> = store
         .list()
         .into_iter()
-        .filter(|l| l.kind == BlobKind::Lvol)
+        .filter(|l| l.kind == BlobKind::Lvol && !super::backing_image::is_backing_image_lvol(&l.name))
         .filter_map(|l| {
             let n = l.name.strip_suffix(REVERT_SUFFIX).unwrap_or(&l.name).to_owned();
             check_replica_name(&n).is_ok().then_some(n)
@@ -165,6 +165,9 @@ pub struct LvolReplica {
     pub(crate) purging: AtomicBool,
     /// Snapshots being sent to a rebuilding replica or read by a backup (a purge waits for none).
     pub(super) sending: AtomicUsize,
+    /// The v2 backing image's snapshot lvol a [`LvolReplica::create`] clones the head from (issue 21); once
+    /// created, the chain's root names it ([`LvolReplica::backing_image`]).
+    create_over: Mutex<Option<String>>,
 }
 
 /// Holds off purges while a snapshot lvol is being sent.
@@ -198,6 +201,7 @@ impl LvolReplica {
             written: AtomicBool::new(false),
             purging: AtomicBool::new(false),
             sending: AtomicUsize::new(0),
+            create_over: Mutex::new(None),
         };
         r.finish_revert()?;
         r.finish_rebuild()?;
@@ -300,9 +304,14 @@ impl LvolReplica {
                 "size {size} is not a positive multiple of {BLOCK}"
             )));
         }
-        self.store
-            .create_lvol(&self.name, size)
-            .map_err(|e| self.err(e))?;
+        match crate::locks::lock(&self.create_over).clone() {
+            None => {
+                self.store
+                    .create_lvol(&self.name, size)
+                    .map_err(|e| self.err(e))?;
+            }
+            Some(bi) => self.clone_backing_image(&bi, size)?,
+        }
         let v = VolumeXattr {
             revision_counter_disabled: disable_revision_counter,
             ports,
@@ -314,6 +323,58 @@ impl LvolReplica {
         }
         self.exists.store(true, Ordering::SeqCst);
         self.open_locked()
+    }
+
+    /// Makes the next [`LvolReplica::create`] clone the head from the v2 backing image whose snapshot lvol is
+    /// `lvol` (`None`: an empty head).
+    pub fn create_over_backing_image(&self, lvol: Option<String>) {
+        *crate::locks::lock(&self.create_over) = lvol;
+    }
+
+    /// The head as a clone of backing image snapshot `bi`, grown to `size` (seed 001: the image is the chain's
+    /// first layer; unwritten ranges read its data). Refused unless the copy is ready and fits in `size`.
+    fn clone_backing_image(&self, bi: &str, size: u64) -> Result<()> {
+        let info = self.store.info(bi).map_err(|e| self.err(e))?;
+        let ready = info
+            .xattrs
+            .get(super::backing_image::XATTR_STATE)
+            .map(String::as_str)
+            == Some(corral_proto::backing_image::FileState::Ready.as_str());
+        if info.kind != BlobKind::Snapshot || !ready {
+            return Err(ReplicaError::FailedPrecondition(format!(
+                "v2 backing image {bi} is not a ready copy"
+            )));
+        }
+        if info.size > size {
+            return Err(ReplicaError::InvalidArgument(format!(
+                "volume size {size} is smaller than its backing image {bi} ({} bytes)",
+                info.size
+            )));
+        }
+        self.store
+            .clone_snapshot(bi, &self.name)
+            .map_err(|e| self.err(e))?;
+        if info.size != size
+            && let Err(e) = self.store.resize(&self.name, size)
+        {
+            let _ = self.store.delete(&self.name);
+            return Err(self.err(e));
+        }
+        Ok(())
+    }
+
+    /// The v2 backing image's snapshot lvol under the chain (the parent of its root), if any.
+    pub fn backing_image(&self) -> Option<String> {
+        let all = self.store.list();
+        let by_name: BTreeMap<&str, &LvolInfo> = all.iter().map(|l| (l.name.as_str(), l)).collect();
+        let mut cur = by_name.get(self.name.as_str())?.parent.clone();
+        while let Some(p) = cur {
+            if super::backing_image::is_backing_image_lvol(&p) {
+                return Some(p);
+            }
+            cur = by_name.get(p.as_str()).and_then(|l| l.parent.clone());
+        }
+        None
     }
 
     /// Opens the head (no-op when open).
@@ -802,7 +863,13 @@ impl LvolReplica {
         }
         let mut chain = Vec::new();
         let mut cur = Some(self.name.clone());
+        let mut backing_file = String::new();
         while let Some(n) = cur {
+            if super::backing_image::is_backing_image_lvol(&n) {
+                // The backing image is below the chain, as a v1 replica's backing file.
+                backing_file = n;
+                break;
+            }
             chain.push(file_of(&n));
             cur = by_name.get(n.as_str()).and_then(|l| l.parent.clone());
         }
@@ -818,7 +885,7 @@ impl LvolReplica {
             dirty: false,
             rebuilding: o.volume.rebuilding,
             error: String::new(),
-            backing_file: String::new(),
+            backing_file,
             chain,
             disks,
             revision_counter: if o.volume.revision_counter_disabled {

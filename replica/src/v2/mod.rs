@@ -6,8 +6,10 @@
 //! - [`service`]: its data-protocol backend and gRPC services;
 //! - [`backup`]: its backup source, restore sink and backup records (xattrs) for `ReplicaBackupService`;
 //! - [`daemon`]: the per-disk daemon and its `LvstoreService` (add, list, remove replicas);
-//! - [`metrics`]: its Prometheus metrics (per-replica IO and latency, the store's space and journal).
+//! - [`metrics`]: its Prometheus metrics (per-replica IO and latency, the store's space and journal);
+//! - [`backing_image`]: the disk's copies of v2 backing images (snapshot lvols `bi-NAME-disk-LVSUUID`).
 
+pub mod backing_image;
 pub mod backup;
 pub mod daemon;
 pub mod lvol;
