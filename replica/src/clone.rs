@@ -75,6 +75,43 @@ impl CloneTracker {
     pub fn status(&self) -> CloneStatus {
         lock(&self.status).clone()
     }
+
+    /// Marks a clone of `file` from `from` running; refused while one runs.
+    pub(crate) fn begin(&self, from: &ReplicaAddress, file: &str) -> Result<()> {
+        let mut s = lock(&self.status);
+        if s.state == JobState::InProgress {
+            return Err(ReplicaError::FailedPrecondition(
+                "a clone is already running on this replica".into(),
+            ));
+        }
+        *s = CloneStatus {
+            state: JobState::InProgress,
+            from: from.to_string(),
+            snapshot: file.to_owned(),
+            ..Default::default()
+        };
+        Ok(())
+    }
+
+    /// Records the end of the running clone (`cancelled`: its error is a cancellation).
+    pub(crate) fn end(&self, result: std::result::Result<(), String>, cancelled: bool, replica: &str) {
+        let mut s = lock(&self.status);
+        match result {
+            Ok(()) => {
+                s.state = JobState::Complete;
+                info!(replica, snapshot = %s.snapshot, "clone complete");
+            }
+            Err(e) => {
+                warn!(replica, snapshot = %s.snapshot, error = %e, "clone failed");
+                s.state = if cancelled {
+                    JobState::Cancelled
+                } else {
+                    JobState::Error
+                };
+                s.error = e;
+            }
+        }
+    }
 }
 
 /// What a `SnapshotClone` asks for.
@@ -90,9 +127,24 @@ pub struct CloneRequest {
     pub max_bytes_per_second: u64,
 }
 
+impl CloneRequest {
+    /// The request of a `SnapshotClone` call; refuses a bad source address.
+    pub fn from_proto(req: v1::SnapshotCloneRequest) -> Result<Self> {
+        Ok(Self {
+            from: req
+                .from_address
+                .parse()
+                .map_err(|e| ReplicaError::InvalidArgument(format!("clone source: {e}")))?,
+            snapshot_file_name: req.snapshot_file_name,
+            export_backing_image_if_exist: req.export_backing_image_if_exist,
+            max_bytes_per_second: req.max_bytes_per_second,
+        })
+    }
+}
+
 /// What the target checks on the source before it starts: the snapshot exists, is not removed, and the volume
 /// sizes agree. Returns the sum of the allocated sizes of the snapshot's chain (the progress estimate).
-async fn check_source(address: &ReplicaAddress, snapshot: &str, size: u64) -> Result<u64> {
+pub(crate) async fn check_source(address: &ReplicaAddress, snapshot: &str, size: u64) -> Result<u64> {
     let ch = connect_endpoint(&address.control, GrpcTimeouts::CONTROL)
         .await
         .map_err(|e| ReplicaError::FailedPrecondition(format!("source replica {address}: {e}")))?;
@@ -161,20 +213,7 @@ pub async fn start(
         ));
     }
     let estimate = check_source(&req.from, &file, status.size).await?;
-    {
-        let mut s = lock(&tracker.status);
-        if s.state == JobState::InProgress {
-            return Err(ReplicaError::FailedPrecondition(
-                "a clone is already running on this replica".into(),
-            ));
-        }
-        *s = CloneStatus {
-            state: JobState::InProgress,
-            from: req.from.to_string(),
-            snapshot: file.clone(),
-            ..Default::default()
-        };
-    }
+    tracker.begin(&req.from, &file)?;
     info!(dir = %replica.dir().display(), snapshot = %file, from = %req.from, "clone started");
     tokio::spawn(async move {
         let result = run(
@@ -187,22 +226,11 @@ pub async fn start(
             &cancel,
         )
         .await;
-        let mut s = lock(&tracker.status);
-        match result {
-            Ok(()) => {
-                s.state = JobState::Complete;
-                info!(dir = %replica.dir().display(), snapshot = %file, "clone complete");
-            }
-            Err(e) => {
-                warn!(dir = %replica.dir().display(), snapshot = %file, error = %e, "clone failed");
-                s.state = if cancel.is_cancelled() {
-                    JobState::Cancelled
-                } else {
-                    JobState::Error
-                };
-                s.error = e;
-            }
-        }
+        tracker.end(
+            result,
+            cancel.is_cancelled(),
+            &replica.dir().display().to_string(),
+        );
     });
     Ok(())
 }
@@ -237,7 +265,19 @@ async fn run(
     };
     let result = match local {
         Some(src) => copy_local(tracker, src, req, &tmp, cancel).await,
-        None => receive(replica, tracker, listen_ip, req, file, &tmp, estimate, cancel).await,
+        None => {
+            receive(
+                replica.size(),
+                tracker,
+                listen_ip,
+                req,
+                file,
+                &tmp,
+                estimate,
+                cancel,
+            )
+            .await
+        }
     };
     let result = match result {
         Ok(()) => {
@@ -317,9 +357,10 @@ async fn copy_local(
     Ok(())
 }
 
+/// Receives the export of `req`'s snapshot (`file`, `size` bytes) from the source into `tmp` over the network.
 #[allow(clippy::too_many_arguments)]
-async fn receive(
-    replica: &Replica,
+pub(crate) async fn receive(
+    size: u64,
     tracker: &CloneTracker,
     listen_ip: IpAddr,
     req: &CloneRequest,
@@ -348,7 +389,7 @@ async fn receive(
                 host: to.ip().to_string(),
                 port: u32::from(to.port()),
                 export_backing_image_if_exist: req.export_backing_image_if_exist,
-                expected_size: replica.size(),
+                expected_size: size,
                 max_bytes_per_second: req.max_bytes_per_second,
             })
             .await

@@ -335,6 +335,25 @@ pub struct ExportRequest {
     pub max_bytes_per_second: u64,
 }
 
+impl ExportRequest {
+    /// The request of a `VolumeExport` call; refuses a bad receiver address.
+    pub fn from_proto(req: corral_proto::v1::VolumeExportRequest) -> Result<Self> {
+        if req.host.is_empty() || req.port == 0 || req.port > u32::from(u16::MAX) {
+            return Err(ReplicaError::InvalidArgument(format!(
+                "bad receiver address {}:{}",
+                req.host, req.port
+            )));
+        }
+        Ok(Self {
+            snapshot_file_name: req.snapshot_file_name,
+            to: format!("{}:{}", req.host, req.port),
+            export_backing_image_if_exist: req.export_backing_image_if_exist,
+            expected_size: req.expected_size,
+            max_bytes_per_second: req.max_bytes_per_second,
+        })
+    }
+}
+
 /// What an export sent.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ExportSummary {
@@ -367,16 +386,29 @@ pub async fn volume_export(
     let view = tokio::task::spawn_blocking(move || SnapshotView::open(&replica, &snap, with_backing))
         .await
         .map_err(|e| ReplicaError::InvalidArgument(format!("export task: {e}")))??;
-    if req.expected_size != 0 && req.expected_size != view.size {
+    let snapshot_name = view.snapshot.clone();
+    send_export(Arc::new(view), &snapshot_name, req, &dir.display().to_string()).await
+}
+
+/// Streams `content` (snapshot `snapshot` flattened, of a v1 or a v2 replica of `origin`) to the receiver of
+/// `req` after checking its size against the target's.
+pub(crate) async fn send_export(
+    content: Arc<dyn SyncContent>,
+    snapshot: &str,
+    req: &ExportRequest,
+    origin: &str,
+) -> Result<ExportSummary> {
+    let size = content.size();
+    if req.expected_size != 0 && req.expected_size != size {
         return Err(ReplicaError::InvalidArgument(format!(
-            "snapshot {} is {} bytes but the target volume is {} bytes: a clone needs volumes of the same size",
-            view.snapshot, view.size, req.expected_size
+            "snapshot {snapshot} is {size} bytes but the target volume is {} bytes: a clone needs volumes of the \
+             same size",
+            req.expected_size
         )));
     }
-    let (snapshot, size) = (view.snapshot.clone(), view.size);
     let to = &req.to;
     let s = sparse_sync::send(
-        Arc::new(view),
+        content,
         to,
         &sparse_sync::SendOptions {
             max_rate: (req.max_bytes_per_second > 0).then_some(req.max_bytes_per_second),
@@ -388,7 +420,7 @@ pub async fn volume_export(
     .await
     .map_err(|e| ReplicaError::FailedPrecondition(format!("export {snapshot} to {to}: {e}")))?;
     info!(
-        dir = %dir.display(), snapshot = %snapshot, to = %to, sent = s.bytes_sent,
+        replica = %origin, snapshot = %snapshot, to = %to, sent = s.bytes_sent,
         data = s.data_bytes, backing = req.export_backing_image_if_exist, "snapshot exported"
     );
     Ok(ExportSummary {

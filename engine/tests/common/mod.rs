@@ -236,6 +236,37 @@ impl Replica {
         out
     }
 
+    /// What an operation that fails must leave as it found: v1, the files of the replica directory; v2, the
+    /// files beside the lvstore's disk (a clone's or rebuild's staging directory) and the store's used clusters
+    /// (a half-received lvol holds some).
+    pub async fn layout(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(&self.dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n != "revision.counter" && n != "volume.meta")
+            .collect();
+        v.sort();
+        if self.lvstore_replica.is_some() {
+            let info = corral_proto::v1::lvstore_service_client::LvstoreServiceClient::connect(
+                self.daemon.http_url("control"),
+            )
+            .await
+            .unwrap()
+            .lvstore_info(v1::LvstoreEmpty {})
+            .await
+            .unwrap()
+            .into_inner();
+            v.push(format!("used clusters: {}", info.used_clusters));
+        }
+        v
+    }
+
+    /// Bytes snapshot `file` holds itself (a v1 file's allocation, a v2 lvol's allocated blocks), as `ReplicaGet`
+    /// reports it.
+    pub async fn snapshot_allocated(&self, file: &str) -> u64 {
+        self.status().await.disks[file].size
+    }
+
     pub fn kill(&mut self) {
         self.daemon.kill();
     }

@@ -8,7 +8,7 @@ use corral_proto::v1::{
     self, replica_service_server::ReplicaService, sync_agent_service_server::SyncAgentService,
 };
 use tonic::{Request, Response, Status};
-use tracing::{error, info};
+use tracing::error;
 
 use super::{ReplicaHost, to_proto};
 use crate::clone::{CloneRequest, CloneStatus};
@@ -19,10 +19,6 @@ use crate::replica::SnapshotRequest;
 
 /// Job key of the purge.
 pub(crate) const PURGE: &str = "purge";
-
-fn hash_key(file: &str) -> String {
-    format!("hash/{file}")
-}
 
 /// Runs blocking replica work off the reactor.
 async fn blocking<T: Send + 'static>(
@@ -293,39 +289,13 @@ impl SyncAgentService for ReplicaGrpc {
         req: Request<v1::SnapshotHashRequest>,
     ) -> Result<Response<v1::Empty>, Status> {
         let req = req.into_inner();
-        let file = crate::names::resolve_snapshot(&req.snapshot_name)?;
         let replica = self.host.replica()?;
-        let host = self.host.clone();
-        let key = hash_key(&file);
-        let Some(ctl) = host.jobs.start(&key) else {
-            return Err(Status::failed_precondition(format!(
-                "{file} is already being hashed"
-            )));
-        };
-        tokio::task::spawn_blocking(move || {
-            let status = match replica.hash_snapshot(&file, req.rehash, &ctl) {
-                Ok(o) => {
-                    info!(snapshot = %file, checksum = %o.checksum, skipped = o.skipped, "snapshot hashed");
-                    JobStatus {
-                        state: JobState::Complete,
-                        checksum: o.checksum,
-                        silently_corrupted: o.silently_corrupted,
-                        skipped: o.skipped,
-                        ..Default::default()
-                    }
-                }
-                Err(ReplicaError::Cancelled) => JobStatus {
-                    state: JobState::Cancelled,
-                    ..Default::default()
-                },
-                Err(e) => JobStatus {
-                    state: JobState::Error,
-                    error: e.to_string(),
-                    ..Default::default()
-                },
-            };
-            host.jobs.finish(&key, status);
-        });
+        crate::hash::start_job(
+            self.host.clone(),
+            |h| &h.jobs,
+            &req.snapshot_name,
+            move |file, ctl| replica.hash_snapshot(file, req.rehash, ctl),
+        )?;
         Ok(Response::new(v1::Empty {}))
     }
 
@@ -333,28 +303,15 @@ impl SyncAgentService for ReplicaGrpc {
         &self,
         req: Request<v1::SnapshotHashStatusRequest>,
     ) -> Result<Response<v1::SnapshotHashStatusResponse>, Status> {
-        let file = crate::names::resolve_snapshot(&req.into_inner().snapshot_name)?;
-        let s = self.host.jobs.status(&hash_key(&file));
-        Ok(Response::new(v1::SnapshotHashStatusResponse {
-            state: job_state(&s),
-            progress: s.progress,
-            checksum: s.checksum,
-            error: s.error,
-            silently_corrupted: s.silently_corrupted,
-            skipped: s.skipped,
-        }))
+        let name = req.into_inner().snapshot_name;
+        Ok(Response::new(crate::hash::job_status(&self.host.jobs, &name)?))
     }
 
     async fn snapshot_hash_cancel(
         &self,
         req: Request<v1::SnapshotHashStatusRequest>,
     ) -> Result<Response<v1::Empty>, Status> {
-        let file = crate::names::resolve_snapshot(&req.into_inner().snapshot_name)?;
-        if !self.host.jobs.cancel(&hash_key(&file)) {
-            return Err(Status::failed_precondition(format!(
-                "no hash of {file} is running"
-            )));
-        }
+        crate::hash::cancel_job(&self.host.jobs, &req.into_inner().snapshot_name)?;
         Ok(Response::new(v1::Empty {}))
     }
 
@@ -396,20 +353,7 @@ impl SyncAgentService for ReplicaGrpc {
         &self,
         req: Request<v1::VolumeExportRequest>,
     ) -> Result<Response<v1::VolumeExportResponse>, Status> {
-        let req = req.into_inner();
-        if req.host.is_empty() || req.port == 0 || req.port > u32::from(u16::MAX) {
-            return Err(Status::invalid_argument(format!(
-                "bad receiver address {}:{}",
-                req.host, req.port
-            )));
-        }
-        let export = ExportRequest {
-            snapshot_file_name: req.snapshot_file_name,
-            to: format!("{}:{}", req.host, req.port),
-            export_backing_image_if_exist: req.export_backing_image_if_exist,
-            expected_size: req.expected_size,
-            max_bytes_per_second: req.max_bytes_per_second,
-        };
+        let export = ExportRequest::from_proto(req.into_inner())?;
         let host = &self.host;
         let purging = || host.jobs.status(PURGE).state == JobState::InProgress;
         let s = crate::export::volume_export(host.replica()?, &self.exports, purging, &export).await?;
@@ -452,23 +396,14 @@ impl SyncAgentService for ReplicaGrpc {
         &self,
         req: Request<v1::SnapshotCloneRequest>,
     ) -> Result<Response<v1::Empty>, Status> {
-        let req = req.into_inner();
-        let from = req
-            .from_address
-            .parse()
-            .map_err(|e| Status::invalid_argument(format!("clone source: {e}")))?;
+        let req = CloneRequest::from_proto(req.into_inner())?;
         crate::clone::start(
             self.host.replica()?,
             self.clone.clone(),
             self.rebuild.to_proto().is_running,
             self.listen_ip,
             self.local_copy,
-            CloneRequest {
-                from,
-                snapshot_file_name: req.snapshot_file_name,
-                export_backing_image_if_exist: req.export_backing_image_if_exist,
-                max_bytes_per_second: req.max_bytes_per_second,
-            },
+            req,
             self.cancel.child_token(),
         )
         .await?;
@@ -483,8 +418,8 @@ impl SyncAgentService for ReplicaGrpc {
     }
 }
 
-/// A clone's status as the wire message.
-fn clone_status(s: &CloneStatus) -> v1::JobStatusResponse {
+/// A clone's status as the wire message (v1 and v2 replicas).
+pub(crate) fn clone_status(s: &CloneStatus) -> v1::JobStatusResponse {
     v1::JobStatusResponse {
         is_running: s.state == JobState::InProgress,
         state: s.state.as_str().into(),

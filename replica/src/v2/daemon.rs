@@ -128,6 +128,7 @@ impl LvstoreDaemon {
             jobs: JobTable::default(),
             ports: bound,
             rebuild: Arc::default(),
+            clone: Arc::default(),
             listen_ip: self.ip,
             scratch: self.scratch.clone(),
             cancel: cancel.clone(),

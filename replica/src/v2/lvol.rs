@@ -220,7 +220,8 @@ impl LvolReplica {
         format!("{}{REVERT_SUFFIX}", self.name)
     }
 
-    pub(super) fn snap_lvol(&self, file: &str) -> String {
+    /// The lvol of snapshot `file` (`volume-snap-X.img` or `X`): `NAME.snap.X`.
+    pub(crate) fn snap_lvol(&self, file: &str) -> String {
         format!(
             "{}{SNAP_INFIX}{}",
             self.name,
@@ -696,12 +697,18 @@ impl LvolReplica {
                 "snapshot {file} is marked removed"
             )));
         }
+        self.put_head_over(&lvol)
+    }
+
+    /// A new empty head over snapshot lvol `lvol`, keeping the head's xattrs and size: cloned as `NAME.revert`,
+    /// the old head deleted (the commit point), the clone renamed `NAME` (see the module doc).
+    fn put_head_over(&self, lvol: &str) -> Result<()> {
         let mut g = write_lock(&self.open);
         let o = g.as_mut().ok_or_else(|| self.not_open())?;
         let mut volume = o.volume.clone();
         volume.head_index += 1;
         let tmp = self.revert_name();
-        self.store.clone_snapshot(&lvol, &tmp).map_err(|e| self.err(e))?;
+        self.store.clone_snapshot(lvol, &tmp).map_err(|e| self.err(e))?;
         let bytes = serde_json::to_vec(&volume).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
         // The head's own records move to the new head; a backup chain-end marker must outlive a revert too.
         let kept: Vec<(&str, Vec<u8>)> = [XATTR_SALVAGE, XATTR_CHAIN_END]
@@ -1048,6 +1055,21 @@ impl LvolReplica {
         self.store
             .reparent(&self.name, &self.rcv_lvol(&file))
             .map_err(|e| self.err(e))?;
+        self.finish_received()
+    }
+
+    /// Makes received snapshot `file` the replica's data, as a clone (`super::clone`): a new empty head over
+    /// `NAME.rcv.SNAP` ([`put_head_over`](Self::put_head_over), whose delete of the old head is the commit point),
+    /// then, as after a rebuild, the replica's older snapshots are deleted and the received one renamed
+    /// `NAME.snap.SNAP`. Loading finishes or undoes an interrupted one as it does a rebuild.
+    pub fn commit_clone(&self, file: &str) -> Result<()> {
+        let _shape = crate::locks::lock(&self.shape);
+        if self.purging.load(Ordering::Acquire) {
+            return Err(ReplicaError::FailedPrecondition(
+                "cannot commit a clone while a purge runs".into(),
+            ));
+        }
+        self.put_head_over(&self.rcv_lvol(file))?;
         self.finish_received()
     }
 

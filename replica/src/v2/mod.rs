@@ -4,6 +4,7 @@
 //!
 //! - [`lvol`]: one replica over an lvol chain (IO, snapshot, revert, expand, purge, salvage xattrs);
 //! - [`service`]: its data-protocol backend and gRPC services;
+//! - [`hash`], [`clone`]: snapshot hashing, export and clone, as v1's;
 //! - [`backup`]: its backup source, restore sink and backup records (xattrs) for `ReplicaBackupService`;
 //! - [`daemon`]: the per-disk daemon and its `LvstoreService` (add, list, remove replicas);
 //! - [`metrics`]: its Prometheus metrics (per-replica IO and latency, the store's space and journal);
@@ -11,7 +12,9 @@
 
 pub mod backing_image;
 pub mod backup;
+pub mod clone;
 pub mod daemon;
+pub mod hash;
 pub mod lvol;
 pub mod metrics;
 pub mod rebuild;

@@ -1,7 +1,8 @@
 //! One hosted v2 replica as a network service: the data protocol ([`BlockBackend`]), gRPC `ReplicaService` and
 //! gRPC `SyncAgentService`, answering as a v1 replica does, so the engine's code paths are the same for both.
-//! Purge and rebuild (both ends, [`super::rebuild`]) work; hash, export and clone are not built for v2 yet and
-//! answer `UNIMPLEMENTED` naming the missing piece (issue 20).
+//! Purge, rebuild (both ends, [`super::rebuild`]), snapshot hashing ([`super::hash`]), export and clone (both
+//! ends, [`super::clone`]) work; `LocalFiles` answers `UNIMPLEMENTED` (a clone or rebuild then takes the network
+//! path).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -31,6 +32,8 @@ pub struct V2Replica {
     pub ports: [u16; 3],
     /// The rebuild into this replica.
     pub rebuild: Arc<crate::rebuild::RebuildTracker>,
+    /// The clone into this replica.
+    pub clone: Arc<crate::clone::CloneTracker>,
     /// Address rebuild receivers bind to (the daemon's IP).
     pub listen_ip: std::net::IpAddr,
     /// Directory for a rebuild's staging files.
@@ -286,27 +289,42 @@ impl SyncAgentService for V2Grpc {
 
     async fn snapshot_hash(
         &self,
-        _: Request<v1::SnapshotHashRequest>,
+        req: Request<v1::SnapshotHashRequest>,
     ) -> Result<Response<v1::Empty>, Status> {
-        Err(not_yet("snapshot hashing"))
+        let req = req.into_inner();
+        let r = self.host.replica.clone();
+        crate::hash::start_job(
+            self.host.clone(),
+            |h| &h.jobs,
+            &req.snapshot_name,
+            move |file, ctl| super::hash::hash_snapshot(&r, file, req.rehash, ctl),
+        )?;
+        Ok(Response::new(v1::Empty {}))
     }
 
     async fn snapshot_hash_status(
         &self,
-        _: Request<v1::SnapshotHashStatusRequest>,
+        req: Request<v1::SnapshotHashStatusRequest>,
     ) -> Result<Response<v1::SnapshotHashStatusResponse>, Status> {
-        Err(not_yet("snapshot hashing"))
+        let name = req.into_inner().snapshot_name;
+        Ok(Response::new(crate::hash::job_status(&self.host.jobs, &name)?))
     }
 
     async fn snapshot_hash_cancel(
         &self,
-        _: Request<v1::SnapshotHashStatusRequest>,
+        req: Request<v1::SnapshotHashStatusRequest>,
     ) -> Result<Response<v1::Empty>, Status> {
-        Err(not_yet("snapshot hashing"))
+        crate::hash::cancel_job(&self.host.jobs, &req.into_inner().snapshot_name)?;
+        Ok(Response::new(v1::Empty {}))
     }
 
     async fn files_sync(&self, req: Request<v1::FilesSyncRequest>) -> Result<Response<v1::Empty>, Status> {
         let h = &self.host;
+        if h.clone.is_running() {
+            return Err(Status::failed_precondition(
+                "a clone is running on this replica; rebuild after it finishes",
+            ));
+        }
         super::rebuild::start(
             h.replica.clone(),
             h.rebuild.clone(),
@@ -336,16 +354,25 @@ impl SyncAgentService for V2Grpc {
 
     async fn volume_export(
         &self,
-        _: Request<v1::VolumeExportRequest>,
+        req: Request<v1::VolumeExportRequest>,
     ) -> Result<Response<v1::VolumeExportResponse>, Status> {
-        Err(not_yet("snapshot export"))
+        let req = req.into_inner();
+        let export = crate::export::ExportRequest::from_proto(req)?;
+        let s = super::clone::volume_export(self.host.replica.clone(), &export).await?;
+        Ok(Response::new(v1::VolumeExportResponse {
+            bytes_sent: s.bytes_sent,
+            data_bytes: s.data_bytes,
+            size: s.size,
+        }))
     }
 
     async fn snapshot_clone(
         &self,
-        _: Request<v1::SnapshotCloneRequest>,
+        req: Request<v1::SnapshotCloneRequest>,
     ) -> Result<Response<v1::Empty>, Status> {
-        Err(not_yet("snapshot clone"))
+        let req = crate::clone::CloneRequest::from_proto(req.into_inner())?;
+        super::clone::start(self.host.clone(), req).await?;
+        Ok(Response::new(v1::Empty {}))
     }
 
     type LocalFilesStream = std::pin::Pin<
@@ -365,9 +392,8 @@ impl SyncAgentService for V2Grpc {
         &self,
         _: Request<v1::Empty>,
     ) -> Result<Response<v1::JobStatusResponse>, Status> {
-        Ok(Response::new(v1::JobStatusResponse {
-            state: JobState::None.as_str().into(),
-            ..Default::default()
-        }))
+        Ok(Response::new(crate::service::grpc::clone_status(
+            &self.host.clone.status(),
+        )))
     }
 }

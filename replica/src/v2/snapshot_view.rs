@@ -14,11 +14,28 @@ pub struct LvolSnapshot {
     store: Arc<LvStore>,
     id: BlobId,
     size: u64,
+    /// Data is what the snapshot reads, through its parents too (an export's flattened view).
+    flattened: bool,
 }
 
 impl LvolSnapshot {
     pub fn new(store: Arc<LvStore>, id: BlobId, size: u64) -> Self {
-        Self { store, id, size }
+        Self {
+            store,
+            id,
+            size,
+            flattened: false,
+        }
+    }
+
+    /// The snapshot flattened over its parents: data is every block it reads that some snapshot of its chain
+    /// holds (what an export sends), not only its own.
+    #[must_use]
+    pub fn flattened(self) -> Self {
+        Self {
+            flattened: true,
+            ..self
+        }
     }
 }
 
@@ -36,7 +53,13 @@ impl SyncContent for LvolSnapshot {
         if range.start >= end {
             return Box::new(std::iter::empty());
         }
-        match self.store.own_ranges(self.id, range.start, end - range.start) {
+        let ranges = if self.flattened {
+            self.store
+                .allocated_ranges(self.id, range.start, end - range.start)
+        } else {
+            self.store.own_ranges(self.id, range.start, end - range.start)
+        };
+        match ranges {
             Ok(v) => Box::new(v.into_iter().map(Ok)),
             Err(e) => Box::new(std::iter::once(Err(io_err(&e)))),
         }
