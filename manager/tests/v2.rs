@@ -2,8 +2,8 @@
 //! `corral-replica serve-lvstore` per disk, supervised by the manager), a v2 volume placed only on them and
 //! served over NBD (qemu-io, qemu-img, fio), snapshots, the per-disk daemon SIGKILLed under the attached
 //! volume and restarted with the data intact, v1 and v2 volumes written by one fio verify job reading back
-//! identically, and the refusals: no v2 disk, foreign data where the store goes, an unknown engine, what v2
-//! cannot do yet. A v2 volume backs up (full, then incremental) and restores into a v1 and a v2 volume.
+//! identically, clones between v1 and v2 volumes, and the refusals: no v2 disk, foreign data where the store
+//! goes, an unknown engine. A v2 volume backs up (full, then incremental) and restores into a v1 and a v2 volume.
 
 mod support;
 
@@ -263,21 +263,6 @@ fn v2_volumes_live_on_v2_disks_survive_a_killed_lvstore_daemon_and_read_back_lik
         "{list}"
     );
 
-    // What v2 cannot do yet is refused with the reason.
-    let (code, e) = rest(
-        "POST",
-        &format!("{url}/v1/volumes"),
-        Some(&json!({"name": "copy", "size": SIZE, "numberOfReplicas": 1, "dataSource": "vol://vtwo"})),
-    );
-    assert_eq!(code, 409, "{e}");
-    assert!(
-        e["message"]
-            .as_str()
-            .unwrap()
-            .contains("v2 data engine cannot clone"),
-        "{e}"
-    );
-
     // SIGKILL the daemon of disk v2a under the attached volume: IO goes on with the other replica, the manager
     // restarts the daemon (it serves the store again) and the data is intact.
     let victim = lvstore(&m, "v2a").unwrap();
@@ -457,4 +442,158 @@ fn a_v2_volume_backs_up_incrementally_and_restores_into_a_v1_and_a_v2_volume() {
         assert_eq!(nbd_sha256(&uri), sum, "{name} ({engine}) reads like the source");
         qemu_img_compare(&uri, &src);
     }
+}
+
+/// The volume's replicas' data engines and disks.
+fn placement(v: &Value) -> Vec<(String, String)> {
+    v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            (
+                r["dataEngine"].as_str().unwrap_or_default().to_owned(),
+                r["disk"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+/// Issue 20: clones between the engines through the control plane. A v2 volume clones into a v1 volume (CLI
+/// `--from-volume`) and its snapshot into a v2 volume (REST `snap://`), the v1 clone back into a v2 volume; each
+/// clone completes, is placed on disks of its own engine and reads exactly as its source (`qemu-img compare` over
+/// NBD and a checksum of the whole device).
+#[test]
+fn v2_volumes_clone_into_v1_and_v2_volumes_and_a_v1_volume_into_a_v2_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let m = Manager::start(&dir.path().join("n1"), "node-1", "embedded", port_range(1));
+    let url = m.url.clone();
+    let disk = dir.path().join("v2a");
+    ok(
+        &url,
+        &[
+            "node",
+            "disk-add",
+            "node-1",
+            "v2a",
+            disk.to_str().unwrap(),
+            "--disk-engine",
+            "v2",
+            "--lvstore-size",
+            "256M",
+        ],
+    );
+    wait_for("the lvstore daemon running", Duration::from_secs(60), || {
+        lvstore(&m, "v2a").filter(|d| d["state"] == "running")
+    });
+    ok(
+        &url,
+        &[
+            "volume",
+            "create",
+            "src",
+            "--size",
+            "64M",
+            "--replicas",
+            "1",
+            "--data-engine",
+            "v2",
+        ],
+    );
+    let src_uri = attach(&url, "src");
+    let (okk, out) = qemu_io(
+        &src_uri,
+        &[
+            "write -P 0x5a 0 4M",
+            "write -P 0x6b 32M 2M",
+            "write -P 0x7c 63M 4k",
+            "flush",
+        ],
+    );
+    assert!(okk, "{out}");
+    let (code, s) = rest(
+        "POST",
+        &format!("{url}/v1/volumes/src/snapshots"),
+        Some(&json!({"name": "s1"})),
+    );
+    assert_eq!(code, 201, "{s}");
+    let at_s1 = nbd_sha256(&src_uri);
+    let (okk, out) = qemu_io(&src_uri, &["write -P 0x8d 8M 1M", "flush"]);
+    assert!(okk, "{out}");
+    let src_now = nbd_sha256(&src_uri);
+    assert_ne!(src_now, at_s1);
+
+    // v2 -> v1, through the CLI (waits for the clone; size from the source).
+    ok(
+        &url,
+        &[
+            "volume",
+            "create",
+            "c1",
+            "--from-volume",
+            "src",
+            "--replicas",
+            "1",
+            "--data-engine",
+            "v1",
+        ],
+    );
+    let c1 = volume(&m, "c1");
+    assert_eq!(
+        (c1["cloneStatus"]["state"].as_str(), c1["dataEngine"].as_str()),
+        (Some("completed"), Some("v1")),
+        "{c1}"
+    );
+    let c1_uri = attach(&url, "c1");
+    assert_eq!(nbd_sha256(&c1_uri), src_now, "c1 reads like its v2 source");
+    qemu_img_compare(&c1_uri, &src_uri);
+    let c1 = wait_attached(&m, "c1", 1);
+    assert_eq!(placement(&c1), [("v1".to_owned(), "default".to_owned())], "{c1}");
+
+    // v2 snapshot -> v2, over REST.
+    let (code, v) = rest(
+        "POST",
+        &format!("{url}/v1/volumes"),
+        Some(
+            &json!({"name": "c2", "size": SIZE, "numberOfReplicas": 1, "dataSource": "snap://src/s1",
+            "dataEngine": "v2"}),
+        ),
+    );
+    assert_eq!(code, 201, "{v}");
+    wait_for("c2 cloned", Duration::from_secs(120), || {
+        let v = volume(&m, "c2");
+        assert_ne!(v["cloneStatus"]["state"], "failed", "{v}");
+        (v["cloneStatus"]["state"] == "completed").then_some(v)
+    });
+    let c2_uri = attach(&url, "c2");
+    assert_eq!(nbd_sha256(&c2_uri), at_s1, "c2 reads like s1 of its v2 source");
+    let c2 = wait_attached(&m, "c2", 1);
+    assert_eq!(placement(&c2), [("v2".to_owned(), "v2a".to_owned())], "{c2}");
+
+    // v1 -> v2: the v1 clone cloned back into a v2 volume.
+    ok(
+        &url,
+        &[
+            "volume",
+            "create",
+            "c3",
+            "--from-volume",
+            "c1",
+            "--replicas",
+            "1",
+            "--data-engine",
+            "v2",
+        ],
+    );
+    assert_eq!(volume(&m, "c3")["cloneStatus"]["state"], "completed");
+    let c3_uri = attach(&url, "c3");
+    qemu_img_compare(&c3_uri, &c1_uri);
+    assert_eq!(nbd_sha256(&c3_uri), src_now, "c3 reads like its v1 source");
+    let c3 = wait_attached(&m, "c3", 1);
+    assert_eq!(placement(&c3), [("v2".to_owned(), "v2a".to_owned())], "{c3}");
+    // The clones are volumes of their own: a write to one changes no other.
+    let (okk, out) = qemu_io(&c3_uri, &["write -P 0x11 0 64k", "flush"]);
+    assert!(okk, "{out}");
+    assert_eq!(nbd_sha256(&c1_uri), src_now);
+    assert_eq!(nbd_sha256(&src_uri), src_now);
 }

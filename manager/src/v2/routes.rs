@@ -115,7 +115,7 @@ pub fn check_disk(req: &DiskCreate, local: bool) -> Result<u64, ApiError> {
 }
 
 /// The engine of a volume to create (`dataEngine`, else the `default-data-engine` setting), refusing what v2
-/// cannot do yet ([`support`]): a clone from or into v2, a restore into v2, a backing image under v2.
+/// cannot do yet ([`support`]): a restore into v2, a backing image under v2.
 pub async fn volume_engine(
     ctx: &Ctx,
     req: &VolumeCreate,

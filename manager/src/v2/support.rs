@@ -10,7 +10,7 @@ use crate::model::DataEngine;
 pub enum Op {
     /// Adding a replica to a volume that already holds data (a replacement): the engine rebuilds it.
     Rebuild,
-    /// A clone from or into a v2 volume (snapshot export over sparse-sync).
+    /// A clone from or into a v2 volume (snapshot export over sparse-sync): supported.
     Clone,
     /// A backup of a v2 volume (supported: the v2 daemon serves `ReplicaBackupService`).
     Backup,
@@ -35,7 +35,7 @@ impl Op {
 }
 
 /// What v2 replicas cannot do yet. Lift an entry when `replica/src/v2` gains it.
-const UNSUPPORTED: &[Op] = &[Op::Clone, Op::BackingImage];
+const UNSUPPORTED: &[Op] = &[Op::BackingImage];
 
 /// Refuses `op` on a volume of `engine` when v2 cannot do it yet; the message says why and what to use instead.
 pub fn check(engine: DataEngine, op: Op) -> Result<(), String> {
@@ -57,10 +57,10 @@ mod tests {
         for op in [Op::Rebuild, Op::Clone, Op::Backup, Op::Restore, Op::BackingImage] {
             assert_eq!(check(DataEngine::V1, op), Ok(()));
         }
-        for op in [Op::Rebuild, Op::Backup, Op::Restore] {
+        for op in [Op::Rebuild, Op::Clone, Op::Backup, Op::Restore] {
             assert_eq!(check(DataEngine::V2, op), Ok(()));
         }
-        let e = check(DataEngine::V2, Op::Clone).unwrap_err();
-        assert!(e.contains("clone a volume") && e.contains("v1"), "{e}");
+        let e = check(DataEngine::V2, Op::BackingImage).unwrap_err();
+        assert!(e.contains("over a backing image") && e.contains("v1"), "{e}");
     }
 }
