@@ -22,7 +22,6 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use super::lvol::LvolReplica;
-use super::service::V2Replica;
 use crate::clone::{CloneRequest, CloneTracker, check_source, receive};
 use crate::error::{ReplicaError, Result};
 use crate::export::{ExportRequest, ExportSummary, send_export, snapshot_file};
@@ -54,8 +53,24 @@ async fn blocking<T: Send + 'static>(
         .map_err(|e| e.to_string())
 }
 
+/// What a clone into a v2 replica needs of the replica's host (`service::V2Replica`), handed over by the service so
+/// this module does not depend on it.
+pub struct CloneTarget {
+    pub replica: Arc<LvolReplica>,
+    /// The clone into this replica.
+    pub clone: Arc<CloneTracker>,
+    /// Whether a rebuild into this replica is running (a clone then waits for it).
+    pub rebuild_running: bool,
+    /// Address the receiver binds to (the daemon's IP).
+    pub listen_ip: std::net::IpAddr,
+    /// Directory for the staging file.
+    pub scratch: PathBuf,
+    /// Cancelled when the replica stops being served.
+    pub cancel: CancellationToken,
+}
+
 /// `SnapshotClone` into the replica of `host`; returns once the request is validated and the job runs.
-pub async fn start(host: Arc<V2Replica>, req: CloneRequest) -> Result<()> {
+pub async fn start(host: CloneTarget, req: CloneRequest) -> Result<()> {
     let r = host.replica.clone();
     let file = snapshot_file(&req.snapshot_file_name)?;
     let status = r.status()?;
@@ -65,7 +80,7 @@ pub async fn start(host: Arc<V2Replica>, req: CloneRequest) -> Result<()> {
             r.name()
         )));
     }
-    if host.rebuild.to_proto().is_running || status.rebuilding {
+    if host.rebuild_running || status.rebuilding {
         return Err(ReplicaError::FailedPrecondition(
             "a rebuild is running on this replica; clone after it finishes".into(),
         ));
@@ -100,7 +115,7 @@ pub async fn start(host: Arc<V2Replica>, req: CloneRequest) -> Result<()> {
 }
 
 async fn run(
-    host: &V2Replica,
+    host: &CloneTarget,
     stage: &Path,
     req: &CloneRequest,
     file: &str,

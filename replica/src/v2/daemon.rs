@@ -26,8 +26,8 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use super::backup::V2Backup;
 use super::backing_image::BackingImages;
+use super::backup::V2Backup;
 use super::lvol::{LvolReplica, check_replica_name, replicas_in};
 use super::metrics::{MetricsTable, ReplicaIoLatency, ReplicaMetrics, TimedBackend};
 use super::service::{V2Grpc, V2Replica};

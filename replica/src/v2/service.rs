@@ -371,7 +371,16 @@ impl SyncAgentService for V2Grpc {
         req: Request<v1::SnapshotCloneRequest>,
     ) -> Result<Response<v1::Empty>, Status> {
         let req = crate::clone::CloneRequest::from_proto(req.into_inner())?;
-        super::clone::start(self.host.clone(), req).await?;
+        let h = &self.host;
+        let target = super::clone::CloneTarget {
+            replica: h.replica.clone(),
+            clone: h.clone.clone(),
+            rebuild_running: h.rebuild.to_proto().is_running,
+            listen_ip: h.listen_ip,
+            scratch: h.scratch.clone(),
+            cancel: h.cancel.clone(),
+        };
+        super::clone::start(target, req).await?;
         Ok(Response::new(v1::Empty {}))
     }
 
