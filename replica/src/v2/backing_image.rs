@@ -24,8 +24,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
-use super::lvol::lv_err;
-use crate::error::{ReplicaError, Result};
+use crate::error::{ReplicaError, Result, lv_err};
 use crate::locks::lock;
 
 /// Snapshot xattr: the backing image's UUID.

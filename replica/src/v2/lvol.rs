@@ -121,25 +121,7 @@ pub fn replicas_in(store: &LvStore) -> Vec<String> {
     out
 }
 
-/// Maps a store error to the replica's.
-pub(crate) fn lv_err(store: &LvStore, e: lvstore::Error) -> ReplicaError {
-    use lvstore::{Error as E, ErrorKind as K};
-    let path = store.path().to_owned();
-    match e {
-        E::Io { path, source, .. } => ReplicaError::io("lvstore IO", path, source),
-        e => {
-            let msg = e.to_string();
-            match e.kind() {
-                K::NotFound => ReplicaError::NotFound(msg),
-                K::Exists => ReplicaError::AlreadyExists(msg),
-                K::Invalid => ReplicaError::InvalidArgument(msg),
-                K::NoSpace => ReplicaError::NoSpace { op: "lvstore", path },
-                K::BadStore => ReplicaError::CorruptMeta { path, reason: msg },
-                K::Poisoned | K::Io => ReplicaError::FailedPrecondition(msg),
-            }
-        }
-    }
-}
+pub(crate) use crate::error::lv_err;
 
 #[derive(Debug, Clone)]
 struct Open {
