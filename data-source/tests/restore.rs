@@ -120,9 +120,13 @@ fn restore_rebuilds_the_backed_up_file_with_its_holes() {
     assert_eq!(i.processed_size, 6 * MIB);
     // Holes stayed holes: the restored file has data exactly where the source has.
     assert_eq!(extents(Path::new(&i.file_path)), fx.data);
+    // Allocation is the data plus file-system metadata: the restore writes blocks out of order with O_DIRECT, so
+    // ext4 may hold the file's extents in more pieces than the sequentially written source and add an extent-tree
+    // block (4 KiB) for them. A filled hole would add at least 1 MiB here; the extents above are exact already.
+    let slack = 16 * 4096;
     assert!(
-        i.real_size <= allocated(&fx.src),
-        "{} > {}",
+        i.real_size <= allocated(&fx.src) + slack,
+        "{} > {} + {slack}",
         i.real_size,
         allocated(&fx.src)
     );
