@@ -1094,7 +1094,18 @@ def run_cases(p):
         node_.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(volume_id=vol.volume_id, staging_target_path=st))
         node_.NodeUnstageVolume(pb.NodeUnstageVolumeRequest(volume_id=vol.volume_id, staging_target_path=st))
         ctl_.ControllerUnpublishVolume(pb.ControllerUnpublishVolumeRequest(volume_id=vol.volume_id, node_id=N))
-        ctl_.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id))
+        # The manager refuses to remove a snapshot while a replica rebuilds (FAILED_PRECONDITION); after the offline
+        # expansion a replica may still be rebuilding. The CO retries a failed DeleteSnapshot, as here; any other
+        # error fails the case.
+        deadline = time.time() + 120
+        while True:
+            try:
+                ctl_.DeleteSnapshot(pb.DeleteSnapshotRequest(snapshot_id=snap.snapshot_id))
+                break
+            except grpc.RpcError as e:
+                assert (e.code() == C.FAILED_PRECONDITION and "rebuild" in e.details()
+                        and time.time() < deadline), (e.code(), e.details())
+                time.sleep(0.5)
         ctl_.DeleteVolume(pb.DeleteVolumeRequest(volume_id=vol.volume_id))
         assert not host_leftovers(p, vol.volume_id), host_leftovers(p, vol.volume_id)
         assert not os.path.exists(tp)
