@@ -220,6 +220,7 @@ impl RebuildTracker {
             fast_sync: true,
             max_bytes_per_second: rate.max_bytes_per_second,
             busy_bytes_per_second: rate.busy_bytes_per_second,
+            backing_image: source_status.backing_file.clone(),
         })
         .await
         .map_err(|e| EngineError::replica(&address, &e))?;
@@ -317,6 +318,12 @@ impl RebuildTracker {
         let mut ops = volume.epochs.lock_ops().await;
         let frozen = ops.freeze("rebuild: WO to RW").await; // counters are stable
         let (src, dst) = (replica_get(source).await?, replica_get(entry).await?);
+        if !src.backing_file.is_empty() && dst.backing_file.is_empty() {
+            return Err(EngineError::Internal(format!(
+                "the source sits on backing image {}, the rebuilt replica on none",
+                src.backing_file
+            )));
+        }
         if tree(&src) != tree(&dst) {
             return Err(EngineError::Internal(format!(
                 "snapshot tree differs after sync: source {:?}, rebuilt {:?}",

@@ -1,7 +1,9 @@
 //! v2 backing images (issue 21) against real daemons: `corral-replica serve-lvstore` makes a disk's copy of an
 //! image from an HTTP URL (`rclone serve http`) or a file, SHA-512 checked, lists it again from the lvols' xattrs
 //! after a SIGKILL and restart with the HTTP server gone (no download), refuses bad input leaving nothing behind;
-//! and a v2 replica on the image reads its data through an engine (qemu-io) where the volume was not written.
+//! and a v2 replica on the image reads its data through an engine (qemu-io) where the volume was not written; a
+//! replica rebuilt onto another disk re-points the image to that disk's copy and alone reads the same, and a
+//! rebuild onto a disk without a copy is refused before anything is received.
 
 mod common;
 
@@ -397,4 +399,141 @@ async fn a_v2_replica_on_a_backing_image_reads_the_image_where_the_volume_was_no
     daemon.terminate(Duration::from_secs(10));
     let ls = lvols(&d);
     assert!(!ls.contains("bi-") && !ls.contains("v-r0"), "{ls}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rebuilt_v2_replica_on_a_backing_image_reads_the_image_from_its_own_disks_copy() {
+    let t = tempfile::tempdir_in("/tmp").unwrap();
+    // The image: 0x5a in its first 4 MiB, 0xa5 in the next 4 MiB.
+    let img = t.path().join("img.raw");
+    let mut data = vec![0x5au8; usize::try_from(8 * MIB).unwrap()];
+    data[usize::try_from(4 * MIB).unwrap()..].fill(0xa5);
+    std::fs::write(&img, &data).unwrap();
+    let sum = sha512_bytes(&data);
+    // Disks a and b hold a copy of the image, c none.
+    let (da, db, dc) = (
+        disk(t.path(), "a.img"),
+        disk(t.path(), "b.img"),
+        disk(t.path(), "c.img"),
+    );
+    let (a, b, c) = (lvstore_daemon(&da), lvstore_daemon(&db), lvstore_daemon(&dc));
+    let (mut sa, mut sb, mut sc) = (service(&a).await, service(&b).await, service(&c).await);
+    let mut copies = Vec::new();
+    for svc in [&mut sa, &mut sb] {
+        svc.backing_image_create(create("base", &sum, Source::FromFile(img.display().to_string())))
+            .await
+            .unwrap();
+        let bi = settled(svc, "base").await;
+        assert_eq!(bi.state, "ready", "{bi:?}");
+        copies.push(bi);
+    }
+    assert_ne!(
+        copies[0].lvol, copies[1].lvol,
+        "each store names its copy by its own UUID"
+    );
+
+    let add = |name: &str, backing_image: &str| v1::LvstoreReplicaAddRequest {
+        name: name.into(),
+        backing_image: backing_image.into(),
+        ..Default::default()
+    };
+    let r0 = sa
+        .lvstore_replica_add(add("v-r0", "base"))
+        .await
+        .unwrap()
+        .into_inner()
+        .address;
+    let size = 32 * MIB;
+    let e = Engine::start(t.path(), "v", size, std::slice::from_ref(&r0), &[]);
+    let uri = e.unix_uri();
+    let (ok, out) = qemu_io(&uri, &["write -P 0x11 1M 64k", "write -P 0x22 6M 512", "flush"]);
+    assert!(ok, "{out}");
+    assert!(e.cli(&["snapshot", "create", "s1"]).status.success());
+    let (ok, out) = qemu_io(&uri, &["write -P 0x33 2M 4k", "write -P 0x44 20M 1M", "flush"]);
+    assert!(ok, "{out}");
+    let reads = [
+        "read -P 0x5a 0 1M",
+        "read -P 0x11 1M 64k",
+        "read -P 0x5a 1088k 960k",
+        "read -P 0x33 2M 4k",
+        "read -P 0x5a 2052k 2044k",
+        "read -P 0xa5 4M 2M",
+        "read -P 0x22 6M 512",
+        "read -P 0xa5 6291968 2096640",
+        "read -P 0 8M 12M",
+        "read -P 0x44 20M 1M",
+        "read -P 0 21M 11M",
+    ];
+    let (ok, out) = qemu_io(&uri, &reads);
+    assert!(ok, "{out}");
+
+    // A rebuild onto disk c, which has no copy of the image: refused before anything is received, clearly.
+    let r2 = sc
+        .lvstore_replica_add(add("v-r2", ""))
+        .await
+        .unwrap()
+        .into_inner()
+        .address;
+    let out = e.cli(&["replica", "add", &r2]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "a rebuild onto a disk without the image must fail"
+    );
+    assert!(
+        err.contains("no ready copy")
+            && err.contains("base")
+            && err.contains("make the copy on this disk first"),
+        "{err}"
+    );
+    let _ = e.cli(&["replica", "rm", &r2]);
+
+    // Onto disk b (its head made over b's copy, as the manager makes a replacement): the rebuilt chain's root is
+    // re-pointed from a's copy to b's.
+    let r1 = sb
+        .lvstore_replica_add(add("v-r1", "base"))
+        .await
+        .unwrap()
+        .into_inner()
+        .address;
+    let out = e.cli(&["replica", "add", &r1]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let a1: ReplicaAddress = r1.parse().unwrap();
+    let mut ctl = v1::replica_service_client::ReplicaServiceClient::connect(a1.control.grpc_uri())
+        .await
+        .unwrap();
+    let st = ctl
+        .replica_get(v1::Empty {})
+        .await
+        .unwrap()
+        .into_inner()
+        .replica
+        .unwrap();
+    assert_eq!(st.backing_file, copies[1].lvol, "{st:?}");
+    let (ok, out) = qemu_io(&uri, &reads);
+    assert!(ok, "both replicas: {out}");
+    drop(e);
+
+    // The rebuilt replica alone reads the image where the volume was not written, and the volume's writes.
+    let e = Engine::start(t.path(), "v-alone", size, std::slice::from_ref(&r1), &[]);
+    let (ok, out) = qemu_io(&e.unix_uri(), &reads);
+    assert!(ok, "the rebuilt replica alone: {out}");
+    drop(e);
+    // b's copy is in use by the rebuilt chain; nothing the rebuild staged is left.
+    let st = sb
+        .backing_image_delete(v1::BackingImageRef { name: "base".into() })
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), tonic::Code::FailedPrecondition, "{st:?}");
+    drop((sa, sb, sc));
+    for mut d in [a, b, c] {
+        d.terminate(Duration::from_secs(10));
+    }
+    let ls = lvols(&db);
+    assert!(!ls.contains(".rcv") && ls.contains("v-r1.snap.s1"), "{ls}");
+    let ls = lvols(&dc);
+    assert!(
+        !ls.contains(".rcv") && !ls.contains("bi-"),
+        "nothing received on c: {ls}"
+    );
 }

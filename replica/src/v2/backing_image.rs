@@ -68,6 +68,38 @@ fn image_name<'a>(lvol: &'a str, lvs_uuid: &str) -> Option<&'a str> {
         .filter(|n| !n.is_empty())
 }
 
+/// The image name of a copy's lvol in any store (`bi-NAME-disk-LVSUUID`).
+pub fn image_of(lvol: &str) -> Option<&str> {
+    lvol.strip_prefix(PREFIX)?
+        .rsplit_once(DISK_INFIX)
+        .map(|(name, _)| name)
+        .filter(|n| !n.is_empty() && !lvol.ends_with(TEMP_HEAD_SUFFIX))
+}
+
+/// Seed 001's rebuild rename: the copy in `store` of the image whose copy in another store is `source_lvol`
+/// (`bi-NAME-disk-SOURCELVS` becomes `bi-NAME-disk-THISLVS`). Refused unless this store holds a ready copy, so
+/// a rebuilt replica never reads zeros where its source reads the image.
+pub fn repoint(store: &LvStore, source_lvol: &str) -> Result<String> {
+    let Some(name) = image_of(source_lvol) else {
+        return Err(ReplicaError::FailedPrecondition(format!(
+            "the source replica sits on backing file {source_lvol:?}, not a v2 backing image: a v2 replica \
+             cannot be rebuilt from it"
+        )));
+    };
+    let lvol = copy_lvol(name, &store.uuid());
+    let ready = store.info(&lvol).ok().is_some_and(|l| {
+        l.kind == BlobKind::Snapshot
+            && l.xattrs.get(XATTR_STATE).map(String::as_str) == Some(FileState::Ready.as_str())
+    });
+    if !ready {
+        return Err(ReplicaError::FailedPrecondition(format!(
+            "the source replica sits on v2 backing image {name} and this disk has no ready copy of it ({lvol}): \
+             make the copy on this disk first"
+        )));
+    }
+    Ok(lvol)
+}
+
 fn check_checksum(checksum: &str) -> Result<()> {
     let ok = checksum.is_empty()
         || (checksum.len() == 128
@@ -620,6 +652,10 @@ mod tests {
         assert_eq!(image_name(&temp_head(&l), u), None);
         assert_eq!(image_name(&l, "other"), None);
         assert!(!is_backing_image_lvol("bird-r0"));
+        assert_eq!(image_of(&l), Some("parrot-v2.raw"));
+        assert_eq!(image_of(&copy_lvol("a-disk-b", u)), Some("a-disk-b"));
+        assert_eq!(image_of(&temp_head(&l)), None);
+        assert_eq!(image_of("bird-r0"), None);
     }
 
     #[test]

@@ -161,7 +161,7 @@ async fn run(
                 staged.display()
             )));
         }
-        r.import_received(&staged, &disk)?;
+        r.import_received(&staged, &disk, None)?;
         r.commit_clone(&f)
     })
     .await

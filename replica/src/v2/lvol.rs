@@ -953,8 +953,15 @@ impl LvolReplica {
     }
 
     /// Writes the staged file of snapshot `disk` into the store as `NAME.rcv.SNAP` (see the module doc of
-    /// `super::rebuild`) and removes the staged file. Its parent must have been received before it.
-    pub fn import_received(&self, staged: &std::path::Path, disk: &corral_proto::v1::DiskInfo) -> Result<()> {
+    /// `super::rebuild`) and removes the staged file. Its parent must have been received before it; a root
+    /// (no parent) is a clone of `backing_image` (this store's copy of the source's image) when given, as the
+    /// source's root is a clone of its store's copy — the staged file holds only the blocks the root holds itself.
+    pub fn import_received(
+        &self,
+        staged: &std::path::Path,
+        disk: &corral_proto::v1::DiskInfo,
+        backing_image: Option<&str>,
+    ) -> Result<()> {
         use std::os::unix::fs::FileExt;
         let file = std::fs::File::open(staged).map_err(|e| ReplicaError::io("open", staged, e))?;
         let size = file
@@ -973,21 +980,28 @@ impl LvolReplica {
                 self.store.delete(n).map_err(|e| self.err(e))?;
             }
         }
-        let id = if disk.parent.is_empty() {
-            self.store.create_lvol(&w, size).map_err(|e| self.err(e))?
-        } else {
-            let p = self.rcv_lvol(&disk.parent);
-            if self.store.lookup(&p).is_err() {
-                return Err(ReplicaError::FailedPrecondition(format!(
-                    "snapshot {} arrived before its parent {}",
-                    disk.name, disk.parent
-                )));
+        let parent = match (disk.parent.is_empty(), backing_image) {
+            (true, None) => None,
+            (true, Some(bi)) => Some(bi.to_owned()),
+            (false, _) => {
+                let p = self.rcv_lvol(&disk.parent);
+                if self.store.lookup(&p).is_err() {
+                    return Err(ReplicaError::FailedPrecondition(format!(
+                        "snapshot {} arrived before its parent {}",
+                        disk.name, disk.parent
+                    )));
+                }
+                Some(p)
             }
+        };
+        let id = if let Some(p) = parent {
             let id = self.store.clone_snapshot(&p, &w).map_err(|e| self.err(e))?;
             if self.store.size_of(id).map_err(|e| self.err(e))? != size {
                 self.store.resize(&w, size).map_err(|e| self.err(e))?;
             }
             id
+        } else {
+            self.store.create_lvol(&w, size).map_err(|e| self.err(e))?
         };
         let mut buf = vec![0u8; 1 << 20];
         for r in sparse_sync::data_extents(&file, 0..size) {
@@ -1055,12 +1069,18 @@ impl LvolReplica {
         self.finish_received()
     }
 
-    /// The names of the lvols in the head's tree (its root snapshot and everything under it).
+    /// The names of the lvols in the head's tree (its root snapshot and everything under it; a backing image
+    /// under the root is not part of it).
     fn head_tree(&self) -> std::collections::BTreeSet<String> {
         let all = self.store.list();
         let by_name: BTreeMap<&str, &LvolInfo> = all.iter().map(|l| (l.name.as_str(), l)).collect();
         let mut root = self.name.clone();
-        while let Some(p) = by_name.get(root.as_str()).and_then(|l| l.parent.clone()) {
+        // A backing image is shared by every replica on it: the tree starts above it.
+        while let Some(p) = by_name
+            .get(root.as_str())
+            .and_then(|l| l.parent.clone())
+            .filter(|p| !super::backing_image::is_backing_image_lvol(p))
+        {
             root = p;
         }
         let mut tree = std::collections::BTreeSet::new();
@@ -1276,7 +1296,7 @@ mod tests {
             user_created: true,
             ..Default::default()
         };
-        r.import_received(&staged, &disk).unwrap();
+        r.import_received(&staged, &disk, None).unwrap();
         assert!(!staged.exists(), "the staging file is removed");
     }
 
@@ -1325,7 +1345,7 @@ mod tests {
             parent: "volume-snap-nope.img".into(),
             ..Default::default()
         };
-        assert!(r.import_received(&staged, &orphan).is_err());
+        assert!(r.import_received(&staged, &orphan, None).is_err());
         r.abandon_received().unwrap();
         // Crash right after the commit (the reparent): finished at load.
         receive(&r, t.path(), "s1", "", 1);

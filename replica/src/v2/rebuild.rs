@@ -70,10 +70,17 @@ pub async fn start(
             r.name()
         )));
     }
+    // Refused before it starts (and before anything is received) when this disk lacks the source's image.
+    let backing_image = if req.backing_image.is_empty() {
+        None
+    } else {
+        Some(super::backing_image::repoint(r.store(), &req.backing_image)?)
+    };
     tracker.begin(&sources, &req.files)?;
     let stage = stage_dir(&scratch, r.name());
     tokio::spawn(async move {
-        let result = run(&r, &stage, &tracker, listen_ip, &sources, &req, &cancel).await;
+        let target = (&r, backing_image.as_deref());
+        let result = run(target, &stage, &tracker, listen_ip, &sources, &req, &cancel).await;
         let _ = std::fs::remove_dir_all(&stage);
         match &result {
             Ok(()) => info!(
@@ -94,8 +101,9 @@ pub async fn start(
     Ok(())
 }
 
+/// `target`: the replica and this store's copy of the source's backing image, if it has one.
 async fn run(
-    r: &Arc<LvolReplica>,
+    (r, backing_image): (&Arc<LvolReplica>, Option<&str>),
     stage: &Path,
     tracker: &RebuildTracker,
     listen_ip: IpAddr,
@@ -133,7 +141,8 @@ async fn run(
             return Err(last);
         }
         let (rr, staged, disk) = (r.clone(), stage.join(&f.name), f.clone());
-        blocking(move || rr.import_received(&staged, &disk)).await?;
+        let bi = backing_image.map(str::to_owned);
+        blocking(move || rr.import_received(&staged, &disk, bi.as_deref())).await?;
         tracker.file_done(f.size);
     }
     let (rr, files) = (r.clone(), req.files.clone());
