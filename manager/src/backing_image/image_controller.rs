@@ -386,6 +386,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                 progress: f.progress,
                 message: f.message.clone(),
                 node_id: m.data.spec.node_id.clone(),
+                ..Default::default()
             },
             None => DiskFileStatus {
                 state: state::PENDING.to_owned(),
@@ -426,6 +427,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                 progress: d.progress,
                 message: d.message.clone(),
                 node_id: ds.data.spec.node_id.clone(),
+                ..Default::default()
             };
         }
     }
@@ -470,6 +472,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             disk.clone(),
             DiskFileSpec {
                 node_id: node.clone(),
+                ..Default::default()
             },
         );
     }
@@ -478,6 +481,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             ds_disk.clone(),
             DiskFileSpec {
                 node_id: ds.data.spec.node_id.clone(),
+                ..Default::default()
             },
         );
     }
@@ -510,6 +514,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                 d.disk_uuid.clone(),
                 DiskFileSpec {
                     node_id: d.node_id.clone(),
+                    ..Default::default()
                 },
             );
         }

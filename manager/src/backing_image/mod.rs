@@ -2,7 +2,8 @@
 //! `corral-datasource` for an image's first copy ([`datasource_controller`], node-local), one `corral-bim` per
 //! disk that fetches, syncs, re-adopts and deletes files ([`bim_controller`], node-local), and the cluster-wide
 //! [`image_controller`] (leader) that decides which disks hold a copy (replicas, HA, cleanup in [`cleanup`]'s
-//! order), aggregates status and re-runs a download when every copy failed; [`restore_source`] checks a restore's
+//! order), aggregates status and re-runs a download when every copy failed; [`v2_copy`] is the per-disk status of a
+//! v2 image's copies (snapshot lvols in v2 disks' stores, issue 21); [`restore_source`] checks a restore's
 //! backup URL and hands its target's credentials to the data source. [`routes`] is the REST API
 //! (`/v1/backingimages`), [`cli`] the `corral backing-image` commands.
 
@@ -14,6 +15,7 @@ pub mod image_controller;
 pub mod model;
 pub mod restore_source;
 pub mod routes;
+pub mod v2_copy;
 
 use corral_proto::v1::backing_image_manager_service_client::BackingImageManagerServiceClient;
 use tokio_util::sync::CancellationToken;

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::model::ProcessRecord;
+use crate::model::{DataEngine, ProcessRecord};
 use crate::store::Resource;
 
 /// Where the first copy of an image comes from, and the state of a file: the types `corral-datasource` and
@@ -57,8 +57,10 @@ pub struct BackingImageSpec {
     pub node_selector: Vec<String>,
     /// Disk UUID → the disk must hold a copy (replicas use it, the data source is there, or HA needs it).
     pub disk_file_spec_map: BTreeMap<String, DiskFileSpec>,
-    /// `v1` (issue 18 adds `v2`).
-    pub data_engine: String,
+    /// `v1`: files managed by `corral-bim`; `v2`: snapshot lvols in v2 disks' stores (issue 21; the v1 file is
+    /// only the first copy's source). Records written before issue 21 read as `v1`.
+    #[serde(default)]
+    pub data_engine: DataEngine,
     /// Unix seconds the user asked for deletion; the image goes once every file is removed.
     pub deletion_timestamp: Option<i64>,
 }
@@ -68,6 +70,9 @@ pub struct BackingImageSpec {
 pub struct DiskFileSpec {
     /// Node of the disk.
     pub node_id: String,
+    /// The engine of the copy on the disk (a v2 image's first v1 file is `v1`).
+    #[serde(default)]
+    pub data_engine: DataEngine,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -84,6 +89,13 @@ pub struct BackingImageStatus {
     /// Disk UUID → unix seconds since no replica uses the file there (cleanup after the wait interval).
     pub disk_last_ref_at_map: BTreeMap<String, i64>,
     pub message: String,
+    /// v2 images: the first v2 copy, made from the prepared v1 file: `pending` → `in-progress` → `ready` |
+    /// `failed` | `unknown` (a failed or unknown one is deleted and retried from `pending` with backoff).
+    #[serde(default)]
+    pub v2_first_copy_status: String,
+    /// v2 images: the disk UUID the first v2 copy is made on.
+    #[serde(default)]
+    pub v2_first_copy_disk: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -94,6 +106,12 @@ pub struct DiskFileStatus {
     pub progress: u32,
     pub message: String,
     pub node_id: String,
+    /// `v2`: the copy is a snapshot lvol, [`v2_copy`](Self::v2_copy) its daemon's last report.
+    #[serde(default)]
+    pub data_engine: DataEngine,
+    /// v2 copies: seed 001's `BackingImageV2CopyInfo` ([`super::v2_copy::copy_status`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub v2_copy: Option<super::v2_copy::V2CopyInfo>,
 }
 
 impl Resource for BackingImage {

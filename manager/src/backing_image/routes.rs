@@ -234,10 +234,10 @@ async fn create(
     })?;
     check_source_parameters(source_type, &req.parameters)?;
     let expected_checksum = check_checksum(&req.expected_checksum)?;
-    let data_engine = req.data_engine.clone().unwrap_or_else(|| "v1".to_owned());
-    if data_engine != "v1" {
+    let data_engine = crate::model::DataEngine::V1;
+    if let Some(e) = req.data_engine.as_deref().filter(|e| *e != "v1") {
         return Err(ApiError::Invalid(format!(
-            "dataEngine {data_engine:?} is not supported (v1)"
+            "dataEngine {e:?} is not supported (v1; v2 backing images are not yet made by the manager, issue 21)"
         )));
     }
     let min = match req.min_number_of_copies {
