@@ -93,6 +93,53 @@ fn lvols(disk: &std::path::Path) -> String {
     String::from_utf8(out.stdout).unwrap()
 }
 
+/// An 8 MiB image at `path`: 0x5a in its first 4 MiB, 0xa5 in the next 4 MiB; answers its bytes.
+fn two_pattern_image(path: &std::path::Path) -> Vec<u8> {
+    let mut data = vec![0x5au8; usize::try_from(8 * MIB).unwrap()];
+    data[usize::try_from(4 * MIB).unwrap()..].fill(0xa5);
+    std::fs::write(path, &data).unwrap();
+    data
+}
+
+/// What the replica at `address` reports (`ReplicaGet`).
+async fn replica_status(address: &str) -> v1::Replica {
+    let a: ReplicaAddress = address.parse().unwrap();
+    let mut ctl = v1::replica_service_client::ReplicaServiceClient::connect(a.control.grpc_uri())
+        .await
+        .unwrap();
+    ctl.replica_get(v1::Empty {})
+        .await
+        .unwrap()
+        .into_inner()
+        .replica
+        .unwrap()
+}
+
+/// Writes over a 32 MiB volume on [`two_pattern_image`] (partial blocks too) before and after a snapshot `s1`;
+/// answers the qemu-io reads that check the volume (the image where it was not written), after checking them.
+fn write_over_image(e: &Engine) -> [&'static str; 9] {
+    let uri = e.unix_uri();
+    let (ok, out) = qemu_io(&uri, &["write -P 0x11 1M 64k", "write -P 0x22 6M 512", "flush"]);
+    assert!(ok, "{out}");
+    assert!(e.cli(&["snapshot", "create", "s1"]).status.success());
+    let (ok, out) = qemu_io(&uri, &["write -P 0x33 2M 4k", "flush"]);
+    assert!(ok, "{out}");
+    let reads = [
+        "read -P 0x5a 0 1M",
+        "read -P 0x11 1M 64k",
+        "read -P 0x5a 1088k 960k",
+        "read -P 0x33 2M 4k",
+        "read -P 0x5a 2052k 2044k",
+        "read -P 0xa5 4M 2M",
+        "read -P 0x22 6M 512",
+        "read -P 0xa5 6291968 2096640",
+        "read -P 0 8M 24M",
+    ];
+    let (ok, out) = qemu_io(&uri, &reads);
+    assert!(ok, "{out}");
+    reads
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn v2_backing_image_copies_are_made_from_a_url_or_a_file_checksummed_and_found_again_after_a_restart() {
     let t = tempfile::tempdir_in("/tmp").unwrap();
@@ -270,11 +317,8 @@ async fn v2_backing_image_copies_are_made_from_a_url_or_a_file_checksummed_and_f
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_v2_replica_on_a_backing_image_reads_the_image_where_the_volume_was_not_written() {
     let t = tempfile::tempdir_in("/tmp").unwrap();
-    // The image: 0x5a in its first 4 MiB, 0xa5 in the next 4 MiB.
     let img = t.path().join("img.raw");
-    let mut data = vec![0x5au8; usize::try_from(8 * MIB).unwrap()];
-    data[usize::try_from(4 * MIB).unwrap()..].fill(0xa5);
-    std::fs::write(&img, &data).unwrap();
+    let data = two_pattern_image(&img);
     let d = disk(t.path(), "d.img");
     let mut daemon = lvstore_daemon(&d);
     let mut svc = service(&daemon).await;
@@ -328,37 +372,10 @@ async fn a_v2_replica_on_a_backing_image_reads_the_image_where_the_volume_was_no
     );
     assert!(ok, "the image's data under an unwritten volume: {out}");
     // Writes land over the image (partial blocks too); the rest still reads the image, also after a snapshot.
-    let (ok, out) = qemu_io(&uri, &["write -P 0x11 1M 64k", "write -P 0x22 6M 512", "flush"]);
-    assert!(ok, "{out}");
-    assert!(e.cli(&["snapshot", "create", "s1"]).status.success());
-    let (ok, out) = qemu_io(&uri, &["write -P 0x33 2M 4k", "flush"]);
-    assert!(ok, "{out}");
-    let reads = [
-        "read -P 0x5a 0 1M",
-        "read -P 0x11 1M 64k",
-        "read -P 0x5a 1088k 960k",
-        "read -P 0x33 2M 4k",
-        "read -P 0x5a 2052k 2044k",
-        "read -P 0xa5 4M 2M",
-        "read -P 0x22 6M 512",
-        "read -P 0xa5 6291968 2096640",
-        "read -P 0 8M 24M",
-    ];
-    let (ok, out) = qemu_io(&uri, &reads);
-    assert!(ok, "{out}");
+    let reads = write_over_image(&e);
 
     // The replica reports the image as its backing file, below a chain of its own layers.
-    let a: ReplicaAddress = r0.parse().unwrap();
-    let mut ctl = v1::replica_service_client::ReplicaServiceClient::connect(a.control.grpc_uri())
-        .await
-        .unwrap();
-    let st = ctl
-        .replica_get(v1::Empty {})
-        .await
-        .unwrap()
-        .into_inner()
-        .replica
-        .unwrap();
+    let st = replica_status(&r0).await;
     assert_eq!(st.backing_file, bi.lvol, "{st:?}");
     assert_eq!(st.chain.len(), 2, "head and s1: {:?}", st.chain);
     assert!(st.chain.iter().all(|c| !c.is_empty()), "{:?}", st.chain);
@@ -404,11 +421,8 @@ async fn a_v2_replica_on_a_backing_image_reads_the_image_where_the_volume_was_no
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rebuilt_v2_replica_on_a_backing_image_reads_the_image_from_its_own_disks_copy() {
     let t = tempfile::tempdir_in("/tmp").unwrap();
-    // The image: 0x5a in its first 4 MiB, 0xa5 in the next 4 MiB.
     let img = t.path().join("img.raw");
-    let mut data = vec![0x5au8; usize::try_from(8 * MIB).unwrap()];
-    data[usize::try_from(4 * MIB).unwrap()..].fill(0xa5);
-    std::fs::write(&img, &data).unwrap();
+    let data = two_pattern_image(&img);
     let sum = sha512_bytes(&data);
     // Disks a and b hold a copy of the image, c none.
     let (da, db, dc) = (
@@ -446,26 +460,7 @@ async fn a_rebuilt_v2_replica_on_a_backing_image_reads_the_image_from_its_own_di
     let size = 32 * MIB;
     let e = Engine::start(t.path(), "v", size, std::slice::from_ref(&r0), &[]);
     let uri = e.unix_uri();
-    let (ok, out) = qemu_io(&uri, &["write -P 0x11 1M 64k", "write -P 0x22 6M 512", "flush"]);
-    assert!(ok, "{out}");
-    assert!(e.cli(&["snapshot", "create", "s1"]).status.success());
-    let (ok, out) = qemu_io(&uri, &["write -P 0x33 2M 4k", "write -P 0x44 20M 1M", "flush"]);
-    assert!(ok, "{out}");
-    let reads = [
-        "read -P 0x5a 0 1M",
-        "read -P 0x11 1M 64k",
-        "read -P 0x5a 1088k 960k",
-        "read -P 0x33 2M 4k",
-        "read -P 0x5a 2052k 2044k",
-        "read -P 0xa5 4M 2M",
-        "read -P 0x22 6M 512",
-        "read -P 0xa5 6291968 2096640",
-        "read -P 0 8M 12M",
-        "read -P 0x44 20M 1M",
-        "read -P 0 21M 11M",
-    ];
-    let (ok, out) = qemu_io(&uri, &reads);
-    assert!(ok, "{out}");
+    let reads = write_over_image(&e);
 
     // A rebuild onto disk c, which has no copy of the image: refused before anything is received, clearly.
     let r2 = sc
@@ -498,17 +493,7 @@ async fn a_rebuilt_v2_replica_on_a_backing_image_reads_the_image_from_its_own_di
         .address;
     let out = e.cli(&["replica", "add", &r1]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let a1: ReplicaAddress = r1.parse().unwrap();
-    let mut ctl = v1::replica_service_client::ReplicaServiceClient::connect(a1.control.grpc_uri())
-        .await
-        .unwrap();
-    let st = ctl
-        .replica_get(v1::Empty {})
-        .await
-        .unwrap()
-        .into_inner()
-        .replica
-        .unwrap();
+    let st = replica_status(&r1).await;
     assert_eq!(st.backing_file, copies[1].lvol, "{st:?}");
     let (ok, out) = qemu_io(&uri, &reads);
     assert!(ok, "both replicas: {out}");
