@@ -15,6 +15,7 @@ pub mod error;
 pub mod job;
 pub mod metrics;
 pub mod model;
+pub mod node;
 pub mod process;
 pub mod scheduler;
 pub mod server;

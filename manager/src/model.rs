@@ -24,6 +24,10 @@ pub struct NodeSpec {
     pub host: String,
     pub allow_scheduling: bool,
     pub disks: BTreeMap<String, DiskSpec>,
+    /// `corral node drain`: every replica on the node gets a replacement elsewhere, rebuilt before the one here is
+    /// removed (`crate::node::drain`). Set with `allowScheduling` false; cleared by `corral node uncordon`.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub drain_requested: bool,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -93,6 +97,27 @@ pub struct NodeStatus {
     /// Unix seconds of the last heartbeat of the node's manager.
     pub heartbeat: i64,
     pub disks: BTreeMap<String, DiskStatus>,
+    /// What the node's manager removed because the store no longer needed it (`crate::controller::orphans`),
+    /// newest last, at most [`ORPHANS_KEPT`].
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub orphans_removed: Vec<OrphanRemoved>,
+}
+
+/// How many removals a node's status keeps.
+pub const ORPHANS_KEPT: usize = 32;
+
+/// A stale daemon or replica data a node's manager removed after the store showed nobody used it.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct OrphanRemoved {
+    /// `replica-process`, `replica-data` or `engine-process`.
+    pub kind: String,
+    /// The replica's or the engine's (its volume's) name.
+    pub name: String,
+    /// Why it was stale, and what was removed (pid, path).
+    pub detail: String,
+    /// Unix seconds.
+    pub at: i64,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -70,6 +70,7 @@ async fn register_node(db: &Db, cfg: &ServerConfig, address: &str) -> Result<(),
                     )]
                     .into_iter()
                     .collect(),
+                    drain_requested: false,
                 };
                 match db
                     .create(
@@ -119,6 +120,7 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
     crate::controller::node::start_heartbeat(&ctx, &cancel);
     crate::controller::replica::start(&ctx, &cancel);
     crate::controller::engine::start(&ctx, &cancel);
+    crate::controller::orphans::start(&ctx, &cancel);
     crate::v2::controller::start(&ctx, &cancel);
     crate::backing_image::start_node(&ctx, &cancel);
     crate::backup::start_node(&ctx, &cancel);

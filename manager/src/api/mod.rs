@@ -114,6 +114,7 @@ pub fn routes() -> Routes {
     crate::job::routes::register(&mut r);
     crate::backup::routes::register(&mut r);
     crate::v2::routes::register(&mut r);
+    crate::node::routes::register(&mut r);
     r.add("get", "/v1/openapi.json", "This document", openapi);
     r.add("get", "/metrics", "Prometheus metrics", metrics);
     r.add("get", "/healthz", "Liveness", healthz);
@@ -195,8 +196,7 @@ async fn volume_view(ctx: &Ctx, name: &str) -> Result<VolumeView, ApiError> {
 async fn list_nodes(State(ctx): State<Ctx>) -> ApiResult<Vec<NodeView>> {
     let mut out = Vec::new();
     for n in ctx.db.list::<Node>().await? {
-        let up = node_is_up(&ctx, &n.data).await;
-        out.push(NodeView::new(&n, up));
+        out.push(crate::node::routes::node_view(&ctx, &n).await?);
     }
     Ok(Json(out))
 }
@@ -207,8 +207,7 @@ async fn get_node(State(ctx): State<Ctx>, Path(node): Path<String>) -> ApiResult
         .get::<Node>(&node)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("node {node:?} not found")))?;
-    let up = node_is_up(&ctx, &n.data).await;
-    Ok(Json(NodeView::new(&n, up)))
+    Ok(Json(crate::node::routes::node_view(&ctx, &n).await?))
 }
 
 async fn add_disk(
@@ -255,8 +254,7 @@ async fn add_disk(
         },
     );
     ctx.db.update(&mut n).await?;
-    let up = node_is_up(&ctx, &n.data).await;
-    Ok(Json(NodeView::new(&n, up)))
+    Ok(Json(crate::node::routes::node_view(&ctx, &n).await?))
 }
 
 async fn remove_disk(
@@ -285,8 +283,7 @@ async fn remove_disk(
     }
     n.data.spec.disks.remove(&disk);
     ctx.db.update(&mut n).await?;
-    let up = node_is_up(&ctx, &n.data).await;
-    Ok(Json(NodeView::new(&n, up)))
+    Ok(Json(crate::node::routes::node_view(&ctx, &n).await?))
 }
 
 async fn list_volumes(State(ctx): State<Ctx>) -> ApiResult<Vec<VolumeView>> {

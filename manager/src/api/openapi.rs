@@ -514,6 +514,16 @@ fn components() -> Value {
                         "error": {"type": "string"},
                     }
                 }},
+                "replicas": {"type": "integer", "minimum": 0},
+                "drainState": {"type": "string", "enum": ["none", "draining", "drained"]},
+                "orphansRemoved": {"type": "array", "items": {
+                    "type": "object",
+                    "required": ["kind", "name", "detail", "at"],
+                    "properties": {
+                        "kind": {"type": "string", "enum": ["replica-process", "replica-data", "engine-process"]},
+                        "name": {"type": "string"}, "detail": {"type": "string"}, "at": {"type": "integer"},
+                    }
+                }},
             }
         },
         "Setting": {
@@ -614,6 +624,9 @@ fn shape(method: &str, path: &str) -> Shape {
             json_resp(schema_ref("Node")),
         ),
         ("delete", "/v1/nodes/{node}/disks/{disk}") => (None, 200, json_resp(schema_ref("Node"))),
+        ("post", "/v1/nodes/{node}/cordon" | "/v1/nodes/{node}/uncordon" | "/v1/nodes/{node}/drain") => {
+            (None, 200, json_resp(schema_ref("Node")))
+        }
         ("get", "/v1/volumes") => (None, 200, json_resp(array_of("Volume"))),
         ("post", "/v1/volumes") => (
             Some((schema_ref("VolumeCreate"), true)),

@@ -302,6 +302,14 @@ pub struct NodeView {
     pub allow_scheduling: bool,
     pub heartbeat: i64,
     pub disks: Vec<DiskView>,
+    /// Replicas scheduled on the node (a drain ends when none is left).
+    #[serde(default)]
+    pub replicas: u32,
+    #[serde(default)]
+    pub drain_state: crate::node::drain::DrainState,
+    /// Stale daemons and data the node's manager removed (`crate::controller::orphans`), newest last.
+    #[serde(default)]
+    pub orphans_removed: Vec<crate::model::OrphanRemoved>,
 }
 
 impl NodeView {
@@ -314,6 +322,9 @@ impl NodeView {
             ready,
             allow_scheduling: d.spec.allow_scheduling,
             heartbeat: d.status.heartbeat,
+            replicas: 0,
+            drain_state: Default::default(),
+            orphans_removed: d.status.orphans_removed.clone(),
             disks: d
                 .spec
                 .disks

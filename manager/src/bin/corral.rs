@@ -138,6 +138,8 @@ enum NodeCmd {
         node: String,
         disk: String,
     },
+    #[command(flatten)]
+    Lifecycle(manager::node::cli::NodeLifecycleCmd),
 }
 
 #[derive(Subcommand, Debug)]
@@ -720,12 +722,22 @@ async fn main() -> anyhow::Result<()> {
                 let ns: Vec<NodeView> = c.get("/v1/nodes").await?;
                 print(json, &ns, || {
                     table(
-                        &["NODE", "READY", "ADDRESS", "DISKS"],
+                        &["NODE", "READY", "SCHEDULING", "REPLICAS", "ADDRESS", "DISKS"],
                         ns.iter()
                             .map(|n| {
                                 vec![
                                     n.name.clone(),
                                     n.ready.to_string(),
+                                    match (n.drain_state, n.allow_scheduling) {
+                                        (manager::node::drain::DrainState::None, true) => {
+                                            "allowed".to_owned()
+                                        }
+                                        (manager::node::drain::DrainState::None, false) => {
+                                            "cordoned".to_owned()
+                                        }
+                                        (d, _) => d.as_str().to_owned(),
+                                    },
+                                    n.replicas.to_string(),
                                     n.address.clone(),
                                     n.disks
                                         .iter()
@@ -777,6 +789,7 @@ async fn main() -> anyhow::Result<()> {
             NodeCmd::DiskRm { node, disk } => {
                 c.delete(&format!("/v1/nodes/{node}/disks/{disk}")).await?;
             }
+            NodeCmd::Lifecycle(cmd) => manager::node::cli::run(&c, json, cmd).await?,
         },
         Cmd::Volume { cmd } => match cmd {
             VolumeCmd::Create {

@@ -6,6 +6,7 @@
 pub mod engine;
 pub mod maintenance;
 pub mod node;
+pub mod orphans;
 pub mod replica;
 pub mod volume;
 

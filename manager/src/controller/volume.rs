@@ -136,19 +136,27 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     match &v.spec.node_id {
         Some(node) => {
             let want = usize::try_from(v.spec.number_of_replicas).unwrap_or(0);
+            // Replicas on draining nodes do not count: each gets a replacement first (`crate::node::drain`).
+            let draining = crate::node::drain::draining_nodes(&ctx).await?;
+            let modes = engine
+                .as_ref()
+                .map(|e| e.data.status.replica_modes.clone())
+                .unwrap_or_default();
+            let staying = crate::node::drain::evict(&healthy, &draining, &modes, want).staying;
             // A replica added to a volume that holds data joins through a rebuild, which v2 cannot do yet.
             let refused = if healthy.iter().any(|r| r.data.status.initialized) {
                 crate::v2::support::check(v.spec.data_engine, crate::v2::support::Op::Rebuild).err()
             } else {
                 None
             };
-            if healthy.len() < want
+            if staying < want
                 && let Some(msg) = refused
             {
-                status.message = format!("{} of {want} replicas: {msg}", healthy.len());
-            } else if healthy.len() < want {
+                status.message = format!("{staying} of {want} replicas: {msg}");
+            } else if staying < want {
                 let existing: Vec<(String, String)> = healthy
                     .iter()
+                    .filter(|r| !draining.contains(&r.data.spec.node_id))
                     .map(|r| (r.data.spec.node_id.clone(), r.data.spec.disk.clone()))
                     .collect();
                 let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
@@ -156,7 +164,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                     v.spec.data_engine,
                     candidates(&ctx, v.spec.data_engine).await?,
                     &existing,
-                    want - healthy.len(),
+                    want - staying,
                     v.spec.size,
                     soft,
                 ) {
@@ -216,8 +224,17 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                     })
                     .await?;
             }
-            let mut names: Vec<String> = healthy.iter().map(|r| r.name.clone()).collect();
-            names.sort();
+            let eviction = crate::node::drain::evict(&healthy, &draining, &modes, want);
+            for r in &eviction.delete {
+                tracing::info!(
+                    volume = name,
+                    replica = r,
+                    "evicted replica is out of the engine: deleting it"
+                );
+                ctx.db.delete_any::<Replica>(r).await?;
+            }
+            healthy.retain(|r| !eviction.delete.contains(&r.name));
+            let names = eviction.engine_replicas;
             let spec = EngineSpec {
                 volume: name.clone(),
                 node_id: node.clone(),

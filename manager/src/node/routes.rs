@@ -1,0 +1,195 @@
+//! REST for node cordon, uncordon and drain (`POST /v1/nodes/{node}/{cordon,uncordon,drain}`) and the node view
+//! the API answers with (drain state, replicas left, orphans removed). The drain's rules are in [`super::drain`].
+
+use std::collections::HashMap;
+
+use axum::Json;
+use axum::extract::State;
+
+use super::drain::{DrainState, draining_nodes};
+use crate::api::extract::Path;
+use crate::api::views::NodeView;
+use crate::context::Ctx;
+use crate::error::ApiError;
+use crate::model::{Node, Replica, Volume};
+use crate::scheduler::{self, DiskCandidate};
+use crate::store::Object;
+
+pub fn register(r: &mut crate::api::routes::Routes) {
+    r.add(
+        "post",
+        "/v1/nodes/{node}/cordon",
+        "Stop placing new replicas on a node (its replicas stay)",
+        cordon,
+    );
+    r.add(
+        "post",
+        "/v1/nodes/{node}/uncordon",
+        "Let a node take replicas again (ends a drain; replicas not moved yet stay)",
+        uncordon,
+    );
+    r.add(
+        "post",
+        "/v1/nodes/{node}/drain",
+        "Move every replica off a node, each rebuilt elsewhere before it is removed (409 when a volume could not keep its replica count)",
+        drain,
+    );
+}
+
+/// The API's view of `n`: the replicas still on it and where its drain is.
+pub async fn node_view(ctx: &Ctx, n: &Object<Node>) -> Result<NodeView, ApiError> {
+    let up = crate::controller::volume::node_is_up(ctx, &n.data).await;
+    let left = ctx
+        .db
+        .list::<Replica>()
+        .await?
+        .iter()
+        .filter(|r| r.data.spec.node_id == n.name)
+        .count();
+    let mut v = NodeView::new(n, up);
+    v.replicas = u32::try_from(left).unwrap_or(u32::MAX);
+    v.drain_state = DrainState::of(&n.data, left);
+    Ok(v)
+}
+
+async fn get(ctx: &Ctx, node: &str) -> Result<Object<Node>, ApiError> {
+    ctx.db
+        .get::<Node>(node)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("node {node:?} not found")))
+}
+
+async fn set(
+    ctx: &Ctx,
+    node: &str,
+    f: impl Fn(&mut Node) -> bool + Send,
+) -> Result<Json<NodeView>, ApiError> {
+    get(ctx, node).await?;
+    let n = ctx.db.modify::<Node>(node, f).await?;
+    Ok(Json(node_view(ctx, &n).await?))
+}
+
+async fn cordon(State(ctx): State<Ctx>, Path(node): Path<String>) -> Result<Json<NodeView>, ApiError> {
+    set(&ctx, &node, |n| {
+        std::mem::replace(&mut n.spec.allow_scheduling, false)
+    })
+    .await
+}
+
+async fn uncordon(State(ctx): State<Ctx>, Path(node): Path<String>) -> Result<Json<NodeView>, ApiError> {
+    set(&ctx, &node, |n| {
+        let changed = !n.spec.allow_scheduling || n.spec.drain_requested;
+        n.spec.allow_scheduling = true;
+        n.spec.drain_requested = false;
+        changed
+    })
+    .await
+}
+
+async fn drain(State(ctx): State<Ctx>, Path(node): Path<String>) -> Result<Json<NodeView>, ApiError> {
+    let n = get(&ctx, &node).await?;
+    if !n.data.spec.drain_requested {
+        check(&ctx, &node).await?;
+        tracing::info!(
+            node,
+            "draining node: its replicas are rebuilt elsewhere, then removed"
+        );
+    }
+    set(&ctx, &node, |n| {
+        let changed = n.spec.allow_scheduling || !n.spec.drain_requested;
+        n.spec.allow_scheduling = false;
+        n.spec.drain_requested = true;
+        changed
+    })
+    .await
+}
+
+/// Refuses a drain of `node` that could not complete (see [`super::drain`]), before anything is written.
+pub async fn check(ctx: &Ctx, node: &str) -> Result<(), ApiError> {
+    let volumes = ctx.db.list::<Volume>().await?;
+    let replicas: Vec<Object<Replica>> = ctx
+        .db
+        .list::<Replica>()
+        .await?
+        .into_iter()
+        .filter(|r| r.data.spec.failed_at.is_none())
+        .collect();
+    let mut draining = draining_nodes(ctx).await?;
+    draining.insert(node.to_owned());
+    let mut problems = Vec::new();
+    for v in &volumes {
+        let engine_here = v.data.spec.node_id.as_deref() == Some(node)
+            || (v.data.spec.node_id.is_some() && v.data.status.current_node_id.as_deref() == Some(node));
+        if engine_here {
+            problems.push(format!(
+                "{} is attached on {node} (its engine runs there; drain moves replicas, not engines): detach it or \
+                 attach it on another node first",
+                v.name
+            ));
+        }
+    }
+    // Candidates once the node is unschedulable, shared by the volumes placed one after the other.
+    let mut pools: HashMap<crate::model::DataEngine, Vec<DiskCandidate>> = HashMap::new();
+    let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
+    for v in &volumes {
+        let mine: Vec<&Object<Replica>> = replicas.iter().filter(|r| r.data.spec.volume == v.name).collect();
+        let on_node = mine.iter().filter(|r| r.data.spec.node_id == node).count();
+        if on_node == 0 {
+            continue;
+        }
+        if v.data.spec.node_id.is_none() {
+            problems.push(format!(
+                "{} is detached with {on_node} replica(s) on {node}: a replacement is rebuilt through the volume's \
+                 engine; attach it on another node first",
+                v.name
+            ));
+            continue;
+        }
+        let want = usize::try_from(v.data.spec.number_of_replicas).unwrap_or(0);
+        let staying: Vec<(String, String)> = mine
+            .iter()
+            .filter(|r| !draining.contains(&r.data.spec.node_id))
+            .map(|r| (r.data.spec.node_id.clone(), r.data.spec.disk.clone()))
+            .collect();
+        let missing = want.saturating_sub(staying.len());
+        if missing == 0 {
+            continue;
+        }
+        let engine = v.data.spec.data_engine;
+        if !pools.contains_key(&engine) {
+            let c = crate::controller::volume::candidates(ctx, engine)
+                .await
+                .map_err(|e| ApiError::Internal(format!("{e:#}")))?
+                .into_iter()
+                .filter(|c| !draining.contains(&c.node_id))
+                .collect();
+            pools.insert(engine, c);
+        }
+        let pool = pools.entry(engine).or_default();
+        match scheduler::place_on(engine, pool.clone(), &staying, missing, v.data.spec.size, soft) {
+            Ok(places) => {
+                for p in places {
+                    if let Some(c) = pool
+                        .iter_mut()
+                        .find(|c| c.node_id == p.node_id && c.disk == p.disk)
+                    {
+                        c.free = c.free.saturating_sub(v.data.spec.size);
+                    }
+                }
+            }
+            Err(why) => problems.push(format!(
+                "{} would be left with {} of {want} replicas ({why})",
+                v.name,
+                staying.len()
+            )),
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(ApiError::Conflict(format!(
+            "cannot drain node {node}: {}",
+            problems.join("; ")
+        )))
+    }
+}
