@@ -9,39 +9,12 @@ use std::time::Duration;
 
 use serde_json::{Value, json};
 use support::*;
-use testkit::servers::Etcd;
 use testkit::{qemu_io, wait_for};
-
-fn start_cluster(dir: &std::path::Path, n: u16) -> (Etcd, Vec<Manager>) {
-    let etcd = Etcd::start(dir);
-    let store = format!("etcd://{}", etcd.endpoint());
-    let ms = (0..n)
-        .map(|i| {
-            Manager::start(
-                &dir.join(format!("n{i}")),
-                &format!("node-{i}"),
-                &store,
-                port_range(i),
-            )
-        })
-        .collect();
-    (etcd, ms)
-}
 
 fn volume(url: &str, name: &str) -> Value {
     let (code, v) = rest("GET", &format!("{url}/v1/volumes/{name}"), None);
     assert_eq!(code, 200, "{v}");
     v
-}
-
-fn wait_nodes_ready(m: &Manager, n: usize) {
-    wait_for("every node ready", Duration::from_secs(30), || {
-        let (_, v) = rest("GET", &format!("{}/v1/nodes", m.url), None);
-        let ready = v
-            .as_array()
-            .map_or(0, |a| a.iter().filter(|n| n["ready"] == true).count());
-        (ready == n).then_some(())
-    });
 }
 
 fn wait_healthy(url: &str, name: &str, timeout: Duration) -> Value {

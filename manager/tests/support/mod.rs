@@ -192,3 +192,31 @@ pub fn qemu_img_compare(a: &str, b: &str) {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// `n` managers (`node-0`..) on one etcd, each with its own data directory under `dir`.
+pub fn start_cluster(dir: &std::path::Path, n: u16) -> (testkit::servers::Etcd, Vec<Manager>) {
+    let etcd = testkit::servers::Etcd::start(dir);
+    let store = format!("etcd://{}", etcd.endpoint());
+    let ms = (0..n)
+        .map(|i| {
+            Manager::start(
+                &dir.join(format!("n{i}")),
+                &format!("node-{i}"),
+                &store,
+                port_range(i),
+            )
+        })
+        .collect();
+    (etcd, ms)
+}
+
+/// Waits until `n` nodes report ready through `m`.
+pub fn wait_nodes_ready(m: &Manager, n: usize) {
+    testkit::wait_for("every node ready", std::time::Duration::from_secs(30), || {
+        let (_, v) = rest("GET", &format!("{}/v1/nodes", m.url), None);
+        let ready = v
+            .as_array()
+            .map_or(0, |a| a.iter().filter(|n| n["ready"] == true).count());
+        (ready == n).then_some(())
+    });
+}
