@@ -41,7 +41,7 @@ fn nodes_of(v: &Value) -> BTreeSet<String> {
 fn healthy(url: &str, name: &str) -> Value {
     wait_for(&format!("{name} healthy"), Duration::from_secs(120), || {
         let v = get(url, &format!("/v1/volumes/{name}"));
-        let n = v["numberOfReplicas"].as_u64().unwrap_or(0) as usize;
+        let n = usize::try_from(v["numberOfReplicas"].as_u64().unwrap_or(0)).unwrap();
         (v["state"] == "attached" && v["robustness"] == "healthy" && rw_replicas(&v) == n).then_some(v)
     })
 }

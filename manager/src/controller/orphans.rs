@@ -239,7 +239,7 @@ async fn sweep(ctx: &Ctx, seen: &mut Seen) -> anyhow::Result<()> {
         replica_dirs
             .iter()
             .filter_map(|d| std::fs::read_dir(d).ok())
-            .flat_map(|rd| rd.flatten())
+            .flat_map(Iterator::flatten)
             .filter(|e| e.file_type().is_ok_and(|t| t.is_dir()))
             .map(|e| e.path())
             .collect::<Vec<_>>()
@@ -285,7 +285,7 @@ async fn sweep(ctx: &Ctx, seen: &mut Seen) -> anyhow::Result<()> {
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => {
-                tracing::warn!(path = %path.display(), error = %e, "cannot remove orphaned replica data")
+                tracing::warn!(path = %path.display(), error = %e, "cannot remove orphaned replica data");
             }
         }
         still.0.remove(&key);

@@ -156,14 +156,14 @@ pub async fn check(ctx: &Ctx, node: &str) -> Result<(), ApiError> {
             continue;
         }
         let engine = v.data.spec.data_engine;
-        if !pools.contains_key(&engine) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = pools.entry(engine) {
             let c = crate::controller::volume::candidates(ctx, engine)
                 .await
                 .map_err(|e| ApiError::Internal(format!("{e:#}")))?
                 .into_iter()
                 .filter(|c| !draining.contains(&c.node_id))
                 .collect();
-            pools.insert(engine, c);
+            slot.insert(c);
         }
         let pool = pools.entry(engine).or_default();
         match scheduler::place_on(engine, pool.clone(), &staying, missing, v.data.spec.size, soft) {
