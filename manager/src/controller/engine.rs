@@ -416,6 +416,7 @@ async fn watch_running(
             running(r) && !modes.contains_key(&r.data.status.address) && r.data.spec.failed_at.is_none()
         })
     {
+        grow_fresh_replica(name, new, vol.size).await;
         tracing::info!(engine = name, replica = new.name, "adding replica with a rebuild");
         let added = c
             .replica_add(v1::ReplicaAddRequest {
@@ -453,4 +454,43 @@ async fn watch_running(
         return Ok(Some(Duration::from_millis(500)));
     }
     Ok(Some(POLL))
+}
+
+/// A fresh replica (never RW: it holds none of the volume's data yet) that still has the volume's size from before
+/// an expansion — it was started from a document written before the size was recorded, or came up after the engine
+/// restarted at the new size — is grown to `size` through its own ReplicaService before the engine is asked to add
+/// it, which would refuse it for its size and so fail it (a replacement and a second rebuild for nothing). A
+/// replica that held data is never touched here: its size is the engine's start-up check to judge. Best effort:
+/// on any error the add goes ahead and the engine's refusal handles it as before.
+async fn grow_fresh_replica(engine: &str, r: &Object<Replica>, size: u64) {
+    if r.data.status.initialized || r.data.spec.data_engine != crate::model::DataEngine::V1 {
+        return;
+    }
+    let Ok(address) = r.data.status.address.parse::<corral_proto::ReplicaAddress>() else {
+        return;
+    };
+    let Ok(ch) =
+        corral_proto::grpc::connect_endpoint(&address.control, corral_proto::grpc::GrpcTimeouts::CONTROL)
+            .await
+    else {
+        return;
+    };
+    let mut c = v1::replica_service_client::ReplicaServiceClient::new(ch);
+    let Ok(have) = c.replica_get(v1::Empty {}).await else {
+        return;
+    };
+    let have = have.into_inner().replica.map_or(0, |x| x.size);
+    if have == 0 || have >= size {
+        return;
+    }
+    match c.replica_expand(v1::ReplicaExpandRequest { size }).await {
+        Ok(_) => tracing::warn!(
+            engine,
+            replica = r.name,
+            from = have,
+            to = size,
+            "fresh replica still had the size from before an expansion: grown before it joins"
+        ),
+        Err(e) => tracing::warn!(engine, replica = r.name, error = %e, "cannot grow fresh replica"),
+    }
 }
