@@ -127,7 +127,7 @@ snapshot_case() {
   local used="-"
   if [[ $kind == v2 ]]; then
     used=$("$REPLICA" lvstore --url "$(ready_addr "$ready" control)" info --json |
-      python3 -c 'import json,sys; r=json.load(sys.stdin); print(f"{r[\"usedClusters\"]}/{r[\"totalClusters\"]} clusters")')
+      python3 -c 'import json,sys; r=json.load(sys.stdin); print(str(r["usedClusters"]) + "/" + str(r["totalClusters"]) + " clusters")')
   fi
   for i in 1 2 3 4 5; do
     t0=$(date +%s%N)
@@ -145,8 +145,8 @@ snapshot_case() {
 
 snapshot_part() {
   local large=$LARGE need avail
-  # The largest of LARGE, 32G, 16G, 8G that leaves MIN_FREE_GIB free (one volume on the disk at a time).
-  for cand in "$LARGE" 32G 16G 8G; do
+  # The largest of LARGE, 32G, 16G, 8G, 4G that leaves MIN_FREE_GIB free (one volume on the disk at a time).
+  for cand in "$LARGE" 32G 16G 8G 4G; do
     need=$(($(bytes "$cand") + (1 << 30)))
     avail=$(free_bytes)
     if ((avail - need >= MIN_FREE_GIB << 30)) && (($(bytes "$cand") <= $(bytes "$LARGE"))); then
