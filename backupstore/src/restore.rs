@@ -146,72 +146,20 @@ fn restore_block(
 
 /// Reads the stored block `file` into `buf` so that its payload starts at [`DATA_AT`] (4 KiB-aligned); refuses
 /// (`InvalidData`) a file larger than `buf` has room for, which no block of the volume's block size can be.
-///
-/// The file is read with `O_DIRECT` where the file system takes it (into the start of `buf`, then moved in place
-/// to put the payload at [`DATA_AT`]): a restore's blocks are read once, and the buffered read cost a quarter of
-/// the restore's CPU in page-cache allocation, readahead bookkeeping and the kernel's copy (perf, 512 MiB
-/// restore), against one memmove here.
 fn read_stored<'a>(file: &std::path::Path, buf: &'a mut [u8]) -> std::io::Result<&'a [u8]> {
-    use std::os::unix::fs::OpenOptionsExt;
+    let f = std::fs::File::open(file)?;
+    let n = f.metadata()?.len();
     let start = DATA_AT - block::BLOCK_HEADER_LEN;
     let room = buf.len() - start;
-    let too_large = |n: u64| {
+    let n = usize::try_from(n).ok().filter(|&n| n <= room).ok_or_else(|| {
         std::io::Error::new(
             std::io::ErrorKind::InvalidData,
             format!("stored block is {n} bytes, more than a block of this volume can be"),
         )
-    };
-    let direct = match std::fs::File::options()
-        .read(true)
-        .custom_flags(libc::O_DIRECT)
-        .open(file)
-    {
-        Ok(f) => Some(f),
-        // tmpfs and others refuse the flag: read through the page cache.
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
-        Err(e) => return Err(e),
-    };
-    if let Some(f) = direct {
-        let n = f.metadata()?.len();
-        let n = usize::try_from(n)
-            .ok()
-            .filter(|&n| n <= room)
-            .ok_or_else(|| too_large(n))?;
-        let whole = n.next_multiple_of(sparse_sync::DIRECT_IO_ALIGN);
-        if whole <= buf.len() && (buf.as_ptr() as usize).is_multiple_of(sparse_sync::DIRECT_IO_ALIGN) {
-            match read_direct(&f, &mut buf[..whole], n) {
-                Ok(()) => {
-                    buf.copy_within(..n, start);
-                    return Ok(&buf[start..start + n]);
-                }
-                // Accepted at open, refused at the read (some file systems): buffered below.
-                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {}
-                Err(e) => return Err(e),
-            }
-        }
-    }
-    let f = std::fs::File::open(file)?;
-    let n = f.metadata()?.len();
-    let n = usize::try_from(n)
-        .ok()
-        .filter(|&n| n <= room)
-        .ok_or_else(|| too_large(n))?;
+    })?;
     let dst = &mut buf[start..start + n];
     f.read_exact_at(dst, 0)?;
     Ok(dst)
-}
-
-/// Reads the first `n` bytes of `f` (opened `O_DIRECT`) into `buf` (aligned, `n` rounded up to 4 KiB): whole
-/// pages are asked for, the read stops short at the end of the file.
-fn read_direct(f: &std::fs::File, buf: &mut [u8], n: usize) -> std::io::Result<()> {
-    let mut got = 0;
-    while got < n {
-        match f.read_at(&mut buf[got..], got as u64)? {
-            0 => return Err(std::io::ErrorKind::UnexpectedEof.into()),
-            r => got += r,
-        }
-    }
-    Ok(())
 }
 
 impl BackupStore {
