@@ -8,6 +8,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/corral/v1/backing_image_manager.proto",
         "proto/corral/v1/backup.proto",
         "proto/corral/v1/lvstore.proto",
+        "proto/corral/v1/instance.proto",
     ];
     // etcd v3's own API (trimmed): Corral is only ever its client, so no server code and no serde.
     let etcd = ["proto/etcd/mvccpb/kv.proto", "proto/etcd/etcdserverpb/rpc.proto"];

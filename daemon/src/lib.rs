@@ -3,13 +3,15 @@
 //! `--json`, quiet on a closed pipe), the metrics and health server ([`metrics`]), SIGTERM/SIGINT turned into a
 //! cancellation, byte sizes with binary suffixes on the command line, progress bars only when a human is watching,
 //! the identity and durable-write rules of a disk directory ([`disk`]), and the ready report a daemon gives once its
-//! listeners are bound ([`ready`]).
+//! listeners are bound ([`ready`]), and how a supervisor starts, recognises and stops a daemon that outlives it
+//! ([`supervise`]).
 
 pub mod cli;
 pub mod disk;
 pub mod metrics;
 pub mod output;
 pub mod ready;
+pub mod supervise;
 
 use std::time::Duration;
 

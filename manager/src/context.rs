@@ -21,6 +21,8 @@ pub struct NodeConfig {
     /// Ports `corral-bim` sync receivers lease: [from, to). Every daemon listener is bound on port 0 (or the port
     /// it reported before) instead.
     pub port_range: (u16, u16),
+    /// Where the node's daemons run: children of this manager, or the node's instance manager.
+    pub processes: crate::process::ProcessHost,
 }
 
 #[derive(Clone)]

@@ -12,6 +12,7 @@ pub mod clone;
 pub mod context;
 pub mod controller;
 pub mod error;
+pub mod instance_manager;
 pub mod job;
 pub mod metrics;
 pub mod model;

@@ -101,6 +101,15 @@ pub struct NodeStatus {
     /// newest last, at most [`ORPHANS_KEPT`].
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub orphans_removed: Vec<OrphanRemoved>,
+    /// The version of the node's manager, as of its last heartbeat.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub manager_version: String,
+    /// The URL of the node's instance manager (`--instance-manager`); empty: the manager runs the daemons itself.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instance_manager: String,
+    /// The instance manager's version (and instance API), as of the last heartbeat.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub instance_manager_version: String,
 }
 
 /// How many removals a node's status keeps.

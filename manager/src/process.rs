@@ -1,13 +1,16 @@
-//! Supervision of the daemons a node's manager starts (`corral-replica`, `corral-engine`, `corral-bim`,
-//! `corral-datasource`): each runs in its own process group (a signal to the manager's group or a manager SIGKILL
-//! does not reach it), its log appended to `<data-dir>/logs/<kind>-<name>.log`, liveness by pid plus start time (a
-//! recycled pid is not mistaken for the daemon), so a restarted manager re-adopts what is still running.
+//! Supervision of the daemons a node's manager runs (`corral-replica`, `corral-engine`, `corral-bim`,
+//! `corral-datasource`), behind one interface with two process hosts ([`ProcessHost`]):
+//! - **local** (the default): the manager starts them itself, each in its own process group (a signal to the
+//!   manager's group or a manager SIGKILL does not reach it), its log appended to `<data-dir>/logs/<kind>-<name>.log`,
+//!   liveness by pid plus start time (`corral_daemon::supervise`), so a restarted manager re-adopts what still runs;
+//! - **instance manager** (`--instance-manager URL`): the node's `corral-im` owns them (process `<kind>-<name>`), so
+//!   they also outlive the manager's container; the manager only asks it to create, report and delete them.
 //!
 //! Ports: a daemon is started with port 0 for every listener (or, on a restart, the ports it reported last, so
-//! clients keep its address) and `--ready-file <data-dir>/run/<kind>-<name>.ready`; the controller polls that file
-//! on its next reconciles — it never blocks waiting — and records the reported listeners in the
-//! [`ProcessRecord`]. A daemon that dies before it reports ready (its old port taken: address in use) has no
-//! reported ports, so its next start asks for port 0 again. No port is probed or derived from another.
+//! clients keep its address) and a ready file; the controller observes it on its next reconciles — it never blocks
+//! waiting — and records the reported listeners in the [`ProcessRecord`]. A daemon that dies before it reports
+//! ready (its old port taken: address in use) has no reported ports, so its next start asks for port 0 again. No
+//! port is probed or derived from another.
 
 use std::collections::{BTreeMap, HashMap};
 use std::net::SocketAddr;
@@ -15,7 +18,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::Duration;
 
+use corral_daemon::supervise;
+use corral_proto::v1;
+
+use crate::instance_manager::InstanceManager;
 use crate::model::ProcessRecord;
+
+pub use corral_daemon::supervise::now_ms;
 
 /// How long a started daemon may take to report ready before it is killed and started again (a loaded 2-core
 /// machine starts a debug binary slowly; a healthy start takes well under a second).
@@ -24,12 +33,16 @@ pub const READY_DEADLINE: Duration = Duration::from_secs(60);
 /// Why a daemon could not be started.
 #[derive(Debug, thiserror::Error)]
 pub enum ProcessError {
-    #[error("cannot open log file {path}: {source}")]
-    Log { path: PathBuf, source: std::io::Error },
+    #[error(transparent)]
+    Spawn(#[from] supervise::SpawnError),
     #[error("cannot prepare the ready file {path}: {source}")]
     ReadyFile { path: PathBuf, source: std::io::Error },
-    #[error("cannot start {binary}: {source}")]
-    Spawn { binary: PathBuf, source: std::io::Error },
+    #[error("instance manager {url}: cannot start {name}: {status}")]
+    InstanceManager {
+        url: String,
+        name: String,
+        status: tonic::Status,
+    },
 }
 
 /// The one restart policy of the manager: the delay before the `attempt`-th restart of a daemon (and before the
@@ -38,51 +51,27 @@ pub fn restart_backoff(attempt: u32) -> Duration {
     Duration::from_millis(500u64.saturating_mul(1 << attempt.min(6)).min(30_000))
 }
 
-/// Unix milliseconds now (start times in records survive a manager restart, unlike an `Instant`).
-pub fn now_ms() -> i64 {
-    chrono::Utc::now().timestamp_millis()
-}
-
-/// Field 22 of `/proc/PID/stat`: start time in clock ticks after boot; None when the process is gone or a zombie.
-pub fn start_time(pid: i32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name may hold spaces and parentheses: fields start after the last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?;
-    if state == "Z" || state == "X" {
-        return None;
-    }
-    // `rest` starts at field 3 (state); field 22 is 19 further.
-    fields.nth(18)?.parse().ok()
-}
-
 /// The process of `rec` still runs (same pid, same start time) and runs `binary_name`.
 pub fn is_alive(rec: &ProcessRecord, binary_name: &str) -> bool {
-    if rec.pid <= 0 || start_time(rec.pid) != Some(rec.start_time) {
-        return false;
-    }
-    // Right after spawn the child may still be inside execve, with an empty command line: the pid and start
-    // time already identify it (a recycled pid has another start time).
-    std::fs::read(format!("/proc/{}/cmdline", rec.pid))
-        .map(|c| c.is_empty() || String::from_utf8_lossy(&c).contains(binary_name))
-        .unwrap_or(false)
+    supervise::is_alive(rec.pid, rec.start_time, binary_name)
 }
 
-/// SIGTERM, then SIGKILL after `grace`; returns once the process is gone.
-pub async fn stop(rec: &ProcessRecord, binary_name: &str, grace: Duration) {
-    if !is_alive(rec, binary_name) {
-        return;
-    }
-    let pid = nix::unistd::Pid::from_raw(rec.pid);
-    let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM);
-    let deadline = tokio::time::Instant::now() + grace;
-    while is_alive(rec, binary_name) {
-        if tokio::time::Instant::now() > deadline {
-            tracing::warn!(pid = rec.pid, "daemon ignored SIGTERM: SIGKILL");
-            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+/// Where the node's daemons run.
+#[derive(Debug, Clone)]
+pub enum ProcessHost {
+    /// Children of this manager, started from `bin_dir`.
+    Local { bin_dir: PathBuf },
+    /// Processes of the node's instance manager.
+    InstanceManager(InstanceManager),
+}
+
+impl ProcessHost {
+    /// The instance manager, when daemons run there.
+    pub fn instance_manager(&self) -> Option<&InstanceManager> {
+        match self {
+            Self::Local { .. } => None,
+            Self::InstanceManager(im) => Some(im),
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
@@ -104,20 +93,38 @@ pub enum Observed {
 pub struct Supervisor {
     /// The binary's file name (`corral-engine`); also how a live pid is recognised.
     binary: &'static str,
-    /// Prefix of log and ready file names (`engine` → `logs/engine-NAME.log`, `run/engine-NAME.ready`).
+    /// Prefix of log and ready file names (`engine` → `logs/engine-NAME.log`, `run/engine-NAME.ready`), and of
+    /// the process name in an instance manager (`engine-NAME`).
     kind: &'static str,
-    bin_dir: PathBuf,
+    host: ProcessHost,
     data_dir: PathBuf,
-    /// What this manager process started, so a daemon is stopped even after its document is gone.
+    /// What this manager process started locally, so a daemon is stopped even after its document is gone.
     started: Mutex<HashMap<String, ProcessRecord>>,
 }
 
 impl Supervisor {
-    pub fn new(binary: &'static str, kind: &'static str, bin_dir: &Path, data_dir: &Path) -> Self {
+    /// Daemons of `kind` on the node's process host.
+    pub fn new(binary: &'static str, kind: &'static str, cfg: &crate::context::NodeConfig) -> Self {
+        Self::on(binary, kind, cfg.processes.clone(), &cfg.data_dir)
+    }
+
+    /// Daemons of `kind` started by this manager from `bin_dir`.
+    pub fn local(binary: &'static str, kind: &'static str, bin_dir: &Path, data_dir: &Path) -> Self {
+        Self::on(
+            binary,
+            kind,
+            ProcessHost::Local {
+                bin_dir: bin_dir.to_owned(),
+            },
+            data_dir,
+        )
+    }
+
+    fn on(binary: &'static str, kind: &'static str, host: ProcessHost, data_dir: &Path) -> Self {
         Self {
             binary,
             kind,
-            bin_dir: bin_dir.to_owned(),
+            host,
             data_dir: data_dir.to_owned(),
             started: Mutex::default(),
         }
@@ -127,12 +134,19 @@ impl Supervisor {
         self.binary
     }
 
+    /// The name of `name`'s process in an instance manager (one namespace for every kind).
+    pub fn process_name(&self, name: &str) -> String {
+        format!("{}-{name}", self.kind)
+    }
+
     pub fn log_path(&self, name: &str) -> PathBuf {
         self.data_dir
             .join("logs")
             .join(format!("{}-{name}.log", self.kind))
     }
 
+    /// The ready file of a local daemon; also the base name of files the manager writes beside it for the
+    /// daemon (a data source's credentials), which the instance manager reads at the same path.
     pub fn ready_path(&self, name: &str) -> PathBuf {
         self.data_dir
             .join("run")
@@ -141,8 +155,15 @@ impl Supervisor {
 
     /// What the daemon recorded in `rec` does now. A daemon that has not reported ready within
     /// [`READY_DEADLINE`] of its start is killed and reported down (its next start asks for port 0).
-    pub fn observe(&self, name: &str, rec: Option<&ProcessRecord>) -> Observed {
+    pub async fn observe(&self, name: &str, rec: Option<&ProcessRecord>) -> Observed {
         let Some(rec) = rec else { return Observed::Down };
+        match &self.host {
+            ProcessHost::Local { .. } => self.observe_local(name, rec),
+            ProcessHost::InstanceManager(im) => self.observe_im(im, name, rec).await,
+        }
+    }
+
+    fn observe_local(&self, name: &str, rec: &ProcessRecord) -> Observed {
         if !is_alive(rec, self.binary) {
             return Observed::Down;
         }
@@ -161,14 +182,7 @@ impl Supervisor {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => tracing::debug!(daemon = self.binary, name, error = %e, "ready file not readable yet"),
         }
-        let waited = u64::try_from(now_ms().saturating_sub(rec.started_at_ms)).unwrap_or(0);
-        if Duration::from_millis(waited) > READY_DEADLINE {
-            tracing::warn!(
-                daemon = self.binary,
-                name,
-                pid = rec.pid,
-                "not ready within {READY_DEADLINE:?}: killing it"
-            );
+        if self.past_ready_deadline(name, rec) {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(rec.pid),
                 nix::sys::signal::Signal::SIGKILL,
@@ -176,6 +190,63 @@ impl Supervisor {
             return Observed::Down;
         }
         Observed::Starting
+    }
+
+    async fn observe_im(&self, im: &InstanceManager, name: &str, rec: &ProcessRecord) -> Observed {
+        let pname = self.process_name(name);
+        let info = match im.get(&pname).await {
+            Ok(Some(info)) => info,
+            Ok(None) => return Observed::Down,
+            Err(status) => {
+                // The instance manager is restarting or unreachable: its processes are not known to be gone,
+                // so nothing is restarted; the next reconcile looks again.
+                tracing::warn!(daemon = self.binary, name, url = im.url, %status, "cannot ask the instance manager");
+                return if rec.listen.is_empty() {
+                    Observed::Starting
+                } else {
+                    Observed::Running
+                };
+            }
+        };
+        if info.pid != rec.pid || info.start_time != rec.start_time {
+            // Another run than the recorded one (started by a manager that died before recording it): not ours.
+            return Observed::Down;
+        }
+        match v1::InstanceProcessState::try_from(info.state) {
+            Ok(v1::InstanceProcessState::Running) if rec.listen.is_empty() => {
+                Observed::Ready(info.listen.into_iter().collect())
+            }
+            Ok(v1::InstanceProcessState::Running) => Observed::Running,
+            Ok(v1::InstanceProcessState::Starting) => {
+                if self.past_ready_deadline(name, rec) {
+                    if let Err(status) = im.delete(&pname, Duration::ZERO).await {
+                        tracing::warn!(daemon = self.binary, name, %status, "cannot delete a daemon that never got ready");
+                    }
+                    return Observed::Down;
+                }
+                Observed::Starting
+            }
+            _ => {
+                if !info.error.is_empty() {
+                    tracing::info!(daemon = self.binary, name, error = info.error, "daemon exited");
+                }
+                Observed::Down
+            }
+        }
+    }
+
+    fn past_ready_deadline(&self, name: &str, rec: &ProcessRecord) -> bool {
+        let waited = u64::try_from(now_ms().saturating_sub(rec.started_at_ms)).unwrap_or(0);
+        let late = Duration::from_millis(waited) > READY_DEADLINE;
+        if late {
+            tracing::warn!(
+                daemon = self.binary,
+                name,
+                pid = rec.pid,
+                "not ready within {READY_DEADLINE:?}: killing it"
+            );
+        }
+        late
     }
 
     /// How long to wait before starting again a daemon whose last run is `rec`, as its `attempt`-th restart
@@ -197,13 +268,27 @@ impl Supervisor {
             .map_or(0, |a| a.port())
     }
 
-    /// Starts the daemon for `name` with `args` and its ready file; the record has no listeners until
+    /// Starts the daemon for `name` with `args` (and a ready file); the record has no listeners until
     /// [`Supervisor::observe`] reports them.
-    pub fn start(
+    pub async fn start(
         &self,
         name: &str,
-        mut args: Vec<String>,
+        args: Vec<String>,
         restarts: u32,
+    ) -> Result<ProcessRecord, ProcessError> {
+        let mut rec = match &self.host {
+            ProcessHost::Local { bin_dir } => self.start_local(bin_dir, name, args)?,
+            ProcessHost::InstanceManager(im) => self.start_im(im, name, args).await?,
+        };
+        rec.restarts = restarts;
+        Ok(rec)
+    }
+
+    fn start_local(
+        &self,
+        bin_dir: &Path,
+        name: &str,
+        mut args: Vec<String>,
     ) -> Result<ProcessRecord, ProcessError> {
         let ready = self.ready_path(name);
         if let Some(dir) = ready.parent() {
@@ -224,99 +309,95 @@ impl Supervisor {
         }
         args.push("--ready-file".to_owned());
         args.push(ready.display().to_string());
-        let mut rec = spawn(&self.bin_dir.join(self.binary), &args, &self.log_path(name))?;
-        rec.restarts = restarts;
+        let binary = bin_dir.join(self.binary);
+        let (spawned, mut child) = supervise::spawn(&binary, &args, &[], &self.log_path(name))?;
+        let pid = spawned.pid;
+        let shown = binary.display().to_string();
+        // Reaped here so it never lingers as a zombie; a restarted manager finds it by pid and start time.
+        tokio::spawn(async move {
+            match child.wait().await {
+                Ok(status) => tracing::info!(pid, binary = %shown, %status, "daemon exited"),
+                Err(e) => tracing::warn!(pid, binary = %shown, error = %e, "cannot wait for daemon"),
+            }
+        });
+        let rec = ProcessRecord {
+            pid,
+            start_time: spawned.start_time,
+            listen: BTreeMap::new(),
+            started_at_ms: spawned.started_at_ms,
+            restarts: 0,
+        };
         if let Ok(mut m) = self.started.lock() {
             m.insert(name.to_owned(), rec.clone());
         }
         Ok(rec)
     }
 
-    /// Stops the daemon in `rec` and any this manager process started for `name`.
+    async fn start_im(
+        &self,
+        im: &InstanceManager,
+        name: &str,
+        args: Vec<String>,
+    ) -> Result<ProcessRecord, ProcessError> {
+        let pname = self.process_name(name);
+        let req = v1::ProcessCreateRequest {
+            name: pname.clone(),
+            kind: self.kind.to_owned(),
+            binary: self.binary.to_owned(),
+            args,
+            env: Default::default(),
+        };
+        let err = |status| ProcessError::InstanceManager {
+            url: im.url.clone(),
+            name: pname.clone(),
+            status,
+        };
+        let info = match im.create(req.clone()).await {
+            Err(s) if s.code() == tonic::Code::AlreadyExists => {
+                // Started by a manager that died before recording it: nothing uses it; start it afresh.
+                tracing::info!(
+                    daemon = self.binary,
+                    name,
+                    "replacing an unrecorded process of the instance manager"
+                );
+                im.delete(&pname, Duration::from_secs(10)).await.map_err(err)?;
+                im.create(req).await.map_err(err)?
+            }
+            r => r.map_err(err)?,
+        };
+        Ok(ProcessRecord {
+            pid: info.pid,
+            start_time: info.start_time,
+            listen: BTreeMap::new(),
+            started_at_ms: info.started_at_ms,
+            restarts: 0,
+        })
+    }
+
+    /// Stops the daemon in `rec` and any this manager process started for `name`: SIGTERM, then SIGKILL after
+    /// `grace`; returns once it is gone.
     pub async fn stop(&self, name: &str, rec: Option<&ProcessRecord>, grace: Duration) {
-        let started = self.started.lock().ok().and_then(|mut m| m.remove(name));
-        for p in rec.into_iter().chain(started.as_ref()) {
-            stop(p, self.binary, grace).await;
+        match &self.host {
+            ProcessHost::Local { .. } => {
+                let started = self.started.lock().ok().and_then(|mut m| m.remove(name));
+                for p in rec.into_iter().chain(started.as_ref()) {
+                    supervise::terminate(p.pid, p.start_time, self.binary, grace).await;
+                }
+            }
+            ProcessHost::InstanceManager(im) => {
+                if let Err(status) = im.delete(&self.process_name(name), grace).await {
+                    tracing::warn!(daemon = self.binary, name, url = im.url, %status, "cannot stop through the instance manager");
+                }
+            }
         }
         // Its report is stale now (and a deleted resource's would stay behind).
         let _ = std::fs::remove_file(self.ready_path(name));
     }
 }
 
-/// Starts `binary args...` in its own process group with stdout and stderr appended to `log`. The child is reaped
-/// by a background task so it never lingers as a zombie.
-fn spawn(binary: &Path, args: &[String], log: &Path) -> Result<ProcessRecord, ProcessError> {
-    if let Some(dir) = log.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| ProcessError::Log {
-            path: log.to_owned(),
-            source,
-        })?;
-    }
-    let open = || {
-        std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(log)
-            .map_err(|source| ProcessError::Log {
-                path: log.to_owned(),
-                source,
-            })
-    };
-    let mut cmd = tokio::process::Command::new(binary);
-    cmd.args(args)
-        .stdin(std::process::Stdio::null())
-        .stdout(open()?)
-        .stderr(open()?)
-        .process_group(0)
-        .kill_on_drop(false);
-    let started_at_ms = now_ms();
-    let mut child = cmd.spawn().map_err(|source| ProcessError::Spawn {
-        binary: binary.to_owned(),
-        source,
-    })?;
-    let pid = child.id().and_then(|p| i32::try_from(p).ok()).unwrap_or(0);
-    let start = start_time(pid).unwrap_or(0);
-    let name = binary.display().to_string();
-    tokio::spawn(async move {
-        match child.wait().await {
-            Ok(status) => tracing::info!(pid, binary = %name, %status, "daemon exited"),
-            Err(e) => tracing::warn!(pid, binary = %name, error = %e, "cannot wait for daemon"),
-        }
-    });
-    Ok(ProcessRecord {
-        pid,
-        start_time: start,
-        listen: BTreeMap::new(),
-        started_at_ms,
-        restarts: 0,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn own_process_is_alive_and_a_wrong_start_time_is_not() {
-        let pid = i32::try_from(std::process::id()).unwrap();
-        let st = start_time(pid).unwrap();
-        let exe = std::env::current_exe().unwrap();
-        let name = exe.file_name().unwrap().to_string_lossy().into_owned();
-        let rec = ProcessRecord {
-            pid,
-            start_time: st,
-            ..Default::default()
-        };
-        assert!(is_alive(&rec, &name));
-        assert!(!is_alive(
-            &ProcessRecord {
-                start_time: st + 1,
-                ..rec.clone()
-            },
-            &name
-        ));
-        assert!(!is_alive(&rec, "corral-engine-not-this"));
-    }
 
     #[test]
     fn backoff_doubles_from_half_a_second_to_thirty() {
@@ -361,10 +442,10 @@ mod tests {
         let script = dir.path().join("fake-daemon");
         std::fs::write(&script, "#!/bin/sh\nsleep 30\n").unwrap();
         std::fs::set_permissions(&script, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-        let sup = Supervisor::new("fake-daemon", "test", dir.path(), dir.path());
-        let rec = sup.start("a", Vec::new(), 0).unwrap();
+        let sup = Supervisor::local("fake-daemon", "test", dir.path(), dir.path());
+        let rec = sup.start("a", Vec::new(), 0).await.unwrap();
         assert!(rec.listen.is_empty());
-        assert_eq!(sup.observe("a", Some(&rec)), Observed::Starting);
+        assert_eq!(sup.observe("a", Some(&rec)).await, Observed::Starting);
         // Another pid's report is stale.
         corral_daemon::ready::ReadyReport {
             pid: u32::try_from(rec.pid).unwrap() + 1,
@@ -372,7 +453,7 @@ mod tests {
         }
         .announce(Some(&sup.ready_path("a")))
         .unwrap();
-        assert_eq!(sup.observe("a", Some(&rec)), Observed::Starting);
+        assert_eq!(sup.observe("a", Some(&rec)).await, Observed::Starting);
         let listen: BTreeMap<String, String> = [("http".to_owned(), "127.0.0.1:1".to_owned())].into();
         corral_daemon::ready::ReadyReport {
             pid: u32::try_from(rec.pid).unwrap(),
@@ -380,23 +461,26 @@ mod tests {
         }
         .announce(Some(&sup.ready_path("a")))
         .unwrap();
-        assert_eq!(sup.observe("a", Some(&rec)), Observed::Ready(listen.clone()));
+        assert_eq!(
+            sup.observe("a", Some(&rec)).await,
+            Observed::Ready(listen.clone())
+        );
         let ready = ProcessRecord {
             listen,
             ..rec.clone()
         };
-        assert_eq!(sup.observe("a", Some(&ready)), Observed::Running);
+        assert_eq!(sup.observe("a", Some(&ready)).await, Observed::Running);
         // Past the deadline without a report: killed.
         let late = ProcessRecord {
             started_at_ms: rec.started_at_ms - i64::try_from(READY_DEADLINE.as_millis()).unwrap() - 1,
             ..rec.clone()
         };
         std::fs::remove_file(sup.ready_path("a")).unwrap();
-        assert_eq!(sup.observe("a", Some(&late)), Observed::Down);
+        assert_eq!(sup.observe("a", Some(&late)).await, Observed::Down);
         testkit::wait_for("the killed daemon to go", Duration::from_secs(10), || {
             (!is_alive(&rec, "fake-daemon")).then_some(())
         });
-        assert_eq!(sup.observe("a", Some(&rec)), Observed::Down);
+        assert_eq!(sup.observe("a", Some(&rec)).await, Observed::Down);
         // Stopping removes its report.
         corral_daemon::ready::ReadyReport::new()
             .announce(Some(&sup.ready_path("a")))

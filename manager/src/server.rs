@@ -25,7 +25,12 @@ pub struct ServerConfig {
     pub port_range: (u16, u16),
     /// Where to write the ready report (`corral_daemon::ready`).
     pub ready_file: Option<PathBuf>,
+    /// URL of the node's instance manager; None: the manager runs the daemons itself.
+    pub instance_manager: Option<String>,
 }
+
+/// How long a starting manager waits for its instance manager to answer (both may start together).
+const INSTANCE_MANAGER_WAIT: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// The directory of the running executable: where the workspace puts `corral-replica` and `corral-engine` too.
 pub fn default_bin_dir() -> PathBuf {
@@ -100,6 +105,22 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
         .await
         .with_context(|| format!("open store {}", cfg.store))?;
     let db = Db::new(store);
+    let processes = match &cfg.instance_manager {
+        None => crate::process::ProcessHost::Local {
+            bin_dir: cfg.bin_dir.clone(),
+        },
+        Some(url) => {
+            let im = crate::instance_manager::InstanceManager::connect_retrying(url, INSTANCE_MANAGER_WAIT)
+                .await?;
+            tracing::info!(
+                url,
+                version = im.version,
+                api = im.api_version,
+                "daemons run in the instance manager"
+            );
+            crate::process::ProcessHost::InstanceManager(im)
+        }
+    };
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("listen on {}", cfg.listen))?;
@@ -114,6 +135,7 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
             data_dir: cfg.data_dir.clone(),
             bin_dir: cfg.bin_dir.clone(),
             port_range: cfg.port_range,
+            processes,
         },
     );
     crate::controller::node::heartbeat_once(&ctx).await?;

@@ -428,6 +428,37 @@ fn components() -> Value {
             "restarts": {"type": "integer", "minimum": 0},
         }
     }));
+    let node = json!({
+        "type": "object",
+        "required": ["name", "address", "host", "ready", "allowScheduling", "disks"],
+        "properties": {
+            "name": {"type": "string"}, "address": {"type": "string"}, "host": {"type": "string"},
+            "ready": {"type": "boolean"}, "allowScheduling": {"type": "boolean"}, "heartbeat": {"type": "integer"},
+            "managerVersion": {"type": "string"}, "instanceManager": {"type": "string"},
+            "instanceManagerVersion": {"type": "string"},
+            "disks": {"type": "array", "items": {
+                "type": "object",
+                "required": ["name", "path", "diskUUID", "allowScheduling"],
+                "properties": {
+                    "name": {"type": "string"}, "path": {"type": "string"}, "diskUUID": {"type": "string"},
+                    "allowScheduling": {"type": "boolean"}, "storageReserved": uint(),
+                    "diskEngine": {"type": "string", "enum": ["v1", "v2"]}, "lvstoreSize": uint(),
+                    "storageMaximum": uint(), "storageAvailable": uint(), "storageScheduled": uint(),
+                    "error": {"type": "string"},
+                }
+            }},
+            "replicas": {"type": "integer", "minimum": 0},
+            "drainState": {"type": "string", "enum": ["none", "draining", "drained"]},
+            "orphansRemoved": {"type": "array", "items": {
+                "type": "object",
+                "required": ["kind", "name", "detail", "at"],
+                "properties": {
+                    "kind": {"type": "string", "enum": ["replica-process", "replica-data", "engine-process"]},
+                    "name": {"type": "string"}, "detail": {"type": "string"}, "at": {"type": "integer"},
+                }
+            }},
+        }
+    });
     json!({
         "Error": {
             "type": "object",
@@ -497,35 +528,7 @@ fn components() -> Value {
                 "cloneStatus": clone_status,
             }
         },
-        "Node": {
-            "type": "object",
-            "required": ["name", "address", "host", "ready", "allowScheduling", "disks"],
-            "properties": {
-                "name": {"type": "string"}, "address": {"type": "string"}, "host": {"type": "string"},
-                "ready": {"type": "boolean"}, "allowScheduling": {"type": "boolean"}, "heartbeat": {"type": "integer"},
-                "disks": {"type": "array", "items": {
-                    "type": "object",
-                    "required": ["name", "path", "diskUUID", "allowScheduling"],
-                    "properties": {
-                        "name": {"type": "string"}, "path": {"type": "string"}, "diskUUID": {"type": "string"},
-                        "allowScheduling": {"type": "boolean"}, "storageReserved": uint(),
-                        "diskEngine": {"type": "string", "enum": ["v1", "v2"]}, "lvstoreSize": uint(),
-                        "storageMaximum": uint(), "storageAvailable": uint(), "storageScheduled": uint(),
-                        "error": {"type": "string"},
-                    }
-                }},
-                "replicas": {"type": "integer", "minimum": 0},
-                "drainState": {"type": "string", "enum": ["none", "draining", "drained"]},
-                "orphansRemoved": {"type": "array", "items": {
-                    "type": "object",
-                    "required": ["kind", "name", "detail", "at"],
-                    "properties": {
-                        "kind": {"type": "string", "enum": ["replica-process", "replica-data", "engine-process"]},
-                        "name": {"type": "string"}, "detail": {"type": "string"}, "at": {"type": "integer"},
-                    }
-                }},
-            }
-        },
+        "Node": node,
         "Setting": {
             "type": "object",
             "required": ["name", "value", "default", "description"],

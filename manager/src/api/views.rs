@@ -310,6 +310,11 @@ pub struct NodeView {
     /// Stale daemons and data the node's manager removed (`crate::controller::orphans`), newest last.
     #[serde(default)]
     pub orphans_removed: Vec<crate::model::OrphanRemoved>,
+    /// The node's manager version (last heartbeat).
+    pub manager_version: String,
+    /// URL of the node's instance manager; empty when the manager runs the daemons itself.
+    pub instance_manager: String,
+    pub instance_manager_version: String,
 }
 
 impl NodeView {
@@ -325,6 +330,9 @@ impl NodeView {
             replicas: 0,
             drain_state: Default::default(),
             orphans_removed: d.status.orphans_removed.clone(),
+            manager_version: d.status.manager_version.clone(),
+            instance_manager: d.status.instance_manager.clone(),
+            instance_manager_version: d.status.instance_manager_version.clone(),
             disks: d
                 .spec
                 .disks

@@ -48,7 +48,7 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     let ctx = ctx.clone();
     let c = cancel.clone();
     let local = Arc::new(Local {
-        sup: Supervisor::new(BINARY, "bim", &ctx.cfg.bin_dir, &ctx.cfg.data_dir),
+        sup: Supervisor::new(BINARY, "bim", &ctx.cfg),
         watches: Mutex::default(),
         compatible: Mutex::default(),
     });
@@ -170,7 +170,7 @@ async fn reconcile(
         .await?;
         return Ok(Some(RESYNC));
     }
-    match local.sup.observe(&name, m.status.process.as_ref()) {
+    match local.sup.observe(&name, m.status.process.as_ref()).await {
         Observed::Running => {}
         Observed::Starting => return Ok(Some(Duration::from_millis(200))),
         Observed::Ready(listen) => {
@@ -193,7 +193,7 @@ async fn reconcile(
             if let Some(wait) = Supervisor::restart_wait(m.status.process.as_ref(), restarts) {
                 return Ok(Some(wait));
             }
-            let rec = spawn(&ctx, &local, &name, m, restarts)?;
+            let rec = spawn(&ctx, &local, &name, m, restarts).await?;
             // Addresses are known once it reports ready.
             set_status(&ctx, &name, |s| {
                 s.state = "starting".to_owned();
@@ -347,7 +347,7 @@ async fn check_version(
 
 /// Starts the disk's `corral-bim`: gRPC and HTTP on their previous ports (other disks' managers sync from that
 /// address) or port 0; its sync receivers take ports of the node's range (it skips ports found busy).
-fn spawn(
+async fn spawn(
     ctx: &Ctx,
     local: &Local,
     name: &str,
@@ -373,7 +373,7 @@ fn spawn(
         "--advertise-host".to_owned(),
         host.clone(),
     ];
-    let rec = local.sup.start(name, args, restarts)?;
+    let rec = local.sup.start(name, args, restarts).await?;
     ctx.metrics.daemon_started();
     tracing::info!(
         manager = name,

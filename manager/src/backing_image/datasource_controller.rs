@@ -34,12 +34,7 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     );
     let ctx = ctx.clone();
     let c = cancel.clone();
-    let local = Arc::new(Supervisor::new(
-        BINARY,
-        "datasource",
-        &ctx.cfg.bin_dir,
-        &ctx.cfg.data_dir,
-    ));
+    let local = Arc::new(Supervisor::new(BINARY, "datasource", &ctx.cfg));
     tokio::spawn(async move {
         let m = ctx.metrics.clone();
         run_worker("backing-image-data-source", q, c, m, |name| {
@@ -92,7 +87,7 @@ async fn reconcile(ctx: Ctx, local: Arc<Supervisor>, name: String) -> anyhow::Re
         return Ok(None);
     }
     let rec = ds.status.process.clone();
-    let observed = local.observe(&name, rec.as_ref());
+    let observed = local.observe(&name, rec.as_ref()).await;
     let alive = observed != Observed::Down;
     if ds.spec.started {
         if alive || rec.is_some() {
@@ -281,7 +276,7 @@ async fn spawn(ctx: &Ctx, local: &Supervisor, name: &str, ds: &BackingImageDataS
             args.push(f.display().to_string());
         }
     }
-    let rec = local.start(name, args, ds.status.attempts)?;
+    let rec = local.start(name, args, ds.status.attempts).await?;
     ctx.metrics.daemon_started();
     tracing::info!(image = name, pid = rec.pid, "started data source");
     absent_ok(

@@ -36,6 +36,11 @@ struct Cli {
     /// binds port 0 and reports it).
     #[arg(long, env = "CORRAL_PORT_RANGE", default_value = "20000-30000", value_parser = manager_bin::parse_range)]
     port_range: (u16, u16),
+    /// Run the node's daemons through this instance manager (`http://HOST:PORT` of `corral-im serve`) instead of
+    /// as children of this manager: they then outlive the manager's container, and a manager restart or upgrade
+    /// never interrupts IO. Default: the manager runs them itself.
+    #[arg(long, env = "CORRAL_INSTANCE_MANAGER", value_name = "URL")]
+    instance_manager: Option<String>,
     #[command(flatten)]
     common: corral_daemon::cli::CommonArgs,
 }
@@ -73,6 +78,7 @@ async fn main() -> anyhow::Result<()> {
         bin_dir: cli.bin_dir.unwrap_or_else(manager::server::default_bin_dir),
         port_range: cli.port_range,
         ready_file: process.ready_file,
+        instance_manager: cli.instance_manager,
     };
     let cancel = corral_daemon::shutdown_on_signal();
     manager::server::run(cfg, cancel).await

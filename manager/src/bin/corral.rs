@@ -528,6 +528,7 @@ async fn up(
         bin_dir: manager::server::default_bin_dir(),
         port_range: (20000, 30000),
         ready_file: Some(ready.clone()),
+        instance_manager: None,
     };
     let result = manager::server::run(cfg, corral_daemon::shutdown_on_signal()).await;
     // A clean stop leaves no report behind: `corral down` then says nothing runs.
@@ -722,7 +723,7 @@ async fn main() -> anyhow::Result<()> {
                 let ns: Vec<NodeView> = c.get("/v1/nodes").await?;
                 print(json, &ns, || {
                     table(
-                        &["NODE", "READY", "SCHEDULING", "REPLICAS", "ADDRESS", "DISKS"],
+                        &["NODE", "READY", "SCHEDULING", "REPLICAS", "ADDRESS", "VERSION", "INSTANCE MANAGER", "DISKS"],
                         ns.iter()
                             .map(|n| {
                                 vec![
@@ -739,6 +740,12 @@ async fn main() -> anyhow::Result<()> {
                                     },
                                     n.replicas.to_string(),
                                     n.address.clone(),
+                                    n.manager_version.clone(),
+                                    if n.instance_manager.is_empty() {
+                                        "- (manager runs the daemons)".to_owned()
+                                    } else {
+                                        format!("{} {}", n.instance_manager, n.instance_manager_version)
+                                    },
                                     n.disks
                                         .iter()
                                         .map(|d| {

@@ -16,7 +16,7 @@ use tonic::transport::Channel;
 use super::{Requeue, WorkQueue, feed, feed_node_local, now, run_worker};
 use crate::context::Ctx;
 use crate::model::{DesireState, Engine, ProcessState, Replica};
-use crate::process::{self, Observed, Supervisor};
+use crate::process::{Observed, Supervisor};
 use crate::store::{Event, Object, absent_ok};
 
 pub const BINARY: &str = "corral-engine";
@@ -47,12 +47,7 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
         },
         |_| None,
     );
-    let sup = Arc::new(Supervisor::new(
-        BINARY,
-        "engine",
-        &ctx.cfg.bin_dir,
-        &ctx.cfg.data_dir,
-    ));
+    let sup = Arc::new(Supervisor::new(BINARY, "engine", &ctx.cfg));
     let ctx = ctx.clone();
     let c = cancel.clone();
     tokio::spawn(async move {
@@ -81,7 +76,7 @@ async fn reconcile(ctx: Ctx, sup: Arc<Supervisor>, name: String) -> anyhow::Resu
     if e.spec.node_id != ctx.cfg.node_id {
         return Ok(None);
     }
-    let observed = sup.observe(&name, e.status.process.as_ref());
+    let observed = sup.observe(&name, e.status.process.as_ref()).await;
     let alive = observed != Observed::Down;
     if let Observed::Ready(listen) = observed {
         record_ready(&ctx, &name, listen).await?;
@@ -114,7 +109,7 @@ async fn reconcile(ctx: Ctx, sup: Arc<Supervisor>, name: String) -> anyhow::Resu
                 frontend = !e.spec.disable_frontend,
                 "restarting engine to change its frontend"
             );
-            process::stop(p, BINARY, Duration::from_secs(15)).await;
+            sup.stop(&name, Some(p), Duration::from_secs(15)).await;
         }
         ctx.db
             .modify::<Engine>(&name, |e| {
@@ -130,7 +125,7 @@ async fn reconcile(ctx: Ctx, sup: Arc<Supervisor>, name: String) -> anyhow::Resu
             // Started, not ready yet.
             return Ok(Some(Duration::from_millis(200)));
         }
-        return watch_running(&ctx, &obj, &replicas).await;
+        return watch_running(&ctx, &sup, &obj, &replicas).await;
     }
     start_engine(&ctx, &sup, &obj, &replicas).await
 }
@@ -251,7 +246,7 @@ async fn start_engine(
     if salvage {
         args.push("--salvage-requested".to_owned());
     }
-    let rec = sup.start(name, args, restarts)?;
+    let rec = sup.start(name, args, restarts).await?;
     ctx.metrics.daemon_started();
     tracing::info!(
         engine = name,
@@ -279,6 +274,7 @@ async fn start_engine(
 
 async fn watch_running(
     ctx: &Ctx,
+    sup: &Supervisor,
     obj: &Object<Engine>,
     replicas: &[Object<Replica>],
 ) -> anyhow::Result<Requeue> {
@@ -353,7 +349,7 @@ async fn watch_running(
             "every replica is ERR: restarting the engine to salvage"
         );
         if let Some(p) = &e.status.process {
-            process::stop(p, BINARY, Duration::from_secs(10)).await;
+            sup.stop(name, Some(p), Duration::from_secs(10)).await;
         }
         ctx.db
             .modify::<Engine>(name, |e| {

@@ -79,10 +79,17 @@ pub async fn heartbeat_once(ctx: &Ctx) -> anyhow::Result<()> {
     })
     .await?;
     let replicas = ctx.db.list::<Replica>().await?;
+    let (im_url, im_version) = match ctx.cfg.processes.instance_manager() {
+        Some(im) => (im.url.clone(), im.version_now().await),
+        None => (String::new(), String::new()),
+    };
     ctx.db
         .modify::<Node>(&ctx.cfg.node_id, |n| {
             n.status.heartbeat = now();
             n.status.disks = statuses.clone();
+            env!("CARGO_PKG_VERSION").clone_into(&mut n.status.manager_version);
+            n.status.instance_manager.clone_from(&im_url);
+            n.status.instance_manager_version.clone_from(&im_version);
             for (disk, st) in &mut n.status.disks {
                 st.storage_scheduled = replicas
                     .iter()

@@ -28,7 +28,7 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
         |r: &Replica| r.spec.node_id.as_str(),
     );
     let local = Arc::new(Local {
-        sup: Supervisor::new(BINARY, "replica", &ctx.cfg.bin_dir, &ctx.cfg.data_dir),
+        sup: Supervisor::new(BINARY, "replica", &ctx.cfg),
         data_paths: Mutex::default(),
         v2: crate::v2::replica::Hosted::default(),
     });
@@ -84,7 +84,7 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
             (PathBuf::from(&r.spec.data_path), r.status.process.clone()),
         );
     }
-    let observed = local.sup.observe(&name, r.status.process.as_ref());
+    let observed = local.sup.observe(&name, r.status.process.as_ref()).await;
     let alive = observed != Observed::Down;
     if let Observed::Ready(listen) = observed {
         record_ready(&ctx, &name, listen).await?;
@@ -173,7 +173,7 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
             return Ok(Some(Duration::from_secs(1)));
         }
     }
-    let rec = local.sup.start(&name, args, restarts)?;
+    let rec = local.sup.start(&name, args, restarts).await?;
     ctx.metrics.daemon_started();
     tracing::info!(replica = name, pid = rec.pid, "started replica");
     ctx.db

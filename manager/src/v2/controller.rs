@@ -46,12 +46,7 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
         },
         |_| None,
     );
-    let sup = Arc::new(Supervisor::new(
-        BINARY,
-        "lvstore",
-        &ctx.cfg.bin_dir,
-        &ctx.cfg.data_dir,
-    ));
+    let sup = Arc::new(Supervisor::new(BINARY, "lvstore", &ctx.cfg));
     let ctx = ctx.clone();
     let c = cancel.clone();
     tokio::spawn(async move {
@@ -140,7 +135,7 @@ async fn reconcile_disk(ctx: &Ctx, sup: &Supervisor, disk: &str, spec: &DiskSpec
         }
     };
     let d = &obj.data;
-    match sup.observe(&name, d.process.as_ref()) {
+    match sup.observe(&name, d.process.as_ref()).await {
         Observed::Ready(listen) => {
             let address = listen
                 .get("control")
@@ -204,7 +199,7 @@ async fn reconcile_disk(ctx: &Ctx, sup: &Supervisor, disk: &str, spec: &DiskSpec
         "--listen".to_owned(),
         format!("{}:{port}", ctx.cfg.host),
     ];
-    let rec = sup.start(&name, args, restarts)?;
+    let rec = sup.start(&name, args, restarts).await?;
     ctx.metrics.daemon_started();
     tracing::info!(daemon = name, pid = rec.pid, device = %device.display(), "started lvstore daemon");
     set(ctx, &name, |d| {
