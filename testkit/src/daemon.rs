@@ -110,6 +110,7 @@ pub struct DaemonCommand {
     ready_timeout: Duration,
     label: String,
     log_file: Option<PathBuf>,
+    own_process_group: bool,
 }
 
 impl DaemonCommand {
@@ -128,6 +129,7 @@ impl DaemonCommand {
             ready_timeout: DEFAULT_READY_TIMEOUT,
             label,
             log_file: None,
+            own_process_group: false,
         }
     }
 
@@ -174,6 +176,13 @@ impl DaemonCommand {
     /// whose report names it.
     pub fn log_to(mut self, path: impl Into<PathBuf>) -> Self {
         self.log_file = Some(path.into());
+        self
+    }
+
+    /// Runs the daemon in a process group of its own (its pid is the group id), so a test can signal its whole
+    /// group, as an init system or a container runtime would, without signalling itself.
+    pub fn own_process_group(mut self) -> Self {
+        self.own_process_group = true;
         self
     }
 
@@ -272,6 +281,9 @@ impl Daemon {
             .stderr(log);
         if matches!(c.readiness, Readiness::ReadyFile) {
             cmd.arg("--ready-file").arg(&ready_path);
+        }
+        if c.own_process_group {
+            std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         }
         let mut child = cmd.spawn().map_err(spawn_err)?;
         let deadline = Instant::now() + c.ready_timeout;

@@ -46,14 +46,30 @@ impl Manager {
         ports: (u16, u16),
         env: &[(&str, &str)],
     ) -> Manager {
+        let daemon = Self::command(data_dir, node_id, store, ports, env).spawn();
+        Manager {
+            url: daemon.http_url("http"),
+            daemon,
+            data_dir: data_dir.to_owned(),
+            node_id: node_id.to_owned(),
+        }
+    }
+
+    /// The command [`Manager::start_with_env`] runs, to add flags or to run it another way.
+    pub fn command(
+        data_dir: &Path,
+        node_id: &str,
+        store: &str,
+        ports: (u16, u16),
+        env: &[(&str, &str)],
+    ) -> DaemonCommand {
         std::fs::create_dir_all(data_dir).unwrap();
         let bin = manager_bin();
         let mut cmd = DaemonCommand::new(&bin);
         for (k, v) in env {
             cmd = cmd.env(k, v);
         }
-        let daemon = cmd
-            .label(format!("corral-manager-{node_id}"))
+        cmd.label(format!("corral-manager-{node_id}"))
             .arg("--data-dir")
             .arg(data_dir)
             .args(["--listen", "127.0.0.1:0", "--node-id", node_id, "--store", store])
@@ -63,13 +79,6 @@ impl Manager {
             .env("RUST_LOG", "info,manager=debug")
             .env("NO_COLOR", "1")
             .log_to(data_dir.join("manager.log"))
-            .spawn();
-        Manager {
-            url: daemon.http_url("http"),
-            daemon,
-            data_dir: data_dir.to_owned(),
-            node_id: node_id.to_owned(),
-        }
     }
 
     /// Starts the manager again (after [`Manager::kill`]) on the port it had: clients and the node document keep

@@ -1,0 +1,458 @@
+//! The instance manager (`corral-im`) owns a node's data-plane daemons, so they outlive the manager: real
+//! `corral-im`, `corral-manager`, engine and replica processes, NBD IO through qemu-io while the manager's whole
+//! process group is SIGKILLed and a new manager starts on the same data directory, then while the instance manager
+//! itself is SIGKILLed and restarted. Also its refusals of bad requests and of a manager/instance-manager API skew.
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use corral_proto::v1::{self, instance_service_client::InstanceServiceClient};
+use serde_json::{Value, json};
+use support::*;
+use testkit::{Daemon, DaemonCommand, qemu_io, wait_for, workspace_bin};
+
+fn start_im(data_dir: &Path, env: &[(&str, &str)]) -> Daemon {
+    std::fs::create_dir_all(data_dir).unwrap();
+    let mut cmd = DaemonCommand::new(workspace_bin("corral-im"));
+    for (k, v) in env {
+        cmd = cmd.env(k, v);
+    }
+    cmd.args([
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ])
+    .arg("--data-dir")
+    .arg(data_dir)
+    .arg("--bin-dir")
+    .arg(manager_bin().parent().unwrap())
+    .env("NO_COLOR", "1")
+    .log_to(data_dir.join("corral-im.log"))
+    .spawn()
+}
+
+fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+async fn im_client(im: &Daemon) -> InstanceServiceClient<tonic::transport::Channel> {
+    let ch = corral_proto::grpc::connect(im.addr("grpc"), corral_proto::grpc::GrpcTimeouts::CONTROL)
+        .await
+        .unwrap();
+    InstanceServiceClient::new(ch)
+}
+
+/// name → (pid, state, listeners) of every process of the instance manager.
+fn im_processes(im: &Daemon) -> BTreeMap<String, (i32, i32, BTreeMap<String, String>)> {
+    rt().block_on(async {
+        let list = im_client(im)
+            .await
+            .process_list(v1::ProcessListRequest {})
+            .await
+            .unwrap()
+            .into_inner();
+        list.processes
+            .into_iter()
+            .map(|p| (p.name, (p.pid, p.state, p.listen.into_iter().collect())))
+            .collect()
+    })
+}
+
+fn wait_healthy(m: &Manager, name: &str, replicas: usize, timeout: Duration) -> Value {
+    wait_for(&format!("{name} attached and healthy"), timeout, || {
+        let v = volume(m, name);
+        let rw = v["replicas"]
+            .as_array()
+            .map_or(0, |rs| rs.iter().filter(|r| r["mode"] == "RW").count());
+        (v["state"] == "attached" && v["robustness"] == "healthy" && rw == replicas).then_some(v)
+    })
+}
+
+/// The pids of a volume's engine and replicas.
+fn daemon_pids(v: &Value) -> (i64, Vec<i64>) {
+    let mut replicas: Vec<i64> = v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["pid"].as_i64())
+        .collect();
+    replicas.sort_unstable();
+    (v["engine"]["pid"].as_i64().unwrap(), replicas)
+}
+
+/// qemu-io rounds in the background, each a fresh NBD connection: write a pattern to one 1 MiB slot, flush, read it
+/// back. Records the last pattern of every slot, the rounds done, and every failure.
+struct IoLoad {
+    stop: Arc<AtomicBool>,
+    rounds: Arc<Mutex<Vec<Instant>>>,
+    errors: Arc<Mutex<Vec<String>>>,
+    written: Arc<Mutex<BTreeMap<u64, u8>>>,
+    thread: Option<JoinHandle<()>>,
+}
+
+const SLOTS: u64 = 16;
+
+impl IoLoad {
+    fn start(uri: String) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let rounds = Arc::new(Mutex::new(Vec::new()));
+        let errors = Arc::new(Mutex::new(Vec::new()));
+        let written = Arc::new(Mutex::new(BTreeMap::new()));
+        let (s, r, e, w) = (stop.clone(), rounds.clone(), errors.clone(), written.clone());
+        let thread = std::thread::spawn(move || {
+            let mut i: u64 = 0;
+            while !s.load(Ordering::Relaxed) {
+                let slot = i % SLOTS;
+                let pattern = u8::try_from(i % 250).unwrap() + 1;
+                let off = slot << 20;
+                let (ok, out) = qemu_io(
+                    &uri,
+                    &[
+                        &format!("write -P {pattern} {off} 1M"),
+                        "flush",
+                        &format!("read -P {pattern} {off} 1M"),
+                    ],
+                );
+                if ok {
+                    w.lock().unwrap().insert(slot, pattern);
+                    r.lock().unwrap().push(Instant::now());
+                } else {
+                    e.lock().unwrap().push(format!("round {i}: {out}"));
+                }
+                i += 1;
+            }
+        });
+        Self {
+            stop,
+            rounds,
+            errors,
+            written,
+            thread: Some(thread),
+        }
+    }
+
+    fn rounds(&self) -> usize {
+        self.rounds.lock().unwrap().len()
+    }
+
+    fn errors(&self) -> Vec<String> {
+        self.errors.lock().unwrap().clone()
+    }
+
+    /// Waits until `n` more rounds completed than now.
+    fn wait_rounds(&self, n: usize, what: &str) {
+        let from = self.rounds();
+        wait_for(what, Duration::from_secs(60), || {
+            assert_eq!(self.errors(), Vec::<String>::new(), "IO failed");
+            (self.rounds() >= from + n).then_some(())
+        });
+    }
+
+    fn finish(mut self) -> (usize, Vec<String>, BTreeMap<u64, u8>) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            t.join().unwrap();
+        }
+        (self.rounds(), self.errors(), self.written.lock().unwrap().clone())
+    }
+}
+
+impl Drop for IoLoad {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+#[test]
+fn daemons_on_the_instance_manager_survive_a_sigkilled_manager_and_a_sigkilled_instance_manager() {
+    let dir = tempfile::tempdir().unwrap();
+    // The manager and the instance manager share the node's data directory at the same path, as the containers do.
+    let node_dir = dir.path().join("n1");
+    let mut im = start_im(&node_dir, &[]);
+    let im_url = format!("http://{}", im.addr("grpc"));
+    let command = Manager::command(&node_dir, "node-1", "embedded", port_range(0), &[])
+        .args(["--instance-manager", &im_url])
+        .own_process_group();
+    let daemon = command.clone().spawn();
+    let mut m = Manager {
+        url: daemon.http_url("http"),
+        daemon,
+        data_dir: node_dir.clone(),
+        node_id: "node-1".into(),
+    };
+
+    // The node records its instance manager and both versions.
+    let nodes = ok(&m.url, &["node", "ls"]);
+    let version = env!("CARGO_PKG_VERSION");
+    wait_for(
+        "the node shows its instance manager",
+        Duration::from_secs(30),
+        || {
+            let (code, n) = rest("GET", &format!("{}/v1/nodes/node-1", m.url), None);
+            (code == 200 && n["instanceManager"] == im_url.as_str() && n["managerVersion"] == version)
+                .then_some(())
+        },
+    );
+    let nodes = if nodes.contains(&im_url) {
+        nodes
+    } else {
+        ok(&m.url, &["node", "ls"])
+    };
+    assert!(
+        nodes.contains(&im_url) && nodes.contains(&format!("{version} (API v1)")),
+        "{nodes}"
+    );
+
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/volumes", m.url),
+        Some(&json!({"name": "vol1", "size": 32 << 20, "numberOfReplicas": 2})),
+    );
+    assert_eq!(code, 201, "{v}");
+    let uri = attach(&m.url, "vol1");
+    let v = wait_healthy(&m, "vol1", 2, Duration::from_secs(90));
+    let (engine_pid, replica_pids) = daemon_pids(&v);
+    // They are the instance manager's processes, not the manager's children.
+    let procs = im_processes(&im);
+    let im_pids: Vec<i64> = procs.values().map(|p| i64::from(p.0)).collect();
+    assert!(im_pids.contains(&engine_pid), "{procs:?} vs engine {engine_pid}");
+    for p in &replica_pids {
+        assert!(im_pids.contains(p), "{procs:?} vs replica {p}");
+    }
+    let running = i32::from(v1::InstanceProcessState::Running);
+    assert!(procs.values().all(|p| p.1 == running), "{procs:?}");
+
+    let load = IoLoad::start(uri.clone());
+    load.wait_rounds(3, "IO running before the kill");
+
+    // SIGKILL the manager's whole process group while IO runs.
+    let pgid = i32::try_from(m.daemon.pid()).unwrap();
+    let in_flight = load.rounds();
+    let status = std::process::Command::new("kill")
+        .args(["-KILL", "--", &format!("-{pgid}")])
+        .status()
+        .unwrap();
+    assert!(status.success());
+    wait_for("the manager gone", Duration::from_secs(10), || {
+        (!pid_alive(i64::from(pgid))).then_some(())
+    });
+    m.kill(); // reaps it
+    assert!(load.rounds() > 0 && load.errors().is_empty());
+    // No manager at all: IO goes on.
+    load.wait_rounds(3, "IO while no manager runs");
+    assert!(load.rounds() >= in_flight + 3);
+    assert!(pid_alive(engine_pid) && replica_pids.iter().all(|p| pid_alive(*p)));
+
+    // A new manager on the same data directory and instance manager adopts everything: same pids, no restart.
+    let listen = command.clone().set_flag("--listen", m.daemon.addr("http"));
+    m.daemon.restart_with(listen);
+    m.url = m.daemon.http_url("http");
+    load.wait_rounds(3, "IO after the new manager started");
+    let v = wait_healthy(&m, "vol1", 2, Duration::from_secs(60));
+    assert_eq!(
+        daemon_pids(&v),
+        (engine_pid, replica_pids.clone()),
+        "a daemon was restarted"
+    );
+
+    // SIGKILL the instance manager: its children live on; restarted, it re-adopts them with their listeners.
+    let before = im_processes(&im);
+    let im_addr = im.addr("grpc").to_owned();
+    im.kill();
+    load.wait_rounds(3, "IO while no instance manager runs");
+    let cmd = im.command().clone().set_flag("--listen", &im_addr);
+    im.restart_with(cmd);
+    let after = im_processes(&im);
+    assert_eq!(
+        before, after,
+        "the instance manager did not re-adopt its processes as they were"
+    );
+    let metrics = reqwest_get(&format!("http://{}/metrics", im.addr("metrics")));
+    assert!(
+        metrics.contains(&format!(
+            "corral_im_processes{{state=\"running\"}} {}",
+            after.len()
+        )),
+        "{metrics}"
+    );
+    load.wait_rounds(3, "IO after the instance manager restarted");
+    // The manager keeps using the restarted instance manager: a detach stops the daemons through it.
+    let v = wait_healthy(&m, "vol1", 2, Duration::from_secs(60));
+    assert_eq!(daemon_pids(&v), (engine_pid, replica_pids.clone()));
+
+    let (rounds, errors, written) = load.finish();
+    eprintln!(
+        "qemu-io rounds: {rounds} in all, {in_flight} before the manager's SIGKILL, {} errors",
+        errors.len()
+    );
+    assert!(errors.is_empty(), "IO errors: {errors:?}");
+    assert!(rounds >= 15, "{rounds} rounds");
+    // Every slot holds the last pattern written to it.
+    let cmds: Vec<String> = written
+        .iter()
+        .map(|(slot, p)| format!("read -P {p} {} 1M", slot << 20))
+        .collect();
+    let refs: Vec<&str> = cmds.iter().map(String::as_str).collect();
+    let (ok_read, out) = qemu_io(&uri, &refs);
+    assert!(ok_read, "data after the restarts: {out}");
+
+    let (code, _) = rest("POST", &format!("{}/v1/volumes/vol1/detach", m.url), None);
+    assert_eq!(code, 200);
+    wait_for(
+        "the instance manager stopped the daemons",
+        Duration::from_secs(60),
+        || (!pid_alive(engine_pid) && replica_pids.iter().all(|p| !pid_alive(*p))).then_some(()),
+    );
+}
+
+fn reqwest_get(url: &str) -> String {
+    let out = std::process::Command::new("curl")
+        .args(["-sf", url])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "GET {url}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+#[test]
+fn the_instance_manager_refuses_bad_requests_and_runs_and_stops_a_replica() {
+    let dir = tempfile::tempdir().unwrap();
+    let im = start_im(&dir.path().join("im"), &[]);
+    let replica_dir = dir.path().join("r1");
+    rt().block_on(async {
+        let mut c = im_client(&im).await;
+        let create = |name: &str, binary: &str| v1::ProcessCreateRequest {
+            name: name.into(),
+            kind: "replica".into(),
+            binary: binary.into(),
+            args: [
+                "serve",
+                "--dir",
+                replica_dir.to_str().unwrap(),
+                "--listen",
+                "127.0.0.1:0",
+                "--data-listen",
+                "127.0.0.1:0",
+                "--sync-listen",
+                "127.0.0.1:0",
+                "--size",
+                "4194304",
+                "--volume",
+                "v",
+            ]
+            .map(String::from)
+            .to_vec(),
+            env: Default::default(),
+        };
+        for binary in ["sh", "/bin/sh", "../corral-replica", "corral-manager"] {
+            let e = c.process_create(create("r1", binary)).await.unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{binary}: {e:?}");
+            assert!(e.message().contains("not a data-plane binary"), "{e:?}");
+        }
+        for name in ["../r1", "a/b", "..", ".r1", ""] {
+            let e = c
+                .process_create(create(name, "corral-replica"))
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), tonic::Code::InvalidArgument, "{name:?}: {e:?}");
+            assert!(e.message().contains("process name"), "{e:?}");
+        }
+        let mut own_ready = create("r1", "corral-replica");
+        own_ready.args.extend(["--ready-file".into(), "/tmp/x".into()]);
+        let e = c.process_create(own_ready).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::InvalidArgument);
+
+        let p = c
+            .process_create(create("r1", "corral-replica"))
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(p.pid > 0);
+        let e = c
+            .process_create(create("r1", "corral-replica"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::AlreadyExists, "{e:?}");
+        assert!(e.message().contains("delete it first"), "{e:?}");
+        let running = testkit::wait_for_async("the replica running", Duration::from_secs(60), async || {
+            let p = c
+                .process_get(v1::ProcessGetRequest { name: "r1".into() })
+                .await
+                .unwrap()
+                .into_inner();
+            (p.state == i32::from(v1::InstanceProcessState::Running)).then_some(p)
+        })
+        .await;
+        assert!(running.listen.contains_key("control"), "{running:?}");
+        std::net::TcpStream::connect(&running.listen["control"]).unwrap();
+        let log = c
+            .process_log(v1::ProcessLogRequest {
+                name: "r1".into(),
+                lines: 5,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(!log.lines.is_empty() && log.lines.len() <= 5, "{log:?}");
+        let e = c
+            .process_get(v1::ProcessGetRequest { name: "nope".into() })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), tonic::Code::NotFound);
+
+        let gone = c
+            .process_delete(v1::ProcessDeleteRequest {
+                name: "r1".into(),
+                grace_ms: 5000,
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        assert!(gone.deleted);
+        assert!(!pid_alive(i64::from(p.pid)));
+        assert!(
+            c.process_list(v1::ProcessListRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .processes
+                .is_empty()
+        );
+    });
+    // The debug CLI.
+    let out = std::process::Command::new(workspace_bin("corral-im"))
+        .args(["version", "--url", im.addr("grpc")])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && text.contains("instance API v1"), "{text}");
+}
+
+#[test]
+fn a_manager_refuses_an_instance_manager_speaking_an_older_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let node_dir = dir.path().join("n1");
+    let im = start_im(&node_dir, &[("CORRAL_IM_API_VERSION", "0")]);
+    let err = Manager::command(&node_dir, "node-1", "embedded", port_range(0), &[])
+        .args(["--instance-manager", &format!("http://{}", im.addr("grpc"))])
+        .try_spawn()
+        .expect_err("a manager on an instance manager too old for it");
+    let text = err.to_string();
+    assert!(
+        text.contains("speaks instance API v0")
+            && text.contains("needs v1")
+            && text.contains("Upgrade the node's instance manager"),
+        "{text}"
+    );
+}
