@@ -103,9 +103,9 @@ pub struct Supervisor {
 }
 
 impl Supervisor {
-    /// Daemons of `kind` on the node's process host.
-    pub fn new(binary: &'static str, kind: &'static str, cfg: &crate::context::NodeConfig) -> Self {
-        Self::on(binary, kind, cfg.processes.clone(), &cfg.data_dir)
+    /// Daemons of `kind` on the node's process host (`NodeConfig::processes`), files under `data_dir`.
+    pub fn new(binary: &'static str, kind: &'static str, host: &ProcessHost, data_dir: &Path) -> Self {
+        Self::on(binary, kind, host.clone(), data_dir)
     }
 
     /// Daemons of `kind` started by this manager from `bin_dir`.

@@ -48,7 +48,7 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     let ctx = ctx.clone();
     let c = cancel.clone();
     let local = Arc::new(Local {
-        sup: Supervisor::new(BINARY, "bim", &ctx.cfg),
+        sup: Supervisor::new(BINARY, "bim", &ctx.cfg.processes, &ctx.cfg.data_dir),
         watches: Mutex::default(),
         compatible: Mutex::default(),
     });

@@ -34,7 +34,12 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     );
     let ctx = ctx.clone();
     let c = cancel.clone();
-    let local = Arc::new(Supervisor::new(BINARY, "datasource", &ctx.cfg));
+    let local = Arc::new(Supervisor::new(
+        BINARY,
+        "datasource",
+        &ctx.cfg.processes,
+        &ctx.cfg.data_dir,
+    ));
     tokio::spawn(async move {
         let m = ctx.metrics.clone();
         run_worker("backing-image-data-source", q, c, m, |name| {

@@ -47,7 +47,12 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
         },
         |_| None,
     );
-    let sup = Arc::new(Supervisor::new(BINARY, "engine", &ctx.cfg));
+    let sup = Arc::new(Supervisor::new(
+        BINARY,
+        "engine",
+        &ctx.cfg.processes,
+        &ctx.cfg.data_dir,
+    ));
     let ctx = ctx.clone();
     let c = cancel.clone();
     tokio::spawn(async move {

@@ -28,7 +28,7 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
         |r: &Replica| r.spec.node_id.as_str(),
     );
     let local = Arc::new(Local {
-        sup: Supervisor::new(BINARY, "replica", &ctx.cfg),
+        sup: Supervisor::new(BINARY, "replica", &ctx.cfg.processes, &ctx.cfg.data_dir),
         data_paths: Mutex::default(),
         v2: crate::v2::replica::Hosted::default(),
     });
