@@ -723,7 +723,16 @@ async fn main() -> anyhow::Result<()> {
                 let ns: Vec<NodeView> = c.get("/v1/nodes").await?;
                 print(json, &ns, || {
                     table(
-                        &["NODE", "READY", "SCHEDULING", "REPLICAS", "ADDRESS", "VERSION", "INSTANCE MANAGER", "DISKS"],
+                        &[
+                            "NODE",
+                            "READY",
+                            "SCHEDULING",
+                            "REPLICAS",
+                            "ADDRESS",
+                            "VERSION",
+                            "INSTANCE MANAGER",
+                            "DISKS",
+                        ],
                         ns.iter()
                             .map(|n| {
                                 vec![

@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::now;
 use crate::context::Ctx;
-use crate::model::{DataEngine, Engine, Node, ORPHANS_KEPT, OrphanRemoved, ProcessRecord, Replica};
+use crate::model::{DataEngine, Engine, Node, ORPHANS_KEPT, OrphanRemoved, Replica};
 
 /// How often the node looks for orphans.
 const SWEEP: Duration = Duration::from_secs(5);
@@ -129,7 +129,7 @@ fn node_daemons(data_dir: &Path) -> Vec<NodeDaemon> {
         let Some((kind, name)) = parse_daemon(&run_dir, &argv) else {
             continue;
         };
-        let Some(start_time) = crate::process::start_time(pid) else {
+        let Some(start_time) = corral_daemon::supervise::start_time(pid) else {
             continue;
         };
         out.push(NodeDaemon {
@@ -190,12 +190,8 @@ async fn sweep(ctx: &Ctx, seen: &mut Seen) -> anyhow::Result<()> {
         if again.is_none() {
             continue;
         }
-        let rec = ProcessRecord {
-            pid: d.pid,
-            start_time: d.start_time,
-            ..Default::default()
-        };
-        crate::process::stop(&rec, d.kind.binary(), Duration::from_secs(10)).await;
+        corral_daemon::supervise::terminate(d.pid, d.start_time, d.kind.binary(), Duration::from_secs(10))
+            .await;
         let (kind, prefix) = match d.kind {
             DaemonKind::Replica => ("replica-process", "replica"),
             DaemonKind::Engine => ("engine-process", "engine"),
