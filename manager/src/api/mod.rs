@@ -218,43 +218,59 @@ async fn add_disk(
     check_name("disk name", &req.name)?;
     check_disk_path(&req.path)?;
     let path = std::path::Path::new(&req.path);
-    let mut n = ctx
+    let n = ctx
         .db
         .get::<Node>(&node)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("node {node:?} not found")))?;
-    if n.data.spec.disks.contains_key(&req.name) {
-        return Err(ApiError::Conflict(format!(
-            "node {node} already has a disk {:?}",
-            req.name
-        )));
-    }
-    if n.data.spec.disks.values().any(|d| d.path == req.path) {
-        return Err(ApiError::Conflict(format!(
-            "node {node} already uses {}",
-            req.path
-        )));
+    if let Some(why) = disk_clash(&node, &n.data, &req.name, &req.path) {
+        return Err(ApiError::Conflict(why));
     }
     let local = n.data.spec.host == ctx.cfg.host || node == ctx.cfg.node_id;
     let lvstore_size = crate::v2::routes::check_disk(&req, local)?;
     // A directory that already is a Corral disk keeps its identity.
     let uuid = match corral_daemon::disk::read_disk_config(path) {
-        Ok(c) if n.data.spec.host == ctx.cfg.host || node == ctx.cfg.node_id => c.disk_uuid,
+        Ok(c) if local => c.disk_uuid,
         _ => uuid::Uuid::new_v4().to_string(),
     };
-    n.data.spec.disks.insert(
-        req.name,
-        DiskSpec {
-            path: req.path,
-            disk_uuid: uuid,
-            allow_scheduling: req.allow_scheduling,
-            storage_reserved: req.storage_reserved,
-            engine: req.disk_engine,
-            lvstore_size,
-        },
-    );
-    ctx.db.update(&mut n).await?;
+    let disk = DiskSpec {
+        path: req.path.clone(),
+        disk_uuid: uuid,
+        allow_scheduling: req.allow_scheduling,
+        storage_reserved: req.storage_reserved,
+        engine: req.disk_engine,
+        lvstore_size,
+    };
+    // The node's heartbeat rewrites its document every few seconds, and the checks above can take a while (a v2
+    // disk probes its device): write with retries on a version conflict, checking again for a clash each time.
+    let mut clash = None;
+    let n = ctx
+        .db
+        .modify::<Node>(&node, |data| {
+            clash = disk_clash(&node, data, &req.name, &req.path);
+            if clash.is_some() {
+                return false;
+            }
+            data.spec.disks.insert(req.name.clone(), disk.clone());
+            true
+        })
+        .await?;
+    if let Some(why) = clash {
+        return Err(ApiError::Conflict(why));
+    }
     Ok(Json(crate::node::routes::node_view(&ctx, &n).await?))
+}
+
+/// Why disk `name` at `path` cannot be added to `node`, if it cannot.
+fn disk_clash(node: &str, n: &Node, name: &str, path: &str) -> Option<String> {
+    if n.spec.disks.contains_key(name) {
+        return Some(format!("node {node} already has a disk {name:?}"));
+    }
+    n.spec
+        .disks
+        .values()
+        .any(|d| d.path == path)
+        .then(|| format!("node {node} already uses {path}"))
 }
 
 async fn remove_disk(
