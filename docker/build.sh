@@ -59,8 +59,14 @@ done
 
 # --- version, revision ---------------------------------------------------------------------------------------------
 metadata=$(cd "$repo" && cargo metadata --no-deps --format-version 1)
-# image name == binary name; the version is that of the package that owns the binary.
+# image name == binary name; the version is that of the package that owns the binary. An image of a program from
+# the host (docker/<image>/host-binaries, e.g. etcd for the compose cluster) carries that program's version: the
+# first X.Y.Z its first binary's `--version` prints.
 version_of() {
+  if [ -f "$docker_dir/$1/host-binaries" ]; then
+    "$(host_binaries_of "$1" | head -1)" --version | grep -oE '[0-9]+\.[0-9]+\.[0-9]+' | head -1
+    return
+  fi
   python3 -c '
 import json, sys
 meta = json.load(sys.stdin)
@@ -85,23 +91,38 @@ created=$(date -u +%Y-%m-%dT%H:%M:%SZ)
 # An image holds the binary it is named after, plus those listed in docker/<image>/binaries (one per line, # for
 # comments): the manager's image carries the engine and replica it starts.
 binaries_of() {
+  [ -f "$docker_dir/$1/host-binaries" ] && return
   echo "$1"
   if [ -f "$docker_dir/$1/binaries" ]; then
     sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$docker_dir/$1/binaries"
   fi
 }
+# An image of a program that is not Corral's (etcd, for the compose cluster: no registry to pull it from) lists the
+# host's files to copy in docker/<image>/host-binaries (absolute paths, the first one answers --version).
+host_binaries_of() {
+  sed -e 's/#.*//' -e '/^[[:space:]]*$/d' "$docker_dir/$1/host-binaries"
+}
+for image in "${images[@]}"; do
+  [ -f "$docker_dir/$image/host-binaries" ] || continue
+  while read -r path; do
+    [ -x "$path" ] || {
+      echo "build.sh: $image needs $path from this host (docker/$image/host-binaries), which is missing" >&2
+      exit 1
+    }
+  done < <(host_binaries_of "$image")
+done
 all_bins=()
 for image in "${images[@]}"; do
   mapfile -t -O "${#all_bins[@]}" all_bins < <(binaries_of "$image")
 done
-mapfile -t all_bins < <(printf '%s\n' "${all_bins[@]}" | sort -u)
-if [ "${CORRAL_SKIP_CARGO:-0}" != 1 ]; then
+[ ${#all_bins[@]} -eq 0 ] || mapfile -t all_bins < <(printf '%s\n' "${all_bins[@]}" | sort -u)
+if [ "${CORRAL_SKIP_CARGO:-0}" != 1 ] && [ ${#all_bins[@]} -gt 0 ]; then
   bin_flags=()
   for bin in "${all_bins[@]}"; do bin_flags+=(--bin "$bin"); done
   log "cargo build ${cargo_profile[*]} ${bin_flags[*]} (target dir $target_dir)"
   (cd "$repo" && CARGO_TARGET_DIR="$target_dir" cargo build "${cargo_profile[@]}" --locked "${bin_flags[@]}")
 fi
-for bin in "${all_bins[@]}"; do
+for bin in ${all_bins[@]+"${all_bins[@]}"}; do
   [ -x "$bin_dir/$bin" ] || {
     echo "build.sh: $bin_dir/$bin is missing (is $bin a binary of the workspace? built with cargo build --bins?)" >&2
     exit 1
@@ -154,10 +175,16 @@ for image in "${images[@]}"; do
   while read -r bin; do
     objcopy --strip-debug "$bin_dir/$bin" "$ctx/$bin"
   done < <(binaries_of "$image")
+  if [ -f "$docker_dir/$image/host-binaries" ]; then
+    while read -r path; do cp -L "$path" "$ctx/"; done < <(host_binaries_of "$image")
+  fi
   cp "$docker_dir/lib/runtime-rootfs.sh" "$docker_dir/lib/corral-healthz" "$ctx/"
-  tags=(--tag "$image:$version$tag_suffix")
-  [ "$profile" = release ] && tags+=(--tag "$image:latest")
-  log "docker build $image:$version$tag_suffix (base $BASE)"
+  # A host program's image is the same whichever profile Corral's binaries come from: no -debug suffix.
+  suffix=$tag_suffix
+  [ -f "$docker_dir/$image/host-binaries" ] && suffix=
+  tags=(--tag "$image:$version$suffix")
+  [ -z "$suffix" ] && tags+=(--tag "$image:latest")
+  log "docker build $image:$version$suffix (base $BASE)"
   build_log=$ctx.log
   if ! docker build \
     --file "$docker_dir/$image/Dockerfile" \
@@ -172,7 +199,7 @@ for image in "${images[@]}"; do
     echo "build.sh: docker build of $image failed" >&2
     exit 1
   fi
-  built+=("$image:$version$tag_suffix")
+  built+=("$image:$version$suffix")
 done
 
 # --- sizes ---------------------------------------------------------------------------------------------------------
