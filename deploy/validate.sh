@@ -39,11 +39,26 @@ done
 # Objects of CRD kinds (applied outside the kustomization, after their CRDs): against the CRD schemas in crds/.
 python3 "$deploy_dir/validate-crd-objects.py" "$deploy_dir/crds" "$deploy_dir/csi-snapshotclass.yaml"
 
-# Every sidecar image the manifests use is listed, with the same version, in csi-sidecar-images.txt.
-for image in $(grep -oE 'registry\.k8s\.io/[^ "]+' "$rendered" | sort -u); do
-  if ! grep -q "^$image " "$deploy_dir/csi-sidecar-images.txt"; then
-    echo "failed validation: $image is not listed in csi-sidecar-images.txt" >&2
+# Every image is built by docker/build.sh (a docker/<image>/Dockerfile) or listed, with the same version, in
+# external-images.txt.
+docker_dir=$deploy_dir/../docker
+for image in $(sed -n 's/^ *image: *//p' "$rendered" | tr -d '"' | sort -u); do
+  name=${image%:*}
+  if [ -f "$docker_dir/$name/Dockerfile" ]; then continue; fi
+  if ! grep -q "^$image " "$deploy_dir/external-images.txt"; then
+    echo "failed validation: $image is neither built by docker/build.sh (no docker/$name/Dockerfile) nor listed in external-images.txt" >&2
     exit 1
   fi
 done
-echo "sidecar images: every registry.k8s.io image is listed in csi-sidecar-images.txt"
+echo "images: every image is built by docker/build.sh or listed in external-images.txt"
+
+# Every RBAC rule says which component uses it: a comment on the line before each rule.
+for f in "$deploy_dir"/*.yaml; do
+  unannotated=$(awk '/^ *- apiGroups:/ && prev !~ /^ *#/ { print FILENAME ":" FNR } { prev = $0 }' "$f")
+  if [ -n "$unannotated" ]; then
+    echo "failed validation: RBAC rules without a comment naming the component that uses them:" >&2
+    echo "$unannotated" >&2
+    exit 1
+  fi
+done
+echo "rbac: every rule names the component that uses it"

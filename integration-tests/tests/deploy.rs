@@ -38,3 +38,102 @@ fn kustomize_renders_deploy_and_every_object_passes_schema_validation() {
     assert!(!text.contains("failed validation"), "{text}");
     eprintln!("{}", text.lines().next().unwrap_or_default());
 }
+
+/// The manifests' files, as `deploy/kustomization.yaml` lists them under `resources:`.
+fn kustomization_resources(deploy: &Path) -> Vec<String> {
+    let text = std::fs::read_to_string(deploy.join("kustomization.yaml")).expect("read kustomization.yaml");
+    let mut in_resources = false;
+    let mut files = Vec::new();
+    for line in text.lines() {
+        if !line.starts_with(' ') && !line.starts_with('-') {
+            in_resources = line.starts_with("resources:");
+        } else if in_resources && let Some(f) = line.trim().strip_prefix("- ") {
+            files.push(f.trim().to_owned());
+        }
+    }
+    files
+}
+
+/// `name -> newTag` of the kustomization's `images:` list.
+fn kustomization_tags(deploy: &Path) -> Vec<(String, String)> {
+    let text = std::fs::read_to_string(deploy.join("kustomization.yaml")).expect("read kustomization.yaml");
+    let mut tags = Vec::new();
+    let mut name = None;
+    for line in text.lines().map(str::trim) {
+        if let Some(n) = line.strip_prefix("- name:") {
+            name = Some(n.trim().to_owned());
+        } else if let (Some(t), Some(n)) = (line.strip_prefix("newTag:"), name.take()) {
+            tags.push((n, t.trim().trim_matches('"').to_owned()));
+        }
+    }
+    tags
+}
+
+/// Works without kubectl: every `image:` of the kustomization's files (with the tag kustomize gives it) is either a
+/// Corral image `docker/build.sh` builds (a `docker/<image>/Dockerfile`), tagged with the workspace version as
+/// build.sh tags it, or an external image listed with the same version in `deploy/external-images.txt`; and every
+/// listed external image is used.
+#[test]
+fn every_image_the_manifests_name_is_built_by_build_sh_or_listed_external() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let deploy = root.join("deploy");
+    let version = std::fs::read_to_string(root.join("Cargo.toml"))
+        .expect("read Cargo.toml")
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("version = ")
+                .map(|v| v.trim().trim_matches('"').to_owned())
+        })
+        .expect("[workspace.package] version in Cargo.toml");
+    let external: Vec<String> = std::fs::read_to_string(deploy.join("external-images.txt"))
+        .expect("read deploy/external-images.txt")
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect();
+    let tags = kustomization_tags(&deploy);
+    let mut used_external = Vec::new();
+    let mut problems = Vec::new();
+    let mut corral_images = Vec::new();
+    for file in kustomization_resources(&deploy) {
+        let text =
+            std::fs::read_to_string(deploy.join(&file)).unwrap_or_else(|e| panic!("read deploy/{file}: {e}"));
+        for image in text
+            .lines()
+            .filter_map(|l| l.trim().trim_start_matches("- ").strip_prefix("image:"))
+            .map(|i| i.trim().trim_matches('"').to_owned())
+        {
+            if external.contains(&image) {
+                used_external.push(image);
+                continue;
+            }
+            let (name, tag) = match image.rsplit_once(':') {
+                Some((n, t)) => (n.to_owned(), Some(t.to_owned())),
+                None => (image.clone(), None),
+            };
+            let tag = tag.or_else(|| tags.iter().find(|(n, _)| *n == name).map(|(_, t)| t.clone()));
+            if !root.join("docker").join(&name).join("Dockerfile").is_file() {
+                problems.push(format!(
+                    "deploy/{file}: {image} is neither built by docker/build.sh (no docker/{name}/Dockerfile) nor listed in deploy/external-images.txt"
+                ));
+            } else if tag.as_deref() != Some(version.as_str()) {
+                problems.push(format!(
+                    "deploy/{file}: {name} is tagged {tag:?} (kustomization.yaml newTag), docker/build.sh tags it {version}"
+                ));
+            } else {
+                corral_images.push(name);
+            }
+        }
+    }
+    for image in &external {
+        if !used_external.contains(image) {
+            problems.push(format!(
+                "deploy/external-images.txt lists {image}, which no manifest uses"
+            ));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+    corral_images.sort();
+    corral_images.dedup();
+    eprintln!("Corral images: {corral_images:?}; external: {used_external:?}");
+}

@@ -13,12 +13,15 @@
 //! - [`servers`]: real third-party servers: S3 (`rclone serve s3`) and etcd.
 //! - [`nbd`]: `qemu-io` against an NBD export, failures read from its output.
 //! - [`scratch`]: temporary directories on a disk filesystem.
+//! - [`docker`]: whether a Docker daemon answers, `docker/build.sh` from the suite's build, compose projects that
+//!   are always taken down.
 //!
 //! Everything here panics with a message that says what it was waiting for or reading: it serves tests.
 
 pub mod binary;
 pub mod daemon;
 pub mod digest;
+pub mod docker;
 pub mod extents;
 pub mod nbd;
 pub mod poll;

@@ -42,6 +42,21 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
     StoreError::Backend(format!("etcd: {e}"))
 }
 
+/// A failed etcd RPC. One that was not answered in time or found no member (what a lost quorum looks like from a
+/// client: etcd holds the request until a leader exists) says so, rather than tonic's "operation was cancelled".
+fn rpc(e: tonic::Status) -> StoreError {
+    match e.code() {
+        tonic::Code::Cancelled | tonic::Code::DeadlineExceeded | tonic::Code::Unavailable => {
+            StoreError::Backend(format!(
+                "etcd did not answer within {}s: no quorum of its members is reachable ({})",
+                REQUEST_TIMEOUT.as_secs(),
+                e.message()
+            ))
+        }
+        _ => backend(e),
+    }
+}
+
 fn version(rev: i64) -> u64 {
     u64::try_from(rev).unwrap_or(0)
 }
@@ -200,7 +215,7 @@ impl EtcdStore {
                 ..Default::default()
             })
             .await
-            .map_err(backend)?;
+            .map_err(rpc)?;
         Ok(resp.into_inner().kvs)
     }
 
@@ -215,7 +230,7 @@ impl EtcdStore {
                 failure: Vec::new(),
             })
             .await
-            .map_err(backend)?
+            .map_err(rpc)?
             .into_inner();
         if !resp.succeeded {
             return Ok(None);
@@ -425,7 +440,7 @@ impl Store for EtcdStore {
                     id: 0,
                 })
                 .await
-                .map_err(backend)?
+                .map_err(rpc)?
                 .into_inner();
             if !lease.error.is_empty() {
                 return Err(backend(format!("lease grant: {}", lease.error)));
