@@ -46,7 +46,8 @@ for image in $(sed -n 's/^ *image: *//p' "$rendered" | tr -d '"' | sort -u); do
   name=${image%:*}
   if [ -f "$docker_dir/$name/Dockerfile" ]; then continue; fi
   if ! grep -q "^$image " "$deploy_dir/external-images.txt"; then
-    echo "failed validation: $image is neither built by docker/build.sh (no docker/$name/Dockerfile) nor listed in external-images.txt" >&2
+    echo "failed validation: $image is neither built by docker/build.sh (no docker/$name/Dockerfile)" \
+      "nor listed in external-images.txt" >&2
     exit 1
   fi
 done
