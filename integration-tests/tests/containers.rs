@@ -24,6 +24,7 @@ const IMAGES: &[&str] = &[
     "corral-bim",
     "corral-manager",
     "corral-csi",
+    "corral-im",
 ];
 
 /// `qemu-io` on the engine's published NBD port: each pair is a write then a verifying read of that pattern.

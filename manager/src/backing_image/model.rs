@@ -109,9 +109,9 @@ pub struct DiskFileStatus {
     /// `v2`: the copy is a snapshot lvol, [`v2_copy`](Self::v2_copy) its daemon's last report.
     #[serde(default)]
     pub data_engine: DataEngine,
-    /// v2 copies: seed 001's `BackingImageV2CopyInfo` ([`super::v2_copy::copy_status`]).
+    /// v2 copies: seed 001's `BackingImageV2CopyInfo` (`super::v2_copy::copy_status`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub v2_copy: Option<super::v2_copy::V2CopyInfo>,
+    pub v2_copy: Option<V2CopyInfo>,
 }
 
 impl Resource for BackingImage {
@@ -230,4 +230,35 @@ impl Resource for BackingImageManager {
 /// The document name of a disk's manager.
 pub fn manager_name(disk_uuid: &str) -> String {
     format!("bim-{disk_uuid}")
+}
+
+/// Seed 001's `BackingImageV2CopyInfo`: one disk's copy as its daemon reported it last.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct V2CopyInfo {
+    pub name: String,
+    pub uuid: String,
+    /// The store's UUID (the disk's `diskUUID` in the lvstore, not the manager's disk UUID).
+    #[serde(rename = "diskUUID")]
+    pub disk_uuid: String,
+    pub size: u64,
+    pub progress: u32,
+    pub state: String,
+    pub current_checksum: String,
+    pub message: String,
+}
+
+impl From<corral_proto::v1::BackingImageV2CopyInfo> for V2CopyInfo {
+    fn from(i: corral_proto::v1::BackingImageV2CopyInfo) -> Self {
+        Self {
+            name: i.name,
+            uuid: i.uuid,
+            disk_uuid: i.disk_uuid,
+            size: i.size,
+            progress: i.progress,
+            state: i.state,
+            current_checksum: i.current_checksum,
+            message: i.message,
+        }
+    }
 }

@@ -5,41 +5,10 @@
 //! and the tests share them.
 
 use corral_proto::v1;
-use serde::{Deserialize, Serialize};
 
+pub use super::model::V2CopyInfo;
 use super::model::{DiskFileStatus, state};
 use crate::model::DataEngine;
-
-/// Seed 001's `BackingImageV2CopyInfo`: one disk's copy as its daemon reported it last.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct V2CopyInfo {
-    pub name: String,
-    pub uuid: String,
-    /// The store's UUID (the disk's `diskUUID` in the lvstore, not the manager's disk UUID).
-    #[serde(rename = "diskUUID")]
-    pub disk_uuid: String,
-    pub size: u64,
-    pub progress: u32,
-    pub state: String,
-    pub current_checksum: String,
-    pub message: String,
-}
-
-impl From<v1::BackingImageV2CopyInfo> for V2CopyInfo {
-    fn from(i: v1::BackingImageV2CopyInfo) -> Self {
-        Self {
-            name: i.name,
-            uuid: i.uuid,
-            disk_uuid: i.disk_uuid,
-            size: i.size,
-            progress: i.progress,
-            state: i.state,
-            current_checksum: i.current_checksum,
-            message: i.message,
-        }
-    }
-}
 
 /// What asking a disk's daemon for a copy gave.
 #[derive(Debug, Clone)]
