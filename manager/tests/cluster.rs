@@ -3,7 +3,6 @@
 
 mod support;
 
-use std::collections::BTreeSet;
 use std::process::Command;
 use std::time::Duration;
 
@@ -38,15 +37,6 @@ fn endpoint(v: &Value) -> String {
         })
         .expect("unix endpoint")
         .to_owned()
-}
-
-fn replica_nodes(v: &Value) -> BTreeSet<String> {
-    v["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["nodeId"].as_str().unwrap().to_owned())
-        .collect()
 }
 
 fn expect_4xx(method: &str, url: &str, body: Option<&Value>, status: u16, words: &str) {

@@ -23,21 +23,6 @@ fn get(url: &str, path: &str) -> Value {
     v
 }
 
-fn rw_replicas(v: &Value) -> usize {
-    v["replicas"]
-        .as_array()
-        .map_or(0, |rs| rs.iter().filter(|r| r["mode"] == "RW").count())
-}
-
-fn nodes_of(v: &Value) -> BTreeSet<String> {
-    v["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["nodeId"].as_str().unwrap().to_owned())
-        .collect()
-}
-
 fn healthy(url: &str, name: &str) -> Value {
     wait_for(&format!("{name} healthy"), Duration::from_secs(120), || {
         let v = get(url, &format!("/v1/volumes/{name}"));
@@ -119,7 +104,7 @@ fn drain_rebuilds_two_volumes_on_the_free_node_under_fio_verify_never_below_thei
     let va = create_attached(&url, "va", 2, "node-0");
     let vb = create_attached(&url, "vb", 2, "node-0");
     let both: BTreeSet<String> = ["node-0".into(), "node-1".into()].into();
-    assert_eq!((nodes_of(&va), nodes_of(&vb)), (both.clone(), both));
+    assert_eq!((replica_nodes(&va), replica_nodes(&vb)), (both.clone(), both));
     let (okk, out) = qemu_io(&endpoint(&vb), &["write -P 0xb1 0 8M", "flush"]);
     assert!(okk, "{out}");
 
@@ -198,7 +183,7 @@ fn drain_rebuilds_two_volumes_on_the_free_node_under_fio_verify_never_below_thei
     let moved: BTreeSet<String> = ["node-0".into(), "node-2".into()].into();
     for name in ["va", "vb"] {
         let v = healthy(&url, name);
-        assert_eq!(nodes_of(&v), moved, "{name}: {v}");
+        assert_eq!(replica_nodes(&v), moved, "{name}: {v}");
     }
     let (okk, out) = qemu_io(&endpoint(&healthy(&url, "vb")), &["read -P 0xb1 0 8M"]);
     assert!(okk, "vb after the drain: {out}");
@@ -246,7 +231,7 @@ fn a_returning_manager_removes_its_replaced_replica_and_moved_engine_but_keeps_w
     ok(&url, &["node", "cordon", "node-1"]);
     let vc = create_attached(&url, "vc", 2, "node-1");
     ok(&url, &["node", "uncordon", "node-1"]);
-    assert!(!nodes_of(&vc).contains("node-1"), "{vc}");
+    assert!(!replica_nodes(&vc).contains("node-1"), "{vc}");
     let on_node1 = |v: &Value| {
         v["replicas"]
             .as_array()
@@ -268,7 +253,7 @@ fn a_returning_manager_removes_its_replaced_replica_and_moved_engine_but_keeps_w
     ms[1].kill();
     let va = wait_for("va's node-1 replica replaced", Duration::from_secs(120), || {
         let v = get(&url, "/v1/volumes/va");
-        (!nodes_of(&v).contains("node-1") && rw_replicas(&v) == 2 && v["robustness"] == "healthy")
+        (!replica_nodes(&v).contains("node-1") && rw_replicas(&v) == 2 && v["robustness"] == "healthy")
             .then_some(v)
     });
     let (okk, out) = qemu_io(&endpoint(&va), &["write -P 0xa2 0 4M", "flush"]);
@@ -322,7 +307,7 @@ fn a_returning_manager_removes_its_replaced_replica_and_moved_engine_but_keeps_w
     );
     assert_eq!(code, 200, "{v}");
     let vb = healthy(&url, "vb");
-    assert!(nodes_of(&vb).contains("node-1"), "{vb}");
+    assert!(replica_nodes(&vb).contains("node-1"), "{vb}");
     let (okk, out) = qemu_io(&endpoint(&vb), &["read -P 0xb2 0 4M"]);
     assert!(okk, "vb after node-1 came back: {out}");
     let (okk, out) = qemu_io(&endpoint(&vc), &["read -P 0 0 4M"]);

@@ -69,16 +69,6 @@ fn im_processes(im: &Daemon) -> BTreeMap<String, (i32, i32, BTreeMap<String, Str
     })
 }
 
-fn wait_healthy(m: &Manager, name: &str, replicas: usize, timeout: Duration) -> Value {
-    wait_for(&format!("{name} attached and healthy"), timeout, || {
-        let v = volume(m, name);
-        let rw = v["replicas"]
-            .as_array()
-            .map_or(0, |rs| rs.iter().filter(|r| r["mode"] == "RW").count());
-        (v["state"] == "attached" && v["robustness"] == "healthy" && rw == replicas).then_some(v)
-    })
-}
-
 /// The pids of a volume's engine and replicas.
 fn daemon_pids(v: &Value) -> (i64, Vec<i64>) {
     let mut replicas: Vec<i64> = v["replicas"]

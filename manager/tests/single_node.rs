@@ -9,16 +9,6 @@ use serde_json::{Value, json};
 use support::*;
 use testkit::{kill_under, qemu_io, wait_for};
 
-fn wait_healthy(m: &Manager, name: &str, replicas: usize, timeout: Duration) -> Value {
-    wait_for(&format!("{name} attached and healthy"), timeout, || {
-        let v = volume(m, name);
-        let rw = v["replicas"]
-            .as_array()
-            .map_or(0, |rs| rs.iter().filter(|r| r["mode"] == "RW").count());
-        (v["state"] == "attached" && v["robustness"] == "healthy" && rw == replicas).then_some(v)
-    })
-}
-
 fn pids(v: &Value) -> Vec<i64> {
     v["replicas"]
         .as_array()

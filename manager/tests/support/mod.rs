@@ -229,3 +229,33 @@ pub fn wait_nodes_ready(m: &Manager, n: usize) {
         (ready == n).then_some(())
     });
 }
+
+/// How many of a volume view's replicas are RW.
+pub fn rw_replicas(v: &serde_json::Value) -> usize {
+    v["replicas"]
+        .as_array()
+        .map_or(0, |rs| rs.iter().filter(|r| r["mode"] == "RW").count())
+}
+
+/// The nodes a volume view's replicas are on.
+pub fn replica_nodes(v: &serde_json::Value) -> std::collections::BTreeSet<String> {
+    v["replicas"]
+        .as_array()
+        .expect("a volume view lists its replicas")
+        .iter()
+        .map(|r| r["nodeId"].as_str().expect("a replica names its node").to_owned())
+        .collect()
+}
+
+/// Waits until volume `name` of `m` is attached, healthy and has `replicas` RW replicas; returns its view.
+pub fn wait_healthy(
+    m: &Manager,
+    name: &str,
+    replicas: usize,
+    timeout: std::time::Duration,
+) -> serde_json::Value {
+    testkit::wait_for(&format!("{name} attached and healthy"), timeout, || {
+        let v = volume(m, name);
+        (v["state"] == "attached" && v["robustness"] == "healthy" && rw_replicas(&v) == replicas).then_some(v)
+    })
+}
