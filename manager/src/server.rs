@@ -40,6 +40,18 @@ pub fn default_bin_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("."))
 }
 
+/// The URL other nodes reach this manager's REST API at: the listener's address, or, when it listens on every
+/// interface (`0.0.0.0`, `::`), the node's `--host` with the listener's port (a wildcard is no address to call).
+fn advertised_address(local: std::net::SocketAddr, host: &str) -> String {
+    if !local.ip().is_unspecified() {
+        return format!("http://{local}");
+    }
+    match host.parse::<std::net::IpAddr>() {
+        Ok(std::net::IpAddr::V6(ip)) => format!("http://[{ip}]:{}", local.port()),
+        _ => format!("http://{host}:{}", local.port()),
+    }
+}
+
 async fn register_node(db: &Db, cfg: &ServerConfig, address: &str) -> Result<(), StoreError> {
     loop {
         match db.get::<Node>(&cfg.node_id).await? {
@@ -124,7 +136,7 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
     let listener = tokio::net::TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("listen on {}", cfg.listen))?;
-    let address = format!("http://{}", listener.local_addr()?);
+    let address = advertised_address(listener.local_addr()?, &cfg.host);
     register_node(&db, &cfg, &address).await?;
     let ctx = Ctx::new(
         db.clone(),
@@ -188,4 +200,29 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
         .await?;
     tracing::info!("manager stopped; daemons keep running and are re-adopted at the next start");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::advertised_address;
+
+    #[test]
+    fn a_wildcard_listener_is_advertised_at_the_node_host() {
+        assert_eq!(
+            advertised_address("127.0.0.1:9500".parse().unwrap(), "10.0.0.5"),
+            "http://127.0.0.1:9500"
+        );
+        assert_eq!(
+            advertised_address("0.0.0.0:9500".parse().unwrap(), "10.0.0.5"),
+            "http://10.0.0.5:9500"
+        );
+        assert_eq!(
+            advertised_address("[::]:9500".parse().unwrap(), "fd00::5"),
+            "http://[fd00::5]:9500"
+        );
+        assert_eq!(
+            advertised_address("0.0.0.0:9500".parse().unwrap(), "node-1"),
+            "http://node-1:9500"
+        );
+    }
 }
