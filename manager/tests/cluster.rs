@@ -1,5 +1,6 @@
 //! Several managers ("nodes": separate data directories and ports) sharing one etcd: bad input refused with 4xx
-//! and nothing half-created; a 4-node cluster that loses a replica process and then a whole node.
+//! and nothing half-created; a 4-node cluster that loses a replica process and then a whole node; a store outage
+//! longer than the node-down timeout that must fail no replica.
 
 mod support;
 
@@ -364,4 +365,93 @@ fn a_four_node_cluster_heals_a_killed_replica_and_survives_losing_a_node() {
     assert!(ok, "vb after moving off {victim}: {out}");
     let vb = wait_healthy(&survivor.url, "vb", Duration::from_secs(120));
     assert!(!replica_nodes(&vb).contains(&victim));
+}
+
+/// Seen in the compose cluster test: once etcd had a quorum again after an outage longer than the node-down
+/// timeout, every node's heartbeat was that old at once; the new leader's failure detector took all three nodes
+/// for down and failed every replica of the attached volume, the volume controller deleted them (their data with
+/// them) and scheduled three empty ones, and the engine, restarted on those, served zeros.
+#[test]
+fn a_store_outage_longer_than_the_node_down_timeout_fails_no_replica_and_loses_no_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let (etcd, ms) = start_cluster(dir.path(), 3);
+    let url = ms[0].url.clone();
+    wait_nodes_ready(&ms[0], 3);
+    let (code, v) = rest(
+        "PUT",
+        &format!("{url}/v1/settings/node-down-timeout"),
+        Some(&json!({"value": "4"})),
+    );
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = rest(
+        "POST",
+        &format!("{url}/v1/volumes"),
+        Some(&json!({"name": "vo", "size": 16 << 20, "numberOfReplicas": 3})),
+    );
+    assert_eq!(code, 201, "{v}");
+    let (code, v) = rest(
+        "POST",
+        &format!("{url}/v1/volumes/vo/attach"),
+        Some(&json!({"nodeId": "node-0"})),
+    );
+    assert_eq!(code, 200, "{v}");
+    let v = wait_healthy(&url, "vo", Duration::from_secs(90));
+    let names = |v: &Value| -> BTreeSet<String> {
+        v["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|r| r["name"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    let before = names(&v);
+    let uri = endpoint(&v);
+    let (ok, out) = qemu_io(&uri, &["write -P 0xa1 0 4M", "flush"]);
+    assert!(ok, "{out}");
+
+    // The store goes away (requests hang, as without a quorum) for longer than the node-down timeout: the
+    // managers' own requests time out (10 s) meanwhile, and the attached volume keeps serving IO.
+    let pid = etcd.daemon.pid().to_string();
+    assert!(
+        Command::new("kill")
+            .args(["-STOP", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+    let (code, v) = rest("GET", &format!("{url}/v1/volumes/vo"), None);
+    assert!(
+        code >= 500
+            && v["message"]
+                .as_str()
+                .is_some_and(|m| m.contains("etcd did not answer")),
+        "the store was away, yet: {code} {v}"
+    );
+    let (ok, out) = qemu_io(&uri, &["write -P 0xa2 4M 4M", "flush"]);
+    assert!(ok, "IO during the store outage: {out}");
+    assert!(
+        Command::new("kill")
+            .args(["-CONT", &pid])
+            .status()
+            .unwrap()
+            .success()
+    );
+
+    // Back: the nodes write their heartbeats again, and for well over the timeout no replica is failed.
+    wait_nodes_ready(&ms[0], 3);
+    let watched = std::time::Instant::now();
+    while watched.elapsed() < Duration::from_secs(15) {
+        let (code, v) = rest("GET", &format!("{url}/v1/volumes/vo"), None);
+        assert_eq!(code, 200, "{v}");
+        assert_eq!(
+            names(&v),
+            before,
+            "a replica was replaced after the store came back: {v}"
+        );
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let v = wait_healthy(&url, "vo", Duration::from_secs(30));
+    assert_eq!(names(&v), before, "{v}");
+    let (ok, out) = qemu_io(&endpoint(&v), &["read -P 0xa1 0 4M", "read -P 0xa2 4M 4M"]);
+    assert!(ok, "data after the store outage: {out}");
 }

@@ -2,9 +2,9 @@
 //! failing the replicas (of attached volumes) on nodes whose heartbeat stopped so the volume controller replaces
 //! them.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::Path;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
@@ -124,8 +124,13 @@ pub fn start_failure_detector(ctx: &Ctx, cancel: &CancellationToken) {
     let ctx = ctx.clone();
     let cancel = cancel.clone();
     tokio::spawn(async move {
+        // A new leader has watched no heartbeat yet: every node gets a full timeout from now.
+        let mut watch = HeartbeatWatch::default();
         loop {
-            if let Err(e) = fail_replicas_of_down_nodes(&ctx).await {
+            if let Err(e) = fail_replicas_of_down_nodes(&ctx, &mut watch, &cancel).await {
+                // The store did not answer: heartbeats could not be written either, so what was watched says
+                // nothing about the nodes.
+                watch.forget();
                 tracing::warn!(error = format!("{e:#}"), "node failure check failed");
             }
             tokio::select! {
@@ -136,11 +141,71 @@ pub fn start_failure_detector(ctx: &Ctx, cancel: &CancellationToken) {
     });
 }
 
-async fn fail_replicas_of_down_nodes(ctx: &Ctx) -> anyhow::Result<()> {
+/// The heartbeats the failure detector has seen, each with the instant (this leader's clock) it first saw that
+/// value. A heartbeat older than the timeout by the wall clock is not enough to call a node down: after a store
+/// outage (no etcd quorum, a leader change) every node's heartbeat is that old at once, because none could be
+/// written, not because the nodes stopped. A node is down only when this leader, reading the store all along
+/// (reads at most [`MAX_GAP`] apart), has also watched its heartbeat stand still for the timeout.
+#[derive(Default)]
+pub struct HeartbeatWatch {
+    seen: HashMap<String, (i64, Instant)>,
+    last_read: Option<Instant>,
+}
+
+/// Reads of the nodes further apart than this (a store that did not answer, a read that hung through an outage)
+/// start the watch afresh: the nodes may not have been able to write their heartbeats in between either.
+pub const MAX_GAP: Duration = Duration::from_secs(6);
+
+impl HeartbeatWatch {
+    /// A read of every node completed at `at`.
+    pub fn read_at(&mut self, at: Instant) {
+        if self
+            .last_read
+            .is_some_and(|l| at.saturating_duration_since(l) > MAX_GAP)
+        {
+            self.seen.clear();
+        }
+        self.last_read = Some(at);
+    }
+
+    /// Records `heartbeat` of `node` seen by the read at `at`; returns how long the same value has been watched.
+    pub fn unchanged_for(&mut self, node: &str, heartbeat: i64, at: Instant) -> Duration {
+        let seen = self
+            .seen
+            .entry(node.to_owned())
+            .and_modify(|e| {
+                if e.0 != heartbeat {
+                    *e = (heartbeat, at);
+                }
+            })
+            .or_insert((heartbeat, at));
+        at.saturating_duration_since(seen.1)
+    }
+
+    /// The store did not answer: start watching afresh.
+    pub fn forget(&mut self) {
+        self.seen.clear();
+        self.last_read = None;
+    }
+}
+
+async fn fail_replicas_of_down_nodes(
+    ctx: &Ctx,
+    watch: &mut HeartbeatWatch,
+    leading: &CancellationToken,
+) -> anyhow::Result<()> {
+    let timeout = ctx.setting_u64("node-down-timeout").await;
+    let nodes = ctx.db.list::<Node>().await?;
+    let at = Instant::now();
+    watch.read_at(at);
     let mut down = Vec::new();
-    for n in ctx.db.list::<Node>().await? {
-        if !super::volume::node_is_up(ctx, &n.data).await {
+    let mut up = Vec::new();
+    for n in nodes {
+        let watched = watch.unchanged_for(&n.name, n.data.status.heartbeat, at);
+        if !super::volume::node_is_up(ctx, &n.data).await && watched >= Duration::from_secs(timeout) {
             down.push(n.name);
+        } else {
+            up.push(n.name);
         }
     }
     if down.is_empty() {
@@ -156,11 +221,34 @@ async fn fail_replicas_of_down_nodes(ctx: &Ctx) -> anyhow::Result<()> {
         .filter(|v| v.data.spec.node_id.is_some())
         .map(|v| v.name)
         .collect();
-    for r in ctx.db.list::<Replica>().await? {
+    let replicas = ctx.db.list::<Replica>().await?;
+    for r in &replicas {
         if down.contains(&r.data.spec.node_id)
             && r.data.spec.failed_at.is_none()
             && attached.contains(&r.data.spec.volume)
         {
+            // A failed replica is deleted, its data with it. Only a replica whose volume keeps its data elsewhere
+            // (another replica that held it, not failed, on a node that is up) is failed; the last ones stay for
+            // their node's return, or for a salvage.
+            let kept_elsewhere = replicas.iter().any(|o| {
+                o.name != r.name
+                    && o.data.spec.volume == r.data.spec.volume
+                    && o.data.spec.failed_at.is_none()
+                    && o.data.status.initialized
+                    && up.contains(&o.data.spec.node_id)
+            });
+            // Leadership lost while a store call hung: what this pass read is another leader's to judge.
+            if leading.is_cancelled() {
+                return Ok(());
+            }
+            if !kept_elsewhere {
+                tracing::warn!(
+                    replica = r.name,
+                    node = r.data.spec.node_id,
+                    "node is down, but no replica on a node that is up holds the volume's data: not failing its replica"
+                );
+                continue;
+            }
             tracing::warn!(
                 replica = r.name,
                 node = r.data.spec.node_id,
@@ -176,4 +264,39 @@ async fn fail_replicas_of_down_nodes(ctx: &Ctx) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_heartbeat_counts_as_stopped_only_for_as_long_as_it_was_watched() {
+        let mut w = HeartbeatWatch::default();
+        let t0 = Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        // First seen (a new leader, or after the store was away): however old the value, it is watched from now.
+        w.read_at(at(0));
+        assert_eq!(w.unchanged_for("n1", 100, at(0)), Duration::ZERO);
+        for s in [2, 4, 6, 8] {
+            w.read_at(at(s));
+            assert_eq!(w.unchanged_for("n1", 100, at(s)), Duration::from_secs(s));
+        }
+        // A new value starts the watch again.
+        w.read_at(at(10));
+        assert_eq!(w.unchanged_for("n1", 130, at(10)), Duration::ZERO);
+        w.read_at(at(12));
+        assert_eq!(w.unchanged_for("n1", 130, at(12)), Duration::from_secs(2));
+        // A read that came back long after the one before (it hung through a store outage): the same old value
+        // is watched afresh, the nodes could not write either.
+        w.read_at(at(12) + MAX_GAP + Duration::from_secs(1));
+        assert_eq!(
+            w.unchanged_for("n1", 130, at(12) + MAX_GAP + Duration::from_secs(1)),
+            Duration::ZERO
+        );
+        // The store did not answer: nothing watched counts.
+        w.forget();
+        w.read_at(at(40));
+        assert_eq!(w.unchanged_for("n1", 130, at(40)), Duration::ZERO);
+    }
 }
