@@ -186,7 +186,6 @@ fn dir_entries(cluster: &Cluster, service: &str, dir: &str) -> Vec<String> {
 }
 
 #[test]
-#[ignore = "~3.2 min (over the suite's 2-minute limit for a test); run with --run-ignored ignored-only, see CONTRIBUTING.md"]
 fn compose_cluster_serves_a_volume_across_node_partition_and_etcd_member_loss() {
     if let Some(reason) = docker_unavailable() {
         eprintln!("SKIPPED cluster test: {reason}");

@@ -76,6 +76,9 @@ fn fio_verify_loop(uri: String, stop: Arc<AtomicBool>) -> std::thread::JoinHandl
                 .args(["--name=drain", "--ioengine=nbd", &format!("--uri={uri}")])
                 .args(["--rw=randwrite", "--bs=4k", "--iodepth=4", "--size=16M"])
                 .args(["--verify=crc32c", "--verify_fatal=1", "--do_verify=1"])
+                // fio writes a verify state file in its working directory: not in the source tree.
+                .arg("--verify_state_save=0")
+                .current_dir(std::env::temp_dir())
                 .output()
                 .expect("fio");
             runs += 1;
