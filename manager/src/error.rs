@@ -66,7 +66,11 @@ pub const ERROR_CODES: &[(u16, &str, &str)] = &[
     (413, "too-large", "The body is larger than the route accepts"),
     (415, "unsupported-media-type", "The body is not application/json"),
     (500, "internal", "A bug or a store failure"),
-    (503, "unavailable", "A daemon the operation needs did not answer"),
+    (
+        503,
+        "unavailable",
+        "A daemon or the store the operation needs did not answer",
+    ),
 ];
 
 impl ApiError {
@@ -86,7 +90,9 @@ impl ApiError {
             | ApiError::Store(StoreError::Conflict { .. } | StoreError::AlreadyExists { .. }) => {
                 (StatusCode::CONFLICT, "conflict")
             }
-            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            ApiError::Unavailable(_) | ApiError::Store(StoreError::Unavailable(_)) => {
+                (StatusCode::SERVICE_UNAVAILABLE, "unavailable")
+            }
             ApiError::Store(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
         }
     }

@@ -47,7 +47,7 @@ fn backend(e: impl std::fmt::Display) -> StoreError {
 fn rpc(e: tonic::Status) -> StoreError {
     match e.code() {
         tonic::Code::Cancelled | tonic::Code::DeadlineExceeded | tonic::Code::Unavailable => {
-            StoreError::Backend(format!(
+            StoreError::Unavailable(format!(
                 "etcd did not answer within {}s: no quorum of its members is reachable ({})",
                 REQUEST_TIMEOUT.as_secs(),
                 e.message()

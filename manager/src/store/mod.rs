@@ -44,6 +44,9 @@ pub enum StoreError {
     /// The backend failed (IO, network, database).
     #[error("store backend: {0}")]
     Backend(String),
+    /// The backend did not answer in time (etcd without a quorum): nothing was changed; try again later.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
 }
 
 /// One stored document.
