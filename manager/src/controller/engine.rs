@@ -373,8 +373,23 @@ async fn watch_running(
         .map(|r| r.data.status.address.as_str())
         .filter(|a| !a.is_empty())
         .collect();
+    // The RW replicas that stay: an unwanted RW replica is never removed when it would leave the engine without
+    // one (the spec lost its data-holding replicas: serving on fresh ones would be an empty volume).
+    let wanted_rw = list
+        .iter()
+        .filter(|r| r.mode == "RW" && spec_addrs.contains(&r.address.as_str()))
+        .count();
     for r in &list {
         let wanted = spec_addrs.contains(&r.address.as_str());
+        if !wanted && r.mode == "RW" && wanted_rw == 0 {
+            tracing::error!(
+                engine = name,
+                replica = r.address,
+                "not removing an unwanted replica: it is the engine's last RW replica, and no replica of the spec \
+                 holds the data"
+            );
+            continue;
+        }
         if r.mode == "ERR" || !wanted {
             tracing::warn!(
                 engine = name,

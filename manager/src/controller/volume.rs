@@ -1,7 +1,9 @@
 //! Cluster-wide (leader only): turns a volume's spec into replica and engine documents. Attached: enough healthy
 //! replicas placed by the scheduler and running, one engine on the attach node serving them; detached: the engine
 //! stopped and deleted, replicas stopped (their data stays). Failed replicas are deleted (their node's manager
-//! removes the process and data) and replaced. The volume's status (state, robustness, endpoints) is derived here.
+//! removes the process and data) and replaced, except the last copies of the data: when no healthy replica holds
+//! it, the failed ones that do are kept, the volume is faulted and nothing runs until `corral volume salvage`. The
+//! volume's status (state, robustness, endpoints) is derived here.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -122,10 +124,12 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         return Ok(None);
     };
     let v = &vol.data;
-    // Failed replicas go: their node's manager stops them and removes their data.
+    // Failed replicas go: their node's manager stops them and removes their data. Not the last copies of the
+    // data, though (see `last_copies`).
     let (failed, mut healthy): (Vec<_>, Vec<_>) =
         all.into_iter().partition(|r| r.data.spec.failed_at.is_some());
-    for r in &failed {
+    let kept = last_copies(&failed, &healthy);
+    for r in failed.iter().filter(|r| !kept.contains(&r.name)) {
         tracing::info!(volume = name, replica = r.name, "deleting failed replica");
         ctx.db.delete_any::<Replica>(&r.name).await?;
     }
@@ -133,6 +137,58 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     let mut status = v.status.clone();
     status.message.clear();
     let mut requeue = None;
+    if !kept.is_empty() {
+        if v.spec.salvage_requested {
+            // The user asked for a salvage: the kept replicas come back, and the engine starts on them alone
+            // (it starts on the replicas that held data) and picks the best one.
+            for r in &kept {
+                tracing::warn!(
+                    volume = name,
+                    replica = r,
+                    "salvage: un-failing a replica that holds the data"
+                );
+                ctx.db
+                    .modify::<Replica>(r, |x| {
+                        let changed = x.spec.failed_at.is_some();
+                        x.spec.failed_at = None;
+                        x.status.message.clear();
+                        changed
+                    })
+                    .await?;
+            }
+            return Ok(Some(Duration::from_millis(100)));
+        }
+        // No replica serving the volume holds its data: an engine on fresh replicas would serve an empty volume.
+        // Nothing is scheduled and no engine runs until a salvage.
+        if let Some(e) = &engine {
+            tracing::warn!(
+                volume = name,
+                "every replica holding the data failed: stopping the engine"
+            );
+            ctx.db.delete::<Engine>(&name, e.version).await?;
+        }
+        status.robustness = Robustness::Faulted;
+        status.endpoints.clear();
+        status.state = if v.spec.node_id.is_some() {
+            VolumeState::Attaching
+        } else {
+            VolumeState::Detached
+        };
+        status.message = format!(
+            "every replica holding the volume's data failed; kept for a salvage: {} (`corral volume salvage {name}`)",
+            kept.join(", ")
+        );
+        if status != v.status {
+            ctx.db
+                .modify::<Volume>(&name, |v| {
+                    let changed = v.status != status;
+                    v.status = status.clone();
+                    changed
+                })
+                .await?;
+        }
+        return Ok(Some(Duration::from_secs(5)));
+    }
     match &v.spec.node_id {
         Some(node) => {
             let want = usize::try_from(v.spec.number_of_replicas).unwrap_or(0);
@@ -358,6 +414,22 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     Ok(requeue)
 }
 
+/// The failed replicas the volume controller must keep: those that hold the volume's data (they were RW in an
+/// engine once) when no healthy replica holds it. They are then the last copies of the data, and deleting them
+/// would leave the volume to fresh, empty replicas. No normal path fails every copy (the engine salvages instead
+/// when all its replicas are ERR, and a down node's replicas are failed only while another copy is up): this is
+/// the safety net for the paths that went wrong before (a store outage read as every node down).
+fn last_copies(failed: &[Object<Replica>], healthy: &[Object<Replica>]) -> Vec<String> {
+    if healthy.iter().any(|r| r.data.status.initialized) {
+        return Vec::new();
+    }
+    failed
+        .iter()
+        .filter(|r| r.data.status.initialized)
+        .map(|r| r.name.clone())
+        .collect()
+}
+
 fn robustness(e: &Engine, healthy: &[Object<Replica>], want: usize) -> Robustness {
     if e.status.state != ProcessState::Running {
         return Robustness::Unknown;
@@ -406,4 +478,58 @@ pub async fn record_size(ctx: &Ctx, volume: &str, size: u64) -> Result<(), crate
             .await?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::ReplicaStatus;
+
+    fn replica(name: &str, initialized: bool, failed: bool) -> Object<Replica> {
+        Object {
+            name: name.into(),
+            version: 1,
+            data: Replica {
+                spec: ReplicaSpec {
+                    failed_at: failed.then_some(1_764_028_800),
+                    ..Default::default()
+                },
+                status: ReplicaStatus {
+                    initialized,
+                    ..Default::default()
+                },
+            },
+        }
+    }
+
+    fn split(rs: Vec<Object<Replica>>) -> Vec<String> {
+        let (failed, healthy): (Vec<_>, Vec<_>) =
+            rs.into_iter().partition(|r| r.data.spec.failed_at.is_some());
+        last_copies(&failed, &healthy)
+    }
+
+    #[test]
+    fn failed_replicas_holding_the_only_copies_of_the_data_are_kept_and_the_rest_may_go() {
+        // A healthy replica holds the data: every failed one may go.
+        assert!(
+            split(vec![
+                replica("a", true, false),
+                replica("b", true, true),
+                replica("c", false, true)
+            ])
+            .is_empty()
+        );
+        // Every data holder failed, fresh replicas are healthy: the data holders are kept, the fresh failed one not.
+        assert_eq!(
+            split(vec![
+                replica("a", true, true),
+                replica("b", true, true),
+                replica("c", false, true),
+                replica("d", false, false),
+            ]),
+            ["a", "b"]
+        );
+        // A new volume whose replicas never held data: nothing to keep.
+        assert!(split(vec![replica("a", false, true), replica("b", false, false)]).is_empty());
+    }
 }
