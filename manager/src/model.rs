@@ -449,6 +449,11 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
         "Upper bound on the data bytes per second a replica rebuild moves, local copy or network (0 = the engine's --rebuild-max-rate, unlimited by default; the engine also slows a rebuild while the new replica serves IO).",
     ),
     (
+        "concurrent-rebuilds-per-volume",
+        "2",
+        "How many replicas of one volume may rebuild at once (at least 1): after losing two replicas, both come back in the time of one rebuild; each rebuild is rate-shaped on its own.",
+    ),
+    (
         "backup-delta-max",
         "7",
         "Incremental backups after a full one before the next full (the chain policy the backup store applies).",

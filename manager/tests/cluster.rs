@@ -576,3 +576,94 @@ fn replicas_holding_the_last_copies_of_the_data_are_never_deleted_and_a_salvage_
     let (ok, out) = qemu_io(&endpoint(&v), &["read -P 0xc7 0 8M"]);
     assert!(ok, "data after the salvage: {out}");
 }
+
+#[test]
+fn two_lost_replicas_rebuild_at_once_and_the_volume_keeps_its_data() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_etcd, ms) = start_cluster(dir.path(), 3);
+    let url = ms[0].url.clone();
+    wait_nodes_ready(&ms[0], 3);
+    // Slow rebuilds, so that two running at once can be seen.
+    let (code, v) = rest(
+        "PUT",
+        &format!("{url}/v1/settings/rebuild-max-bytes-per-second"),
+        Some(&json!({"value": (4u64 << 20).to_string()})),
+    );
+    assert_eq!(code, 200, "{v}");
+    let (code, v) = rest(
+        "POST",
+        &format!("{url}/v1/volumes"),
+        Some(&json!({"name": "vr", "size": 32 << 20, "numberOfReplicas": 3})),
+    );
+    assert_eq!(code, 201, "{v}");
+    let (code, v) = rest(
+        "POST",
+        &format!("{url}/v1/volumes/vr/attach"),
+        Some(&json!({"nodeId": "node-0"})),
+    );
+    assert_eq!(code, 200, "{v}");
+    let v = wait_healthy(&url, "vr", Duration::from_secs(90));
+    let (ok, out) = qemu_io(&endpoint(&v), &["write -P 0x5e 0 24M", "flush"]);
+    assert!(ok, "{out}");
+
+    // Two of the three replicas die.
+    let victims: Vec<i64> = v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["nodeId"] != "node-0")
+        .map(|r| r["pid"].as_i64().expect("replica pid"))
+        .collect();
+    assert_eq!(victims.len(), 2, "{v}");
+    for pid in &victims {
+        sigkill(*pid);
+    }
+    // Both come back through rebuilds that run at the same time (6 MiB/s each: seconds, not instants).
+    let both = wait_for("two replicas rebuilding at once", Duration::from_secs(60), || {
+        let v = volume(&url, "vr");
+        let wo = v["replicas"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["mode"] == "WO")
+            .count();
+        (wo == 2).then_some(v)
+    });
+    assert_eq!(rw_replicas(&both), 1, "{both}");
+    // Writes during the rebuilds reach the rebuilding replicas too.
+    let (ok, out) = qemu_io(&endpoint(&both), &["write -P 0x5f 24M 4M", "flush"]);
+    assert!(ok, "{out}");
+    let v = wait_healthy(&url, "vr", Duration::from_secs(90));
+    // A replica rebuilt beside another holds the data alone: kill the other two, wait until the engine serves from
+    // it alone (the only RW replica), and read everything back through it.
+    let survivor = v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["nodeId"] != "node-0")
+        .and_then(|r| r["name"].as_str())
+        .expect("a rebuilt replica")
+        .to_owned();
+    for r in v["replicas"].as_array().unwrap() {
+        if r["name"] != survivor.as_str() {
+            sigkill(r["pid"].as_i64().expect("replica pid"));
+        }
+    }
+    let alone = wait_for(
+        &format!("{survivor} the only RW replica"),
+        Duration::from_secs(60),
+        || {
+            let v = volume(&url, "vr");
+            let rw: Vec<&Value> = v["replicas"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .filter(|r| r["mode"] == "RW")
+                .collect();
+            (rw.len() == 1 && rw[0]["name"] == survivor.as_str()).then_some(v.clone())
+        },
+    );
+    let (ok, out) = qemu_io(&endpoint(&alone), &["read -P 0x5e 0 24M", "read -P 0x5f 24M 4M"]);
+    assert!(ok, "data on rebuilt replica {survivor} alone: {out}");
+    wait_healthy(&url, "vr", Duration::from_secs(120));
+}

@@ -426,20 +426,37 @@ async fn watch_running(
         &crate::snapshot::from_engine(&e.spec.volume, &snaps),
     )
     .await?;
-    let rebuilding = list.iter().any(|r| r.mode == "WO");
-    if !rebuilding
-        && let Some(new) = replicas.iter().find(|r| {
+    // New replicas join with a rebuild, several at once up to `concurrent-rebuilds-per-volume` (the engine
+    // rebuilds each from the RW replicas with its own rebuild snapshot).
+    let rebuilding = list.iter().filter(|r| r.mode == "WO").count();
+    let limit = usize::try_from(ctx.setting_u64("concurrent-rebuilds-per-volume").await)
+        .unwrap_or(1)
+        .max(1);
+    let new: Vec<&Object<Replica>> = replicas
+        .iter()
+        .filter(|r| {
             running(r) && !modes.contains_key(&r.data.status.address) && r.data.spec.failed_at.is_none()
         })
-    {
+        .take(limit.saturating_sub(rebuilding))
+        .collect();
+    if new.is_empty() {
+        return Ok(Some(POLL));
+    }
+    let rate = ctx.setting_u64("rebuild-max-bytes-per-second").await;
+    for new in new {
         grow_fresh_replica(name, new, vol.size).await;
-        tracing::info!(engine = name, replica = new.name, "adding replica with a rebuild");
+        tracing::info!(
+            engine = name,
+            replica = new.name,
+            rebuilding,
+            "adding replica with a rebuild"
+        );
         let added = c
             .replica_add(v1::ReplicaAddRequest {
                 address: new.data.status.address.clone(),
                 rebuild: true,
                 timeout_seconds: 0,
-                max_bytes_per_second: ctx.setting_u64("rebuild-max-bytes-per-second").await,
+                max_bytes_per_second: rate,
                 busy_bytes_per_second: 0,
             })
             .await;
@@ -467,9 +484,8 @@ async fn watch_running(
             }
             Err(s) => return Err(s.into()),
         }
-        return Ok(Some(Duration::from_millis(500)));
     }
-    Ok(Some(POLL))
+    Ok(Some(Duration::from_millis(500)))
 }
 
 /// A fresh replica (never RW: it holds none of the volume's data yet) that still has the volume's size from before
