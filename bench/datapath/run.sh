@@ -21,7 +21,8 @@
 #   RUNTIME   seconds per job (15)           SIZE      volume / file size (2G)
 #   TARGETS   subset to run, e.g. "a a2 b"   BENCH_DIR where data lives (/var/tmp; the same disk for every target)
 #   BIN_DIR   use corral-* binaries from here and skip the build (default: build into CARGO_TARGET_DIR or target/)
-#   BASE_BIN_DIR  binaries for targets b0 and c0 (b and c run with them): before/after a change in one run
+#   BASE_BIN_DIR  binaries for targets b0, c0 and d0 (b, c and d run with them): before/after a change in one run
+#   JOBS      names of the jobs to run (default: all), e.g. "randwrite-4k-qd32 randwrite-4k-qd32-fsync32"
 #   KEEP=1    keep the work directory (fio JSON, daemon logs, top samples)
 #   TOP=1     sample `top -b -n1` in the middle of every job into the work directory
 #   COUNT=1   also print locks and payload copies per IO of the engine and the replicas (needs binaries built with
@@ -51,7 +52,7 @@ cp "$BIN_DIR/corral-replica" "$BIN_DIR/corral-engine" "$WORK/bin/"
 REPLICA_BIN="$WORK/bin/corral-replica"
 ENGINE_BIN="$WORK/bin/corral-engine"
 if [[ -n "${BASE_BIN_DIR:-}" ]]; then
-  # Targets b0 c0 (b and c with the binaries of BASE_BIN_DIR): before and after a change in one run.
+  # Targets b0 c0 d0 (b, c and d with the binaries of BASE_BIN_DIR): before and after a change in one run.
   mkdir -p "$WORK/bin0"
   cp "$BASE_BIN_DIR/corral-replica" "$BASE_BIN_DIR/corral-engine" "$WORK/bin0/"
 fi
@@ -161,11 +162,11 @@ start_target() {
       TARGET_PIDS+=("$LAST_PID")
       wait_until qemu-nbd "$LAST_PID" socket_ready "$tdir/nbd.sock"
       URI="nbd+unix:///?socket=$tdir/nbd.sock" ;;
-    b | c | d | bt | ct | b0 | c0 | bs)
+    b | c | d | bt | ct | b0 | c0 | d0 | bs)
       local n=3 rc=() unix=1 replica_bin=$REPLICA_BIN engine_bin=$ENGINE_BIN
       [[ $t == b* ]] && n=1
       [[ $t == ?t || $t == bs ]] && unix=0 # bs: TCP, as v2bs (v2 replicas have no unix socket yet)
-      [[ $t != d ]] && rc=(--disable-revision-counter)
+      [[ $t != d* ]] && rc=(--disable-revision-counter)
       if [[ $t == ?0 ]]; then
         [[ -d "$WORK/bin0" ]] || { echo "run.sh: target $t needs BASE_BIN_DIR" >&2; exit 2; }
         replica_bin=$WORK/bin0/corral-replica engine_bin=$WORK/bin0/corral-engine
@@ -242,7 +243,7 @@ ctx_switches() {
 
 # name:rw:bs:iodepth[:fsync]; fsync=N sends a flush (NBD_CMD_FLUSH) after every N writes, the job where the
 # revision counter's fdatasync at flush shows ((d) against (c)).
-JOBS=(
+ALL_JOBS=(
   "randread-4k-qd1:randread:4k:1"
   "randread-4k-qd32:randread:4k:32"
   "randwrite-4k-qd1:randwrite:4k:1"
@@ -250,6 +251,12 @@ JOBS=(
   "randwrite-4k-qd32-fsync32:randwrite:4k:32:32"
   "seqwrite-1m-qd8:write:1m:8"
 )
+# JOBS (environment): a subset of the job names above.
+SELECTED=()
+for j in "${ALL_JOBS[@]}"; do
+  if [[ -z "${JOBS:-}" || " $JOBS " == *" ${j%%:*} "* ]]; then SELECTED+=("$j"); fi
+done
+((${#SELECTED[@]})) || { echo "run.sh: no job named in JOBS='$JOBS'" >&2; exit 2; }
 
 echo "# corral datapath bench: $(date -u +%Y-%m-%dT%H:%MZ), $(uname -r), $(nproc) cores, $(findmnt -no FSTYPE,SOURCE --target "$BENCH_DIR" 2>/dev/null || true)," \
   "git $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD -- engine replica data-protocol proto 2>/dev/null || echo '+dirty')," \
@@ -257,11 +264,13 @@ echo "# corral datapath bench: $(date -u +%Y-%m-%dT%H:%MZ), $(uname -r), $(nproc
 echo "# SIZE=$SIZE RUNTIME=${RUNTIME}s TARGETS='$TARGETS' load average at start: $(cut -d" " -f1-3 /proc/loadavg)"
 
 for t in $TARGETS; do
+  # A target named twice runs twice (interleaved repeats of a noisy job); the second run starts from a clean directory.
+  rm -rf "${WORK:?}/$t"
   start_target "$t"
   echo "# target $t: precondition (1 MiB writes over the whole device)" >&2
   fio_json "$WORK/$t/precondition.json" --rw=write --bs=1m --iodepth=8 --end_fsync=1
   snapshot_after_precondition "$t"
-  for j in "${JOBS[@]}"; do
+  for j in "${SELECTED[@]}"; do
     IFS=: read -r name rw bs qd fsync <<<"$j"
     echo "# target $t: $name (${RUNTIME}s)" >&2
     # Start every job with no dirty pages of the previous one pending (writeback would land inside this job).
