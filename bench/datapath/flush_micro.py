@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 # 3 "replicas" flushing at once, as the engine's fan-out does: each dirties 32 random 4 KiB blocks of its head, then
 # flushes: head only / head then counter / head with counter in parallel / counter by sync_file_range + head.
+# Run it from a scratch directory on the disk under test: it leaves head0-2.img (3 x 128 MiB) and counter0-2 there.
 import os, time, random, threading, ctypes, sys
 libc = ctypes.CDLL(None, use_errno=True)
 S = 128 << 20
