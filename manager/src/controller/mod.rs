@@ -78,6 +78,28 @@ impl<E: Into<anyhow::Error>> From<E> for Stop {
     }
 }
 
+/// One name's failures in a row, and when the retry after the last one is due. A failure before that (an event
+/// queued the name again meanwhile: controllers are level-triggered) does not lengthen the backoff, which grows
+/// with the time spent failing, not with how many watch events arrived meanwhile (a burst of events used to take
+/// it to 30 s within a second, and a rebuild waited that long after its cause was gone).
+#[derive(Debug, Default)]
+struct Backoff {
+    failures: u32,
+    due: Option<tokio::time::Instant>,
+}
+
+impl Backoff {
+    /// Records a failure at `now`; returns the delay before the next retry.
+    fn failed(&mut self, now: tokio::time::Instant) -> Duration {
+        if self.due.is_none_or(|due| now >= due) {
+            self.failures = self.failures.saturating_add(1);
+        }
+        let delay = crate::process::restart_backoff(self.failures);
+        self.due = Some(now + delay);
+        delay
+    }
+}
+
 /// Runs `reconcile` over the queue until `cancel`. Errors back off per name with the manager's one policy (`process::restart_backoff`).
 pub async fn run_worker<F, Fut>(
     controller: &'static str,
@@ -89,7 +111,7 @@ pub async fn run_worker<F, Fut>(
     F: Fn(String) -> Fut,
     Fut: Future<Output = anyhow::Result<Requeue>>,
 {
-    let mut failures: HashMap<String, u32> = HashMap::new();
+    let mut failures: HashMap<String, Backoff> = HashMap::new();
     loop {
         let name = tokio::select! {
             () = cancel.cancelled() => return,
@@ -105,9 +127,10 @@ pub async fn run_worker<F, Fut>(
             }
             Err(e) => {
                 metrics.reconciled(controller, false);
-                let n = failures.entry(name.clone()).or_default();
-                *n = n.saturating_add(1);
-                let delay = crate::process::restart_backoff(*n);
+                let delay = failures
+                    .entry(name.clone())
+                    .or_default()
+                    .failed(tokio::time::Instant::now());
                 tracing::warn!(
                     controller,
                     name,
@@ -201,4 +224,29 @@ pub fn feed_node_local<R: Resource>(
 /// Unix seconds now.
 pub fn now() -> i64 {
     chrono::Utc::now().timestamp()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_grows_with_time_spent_failing_not_with_events_during_it() {
+        let t0 = tokio::time::Instant::now();
+        let mut b = Backoff::default();
+        let first = b.failed(t0);
+        // Twenty event-driven failures within the first delay: the delay stays the first one.
+        for i in 1..=20 {
+            assert_eq!(b.failed(t0 + Duration::from_millis(i * 10)), first);
+        }
+        // Failures each at its due retry: the delay doubles.
+        let mut at = t0 + Duration::from_millis(200) + first;
+        let mut last = first;
+        for _ in 0..3 {
+            let d = b.failed(at);
+            assert_eq!(d, last * 2);
+            last = d;
+            at += d;
+        }
+    }
 }
