@@ -17,6 +17,9 @@
 #                           <image>:<version>-debug only, never :latest, and its sizes are printed, not held to the
 #                           targets; a release build fails when an image is over its target.
 #   CORRAL_SKIP_CARGO=1     use the binaries already in the target dir (fail if one is missing).
+#   CORRAL_TAG_SUFFIX=S     append -S to every tag (host-program images too) and never tag :latest: a build of
+#                           one's own on a shared docker daemon that nobody else's build can replace (the docker
+#                           tests take it from the environment too).
 #   CARGO_TARGET_DIR        where the binaries are (default: <repo>/target).
 #   CORRAL_CACHE_DIR        where the base rootfs tarball is cached (default: ~/.cache/corral).
 #   CORRAL_IMAGE_MAX_MIB    size above which an image is reported as over target (default 60).
@@ -38,6 +41,13 @@ case $profile in
     ;;
 esac
 bin_dir=$target_dir/$profile
+own_suffix=${CORRAL_TAG_SUFFIX:+-$CORRAL_TAG_SUFFIX}
+case ${CORRAL_TAG_SUFFIX:-} in
+  *[!A-Za-z0-9_.-]*)
+    echo "build.sh: CORRAL_TAG_SUFFIX may hold letters, digits, '.', '_', '-' only, not $CORRAL_TAG_SUFFIX" >&2
+    exit 2
+    ;;
+esac
 
 log() { printf '==> %s\n' "$*" >&2; }
 
@@ -182,8 +192,11 @@ for image in "${images[@]}"; do
   # A host program's image is the same whichever profile Corral's binaries come from: no -debug suffix.
   suffix=$tag_suffix
   [ -f "$docker_dir/$image/host-binaries" ] && suffix=
+  suffix=$suffix$own_suffix
   tags=(--tag "$image:$version$suffix")
   [ -z "$suffix" ] && tags+=(--tag "$image:latest")
+  # A host program's image of one's own build: also `latest-S`, which a compose file's default tag can name.
+  [ -f "$docker_dir/$image/host-binaries" ] && [ -n "$own_suffix" ] && tags+=(--tag "$image:latest$own_suffix")
   log "docker build $image:$version$suffix (base $BASE)"
   build_log=$ctx.log
   if ! docker build \

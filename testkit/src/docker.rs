@@ -100,8 +100,25 @@ pub fn workspace_version() -> String {
         .to_owned()
 }
 
+/// `-S` for `CORRAL_TAG_SUFFIX=S` in the environment (else empty): the suffix `docker/build.sh` gives every tag of
+/// one's own build, so another build on a shared docker daemon cannot replace the images a test runs.
+pub fn own_tag_suffix() -> String {
+    std::env::var("CORRAL_TAG_SUFFIX")
+        .ok()
+        .filter(|s| !s.is_empty())
+        .map(|s| format!("-{s}"))
+        .unwrap_or_default()
+}
+
+/// The tag of a host program's image (`corral-etcd`) built by [`build_images`]: `latest`, or `latest-S` under
+/// `CORRAL_TAG_SUFFIX=S`.
+pub fn host_image_tag() -> String {
+    format!("latest{}", own_tag_suffix())
+}
+
 /// Builds `images` with `docker/build.sh` from the `profile` build's binaries already in the target dir (no cargo
-/// run) and returns the tag Corral's images carry (`<version>` for release, `<version>-<profile>` otherwise).
+/// run) and returns the tag Corral's images carry (`<version>` for release, `<version>-<profile>` otherwise;
+/// `CORRAL_TAG_SUFFIX`, passed on to the script, appends its `-S`).
 pub fn build_images(profile: &str, images: &[&str]) -> String {
     let started = Instant::now();
     let build = run(Command::new(repo_root().join("docker/build.sh"))
@@ -112,9 +129,10 @@ pub fn build_images(profile: &str, images: &[&str]) -> String {
     eprintln!("{}", stdout(&build));
     eprintln!("{profile} images built in {:.0?}", started.elapsed());
     let version = workspace_version();
+    let suffix = own_tag_suffix();
     match profile {
-        "release" => version,
-        _ => format!("{version}-{profile}"),
+        "release" => format!("{version}{suffix}"),
+        _ => format!("{version}-{profile}{suffix}"),
     }
 }
 
