@@ -146,6 +146,17 @@ impl InstanceManager {
         }
     }
 
+    /// Every process the instance manager knows, whatever its state.
+    pub async fn list(&self) -> Result<Vec<v1::ProcessInfo>, tonic::Status> {
+        Ok(self
+            .client
+            .clone()
+            .process_list(v1::ProcessListRequest {})
+            .await?
+            .into_inner()
+            .processes)
+    }
+
     /// Stops and forgets `name` (unknown is not an error).
     pub async fn delete(&self, name: &str, grace: Duration) -> Result<(), tonic::Status> {
         let grace_ms = u32::try_from(grace.as_millis()).unwrap_or(u32::MAX);

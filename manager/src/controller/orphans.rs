@@ -5,7 +5,11 @@
 //!
 //! What the manager knows today, and nothing more: the daemons it started carry `--ready-file
 //! <data-dir>/run/<kind>-<name>.ready` on their command line (so a process is this node's and names its resource,
-//! even when no document records its pid any more), and a v1 replica's data is `<disk>/replicas/<name>`. Each sweep
+//! even when no document records its pid any more), and a v1 replica's data is `<disk>/replicas/<name>`. Under an
+//! instance manager (`--instance-manager`) the daemons are not in this manager's container, so `/proc` shows none
+//! of them: the instance manager's process list (`ProcessList`, names `<kind>-<name>`) is asked instead, and an
+//! orphan is stopped with `ProcessDelete`. When the instance manager does not answer, the sweep fails and is tried
+//! again (nothing is taken for gone). Each sweep
 //! asks the store about every one of them; one is an orphan when its document is gone or belongs to another node.
 //! Only what stays an orphan for [`GRACE`] is removed (a normal deletion, which the replica and engine controllers
 //! carry out themselves, is over by then), after asking the store once more right before. A document that still
@@ -21,9 +25,15 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
+use corral_proto::v1;
+
 use super::now;
 use crate::context::Ctx;
+use crate::instance_manager::InstanceManager;
 use crate::model::{DataEngine, Engine, Node, ORPHANS_KEPT, OrphanRemoved, Replica};
+
+/// How long a stale daemon gets between SIGTERM and SIGKILL.
+const STOP_GRACE: Duration = Duration::from_secs(10);
 
 /// How often the node looks for orphans.
 const SWEEP: Duration = Duration::from_secs(5);
@@ -70,6 +80,35 @@ impl DaemonKind {
             Self::Engine => super::engine::BINARY,
         }
     }
+
+    /// The supervisor's kind: the prefix of ready files and of process names in an instance manager.
+    fn prefix(self) -> &'static str {
+        match self {
+            Self::Replica => "replica",
+            Self::Engine => "engine",
+        }
+    }
+}
+
+/// A replica or engine process of an instance manager's list, as this node's daemon (`None`: another kind, or
+/// no longer running).
+pub fn im_daemon(p: &v1::ProcessInfo) -> Option<NodeDaemon> {
+    let kind = match p.kind.as_str() {
+        "replica" => DaemonKind::Replica,
+        "engine" => DaemonKind::Engine,
+        _ => return None,
+    };
+    let running = matches!(
+        v1::InstanceProcessState::try_from(p.state),
+        Ok(v1::InstanceProcessState::Starting | v1::InstanceProcessState::Running)
+    );
+    let name = p.name.strip_prefix(kind.prefix())?.strip_prefix('-')?;
+    (running && p.binary == kind.binary() && !name.is_empty()).then(|| NodeDaemon {
+        kind,
+        name: name.to_owned(),
+        pid: p.pid,
+        start_time: p.start_time,
+    })
 }
 
 /// What a sweep found stale: the key and when it was first seen so.
@@ -107,8 +146,38 @@ pub fn parse_daemon(run_dir: &Path, argv: &[String]) -> Option<(DaemonKind, Stri
     (exe == kind.binary() && !name.is_empty()).then(|| (kind, name.to_owned()))
 }
 
-/// The replica and engine processes this node's manager started (scans `/proc`).
-fn node_daemons(data_dir: &Path) -> Vec<NodeDaemon> {
+/// The replica and engine processes of this node: the instance manager's, or those this node's manager started
+/// (scanning `/proc`).
+async fn node_daemons(ctx: &Ctx) -> anyhow::Result<Vec<NodeDaemon>> {
+    if let Some(im) = ctx.cfg.processes.instance_manager() {
+        let listed = im
+            .list()
+            .await
+            .map_err(|s| anyhow::anyhow!("instance manager {}: cannot list its processes: {s}", im.url))?;
+        return Ok(listed.iter().filter_map(im_daemon).collect());
+    }
+    let data_dir = ctx.cfg.data_dir.clone();
+    Ok(tokio::task::spawn_blocking(move || local_daemons(&data_dir)).await?)
+}
+
+/// Stops a stale daemon: through the instance manager that owns it, or by its pid and start time.
+async fn stop_daemon(im: Option<&InstanceManager>, d: &NodeDaemon) -> anyhow::Result<()> {
+    match im {
+        Some(im) => {
+            let pname = format!("{}-{}", d.kind.prefix(), d.name);
+            im.delete(&pname, STOP_GRACE)
+                .await
+                .map_err(|s| anyhow::anyhow!("instance manager {}: cannot stop {pname}: {s}", im.url))
+        }
+        None => {
+            corral_daemon::supervise::terminate(d.pid, d.start_time, d.kind.binary(), STOP_GRACE).await;
+            Ok(())
+        }
+    }
+}
+
+/// The replica and engine processes this node's manager started itself (scans `/proc`).
+fn local_daemons(data_dir: &Path) -> Vec<NodeDaemon> {
     let run_dir = data_dir.join("run");
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
@@ -165,8 +234,7 @@ async fn engine_stale(ctx: &Ctx, name: &str) -> anyhow::Result<Option<String>> {
 }
 
 async fn sweep(ctx: &Ctx, seen: &mut Seen) -> anyhow::Result<()> {
-    let data_dir = ctx.cfg.data_dir.clone();
-    let daemons = tokio::task::spawn_blocking(move || node_daemons(&data_dir)).await?;
+    let daemons = node_daemons(ctx).await?;
     let mut still = Seen::default();
     let mut removed = Vec::new();
     for d in daemons {
@@ -190,11 +258,11 @@ async fn sweep(ctx: &Ctx, seen: &mut Seen) -> anyhow::Result<()> {
         if again.is_none() {
             continue;
         }
-        corral_daemon::supervise::terminate(d.pid, d.start_time, d.kind.binary(), Duration::from_secs(10))
-            .await;
-        let (kind, prefix) = match d.kind {
-            DaemonKind::Replica => ("replica-process", "replica"),
-            DaemonKind::Engine => ("engine-process", "engine"),
+        stop_daemon(ctx.cfg.processes.instance_manager(), &d).await?;
+        let prefix = d.kind.prefix();
+        let kind = match d.kind {
+            DaemonKind::Replica => "replica-process",
+            DaemonKind::Engine => "engine-process",
         };
         let _ = std::fs::remove_file(
             ctx.cfg
@@ -362,5 +430,64 @@ mod tests {
             None
         );
         assert_eq!(parse_daemon(run, &argv("/bin/corral-engine serve")), None);
+    }
+
+    #[test]
+    fn an_instance_managers_running_replica_or_engine_is_a_node_daemon_named_by_its_resource() {
+        let p = |name: &str, kind: &str, binary: &str, state: v1::InstanceProcessState| v1::ProcessInfo {
+            name: name.into(),
+            kind: kind.into(),
+            binary: binary.into(),
+            pid: 42,
+            start_time: 7,
+            state: state.into(),
+            ..Default::default()
+        };
+        let running = v1::InstanceProcessState::Running;
+        assert_eq!(
+            im_daemon(&p("replica-v-r-1", "replica", "corral-replica", running)),
+            Some(NodeDaemon {
+                kind: DaemonKind::Replica,
+                name: "v-r-1".into(),
+                pid: 42,
+                start_time: 7
+            })
+        );
+        assert_eq!(
+            im_daemon(&p(
+                "engine-vol",
+                "engine",
+                "corral-engine",
+                v1::InstanceProcessState::Starting
+            ))
+            .map(|d| (d.kind, d.name)),
+            Some((DaemonKind::Engine, "vol".into()))
+        );
+        // Exited, another kind, a binary that is not the kind's, a name without the kind's prefix.
+        assert_eq!(
+            im_daemon(&p(
+                "engine-vol",
+                "engine",
+                "corral-engine",
+                v1::InstanceProcessState::Stopped
+            )),
+            None
+        );
+        assert_eq!(
+            im_daemon(&p(
+                "engine-vol",
+                "engine",
+                "corral-engine",
+                v1::InstanceProcessState::Error
+            )),
+            None
+        );
+        assert_eq!(im_daemon(&p("bim-default", "bim", "corral-bim", running)), None);
+        assert_eq!(
+            im_daemon(&p("engine-vol", "engine", "corral-replica", running)),
+            None
+        );
+        assert_eq!(im_daemon(&p("vol", "engine", "corral-engine", running)), None);
+        assert_eq!(im_daemon(&p("engine-", "engine", "corral-engine", running)), None);
     }
 }
