@@ -23,6 +23,8 @@ pub struct NodeConfig {
     pub port_range: (u16, u16),
     /// Where the node's daemons run: children of this manager, or the node's instance manager.
     pub processes: crate::process::ProcessHost,
+    /// This manager's build version, written into the node's status by every heartbeat.
+    pub version: String,
 }
 
 #[derive(Clone)]

@@ -27,6 +27,8 @@ pub struct ServerConfig {
     pub ready_file: Option<PathBuf>,
     /// URL of the node's instance manager; None: the manager runs the daemons itself.
     pub instance_manager: Option<String>,
+    /// This manager's build version, which the node reports (`corral node ls`).
+    pub version: String,
 }
 
 /// How long a starting manager waits for its instance manager to answer (both may start together).
@@ -148,6 +150,7 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
             bin_dir: cfg.bin_dir.clone(),
             port_range: cfg.port_range,
             processes,
+            version: cfg.version.clone(),
         },
     );
     crate::controller::node::heartbeat_once(&ctx).await?;

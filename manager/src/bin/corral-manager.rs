@@ -6,10 +6,18 @@ use std::path::PathBuf;
 use clap::Parser;
 use corral_daemon::cli::RunKind;
 
+/// This build's version, as `--version` prints it and the node reports it (`corral node ls`): the crate's, or
+/// `CORRAL_BUILD_VERSION` given to the compiler (a distribution's own version string; the rolling-upgrade test's
+/// second manager build, `0.1.0-upgrade`). Read by this binary only, so setting it rebuilds nothing else.
+const VERSION: &str = match option_env!("CORRAL_BUILD_VERSION") {
+    Some(v) => v,
+    None => env!("CARGO_PKG_VERSION"),
+};
+
 #[derive(Parser, Debug)]
 #[command(
     name = "corral-manager",
-    version,
+    version = VERSION,
     about = "Corral manager: the control plane of one node"
 )]
 struct Cli {
@@ -79,6 +87,7 @@ async fn main() -> anyhow::Result<()> {
         port_range: cli.port_range,
         ready_file: process.ready_file,
         instance_manager: cli.instance_manager,
+        version: VERSION.to_owned(),
     };
     let cancel = corral_daemon::shutdown_on_signal();
     manager::server::run(cfg, cancel).await

@@ -529,6 +529,7 @@ async fn up(
         port_range: (20000, 30000),
         ready_file: Some(ready.clone()),
         instance_manager: None,
+        version: env!("CARGO_PKG_VERSION").to_owned(),
     };
     let result = manager::server::run(cfg, corral_daemon::shutdown_on_signal()).await;
     // A clean stop leaves no report behind: `corral down` then says nothing runs.

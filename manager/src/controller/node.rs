@@ -87,7 +87,7 @@ pub async fn heartbeat_once(ctx: &Ctx) -> anyhow::Result<()> {
         .modify::<Node>(&ctx.cfg.node_id, |n| {
             n.status.heartbeat = now();
             n.status.disks = statuses.clone();
-            env!("CARGO_PKG_VERSION").clone_into(&mut n.status.manager_version);
+            n.status.manager_version.clone_from(&ctx.cfg.version);
             n.status.instance_manager.clone_from(&im_url);
             n.status.instance_manager_version.clone_from(&im_version);
             for (disk, st) in &mut n.status.disks {
