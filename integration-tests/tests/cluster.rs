@@ -1,28 +1,40 @@
-//! The compose cluster of `docker/cluster.yaml` across real container boundaries: three etcd members and three
-//! node containers (a corral-manager each, on an address of its own, with its own disk volume) come up from images
-//! built locally; a 3-replica volume placed on the three nodes is created and attached through `corral` and written
-//! through NBD from the host with `qemu-io`; then
+//! The compose cluster of `docker/cluster.yaml` + `docker/cluster-im.yaml` across real container boundaries: three
+//! etcd members and three nodes, each node a `corral-im` container (the data plane: it owns the node's address,
+//! its disk volume and every engine and replica process) with a `corral-manager` container in its network
+//! namespace (`--instance-manager`), come up from images built locally; a 3-replica volume placed on the three
+//! nodes is created and attached through `corral` and written through NBD from the host with `qemu-io`; then
 //!
-//! - one node is partitioned (`docker network disconnect`): IO continues, its replica goes ERR and is replaced by one
-//!   rebuilt on another node; reconnected on its address, the node rejoins and removes the stale replica's data;
+//! - one node is partitioned (`docker network disconnect` of its IM container, which takes its manager along):
+//!   IO continues, its replica goes ERR and is replaced by one rebuilt on another node; reconnected on its address,
+//!   the node rejoins with its manager restarted meanwhile (so none of its controllers saw the deletion), and the
+//!   manager's orphan sweep, asking its IM for the processes it runs, stops the stale replica process there and
+//!   removes its data (both in the node's `orphansRemoved`);
 //! - one etcd member stops: the cluster keeps taking changes; two stop: the managers refuse changes with an error
 //!   naming the store, and the attached volume keeps serving IO; both restart: changes are taken again.
+//! - the node running the engine is killed (its IM and manager containers): once it is seen down, `corral volume
+//!   attach --node` on another node (the control plane does not move an engine by itself) serves the volume there
+//!   with everything flushed before.
 //!
 //! Skipped, with the reason printed, when no Docker daemon answers. The project name and its /24 are unique to the
 //! run; the project is taken down (containers, networks, volumes) on every exit.
 
+use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use serde_json::Value;
-use testkit::docker::{ComposeProject, build_images, docker_unavailable, run, stdout};
+use testkit::docker::{ComposeProject, build_images, docker_unavailable, host_image_tag, run, stdout};
 
 const NODES: [&str; 3] = ["node-1", "node-2", "node-3"];
+/// The manager container of each node (`manager-N` runs in `node-N`'s network namespace).
+const MANAGERS: [&str; 3] = ["manager-1", "manager-2", "manager-3"];
 
 /// The running cluster: the project and the first three octets of its network.
 struct Cluster {
     project: ComposeProject,
     net: String,
+    /// The manager container `corral` runs in (manager-1 until node-1 is killed).
+    cli: std::cell::Cell<&'static str>,
 }
 
 impl Cluster {
@@ -39,9 +51,10 @@ impl Cluster {
             let net = format!("10.{}.{}", 200 + n % 50, (n / 50) % 256);
             let project = ComposeProject::new(
                 "corralcluster",
-                &["docker/cluster.yaml"],
+                &["docker/cluster.yaml", "docker/cluster-im.yaml"],
                 vec![
                     ("CORRAL_TAG".into(), tag.to_owned()),
+                    ("CORRAL_ETCD_TAG".into(), host_image_tag()),
                     ("CORRAL_NET".into(), net.clone()),
                 ],
             );
@@ -51,7 +64,11 @@ impl Cluster {
                 .output()
                 .expect("spawn compose up");
             if out.status.success() {
-                return Self { project, net };
+                return Self {
+                    project,
+                    net,
+                    cli: std::cell::Cell::new("manager-1"),
+                };
             }
             let err = String::from_utf8_lossy(&out.stderr).into_owned();
             assert!(
@@ -71,13 +88,13 @@ impl Cluster {
         format!("{}_cluster", self.project.name())
     }
 
-    /// `corral ARGS...` inside node-1's container (the CLI talks REST to that node's manager): the output, and
-    /// whether it succeeded.
+    /// `corral ARGS...` inside the manager container of [`Cluster::cli`] (the CLI talks REST to that node's
+    /// manager): the output, and whether it succeeded.
     fn corral(&self, args: &[&str]) -> (bool, String) {
         let out = self
             .project
             .command()
-            .args(["exec", "-T", "node-1", "corral"])
+            .args(["exec", "-T", self.cli.get(), "corral"])
             .args(args)
             .output()
             .expect("spawn compose exec");
@@ -125,7 +142,7 @@ impl Drop for Cluster {
         if !std::thread::panicking() {
             return;
         }
-        for node in NODES {
+        for node in MANAGERS.iter().chain(&NODES) {
             let Ok(out) = self.project.command().args(["logs", "--no-color", node]).output() else {
                 continue;
             };
@@ -163,6 +180,19 @@ fn replicas(v: &Value) -> Vec<(String, String, String)> {
         .unwrap_or_default()
 }
 
+/// The volume's NBD TCP endpoint.
+fn nbd_uri(v: &Value) -> String {
+    v["endpoints"]
+        .as_array()
+        .and_then(|e| {
+            e.iter()
+                .filter_map(Value::as_str)
+                .find(|e| e.starts_with("nbd://"))
+        })
+        .unwrap_or_else(|| panic!("a TCP NBD endpoint: {v}"))
+        .to_owned()
+}
+
 fn qemu_io(uri: &str, ops: &[&str]) {
     let (ok, text) = testkit::qemu_io(uri, ops);
     assert!(ok, "qemu-io {ops:?} on {uri}:\n{text}");
@@ -192,7 +222,7 @@ fn compose_cluster_serves_a_volume_across_node_partition_and_etcd_member_loss() 
         return;
     }
     let started = Instant::now();
-    let tag = build_images("debug", &["corral-manager", "corral-etcd"]);
+    let tag = build_images("debug", &["corral-manager", "corral-im", "corral-etcd"]);
 
     // 1. Up: three etcd members, three nodes that register themselves.
     let cluster = Cluster::up(&tag);
@@ -213,15 +243,7 @@ fn compose_cluster_serves_a_volume_across_node_partition_and_etcd_member_loss() 
     let mut placed: Vec<String> = replicas(&v).into_iter().map(|(_, node, _)| node).collect();
     placed.sort();
     assert_eq!(placed, NODES, "one replica per node: {v}");
-    let uri = v["endpoints"]
-        .as_array()
-        .and_then(|e| {
-            e.iter()
-                .filter_map(Value::as_str)
-                .find(|e| e.starts_with("nbd://"))
-        })
-        .expect("a TCP NBD endpoint")
-        .to_owned();
+    let uri = nbd_uri(&v);
     assert!(
         uri.starts_with(&format!("nbd://{net}.11:")),
         "served on node-1's address: {uri}"
@@ -272,7 +294,16 @@ fn compose_cluster_serves_a_volume_across_node_partition_and_etcd_member_loss() 
     );
     qemu_io(&uri, &["read -P 0xab 0 16M", "read -P 0xcd 16M 8M"]);
 
-    // Back on its address, node-3 rejoins and removes the data of the replica the cluster replaced.
+    // Back on its address, node-3 rejoins and removes the replica the cluster replaced. Its manager is restarted
+    // meanwhile (the data plane stays: the IM owns it), so no controller of its saw the replica's deletion: only
+    // the orphan sweep, asking the IM for what it runs, can find the stale process.
+    run(cluster.project.command().args(["stop", "manager-3"]));
+    assert!(
+        data_plane_pids(&cluster, "node-3")
+            .keys()
+            .any(|a| a.contains(&node3_replica)),
+        "the replaced replica still runs in node-3's IM while its manager is away"
+    );
     docker(&[
         "network",
         "connect",
@@ -281,16 +312,49 @@ fn compose_cluster_serves_a_volume_across_node_partition_and_etcd_member_loss() 
         &cluster.network(),
         &cluster.container("node-3"),
     ]);
+    run(cluster.project.command().args(["start", "manager-3"]));
     testkit::wait_for("node-3 ready again", Duration::from_secs(60), || {
         cluster.ready_nodes().filter(|n| n.len() == 3)
     });
     testkit::wait_for(
         "node-3 removed the replaced replica's data",
-        Duration::from_secs(60),
+        Duration::from_secs(90),
         || {
             let left = dir_entries(&cluster, "node-3", "/var/lib/corral/disks/default/replicas");
             (!left.contains(&node3_replica)).then_some(())
         },
+    );
+    // Its replica process ran in node-3's IM container, where the manager's /proc does not reach: the manager
+    // asked the IM for its processes and stopped it there.
+    let node3 = cluster
+        .corral_json(&["node", "get", "node-3"])
+        .expect("node get node-3");
+    let removed: Vec<(String, String)> = node3["orphansRemoved"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .map(|o| {
+                    let s = |k: &str| o[k].as_str().unwrap_or_default().to_owned();
+                    (s("kind"), s("name"))
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    for kind in ["replica-process", "replica-data"] {
+        assert!(
+            removed.contains(&(kind.to_owned(), node3_replica.clone())),
+            "node-3 reports its {kind} {node3_replica} removed: {node3}"
+        );
+    }
+    let left = data_plane_pids(&cluster, "node-3");
+    assert!(
+        !left.keys().any(|a| a.contains(&node3_replica)),
+        "the stale replica process is gone from node-3's IM: {left:?}"
+    );
+    let im_processes = dir_entries(&cluster, "node-3", "/var/lib/corral/run");
+    assert!(
+        !im_processes.contains(&format!("replica-{node3_replica}.ready")),
+        "the stale replica's ready file is gone: {im_processes:?}"
     );
 
     // 4. etcd: one member down, the cluster keeps working.
@@ -349,5 +413,268 @@ fn compose_cluster_serves_a_volume_across_node_partition_and_etcd_member_loss() 
         &uri,
         &["read -P 0xab 0 16M", "read -P 0xcd 16M 8M", "read -P 0xee 32M 8M"],
     );
+
+    // 5. Kill the node that runs the engine: node-1's IM container (the engine and a replica) and its manager.
+    //    Once the cluster sees node-1 down, `corral volume attach --node node-2` moves the engine there (the control
+    //    plane does not do it by itself: it is an operator's or CSI's call); everything flushed reads back there.
+    let killed = Instant::now();
+    docker(&[
+        "kill",
+        &cluster.container("manager-1"),
+        &cluster.container("node-1"),
+    ]);
+    cluster.cli.set("manager-2");
+    testkit::wait_for("node-1 seen down", Duration::from_secs(90), || {
+        cluster
+            .ready_nodes()
+            .filter(|n| n.len() == 2 && !n.iter().any(|n| n == "node-1"))
+    });
+    let (ok, text) = cluster.corral(&["volume", "attach", "vol1", "--node", "node-2"]);
+    assert!(ok, "volume attach on node-2 after node-1 died: {text}");
+    // The engine starts on node-2 over the replicas that answer (not those on node-1).
+    let v = testkit::wait_for("vol1 served from node-2", Duration::from_secs(150), || {
+        cluster.volume("vol1").filter(|v| {
+            v["endpoints"].as_array().is_some_and(|e| {
+                e.iter()
+                    .any(|e| e.as_str().is_some_and(|e| e.starts_with("nbd://")))
+            })
+        })
+    });
+    let uri = nbd_uri(&v);
+    assert!(
+        uri.starts_with(&format!("nbd://{net}.12:")),
+        "served on node-2's address: {uri} ({v})"
+    );
+    qemu_io(
+        &uri,
+        &["read -P 0xab 0 16M", "read -P 0xcd 16M 8M", "read -P 0xee 32M 8M"],
+    );
+    qemu_io(&uri, &["write -P 0x5a 48M 4M", "read -P 0x5a 48M 4M"]);
+    eprintln!(
+        "vol1 re-attached on node-2 with its data {:.0?} after node-1 was killed",
+        killed.elapsed()
+    );
     eprintln!("cluster test took {:.0?}", started.elapsed());
+}
+
+/// The pid of each engine and replica process running in a node's data-plane (IM) container, by command line,
+/// as the host sees them (`docker top`).
+fn data_plane_pids(cluster: &Cluster, node: &str) -> BTreeMap<String, String> {
+    let out = run(Command::new("docker").args(["top", &cluster.container(node), "-eo", "pid,args"]));
+    stdout(&out)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.trim().split_once(' '))
+        .filter(|(_, args)| args.contains("corral-engine") || args.contains("corral-replica"))
+        .map(|(pid, args)| (args.trim().to_owned(), pid.to_owned()))
+        .collect()
+}
+
+/// The manager version each node reports (`corral node ls`), by node; `None` while the CLI's manager is away.
+fn manager_versions(cluster: &Cluster) -> Option<BTreeMap<String, (bool, String)>> {
+    let nodes = cluster.corral_json(&["node", "ls"])?;
+    Some(
+        nodes
+            .as_array()?
+            .iter()
+            .map(|n| {
+                (
+                    n["name"].as_str().unwrap_or_default().to_owned(),
+                    (
+                        n["ready"] == true,
+                        n["managerVersion"].as_str().unwrap_or_default().to_owned(),
+                    ),
+                )
+            })
+            .collect(),
+    )
+}
+
+/// Builds the debug `corral-manager` again with `CORRAL_BUILD_VERSION=<version>-upgrade` and makes it the image
+/// `corral-manager:<tag>-upgrade`; then builds it back (the tests' binary reports the crate version). Returns the
+/// image tag and the version the upgraded managers report.
+fn build_upgrade_manager(tag: &str) -> (String, String) {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let version = format!("{}-upgrade", testkit::docker::workspace_version());
+    let build = |env: Option<&str>| {
+        let mut c = Command::new(&cargo);
+        c.args([
+            "build",
+            "--workspace",
+            "--bins",
+            "--locked",
+            "--features",
+            "replica/fault-injection",
+        ])
+        .current_dir(testkit::docker::repo_root())
+        .env("CARGO_TARGET_DIR", testkit::docker::target_dir());
+        match env {
+            Some(v) => c.env("CORRAL_BUILD_VERSION", v),
+            None => c.env_remove("CORRAL_BUILD_VERSION"),
+        };
+        run(&mut c);
+    };
+    build(Some(&version));
+    // A target dir of its own for build.sh: the upgraded manager beside the binaries the image carries.
+    let stage = tempfile::tempdir().expect("staging dir");
+    let debug = stage.path().join("debug");
+    std::fs::create_dir_all(&debug).expect("mkdir");
+    let from = testkit::docker::target_dir().join("debug");
+    for bin in [
+        "corral-manager",
+        "corral",
+        "corral-engine",
+        "corral-replica",
+        "corral-bim",
+        "corral-datasource",
+    ] {
+        std::fs::copy(from.join(bin), debug.join(bin)).expect("copy a binary");
+    }
+    build(None);
+    let suffix = format!(
+        "{}upgrade",
+        testkit::docker::own_tag_suffix().trim_start_matches('-')
+    );
+    run(Command::new(testkit::docker::repo_root().join("docker/build.sh"))
+        .arg("corral-manager")
+        .env("CARGO_TARGET_DIR", stage.path())
+        .env("CORRAL_PROFILE", "debug")
+        .env("CORRAL_SKIP_CARGO", "1")
+        .env("CORRAL_TAG_SUFFIX", &suffix));
+    let upgraded = format!("{}-debug-{suffix}", testkit::docker::workspace_version());
+    assert_ne!(upgraded, tag);
+    let out =
+        run(Command::new("docker").args(["run", "--rm", &format!("corral-manager:{upgraded}"), "--version"]));
+    assert_eq!(stdout(&out), format!("corral-manager {version}"));
+    (upgraded, version)
+}
+
+/// Rolling upgrade of the compose cluster's managers while fio writes and verifies through NBD: each node's
+/// `manager-N` container is replaced, one at a time, by an image of another version; the version shows in
+/// `corral node ls`, fio sees no error, and no engine or replica process was restarted (same pids, seen from the
+/// host). Ignored for its length (it builds a second manager binary): see docker/README.md.
+#[test]
+#[ignore = "builds a second corral-manager and runs ~4 min: docker/README.md, rolling upgrade"]
+fn compose_cluster_managers_upgrade_one_at_a_time_without_interrupting_io() {
+    if let Some(reason) = docker_unavailable() {
+        eprintln!("SKIPPED cluster upgrade test: {reason}");
+        return;
+    }
+    let started = Instant::now();
+    let tag = build_images("debug", &["corral-manager", "corral-im", "corral-etcd"]);
+    let (upgraded_tag, upgraded_version) = build_upgrade_manager(&tag);
+    let cluster = Cluster::up(&tag);
+    testkit::wait_for("three ready nodes", Duration::from_secs(90), || {
+        cluster.ready_nodes().filter(|n| n.len() == 3)
+    });
+    let (ok, text) = cluster.corral(&["volume", "create", "vol1", "--size", "256Mi", "--replicas", "3"]);
+    assert!(ok, "volume create: {text}");
+    let (ok, text) = cluster.corral(&["volume", "attach", "vol1", "--node", "node-1"]);
+    assert!(ok, "volume attach: {text}");
+    let v = testkit::wait_for("vol1 healthy", Duration::from_secs(60), || {
+        cluster.volume("vol1").filter(|v| v["robustness"] == "healthy")
+    });
+    let uri = nbd_uri(&v);
+    let old_version = manager_versions(&cluster).expect("node ls")["node-1"].1.clone();
+    assert_ne!(old_version, upgraded_version);
+    let pids_before: Vec<_> = NODES.iter().map(|n| data_plane_pids(&cluster, n)).collect();
+    assert!(
+        pids_before[0].keys().any(|a| a.contains("corral-engine"))
+            && pids_before.iter().all(|p| !p.is_empty()),
+        "an engine on node-1 and a replica on every node: {pids_before:?}"
+    );
+
+    // fio through NBD from the host for the whole upgrade: random writes, each block verified (crc32c) as it is
+    // read back behind the writes; the first verify failure ends it.
+    let fio_out = tempfile::NamedTempFile::new().expect("fio output file");
+    // fio leaves its verify state file in its working directory: a temporary one.
+    let fio_dir = tempfile::tempdir().expect("fio working dir");
+    let mut fio = Command::new("fio")
+        .args([
+            "--name=upgrade",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=64k",
+            "--size=64M",
+            "--iodepth=4",
+            "--verify=crc32c",
+            "--verify_backlog=64",
+            "--verify_fatal=1",
+            "--loops=100000",
+            "--runtime=600",
+            "--output-format=json",
+            &format!("--output={}", fio_out.path().display()),
+        ])
+        .current_dir(fio_dir.path())
+        .spawn()
+        .expect("spawn fio");
+
+    for (i, (node, manager)) in NODES.iter().zip(MANAGERS).enumerate() {
+        let replaced = Instant::now();
+        run(cluster.project.command().env("CORRAL_TAG", &upgraded_tag).args([
+            "up",
+            "-d",
+            "--no-deps",
+            manager,
+        ]));
+        testkit::wait_for(
+            &format!("{node} ready with manager {upgraded_version}"),
+            Duration::from_secs(120),
+            || {
+                manager_versions(&cluster).filter(|m| {
+                    m.get(*node)
+                        .is_some_and(|(ready, v)| *ready && *v == upgraded_version)
+                })
+            },
+        );
+        assert!(
+            fio.try_wait().expect("fio status").is_none(),
+            "fio ended while {manager} was replaced: {}",
+            std::fs::read_to_string(fio_out.path()).unwrap_or_default()
+        );
+        eprintln!(
+            "{manager} upgraded in {:.1?} ({} of 3)",
+            replaced.elapsed(),
+            i + 1
+        );
+    }
+    let versions = manager_versions(&cluster).expect("node ls");
+    assert!(
+        versions
+            .values()
+            .all(|(ready, v)| *ready && *v == upgraded_version),
+        "every node ready on {upgraded_version}: {versions:?}"
+    );
+    let pids_after: Vec<_> = NODES.iter().map(|n| data_plane_pids(&cluster, n)).collect();
+    assert_eq!(
+        pids_after, pids_before,
+        "no engine or replica process was restarted"
+    );
+
+    // fio is still running: stop it (SIGINT ends its jobs cleanly, and fio then exits 128 whatever happened
+    // before) and read its report.
+    run(Command::new("kill").args(["-INT", &fio.id().to_string()]));
+    let status = fio.wait().expect("wait fio");
+    let report = std::fs::read_to_string(fio_out.path()).expect("fio report");
+    let json_start = report.find('{').unwrap_or(0);
+    let r: Value =
+        serde_json::from_str(&report[json_start..]).unwrap_or_else(|e| panic!("fio JSON: {e}\n{report}"));
+    let job = &r["jobs"][0];
+    let written = job["write"]["io_bytes"].as_u64().unwrap_or_default();
+    let verified = job["read"]["io_bytes"].as_u64().unwrap_or_default();
+    eprintln!(
+        "fio: {status}, error {}, {} MiB written, {} MiB read back and verified, {:.0?} in all",
+        job["error"],
+        written >> 20,
+        verified >> 20,
+        started.elapsed()
+    );
+    assert_eq!(job["error"], 0, "fio reported an IO or verify error: {report}");
+    assert!(
+        written > 64 << 20 && verified > 32 << 20,
+        "fio wrote and verified through the whole upgrade: {written} bytes written, {verified} verified"
+    );
+    let v = cluster.volume("vol1").expect("vol1");
+    assert_eq!(v["robustness"], "healthy", "{v}");
 }
