@@ -199,6 +199,25 @@ impl LvstoreDaemon {
         let h = self.hosted.lock().await.remove(name);
         lock(&self.metrics).remove(name);
         let Some(mut h) = h else {
+            // Not served (its volume detached) but its lvols may be here: a delete removes them all the same, or
+            // a deleted detached volume would leave its lvols (and the backing image they sit on) behind.
+            let store = self.store.clone();
+            let n = name.to_owned();
+            let deleted = tokio::task::spawn_blocking(move || {
+                if !delete || store.lookup(&n).is_err() {
+                    return Ok(false);
+                }
+                LvolReplica::load(store, &n)?.delete().map(|()| true)
+            })
+            .await
+            .map_err(|e| ReplicaError::FailedPrecondition(e.to_string()))??;
+            if deleted {
+                tracing::info!(
+                    replica = name,
+                    "deleted the lvols of a replica that was not served"
+                );
+                return Ok(());
+            }
             return Err(ReplicaError::NotFound(format!(
                 "replica {name} is not hosted here"
             )));
