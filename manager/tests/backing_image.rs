@@ -19,38 +19,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::*;
 use testkit::servers::{Etcd, S3_ENV, S3Server};
-use testkit::{Daemon, DaemonCommand, qemu_io, wait_for};
-
-/// Python's `http.server` over a directory (no Range support: downloads start from the beginning).
-struct HttpServer {
-    daemon: Daemon,
-}
-
-impl HttpServer {
-    fn start(dir: &Path) -> Self {
-        // It cannot report a port it bound: the test kit's probed port, retried when another process took it.
-        let daemon = testkit::ports::retry_on_address_in_use(|| {
-            let port = testkit::ports::unbound_port();
-            DaemonCommand::new("python3")
-                .args([
-                    "-m",
-                    "http.server",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--directory",
-                ])
-                .arg(dir)
-                .listening_on("http", format!("127.0.0.1:{port}"))
-                .try_spawn()
-        });
-        HttpServer { daemon }
-    }
-
-    fn url(&self, file: &str) -> String {
-        format!("{}/{file}", self.daemon.http_url("http"))
-    }
-}
+use testkit::{qemu_io, wait_for};
 
 fn run(cmd: &mut Command) -> String {
     let out = cmd.output().expect("run");

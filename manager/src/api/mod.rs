@@ -357,7 +357,6 @@ async fn create_volume(
         (None, Some((_, image))) => image.clone(),
         (None, None) => req.backing_image.clone(),
     };
-    crate::backing_image::routes::check_volume_image(&ctx, backing_image.as_deref(), req.size).await?;
     if let Some(f) = &req.frontend
         && f != "nbd"
     {
@@ -373,6 +372,8 @@ async fn create_volume(
         backing_image.as_deref(),
     )
     .await?;
+    crate::backing_image::routes::check_volume_image(&ctx, backing_image.as_deref(), req.size, data_engine)
+        .await?;
     // The replicas must be placeable now: the same check the scheduler makes at attach.
     let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
     let count = usize::try_from(req.number_of_replicas).unwrap_or(usize::MAX);

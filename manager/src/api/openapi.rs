@@ -380,7 +380,7 @@ fn backing_image_create_schemas() -> Vec<Value> {
                     "minNumberOfCopies": nullable(json!({"type": "integer", "minimum": 1, "maximum": MAX_COPIES})),
                     "diskSelector": {"type": "array", "items": {"type": "string"}},
                     "nodeSelector": {"type": "array", "items": {"type": "string"}},
-                    "dataEngine": nullable(json!({"type": "string", "enum": ["v1"]})),
+                    "dataEngine": nullable(json!({"type": "string", "enum": ["v1", "v2"]})),
                 }),
             )
         })
@@ -563,6 +563,9 @@ fn components() -> Value {
                 "progress": {"type": "integer", "minimum": 0, "maximum": 100},
                 "message": {"type": "string"},
                 "deletionTimestamp": nullable(json!({"type": "integer"})),
+                "dataEngine": {"type": "string", "enum": ["v1", "v2"]},
+                "v2FirstCopyStatus": {"type": "string", "description": "v2 images: pending | in-progress | ready | failed | unknown"},
+                "v2FirstCopyDisk": {"type": "string"}, "v2FirstCopyMessage": {"type": "string"},
                 "disks": {"type": "array", "items": {"type": "object"}},
             }
         },

@@ -265,6 +265,8 @@ async fn spawn(ctx: &Ctx, local: &Supervisor, name: &str, ds: &BackingImageDataS
         ds.spec.source_type.as_str().to_owned(),
         "--receiver-ip".to_owned(),
         ctx.cfg.host.clone(),
+        "--data-engine".to_owned(),
+        ds.spec.data_engine.as_str().to_owned(),
     ];
     for (k, v) in &ds.spec.parameters {
         args.push("--param".to_owned());

@@ -5,6 +5,10 @@
 //! order, never below the minimum). It marks the data source started once a manager reports the file ready, runs
 //! the source again when every copy failed (not for uploads), aggregates the per-disk status, and removes a
 //! deleted image once no disk manager reports its file.
+//!
+//! A v2 image (`dataEngine: v2`) uses this flow only for its first v1 file, the source of its first v2 copy: no
+//! replica disks, no HA, and the file goes once the first v2 copy is ready; its v2 copies (the `v2` entries of the
+//! spec and status maps) belong to [`super::v2_controller`], and this controller keeps them as they are.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -20,7 +24,7 @@ use super::model::{
 use crate::context::Ctx;
 use crate::controller::volume::node_is_up;
 use crate::controller::{Requeue, WorkQueue, feed, now, run_worker};
-use crate::model::{Node, ProcessState, Replica, Volume};
+use crate::model::{DataEngine, Node, ProcessState, Replica, Volume};
 use crate::store::{Object, StoreError, absent_ok};
 
 pub const CLEANUP_SETTING: &str = "backing-image-cleanup-wait-interval";
@@ -61,6 +65,7 @@ pub struct DiskRef {
     pub path: String,
     /// Node up, disk reporting no error, scheduling allowed.
     pub ready: bool,
+    pub engine: DataEngine,
 }
 
 pub async fn disks(ctx: &Ctx) -> anyhow::Result<Vec<DiskRef>> {
@@ -75,13 +80,14 @@ pub async fn disks(ctx: &Ctx) -> anyhow::Result<Vec<DiskRef>> {
                 disk_uuid: d.disk_uuid.clone(),
                 path: d.path.clone(),
                 ready: up && ok && d.allow_scheduling && n.data.spec.allow_scheduling,
+                engine: d.engine,
             });
         }
     }
     Ok(out)
 }
 
-fn selected(bi: &BackingImage, d: &DiskRef) -> bool {
+pub(crate) fn selected(bi: &BackingImage, d: &DiskRef) -> bool {
     (bi.spec.disk_selector.is_empty() || bi.spec.disk_selector.contains(&d.disk_name))
         && (bi.spec.node_selector.is_empty() || bi.spec.node_selector.contains(&d.node_id))
 }
@@ -214,6 +220,7 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
             started: false,
             generation: 0,
             backup_target,
+            data_engine: bi.spec.data_engine,
         },
         status: Default::default(),
     })
@@ -323,7 +330,13 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                     .iter()
                     .any(|d| d.disk_uuid == m.data.spec.disk_uuid && d.ready)
         });
-        if !remaining {
+        // v2 copies: their controller removes them and their entries.
+        let v2_left = bi
+            .status
+            .disk_file_status_map
+            .values()
+            .any(|f| f.data_engine == DataEngine::V2);
+        if !remaining && !v2_left {
             tracing::info!(image = name, "backing image deleted");
             match ctx.db.delete::<BackingImage>(&name, obj.version).await {
                 Ok(()) | Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => {}
@@ -465,8 +478,30 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     }
 
     // The disks that must hold a copy.
-    let used = replica_disks(&ctx, &name).await?;
-    let mut wanted = bi.spec.disk_file_spec_map.clone();
+    let v2 = bi.spec.data_engine == DataEngine::V2;
+    // A v2 image's v1 file is kept until its first v2 copy is ready, then removed.
+    let v2_first_ready = v2 && bi.status.v2_first_copy_status == state::READY;
+    let used = if v2 {
+        BTreeMap::new()
+    } else {
+        replica_disks(&ctx, &name).await?
+    };
+    // A v2 image's one v1 file is on the data source's disk (the disk may be a v2 disk's directory, whose entry
+    // in the maps is then the v2 copy's).
+    let mut wanted = if v2 {
+        BTreeMap::new()
+    } else {
+        bi.spec.disk_file_spec_map.clone()
+    };
+    if v2 && !v2_first_ready {
+        wanted.insert(
+            ds_disk.clone(),
+            DiskFileSpec {
+                node_id: ds.data.spec.node_id.clone(),
+                ..Default::default()
+            },
+        );
+    }
     for (disk, node) in &used {
         wanted.insert(
             disk.clone(),
@@ -496,7 +531,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             })
             .count()
     };
-    if any_ready && healthy(&wanted) < min {
+    if any_ready && !v2 && healthy(&wanted) < min {
         // HA: more ready disks, on nodes without a copy first.
         let mut nodes: BTreeSet<String> = wanted.values().map(|s| s.node_id.clone()).collect();
         let mut pool: Vec<&DiskRef> = all_disks
@@ -532,7 +567,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                 Some(state::FAILED | state::UNKNOWN) => FileClass::Failed,
                 _ => FileClass::InProgress,
             },
-            in_use: used.contains_key(disk) || (!started && *disk == ds_disk),
+            in_use: used.contains_key(disk) || (!started && *disk == ds_disk) || (v2 && !v2_first_ready),
         })
         .collect();
     let t = now();
@@ -543,6 +578,14 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         wanted.remove(&disk);
         marks.remove(&disk);
         files.remove(&disk);
+    }
+    if v2_first_ready && !wanted.is_empty() {
+        tracing::info!(
+            image = name,
+            "the first v2 copy is ready: removing the v1 file it was made from"
+        );
+        wanted.clear();
+        marks.clear();
     }
 
     // Status.
@@ -581,8 +624,25 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                 return false;
             }
             let before = b.clone();
-            b.spec.disk_file_spec_map.clone_from(&wanted2);
-            b.status.disk_file_status_map.clone_from(&files);
+            // v2 entries are the v2 controller's.
+            b.spec
+                .disk_file_spec_map
+                .retain(|_, s| s.data_engine == DataEngine::V2);
+            for (d, s) in &wanted2 {
+                b.spec
+                    .disk_file_spec_map
+                    .entry(d.clone())
+                    .or_insert_with(|| s.clone());
+            }
+            b.status
+                .disk_file_status_map
+                .retain(|_, f| f.data_engine == DataEngine::V2);
+            for (d, f) in &files {
+                b.status
+                    .disk_file_status_map
+                    .entry(d.clone())
+                    .or_insert_with(|| f.clone());
+            }
             b.status.disk_last_ref_at_map.clone_from(&marks);
             b.status.message.clone_from(&message);
             if b.status.size == 0 || first_ready.is_some() {

@@ -3,7 +3,8 @@
 //! disk that fetches, syncs, re-adopts and deletes files ([`bim_controller`], node-local), and the cluster-wide
 //! [`image_controller`] (leader) that decides which disks hold a copy (replicas, HA, cleanup in [`cleanup`]'s
 //! order), aggregates status and re-runs a download when every copy failed; [`v2_copy`] is the per-disk status of a
-//! v2 image's copies (snapshot lvols in v2 disks' stores, issue 21); [`restore_source`] checks a restore's
+//! v2 image's copies (snapshot lvols in v2 disks' stores, issue 21), which [`v2_controller`] (leader) makes,
+//! reports and deletes; [`restore_source`] checks a restore's
 //! backup URL and hands its target's credentials to the data source. [`routes`] is the REST API
 //! (`/v1/backingimages`), [`cli`] the `corral backing-image` commands.
 
@@ -15,6 +16,7 @@ pub mod image_controller;
 pub mod model;
 pub mod restore_source;
 pub mod routes;
+pub mod v2_controller;
 pub mod v2_copy;
 
 use corral_proto::v1::backing_image_manager_service_client::BackingImageManagerServiceClient;
@@ -34,6 +36,7 @@ pub fn start_node(ctx: &Ctx, cancel: &CancellationToken) {
 /// Cluster-wide controller (the leader only).
 pub fn start_leader(ctx: &Ctx, cancel: &CancellationToken) {
     image_controller::start(ctx, cancel);
+    v2_controller::start(ctx, cancel);
 }
 
 /// A client of a disk's `corral-bim`.

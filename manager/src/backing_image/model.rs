@@ -96,6 +96,9 @@ pub struct BackingImageStatus {
     /// v2 images: the disk UUID the first v2 copy is made on.
     #[serde(default)]
     pub v2_first_copy_disk: String,
+    /// v2 images: why the first v2 copy waits or failed (empty once it is ready).
+    #[serde(default)]
+    pub v2_first_copy_message: String,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -145,6 +148,10 @@ pub struct DataSourceSpec {
     /// file); empty when no configured target matches the URL.
     #[serde(default)]
     pub backup_target: String,
+    /// The image's engine: for `v2` the data source converts a qcow2 to raw, so the prepared file is what a v2
+    /// copy (an lvol) holds byte for byte.
+    #[serde(default)]
+    pub data_engine: DataEngine,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

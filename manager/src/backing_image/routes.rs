@@ -21,7 +21,7 @@ use crate::api::openapi::{
 use crate::api::routes::Routes;
 use crate::context::Ctx;
 use crate::error::ApiError;
-use crate::model::Volume;
+use crate::model::{DataEngine, Volume};
 use crate::store::{Object, StoreError};
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
@@ -76,7 +76,7 @@ pub struct BackingImageCreate {
     pub disk_selector: Vec<String>,
     #[serde(default)]
     pub node_selector: Vec<String>,
-    /// `v1` (default).
+    /// `v1` (default) | `v2` (copies are snapshot lvols in v2 disks' stores).
     #[serde(default)]
     pub data_engine: Option<String>,
 }
@@ -99,6 +99,11 @@ pub struct DiskFileView {
     pub message: String,
     /// Unix seconds since when no replica uses this copy.
     pub last_ref_at: Option<i64>,
+    /// `v1`: a file of the disk's `corral-bim`; `v2`: a snapshot lvol in the disk's store.
+    pub data_engine: DataEngine,
+    /// v2 copies: the disk daemon's last report (seed 001's `BackingImageV2CopyInfo`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub v2_copy: Option<super::model::V2CopyInfo>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -119,13 +124,44 @@ pub struct BackingImageView {
     pub progress: u32,
     pub message: String,
     pub deletion_timestamp: Option<i64>,
+    pub data_engine: DataEngine,
+    /// v2 images: the first v2 copy (`pending` | `in-progress` | `ready` | `failed` | `unknown`) and its disk.
+    pub v2_first_copy_status: String,
+    pub v2_first_copy_disk: String,
+    pub v2_first_copy_message: String,
     pub disks: Vec<DiskFileView>,
 }
 
 impl BackingImageView {
     pub fn new(o: &Object<BackingImage>) -> Self {
         let b = &o.data;
-        let files: Vec<&DiskFileStatus> = b.status.disk_file_status_map.values().collect();
+        let all: Vec<&DiskFileStatus> = b.status.disk_file_status_map.values().collect();
+        // A v2 image is usable once a v2 copy is: before, its v1 file's state shows (a ready file is still only
+        // the source of the first copy).
+        let v2: Vec<&DiskFileStatus> = all
+            .iter()
+            .copied()
+            .filter(|f| f.data_engine == DataEngine::V2)
+            .collect();
+        let v1_ready_as_source;
+        let files: Vec<&DiskFileStatus> = if b.spec.data_engine == DataEngine::V1 {
+            all
+        } else if !v2.is_empty() {
+            v2
+        } else {
+            v1_ready_as_source = all
+                .iter()
+                .map(|f| {
+                    let mut f = (*f).clone();
+                    if f.state == state::READY {
+                        f.state = state::IN_PROGRESS.to_owned();
+                        f.message = "the file is ready: making the first v2 copy from it".to_owned();
+                    }
+                    f
+                })
+                .collect::<Vec<_>>();
+            v1_ready_as_source.iter().collect()
+        };
         let state = if b.spec.deletion_timestamp.is_some() {
             "deleting".to_owned()
         } else if files.iter().any(|f| f.state == state::READY) {
@@ -138,7 +174,9 @@ impl BackingImageView {
                 .max_by_key(|f| f.progress)
                 .map_or_else(|| state::PENDING.to_owned(), |f| f.state.clone())
         };
-        let message = if b.status.message.is_empty() {
+        let message = if b.status.message.is_empty() && !b.status.v2_first_copy_message.is_empty() {
+            b.status.v2_first_copy_message.clone()
+        } else if b.status.message.is_empty() {
             files
                 .iter()
                 .map(|f| f.message.as_str())
@@ -167,6 +205,10 @@ impl BackingImageView {
             state,
             message,
             deletion_timestamp: b.spec.deletion_timestamp,
+            data_engine: b.spec.data_engine,
+            v2_first_copy_status: b.status.v2_first_copy_status.clone(),
+            v2_first_copy_disk: b.status.v2_first_copy_disk.clone(),
+            v2_first_copy_message: b.status.v2_first_copy_message.clone(),
             disks: b
                 .status
                 .disk_file_status_map
@@ -178,6 +220,8 @@ impl BackingImageView {
                     progress: f.progress,
                     message: f.message.clone(),
                     last_ref_at: b.status.disk_last_ref_at_map.get(d).copied(),
+                    data_engine: f.data_engine,
+                    v2_copy: f.v2_copy.clone(),
                 })
                 .collect(),
         }
@@ -234,12 +278,12 @@ async fn create(
     })?;
     check_source_parameters(source_type, &req.parameters)?;
     let expected_checksum = check_checksum(&req.expected_checksum)?;
-    let data_engine = crate::model::DataEngine::V1;
-    if let Some(e) = req.data_engine.as_deref().filter(|e| *e != "v1") {
-        return Err(ApiError::Invalid(format!(
-            "dataEngine {e:?} is not supported (v1; v2 backing images are not yet made by the manager, issue 21)"
-        )));
-    }
+    let data_engine = match req.data_engine.as_deref() {
+        None => DataEngine::V1,
+        Some(e) => e
+            .parse::<DataEngine>()
+            .map_err(|_| ApiError::Invalid(format!("dataEngine {e:?} is not v1 or v2")))?,
+    };
     let min = match req.min_number_of_copies {
         Some(n) => n,
         None => u32::try_from(ctx.setting_u64(MIN_COPIES_SETTING).await).unwrap_or(1),
@@ -274,6 +318,11 @@ async fn create(
     };
     // The request is well formed (checked above); what is left depends on the cluster: a source volume, a ready
     // copy to clone, a disk with room.
+    if data_engine == DataEngine::V2 {
+        super::v2_controller::check_v2_disk(&ctx, &bi)
+            .await
+            .map_err(ApiError::Conflict)?;
+    }
     let ds = data_source_for(&ctx, &bi).await.map_err(ApiError::Conflict)?;
     // A leftover data source of an earlier image of this name goes first (an image's deletion removes its data
     // source before the image, so none can belong to a live image here).
@@ -471,7 +520,12 @@ async fn upload(
 }
 
 /// A volume's backing image must exist, not be deleted, and fit: the volume at least its virtual size.
-pub async fn check_volume_image(ctx: &Ctx, image: Option<&str>, size: u64) -> Result<(), ApiError> {
+pub async fn check_volume_image(
+    ctx: &Ctx,
+    image: Option<&str>,
+    size: u64,
+    engine: DataEngine,
+) -> Result<(), ApiError> {
     let Some(image) = image else { return Ok(()) };
     let bi = ctx
         .db
@@ -481,6 +535,13 @@ pub async fn check_volume_image(ctx: &Ctx, image: Option<&str>, size: u64) -> Re
     if bi.data.spec.deletion_timestamp.is_some() {
         return Err(ApiError::Conflict(format!(
             "backing image {image} is being deleted"
+        )));
+    }
+    let bi_engine = bi.data.spec.data_engine;
+    if bi_engine != engine {
+        return Err(ApiError::Conflict(format!(
+            "backing image {image} is a {bi_engine} backing image and the volume a {engine} volume: a {engine} volume \
+             needs a {engine} backing image"
         )));
     }
     let vsize = bi.data.status.virtual_size;

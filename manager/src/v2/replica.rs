@@ -110,12 +110,23 @@ pub async fn reconcile(ctx: &Ctx, hosted: &Hosted, name: &str, r: &Replica) -> a
         }
         return Ok(None);
     }
+    let backing_image = match v2_backing_image(ctx, r).await? {
+        Ok(image) => image,
+        // Serving already: its head exists (cloned when it was made), so a copy that reads unknown for a moment
+        // does not stop it.
+        Err(_) if r.status.state == ProcessState::Running => String::new(),
+        Err(waiting) => {
+            set_status(ctx, name, ProcessState::Starting, None, &waiting).await?;
+            return Ok(Some(Duration::from_secs(1)));
+        }
+    };
     let added = client(&d.address)
         .await?
         .lvstore_replica_add(v1::LvstoreReplicaAddRequest {
             name: name.to_owned(),
             size: r.spec.size,
             disable_revision_counter: r.spec.revision_counter_disabled,
+            backing_image,
             ..Default::default()
         })
         .await
@@ -132,6 +143,39 @@ pub async fn reconcile(ctx: &Ctx, hosted: &Hosted, name: &str, r: &Replica) -> a
     set_status(ctx, name, ProcessState::Running, Some(added.address), "").await?;
     // Looked at again soon: a daemon restart is noticed here (the replica is re-added at the same address).
     Ok(Some(Duration::from_secs(2)))
+}
+
+/// The v2 backing image the replica's head is cloned from: Ok("") for a volume without one, Ok(name) once the
+/// copy on the replica's disk is ready, Err(why) while it is not (the v2 image controller makes it: the replica's
+/// disk is in the image's spec because the replica is there).
+async fn v2_backing_image(ctx: &Ctx, r: &Replica) -> anyhow::Result<Result<String, String>> {
+    use crate::backing_image::model::{BackingImage, state};
+    let Some(vol) = ctx.db.get::<crate::model::Volume>(&r.spec.volume).await? else {
+        return Ok(Ok(String::new()));
+    };
+    let Some(image) = vol.data.spec.backing_image.clone() else {
+        return Ok(Ok(String::new()));
+    };
+    let Some(bi) = ctx.db.get::<BackingImage>(&image).await? else {
+        return Ok(Err(format!("backing image {image} does not exist")));
+    };
+    let copy = bi
+        .data
+        .status
+        .disk_file_status_map
+        .get(&r.spec.disk_uuid)
+        .filter(|f| f.data_engine == crate::model::DataEngine::V2);
+    Ok(match copy {
+        Some(f) if f.state == state::READY => Ok(image),
+        Some(f) => Err(format!(
+            "waiting for v2 backing image {image} on disk {}: {} {}% {}",
+            r.spec.disk, f.state, f.progress, f.message
+        )),
+        None => Err(format!(
+            "waiting for v2 backing image {image} to be copied to disk {}",
+            r.spec.disk
+        )),
+    })
 }
 
 async fn set_status(

@@ -259,3 +259,34 @@ pub fn wait_healthy(
         (v["state"] == "attached" && v["robustness"] == "healthy" && rw_replicas(&v) == replicas).then_some(v)
     })
 }
+
+/// Python's `http.server` over a directory (no Range support: downloads start from the beginning).
+pub struct HttpServer {
+    daemon: Daemon,
+}
+
+impl HttpServer {
+    pub fn start(dir: &Path) -> Self {
+        // It cannot report a port it bound: the test kit's probed port, retried when another process took it.
+        let daemon = testkit::ports::retry_on_address_in_use(|| {
+            let port = testkit::ports::unbound_port();
+            DaemonCommand::new("python3")
+                .args([
+                    "-m",
+                    "http.server",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--directory",
+                ])
+                .arg(dir)
+                .listening_on("http", format!("127.0.0.1:{port}"))
+                .try_spawn()
+        });
+        HttpServer { daemon }
+    }
+
+    pub fn url(&self, file: &str) -> String {
+        format!("{}/{file}", self.daemon.http_url("http"))
+    }
+}

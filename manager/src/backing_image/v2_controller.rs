@@ -1,0 +1,460 @@
+//! Cluster-wide (leader): the v2 copies of `dataEngine: v2` backing images (issue 21, seed 001). A v2 image's
+//! copy on a v2 disk is the snapshot lvol `bi-NAME-disk-LVSUUID` in the disk's store, made and reported by the
+//! disk's `serve-lvstore` daemon (`BackingImageCreate/Get/Delete`).
+//!
+//! The first v2 copy: once the v1 flow ([`super::image_controller`]) has the image's file ready on some disk (a
+//! qcow2 source converted to raw by the data source, so the file is byte for byte what the lvol holds), a ready v2
+//! disk's daemon fills the copy from that disk's `corral-bim` download endpoint (uncompressed), checking the
+//! file's SHA-512. `v2FirstCopyStatus` goes `pending` → `in-progress` → `ready` | `failed`; a failed copy is
+//! deleted and the copy tried again from `pending` after a backoff (doubling from 2 s to 60 s). Once the first
+//! copy is ready, the image controller removes the v1 file.
+//!
+//! Every pass asks each v2 disk's daemon for its copy ([`super::v2_copy::copy_status`] turns the answer into the
+//! disk's entry: unreachable → `unknown`, gone → `failed`). Disks of replicas of volumes on the image get a copy
+//! entry in the spec; a deleted image's copies are deleted from every daemon that answers.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use corral_proto::v1;
+use tokio_util::sync::CancellationToken;
+
+use super::image_controller::{DiskRef, disks, replica_disks, selected};
+use super::model::{BackingImage, BackingImageManager, DiskFileSpec, DiskFileStatus, state};
+use super::v2_copy::{Fetched, copy_status};
+use crate::context::Ctx;
+use crate::controller::{Requeue, WorkQueue, feed, run_worker};
+use crate::model::{DataEngine, ProcessState};
+use crate::store::absent_ok;
+use crate::v2::model::{LvstoreDaemon, daemon_name};
+
+/// Backoff of the first copy's retries: doubles from the first to the last.
+const RETRY_FIRST: Duration = Duration::from_secs(2);
+const RETRY_MAX: Duration = Duration::from_secs(60);
+
+pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
+    let q = Arc::new(WorkQueue::default());
+    feed::<BackingImage>(
+        ctx.db.clone(),
+        q.clone(),
+        cancel.clone(),
+        Duration::from_secs(2),
+        |ev| Some(ev.name().to_owned()),
+        |o| (o.data.spec.data_engine == DataEngine::V2).then(|| o.name.clone()),
+    );
+    let retries = Arc::new(Retries::default());
+    let ctx = ctx.clone();
+    let c = cancel.clone();
+    tokio::spawn(async move {
+        let m = ctx.metrics.clone();
+        run_worker("backing-image-v2", q, c, m, |name| {
+            reconcile(ctx.clone(), retries.clone(), name)
+        })
+        .await;
+    });
+}
+
+/// Failed first copies by image: attempts and when the next may start. Leader-local: a new leader starts the
+/// count again, which at worst retries sooner once.
+#[derive(Default)]
+struct Retries(Mutex<HashMap<String, (u32, Instant)>>);
+
+impl Retries {
+    fn failed(&self, image: &str) -> Duration {
+        let mut m = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let e = m.entry(image.to_owned()).or_insert((0, Instant::now()));
+        let wait = RETRY_FIRST.saturating_mul(1 << e.0.min(5)).min(RETRY_MAX);
+        e.0 += 1;
+        e.1 = Instant::now() + wait;
+        wait
+    }
+
+    /// How long until the next attempt may start (zero: now).
+    fn wait(&self, image: &str) -> Duration {
+        let m = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.get(image).map_or(Duration::ZERO, |(_, at)| {
+            at.saturating_duration_since(Instant::now())
+        })
+    }
+
+    fn clear(&self, image: &str) {
+        let mut m = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        m.remove(image);
+    }
+}
+
+/// A v2 disk and its daemon's `LvstoreService` address while it runs.
+#[derive(Debug, Clone)]
+struct Store {
+    disk: DiskRef,
+    address: Option<String>,
+}
+
+async fn stores(ctx: &Ctx) -> anyhow::Result<Vec<Store>> {
+    let daemons = ctx.db.list::<LvstoreDaemon>().await?;
+    Ok(disks(ctx)
+        .await?
+        .into_iter()
+        .filter(|d| d.engine == DataEngine::V2)
+        .map(|disk| {
+            let name = daemon_name(&disk.node_id, &disk.disk_name);
+            let address = daemons
+                .iter()
+                .find(|o| o.name == name)
+                .map(|o| &o.data)
+                .filter(|d| d.state == ProcessState::Running && !d.address.is_empty())
+                .map(|d| d.address.clone());
+            Store { disk, address }
+        })
+        .collect())
+}
+
+/// The refusal of a v2 image where no v2 disk could hold it (checked at create, so nothing is made).
+pub async fn check_v2_disk(ctx: &Ctx, bi: &BackingImage) -> Result<(), String> {
+    let all = stores(ctx).await.map_err(|e| format!("{e:#}"))?;
+    if all.iter().any(|s| s.disk.ready && selected(bi, &s.disk)) {
+        return Ok(());
+    }
+    Err(if all.is_empty() {
+        "a v2 backing image needs a v2 disk (an lvstore) and the cluster has none: add one with \
+         `corral node disk-add NODE DISK PATH --disk-engine v2`"
+            .to_owned()
+    } else {
+        "no ready v2 disk (within the image's disk and node selectors) can hold a v2 backing image".to_owned()
+    })
+}
+
+/// What the daemon at `address` says of its copy of `name`.
+async fn fetch(address: &str, name: &str) -> Fetched {
+    let mut c = match crate::v2::replica::client(address).await {
+        Ok(c) => c,
+        Err(e) => return Fetched::Unreachable(format!("{e:#}")),
+    };
+    match c
+        .backing_image_get(v1::BackingImageRef {
+            name: name.to_owned(),
+        })
+        .await
+    {
+        Ok(r) => Fetched::Copy(r.into_inner()),
+        Err(s) if s.code() == tonic::Code::NotFound => Fetched::Absent,
+        Err(s) => Fetched::Unreachable(s.message().to_owned()),
+    }
+}
+
+/// Deletes the copy of `name` from the daemon at `address`; absent is fine.
+async fn delete_copy(address: &str, name: &str) -> anyhow::Result<()> {
+    let mut c = crate::v2::replica::client(address).await?;
+    match c
+        .backing_image_delete(v1::BackingImageRef {
+            name: name.to_owned(),
+        })
+        .await
+    {
+        Ok(_) => Ok(()),
+        Err(s) if s.code() == tonic::Code::NotFound => Ok(()),
+        Err(s) => Err(anyhow::anyhow!(
+            "delete v2 backing image {name} on the lvstore daemon at {address}: {}",
+            s.message()
+        )),
+    }
+}
+
+/// The v1 file the first v2 copy is made from: the download URL of a ready file, and its size and SHA-512.
+async fn ready_file(
+    ctx: &Ctx,
+    name: &str,
+    uuid: &str,
+    all: &[DiskRef],
+) -> anyhow::Result<Option<(String, u64, String)>> {
+    Ok(ctx
+        .db
+        .list::<BackingImageManager>()
+        .await?
+        .into_iter()
+        .filter(|m| {
+            all.iter()
+                .any(|d| d.disk_uuid == m.data.spec.disk_uuid && d.ready)
+        })
+        .find_map(|m| {
+            let f = m.data.status.files.get(name)?;
+            (f.uuid == uuid && f.state == state::READY && !m.data.status.http_address.is_empty()).then(|| {
+                (
+                    format!("http://{}/v1/files/{name}/download", m.data.status.http_address),
+                    f.size,
+                    f.current_checksum.clone(),
+                )
+            })
+        }))
+}
+
+async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Result<Requeue> {
+    let Some(obj) = ctx.db.get::<BackingImage>(&name).await? else {
+        retries.clear(&name);
+        return Ok(None);
+    };
+    let bi = &obj.data;
+    if bi.spec.data_engine != DataEngine::V2 {
+        return Ok(None);
+    }
+    let uuid = bi.spec.uuid.clone();
+    let stores = stores(&ctx).await?;
+
+    // What every v2 disk holds.
+    let mut copies: BTreeMap<String, DiskFileStatus> = BTreeMap::new();
+    // Disk UUID → its daemon answered with a copy of this image.
+    let mut holds: BTreeMap<String, bool> = BTreeMap::new();
+    for s in &stores {
+        let before = bi
+            .status
+            .disk_file_status_map
+            .get(&s.disk.disk_uuid)
+            .filter(|f| f.data_engine == DataEngine::V2);
+        let fetched = match &s.address {
+            Some(a) => fetch(a, &name).await,
+            None => Fetched::Unreachable(format!(
+                "the lvstore daemon of disk {} on node {} is not running",
+                s.disk.disk_name, s.disk.node_id
+            )),
+        };
+        holds.insert(
+            s.disk.disk_uuid.clone(),
+            matches!(&fetched, Fetched::Copy(c) if c.uuid == uuid),
+        );
+        if let Some(st) = copy_status(&uuid, &s.disk.node_id, before, fetched) {
+            copies.insert(s.disk.disk_uuid.clone(), st);
+        }
+    }
+
+    if bi.spec.deletion_timestamp.is_some() {
+        // Deleted: every copy a daemon holds goes; its entry stays while the daemon refuses (a replica's chain
+        // sits on it). An unreachable store's entry is dropped, so the image does not wait for a dead node; its lvol
+        // stays in that store (nothing collects such a leftover yet).
+        let mut left = BTreeMap::new();
+        for s in &stores {
+            if !holds.get(&s.disk.disk_uuid).copied().unwrap_or(false) {
+                continue;
+            }
+            let Some(a) = &s.address else { continue };
+            if let Err(e) = delete_copy(a, &name).await {
+                tracing::warn!(
+                    image = name,
+                    disk = s.disk.disk_name,
+                    error = format!("{e:#}"),
+                    "v2 copy not deleted"
+                );
+                if let Some(mut st) = copies.remove(&s.disk.disk_uuid) {
+                    st.message = format!("{e:#}");
+                    left.insert(s.disk.disk_uuid.clone(), st);
+                }
+            } else {
+                tracing::info!(image = name, disk = s.disk.disk_name, "v2 copy deleted");
+            }
+        }
+        write(&ctx, &name, &uuid, &BTreeMap::new(), &left, None).await?;
+        retries.clear(&name);
+        return Ok(Some(Duration::from_secs(1)));
+    }
+
+    // The disks that must hold a copy: those already in the spec, the replicas' (a v2 image is only on v2 volumes,
+    // so on v2 disks).
+    let mut wanted: BTreeMap<String, DiskFileSpec> = bi
+        .spec
+        .disk_file_spec_map
+        .iter()
+        .filter(|(_, s)| s.data_engine == DataEngine::V2)
+        .map(|(d, s)| (d.clone(), s.clone()))
+        .collect();
+    for (disk, node) in replica_disks(&ctx, &name).await? {
+        if stores.iter().any(|s| s.disk.disk_uuid == disk) {
+            wanted.entry(disk).or_insert(DiskFileSpec {
+                node_id: node,
+                data_engine: DataEngine::V2,
+            });
+        }
+    }
+
+    // The first copy.
+    let mut first = bi.status.v2_first_copy_status.clone();
+    let mut first_disk = bi.status.v2_first_copy_disk.clone();
+    let mut message = String::new();
+    let mut requeue = Duration::from_secs(2);
+    match first.as_str() {
+        "" => first = state::PENDING.to_owned(),
+        state::PENDING => {
+            let wait = retries.wait(&name);
+            if !wait.is_zero() {
+                requeue = wait;
+            } else if let Some((url, size, checksum)) =
+                ready_file(&ctx, &name, &uuid, &disks(&ctx).await?).await?
+            {
+                // A ready store, preferring one a replica needs, then one on the file's node.
+                let mut pool: Vec<&Store> = stores
+                    .iter()
+                    .filter(|s| s.disk.ready && s.address.is_some() && selected(bi, &s.disk))
+                    .collect();
+                pool.sort_by_key(|s| (!wanted.contains_key(&s.disk.disk_uuid), s.disk.disk_uuid.clone()));
+                match pool.first() {
+                    None => {
+                        message =
+                            "waiting for a ready v2 disk whose lvstore daemon runs to make the first v2 \
+                                   copy on"
+                                .to_owned();
+                        requeue = Duration::from_secs(5);
+                    }
+                    Some(s) => {
+                        let address = s.address.clone().unwrap_or_default();
+                        // A leftover (a failed copy, or one of an earlier image of the name) goes first.
+                        if copies.contains_key(&s.disk.disk_uuid)
+                            || holds.get(&s.disk.disk_uuid).copied().unwrap_or(false)
+                        {
+                            delete_copy(&address, &name).await?;
+                        }
+                        let req = v1::BackingImageCreateRequest {
+                            name: name.clone(),
+                            backing_image_uuid: uuid.clone(),
+                            checksum,
+                            size,
+                            source: Some(v1::backing_image_create_request::Source::FromUrl(url.clone())),
+                        };
+                        let res = crate::v2::replica::client(&address)
+                            .await?
+                            .backing_image_create(req)
+                            .await;
+                        match res {
+                            Ok(r) => {
+                                tracing::info!(
+                                    image = name,
+                                    disk = s.disk.disk_name,
+                                    url,
+                                    "making the first v2 copy"
+                                );
+                                first = state::IN_PROGRESS.to_owned();
+                                first_disk.clone_from(&s.disk.disk_uuid);
+                                copies.insert(
+                                    s.disk.disk_uuid.clone(),
+                                    copy_status(&uuid, &s.disk.node_id, None, Fetched::Copy(r.into_inner()))
+                                        .unwrap_or_default(),
+                                );
+                                wanted.insert(
+                                    s.disk.disk_uuid.clone(),
+                                    DiskFileSpec {
+                                        node_id: s.disk.node_id.clone(),
+                                        data_engine: DataEngine::V2,
+                                    },
+                                );
+                            }
+                            Err(e) => {
+                                let wait = retries.failed(&name);
+                                first = state::FAILED.to_owned();
+                                first_disk.clone_from(&s.disk.disk_uuid);
+                                message = format!(
+                                    "first v2 copy on disk {} refused: {}; retrying in {}s",
+                                    s.disk.disk_name,
+                                    e.message(),
+                                    wait.as_secs()
+                                );
+                            }
+                        }
+                    }
+                }
+            } else {
+                message =
+                    "waiting for the image's file to be ready (the first v2 copy is made from it)".to_owned();
+            }
+        }
+        state::IN_PROGRESS => match copies.get(&first_disk).map(|c| c.state.as_str()) {
+            Some(state::READY) => {
+                tracing::info!(image = name, disk = first_disk, "the first v2 copy is ready");
+                first = state::READY.to_owned();
+                retries.clear(&name);
+            }
+            Some(state::FAILED) | None => {
+                let why = copies
+                    .get(&first_disk)
+                    .map_or_else(|| "the copy is gone".to_owned(), |c| c.message.clone());
+                let wait = retries.failed(&name);
+                tracing::warn!(
+                    image = name,
+                    disk = first_disk,
+                    error = why,
+                    "the first v2 copy failed"
+                );
+                if let Some(s) = stores.iter().find(|s| s.disk.disk_uuid == first_disk)
+                    && let Some(a) = &s.address
+                    && let Err(e) = delete_copy(a, &name).await
+                {
+                    tracing::warn!(
+                        image = name,
+                        error = format!("{e:#}"),
+                        "failed first v2 copy not deleted"
+                    );
+                }
+                first = state::FAILED.to_owned();
+                message = format!("first v2 copy failed: {why}; retrying in {}s", wait.as_secs());
+                if let Some(c) = copies.get_mut(&first_disk) {
+                    c.state = state::FAILED.to_owned();
+                    c.message.clone_from(&message);
+                }
+            }
+            // In progress, or its daemon unreachable (a restarted daemon removes the unfinished copy: it then
+            // reads as failed).
+            Some(_) => requeue = Duration::from_secs(1),
+        },
+        state::FAILED | state::UNKNOWN => {
+            let wait = retries.wait(&name);
+            if wait.is_zero() {
+                first = state::PENDING.to_owned();
+                requeue = Duration::ZERO;
+            } else {
+                message = bi.status.v2_first_copy_message.clone();
+                requeue = wait;
+            }
+        }
+        _ => {}
+    }
+    let first_state = Some((first, first_disk, message));
+    write(&ctx, &name, &uuid, &wanted, &copies, first_state).await?;
+    Ok(Some(requeue))
+}
+
+/// Replaces the image's v2 entries in the spec and status maps (and the first copy's state, when given).
+async fn write(
+    ctx: &Ctx,
+    name: &str,
+    uuid: &str,
+    wanted: &BTreeMap<String, DiskFileSpec>,
+    copies: &BTreeMap<String, DiskFileStatus>,
+    first: Option<(String, String, String)>,
+) -> anyhow::Result<()> {
+    let updated = ctx
+        .db
+        .modify::<BackingImage>(name, |b| {
+            if b.spec.uuid != uuid {
+                return false;
+            }
+            let before = b.clone();
+            b.spec
+                .disk_file_spec_map
+                .retain(|_, s| s.data_engine != DataEngine::V2);
+            b.spec
+                .disk_file_spec_map
+                .extend(wanted.iter().map(|(d, s)| (d.clone(), s.clone())));
+            b.status
+                .disk_file_status_map
+                .retain(|_, f| f.data_engine != DataEngine::V2);
+            b.status
+                .disk_file_status_map
+                .extend(copies.iter().map(|(d, f)| (d.clone(), f.clone())));
+            if let Some((st, disk, message)) = &first {
+                b.status.v2_first_copy_status.clone_from(st);
+                b.status.v2_first_copy_disk.clone_from(disk);
+                b.status.v2_first_copy_message.clone_from(message);
+            }
+            *b != before
+        })
+        .await;
+    absent_ok(updated)?;
+    Ok(())
+}

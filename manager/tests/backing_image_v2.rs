@@ -1,0 +1,410 @@
+//! v2 backing images through the manager (issue 21, seed 001), one node with real daemons: a v1 disk and a v2
+//! disk (its `corral-replica serve-lvstore`), images downloaded from a local HTTP server. The first v2 copy is made
+//! by the v2 disk's daemon from the `corral-bim` download of the prepared file (pending → in-progress → ready),
+//! the v1 file is removed after; the seed's three images (v1 raw, v2 raw, v2 from a qcow2 made by `qemu-img` from
+//! the same random image) give three volumes that read back identically over NBD; the copies come back ready from
+//! their lvols' xattrs after the disk daemon is SIGKILLed and restarted. Bad input: a v2 image without a v2 disk,
+//! a checksum mismatch, the wrong engine for a volume, deleting an image a v2 volume uses.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::*;
+use testkit::{nbd_sha256, wait_for};
+
+const IMAGE_SIZE: u64 = 12 << 20;
+const VOLUME_SIZE: u64 = 16 << 20;
+
+fn run(cmd: &mut Command) -> String {
+    let out = cmd.output().expect("run");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn sha512(path: &Path) -> String {
+    run(Command::new("sha512sum").arg(path))
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+/// One random raw image (random data, a hole, explicitly written zeros; 12 MiB, a whole number of 4 KiB blocks
+/// as an lvol is) and its qcow2 made by `qemu-img convert`. Returns (raw, qcow2).
+fn fixture(dir: &Path) -> (PathBuf, PathBuf) {
+    use std::os::unix::fs::FileExt;
+    let raw = dir.join("image.raw");
+    let f = std::fs::File::create(&raw).unwrap();
+    f.set_len(IMAGE_SIZE).unwrap();
+    let mut x: u64 = u64::from(std::process::id()) | 1;
+    let mut data = vec![0u8; 5 << 20];
+    for b in &mut data {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        *b = x.to_le_bytes()[3];
+    }
+    f.write_all_at(&data[..3 << 20], 0).unwrap();
+    f.write_all_at(&vec![0u8; 1 << 20], 4 << 20).unwrap(); // zeros written, not a hole
+    f.write_all_at(&data[..(2 << 20) + 4096], 7 << 20).unwrap();
+    f.write_all_at(&data[..4096], IMAGE_SIZE - 4096).unwrap();
+    let qcow = dir.join("image.qcow2");
+    run(Command::new("qemu-img")
+        .args(["convert", "-f", "raw", "-O", "qcow2"])
+        .arg(&raw)
+        .arg(&qcow));
+    (raw, qcow)
+}
+
+fn image(m: &Manager, name: &str) -> Value {
+    let (code, v) = rest("GET", &format!("{}/v1/backingimages/{name}", m.url), None);
+    assert_eq!(code, 200, "{v}");
+    v
+}
+
+fn create_image(m: &Manager, body: &Value) -> (u16, Value) {
+    rest("POST", &format!("{}/v1/backingimages", m.url), Some(body))
+}
+
+/// The entries of an image view's `disks` of one engine.
+fn disks_of(v: &Value, engine: &str) -> Vec<Value> {
+    v["disks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|d| d["dataEngine"] == engine)
+        .cloned()
+        .collect()
+}
+
+/// Waits until the image's first v2 copy is ready; records every first-copy state seen on the way.
+fn wait_first_copy(m: &Manager, name: &str, seen: &mut Vec<String>) -> Value {
+    wait_for(
+        &format!("the first v2 copy of {name} ready"),
+        Duration::from_secs(120),
+        || {
+            let v = image(m, name);
+            let st = v["v2FirstCopyStatus"].as_str().unwrap_or_default().to_owned();
+            if seen.last() != Some(&st) {
+                seen.push(st.clone());
+            }
+            assert_ne!(st, "failed", "the first v2 copy of {name} failed: {v}");
+            (st == "ready" && v["state"] == "ready").then_some(v)
+        },
+    )
+}
+
+/// The `corral-bim` files of image `name` under a disk directory.
+fn v1_files(disk: &Path, name: &str) -> Vec<PathBuf> {
+    std::fs::read_dir(disk.join("backing-images"))
+        .map(|rd| {
+            rd.flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("{name}-")))
+                .map(|e| e.path())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The one v2 disk's daemon as `GET /v1/lvstores` shows it.
+fn lvstore_daemon(m: &Manager) -> Value {
+    let (code, v) = rest("GET", &format!("{}/v1/lvstores", m.url), None);
+    assert_eq!(code, 200, "{v}");
+    // Null until the manager made the disk's daemon document.
+    v.as_array().unwrap().first().cloned().unwrap_or(Value::Null)
+}
+
+/// The copies the disk daemon at `address` holds, asked over its gRPC `LvstoreService`.
+fn daemon_copies(address: &str) -> Vec<corral_proto::v1::BackingImageV2CopyInfo> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut c = manager::v2::replica::client(address).await.unwrap();
+        c.backing_image_list(corral_proto::v1::LvstoreEmpty {})
+            .await
+            .unwrap()
+            .into_inner()
+            .backing_images
+    })
+}
+
+/// A manager with its default (v1) disk and a v2 disk `v2a` of 256 MiB; returns the v2 disk's directory.
+fn node_with_a_v2_disk(dir: &Path) -> (Manager, PathBuf) {
+    let m = Manager::start(&dir.join("n1"), "node-1", "embedded", port_range(0));
+    let v2 = dir.join("v2a");
+    let (code, n) = rest(
+        "POST",
+        &format!("{}/v1/nodes/node-1/disks", m.url),
+        Some(
+            &json!({"name": "v2a", "path": v2.display().to_string(), "diskEngine": "v2",
+            "lvstoreSize": 256 << 20}),
+        ),
+    );
+    assert_eq!(code, 200, "{n}");
+    wait_for("the lvstore daemon running", Duration::from_secs(60), || {
+        (lvstore_daemon(&m)["state"] == "running").then_some(())
+    });
+    (m, v2)
+}
+
+fn create_volume(m: &Manager, name: &str, image: &str, engine: &str) -> (u16, Value) {
+    rest(
+        "POST",
+        &format!("{}/v1/volumes", m.url),
+        Some(
+            &json!({"name": name, "size": VOLUME_SIZE, "numberOfReplicas": 1, "backingImage": image,
+            "dataEngine": engine}),
+        ),
+    )
+}
+
+#[test]
+fn v1_and_v2_images_of_one_raw_and_its_qcow2_give_volumes_reading_the_same_and_copies_survive_a_daemon_restart()
+ {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    let (raw, qcow) = fixture(&files);
+    let (raw_sum, qcow_sum) = (sha512(&raw), sha512(&qcow));
+    let http = HttpServer::start(&files);
+    let (m, v2_disk) = node_with_a_v2_disk(dir.path());
+    let default_disk = m.data_dir.join("disks/default");
+
+    for (name, file, sum, engine) in [
+        ("img-v1-raw", "image.raw", &raw_sum, "v1"),
+        ("img-v2-raw", "image.raw", &raw_sum, "v2"),
+        ("img-v2-qcow2", "image.qcow2", &qcow_sum, "v2"),
+    ] {
+        let (code, v) = create_image(
+            &m,
+            &json!({"name": name, "sourceType": "download", "parameters": {"url": http.url(file)},
+                "expectedChecksum": sum, "dataEngine": engine}),
+        );
+        assert_eq!(code, 201, "{v}");
+        assert_eq!(v["dataEngine"], engine, "{v}");
+    }
+
+    // The v2 images: the first copy goes through its states and ends as a snapshot lvol holding the raw data.
+    let address = lvstore_daemon(&m)["address"].as_str().unwrap().to_owned();
+    for name in ["img-v2-raw", "img-v2-qcow2"] {
+        let mut seen = Vec::new();
+        let v = wait_first_copy(&m, name, &mut seen);
+        assert!(
+            seen.iter()
+                .all(|s| ["", "pending", "in-progress", "ready"].contains(&s.as_str())),
+            "{name}: {seen:?}"
+        );
+        // The qcow2 image's copy holds its raw conversion: its SHA-512 is the raw file's.
+        assert_eq!(v["currentChecksum"], raw_sum.as_str(), "{name}: {v}");
+        assert_eq!(v["virtualSize"], IMAGE_SIZE, "{name}: {v}");
+        let copies = disks_of(&v, "v2");
+        assert_eq!(copies.len(), 1, "{v}");
+        let copy = &copies[0]["v2Copy"];
+        assert_eq!(copies[0]["state"], "ready", "{v}");
+        assert_eq!(copy["currentChecksum"], raw_sum.as_str(), "{v}");
+        assert_eq!(copy["size"], IMAGE_SIZE, "{v}");
+        assert_eq!(copy["uuid"], v["uuid"], "{v}");
+        assert_eq!(v["v2FirstCopyDisk"], copies[0]["diskUUID"], "{v}");
+        // The v1 file it was made from goes.
+        wait_for(
+            &format!("the v1 file of {name} removed"),
+            Duration::from_secs(60),
+            || {
+                let v = image(&m, name);
+                (disks_of(&v, "v1").is_empty()
+                    && v1_files(&default_disk, name).is_empty()
+                    && v1_files(&v2_disk, name).is_empty())
+                .then_some(())
+            },
+        );
+    }
+    let held = daemon_copies(&address);
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(
+        held.iter().all(|c| c.state == "ready"
+            && c.current_checksum == raw_sum
+            && c.lvol.starts_with(&format!("bi-{}-disk-", c.name))),
+        "{held:?}"
+    );
+    let v = image(&m, "img-v1-raw");
+    assert_eq!(v["state"], "ready", "{v}");
+    assert!(disks_of(&v, "v2").is_empty(), "{v}");
+
+    // Three volumes, one per image: each reads the image, then zeros to its end; all three alike.
+    for (vol, img, engine) in [
+        ("vol-v1", "img-v1-raw", "v1"),
+        ("vol-v2", "img-v2-raw", "v2"),
+        ("vol-qcow", "img-v2-qcow2", "v2"),
+    ] {
+        let (code, v) = create_volume(&m, vol, img, engine);
+        assert_eq!(code, 201, "{v}");
+    }
+    let mut sums = Vec::new();
+    for vol in ["vol-v1", "vol-v2", "vol-qcow"] {
+        let uri = attach(&m.url, vol);
+        qemu_img_compare(raw.to_str().unwrap(), &uri);
+        sums.push(nbd_sha256(&uri));
+    }
+    assert!(sums.iter().all(|s| *s == sums[0]), "{sums:?}");
+    let v = volume(&m, "vol-qcow");
+    assert_eq!(v["replicas"][0]["dataEngine"], "v2", "{v}");
+
+    // The disk daemon SIGKILLed (the v2 volumes detached first: a single replica's daemon dying under IO is the
+    // v2 engine's test): restarted by the manager, it finds its copies in the lvols' xattrs (nothing downloaded
+    // again: the v1 files are gone) and the v2 volumes, attached again, read the same.
+    for vol in ["vol-v2", "vol-qcow"] {
+        ok(&m.url, &["volume", "detach", vol]);
+    }
+    let d = lvstore_daemon(&m);
+    let pid = d["pid"].as_i64().unwrap();
+    sigkill(pid);
+    let d = wait_for("the lvstore daemon restarted", Duration::from_secs(60), || {
+        let d = lvstore_daemon(&m);
+        (d["state"] == "running" && d["pid"].as_i64() != Some(pid)).then_some(d)
+    });
+    let address = d["address"].as_str().unwrap().to_owned();
+    let held = daemon_copies(&address);
+    assert_eq!(held.len(), 2, "{held:?}");
+    assert!(
+        held.iter()
+            .all(|c| c.state == "ready" && c.current_checksum == raw_sum),
+        "{held:?}"
+    );
+    for name in ["img-v2-raw", "img-v2-qcow2"] {
+        wait_for(
+            &format!("{name}'s copy ready again"),
+            Duration::from_secs(60),
+            || {
+                let v = image(&m, name);
+                let c = disks_of(&v, "v2");
+                (c.len() == 1 && c[0]["state"] == "ready" && v["v2FirstCopyStatus"] == "ready").then_some(())
+            },
+        );
+        assert!(v1_files(&default_disk, name).is_empty() && v1_files(&v2_disk, name).is_empty());
+    }
+    for vol in ["vol-v2", "vol-qcow"] {
+        let uri = attach(&m.url, vol);
+        assert_eq!(nbd_sha256(&uri), sums[0], "{vol} after the daemon restart");
+    }
+}
+
+#[test]
+fn bad_v2_backing_image_input_is_refused_or_fails_with_a_message_and_leaves_no_lvol() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    let (raw, _) = fixture(&files);
+    let raw_sum = sha512(&raw);
+    let http = HttpServer::start(&files);
+
+    // No v2 disk: a v2 image is refused before anything is made.
+    let m = Manager::start(&dir.path().join("n0"), "node-0", "embedded", port_range(1));
+    let body = json!({"name": "nodisk", "sourceType": "download", "parameters": {"url": http.url("image.raw")},
+        "dataEngine": "v2"});
+    let (code, v) = create_image(&m, &body);
+    assert_eq!(code, 409, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("v2 disk"), "{v}");
+    assert_eq!(
+        rest("GET", &format!("{}/v1/backingimages/nodisk", m.url), None).0,
+        404
+    );
+    let (code, v) = create_image(
+        &m,
+        &json!({"name": "x", "sourceType": "download",
+        "parameters": {"url": http.url("image.raw")}, "dataEngine": "v3"}),
+    );
+    assert_eq!(code, 400, "{v}");
+    drop(m);
+
+    let (m, _) = node_with_a_v2_disk(dir.path());
+    let address = lvstore_daemon(&m)["address"].as_str().unwrap().to_owned();
+
+    // A checksum that does not match: the image fails with the reason; no lvol is made in the store.
+    let wrong = "ab".repeat(64);
+    let (code, v) = create_image(
+        &m,
+        &json!({"name": "wrongsum", "sourceType": "download", "parameters": {"url": http.url("image.raw")},
+            "expectedChecksum": wrong, "dataEngine": "v2"}),
+    );
+    assert_eq!(code, 201, "{v}");
+    let v = wait_for("wrongsum failed", Duration::from_secs(90), || {
+        let v = image(&m, "wrongsum");
+        (v["state"] == "failed").then_some(v)
+    });
+    assert!(
+        v["message"].as_str().unwrap().to_lowercase().contains("checksum"),
+        "{v}"
+    );
+    assert_ne!(v["v2FirstCopyStatus"], "ready", "{v}");
+    assert!(daemon_copies(&address).is_empty());
+
+    // A good v2 image; a volume of the wrong engine on it (and a v2 volume on a v1 image) is refused.
+    let (code, v) = create_image(
+        &m,
+        &json!({"name": "good", "sourceType": "download", "parameters": {"url": http.url("image.raw")},
+            "expectedChecksum": raw_sum, "dataEngine": "v2"}),
+    );
+    assert_eq!(code, 201, "{v}");
+    let mut seen = Vec::new();
+    wait_first_copy(&m, "good", &mut seen);
+    let (code, v) = create_volume(&m, "wrong-engine", "good", "v1");
+    assert_eq!(code, 409, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("v2 backing image"), "{v}");
+    assert_eq!(
+        rest("GET", &format!("{}/v1/volumes/wrong-engine", m.url), None).0,
+        404
+    );
+    let (code, v) = create_image(
+        &m,
+        &json!({"name": "v1img", "sourceType": "download", "parameters": {"url": http.url("image.raw")},
+            "expectedChecksum": raw_sum}),
+    );
+    assert_eq!(code, 201, "{v}");
+    wait_for("v1img ready", Duration::from_secs(90), || {
+        (image(&m, "v1img")["state"] == "ready").then_some(())
+    });
+    let (code, v) = create_volume(&m, "wrong-engine", "v1img", "v2");
+    assert_eq!(code, 409, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("v1 backing image"), "{v}");
+
+    // An image a v2 volume uses is not deleted; once the volume is gone, it is, with its lvol.
+    let (code, v) = create_volume(&m, "user", "good", "v2");
+    assert_eq!(code, 201, "{v}");
+    let uri = attach(&m.url, "user");
+    qemu_img_compare(raw.to_str().unwrap(), &uri);
+    let (code, v) = rest("DELETE", &format!("{}/v1/backingimages/good", m.url), None);
+    assert_eq!(code, 409, "{v}");
+    assert!(v["message"].as_str().unwrap().contains("user"), "{v}");
+    assert_eq!(image(&m, "good")["state"], "ready");
+    assert!(
+        daemon_copies(&address)
+            .iter()
+            .any(|c| c.name == "good" && c.state == "ready")
+    );
+    ok(&m.url, &["volume", "detach", "user"]);
+    let (code, v) = rest("DELETE", &format!("{}/v1/volumes/user", m.url), None);
+    assert!(code == 200 || code == 204, "{v}");
+    wait_for("the volume gone", Duration::from_secs(60), || {
+        (rest("GET", &format!("{}/v1/volumes/user", m.url), None).0 == 404).then_some(())
+    });
+    wait_for("the image deletable", Duration::from_secs(60), || {
+        let (code, _) = rest("DELETE", &format!("{}/v1/backingimages/good", m.url), None);
+        (code == 204).then_some(())
+    });
+    wait_for("the image and its lvol gone", Duration::from_secs(60), || {
+        (rest("GET", &format!("{}/v1/backingimages/good", m.url), None).0 == 404
+            && !daemon_copies(&address).iter().any(|c| c.name == "good"))
+        .then_some(())
+    });
+}
