@@ -21,11 +21,13 @@ use tokio_util::sync::CancellationToken;
 
 use crate::store::{Db, Event, Resource};
 
-/// Names waiting for a reconcile; a name is queued at most once.
+/// Names waiting for a reconcile; a name is queued at most once, and has at most one delayed add pending.
 #[derive(Default)]
 pub struct WorkQueue {
     inner: Mutex<(VecDeque<String>, HashSet<String>)>,
     notify: Notify,
+    /// When each name's one pending delayed add fires.
+    delayed: Mutex<HashMap<String, tokio::time::Instant>>,
 }
 
 impl WorkQueue {
@@ -51,12 +53,32 @@ impl WorkQueue {
         }
     }
 
-    /// Adds `name` after `delay`.
+    /// Adds `name` after `delay`, unless an add of it is already due no later: one timer per name. (Every
+    /// reconcile asks for its requeue; with a timer each, every event-driven reconcile started one more requeue
+    /// chain that never ended, and a name was reconciled several times a second.) A later pending add is
+    /// superseded: its timer fires and finds it is not the name's pending one.
     pub fn add_after(self: &Arc<Self>, name: String, delay: Duration) {
+        let at = tokio::time::Instant::now() + delay;
+        {
+            let Ok(mut d) = self.delayed.lock() else { return };
+            match d.get(&name) {
+                Some(due) if *due <= at => return,
+                _ => d.insert(name.clone(), at),
+            };
+        }
         let q = self.clone();
         tokio::spawn(async move {
-            tokio::time::sleep(delay).await;
-            q.add(&name);
+            tokio::time::sleep_until(at).await;
+            let mine = q.delayed.lock().is_ok_and(|mut d| {
+                let mine = d.get(&name) == Some(&at);
+                if mine {
+                    d.remove(&name);
+                }
+                mine
+            });
+            if mine {
+                q.add(&name);
+            }
         });
     }
 }
@@ -229,6 +251,25 @@ pub fn now() -> i64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn a_name_has_one_delayed_add_at_a_time_the_earliest() {
+        let q = Arc::new(WorkQueue::default());
+        // Every reconcile of a name asks for its requeue: ten asks make one timer, not ten requeue chains.
+        for _ in 0..10 {
+            q.add_after("a".into(), Duration::from_millis(300));
+        }
+        // An earlier ask supersedes the later one, whose timer then adds nothing.
+        q.add_after("b".into(), Duration::from_millis(600));
+        q.add_after("b".into(), Duration::from_millis(100));
+        assert_eq!(q.next().await, "b");
+        assert_eq!(q.next().await, "a");
+        // Past every timer (b's superseded one at 600 ms included): nothing else was queued.
+        tokio::time::sleep(Duration::from_millis(900)).await;
+        let queued = q.inner.lock().unwrap().0.len();
+        assert_eq!(queued, 0, "a superseded or repeated timer queued a name again");
+        assert!(q.delayed.lock().unwrap().is_empty());
+    }
 
     #[test]
     fn backoff_grows_with_time_spent_failing_not_with_events_during_it() {
