@@ -88,10 +88,11 @@ impl From<std::io::Error> for BackendError {
 /// A block device as the data-protocol server sees it. Implemented by the replica.
 ///
 /// All calls are blocking and run on the thread of the connection that received the request (flushes on
-/// that connection's flusher thread), never on an async reactor thread. They may be called concurrently
-/// from several threads (one per connection); ordering between concurrent requests is the client's
-/// business (it only sends a flush after the writes it covers were acknowledged). Reads and writes should
-/// be cheap when the data is cached: the connection does nothing else while one runs.
+/// that connection's flusher thread), or, for a server with an IO pool, on a pool thread; never on an async
+/// reactor thread. They may be called concurrently from several threads (connections, pool threads, several
+/// requests of one connection); ordering between concurrent requests is the client's business (it only sends
+/// a flush after the writes it covers were acknowledged). Without a pool, reads and writes should be cheap
+/// when the data is cached: the connection does nothing else while one runs.
 pub trait BlockBackend: Send + Sync + 'static {
     /// Size, sector size and name, answered at `Hello`.
     fn info(&self) -> Result<VolumeInfo, BackendError>;
@@ -100,6 +101,19 @@ pub trait BlockBackend: Send + Sync + 'static {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<(), BackendError>;
     /// Writes `buf` at `offset`.
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<(), BackendError>;
+    /// With an IO pool only: does the read on the connection's thread if it needs no wait for the device
+    /// (cached data, a hole) and answers `Ok(true)`; `Ok(false)` (the default) sends it to the pool, which
+    /// calls [`read_at`](Self::read_at) (`buf` may then hold anything).
+    fn read_at_nowait(&self, offset: u64, buf: &mut [u8]) -> Result<bool, BackendError> {
+        let _ = (offset, buf);
+        Ok(false)
+    }
+    /// With an IO pool only: as [`read_at_nowait`](Self::read_at_nowait) for a write (`Ok(false)`: nothing
+    /// was written).
+    fn write_at_nowait(&self, offset: u64, buf: &[u8]) -> Result<bool, BackendError> {
+        let _ = (offset, buf);
+        Ok(false)
+    }
     /// Discards a range; later reads return zeros.
     fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError>;
     /// Writes zeros over a range (may be implemented as an unmap when that reads back as zeros).

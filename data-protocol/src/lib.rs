@@ -28,4 +28,4 @@ pub use codec::{
 };
 pub use metrics::{ServerMetrics, ServerMetricsSnapshot};
 pub use pool::{BufferPool, PooledBuf};
-pub use server::{DataServer, ServerConfig, serve_tcp, serve_unix};
+pub use server::{DataServer, IoPool, ServerConfig, serve_tcp, serve_unix};

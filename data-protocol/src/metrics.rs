@@ -17,6 +17,8 @@ pub struct ServerMetrics {
     pub errors: AtomicU64,
     /// Connections dropped for violating the protocol.
     pub protocol_violations: AtomicU64,
+    /// Requests handed to the IO pool (the rest ran on their connection's thread).
+    pub pooled: AtomicU64,
 }
 
 /// A point-in-time copy of [`ServerMetrics`].
@@ -29,6 +31,7 @@ pub struct ServerMetricsSnapshot {
     pub bytes_written: u64,
     pub errors: u64,
     pub protocol_violations: u64,
+    pub pooled: u64,
 }
 
 impl ServerMetrics {
@@ -41,6 +44,7 @@ impl ServerMetrics {
             bytes_written: self.bytes_written.load(Relaxed),
             errors: self.errors.load(Relaxed),
             protocol_violations: self.protocol_violations.load(Relaxed),
+            pooled: self.pooled.load(Relaxed),
         }
     }
 }

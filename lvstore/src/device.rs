@@ -10,6 +10,34 @@ use std::path::{Path, PathBuf};
 
 const ALIGN: usize = 4096;
 
+/// How data IO reaches the device ([`crate::LvStore::open_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DataIo {
+    /// `O_DIRECT` where the file system allows it (the default of [`crate::LvStore::open`]): every read and
+    /// write goes to the device, as SPDK's do.
+    #[default]
+    Direct,
+    /// Through the page cache: a store on a file in a file system then caches like that file system's other
+    /// files (a v1 replica's, for one). `fdatasync` at flush makes data durable all the same.
+    Buffered,
+    /// `Direct` on a block device, `Buffered` on a regular file.
+    Auto,
+}
+
+impl std::str::FromStr for DataIo {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "direct" => Ok(Self::Direct),
+            "buffered" => Ok(Self::Buffered),
+            "auto" => Ok(Self::Auto),
+            other => Err(format!(
+                "{other:?} is not a data IO mode (direct, buffered or auto)"
+            )),
+        }
+    }
+}
+
 /// An open device.
 #[derive(Debug)]
 pub struct Device {
@@ -49,6 +77,19 @@ impl Device {
     /// the flag at open; some file systems accept it and fail the first IO with `EINVAL`: both fall back to
     /// buffered IO, reported by [`Device::direct`]).
     pub fn open(path: &Path, writable: bool) -> io::Result<Device> {
+        Self::open_with(path, writable, DataIo::Direct)
+    }
+
+    /// As [`Device::open`], choosing `O_DIRECT` by `io` (`Auto`: only on a block device).
+    pub fn open_with(path: &Path, writable: bool, io: DataIo) -> io::Result<Device> {
+        let try_direct = match io {
+            DataIo::Direct => true,
+            DataIo::Buffered => false,
+            DataIo::Auto => {
+                use std::os::unix::fs::FileTypeExt;
+                std::fs::metadata(path)?.file_type().is_block_device()
+            }
+        };
         let open = |direct: bool| {
             let mut o = OpenOptions::new();
             o.read(true).write(writable);
@@ -57,9 +98,9 @@ impl Device {
             }
             o.open(path)
         };
-        let (file, mut direct) = match open(true) {
-            Ok(f) => (f, true),
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => (open(false)?, false),
+        let (file, mut direct) = match open(try_direct) {
+            Ok(f) => (f, try_direct),
+            Err(e) if try_direct && e.raw_os_error() == Some(libc::EINVAL) => (open(false)?, false),
             Err(e) => return Err(e),
         };
         // One writer per store, and no writer beside a reader (`check` of a store a daemon is using would read a
@@ -120,6 +161,25 @@ impl Device {
             return Ok(());
         }
         self.file.read_exact_at(buf, off)
+    }
+
+    /// Reads only if no wait for the device is needed (buffered and every byte in the page cache:
+    /// `preadv2(RWF_NOWAIT)`); `Ok(false)`: nothing useful was read (always so with `O_DIRECT`).
+    pub fn read_nowait(&self, buf: &mut [u8], off: u64) -> io::Result<bool> {
+        if self.direct {
+            return Ok(false);
+        }
+        let len = buf.len();
+        match rustix::io::preadv2(
+            &self.file,
+            &mut [io::IoSliceMut::new(buf)],
+            off,
+            rustix::io::ReadWriteFlags::NOWAIT,
+        ) {
+            Ok(n) => Ok(n == len),
+            Err(rustix::io::Errno::AGAIN | rustix::io::Errno::OPNOTSUPP) => Ok(false),
+            Err(e) => Err(e.into()),
+        }
     }
 
     pub fn write_at(&self, buf: &[u8], off: u64) -> io::Result<()> {

@@ -19,6 +19,7 @@ mod store;
 #[doc(hidden)]
 pub mod workload;
 
+pub use device::DataIo;
 pub use error::{Error, ErrorKind, FormatError, Result};
 pub use meta::{BlobId, BlobKind};
 pub use store::{CheckReport, FormatOptions, LvStore, LvolInfo, OpenMode, SpaceReport};

@@ -22,7 +22,7 @@ use corral_disk::BLOCK_SIZE;
 
 use crate::alloc::Allocator;
 use crate::codec::checksum;
-use crate::device::Device;
+use crate::device::{DataIo, Device};
 use crate::error::{Error, FormatError, Result};
 use crate::format::{
     self, AREAS_OFF, MAX_CLUSTER, META_ALIGN, MIN_CLUSTER, SB_SLOT, SB_SLOT_BYTES, Superblock,
@@ -62,6 +62,11 @@ pub enum OpenMode {
     ReadWrite,
     ReadOnly,
 }
+
+/// Device runs a read resolves at a time (on the stack).
+pub const MAX_RUNS: usize = 16;
+/// A run: byte offset in the caller's buffer, length, device offset (`None`: a hole).
+type Runs = [(usize, usize, Option<u64>); MAX_RUNS];
 
 struct Inner {
     sb: Superblock,
@@ -279,7 +284,12 @@ impl LvStore {
     /// checks the result. Read-write opens that replayed records write a fresh checkpoint at once, so a torn
     /// journal tail is never appended to.
     pub fn open(path: &Path, mode: OpenMode) -> Result<LvStore> {
-        let dev = Device::open(path, mode == OpenMode::ReadWrite).map_err(|source| Error::Io {
+        Self::open_with(path, mode, DataIo::Direct)
+    }
+
+    /// As [`LvStore::open`], with data IO as `io` says (`O_DIRECT` or the page cache; see [`DataIo`]).
+    pub fn open_with(path: &Path, mode: OpenMode, io: DataIo) -> Result<LvStore> {
+        let dev = Device::open_with(path, mode == OpenMode::ReadWrite, io).map_err(|source| Error::Io {
             path: path.to_owned(),
             what: "open".into(),
             source,
@@ -1054,30 +1064,110 @@ impl LvStore {
         Ok(())
     }
 
+    /// Resolves the blocks of `buf` (`len` bytes at `offset`) from byte `from` on into at most [`MAX_RUNS`]
+    /// runs of contiguous device blocks (or holes); returns how many runs and the byte they end at.
+    fn resolve_runs(
+        &self,
+        meta: &Meta,
+        id: BlobId,
+        offset: u64,
+        len: usize,
+        from: usize,
+        runs: &mut Runs,
+    ) -> (usize, usize) {
+        let mut n = 0usize;
+        let mut pos = from;
+        while pos < len {
+            let src = self.resolve(meta, id, (offset + pos as u64) / BLOCK_SIZE);
+            let extends = n > 0 && {
+                let (s, l, d) = runs[n - 1];
+                s + l == pos
+                    && match (d, src) {
+                        (Some(d), Some(x)) => x == d + l as u64,
+                        (None, None) => true,
+                        _ => false,
+                    }
+            };
+            if extends {
+                runs[n - 1].1 += BS;
+            } else if n == MAX_RUNS {
+                break;
+            } else {
+                runs[n] = (pos, BS, src);
+                n += 1;
+            }
+            pos += BS;
+        }
+        (n, pos)
+    }
+
     fn read_blocks(&self, id: BlobId, offset: u64, buf: &mut [u8]) -> Result<()> {
-        // Resolve every block under the lock, then read runs of contiguous device blocks without it.
-        let mut runs: Vec<(usize, usize, Option<u64>)> = Vec::new();
-        {
-            let inner = self.lock();
-            for (i, block) in (offset / BLOCK_SIZE..).take(buf.len() / BS).enumerate() {
-                let src = self.resolve(&inner.meta, id, block);
-                match runs.last_mut() {
-                    Some((s, n, Some(d))) if src == Some(*d + (*n as u64)) && *s + *n == i * BS => *n += BS,
-                    Some((s, n, None)) if src.is_none() && *s + *n == i * BS => *n += BS,
-                    _ => runs.push((i * BS, BS, src)),
+        // Resolve blocks under the lock, then read runs of contiguous device blocks without it (a fixed array of
+        // runs at a time: nothing allocated per read).
+        let mut runs: Runs = [(0, 0, None); MAX_RUNS];
+        let mut pos = 0usize;
+        while pos < buf.len() {
+            let (n, end) = {
+                let inner = self.lock();
+                self.resolve_runs(&inner.meta, id, offset, buf.len(), pos, &mut runs)
+            };
+            for &(s, l, src) in &runs[..n] {
+                match src {
+                    Some(d) => self
+                        .dev
+                        .read_at(&mut buf[s..s + l], d)
+                        .map_err(self.io(format!("read at {d}")))?,
+                    None => buf[s..s + l].fill(0),
                 }
             }
-        }
-        for (s, n, src) in runs {
-            match src {
-                Some(d) => self
-                    .dev
-                    .read_at(&mut buf[s..s + n], d)
-                    .map_err(self.io(format!("read at {d}")))?,
-                None => buf[s..s + n].fill(0),
-            }
+            pos = end;
         }
         Ok(())
+    }
+
+    /// Fills `buf` from `offset` of `id` only if that needs no wait for the device: every block a hole, or (page
+    /// cache IO only) every device block cached. `Ok(false)`: not done (`buf` holds anything), call
+    /// [`LvStore::read_at`]. Only 4 KiB-aligned ranges of at most [`MAX_RUNS`] runs are tried.
+    pub fn read_at_nowait(&self, id: BlobId, offset: u64, buf: &mut [u8]) -> Result<bool> {
+        if !offset.is_multiple_of(BLOCK_SIZE) || !buf.len().is_multiple_of(BS) {
+            return Ok(false);
+        }
+        let _g = self.gate_read();
+        let mut runs: Runs = [(0, 0, None); MAX_RUNS];
+        let (n, end) = {
+            let inner = self.lock();
+            self.check_range(&inner.meta, id, offset, buf.len() as u64)?;
+            self.resolve_runs(&inner.meta, id, offset, buf.len(), 0, &mut runs)
+        };
+        if end < buf.len() {
+            return Ok(false);
+        }
+        for &(s, l, src) in &runs[..n] {
+            match src {
+                Some(d) => {
+                    if !self
+                        .dev
+                        .read_nowait(&mut buf[s..s + l], d)
+                        .map_err(self.io(format!("read at {d}")))?
+                    {
+                        return Ok(false);
+                    }
+                }
+                None => buf[s..s + l].fill(0),
+            }
+        }
+        Ok(true)
+    }
+
+    /// Writes like [`LvStore::write_at`] if that needs no wait for the device (page cache IO, 4 KiB-aligned:
+    /// the write lands in the page cache; allocation changes only memory until the next flush); `Ok(false)`:
+    /// nothing written.
+    pub fn write_at_nowait(&self, id: BlobId, offset: u64, data: &[u8]) -> Result<bool> {
+        if self.dev.direct() || !offset.is_multiple_of(BLOCK_SIZE) || !data.len().is_multiple_of(BS) {
+            return Ok(false);
+        }
+        self.write_at(id, offset, data)?;
+        Ok(true)
     }
 
     /// Writes `data` at `offset` of lvol `id`. A write that is not 4 KiB aligned reads the blocks it partly

@@ -117,6 +117,17 @@ enum Cmd {
         /// Data-protocol requests a connection runs before writing their replies.
         #[arg(long, default_value_t = 128)]
         data_window: usize,
+        /// How the lvstore's data IO reaches the disk: direct (O_DIRECT), buffered (the page cache), or auto
+        /// (direct on a block device, buffered on a file).
+        #[arg(long, default_value = "auto", value_parser = clap::value_parser!(lvstore::DataIo))]
+        data_io: lvstore::DataIo,
+        /// Threads of the disk's IO pool, shared by every hosted replica: requests that wait for the device run
+        /// there, several per data connection at once (0: each connection runs its requests one at a time).
+        #[arg(long, default_value_t = 16)]
+        io_threads: usize,
+        /// Requests of one data connection at the IO pool at once.
+        #[arg(long, default_value_t = 64)]
+        io_depth: usize,
         /// Host replica NAME from the start (repeatable; created on the engine's ReplicaCreate). The ready
         /// file reports its listeners as NAME.control, NAME.data and NAME.sync.
         #[arg(long = "replica", value_name = "NAME")]
@@ -294,6 +305,9 @@ async fn main() -> anyhow::Result<()> {
             format,
             cluster_size,
             data_window,
+            data_io,
+            io_threads,
+            io_depth,
             replicas,
             metrics,
         } => {
@@ -305,8 +319,11 @@ async fn main() -> anyhow::Result<()> {
                 ready_file: process.ready_file,
                 data: data_protocol::ServerConfig {
                     window: data_window,
+                    io_depth,
                     ..Default::default()
                 },
+                data_io,
+                io_threads,
                 replicas,
                 metrics_listen: metrics.metrics_listen,
             };

@@ -22,7 +22,8 @@ use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
 
 use super::Shared;
-use super::request::{Executor, Reply, ReplyBody, truncate_utf8};
+use super::io_pool::{Inflight, poolable};
+use super::request::{Executor, Reply, ReplyBody, failure, truncate_utf8};
 use crate::backend::{BackendError, ErrorKind, VolumeInfo};
 use crate::codec::{DecodeError, FrameHeader, FrameKind, HEADER_LEN, MAX_NAME_LEN, VERSION};
 
@@ -113,21 +114,28 @@ impl From<DecodeError> for End {
 
 /// Serves one connection until it ends; runs on the connection's own thread.
 pub(crate) fn serve(shared: &Arc<Shared>, stream: Stream) {
-    let out = match stream.try_clone() {
+    let out: Arc<Mutex<Stream>> = match stream.try_clone() {
         Ok(s) => Arc::new(Mutex::new(s)),
         Err(e) => {
             tracing::warn!(error = %e, "cannot clone the connection's socket; dropping it");
             return;
         }
     };
+    let inflight = shared
+        .cfg
+        .io_pool
+        .as_ref()
+        .map(|_| Inflight::new(shared.exec.clone(), out.clone(), shared.cfg.io_depth));
     let mut conn = Connection {
         exec: &shared.exec,
+        pool: shared.cfg.io_pool.as_deref(),
         window: shared.cfg.window.max(1),
         input: stream,
         out,
         replies: Vec::with_capacity(64 << 10),
         hello_done: false,
         flusher: None,
+        inflight,
     };
     let end = conn.run();
     match &end {
@@ -152,6 +160,10 @@ pub(crate) fn serve(shared: &Arc<Shared>, stream: Stream) {
         drop(f.jobs);
         let _ = f.thread.join();
     }
+    if let Some(inflight) = conn.inflight.take() {
+        // Requests at the pool finish and write their replies (a dead socket fails those writes at once).
+        inflight.drain();
+    }
     conn.input.shutdown(Shutdown::Both);
 }
 
@@ -162,6 +174,8 @@ struct Flusher {
 
 struct Connection<'a> {
     exec: &'a Arc<Executor>,
+    /// The server's IO pool, when it has one.
+    pool: Option<&'a super::IoPool>,
     window: usize,
     input: Stream,
     /// The socket's write side, shared with the flusher; locked for one batch write at a time.
@@ -170,6 +184,8 @@ struct Connection<'a> {
     replies: Vec<u8>,
     hello_done: bool,
     flusher: Option<Flusher>,
+    /// With an IO pool: the slots this connection's requests wait in for a pool thread.
+    inflight: Option<Arc<Inflight>>,
 }
 
 impl Connection<'_> {
@@ -279,6 +295,9 @@ impl Connection<'_> {
             return self.hello(&h, payload);
         }
         self.exec.metrics.requests.fetch_add(1, Relaxed);
+        if self.inflight.is_some() && poolable(h.kind) {
+            return self.pooled(h, payload);
+        }
         match h.kind {
             FrameKind::Hello => Some(End::Violation("second Hello".to_owned())),
             FrameKind::Ping => {
@@ -319,6 +338,51 @@ impl Connection<'_> {
                 self.queue(&failure(self.exec, h, err))
             }
         }
+    }
+
+    /// With an IO pool: runs inline what the backend can do without waiting for the device, hands the rest
+    /// to a free slot (waiting for one, after writing the pending replies, when all are in use).
+    fn pooled(&mut self, h: FrameHeader, payload: &[u8]) -> Option<End> {
+        match h.kind {
+            FrameKind::Read => {
+                let at = self.replies.len();
+                let len = h.length_usize();
+                self.replies.resize(at + HEADER_LEN + len, 0);
+                match self.exec.read_nowait(&h, &mut self.replies[at + HEADER_LEN..]) {
+                    Ok(true) => {
+                        let mut header = FrameHeader::new(FrameKind::Ok, h.id, 0, 0);
+                        header.payload_len = h.length;
+                        self.replies[at..at + HEADER_LEN].copy_from_slice(&header.encode());
+                        return None;
+                    }
+                    Ok(false) => self.replies.truncate(at),
+                    Err(err) => {
+                        self.replies.truncate(at);
+                        return self.queue(&failure(self.exec, &h, err));
+                    }
+                }
+            }
+            FrameKind::Write => match self.exec.write_nowait(&h, payload) {
+                Ok(true) => return self.queue(&Reply::empty(FrameKind::Ok, h.id)),
+                Ok(false) => {}
+                Err(err) => return self.queue(&failure(self.exec, &h, err)),
+            },
+            _ => {}
+        }
+        let inflight = self.inflight.clone()?;
+        let slot = match inflight.try_slot() {
+            Some(s) => s,
+            None => {
+                if let Err(e) = self.send() {
+                    return Some(End::Io(e));
+                }
+                inflight.wait_slot()
+            }
+        };
+        let pool = self.pool?;
+        let payload = if h.kind == FrameKind::Write { payload } else { &[] };
+        inflight.submit(pool, slot, h, payload);
+        None
     }
 
     fn queue(&mut self, reply: &Reply) -> Option<End> {
@@ -383,13 +447,6 @@ impl Connection<'_> {
             }
         }
     }
-}
-
-/// The reply to a failed request, counted and logged.
-fn failure(exec: &Executor, h: &FrameHeader, err: BackendError) -> Reply {
-    exec.metrics.errors.fetch_add(1, Relaxed);
-    tracing::debug!(kind = ?h.kind, offset = h.offset, length = h.length, error = %err, "request failed");
-    Reply::failure(h.id, err, h.kind == FrameKind::Read)
 }
 
 /// The connection's flusher: runs queued flushes in order and writes each reply under the write lock.

@@ -2,11 +2,17 @@
 //!
 //! Each connection runs its requests to completion on its own OS thread ([`connection`]): it reads a
 //! batch, runs it against the backend in order and writes the batch's replies with one call; flushes go
-//! to a per-connection flusher thread. There is no shared IO pool and no hand-off between tasks on the
-//! data path. The async side only accepts connections and, on cancel, shuts their read side down.
+//! to a per-connection flusher thread. There is no hand-off between tasks on the data path unless the server
+//! is given an [`IoPool`] ([`ServerConfig::io_pool`]): then what the backend cannot answer without waiting
+//! for the device runs on the pool's threads, up to `io_depth` requests per connection at once, replies
+//! written as they complete ([`io_pool`]). The async side only accepts connections and, on cancel, shuts
+//! their read side down.
 
 mod connection;
+mod io_pool;
 mod request;
+
+pub use io_pool::IoPool;
 
 use std::io;
 use std::sync::Arc;
@@ -35,6 +41,13 @@ pub struct ServerConfig {
     /// How long a write of replies may block on a peer that does not read before the connection is
     /// dropped; bounds how long a shutdown waits for such a peer (default 10 s).
     pub shutdown_grace: Duration,
+    /// Threads that run requests the backend cannot answer without waiting for the device, several per
+    /// connection at once (`None`, the default: every request runs on its connection's thread). One pool
+    /// can serve many servers.
+    pub io_pool: Option<Arc<IoPool>>,
+    /// Requests of one connection at the IO pool at once (default 64); the connection stops reading while
+    /// all are in use.
+    pub io_depth: usize,
 }
 
 impl Default for ServerConfig {
@@ -43,6 +56,8 @@ impl Default for ServerConfig {
             window: 128,
             buffer_pool_bytes: 64 << 20,
             shutdown_grace: Duration::from_secs(10),
+            io_pool: None,
+            io_depth: 64,
         }
     }
 }

@@ -132,6 +132,33 @@ impl Executor {
         Ok(())
     }
 
+    /// A read done inline only if the backend needs no device wait for it ([`BlockBackend::read_at_nowait`]);
+    /// `Ok(false)`: not done, run it on the IO pool.
+    pub(crate) fn read_nowait(&self, h: &FrameHeader, buf: &mut [u8]) -> Result<bool, BackendError> {
+        check_span(h)?;
+        let done = catch_unwind(AssertUnwindSafe(|| self.backend.read_at_nowait(h.offset, buf)))
+            .unwrap_or_else(|_| Err(panicked(h.kind)))?;
+        if done {
+            self.metrics.bytes_read.fetch_add(buf.len() as u64, Relaxed);
+        }
+        Ok(done)
+    }
+
+    /// A write done inline only if the backend needs no device wait for it ([`BlockBackend::write_at_nowait`]).
+    pub(crate) fn write_nowait(&self, h: &FrameHeader, payload: &[u8]) -> Result<bool, BackendError> {
+        check_span(h)?;
+        let done = catch_unwind(AssertUnwindSafe(|| {
+            self.backend.write_at_nowait(h.offset, payload)
+        }))
+        .unwrap_or_else(|_| Err(panicked(h.kind)))?;
+        if done {
+            self.metrics
+                .bytes_written
+                .fetch_add(payload.len() as u64, Relaxed);
+        }
+        Ok(done)
+    }
+
     fn execute(&self, h: &FrameHeader, payload: &[u8]) -> Result<(ReplyBody, u32), BackendError> {
         check_span(h)?;
         let len = u64::from(h.length);
@@ -214,4 +241,11 @@ fn normalize_ranges(mut ranges: Vec<Range<u64>>, span: Range<u64>) -> Result<Vec
     }
     ranges.truncate(kept);
     Ok(ranges)
+}
+
+/// The reply to a failed request, counted and logged.
+pub(crate) fn failure(exec: &Executor, h: &FrameHeader, err: BackendError) -> Reply {
+    exec.metrics.errors.fetch_add(1, Relaxed);
+    tracing::debug!(kind = ?h.kind, offset = h.offset, length = h.length, error = %err, "request failed");
+    Reply::failure(h.id, err, h.kind == FrameKind::Read)
 }

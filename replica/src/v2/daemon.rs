@@ -19,7 +19,7 @@ use corral_proto::v1::{
     sync_agent_service_server::SyncAgentServiceServer,
 };
 use data_protocol::{BlockBackend, DataServer, ServerConfig};
-use lvstore::{FormatOptions, LvStore, OpenMode};
+use lvstore::{DataIo, FormatOptions, LvStore, OpenMode};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
@@ -49,7 +49,13 @@ pub struct LvstoreServeConfig {
     /// Cluster size for `--format`.
     pub cluster_size: u64,
     pub ready_file: Option<PathBuf>,
+    /// Data-protocol server settings of every hosted replica (`io_pool` is set from `io_threads`).
     pub data: ServerConfig,
+    /// How the store's data IO reaches the disk (`O_DIRECT` or the page cache).
+    pub data_io: DataIo,
+    /// Threads of the disk's IO pool, shared by every hosted replica's data connections (0: none; each
+    /// connection then runs its requests one at a time on its own thread).
+    pub io_threads: usize,
     /// Replicas to host from the start (besides those the store holds), created on the engine's ReplicaCreate.
     pub replicas: Vec<String>,
     /// Prometheus `/metrics`, `/healthz` and `/readyz` address.
@@ -421,17 +427,18 @@ impl LvstoreService for LvstoreGrpc {
 
 /// Opens the store, formatting it with `format` only when the device holds no lvstore.
 fn open_store(cfg: &LvstoreServeConfig) -> anyhow::Result<LvStore> {
-    match LvStore::open(&cfg.disk, OpenMode::ReadWrite) {
+    match LvStore::open_with(&cfg.disk, OpenMode::ReadWrite, cfg.data_io) {
         Ok(s) => Ok(s),
         Err(lvstore::Error::NotAnLvstore { .. }) if cfg.format => {
             info!(disk = %cfg.disk.display(), "no lvstore on the disk: formatting it (--format)");
-            Ok(LvStore::format(
+            drop(LvStore::format(
                 &cfg.disk,
                 &FormatOptions {
                     cluster_size: cfg.cluster_size,
                     ..Default::default()
                 },
-            )?)
+            )?);
+            Ok(LvStore::open_with(&cfg.disk, OpenMode::ReadWrite, cfg.data_io)?)
         }
         Err(e @ lvstore::Error::NotAnLvstore { .. }) => Err(anyhow::anyhow!(
             "{e}; format it with `corral-lvstore format` or start with --format"
@@ -453,6 +460,11 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
     info!(?cfg, "corral-replica serve-lvstore starting");
     let c = cfg.clone();
     let store = Arc::new(tokio::task::spawn_blocking(move || open_store(&c)).await??);
+    info!(direct_io = store.direct_io(), data_io = ?cfg.data_io, io_threads = cfg.io_threads, "store open");
+    let mut data = cfg.data.clone();
+    if cfg.io_threads > 0 {
+        data.io_pool = Some(data_protocol::IoPool::new(cfg.io_threads).context("start the IO pool")?);
+    }
     // Before the replicas: an interrupted backing-image create's temp head is deleted, never hosted.
     let (s, c) = (store.clone(), cancel.child_token());
     let backing_images = Arc::new(tokio::task::spawn_blocking(move || BackingImages::recover(s, c)).await??);
@@ -460,7 +472,7 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
         store: store.clone(),
         ip: cfg.listen.ip(),
         scratch: scratch_dir(&cfg.disk),
-        data: cfg.data.clone(),
+        data,
         cancel: cancel.clone(),
         hosted: tokio::sync::Mutex::default(),
         busy: Mutex::default(),

@@ -475,6 +475,32 @@ impl LvolReplica {
         self.store.read_at(o.head, offset, buf).map_err(|e| self.err(e))
     }
 
+    /// [`LvStore::read_at_nowait`] on the head: `Ok(false)` when the read would wait for the device.
+    pub fn read_at_nowait(&self, offset: u64, buf: &mut [u8]) -> Result<bool> {
+        let g = read_lock(&self.open);
+        let o = g.as_ref().ok_or_else(|| self.not_open())?;
+        Self::check_range(o, offset, buf.len() as u64)?;
+        self.store
+            .read_at_nowait(o.head, offset, buf)
+            .map_err(|e| self.err(e))
+    }
+
+    /// [`LvStore::write_at_nowait`] on the head: `Ok(false)` (nothing written) when the write would wait for
+    /// the device.
+    pub fn write_at_nowait(&self, offset: u64, data: &[u8]) -> Result<bool> {
+        let g = read_lock(&self.open);
+        let o = g.as_ref().ok_or_else(|| self.not_open())?;
+        Self::check_range(o, offset, data.len() as u64)?;
+        let done = self
+            .store
+            .write_at_nowait(o.head, offset, data)
+            .map_err(|e| self.err(e))?;
+        if done {
+            self.bump(o);
+        }
+        Ok(done)
+    }
+
     pub fn write_at(&self, offset: u64, data: &[u8]) -> Result<()> {
         let g = read_lock(&self.open);
         let o = g.as_ref().ok_or_else(|| self.not_open())?;

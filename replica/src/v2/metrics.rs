@@ -53,6 +53,24 @@ impl BlockBackend for TimedBackend {
         r
     }
 
+    fn read_at_nowait(&self, offset: u64, buf: &mut [u8]) -> Result<bool, BackendError> {
+        let t = Instant::now();
+        let r = self.replica.read_at_nowait(offset, buf);
+        if matches!(r, Ok(true)) {
+            self.latency.read.observe(t);
+        }
+        r
+    }
+
+    fn write_at_nowait(&self, offset: u64, buf: &[u8]) -> Result<bool, BackendError> {
+        let t = Instant::now();
+        let r = self.replica.write_at_nowait(offset, buf);
+        if matches!(r, Ok(true)) {
+            self.latency.write.observe(t);
+        }
+        r
+    }
+
     fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         self.replica.unmap(offset, len)
     }
@@ -156,7 +174,7 @@ impl prometheus_client::collector::Collector for Collector {
             .map(|(n, m)| (n.clone(), m.clone()))
             .collect();
         type Counter = fn(&data_protocol::ServerMetricsSnapshot) -> u64;
-        let counters: [(&str, &str, Counter); 6] = [
+        let counters: [(&str, &str, Counter); 7] = [
             ("replica_data_requests", "Data-protocol requests served", |d| {
                 d.requests
             }),
@@ -184,6 +202,11 @@ impl prometheus_client::collector::Collector for Collector {
                 "replica_data_connections_accepted",
                 "Data-protocol connections accepted",
                 |d| d.connections_accepted,
+            ),
+            (
+                "replica_data_pooled_requests",
+                "Data-protocol requests run on the disk's IO pool (the rest ran on their connection's thread)",
+                |d| d.pooled,
             ),
         ];
         let snaps: Vec<_> = replicas.iter().map(|(_, m)| m.data.snapshot()).collect();

@@ -78,6 +78,18 @@ impl BlockBackend for V2Replica {
         self.replica.write_at(offset, buf).map_err(|e| wire_error(&e))
     }
 
+    fn read_at_nowait(&self, offset: u64, buf: &mut [u8]) -> Result<bool, BackendError> {
+        self.replica
+            .read_at_nowait(offset, buf)
+            .map_err(|e| wire_error(&e))
+    }
+
+    fn write_at_nowait(&self, offset: u64, buf: &[u8]) -> Result<bool, BackendError> {
+        self.replica
+            .write_at_nowait(offset, buf)
+            .map_err(|e| wire_error(&e))
+    }
+
     fn unmap(&self, offset: u64, len: u64) -> Result<(), BackendError> {
         self.replica.unmap(offset, len).map_err(|e| wire_error(&e))
     }
