@@ -35,11 +35,13 @@ TARGET_LABELS = {
     "v2c": "v2 engine 3r",
     "bs": "(b) after snap",
     "v2bs": "v2 1r after snap",
+    "v2bd": "v2 1r O_DIRECT",
+    "v2bsd": "v2 1r O_DIRECT snap",
 }
 
 # Issue 20: each v2 target against the v1 target of the same shape, measured in the same run (v2 replicas serve the
 # data protocol on TCP only, so bt / ct, v1 on TCP, are the like-for-like peers; b / c use v1's unix socket).
-V2_PEERS = [("v2b", "b"), ("v2b", "bt"), ("v2c", "c"), ("v2c", "ct"), ("v2bs", "bs")]
+V2_PEERS = [("v2b", "b"), ("v2b", "bt"), ("v2c", "c"), ("v2c", "ct"), ("v2bs", "bs"), ("v2bd", "bt"), ("v2bsd", "bs")]
 
 
 def row(job, target, path, cpu_s=None, seconds=None, ctx=None):

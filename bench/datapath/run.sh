@@ -7,7 +7,7 @@
 #
 # Targets: (a) nbdkit file, (a') qemu-nbd raw, (b) engine + 1 replica, (c) engine + 3 replicas on loopback,
 # v2b / v2c: (b) and (c) over v2 replicas (`serve-lvstore`), v2bs / bs: 1 replica (v2 / v1) right after a snapshot
-# of the fully written volume (the copy-on-write path),
+# of the fully written volume (the copy-on-write path), v2bd / v2bsd: v2b / v2bs with the lvstore's data IO O_DIRECT,
 # (b) and (c) with --disable-revision-counter on the engine and on every replica, (d) as (c) with the counter on.
 # Replicas serve the data protocol on a unix socket too (--data-unix, as the manager starts them), which the engine
 # on their node uses; bt and ct are b and c with replicas on TCP only (the path to a replica on another node).
@@ -115,15 +115,17 @@ start() {
 # per node, as the manager runs them) over an lvstore on a preallocated file of 2 x SIZE + 256 MiB in the work directory;
 # v2bs: v2b whose volume is snapshotted (through the engine) right after the precondition wrote it fully, so
 # every job runs on the copy-on-write path; bs is the same for v1 (target bt plus the snapshot). The revision counter
-# is off everywhere, as in (b) and (c).
+# is off everywhere, as in (b) and (c). The daemons run with their default `--data-io auto` (the page cache, the store
+# being a file); v2bd and v2bsd are v2b and v2bs with `--data-io direct` (O_DIRECT: every IO at the device).
 start_v2_target() {
-  local t=$1 tdir="$WORK/$1" n=1 i ready replicas=()
+  local t=$1 tdir="$WORK/$1" n=1 i ready replicas=() io=auto
   [[ $t == v2c ]] && n=3
+  [[ $t == v2bd || $t == v2bsd ]] && io=direct # the lvstore on a file with O_DIRECT (auto: the page cache)
   for ((i = 0; i < n; i++)); do
     ready="$tdir/lvstore-$i.ready"
     fallocate -l "$(($(numfmt --from=iec "$SIZE") * 2 + (256 << 20)))" "$tdir/lvstore-$i.img" # room for a full COW copy
     start "$tdir/lvstore-$i.log" "$REPLICA_BIN" --ready-file "$ready" serve-lvstore --disk "$tdir/lvstore-$i.img" \
-      --format --listen 127.0.0.1:0 --replica "bench-r$i"
+      --format --listen 127.0.0.1:0 --replica "bench-r$i" --data-io "$io"
     TARGET_PIDS+=("$LAST_PID")
     ready_wait "$ready" "$LAST_PID" "$READY_DEADLINE"
     replicas+=(--replica "tcp://$(ready_addr "$ready" "bench-r$i.control")?data=$(ready_addr "$ready" "bench-r$i.data")&sync=$(ready_addr "$ready" "bench-r$i.sync")&replica=bench-r$i")
@@ -138,7 +140,7 @@ start_v2_target() {
 # Targets bs and v2bs: a snapshot of the fully written volume through the engine (after the precondition).
 snapshot_after_precondition() {
   local t=$1
-  [[ $t == bs || $t == v2bs ]] || return 0
+  [[ $t == bs || $t == v2bs || $t == v2bsd ]] || return 0
   echo "# target $t: snapshot of the fully written volume" >&2
   "$ENGINE_BIN" --url "$(ready_addr "$WORK/$t/engine.ready" control)" snapshot create bench-snap >/dev/null
 }
@@ -195,7 +197,7 @@ start_target() {
       ((${#metrics[@]})) && ready_wait "$tdir/engine.ready" "$LAST_PID" "$READY_DEADLINE" &&
         COUNT_URLS+=("engine=http://$(ready_addr "$tdir/engine.ready" metrics)/metrics")
       URI="nbd+unix:///bench?socket=$tdir/nbd.sock" ;;
-    v2b | v2c | v2bs) start_v2_target "$t" ;;
+    v2b | v2c | v2bs | v2bd | v2bsd) start_v2_target "$t" ;;
     *) echo "run.sh: unknown target $t" >&2; exit 2 ;;
   esac
 }

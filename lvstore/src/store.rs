@@ -546,24 +546,62 @@ impl LvStore {
     /// unmapped before the flush waits for in-flight IO (a read that resolved to one must finish before it can be
     /// reused). A journal too full for the record falls back to an exclusive checkpoint.
     pub fn flush(&self) -> Result<()> {
+        self.flush_and(None)
+    }
+
+    /// [`LvStore::flush`], setting xattr `key` of lvol `name` to `value` in the same journal record (one
+    /// append and its two `fdatasync`s for both, and IO goes on meanwhile, where a separate
+    /// [`LvStore::set_xattr`] would stop IO and sync twice more).
+    pub fn flush_with_xattr(&self, name: &str, key: &str, value: &[u8]) -> Result<()> {
+        self.writable()?;
+        self.flush_and(Some((name, key, value)))
+    }
+
+    fn flush_and(&self, xattr: Option<(&str, &str, &[u8])>) -> Result<()> {
         if self.mode == OpenMode::ReadOnly {
             return Ok(());
         }
         let _c = self.commit_guard();
         let gate = self.gate_read();
-        let (record, dirty, pending, at) = {
+        let (record, dirty, pending, at, extra) = {
             let mut inner = self.lock();
             if inner.poisoned {
                 return Err(Error::Poisoned {
                     path: self.path().to_owned(),
                 });
             }
-            if inner.dirty.is_empty() {
+            let extra = match xattr {
+                None => None,
+                Some((name, key, value)) => {
+                    let b = Self::find(&inner.meta, name)?;
+                    let op = Op::SetXattr {
+                        id: b.id,
+                        key: key.to_owned(),
+                        value: value.to_vec(),
+                    };
+                    inner
+                        .meta
+                        .validate(&op, self.cluster_size)
+                        .map_err(|e| Error::Invalid(e.to_string()))?;
+                    let need = inner.meta.fixed_bytes()
+                        + Meta::growth(&op)
+                        + inner.sb.cluster_count * format::entry_bytes(self.cluster_size);
+                    if need > inner.sb.meta_area_len {
+                        return Err(Error::MetadataFull {
+                            path: self.path().to_owned(),
+                            area: inner.sb.meta_area_len,
+                            need,
+                        });
+                    }
+                    Some(op)
+                }
+            };
+            if inner.dirty.is_empty() && extra.is_none() {
                 drop(inner);
                 return self.dev.sync().map_err(self.io("fdatasync"));
             }
             let dirty = std::mem::take(&mut inner.dirty);
-            let ops: Vec<Op> = dirty
+            let mut ops: Vec<Op> = dirty
                 .iter()
                 .filter_map(|&(id, l)| {
                     let b = inner.meta.blobs.get(&id)?;
@@ -574,6 +612,7 @@ impl LvStore {
                     })
                 })
                 .collect();
+            ops.extend(extra.clone());
             let record = format::encode_record(
                 &inner.sb.store_uuid,
                 inner.sb.generation,
@@ -587,10 +626,16 @@ impl LvStore {
                 drop(gate);
                 let _g = self.gate_write();
                 let mut inner = self.lock();
-                return self.commit(&mut inner, Vec::new());
+                return self.commit(&mut inner, extra.into_iter().collect());
             }
             let pending = inner.alloc.take_pending();
-            (record, dirty, pending, inner.sb.journal_off + inner.journal_tail)
+            (
+                record,
+                dirty,
+                pending,
+                inner.sb.journal_off + inner.journal_tail,
+                extra,
+            )
         };
         let res = self
             .dev
@@ -606,6 +651,13 @@ impl LvStore {
         inner.journal_tail += record.len() as u64;
         inner.seq += 1;
         inner.journal_commits += 1;
+        if let Some(op) = extra {
+            // Journaled: now in memory too (validated above; commits are serialised, so it still applies).
+            inner
+                .meta
+                .apply(op, self.cluster_size)
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+        }
         drop(inner);
         drop(gate);
         let _g = self.gate_write();

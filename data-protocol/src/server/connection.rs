@@ -14,6 +14,9 @@
 //!
 //! Backpressure is the socket: while the thread runs a batch it does not read, and TCP pushes back on
 //! the client. At most `window` requests run before their replies are written.
+//!
+//! With an IO pool ([`super::io_pool`]) the thread runs inline only what the backend can do without waiting
+//! for the device and hands the rest (flushes included) to the connection's slots and the pool.
 
 use std::io::{self, Read, Write};
 use std::net::Shutdown;

@@ -549,8 +549,8 @@ impl LvolReplica {
     /// last flush, records the salvage fields in the head's `corral.salvage` (one journaled operation).
     pub fn flush(&self) -> Result<()> {
         let o = self.current()?;
-        self.store.flush().map_err(|e| self.err(e))?;
         if self.written.swap(false, Ordering::SeqCst) {
+            // The salvage fields ride in the flush's own journal record (one append, IO not stopped).
             let allocated = self
                 .store
                 .info(&self.name)
@@ -566,12 +566,13 @@ impl LvolReplica {
                 },
             };
             let bytes = serde_json::to_vec(&s).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
-            if let Err(e) = self.store.set_xattr(&self.name, XATTR_SALVAGE, &bytes) {
+            if let Err(e) = self.store.flush_with_xattr(&self.name, XATTR_SALVAGE, &bytes) {
                 self.written.store(true, Ordering::SeqCst);
                 return Err(self.err(e));
             }
+            return Ok(());
         }
-        Ok(())
+        self.store.flush().map_err(|e| self.err(e))
     }
 
     /// The revision counter (0 when disabled).
