@@ -637,9 +637,9 @@ impl LvStore {
                 extra,
             )
         };
-        let res = self
-            .dev
-            .sync()
+        // Data before a record that maps it (a crash must not leave a block mapped over data that never landed);
+        // a record of the xattr alone maps nothing, so one `fdatasync` after it covers data and record.
+        let res = if dirty.is_empty() { Ok(()) } else { self.dev.sync() }
             .and_then(|()| self.dev.write_at(&record, at))
             .and_then(|()| self.dev.sync());
         let mut inner = self.lock();
@@ -1299,10 +1299,18 @@ impl LvStore {
                 .and_then(|b| b.clusters.get_mut(&lc))
                 && e.phys == phys
             {
+                // Only a block newly holding data changes the map (and needs journaling at the next flush): a
+                // rewrite of written blocks leaves the flush a plain `fdatasync`.
+                let mut changed = false;
                 for b in blk..blk + (n / BS) as u64 {
-                    e.set(b, true);
+                    if !e.has(b) {
+                        e.set(b, true);
+                        changed = true;
+                    }
                 }
-                inner.dirty.insert((id, lc));
+                if changed {
+                    inner.dirty.insert((id, lc));
+                }
             }
             pos += n;
         }
