@@ -90,6 +90,10 @@ async fn metric(d: &Daemon, series: &str) -> f64 {
         .unwrap_or_else(|| panic!("no sample {series} in\n{text}"))
 }
 
+fn us(n: u64) -> usize {
+    usize::try_from(n).unwrap()
+}
+
 /// xorshift64: reproducible per task, no dependency.
 struct Rng(u64);
 
@@ -125,7 +129,7 @@ async fn task_ops(
     model: Arc<Mutex<HashMap<u64, u64>>>,
     next: Arc<AtomicU64>,
 ) {
-    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ (task + 1) * 0x1000_0001);
+    let mut rng = Rng(0x9E37_79B9_7F4A_7C15 ^ ((task + 1) * 0x1000_0001));
     let clusters = SIZE / CLUSTER;
     let per_cluster = CLUSTER / BS;
     for _ in 0..ops {
@@ -134,7 +138,7 @@ async fn task_ops(
         let op = rng.below(10);
         if op < 5 {
             let n = (1 + rng.below(4)).min(cluster * per_cluster + per_cluster - first);
-            let mut data = Vec::with_capacity((n * BS) as usize);
+            let mut data = Vec::with_capacity(us(n * BS));
             let mut gens = Vec::new();
             for b in first..first + n {
                 let g = next.fetch_add(1, SeqCst);
@@ -146,11 +150,11 @@ async fn task_ops(
             WRITES_AND_FLUSHES.fetch_add(1, SeqCst);
         } else if op < 9 {
             let n = (1 + rng.below(8)).min(cluster * per_cluster + per_cluster - first);
-            let mut buf = vec![0u8; (n * BS) as usize];
+            let mut buf = vec![0u8; us(n * BS)];
             c.read(first * BS, &mut buf).await.unwrap();
             let m = model.lock().unwrap();
             for (i, b) in (first..first + n).enumerate() {
-                let got = generation_of(b, &buf[i * BS as usize..(i + 1) * BS as usize]);
+                let got = generation_of(b, &buf[i * us(BS)..(i + 1) * us(BS)]);
                 assert_eq!(got, m.get(&b).copied().unwrap_or(0), "task {task}: block {b}");
             }
         } else {
@@ -204,7 +208,7 @@ async fn concurrent_io_matches_a_model(mode: &str) {
     let mut buf = vec![0u8; 1 << 20];
     for chunk in 0..SIZE / (1 << 20) {
         c.read(chunk << 20, &mut buf).await.unwrap();
-        for (i, data) in buf.chunks(BS as usize).enumerate() {
+        for (i, data) in buf.chunks(us(BS)).enumerate() {
             let b = (chunk << 20) / BS + i as u64;
             assert_eq!(
                 generation_of(b, data),
@@ -278,7 +282,7 @@ async fn sigkill_keeps_every_flushed_write(mode: &str) {
             failed.clone(),
         );
         tasks.push(tokio::spawn(async move {
-            let mut rng = Rng(0xD1B5_4A32_D192_ED03 ^ (task + 7) * 0x2545_F491);
+            let mut rng = Rng(0xD1B5_4A32_D192_ED03 ^ ((task + 7) * 0x2545_F491));
             while !stop.load(SeqCst) {
                 let b = rng.below(BLOCKS / TASKS) * TASKS + task;
                 let g = next.fetch_add(1, SeqCst);
@@ -333,14 +337,14 @@ async fn sigkill_keeps_every_flushed_write(mode: &str) {
     }
     let acks_at_kill = ledger.lock().unwrap().acks;
     d.kill(); // SIGKILL with the writers going
-    for t in tasks.drain(..TASKS as usize) {
+    for t in tasks.drain(..us(TASKS)) {
         t.await.unwrap();
     }
     stop.store(true, SeqCst);
     for t in tasks {
         t.await.unwrap();
     }
-    let l = ledger.lock().unwrap();
+    let l = std::mem::take(&mut *ledger.lock().unwrap());
     assert_eq!(
         failed.load(SeqCst),
         TASKS,
@@ -357,11 +361,11 @@ async fn sigkill_keeps_every_flushed_write(mode: &str) {
     // The same disk again (never formatted over: it holds an lvstore); the replica is found in the store.
     let d2 = daemon_command(&disk, mode).spawn();
     let c2 = one_connection(&d2).await;
-    let mut buf = vec![0u8; (BLOCKS * BS) as usize];
+    let mut buf = vec![0u8; us(BLOCKS * BS)];
     c2.read(0, &mut buf).await.unwrap();
     let mut newer = 0;
     for b in 0..BLOCKS {
-        let got = generation_of(b, &buf[(b * BS) as usize..((b + 1) * BS) as usize]);
+        let got = generation_of(b, &buf[us(b * BS)..us((b + 1) * BS)]);
         let sent = l.sent.get(&b).copied().unwrap_or(0);
         assert!(
             got <= sent,

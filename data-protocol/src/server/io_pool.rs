@@ -33,8 +33,8 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 
-use super::connection::Stream;
 use super::request::{Executor, Reply, ReplyBody, failure};
+use super::stream::Stream;
 use crate::codec::{FrameHeader, FrameKind};
 
 /// Memory alignment of slot buffers (what `O_DIRECT` needs, so a backend can use them without a bounce).

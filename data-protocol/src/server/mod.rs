@@ -11,6 +11,7 @@
 mod connection;
 mod io_pool;
 mod request;
+mod stream;
 
 pub use io_pool::IoPool;
 
@@ -27,8 +28,8 @@ use tracing::Instrument;
 use crate::backend::BlockBackend;
 use crate::metrics::ServerMetrics;
 use crate::pool::BufferPool;
-use connection::Stream;
 use request::Executor;
+use stream::Stream;
 
 /// Server tuning. `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
