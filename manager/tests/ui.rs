@@ -185,14 +185,26 @@ impl Browser {
     }
 
     /// Types `text` into the field `css` (emptied first) with WebDriver key events.
+    /// A field the page re-rendered between finding and typing ("stale element reference") is found again and
+    /// filled anew; any other driver error fails the test.
     fn fill(&self, css: &str, text: &str) {
-        let id = wait_for(&format!("field {css}"), PAGE, || self.find(css));
-        self.cmd("POST", &format!("/element/{id}/clear"), Some(&json!({})));
-        self.cmd(
-            "POST",
-            &format!("/element/{id}/value"),
-            Some(&json!({ "text": text })),
-        );
+        wait_for(&format!("field {css} filled"), PAGE, || {
+            let id = self.find(css)?;
+            let typed = self
+                .try_cmd("POST", &format!("/element/{id}/clear"), Some(&json!({})))
+                .and_then(|_| {
+                    self.try_cmd(
+                        "POST",
+                        &format!("/element/{id}/value"),
+                        Some(&json!({ "text": text })),
+                    )
+                });
+            match typed {
+                Ok(_) => Some(()),
+                Err(e) if e.contains("stale element") => None,
+                Err(e) => panic!("WebDriver fill {css}: {e}"),
+            }
+        });
     }
 
     /// Presses keys on whatever has the focus (W3C actions: key down and up for each).
