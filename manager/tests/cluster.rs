@@ -618,7 +618,7 @@ fn two_lost_replicas_rebuild_at_once_and_the_volume_keeps_its_data() {
     for pid in &victims {
         sigkill(*pid);
     }
-    // Both come back through rebuilds that run at the same time (6 MiB/s each: seconds, not instants).
+    // Both come back through rebuilds that run at the same time (4 MiB/s each: seconds, not instants).
     let both = wait_for("two replicas rebuilding at once", Duration::from_secs(60), || {
         let v = volume(&url, "vr");
         let wo = v["replicas"]

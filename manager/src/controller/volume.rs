@@ -14,7 +14,7 @@ use super::{Requeue, WorkQueue, feed, run_worker};
 use crate::context::Ctx;
 use crate::model::{
     DataEngine, DesireState, Engine, EngineSpec, Node, ProcessState, Replica, ReplicaSpec, Robustness,
-    Volume, VolumeState,
+    Volume, VolumeState, VolumeStatus,
 };
 use crate::scheduler::{self, DiskCandidate};
 use crate::store::{Event, Object};
@@ -178,15 +178,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             "every replica holding the volume's data failed; kept for a salvage: {} (`corral volume salvage {name}`)",
             kept.join(", ")
         );
-        if status != v.status {
-            ctx.db
-                .modify::<Volume>(&name, |v| {
-                    let changed = v.status != status;
-                    v.status = status.clone();
-                    changed
-                })
-                .await?;
-        }
+        write_status(&ctx, &name, &v.status, &status).await?;
         return Ok(Some(Duration::from_secs(5)));
     }
     match &v.spec.node_id {
@@ -402,16 +394,27 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             }
         }
     }
-    if status != v.status {
+    write_status(&ctx, &name, &v.status, &status).await?;
+    Ok(requeue)
+}
+
+/// Writes the volume's derived status when it differs from what the document holds.
+async fn write_status(
+    ctx: &Ctx,
+    name: &str,
+    had: &VolumeStatus,
+    status: &VolumeStatus,
+) -> anyhow::Result<()> {
+    if status != had {
         ctx.db
-            .modify::<Volume>(&name, |v| {
-                let changed = v.status != status;
+            .modify::<Volume>(name, |v| {
+                let changed = v.status != *status;
                 v.status = status.clone();
                 changed
             })
             .await?;
     }
-    Ok(requeue)
+    Ok(())
 }
 
 /// The failed replicas the volume controller must keep: those that hold the volume's data (they were RW in an
