@@ -451,7 +451,7 @@ pub const SETTINGS: &[(&str, &str, &str)] = &[
     (
         "concurrent-rebuilds-per-volume",
         "2",
-        "How many replicas of one volume may rebuild at once (at least 1): after losing two replicas, both come back in the time of one rebuild; each rebuild is rate-shaped on its own.",
+        "How many replicas of one volume may rebuild at once (0 counts as 1: a volume always heals): after losing two replicas, both come back in the time of one rebuild; each rebuild is rate-shaped on its own.",
     ),
     (
         "backup-delta-max",
