@@ -6,7 +6,10 @@
 #   sudo bench/backup/restore-bound.sh [SIZE_MIB] [ROUNDS]     (default 2048 MiB, 3 rounds; data in $BENCH_DIR)
 #
 # Needs root (drops the page cache with /proc/sys/vm/drop_caches). BIN=path/to/file_backup runs that build (default:
-# built in release); BIN_B=another build adds its restores to each round (a before/after comparison).
+# built in release); BIN_B=another build adds its restores to each round (a before/after comparison), from a store
+# that build's backup wrote (a change of how blocks are written shows in its restores). CONCURRENCY=N: blocks in
+# flight of every restore (default: the example's, 8). Prints the store's block files and their extents (filefrag):
+# a block file in more than one extent costs more than one read.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 SIZE_MIB=${1:-2048}
@@ -20,15 +23,21 @@ if [ -z "${BIN:-}" ]; then
 fi
 head -c "$((SIZE_MIB << 20))" /dev/urandom > "$W/random.img"
 "$BIN" backup "$W/random.img" "file://$W/store" vol b1 > /dev/null
+[ -n "${BIN_B:-}" ] && "$BIN_B" backup "$W/random.img" "file://$W/store-b" vol b1 > /dev/null
 sync
+extents() {
+    find "$1" -name '*.blk' -print0 | xargs -0 filefrag | awk '{n++; e += $(NF-2)} END {print n " block files, " e " extents"}'
+}
+echo "store: $(extents "$W/store")"
+[ -n "${BIN_B:-}" ] && echo "store B: $(extents "$W/store-b")"
 
 t() { local s e; s=$(date +%s.%N); "$@"; sync; e=$(date +%s.%N); python3 -c "print(f'{$e - $s:.2f}')"; }
 secs() { python3 -c 'import json,sys; print(round(json.loads(sys.stdin.readline())["seconds"], 2))'; }
 drop() { sync; echo 3 > /proc/sys/vm/drop_caches; }
-cat_store() { find "$W/store" -name '*.blk' -print0 | xargs -0 cat > /dev/null; }
+cat_store() { find "${1:-$W/store}" -name '*.blk' -print0 | xargs -0 cat > /dev/null; }
 both() { cat_store & cp "$W/random.img" "$W/copy.img"; wait; }
 restore() {
-    "$1" restore "$W/r.img" "file://$W/store" vol b1 | secs
+    "$1" restore "$W/r.img" "file://${2:-$W/store}" vol b1 ${CONCURRENCY:-} | secs
     cmp "$W/random.img" "$W/r.img" || { echo "restore differs" >&2; exit 1; }
     rm -f "$W/r.img"; sync
 }
@@ -45,8 +54,8 @@ for r in $(seq "$ROUNDS"); do
     cat_store; e=$(restore "$BIN")
     line="$r | $a | $b | $c | $d | $e"
     if [ -n "${BIN_B:-}" ]; then
-        drop; f=$(restore "$BIN_B")
-        cat_store; g=$(restore "$BIN_B")
+        drop; f=$(restore "$BIN_B" "$W/store-b")
+        cat_store "$W/store-b"; g=$(restore "$BIN_B" "$W/store-b")
         line="$line | $f | $g"
     fi
     echo "$line"

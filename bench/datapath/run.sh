@@ -6,7 +6,7 @@
 #   RUNTIME=5 SIZE=1G bench/datapath/run.sh     # quick run
 #
 # Targets: (a) nbdkit file, (a') qemu-nbd raw, (b) engine + 1 replica, (c) engine + 3 replicas on loopback,
-# v2b / v2c: (b) and (c) over v2 replicas (`serve-lvstore`), v2bs / bs: 1 replica (v2 / v1) right after a snapshot
+# v2b / v2c: (b) and (c) over v2 replicas (`serve-lvstore`; v2bt: v2b on TCP only), v2bs / bs: 1 replica (v2 / v1) right after a snapshot
 # of the fully written volume (the copy-on-write path), v2bd / v2bsd: v2b / v2bs with the lvstore's data IO O_DIRECT,
 # (b) and (c) with --disable-revision-counter on the engine and on every replica, (d) as (c) with the counter on.
 # Replicas serve the data protocol on a unix socket too (--data-unix, as the manager starts them), which the engine
@@ -114,18 +114,21 @@ start() {
 # v2b: engine + 1 v2 replica; v2c: engine + 3 v2 replicas, each in its own `corral-replica serve-lvstore` daemon (one
 # per node, as the manager runs them) over an lvstore on a preallocated file of 2 x SIZE + 256 MiB in the work directory;
 # v2bs: v2b whose volume is snapshotted (through the engine) right after the precondition wrote it fully, so
-# every job runs on the copy-on-write path; bs is the same for v1 (target bt plus the snapshot). The revision counter
+# every job runs on the copy-on-write path; bs is the same for v1 (target b plus the snapshot). The revision counter
 # is off everywhere, as in (b) and (c). The daemons run with their default `--data-io auto` (the page cache, the store
-# being a file); v2bd and v2bsd are v2b and v2bs with `--data-io direct` (O_DIRECT: every IO at the device).
+# being a file); v2bd and v2bsd are v2b and v2bs with `--data-io direct` (O_DIRECT: every IO at the device). Each daemon
+# serves its replica's data protocol on a unix socket too (`--data-unix-dir`, as the manager starts it), which the
+# engine beside it uses; v2bt is v2b on TCP only (the peer of bt).
 start_v2_target() {
-  local t=$1 tdir="$WORK/$1" n=1 i ready replicas=() io=auto
+  local t=$1 tdir="$WORK/$1" n=1 i ready replicas=() io=auto local_data=(--data-unix-dir "$WORK/$1/sockets")
   [[ $t == v2c ]] && n=3
+  [[ $t == v2bt ]] && local_data=()
   [[ $t == v2bd || $t == v2bsd ]] && io=direct # the lvstore on a file with O_DIRECT (auto: the page cache)
   for ((i = 0; i < n; i++)); do
     ready="$tdir/lvstore-$i.ready"
     fallocate -l "$(($(numfmt --from=iec "$SIZE") * 2 + (256 << 20)))" "$tdir/lvstore-$i.img" # room for a full COW copy
     start "$tdir/lvstore-$i.log" "$REPLICA_BIN" --ready-file "$ready" serve-lvstore --disk "$tdir/lvstore-$i.img" \
-      --format --listen 127.0.0.1:0 --replica "bench-r$i" --data-io "$io"
+      --format --listen 127.0.0.1:0 --replica "bench-r$i" --data-io "$io" "${local_data[@]}"
     TARGET_PIDS+=("$LAST_PID")
     ready_wait "$ready" "$LAST_PID" "$READY_DEADLINE"
     replicas+=(--replica "tcp://$(ready_addr "$ready" "bench-r$i.control")?data=$(ready_addr "$ready" "bench-r$i.data")&sync=$(ready_addr "$ready" "bench-r$i.sync")&replica=bench-r$i")
@@ -167,7 +170,7 @@ start_target() {
     b | c | d | bt | ct | b0 | c0 | d0 | bs)
       local n=3 rc=() unix=1 replica_bin=$REPLICA_BIN engine_bin=$ENGINE_BIN
       [[ $t == b* ]] && n=1
-      [[ $t == ?t || $t == bs ]] && unix=0 # bs: TCP, as v2bs (v2 replicas have no unix socket yet)
+      [[ $t == ?t ]] && unix=0
       [[ $t != d* ]] && rc=(--disable-revision-counter)
       if [[ $t == ?0 ]]; then
         [[ -d "$WORK/bin0" ]] || { echo "run.sh: target $t needs BASE_BIN_DIR" >&2; exit 2; }
@@ -197,7 +200,7 @@ start_target() {
       ((${#metrics[@]})) && ready_wait "$tdir/engine.ready" "$LAST_PID" "$READY_DEADLINE" &&
         COUNT_URLS+=("engine=http://$(ready_addr "$tdir/engine.ready" metrics)/metrics")
       URI="nbd+unix:///bench?socket=$tdir/nbd.sock" ;;
-    v2b | v2c | v2bs | v2bd | v2bsd) start_v2_target "$t" ;;
+    v2b | v2bt | v2c | v2bs | v2bd | v2bsd) start_v2_target "$t" ;;
     *) echo "run.sh: unknown target $t" >&2; exit 2 ;;
   esac
 }

@@ -46,13 +46,22 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
     let n: u64 = num
         .parse()
         .map_err(|_| format!("{s:?}: expected a number with an optional K/M/G/T suffix"))?;
+    if unit.starts_with(['.', ',']) {
+        return Err(format!(
+            "{s:?}: whole numbers only, with an optional K/M/G/T suffix (1536M rather than 1.5G)"
+        ));
+    }
     let shift = match unit.trim().to_ascii_lowercase().as_str() {
         "" | "b" => 0,
         "k" | "kb" | "kib" => 10,
         "m" | "mb" | "mib" => 20,
         "g" | "gb" | "gib" => 30,
         "t" | "tb" | "tib" => 40,
-        other => return Err(format!("{s:?}: unknown unit {other:?}")),
+        other => {
+            return Err(format!(
+                "{s:?}: unknown unit {other:?} (use K, M, G or T, or KiB/MiB/GiB/TiB)"
+            ));
+        }
     };
     n.checked_mul(1 << shift)
         .ok_or_else(|| format!("{s:?}: too large"))
@@ -99,6 +108,14 @@ mod tests {
         assert!(parse_size("10X").is_err());
         assert!(parse_size("G").is_err());
         assert!(parse_size("99999999999T").is_err());
+        // A fraction is named as such, not as a unit ".5x".
+        let e = parse_size("1.5X").unwrap_err();
+        assert!(e.contains("whole numbers only"), "{e}");
+        let e = parse_size("10X").unwrap_err();
+        assert!(
+            e.contains("unknown unit \"x\"") && e.contains("use K, M, G or T"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -94,7 +94,12 @@ pub async fn run(ds: &JobContext, url: &str, work: &Path) -> Result<(), JobError
         };
         let remaining = no_data.saturating_sub(last_data.elapsed());
         if delay >= remaining {
-            return Err(no_data_error(url, no_data, sink.len()));
+            return Err(no_data_error(
+                url,
+                no_data,
+                sink.len(),
+                &format!("last attempt: {reason}"),
+            ));
         }
         tracing::warn!(%reason, offset = sink.len(), retry_in_ms = delay.as_millis(), attempts, "download broke off; retrying");
         tokio::select! {
@@ -135,11 +140,12 @@ async fn quiet_wait<T>(
         .map_err(|_| wait >= remaining)
 }
 
-fn no_data_error(url: &str, no_data: Duration, received: u64) -> JobError {
+fn no_data_error(url: &str, no_data: Duration, received: u64, why: &str) -> JobError {
     JobError::NoData {
         url: url.to_owned(),
         secs: no_data.as_secs(),
         received,
+        why: why.to_owned(),
     }
 }
 
@@ -162,7 +168,14 @@ async fn attempt(
         }
     }
     let resp = match quiet_wait(req.send(), *last_data, no_data).await {
-        Err(true) => return Err(Broken::Fatal(no_data_error(url, no_data, offset))),
+        Err(true) => {
+            return Err(Broken::Fatal(no_data_error(
+                url,
+                no_data,
+                offset,
+                "the server accepted the connection but sent no response",
+            )));
+        }
         Err(false) => {
             return Err(Broken::Transient(
                 "no response yet; trying a new connection".into(),
@@ -231,7 +244,14 @@ async fn attempt(
     let mut body = resp.bytes_stream();
     loop {
         let next = match quiet_wait(body.next(), *last_data, no_data).await {
-            Err(true) => return Err(Broken::Fatal(no_data_error(url, no_data, sink.len()))),
+            Err(true) => {
+                return Err(Broken::Fatal(no_data_error(
+                    url,
+                    no_data,
+                    sink.len(),
+                    "the response body stalled",
+                )));
+            }
             Err(false) => {
                 // The connection went quiet: give it up and resume on a new one (the outer loop checks that
                 // the no-data limit leaves room for that).

@@ -48,8 +48,14 @@ pub enum ConfigError {
 #[derive(Debug, thiserror::Error)]
 pub enum JobError {
     /// Nothing arrived for the no-data limit (no response, or a stalled body).
-    #[error("no data received from {url} for {secs} s (after {received} bytes)")]
-    NoData { url: String, secs: u64, received: u64 },
+    #[error("no data received from {url} for {secs} s (after {received} bytes): {why}")]
+    NoData {
+        url: String,
+        secs: u64,
+        received: u64,
+        /// What the last attempt met (e.g. connection refused), so the user can tell a dead server from a slow one.
+        why: String,
+    },
     /// The server answered with an error status that retrying cannot fix.
     #[error("GET {url}: HTTP {status}")]
     HttpStatus { url: String, status: u16 },

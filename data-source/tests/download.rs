@@ -178,6 +178,31 @@ fn server_that_never_sends_data_fails_after_the_default_30_s() {
 }
 
 #[test]
+fn a_url_whose_port_refuses_connections_fails_naming_the_refusal() {
+    let disk = disk();
+    // A port that was just free: nothing listens there, so every connect is refused.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let url = format!("http://127.0.0.1:{port}/image.raw");
+    let ds = DataSourceProc::download(disk.path(), &url, &["--no-data-timeout", "4"]);
+    let i = ds.wait_final(Duration::from_secs(30));
+    assert_eq!(i.state, FileState::Failed);
+    assert!(
+        i.message.contains("no data received") && i.message.to_lowercase().contains("connection refused"),
+        "the message names the refusal: {}",
+        i.message
+    );
+    assert!(
+        tmp_entries(disk.path()).is_empty(),
+        "{:?}",
+        tmp_entries(disk.path())
+    );
+}
+
+#[test]
 fn wrong_expected_checksum_fails_and_leaves_no_file() {
     let disk = disk();
     let server = FileServer::start(vec![7; 3 * MIB as usize], ServeMode::default());

@@ -32,14 +32,6 @@ fn fails(out: &Output) -> String {
     text
 }
 
-fn signal(r: &Replica, sig: &str) {
-    let st = Command::new("kill")
-        .args([sig, &r.pid().to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-}
-
 /// Allocated bytes of the files of `dir` whose name starts with `prefix`.
 fn allocated(dir: &Path, prefix: &str) -> u64 {
     std::fs::read_dir(dir)
@@ -456,7 +448,7 @@ async fn clone_refuses_bad_input_and_leaves_the_target_unchanged(engine: DataEng
 
     // A rebuild running on the target replica (its source frozen, so it stays running).
     let frozen = Replica::start_on(engine, &t.path().join("frozen"), &["--size", &SIZE.to_string()]);
-    signal(&frozen, "-STOP");
+    frozen.signal("-STOP");
     let rebuild_target = Replica::start_on(engine, &t.path().join("rebuilt"), &["--size", &SIZE.to_string()]);
     let mut rsync = rebuild_target.sync_agent().await;
     rsync
@@ -477,7 +469,7 @@ async fn clone_refuses_bad_input_and_leaves_the_target_unchanged(engine: DataEng
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
     assert!(err.message().contains("rebuild"), "{err:?}");
-    signal(&frozen, "-CONT");
+    frozen.signal("-CONT");
 
     // The same name cannot be cloned twice into one replica.
     ok(&clone("s1"));

@@ -129,3 +129,33 @@ async fn a_replica_that_drops_its_connection_goes_err() {
     let d = list.iter().find(|r| r.address == dropper.address()).unwrap();
     assert_eq!(d.mode, "ERR", "{list:?}");
 }
+
+/// A replica that stops reading (SIGSTOP: a peer behind a partition behaves alike) while writes are queued to it:
+/// the engine's socket to it fills, the IO timeout puts it in ERR and the writes complete on the other replica.
+/// Removing it then returns at once: closing the connection does not wait for a socket that can never drain (it
+/// waited for the kernel's TCP timeout, ~60 s and more, and forever on a unix socket).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_stopped_reading_with_a_full_socket_is_removed_at_once() {
+    let t = tempfile::tempdir().unwrap();
+    let good = Replica::start(&t.path().join("good"), &[]);
+    let stopped = Replica::start(&t.path().join("stopped"), &[]);
+    let e = Engine::start(t.path(), "vol", SIZE, &[good.address(), stopped.address()], &[]);
+    stopped.signal("-STOP");
+    // 32 MiB in 1 MiB writes: far more than the socket buffers hold, so the engine's writer blocks in a send.
+    let (ok, out) = qemu_io(&e.unix_uri(), &["write -P 0x44 0 32M"]);
+    assert!(ok, "the writes complete on the good replica: {out}");
+    let list = replica_list(&e).await;
+    let s = list.iter().find(|r| r.address == stopped.address()).unwrap();
+    assert_eq!(s.mode, "ERR", "{list:?}");
+    let mut client = e.client().await;
+    let remove = client.replica_remove(v1::ReplicaAddress {
+        address: stopped.address(),
+    });
+    let r = tokio::time::timeout(std::time::Duration::from_secs(15), remove).await;
+    stopped.signal("-CONT");
+    let r = r.expect("ReplicaRemove of a replica that stopped reading returns within 15 s");
+    r.unwrap();
+    let list = replica_list(&e).await;
+    assert_eq!(list.len(), 1, "{list:?}");
+    assert!(qemu_io(&e.unix_uri(), &["read -P 0x44 0 32M"]).0);
+}

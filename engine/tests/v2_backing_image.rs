@@ -522,3 +522,125 @@ async fn a_rebuilt_v2_replica_on_a_backing_image_reads_the_image_from_its_own_di
         "nothing received on c: {ls}"
     );
 }
+
+/// The `allocatedBytes` of lvol `name` in the store on `disk` (`corral-lvstore ls --json`).
+fn allocated(disk: &std::path::Path, name: &str) -> u64 {
+    let ls: serde_json::Value = serde_json::from_str(&lvols(disk)).unwrap();
+    let all = ls.as_array().unwrap_or_else(|| panic!("no lvol list in {ls}"));
+    all.iter()
+        .find(|l| l["name"] == name)
+        .and_then(|l| l["allocatedBytes"].as_u64())
+        .unwrap_or_else(|| panic!("no lvol {name} in {ls}"))
+}
+
+/// Files a sync left in the scratch directory (beside the disk files).
+fn staging_files(dir: &std::path::Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with(".corral-bi-sync-"))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v2_copy_syncs_from_another_stores_exposed_copy_keeping_holes_and_a_bad_checksum_leaves_nothing() {
+    let t = tempfile::tempdir_in("/tmp").unwrap();
+    let img = t.path().join("img.raw");
+    let data = image(&img, 8, 33);
+    let sum = sha512_bytes(&data);
+    let (da, db) = (disk(t.path(), "a.img"), disk(t.path(), "b.img"));
+    let a = lvstore_daemon(&da);
+    let mut b = lvstore_daemon(&db);
+    let mut sa = service(&a).await;
+    let mut sb = service(&b).await;
+    let from = a.addr("control").to_string();
+
+    // Not on A yet: the sync is refused by the source, and fails with nothing left on B.
+    sb.backing_image_create(create("img", &sum, Source::FromLvstore(from.clone())))
+        .await
+        .unwrap();
+    let early = settled(&mut sb, "img").await;
+    assert!(
+        early.state == "failed" && early.message.contains("BackingImageExpose"),
+        "{early:?}"
+    );
+    sb.backing_image_delete(v1::BackingImageRef { name: "img".into() })
+        .await
+        .unwrap();
+
+    sa.backing_image_create(create("img", &sum, Source::FromFile(img.display().to_string())))
+        .await
+        .unwrap();
+    let on_a = settled(&mut sa, "img").await;
+    assert_eq!(on_a.state, "ready", "{on_a:?}");
+
+    sb.backing_image_create(create("img", &sum, Source::FromLvstore(from.clone())))
+        .await
+        .unwrap();
+    let on_b = settled(&mut sb, "img").await;
+    assert_eq!(
+        (on_b.state.as_str(), on_b.current_checksum.as_str(), on_b.size),
+        ("ready", sum.as_str(), 8 * MIB),
+        "{on_b:?}"
+    );
+    assert_ne!(on_b.disk_uuid, on_a.disk_uuid);
+    assert_eq!(on_b.lvol, format!("bi-img-disk-{}", on_b.disk_uuid));
+    // Holes stay holes: the copy holds the 4 MiB of data of the 8 MiB image.
+    drop(sb);
+    b.terminate(Duration::from_secs(10));
+    assert_eq!(allocated(&db, &on_b.lvol), 4 * MIB);
+    b.restart();
+    let mut sb = service(&b).await;
+
+    // A checksum that does not match what the source holds: failed, no lvol and no staging file left on B.
+    let wrong = "0".repeat(128);
+    sa.backing_image_create(create(
+        "img-bad",
+        &sum,
+        Source::FromFile(img.display().to_string()),
+    ))
+    .await
+    .unwrap();
+    assert_eq!(settled(&mut sa, "img-bad").await.state, "ready");
+    sb.backing_image_create(create("img-bad", &wrong, Source::FromLvstore(from.clone())))
+        .await
+        .unwrap();
+    let bad = settled(&mut sb, "img-bad").await;
+    assert!(
+        bad.state == "failed" && bad.message.contains("checksum mismatch"),
+        "{bad:?}"
+    );
+    assert!(
+        staging_files(t.path()).is_empty(),
+        "{:?}",
+        staging_files(t.path())
+    );
+
+    // The copy on B came back ready from its xattrs after the restart.
+    let i = sb
+        .backing_image_get(v1::BackingImageRef { name: "img".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (i.state.as_str(), i.current_checksum.as_str()),
+        ("ready", sum.as_str()),
+        "{i:?}"
+    );
+    // Expose of a copy B does not have; unexpose of anything is fine.
+    let st = sb
+        .backing_image_expose(v1::BackingImageExposeRequest {
+            name: "none".into(),
+            to_address: "127.0.0.1:1".into(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(st.code(), tonic::Code::NotFound, "{st:?}");
+    sb.backing_image_unexpose(v1::BackingImageRef { name: "img".into() })
+        .await
+        .unwrap();
+    drop(sb);
+    b.terminate(Duration::from_secs(10));
+    let ls = lvols(&db);
+    assert!(!ls.contains("img-bad") && !ls.contains("temp-head"), "{ls}");
+}

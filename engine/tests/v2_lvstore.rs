@@ -315,3 +315,59 @@ async fn a_disk_that_is_not_an_lvstore_and_names_with_path_tricks_are_refused_an
         "{err}"
     );
 }
+
+/// A v2 disk daemon started with `--data-unix-dir` (as the manager starts it) serves each hosted replica's data
+/// protocol on `DIR/NAME.data.sock` too and reports it in `ReplicaGet`; an engine on its node reaches the replica
+/// there (the address's TCP data endpoint leads nowhere here), and removing the replica removes its socket.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_engine_beside_an_lvstore_daemon_reaches_its_replica_over_the_replicas_unix_socket() {
+    let t = tempfile::tempdir_in("/tmp").unwrap();
+    let d = disk(t.path(), "d.img");
+    let socks = t.path().join("sockets");
+    let daemon = DaemonCommand::new(bin("corral-replica"))
+        .label("corral-replica-lvstore")
+        .args(["serve-lvstore", "--format", "--cluster-size", "64K", "--disk"])
+        .arg(&d)
+        .args(["--listen", "127.0.0.1:0", "--data-unix-dir"])
+        .arg(&socks)
+        .spawn();
+    let a: ReplicaAddress = add(&daemon, "va").await.parse().unwrap();
+    let sock = socks.join("va.data.sock");
+    let st = v1::replica_service_client::ReplicaServiceClient::connect(a.control.grpc_uri())
+        .await
+        .unwrap()
+        .replica_get(v1::Empty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(st.data_local_endpoint, format!("unix:{}", sock.display()));
+    let mut nowhere = a.clone();
+    nowhere.data = corral_proto::Endpoint::tcp("127.0.0.1", testkit::ports::unbound_port());
+    let e = Engine::start(t.path(), "va", SIZE, &[nowhere.to_string()], &[]);
+    let (ok, out) = qemu_io(
+        &e.unix_uri(),
+        &["write -P 0x5d 4k 64k", "flush", "read -P 0x5d 4k 64k"],
+    );
+    assert!(ok, "{out}");
+    drop(e);
+    // The data reached the lvol (read back over the TCP endpoint the daemon does serve).
+    assert!(
+        read_replica(&a.to_string(), 4096, 64 << 10)
+            .await
+            .iter()
+            .all(|&b| b == 0x5d)
+    );
+
+    service(&daemon)
+        .await
+        .lvstore_replica_remove(v1::LvstoreReplicaRemoveRequest {
+            name: "va".into(),
+            delete_data: false,
+        })
+        .await
+        .unwrap();
+    assert!(
+        !sock.exists(),
+        "the socket of a replica no longer served is left behind"
+    );
+}

@@ -7,6 +7,9 @@ pub enum ImError {
     /// The request is malformed (a bad name, a binary outside the allowlist, a reserved flag).
     #[error("{0}")]
     InvalidArgument(String),
+    /// The process needs a data-plane feature this build lacks (`crate::build_info`).
+    #[error("{0}")]
+    Unsupported(String),
     #[error("no process named {0:?}")]
     NotFound(String),
     #[error("process {name:?} is {state} (pid {pid}): delete it first")]
@@ -35,7 +38,7 @@ impl From<ImError> for tonic::Status {
             ImError::InvalidArgument(_) => Self::invalid_argument(msg),
             ImError::NotFound(_) => Self::not_found(msg),
             ImError::AlreadyExists { .. } => Self::already_exists(msg),
-            ImError::Spawn { .. } => Self::failed_precondition(msg),
+            ImError::Spawn { .. } | ImError::Unsupported(_) => Self::failed_precondition(msg),
             ImError::Persist { .. } | ImError::Load { .. } | ImError::Log { .. } => Self::internal(msg),
         }
     }

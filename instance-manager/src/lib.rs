@@ -5,6 +5,7 @@
 //! all still serving. The instance manager keeps its process table on disk ([`table`]) and re-adopts live
 //! processes after its own restart (outside containers, where its children survive it).
 
+pub mod build_info;
 pub mod error;
 pub mod metrics;
 pub mod service;

@@ -17,7 +17,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 #[derive(Parser, Debug)]
 #[command(
     name = "corral-im",
-    version,
+    version = instance_manager::build_info::VERSION,
     about = "Corral instance manager: owns a node's data-plane processes so they outlive the manager"
 )]
 struct Cli {
@@ -144,8 +144,11 @@ async fn main() -> anyhow::Result<()> {
                 .into_inner();
             output::print(cli.out.json, &v, || {
                 format!(
-                    "corral-im {} (instance API v{}, clients from v{})",
-                    v.version, v.api_version, v.api_min_version
+                    "corral-im {} (instance API v{}, clients from v{}; features {})",
+                    v.version,
+                    v.api_version,
+                    v.api_min_version,
+                    corral_proto::data_plane::effective(&v.features).join(",")
                 )
             })?;
             Ok(())
@@ -184,7 +187,9 @@ async fn serve(
             .map(std::path::Path::to_path_buf)
             .context("no directory beside the executable")?,
     };
-    tracing::info!(%listen, data_dir = %data_dir.display(), bin_dir = %bin_dir.display(), ?metrics_listen, "corral-im starting");
+    let features = instance_manager::build_info::features().map_err(anyhow::Error::msg)?;
+    tracing::info!(%listen, data_dir = %data_dir.display(), bin_dir = %bin_dir.display(), ?metrics_listen,
+        version = instance_manager::build_info::VERSION, ?features, "corral-im starting");
     let cancel = corral_daemon::shutdown_on_signal();
     let table = ProcessTable::open(&data_dir, &bin_dir).await?;
     let monitor = tokio::spawn(table.clone().monitor(cancel.clone()));
@@ -210,6 +215,7 @@ async fn serve(
         .add_service(InstanceServiceServer::new(InstanceGrpc::new(
             table,
             cancel.clone(),
+            features,
         )))
         .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), cancel.cancelled())
         .await?;

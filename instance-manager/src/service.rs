@@ -17,11 +17,17 @@ type Reply<T> = Result<Response<T>, Status>;
 pub struct InstanceGrpc {
     table: Arc<ProcessTable>,
     cancel: CancellationToken,
+    /// What this build's data plane can do (`crate::build_info::features`).
+    features: Vec<&'static str>,
 }
 
 impl InstanceGrpc {
-    pub fn new(table: Arc<ProcessTable>, cancel: CancellationToken) -> Self {
-        Self { table, cancel }
+    pub fn new(table: Arc<ProcessTable>, cancel: CancellationToken, features: Vec<&'static str>) -> Self {
+        Self {
+            table,
+            cancel,
+            features,
+        }
     }
 }
 
@@ -29,6 +35,7 @@ impl InstanceGrpc {
 impl InstanceService for InstanceGrpc {
     async fn process_create(&self, req: Request<v1::ProcessCreateRequest>) -> Reply<v1::ProcessInfo> {
         let r = req.into_inner();
+        crate::build_info::check_process(&self.features, &r.binary, &r.args)?;
         let spec = ProcessSpec {
             name: r.name,
             kind: r.kind,
@@ -107,9 +114,10 @@ impl InstanceService for InstanceGrpc {
 
     async fn version_get(&self, _req: Request<v1::VersionGetRequest>) -> Reply<v1::VersionGetResponse> {
         Ok(Response::new(v1::VersionGetResponse {
-            version: env!("CARGO_PKG_VERSION").to_owned(),
+            version: crate::build_info::VERSION.to_owned(),
             api_version: api_version(),
             api_min_version: API_MIN_VERSION,
+            features: self.features.iter().map(|f| (*f).to_owned()).collect(),
         }))
     }
 }

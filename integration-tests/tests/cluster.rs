@@ -15,6 +15,12 @@
 //!   attach --node` on another node (the control plane does not move an engine by itself) serves the volume there
 //!   with everything flushed before.
 //!
+//! Ignored for their length (docker/README.md has the command), each on a cluster of its own, under fio write+verify
+//! load through NBD: the managers' rolling upgrade (live: same engine and replica pids), `corral node drain` of a
+//! loaded node (the volume's RW replicas sampled through the drain, never below its count), and the data planes'
+//! rolling upgrade (each node drained, the engine's volume moved with detach + attach, then its IM and manager
+//! containers recreated on other images).
+//!
 //! Skipped, with the reason printed, when no Docker daemon answers. The project name and its /24 are unique to the
 //! run; the project is taken down (containers, networks, volumes) on every exit.
 
@@ -490,10 +496,10 @@ fn manager_versions(cluster: &Cluster) -> Option<BTreeMap<String, (bool, String)
     )
 }
 
-/// Builds the debug `corral-manager` again with `CORRAL_BUILD_VERSION=<version>-upgrade` and makes it the image
-/// `corral-manager:<tag>-upgrade`; then builds it back (the tests' binary reports the crate version). Returns the
-/// image tag and the version the upgraded managers report.
-fn build_upgrade_manager(tag: &str) -> (String, String) {
+/// Builds the debug binaries again with `CORRAL_BUILD_VERSION=<version>-upgrade` (read by `corral-manager` and
+/// `corral-im` only) and makes `images` of them under the tag suffix `<own>upgrade`; then builds them back (the
+/// tests' binaries report the crate version). Returns the image tag and the version the upgraded binaries report.
+fn build_upgrade(tag: &str, images: &[&str]) -> (String, String) {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let version = format!("{}-upgrade", testkit::docker::workspace_version());
     let build = |env: Option<&str>| {
@@ -522,6 +528,7 @@ fn build_upgrade_manager(tag: &str) -> (String, String) {
     let from = testkit::docker::target_dir().join("debug");
     for bin in [
         "corral-manager",
+        "corral-im",
         "corral",
         "corral-engine",
         "corral-replica",
@@ -536,16 +543,21 @@ fn build_upgrade_manager(tag: &str) -> (String, String) {
         testkit::docker::own_tag_suffix().trim_start_matches('-')
     );
     run(Command::new(testkit::docker::repo_root().join("docker/build.sh"))
-        .arg("corral-manager")
+        .args(images)
         .env("CARGO_TARGET_DIR", stage.path())
         .env("CORRAL_PROFILE", "debug")
         .env("CORRAL_SKIP_CARGO", "1")
         .env("CORRAL_TAG_SUFFIX", &suffix));
     let upgraded = format!("{}-debug-{suffix}", testkit::docker::workspace_version());
     assert_ne!(upgraded, tag);
-    let out =
-        run(Command::new("docker").args(["run", "--rm", &format!("corral-manager:{upgraded}"), "--version"]));
-    assert_eq!(stdout(&out), format!("corral-manager {version}"));
+    for image in images
+        .iter()
+        .filter(|i| ["corral-manager", "corral-im"].contains(i))
+    {
+        let out =
+            run(Command::new("docker").args(["run", "--rm", &format!("{image}:{upgraded}"), "--version"]));
+        assert_eq!(stdout(&out), format!("{image} {version}"));
+    }
     (upgraded, version)
 }
 
@@ -562,7 +574,7 @@ fn compose_cluster_managers_upgrade_one_at_a_time_without_interrupting_io() {
     }
     let started = Instant::now();
     let tag = build_images("debug", &["corral-manager", "corral-im", "corral-etcd"]);
-    let (upgraded_tag, upgraded_version) = build_upgrade_manager(&tag);
+    let (upgraded_tag, upgraded_version) = build_upgrade(&tag, &["corral-manager"]);
     let cluster = Cluster::up(&tag);
     testkit::wait_for("three ready nodes", Duration::from_secs(90), || {
         cluster.ready_nodes().filter(|n| n.len() == 3)
@@ -584,31 +596,7 @@ fn compose_cluster_managers_upgrade_one_at_a_time_without_interrupting_io() {
         "an engine on node-1 and a replica on every node: {pids_before:?}"
     );
 
-    // fio through NBD from the host for the whole upgrade: random writes, each block verified (crc32c) as it is
-    // read back behind the writes; the first verify failure ends it.
-    let fio_out = tempfile::NamedTempFile::new().expect("fio output file");
-    // fio leaves its verify state file in its working directory: a temporary one.
-    let fio_dir = tempfile::tempdir().expect("fio working dir");
-    let mut fio = Command::new("fio")
-        .args([
-            "--name=upgrade",
-            "--ioengine=nbd",
-            &format!("--uri={uri}"),
-            "--rw=randwrite",
-            "--bs=64k",
-            "--size=64M",
-            "--iodepth=4",
-            "--verify=crc32c",
-            "--verify_backlog=64",
-            "--verify_fatal=1",
-            "--loops=100000",
-            "--runtime=600",
-            "--output-format=json",
-            &format!("--output={}", fio_out.path().display()),
-        ])
-        .current_dir(fio_dir.path())
-        .spawn()
-        .expect("spawn fio");
+    let mut fio = FioLoad::start(&uri, "upgrade");
 
     for (i, (node, manager)) in NODES.iter().zip(MANAGERS).enumerate() {
         let replaced = Instant::now();
@@ -628,11 +616,7 @@ fn compose_cluster_managers_upgrade_one_at_a_time_without_interrupting_io() {
                 })
             },
         );
-        assert!(
-            fio.try_wait().expect("fio status").is_none(),
-            "fio ended while {manager} was replaced: {}",
-            std::fs::read_to_string(fio_out.path()).unwrap_or_default()
-        );
+        fio.assert_running(&format!("while {manager} was replaced"));
         eprintln!(
             "{manager} upgraded in {:.1?} ({} of 3)",
             replaced.elapsed(),
@@ -652,29 +636,369 @@ fn compose_cluster_managers_upgrade_one_at_a_time_without_interrupting_io() {
         "no engine or replica process was restarted"
     );
 
-    // fio is still running: stop it (SIGINT ends its jobs cleanly, and fio then exits 128 whatever happened
-    // before) and read its report.
-    run(Command::new("kill").args(["-INT", &fio.id().to_string()]));
-    let status = fio.wait().expect("wait fio");
-    let report = std::fs::read_to_string(fio_out.path()).expect("fio report");
-    let json_start = report.find('{').unwrap_or(0);
-    let r: Value =
-        serde_json::from_str(&report[json_start..]).unwrap_or_else(|e| panic!("fio JSON: {e}\n{report}"));
-    let job = &r["jobs"][0];
-    let written = job["write"]["io_bytes"].as_u64().unwrap_or_default();
-    let verified = job["read"]["io_bytes"].as_u64().unwrap_or_default();
-    eprintln!(
-        "fio: {status}, error {}, {} MiB written, {} MiB read back and verified, {:.0?} in all",
-        job["error"],
-        written >> 20,
-        verified >> 20,
-        started.elapsed()
-    );
-    assert_eq!(job["error"], 0, "fio reported an IO or verify error: {report}");
+    let (written, verified) = fio.finish();
+    eprintln!("upgrade test took {:.0?}", started.elapsed());
     assert!(
         written > 64 << 20 && verified > 32 << 20,
         "fio wrote and verified through the whole upgrade: {written} bytes written, {verified} verified"
     );
     let v = cluster.volume("vol1").expect("vol1");
     assert_eq!(v["robustness"], "healthy", "{v}");
+}
+
+/// fio through NBD from the host: random 64 KiB writes over the first 64 MiB, each block verified (crc32c) as it is
+/// read back behind the writes; the first verify failure ends it. Runs until [`FioLoad::finish`].
+struct FioLoad {
+    child: std::process::Child,
+    out: tempfile::NamedTempFile,
+    /// fio leaves its verify state file in its working directory: a temporary one.
+    _dir: tempfile::TempDir,
+}
+
+impl FioLoad {
+    fn start(uri: &str, name: &str) -> Self {
+        let out = tempfile::NamedTempFile::new().expect("fio output file");
+        let dir = tempfile::tempdir().expect("fio working dir");
+        let child = Command::new("fio")
+            .args([
+                &format!("--name={name}"),
+                "--ioengine=nbd",
+                &format!("--uri={uri}"),
+                "--rw=randwrite",
+                "--bs=64k",
+                "--size=64M",
+                "--iodepth=4",
+                "--verify=crc32c",
+                "--verify_backlog=64",
+                "--verify_fatal=1",
+                "--loops=100000",
+                "--runtime=900",
+                "--output-format=json",
+                &format!("--output={}", out.path().display()),
+            ])
+            .current_dir(dir.path())
+            .spawn()
+            .expect("spawn fio");
+        Self {
+            child,
+            out,
+            _dir: dir,
+        }
+    }
+
+    /// Fails the test, with fio's report, when fio has already ended (an IO or verify error ends it early).
+    fn assert_running(&mut self, when: &str) {
+        assert!(
+            self.child.try_wait().expect("fio status").is_none(),
+            "fio ended {when}: {}",
+            std::fs::read_to_string(self.out.path()).unwrap_or_default()
+        );
+    }
+
+    /// Stops fio (SIGINT ends its jobs cleanly, and fio then exits 128 whatever happened before), asserts its
+    /// report has no error, and returns the bytes it wrote and the bytes it read back and verified.
+    fn finish(mut self) -> (u64, u64) {
+        self.assert_running("before it was stopped");
+        run(Command::new("kill").args(["-INT", &self.child.id().to_string()]));
+        let status = self.child.wait().expect("wait fio");
+        let report = std::fs::read_to_string(self.out.path()).expect("fio report");
+        let json_start = report.find('{').unwrap_or(0);
+        let r: Value =
+            serde_json::from_str(&report[json_start..]).unwrap_or_else(|e| panic!("fio JSON: {e}\n{report}"));
+        let job = &r["jobs"][0];
+        let written = job["write"]["io_bytes"].as_u64().unwrap_or_default();
+        let verified = job["read"]["io_bytes"].as_u64().unwrap_or_default();
+        eprintln!(
+            "fio: {status}, error {}, {} MiB written, {} MiB read back and verified",
+            job["error"],
+            written >> 20,
+            verified >> 20,
+        );
+        assert_eq!(job["error"], 0, "fio reported an IO or verify error: {report}");
+        (written, verified)
+    }
+}
+
+/// `corral node drain` on a node holding a replica of a volume under fio write load with verify: the drain of the
+/// engine's node is refused; the other node's replica is rebuilt elsewhere before it is removed, with the volume's
+/// RW replicas sampled all along the drain (never fewer than its count), fio sees no error, and a pattern written
+/// before reads back. Ignored for its length (a cluster of its own, ~2 min): docker/README.md, node drain.
+#[test]
+#[ignore = "a compose cluster of its own, ~2 min: docker/README.md, node drain"]
+fn compose_cluster_drains_a_node_under_write_load_without_dropping_below_the_replica_count() {
+    if let Some(reason) = docker_unavailable() {
+        eprintln!("SKIPPED cluster drain test: {reason}");
+        return;
+    }
+    let started = Instant::now();
+    let tag = build_images("debug", &["corral-manager", "corral-im", "corral-etcd"]);
+    let cluster = Cluster::up(&tag);
+    testkit::wait_for("three ready nodes", Duration::from_secs(90), || {
+        cluster.ready_nodes().filter(|n| n.len() == 3)
+    });
+
+    // A 2-replica volume attached on node-1: one of its replicas is on node-2 or node-3 (anti-affinity), the node
+    // to drain; the third node is where that replica can go.
+    let (ok, text) = cluster.corral(&["volume", "create", "vol1", "--size", "256Mi", "--replicas", "2"]);
+    assert!(ok, "volume create: {text}");
+    let (ok, text) = cluster.corral(&["volume", "attach", "vol1", "--node", "node-1"]);
+    assert!(ok, "volume attach: {text}");
+    let v = testkit::wait_for("vol1 healthy", Duration::from_secs(60), || {
+        cluster.volume("vol1").filter(|v| v["robustness"] == "healthy")
+    });
+    let before = replicas(&v);
+    let drained = before
+        .iter()
+        .map(|(_, node, _)| node.clone())
+        .find(|n| n != "node-1")
+        .unwrap_or_else(|| panic!("a replica away from node-1: {v}"));
+    let uri = nbd_uri(&v);
+    // A pattern beyond fio's 64 MiB, to read back once the replicas moved.
+    qemu_io(&uri, &["write -P 0x7e 192M 16M", "flush"]);
+
+    // The engine's node cannot be drained (drain moves replicas, not engines): refused, nothing written.
+    let (ok, text) = cluster.corral(&["node", "drain", "node-1", "--no-wait"]);
+    assert!(
+        !ok && text.contains("vol1 is attached on node-1"),
+        "drain of the engine's node refused naming the volume: {text}"
+    );
+    let n1 = cluster
+        .corral_json(&["node", "get", "node-1"])
+        .expect("node get node-1");
+    assert_eq!(n1["drainState"], "none", "{n1}");
+
+    let mut fio = FioLoad::start(&uri, "drain");
+    drain_sampled(&cluster, &drained, "vol1", 2, &mut fio);
+    let (written, verified) = fio.finish();
+    assert!(
+        written > 0 && verified > 0,
+        "fio wrote and verified during the drain: {written} bytes written, {verified} verified"
+    );
+    qemu_io(&uri, &["read -P 0x7e 192M 16M"]);
+    eprintln!("drain test took {:.0?}", started.elapsed());
+}
+
+/// `corral node drain NODE` while `fio` loads `volume`, sampling the volume's replicas until the CLI returns: never
+/// fewer RW replicas than `count` (the replacement seen beside them is reported when a sample caught it). Then NODE
+/// is drained with no replica left, and the volume healthy on `count` RW replicas elsewhere.
+fn drain_sampled(cluster: &Cluster, node: &str, volume: &str, count: usize, fio: &mut FioLoad) {
+    let started = Instant::now();
+    let mut drain = cluster
+        .project
+        .command()
+        .args([
+            "exec",
+            "-T",
+            cluster.cli.get(),
+            "corral",
+            "node",
+            "drain",
+            node,
+            "--timeout",
+            "300",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn corral node drain");
+    let mut samples = 0;
+    let mut most = 0;
+    let mut seen = Vec::new();
+    let deadline = Instant::now() + Duration::from_secs(330);
+    while drain.try_wait().expect("drain status").is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the drain of {node} did not end in 330 s"
+        );
+        if let Some(v) = cluster.volume(volume) {
+            let rs = replicas(&v);
+            let rw = rs.iter().filter(|(_, _, mode)| mode == "RW").count();
+            assert!(
+                rw >= count,
+                "{volume} fell below its {count} RW replicas during the drain of {node}: {rs:?}"
+            );
+            samples += 1;
+            most = most.max(rs.len());
+            let nodes: Vec<String> = rs.iter().map(|(_, n, m)| format!("{n}:{m}")).collect();
+            if seen.last() != Some(&nodes) {
+                seen.push(nodes);
+            }
+        }
+        fio.assert_running(&format!("during the drain of {node}"));
+    }
+    let out = drain.wait_with_output().expect("drain output");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "corral node drain {node}: {text}");
+    eprintln!(
+        "{node} drained in {:.1?}, {samples} samples of {volume}'s replicas, up to {most} at once: {seen:?}\n{}",
+        started.elapsed(),
+        text.trim()
+    );
+    // Whether the replacement was caught beside the old replica depends on a sample landing during its rebuild:
+    // each sample is a `docker exec` (seconds under load), so it is reported, not asserted. The order itself is
+    // `node::drain::evict`'s (table-tested) and `manager::drain` sees it at 150 ms sampling; what holds whatever
+    // the timing is asserted above: never fewer than `count` RW replicas.
+    if most <= count {
+        eprintln!("no sample fell inside the replacement's rebuild on {node}: {seen:?}");
+    }
+    let n = cluster.corral_json(&["node", "get", node]).expect("node get");
+    assert!(
+        n["drainState"] == "drained" && n["replicas"] == 0,
+        "{node} drained, no replica left: {n}"
+    );
+    let v = cluster.volume(volume).expect("volume get");
+    let after = replicas(&v);
+    assert!(
+        v["robustness"] == "healthy"
+            && after.len() == count
+            && after.iter().all(|(_, n, m)| m == "RW" && n != node),
+        "{volume} healthy on {count} RW replicas off {node}: {v}"
+    );
+}
+
+/// The image a container runs, as docker names it (`corral-im:TAG`).
+fn container_image(cluster: &Cluster, service: &str) -> String {
+    let out =
+        run(Command::new("docker").args(["inspect", "-f", "{{.Config.Image}}", &cluster.container(service)]));
+    stdout(&out).trim().to_owned()
+}
+
+/// Rolling upgrade of the compose cluster's data planes under fio write+verify load, as ARCHITECTURE.md section 10a
+/// documents it (not live): a 2-replica volume attached on node-1; node-2, then node-3, each drained under load
+/// (replicas sampled: never below 2 RW), checked empty of engines and replicas, then `node-N` and `manager-N`
+/// recreated on images of another version (shown by `corral node get`) and uncordoned; then node-1, which runs the engine: fio is stopped (error 0),
+/// the volume detached and attached on node-2 (the documented IO pause), fio restarted there, node-1 drained and
+/// replaced the same way. No fio error in either run, a pattern written first reads back at the end, every node
+/// ready on the new images. Ignored for its length: docker/README.md, rolling upgrade.
+#[test]
+#[ignore = "builds a second image set and runs ~3 min: docker/README.md, rolling upgrade"]
+fn compose_cluster_data_planes_upgrade_one_node_at_a_time_after_a_drain() {
+    if let Some(reason) = docker_unavailable() {
+        eprintln!("SKIPPED cluster data-plane upgrade test: {reason}");
+        return;
+    }
+    let started = Instant::now();
+    let tag = build_images("debug", &["corral-manager", "corral-im", "corral-etcd"]);
+    // The images to upgrade to: the manager and the instance manager built as another version.
+    let (new_tag, new_version) = build_upgrade(&tag, &["corral-manager", "corral-im"]);
+
+    let cluster = Cluster::up(&tag);
+    let net = cluster.net.clone();
+    testkit::wait_for("three ready nodes", Duration::from_secs(90), || {
+        cluster.ready_nodes().filter(|n| n.len() == 3)
+    });
+    let (ok, text) = cluster.corral(&["volume", "create", "vol1", "--size", "256Mi", "--replicas", "2"]);
+    assert!(ok, "volume create: {text}");
+    let (ok, text) = cluster.corral(&["volume", "attach", "vol1", "--node", "node-1"]);
+    assert!(ok, "volume attach: {text}");
+    let v = testkit::wait_for("vol1 healthy", Duration::from_secs(60), || {
+        cluster.volume("vol1").filter(|v| v["robustness"] == "healthy")
+    });
+    let uri = nbd_uri(&v);
+    qemu_io(&uri, &["write -P 0x7e 192M 16M", "flush"]);
+
+    let upgrade = |node: &str, manager: &str, fio: &mut FioLoad| {
+        let replaced = Instant::now();
+        drain_sampled(&cluster, node, "vol1", 2, fio);
+        let left = data_plane_pids(&cluster, node);
+        assert!(
+            left.is_empty(),
+            "drained {node} still runs engines or replicas: {left:?}"
+        );
+        run(cluster.project.command().env("CORRAL_TAG", &new_tag).args([
+            "up",
+            "-d",
+            "--no-deps",
+            "--force-recreate",
+            node,
+            manager,
+        ]));
+        let (ok, text) = cluster.corral(&["node", "uncordon", node]);
+        assert!(ok, "uncordon {node}: {text}");
+        let n = testkit::wait_for(
+            &format!("{node} ready again on its new data plane"),
+            Duration::from_secs(120),
+            || {
+                cluster.corral_json(&["node", "get", node]).filter(|n| {
+                    n["ready"] == true
+                        && n["allowScheduling"] == true
+                        && n["dataPlaneVersion"] == new_version.as_str()
+                        && n["managerVersion"] == new_version.as_str()
+                })
+            },
+        );
+        assert_eq!(container_image(&cluster, node), format!("corral-im:{new_tag}"));
+        assert_eq!(
+            container_image(&cluster, manager),
+            format!("corral-manager:{new_tag}")
+        );
+        fio.assert_running(&format!("while {node} was replaced"));
+        eprintln!(
+            "{node} drained and replaced in {:.1?}: instance manager {} {}",
+            replaced.elapsed(),
+            n["instanceManager"],
+            n["instanceManagerVersion"]
+        );
+    };
+
+    // node-2 and node-3 hold replicas, not the engine: drained under load, then replaced.
+    let mut fio = FioLoad::start(&uri, "dataplane");
+    upgrade("node-2", "manager-2", &mut fio);
+    upgrade("node-3", "manager-3", &mut fio);
+    let (written, verified) = fio.finish();
+    assert!(
+        written > 0 && verified > 0,
+        "fio ran: {written} written, {verified} verified"
+    );
+
+    // node-1 runs the engine: the volume moves to node-2 (detach, attach: its IO pauses, fio is restarted there).
+    let moved = Instant::now();
+    let (ok, text) = cluster.corral(&["volume", "detach", "vol1"]);
+    assert!(ok, "volume detach: {text}");
+    testkit::wait_for("vol1 detached", Duration::from_secs(60), || {
+        cluster.volume("vol1").filter(|v| v["state"] == "detached")
+    });
+    let (ok, text) = cluster.corral(&["volume", "attach", "vol1", "--node", "node-2"]);
+    assert!(ok, "volume attach on node-2: {text}");
+    let on_node2 = format!("nbd://{net}.12:");
+    let v = testkit::wait_for("vol1 healthy on node-2", Duration::from_secs(90), || {
+        cluster.volume("vol1").filter(|v| {
+            v["robustness"] == "healthy"
+                && v["endpoints"].as_array().is_some_and(|e| {
+                    e.iter()
+                        .any(|e| e.as_str().is_some_and(|e| e.starts_with(&on_node2)))
+                })
+        })
+    });
+    eprintln!("vol1 moved to node-2 in {:.1?}", moved.elapsed());
+    let uri = nbd_uri(&v);
+    qemu_io(&uri, &["read -P 0x7e 192M 16M"]);
+    let mut fio = FioLoad::start(&uri, "dataplane-node1");
+    upgrade("node-1", "manager-1", &mut fio);
+    let (written, verified) = fio.finish();
+    assert!(
+        written > 0 && verified > 0,
+        "fio ran: {written} written, {verified} verified"
+    );
+    qemu_io(&uri, &["read -P 0x7e 192M 16M"]);
+
+    let nodes = cluster.corral_json(&["node", "ls"]).expect("node ls");
+    for n in nodes.as_array().expect("nodes") {
+        assert!(
+            n["ready"] == true && n["dataPlaneVersion"] == new_version.as_str(),
+            "every node ready on data plane {new_version} after the upgrade: {nodes}"
+        );
+        eprintln!(
+            "{}: manager {}, instance manager {} (data plane {})",
+            n["name"], n["managerVersion"], n["instanceManagerVersion"], n["dataPlaneVersion"]
+        );
+    }
+    for node in NODES {
+        assert_eq!(container_image(&cluster, node), format!("corral-im:{new_tag}"));
+    }
+    eprintln!("data-plane upgrade test took {:.0?}", started.elapsed());
 }

@@ -63,6 +63,13 @@ pub enum OpenMode {
     ReadOnly,
 }
 
+/// Whether a flush given an xattr journals it when IO left nothing else to journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum XattrAtFlush {
+    Always,
+    IfJournaling,
+}
+
 /// Device runs a read resolves at a time (on the stack).
 pub const MAX_RUNS: usize = 16;
 /// A run: byte offset in the caller's buffer, length, device offset (`None`: a hole).
@@ -546,7 +553,7 @@ impl LvStore {
     /// unmapped before the flush waits for in-flight IO (a read that resolved to one must finish before it can be
     /// reused). A journal too full for the record falls back to an exclusive checkpoint.
     pub fn flush(&self) -> Result<()> {
-        self.flush_and(None)
+        self.flush_and(None, XattrAtFlush::Always).map(drop)
     }
 
     /// [`LvStore::flush`], setting xattr `key` of lvol `name` to `value` in the same journal record (one
@@ -554,12 +561,21 @@ impl LvStore {
     /// [`LvStore::set_xattr`] would stop IO and sync twice more).
     pub fn flush_with_xattr(&self, name: &str, key: &str, value: &[u8]) -> Result<()> {
         self.writable()?;
-        self.flush_and(Some((name, key, value)))
+        self.flush_and(Some((name, key, value)), XattrAtFlush::Always)
+            .map(drop)
     }
 
-    fn flush_and(&self, xattr: Option<(&str, &str, &[u8])>) -> Result<()> {
+    /// [`LvStore::flush`], setting xattr `key` of lvol `name` to `value` only when the flush journals a record
+    /// anyway (IO changed the map since the last commit): a flush with nothing to journal stays one `fdatasync`
+    /// and leaves the xattr as it was. Returns whether the xattr was set.
+    pub fn flush_with_xattr_if_journaling(&self, name: &str, key: &str, value: &[u8]) -> Result<bool> {
+        self.writable()?;
+        self.flush_and(Some((name, key, value)), XattrAtFlush::IfJournaling)
+    }
+
+    fn flush_and(&self, xattr: Option<(&str, &str, &[u8])>, when: XattrAtFlush) -> Result<bool> {
         if self.mode == OpenMode::ReadOnly {
-            return Ok(());
+            return Ok(false);
         }
         let _c = self.commit_guard();
         let gate = self.gate_read();
@@ -596,9 +612,9 @@ impl LvStore {
                     Some(op)
                 }
             };
-            if inner.dirty.is_empty() && extra.is_none() {
+            if inner.dirty.is_empty() && (extra.is_none() || when == XattrAtFlush::IfJournaling) {
                 drop(inner);
-                return self.dev.sync().map_err(self.io("fdatasync"));
+                return self.dev.sync().map(|()| false).map_err(self.io("fdatasync"));
             }
             let dirty = std::mem::take(&mut inner.dirty);
             let mut ops: Vec<Op> = dirty
@@ -626,7 +642,8 @@ impl LvStore {
                 drop(gate);
                 let _g = self.gate_write();
                 let mut inner = self.lock();
-                return self.commit(&mut inner, extra.into_iter().collect());
+                let set = extra.is_some();
+                return self.commit(&mut inner, extra.into_iter().collect()).map(|()| set);
             }
             let pending = inner.alloc.take_pending();
             (
@@ -651,6 +668,7 @@ impl LvStore {
         inner.journal_tail += record.len() as u64;
         inner.seq += 1;
         inner.journal_commits += 1;
+        let set = extra.is_some();
         if let Some(op) = extra {
             // Journaled: now in memory too (validated above; commits are serialised, so it still applies).
             inner
@@ -665,7 +683,7 @@ impl LvStore {
         for c in pending {
             inner.alloc.release(c);
         }
-        Ok(())
+        Ok(set)
     }
 
     fn op(&self, make: impl FnOnce(&Meta) -> Result<Op>) -> Result<BlobId> {

@@ -56,6 +56,17 @@ pub struct InstanceManager {
     client: InstanceServiceClient<Channel>,
 }
 
+/// What the instance manager answered to `VersionGet` at a heartbeat.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DataPlaneReport {
+    /// `VERSION (API vN)`, for `corral node ls`.
+    pub shown: String,
+    /// Its build version.
+    pub version: String,
+    /// What its data plane can do (an older instance manager's empty list already read as all).
+    pub features: Vec<String>,
+}
+
 impl std::fmt::Debug for InstanceManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InstanceManager")
@@ -108,20 +119,25 @@ impl InstanceManager {
         }
     }
 
-    /// `VERSION (API vN)` as the instance manager answers now (it may have been replaced since the connect);
-    /// the version known from the connect, marked unreachable, when it does not answer.
-    pub async fn version_now(&self) -> String {
+    /// The instance manager's version and features as it answers now (it may have been replaced since the
+    /// connect, e.g. by an older data plane); Err with the version known from the connect, marked unreachable,
+    /// when it does not answer.
+    pub async fn version_now(&self) -> Result<DataPlaneReport, String> {
         match self.client.clone().version_get(v1::VersionGetRequest {}).await {
             Ok(v) => {
                 let v = v.into_inner();
                 if let Err(e) = check_versions(&self.url, &v) {
                     tracing::error!(error = %e, "the instance manager was replaced by an incompatible one");
                 }
-                format!("{} (API v{})", v.version, v.api_version)
+                Ok(DataPlaneReport {
+                    shown: format!("{} (API v{})", v.version, v.api_version),
+                    features: corral_proto::data_plane::effective(&v.features),
+                    version: v.version,
+                })
             }
             Err(s) => {
                 tracing::warn!(url = self.url, status = %s, "instance manager not answering");
-                format!("{} (unreachable)", self.version)
+                Err(format!("{} (unreachable)", self.version))
             }
         }
     }
@@ -213,6 +229,7 @@ mod tests {
             version: "0.0.9".into(),
             api_version: api,
             api_min_version: min,
+            features: Vec::new(),
         };
         check_versions("http://im", &v(1, 1)).unwrap();
         let e = check_versions("http://im", &v(0, 0)).unwrap_err().to_string();

@@ -11,6 +11,7 @@ pub mod client;
 pub mod clone;
 pub mod context;
 pub mod controller;
+pub mod data_plane;
 pub mod error;
 pub mod instance_manager;
 pub mod job;

@@ -110,6 +110,14 @@ pub struct NodeStatus {
     /// The instance manager's version (and instance API), as of the last heartbeat.
     #[serde(default, skip_serializing_if = "String::is_empty")]
     pub instance_manager_version: String,
+    /// The build version of the node's data plane: its instance manager's, or the manager's own when the manager
+    /// runs the daemons itself.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub data_plane_version: String,
+    /// What the node's data plane can do (`corral_proto::data_plane`); empty: reported by no one yet (a manager
+    /// older than the report), taken as everything (`crate::data_plane`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub data_plane_features: Vec<String>,
 }
 
 /// How many removals a node's status keeps.

@@ -252,12 +252,14 @@ impl Supervisor {
     /// How long to wait before starting again a daemon whose last run is `rec`, as its `attempt`-th restart
     /// ([`restart_backoff`] counted from the last start); None: start now.
     pub fn restart_wait(rec: Option<&ProcessRecord>, attempt: u32) -> Option<Duration> {
-        let rec = rec.filter(|_| attempt > 0)?;
+        Self::wait_since_start(rec.filter(|_| attempt > 0)?, restart_backoff(attempt))
+    }
+
+    /// What is left of `backoff` counted from `rec`'s start; None: nothing.
+    pub fn wait_since_start(rec: &ProcessRecord, backoff: Duration) -> Option<Duration> {
         let since =
             Duration::from_millis(u64::try_from(now_ms().saturating_sub(rec.started_at_ms)).unwrap_or(0));
-        restart_backoff(attempt)
-            .checked_sub(since)
-            .filter(|d| !d.is_zero())
+        backoff.checked_sub(since).filter(|d| !d.is_zero())
     }
 
     /// The port listener `name` should ask for on a start: the one the last run reported (clients keep its

@@ -408,3 +408,171 @@ fn bad_v2_backing_image_input_is_refused_or_fails_with_a_message_and_leaves_no_l
         .then_some(())
     });
 }
+
+/// The `diskUUID` of disk `name` in a node view.
+fn find_disk_uuid(node: &Value, name: &str) -> Option<String> {
+    node["disks"]
+        .as_array()?
+        .iter()
+        .find(|d| d["name"] == name)
+        .and_then(|d| d["diskUUID"].as_str())
+        .map(str::to_owned)
+}
+
+/// The lvstore daemons as `GET /v1/lvstores` shows them, by disk name.
+fn lvstore_daemons(m: &Manager) -> std::collections::BTreeMap<String, Value> {
+    let (code, v) = rest("GET", &format!("{}/v1/lvstores", m.url), None);
+    assert_eq!(code, 200, "{v}");
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|d| (d["disk"].as_str().unwrap_or_default().to_owned(), d.clone()))
+        .collect()
+}
+
+/// The v2 copies of an image view: disk UUID → state.
+fn v2_states(v: &Value) -> std::collections::BTreeMap<String, String> {
+    disks_of(v, "v2")
+        .iter()
+        .map(|d| {
+            (
+                d["diskUUID"].as_str().unwrap_or_default().to_owned(),
+                d["state"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn v2_copies_sync_to_the_disks_added_to_the_spec_and_come_back_ready_after_every_disk_daemon_restarts() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    let (raw, _) = fixture(&files);
+    let raw_sum = sha512(&raw);
+    let http = HttpServer::start(&files);
+    let (m, _) = node_with_a_v2_disk(dir.path());
+    for name in ["v2b", "v2c"] {
+        let (code, n) = rest(
+            "POST",
+            &format!("{}/v1/nodes/node-1/disks", m.url),
+            Some(
+                &json!({"name": name, "path": dir.path().join(name).display().to_string(),
+                "diskEngine": "v2", "lvstoreSize": 256 << 20}),
+            ),
+        );
+        assert_eq!(code, 200, "{n}");
+    }
+    wait_for("three lvstore daemons running", Duration::from_secs(60), || {
+        let d = lvstore_daemons(&m);
+        (d.len() == 3 && d.values().all(|d| d["state"] == "running")).then_some(())
+    });
+    let (code, node) = rest("GET", &format!("{}/v1/nodes/node-1", m.url), None);
+    assert_eq!(code, 200, "{node}");
+    let uuid = |n: &str| find_disk_uuid(&node, n).unwrap_or_else(|| panic!("no disk {n} in {node}"));
+    let (a, b, c) = (uuid("v2a"), uuid("v2b"), uuid("v2c"));
+
+    let (code, v) = create_image(
+        &m,
+        &json!({"name": "img", "sourceType": "download", "parameters": {"url": http.url("image.raw")},
+            "expectedChecksum": raw_sum, "dataEngine": "v2"}),
+    );
+    assert_eq!(code, 201, "{v}");
+    let v = wait_first_copy(&m, "img", &mut Vec::new());
+    let first = v["v2FirstCopyDisk"].as_str().unwrap().to_owned();
+    let others: Vec<String> = [&a, &b, &c]
+        .into_iter()
+        .filter(|d| **d != first)
+        .cloned()
+        .collect();
+    assert_eq!(others.len(), 2, "{v}");
+
+    // A v1 disk cannot take a v2 image's copy.
+    let (code, body) = rest(
+        "POST",
+        &format!("{}/v1/backingimages/img/copy", m.url),
+        Some(&json!({"disks": ["no-such-disk"]})),
+    );
+    assert_eq!(code, 409, "{body}");
+
+    // Both other disks added to the spec: each is synced from a ready copy, one at a time.
+    let (code, body) = rest(
+        "POST",
+        &format!("{}/v1/backingimages/img/copy", m.url),
+        Some(&json!({ "disks": others })),
+    );
+    assert_eq!(code, 200, "{body}");
+    let mut max_in_flight = 0;
+    wait_for("three ready v2 copies", Duration::from_secs(120), || {
+        let st = v2_states(&image(&m, "img"));
+        let in_flight = st
+            .values()
+            .filter(|s| *s == "pending" || *s == "in-progress")
+            .count();
+        max_in_flight = max_in_flight.max(in_flight);
+        assert!(!st.values().any(|s| s == "failed"), "{st:?}");
+        (st.len() == 3 && st.values().all(|s| s == "ready")).then_some(())
+    });
+    assert!(max_in_flight <= 1, "copies of one image are synced one at a time");
+    for d in lvstore_daemons(&m).values() {
+        let held = daemon_copies(d["address"].as_str().unwrap());
+        assert!(
+            held.len() == 1 && held[0].state == "ready" && held[0].current_checksum == raw_sum,
+            "{held:?}"
+        );
+    }
+
+    // One copy removed from the spec: deleted from its disk's store.
+    let gone = others[0].clone();
+    let (code, body) = rest(
+        "POST",
+        &format!("{}/v1/backingimages/img/cleanup", m.url),
+        Some(&json!({ "disks": [gone] })),
+    );
+    assert_eq!(code, 200, "{body}");
+    wait_for("the removed copy deleted", Duration::from_secs(60), || {
+        let st = v2_states(&image(&m, "img"));
+        (st.len() == 2 && !st.contains_key(&gone)).then_some(())
+    });
+    let held: usize = lvstore_daemons(&m)
+        .values()
+        .map(|d| daemon_copies(d["address"].as_str().unwrap()).len())
+        .sum();
+    assert_eq!(held, 2);
+
+    // Every disk daemon SIGKILLed, with nothing outside the stores left (no sync staging file): the copies come
+    // back ready from their lvols' xattrs.
+    let before = lvstore_daemons(&m);
+    for d in before.values() {
+        sigkill(d["pid"].as_i64().unwrap());
+    }
+    for name in ["v2a", "v2b", "v2c"] {
+        for e in std::fs::read_dir(dir.path().join(name)).unwrap().flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            assert!(!n.starts_with(".corral-bi-sync-"), "{n}");
+        }
+    }
+    let after = wait_for("every lvstore daemon restarted", Duration::from_secs(60), || {
+        let d = lvstore_daemons(&m);
+        (d.len() == 3
+            && d.iter()
+                .all(|(k, d)| d["state"] == "running" && d["pid"].as_i64() != before[k]["pid"].as_i64()))
+        .then_some(d)
+    });
+    let mut ready = 0;
+    for d in after.values() {
+        for c in daemon_copies(d["address"].as_str().unwrap()) {
+            assert!(c.state == "ready" && c.current_checksum == raw_sum, "{c:?}");
+            ready += 1;
+        }
+    }
+    assert_eq!(ready, 2);
+    wait_for(
+        "the image's two copies ready again",
+        Duration::from_secs(60),
+        || {
+            let st = v2_states(&image(&m, "img"));
+            (st.len() == 2 && st.values().all(|s| s == "ready") && !st.contains_key(&gone)).then_some(())
+        },
+    );
+}

@@ -214,6 +214,74 @@ fn drain_rebuilds_two_volumes_on_the_free_node_under_fio_verify_never_below_thei
     );
 }
 
+/// A volume detached while a drain rebuilds its replacement has no engine to finish through: the drain waits, and
+/// says so in the node's view (`drainBlocked`, shown by `corral node drain`) instead of hanging silently; the
+/// evicted replica keeps the data. Attached again (here on node-0), its replacement is rebuilt and the drain ends.
+#[test]
+fn a_volume_detached_mid_drain_holds_the_drain_named_until_it_is_attached_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_etcd, ms) = start_cluster(dir.path(), 3);
+    let url = ms[0].url.clone();
+    wait_nodes_ready(&ms[0], 3);
+    set(&url, "replica-soft-anti-affinity", "false");
+    ok(&url, &["node", "cordon", "node-2"]);
+    let v = create_attached(&url, "vd", 2, "node-0");
+    let both: BTreeSet<String> = ["node-0".into(), "node-1".into()].into();
+    assert_eq!(replica_nodes(&v), both);
+    let (okk, out) = qemu_io(&endpoint(&v), &["write -P 0xd1 0 16M", "flush"]);
+    assert!(okk, "{out}");
+    // The replacement's rebuild moves 16 MiB at 1 MiB/s: it is still running when the volume is detached.
+    set(&url, "rebuild-max-bytes-per-second", "1048576");
+    ok(&url, &["node", "uncordon", "node-2"]);
+    ok(&url, &["node", "drain", "node-1", "--no-wait"]);
+    let placed = wait_for("the replacement placed", Duration::from_secs(60), || {
+        let v = get(&url, "/v1/volumes/vd");
+        (v["replicas"].as_array().unwrap().len() == 3).then_some(v)
+    });
+    assert_eq!(rw_replicas(&placed), 2, "the replacement is not RW yet: {placed}");
+    ok(&url, &["volume", "detach", "vd"]);
+    let n1 = wait_for("the drain shown blocked", Duration::from_secs(60), || {
+        let n1 = get(&url, "/v1/nodes/node-1");
+        (n1["drainBlocked"].as_array().is_some_and(|b| !b.is_empty())).then_some(n1)
+    });
+    assert_eq!(n1["drainState"], "draining", "{n1}");
+    assert_eq!(
+        n1["replicas"], 1,
+        "the evicted replica stays while it cannot move: {n1}"
+    );
+    let why = n1["drainBlocked"][0].as_str().unwrap();
+    assert!(
+        why.contains("volume vd is detached") && why.contains("attached"),
+        "{why}"
+    );
+    // Still blocked a while later: nothing moves a detached volume's replica.
+    std::thread::sleep(Duration::from_secs(3));
+    let n1 = get(&url, "/v1/nodes/node-1");
+    assert_eq!(
+        (n1["drainState"].clone(), n1["replicas"].clone()),
+        (json!("draining"), json!(1))
+    );
+
+    set(&url, "rebuild-max-bytes-per-second", "0");
+    let (code, v) = rest(
+        "POST",
+        &format!("{url}/v1/volumes/vd/attach"),
+        Some(&json!({"nodeId": "node-0"})),
+    );
+    assert_eq!(code, 200, "{v}");
+    wait_for("node-1 drained", Duration::from_secs(120), || {
+        let n1 = get(&url, "/v1/nodes/node-1");
+        (n1["drainState"] == "drained").then_some(())
+    });
+    let n1 = get(&url, "/v1/nodes/node-1");
+    assert!(n1.get("drainBlocked").is_none(), "{n1}");
+    let v = healthy(&url, "vd");
+    let moved: BTreeSet<String> = ["node-0".into(), "node-2".into()].into();
+    assert_eq!(replica_nodes(&v), moved, "{v}");
+    let (okk, out) = qemu_io(&endpoint(&v), &["read -P 0xd1 0 16M"]);
+    assert!(okk, "vd after the drain: {out}");
+}
+
 #[test]
 fn a_returning_manager_removes_its_replaced_replica_and_moved_engine_but_keeps_what_the_store_uses() {
     let dir = tempfile::tempdir().unwrap();

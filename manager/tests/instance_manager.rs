@@ -1,7 +1,8 @@
 //! The instance manager (`corral-im`) owns a node's data-plane daemons, so they outlive the manager: real
 //! `corral-im`, `corral-manager`, engine and replica processes, NBD IO through qemu-io while the manager's whole
 //! process group is SIGKILLed and a new manager starts on the same data directory, then while the instance manager
-//! itself is SIGKILLed and restarted. Also its refusals of bad requests and of a manager/instance-manager API skew.
+//! itself is SIGKILLed and restarted. Also its refusals of bad requests and of a manager/instance-manager API skew,
+//! and a manager refusing what an older data plane (a `corral-im` built with `CORRAL_IM_FEATURES=v1`) cannot do.
 
 mod support;
 
@@ -18,8 +19,13 @@ use support::*;
 use testkit::{Daemon, DaemonCommand, qemu_io, wait_for, workspace_bin};
 
 fn start_im(data_dir: &Path, env: &[(&str, &str)]) -> Daemon {
+    start_im_binary(&workspace_bin("corral-im"), data_dir, env)
+}
+
+/// A `corral-im` from `binary` (e.g. an older build), running the workspace's data-plane binaries.
+fn start_im_binary(binary: &Path, data_dir: &Path, env: &[(&str, &str)]) -> Daemon {
     std::fs::create_dir_all(data_dir).unwrap();
-    let mut cmd = DaemonCommand::new(workspace_bin("corral-im"));
+    let mut cmd = DaemonCommand::new(binary);
     for (k, v) in env {
         cmd = cmd.env(k, v);
     }
@@ -445,4 +451,169 @@ fn a_manager_refuses_an_instance_manager_speaking_an_older_api() {
             && text.contains("Upgrade the node's instance manager"),
         "{text}"
     );
+}
+
+/// Builds `corral-im` as an older data plane — `CORRAL_IM_FEATURES=v1`, version `<crate>-v1only` — into a target
+/// dir of its own (`<target>/im-v1only`, only `-p instance-manager`: the workspace's `corral-im`, which other tests
+/// run meanwhile, is left alone). Returns the binary and the version it reports.
+fn build_v1_only_im() -> (std::path::PathBuf, String) {
+    let version = format!("{}-v1only", env!("CARGO_PKG_VERSION"));
+    let target = testkit::docker::target_dir().join("im-v1only");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let started = Instant::now();
+    testkit::docker::run(
+        std::process::Command::new(cargo)
+            .args([
+                "build",
+                "--locked",
+                "-p",
+                "instance-manager",
+                "--bin",
+                "corral-im",
+            ])
+            // This workspace (the manager's parent directory), whichever checkout the test kit was built from.
+            .current_dir(Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap())
+            .env("CARGO_TARGET_DIR", &target)
+            .env("CORRAL_IM_FEATURES", "v1")
+            .env("CORRAL_BUILD_VERSION", &version),
+    );
+    eprintln!("v1-only corral-im built in {:?}", started.elapsed());
+    (target.join("debug").join("corral-im"), version)
+}
+
+#[test]
+fn a_manager_refuses_what_an_older_data_plane_cannot_run_and_runs_a_v1_volume_there() {
+    let (old_im_bin, old_version) = build_v1_only_im();
+    let dir = tempfile::tempdir().unwrap();
+    let etcd = testkit::servers::Etcd::start(dir.path());
+    let store = format!("etcd://{}", etcd.endpoint());
+    // node-0: the current data plane; node-1: the older one. Each manager on its node's instance manager.
+    let im0 = start_im(&dir.path().join("n0"), &[]);
+    let im1 = start_im_binary(&old_im_bin, &dir.path().join("n1"), &[]);
+    let managers: Vec<Manager> = [&im0, &im1]
+        .iter()
+        .enumerate()
+        .map(|(i, im)| {
+            let i = u16::try_from(i).unwrap();
+            let node_dir = dir.path().join(format!("n{i}"));
+            let daemon = Manager::command(&node_dir, &format!("node-{i}"), &store, port_range(i), &[])
+                .args(["--instance-manager", &format!("http://{}", im.addr("grpc"))])
+                .spawn();
+            Manager {
+                url: daemon.http_url("http"),
+                daemon,
+                data_dir: node_dir,
+                node_id: format!("node-{i}"),
+            }
+        })
+        .collect();
+    let m0 = &managers[0];
+    wait_nodes_ready(m0, 2);
+
+    // Each node records its data plane's version and features; `corral node ls` shows them.
+    wait_for(
+        "node-1 reports its v1-only data plane",
+        Duration::from_secs(30),
+        || {
+            let (_, n) = rest("GET", &format!("{}/v1/nodes/node-1", m0.url), None);
+            (n["dataPlaneVersion"] == old_version.as_str() && n["dataPlaneFeatures"] == json!(["v1"]))
+                .then_some(())
+        },
+    );
+    let (_, n0) = rest("GET", &format!("{}/v1/nodes/node-0", m0.url), None);
+    assert_eq!(
+        n0["dataPlaneFeatures"],
+        json!(corral_proto::data_plane::ALL),
+        "{n0}"
+    );
+    let ls = ok(&m0.url, &["node", "ls"]);
+    assert!(ls.contains(&format!("{old_version} (v1)")), "{ls}");
+
+    // The older instance manager itself refuses a process its build cannot run.
+    let refused = rt().block_on(async {
+        im_client(&im1)
+            .await
+            .process_create(v1::ProcessCreateRequest {
+                name: "lvstore-x".into(),
+                kind: "lvstore".into(),
+                binary: "corral-replica".into(),
+                args: vec!["serve-lvstore".into()],
+                env: Default::default(),
+            })
+            .await
+            .expect_err("a v1-only data plane starting a v2 lvstore")
+    });
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition, "{refused:?}");
+    assert!(refused.message().contains("missing v2"), "{refused:?}");
+
+    // Two replicas without a revision counter need two nodes that support it (replicas on distinct nodes):
+    // refused, naming node-1, its data plane's version and the missing feature; nothing is created.
+    let (code, body) = rest(
+        "PUT",
+        &format!("{}/v1/settings/replica-soft-anti-affinity", m0.url),
+        Some(&json!({"value": "false"})),
+    );
+    assert_eq!(code, 200, "{body}");
+    let (code, body) = rest(
+        "POST",
+        &format!("{}/v1/volumes", m0.url),
+        Some(
+            &json!({"name": "norc", "size": 16 << 20, "numberOfReplicas": 2, "disableRevisionCounter": true}),
+        ),
+    );
+    let msg = body.to_string();
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        msg.contains("node node-1")
+            && msg.contains(&old_version)
+            && msg.contains("lacks disable-revision-counter"),
+        "{msg}"
+    );
+    let (code, _) = rest("GET", &format!("{}/v1/volumes/norc", m0.url), None);
+    assert_eq!(code, 404, "a refused volume was half-created");
+
+    // One such replica fits on node-0: placement skips node-1 for it. The engine cannot go on node-1 either.
+    let (code, body) = rest(
+        "POST",
+        &format!("{}/v1/volumes", m0.url),
+        Some(
+            &json!({"name": "norc", "size": 16 << 20, "numberOfReplicas": 1, "disableRevisionCounter": true}),
+        ),
+    );
+    assert_eq!(code, 201, "{body}");
+    let (code, body) = rest(
+        "POST",
+        &format!("{}/v1/volumes/norc/attach", m0.url),
+        Some(&json!({"nodeId": "node-1"})),
+    );
+    let msg = body.to_string();
+    assert_eq!(code, 409, "{body}");
+    assert!(
+        msg.contains("node node-1") && msg.contains(&old_version) && msg.contains("disable-revision-counter"),
+        "{msg}"
+    );
+    let v = volume(m0, "norc");
+    assert!(v["nodeId"].is_null() && v["state"] == "detached", "{v}");
+    attach(&m0.url, "norc");
+    let v = wait_healthy(m0, "norc", 1, Duration::from_secs(90));
+    assert_eq!(replica_nodes(&v), ["node-0".to_owned()].into(), "{v}");
+
+    // A plain v1 volume runs on the older data plane: its engine and a replica in node-1's instance manager.
+    let (code, body) = rest(
+        "POST",
+        &format!("{}/v1/volumes", m0.url),
+        Some(&json!({"name": "plain", "size": 16 << 20, "numberOfReplicas": 2})),
+    );
+    assert_eq!(code, 201, "{body}");
+    let uri = attach(&managers[1].url, "plain");
+    let v = wait_healthy(&managers[1], "plain", 2, Duration::from_secs(90));
+    let (engine_pid, _) = daemon_pids(&v);
+    let pids: Vec<i64> = im_processes(&im1).values().map(|p| i64::from(p.0)).collect();
+    assert!(
+        pids.contains(&engine_pid),
+        "engine {engine_pid} not in the v1-only instance manager: {pids:?}"
+    );
+    let (written, out) = qemu_io(&uri, &["write -P 7 0 1M", "flush", "read -P 7 0 1M"]);
+    assert!(written, "IO through the older data plane: {out}");
+    drop(managers);
 }

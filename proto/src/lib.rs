@@ -4,11 +4,13 @@
 //! crate needs a `protoc`-built etcd client. This crate holds no logic beyond small conversions, the text form of a
 //! replica's address ([`ReplicaAddress`]) and the one way clients open a gRPC channel ([`grpc`]). [`backing_image`]
 //! holds the backing-image JSON types (data source file, file states) shared by the data source, the backing-image
-//! manager and the manager.
+//! manager and the manager. [`data_plane`] names what a node's data plane can do (the features `VersionGet`
+//! reports).
 
 #![allow(clippy::pedantic, clippy::cast_possible_truncation)]
 
 pub mod backing_image;
+pub mod data_plane;
 
 /// Package `corral.v1`.
 pub mod v1 {

@@ -80,7 +80,7 @@ fn raise_nofile_limit() {
 
 /// Binds the data protocol's unix socket at `path`, replacing a socket file left by a process that died (a
 /// SIGKILLed replica cannot remove its own); any other kind of file there is refused, not removed.
-fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
+pub(crate) fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
     use std::os::unix::fs::FileTypeExt;
     match std::fs::symlink_metadata(path) {
         Ok(m) if m.file_type().is_socket() => {

@@ -56,8 +56,8 @@ pub enum ReplicaError {
     /// IO outside the volume.
     #[error("IO out of range: offset {offset} + length {len} exceeds the volume size {size}")]
     OutOfRange { offset: u64, len: u64, size: u64 },
-    /// A snapshot with that name exists.
-    #[error("snapshot {0} already exists")]
+    /// Something of that name exists (the text says what: "snapshot s1 (volume-snap-s1.img)", "replica in DIR").
+    #[error("{0} already exists")]
     AlreadyExists(String),
     /// No such snapshot or disk.
     #[error("{0} not found")]

@@ -132,6 +132,11 @@ enum Cmd {
         /// file reports its listeners as NAME.control, NAME.data and NAME.sync.
         #[arg(long = "replica", value_name = "NAME")]
         replicas: Vec<String>,
+        /// Also serve each hosted replica's data protocol on a unix socket DIR/NAME.data.sock (created; a stale
+        /// socket file there is replaced). An engine on this node learns it from ReplicaGet and connects there
+        /// instead of TCP; the manager gives it to every lvstore daemon it starts.
+        #[arg(long, env = "CORRAL_LVSTORE_DATA_UNIX_DIR", value_name = "DIR")]
+        data_unix_dir: Option<PathBuf>,
         #[command(flatten)]
         metrics: corral_daemon::metrics::MetricsListenArg,
     },
@@ -309,6 +314,7 @@ async fn main() -> anyhow::Result<()> {
             io_threads,
             io_depth,
             replicas,
+            data_unix_dir,
             metrics,
         } => {
             let cfg = replica::v2::daemon::LvstoreServeConfig {
@@ -326,6 +332,7 @@ async fn main() -> anyhow::Result<()> {
                 io_threads,
                 replicas,
                 metrics_listen: metrics.metrics_listen,
+                data_unix_dir,
             };
             replica::v2::daemon::serve_lvstore(cfg, corral_daemon::shutdown_on_signal()).await
         }

@@ -368,7 +368,10 @@ impl Replica {
     fn snapshot_locked(&self, chain: &mut Chain, req: &SnapshotRequest, new_size: u64) -> Result<()> {
         let snap = names::resolve_snapshot(&req.name)?;
         if chain.disks.contains_key(&snap) || self.dir.join(&snap).exists() {
-            return Err(ReplicaError::AlreadyExists(snap));
+            return Err(ReplicaError::AlreadyExists(format!(
+                "snapshot {} ({snap})",
+                req.name
+            )));
         }
         let old_head = chain.info.head.clone();
         let old_index = names::head_index(&old_head).unwrap_or(0);

@@ -159,7 +159,13 @@ fn snapshot_name_reuse_is_refused() {
         ..Default::default()
     };
     r.snapshot(&req).unwrap();
-    assert_eq!(r.snapshot(&req).unwrap_err().kind(), ErrorKind::AlreadyExists);
+    let e = r.snapshot(&req).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::AlreadyExists);
+    // The user's name first, the file it maps to after: "snapshot s1 (volume-snap-s1.img) already exists".
+    assert!(
+        e.to_string().starts_with("snapshot s1 (") && e.to_string().ends_with(") already exists"),
+        "{e}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

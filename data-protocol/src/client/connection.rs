@@ -152,33 +152,37 @@ fn read_error(e: ReadError) -> ClientError {
     }
 }
 
+/// How long a client closed while healthy waits for its last frames and the end-of-stream to reach the socket.
+const SHUTDOWN_WAIT: std::time::Duration = std::time::Duration::from_secs(1);
+
 async fn writer_loop(core: Arc<Core>, mut out: FrameWriter<BoxWrite>, mut rx: mpsc::Receiver<Outgoing>) {
-    let result = async {
-        loop {
-            let first = tokio::select! {
-                biased;
-                () = core.cancel.cancelled() => return Ok(()),
-                f = rx.recv() => f,
-            };
-            let Some(mut frame) = first else {
-                return Ok::<(), std::io::Error>(());
-            };
+    // Cancellation (the client failed or was closed) is watched around every write, not only between batches: a
+    // peer that stopped reading (a partition, a stopped process) leaves a send blocked until the kernel gives up,
+    // which is minutes over TCP and never on a unix socket. Dropping the half-written socket then closes it.
+    let result = tokio::select! {
+        biased;
+        () = core.cancel.cancelled() => return,
+        r = async {
             loop {
-                let payload = frame.payload.as_deref().unwrap_or(&[]);
-                out.write_frame(&frame.header, payload).await?;
-                drop(frame);
-                match rx.try_recv() {
-                    Ok(next) => frame = next,
-                    Err(_) => break,
+                let Some(mut frame) = rx.recv().await else {
+                    return Ok::<(), std::io::Error>(());
+                };
+                loop {
+                    let payload = frame.payload.as_deref().unwrap_or(&[]);
+                    out.write_frame(&frame.header, payload).await?;
+                    drop(frame);
+                    match rx.try_recv() {
+                        Ok(next) => frame = next,
+                        Err(_) => break,
+                    }
                 }
+                out.flush().await?;
             }
-            out.flush().await?;
-        }
-    }
-    .await;
+        } => r,
+    };
     match result {
         Ok(()) => {
-            let _ = out.shutdown().await;
+            let _ = tokio::time::timeout(SHUTDOWN_WAIT, out.shutdown()).await;
         }
         Err(e) => {
             core.fail(ClientError::Disconnected(format!("write to {}: {e}", core.addr)));

@@ -98,12 +98,16 @@ impl Replica {
                 .unwrap();
             assert!(st.success(), "fallocate {}", disk.display());
         }
-        let daemon = DaemonCommand::new(bin("corral-replica"))
+        let mut cmd = DaemonCommand::new(bin("corral-replica"))
             .label("corral-replica-lvstore")
             .args(["serve-lvstore", "--format", "--cluster-size", "64K", "--disk"])
             .arg(&disk)
-            .args(["--listen", "127.0.0.1:0", "--replica", "r"])
-            .spawn();
+            .args(["--listen", "127.0.0.1:0", "--replica", "r"]);
+        if local_data_socket() {
+            // `dir/r.data.sock`, as the manager gives every lvstore daemon a socket directory.
+            cmd = cmd.arg("--data-unix-dir").arg(dir);
+        }
+        let daemon = cmd.spawn();
         let r = Self {
             daemon,
             dir: dir.to_owned(),
@@ -184,6 +188,15 @@ impl Replica {
 
     pub fn pid(&self) -> u32 {
         self.daemon.pid()
+    }
+
+    /// Sends `sig` (as `kill` takes it: `-STOP`, `-CONT`) to the daemon.
+    pub fn signal(&self, sig: &str) {
+        let st = std::process::Command::new("kill")
+            .args([sig, &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(st.success(), "kill {sig} {}", self.pid());
     }
 
     /// `ReplicaService` on the control endpoint.

@@ -374,18 +374,25 @@ async fn create_volume(
     .await?;
     crate::backing_image::routes::check_volume_image(&ctx, backing_image.as_deref(), req.size, data_engine)
         .await?;
-    // The replicas must be placeable now: the same check the scheduler makes at attach.
-    let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
-    let count = usize::try_from(req.number_of_replicas).unwrap_or(usize::MAX);
-    let cands = candidates(&ctx, data_engine)
-        .await
-        .map_err(|e| ApiError::Unavailable(format!("{e:#}")))?;
-    // A well-formed request the cluster has no room for: its state, not the request, has to change.
-    scheduler::place_on(data_engine, cands, &[], count, req.size, soft).map_err(ApiError::Conflict)?;
     let disabled = match req.disable_revision_counter {
         Some(b) => b,
         None => ctx.setting_bool("disable-revision-counter").await,
     };
+    // The replicas must be placeable now, on nodes whose data plane can run them: the same check the scheduler
+    // makes at attach.
+    let needs = crate::data_plane::Needs {
+        engine: data_engine,
+        revision_counter_disabled: disabled,
+        backing_image: backing_image.is_some(),
+    };
+    let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
+    let count = usize::try_from(req.number_of_replicas).unwrap_or(usize::MAX);
+    let cands = candidates(&ctx, &needs)
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("{e:#}")))?;
+    // A well-formed request the cluster has no room for: its state, not the request, has to change.
+    scheduler::place_on(data_engine, cands.disks.clone(), &[], count, req.size, soft)
+        .map_err(|why| ApiError::Conflict(cands.explain(why)))?;
     let vol = Volume {
         spec: VolumeSpec {
             // A clone starts at its source's size (the engine copies between volumes of one size) and grows to
@@ -581,6 +588,18 @@ async fn attach_volume(
         }
     }
     crate::backup::restore::check_attach(&ctx, &name, &v.data.spec).await?;
+    // The engine runs on the target node: its data plane must be able to (a manager newer than that data plane
+    // refuses here, before anything is written).
+    if let Some(why) = crate::data_plane::lacking(
+        &node,
+        &target.data,
+        &crate::data_plane::Needs::of(&v.data),
+        crate::data_plane::Role::Engine,
+    ) {
+        return Err(ApiError::Conflict(format!(
+            "cannot attach volume {name} on node {node}: {why}"
+        )));
+    }
     if let Some(cur) = v.data.spec.node_id.clone()
         && cur != node
     {

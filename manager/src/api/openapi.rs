@@ -435,7 +435,8 @@ fn components() -> Value {
             "name": {"type": "string"}, "address": {"type": "string"}, "host": {"type": "string"},
             "ready": {"type": "boolean"}, "allowScheduling": {"type": "boolean"}, "heartbeat": {"type": "integer"},
             "managerVersion": {"type": "string"}, "instanceManager": {"type": "string"},
-            "instanceManagerVersion": {"type": "string"},
+            "instanceManagerVersion": {"type": "string"}, "dataPlaneVersion": {"type": "string"},
+            "dataPlaneFeatures": {"type": "array", "items": {"type": "string"}},
             "disks": {"type": "array", "items": {
                 "type": "object",
                 "required": ["name", "path", "diskUUID", "allowScheduling"],
@@ -449,6 +450,7 @@ fn components() -> Value {
             }},
             "replicas": {"type": "integer", "minimum": 0},
             "drainState": {"type": "string", "enum": ["none", "draining", "drained"]},
+            "drainBlocked": {"type": "array", "items": {"type": "string"}},
             "orphansRemoved": {"type": "array", "items": {
                 "type": "object",
                 "required": ["kind", "name", "detail", "at"],
@@ -685,6 +687,11 @@ fn shape(method: &str, path: &str) -> Shape {
             200,
             json_resp(schema_ref("BackingImage")),
         ),
+        ("post", "/v1/backingimages/{backingimage}/copy") => (
+            Some((schema_ref("CleanupRequest"), true)),
+            200,
+            json_resp(schema_ref("BackingImage")),
+        ),
         ("post", "/v1/backingimages/{backingimage}/upload") => {
             (None, 200, json_resp(schema_ref("BackingImage")))
         }
@@ -784,6 +791,7 @@ fn links(method: &str, path: &str) -> Value {
                 ("get", "/v1/backingimages/{backingimage}"),
                 ("delete", "/v1/backingimages/{backingimage}"),
                 ("post", "/v1/backingimages/{backingimage}/cleanup"),
+                ("post", "/v1/backingimages/{backingimage}/copy"),
                 ("post", "/v1/backingimages/{backingimage}/upload"),
             ],
             json!({"backingimage": "$response.body#/name"}),

@@ -307,6 +307,10 @@ pub struct NodeView {
     pub replicas: u32,
     #[serde(default)]
     pub drain_state: crate::node::drain::DrainState,
+    /// While draining: why replicas left on the node cannot move now, one line per volume (a volume detached
+    /// mid-drain has no engine to rebuild a replacement through).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub drain_blocked: Vec<String>,
     /// Stale daemons and data the node's manager removed (`crate::controller::orphans`), newest last.
     #[serde(default)]
     pub orphans_removed: Vec<crate::model::OrphanRemoved>,
@@ -315,6 +319,12 @@ pub struct NodeView {
     /// URL of the node's instance manager; empty when the manager runs the daemons itself.
     pub instance_manager: String,
     pub instance_manager_version: String,
+    /// The build version of the node's data plane (its instance manager's, or its manager's own).
+    #[serde(default)]
+    pub data_plane_version: String,
+    /// What the node's data plane can do (`corral_proto::data_plane`); empty: not reported (everything).
+    #[serde(default)]
+    pub data_plane_features: Vec<String>,
 }
 
 impl NodeView {
@@ -329,10 +339,13 @@ impl NodeView {
             heartbeat: d.status.heartbeat,
             replicas: 0,
             drain_state: Default::default(),
+            drain_blocked: Vec::new(),
             orphans_removed: d.status.orphans_removed.clone(),
             manager_version: d.status.manager_version.clone(),
             instance_manager: d.status.instance_manager.clone(),
             instance_manager_version: d.status.instance_manager_version.clone(),
+            data_plane_version: d.status.data_plane_version.clone(),
+            data_plane_features: d.status.data_plane_features.clone(),
             disks: d
                 .spec
                 .disks

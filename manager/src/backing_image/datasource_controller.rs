@@ -1,7 +1,7 @@
 //! Node-local: runs one `corral-datasource` for every data source of this node until a disk manager took its file
 //! (`started`), polls its `GET /v1/file` (10 failed polls in a row → the daemon is restarted), restarts a failed
-//! job with backoff unless it was an upload (the user uploads into a new image instead), and stops the daemon once
-//! the file is taken or the document is gone.
+//! job with backoff (30 s doubling to 10 min, from each start) unless it was an upload (the user uploads into a new
+//! image instead), and stops the daemon once the file is taken or the document is gone.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +22,14 @@ pub const BINARY: &str = "corral-datasource";
 const POLL: Duration = Duration::from_secs(1);
 /// Failed polls of a running daemon before it is restarted.
 const MAX_POLL_FAILURES: u32 = 10;
+
+/// How long after its start a run whose job failed (e.g. a URL whose server is down) is followed by the next run:
+/// 30 s doubling to 10 min. A source that stays unreachable is retried for as long as the image exists (the image
+/// reads `failed` with the reason meanwhile), at most every 10 minutes; a daemon that crashed is restarted sooner
+/// ([`crate::process::restart_backoff`]).
+fn job_retry_backoff(attempts: u32) -> Duration {
+    Duration::from_secs(30u64 << attempts.saturating_sub(1).min(5)).min(Duration::from_secs(600))
+}
 
 pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     let q = Arc::new(WorkQueue::default());
@@ -162,7 +170,13 @@ async fn reconcile(ctx: Ctx, local: Arc<Supervisor>, name: String) -> anyhow::Re
         // An upload cannot be repeated by the manager: the user deletes the image and uploads again.
         return Ok(None);
     }
-    if (failed || ds.status.attempts > 0)
+    if failed
+        && let Some(rec) = rec.as_ref()
+        && let Some(wait) = Supervisor::wait_since_start(rec, job_retry_backoff(ds.status.attempts))
+    {
+        return Ok(Some(wait));
+    }
+    if ds.status.attempts > 0
         && let Some(wait) = Supervisor::restart_wait(rec.as_ref(), ds.status.attempts)
     {
         return Ok(Some(wait));
@@ -301,4 +315,15 @@ async fn spawn(ctx: &Ctx, local: &Supervisor, name: &str, ds: &BackingImageDataS
             .await,
     )?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_failing_job_is_retried_ever_more_slowly_up_to_ten_minutes() {
+        let secs: Vec<u64> = (0..9).map(|a| job_retry_backoff(a).as_secs()).collect();
+        assert_eq!(secs, [30, 30, 60, 120, 240, 480, 600, 600, 600]);
+    }
 }

@@ -54,6 +54,13 @@ pub fn register(r: &mut Routes) {
     );
     r.add(
         "post",
+        "/v1/backingimages/{backingimage}/copy",
+        "Add copies on some disks (`{disks: [diskUUID]}`, ready disks of the image's engine); a v2 image's are \
+         synced from a ready copy, one at a time",
+        copy,
+    );
+    r.add(
+        "post",
         "/v1/backingimages/{backingimage}/upload",
         "Upload the file of an upload-source image: `?size=BYTES`, multipart body (`curl -F file=@IMAGE`)",
         upload,
@@ -439,6 +446,47 @@ async fn cleanup(
         obj.data.spec.disk_file_spec_map.remove(d);
     }
     ctx.db.update(&mut obj).await?;
+    Ok(Json(BackingImageView::new(&obj)))
+}
+
+async fn copy(
+    State(ctx): State<Ctx>,
+    Path(name): Path<String>,
+    Body(req): Body<CleanupRequest>,
+) -> ApiResult<BackingImageView> {
+    let obj = must_get(&ctx, &name).await?;
+    let engine = obj.data.spec.data_engine;
+    let all = super::image_controller::disks(&ctx)
+        .await
+        .map_err(|e| ApiError::Unavailable(format!("{e:#}")))?;
+    let mut add = Vec::new();
+    for d in &req.disks {
+        let Some(disk) = all.iter().find(|x| &x.disk_uuid == d) else {
+            return Err(ApiError::Conflict(format!("no disk {d}")));
+        };
+        if disk.engine != engine {
+            return Err(ApiError::Conflict(format!(
+                "disk {} on node {} is a {:?} disk; backing image {name} is {:?}",
+                disk.disk_name, disk.node_id, disk.engine, engine
+            )));
+        }
+        add.push((d.clone(), disk.node_id.clone()));
+    }
+    let obj =
+        ctx.db
+            .modify::<BackingImage>(&name, |b| {
+                let before = b.spec.disk_file_spec_map.len();
+                for (d, node) in &add {
+                    b.spec.disk_file_spec_map.entry(d.clone()).or_insert_with(|| {
+                        super::model::DiskFileSpec {
+                            node_id: node.clone(),
+                            data_engine: engine,
+                        }
+                    });
+                }
+                b.spec.disk_file_spec_map.len() != before
+            })
+            .await?;
     Ok(Json(BackingImageView::new(&obj)))
 }
 

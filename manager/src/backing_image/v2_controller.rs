@@ -161,13 +161,18 @@ async fn delete_copy(address: &str, name: &str) -> anyhow::Result<()> {
     }
 }
 
-/// The v1 file the first v2 copy is made from: the download URL of a ready file, and its size and SHA-512.
-async fn ready_file(
-    ctx: &Ctx,
-    name: &str,
-    uuid: &str,
-    all: &[DiskRef],
-) -> anyhow::Result<Option<(String, u64, String)>> {
+/// The v1 file the first v2 copy is made from.
+struct ReadyFile {
+    url: String,
+    size: u64,
+    checksum: String,
+    /// The disk and node of the corral-bim that holds it.
+    disk_uuid: String,
+    node_id: String,
+}
+
+/// The v1 file the first v2 copy is made from: the download URL of a ready file, its size and SHA-512, where it is.
+async fn ready_file(ctx: &Ctx, name: &str, uuid: &str, all: &[DiskRef]) -> anyhow::Result<Option<ReadyFile>> {
     Ok(ctx
         .db
         .list::<BackingImageManager>()
@@ -180,11 +185,13 @@ async fn ready_file(
         .find_map(|m| {
             let f = m.data.status.files.get(name)?;
             (f.uuid == uuid && f.state == state::READY && !m.data.status.http_address.is_empty()).then(|| {
-                (
-                    format!("http://{}/v1/files/{name}/download", m.data.status.http_address),
-                    f.size,
-                    f.current_checksum.clone(),
-                )
+                ReadyFile {
+                    url: format!("http://{}/v1/files/{name}/download", m.data.status.http_address),
+                    size: f.size,
+                    checksum: f.current_checksum.clone(),
+                    disk_uuid: m.data.spec.disk_uuid.clone(),
+                    node_id: m.data.spec.node_id.clone(),
+                }
             })
         }))
 }
@@ -286,15 +293,25 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
             let wait = retries.wait(&name);
             if !wait.is_zero() {
                 requeue = wait;
-            } else if let Some((url, size, checksum)) =
-                ready_file(&ctx, &name, &uuid, &disks(&ctx).await?).await?
-            {
-                // A ready store, preferring one a replica needs, then one on the file's node.
+            } else if let Some(file) = ready_file(&ctx, &name, &uuid, &disks(&ctx).await?).await? {
+                let ReadyFile {
+                    url, size, checksum, ..
+                } = &file;
+                let (url, size, checksum) = (url.clone(), *size, checksum.clone());
+                // A ready store, preferring one a replica needs, then the file's own disk (a v2 disk's directory
+                // holds the data source's file when the node has no v1 disk), then one on the file's node.
                 let mut pool: Vec<&Store> = stores
                     .iter()
                     .filter(|s| s.disk.ready && s.address.is_some() && selected(bi, &s.disk))
                     .collect();
-                pool.sort_by_key(|s| (!wanted.contains_key(&s.disk.disk_uuid), s.disk.disk_uuid.clone()));
+                pool.sort_by_key(|s| {
+                    (
+                        !wanted.contains_key(&s.disk.disk_uuid),
+                        s.disk.disk_uuid != file.disk_uuid,
+                        s.disk.node_id != file.node_id,
+                        s.disk.disk_uuid.clone(),
+                    )
+                });
                 match pool.first() {
                     None => {
                         message =
@@ -414,12 +431,147 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
         }
         _ => {}
     }
+    if first == state::READY {
+        sync_copies(&name, &uuid, &stores, &holds, &wanted, &mut copies).await;
+    }
     let first_state = Some((first, first_disk, message));
-    write(&ctx, &name, &uuid, &wanted, &copies, first_state).await?;
+    // Only what this pass adds goes into the spec (a disk the user removed meanwhile stays removed). A disk whose
+    // entry is the v1 file's (the first copy made on the disk that held the file) is added: the v1 entry goes with
+    // the file, and the copy must not go with it.
+    let added: BTreeMap<String, DiskFileSpec> = wanted
+        .into_iter()
+        .filter(|(d, _)| {
+            !bi.spec
+                .disk_file_spec_map
+                .get(d)
+                .is_some_and(|s| s.data_engine == DataEngine::V2)
+        })
+        .collect();
+    write(&ctx, &name, &uuid, &added, &copies, first_state).await?;
     Ok(Some(requeue))
 }
 
-/// Replaces the image's v2 entries in the spec and status maps (and the first copy's state, when given).
+/// Seed 001's `deleteInvalidV2Copy` and `prepareV2Copy`, once the image has a ready copy: copies on disks no
+/// longer `wanted` are deleted (never the last ready one), failed copies are deleted (their entry dropped, so the
+/// disk is synced again), `unknown` ones (daemon unreachable) are kept — their lvol may well be there; then, when
+/// no copy is being made, one wanted disk without a copy gets one, synced from a ready copy on another disk
+/// (`BackingImageCreate` with `from_lvstore`: the target's daemon has the source's expose its snapshot lvol).
+async fn sync_copies(
+    name: &str,
+    uuid: &str,
+    stores: &[Store],
+    holds: &BTreeMap<String, bool>,
+    wanted: &BTreeMap<String, DiskFileSpec>,
+    copies: &mut BTreeMap<String, DiskFileStatus>,
+) {
+    let address = |disk: &str| {
+        stores
+            .iter()
+            .find(|s| s.disk.disk_uuid == disk)
+            .and_then(|s| s.address.clone())
+    };
+    let ready = |copies: &BTreeMap<String, DiskFileStatus>, but: &str| {
+        copies
+            .iter()
+            .filter(|(d, c)| d.as_str() != but && c.state == state::READY)
+            .find_map(|(d, c)| Some((d.clone(), address(d)?, c.v2_copy.clone()?)))
+    };
+    let disks: Vec<String> = copies.keys().cloned().collect();
+    for disk in disks {
+        let Some(c) = copies.get(&disk) else { continue };
+        let unwanted = !wanted.contains_key(&disk);
+        let delete = match c.state.as_str() {
+            state::FAILED => true,
+            state::READY => unwanted && ready(copies, &disk).is_some(),
+            state::UNKNOWN => false,
+            _ => unwanted,
+        };
+        if !delete {
+            continue;
+        }
+        if holds.get(&disk).copied().unwrap_or(false) {
+            let Some(a) = address(&disk) else { continue };
+            if let Err(e) = delete_copy(&a, name).await {
+                tracing::warn!(
+                    image = name,
+                    disk,
+                    error = format!("{e:#}"),
+                    "v2 copy not deleted"
+                );
+                continue;
+            }
+        }
+        tracing::info!(image = name, disk, state = c.state, unwanted, "v2 copy deleted");
+        copies.remove(&disk);
+    }
+    if copies
+        .values()
+        .any(|c| c.state == state::PENDING || c.state == state::IN_PROGRESS)
+    {
+        return;
+    }
+    let Some(target) = wanted.keys().find(|d| {
+        !copies.contains_key(*d)
+            && stores
+                .iter()
+                .any(|s| &s.disk.disk_uuid == *d && s.disk.ready && s.address.is_some())
+    }) else {
+        return;
+    };
+    let Some((from_disk, from, info)) = ready(copies, target) else {
+        return;
+    };
+    let Some(to) = address(target) else { return };
+    let node = stores
+        .iter()
+        .find(|s| &s.disk.disk_uuid == target)
+        .map(|s| s.disk.node_id.clone())
+        .unwrap_or_default();
+    if holds.get(target).copied().unwrap_or(false)
+        && let Err(e) = delete_copy(&to, name).await
+    {
+        tracing::warn!(
+            image = name,
+            disk = target,
+            error = format!("{e:#}"),
+            "leftover v2 copy not deleted"
+        );
+        return;
+    }
+    let req = v1::BackingImageCreateRequest {
+        name: name.to_owned(),
+        backing_image_uuid: uuid.to_owned(),
+        checksum: info.current_checksum.clone(),
+        size: info.size,
+        source: Some(v1::backing_image_create_request::Source::FromLvstore(
+            from.clone(),
+        )),
+    };
+    let res = match crate::v2::replica::client(&to).await {
+        Ok(mut c) => c
+            .backing_image_create(req)
+            .await
+            .map_err(|s| s.message().to_owned()),
+        Err(e) => Err(format!("{e:#}")),
+    };
+    match res {
+        Ok(r) => {
+            tracing::info!(
+                image = name,
+                disk = target,
+                from_disk,
+                "syncing a v2 copy from another disk"
+            );
+            if let Some(st) = copy_status(uuid, &node, None, Fetched::Copy(r.into_inner())) {
+                copies.insert(target.clone(), st);
+            }
+        }
+        Err(e) => tracing::warn!(image = name, disk = target, error = e, "v2 copy sync refused"),
+    }
+}
+
+/// Adds `wanted` to the image's spec, replaces its v2 entries in the status map (and the first copy's state,
+/// when given).
 async fn write(
     ctx: &Ctx,
     name: &str,
@@ -435,12 +587,26 @@ async fn write(
                 return false;
             }
             let before = b.clone();
-            b.spec
-                .disk_file_spec_map
-                .retain(|_, s| s.data_engine != DataEngine::V2);
-            b.spec
-                .disk_file_spec_map
-                .extend(wanted.iter().map(|(d, s)| (d.clone(), s.clone())));
+            // Only added to: the spec is the user's too (`copy`, `cleanup`), read before this pass's daemon calls,
+            // so replacing the map would undo a change made meanwhile. A deleted image's entries go.
+            if b.spec.deletion_timestamp.is_some() {
+                b.spec
+                    .disk_file_spec_map
+                    .retain(|_, s| s.data_engine != DataEngine::V2);
+            }
+            for (d, s) in wanted {
+                // A v1 entry of the same disk (the file the first copy was made from, on this v2 disk's
+                // directory) gives way: the image controller drops v1 entries once the first copy is ready, and
+                // the copy's entry must outlive it.
+                let e = b
+                    .spec
+                    .disk_file_spec_map
+                    .entry(d.clone())
+                    .or_insert_with(|| s.clone());
+                if e.data_engine != DataEngine::V2 {
+                    *e = s.clone();
+                }
+            }
             b.status
                 .disk_file_status_map
                 .retain(|_, f| f.data_engine != DataEngine::V2);

@@ -186,10 +186,10 @@ enum VolumeCmd {
         #[arg(long, default_value_t = 3600)]
         timeout: u64,
     },
+    /// List volumes: size, replicas, state, robustness, node, endpoint.
     Ls,
-    Get {
-        name: String,
-    },
+    /// One volume: replicas with their modes and rebuild progress, snapshots, endpoints.
+    Get { name: String },
     /// Attach and print the NBD URI once served.
     Attach {
         name: String,
@@ -203,14 +203,15 @@ enum VolumeCmd {
         #[arg(long, default_value_t = 120)]
         timeout: u64,
     },
+    /// Stop serving the volume (its engine stops; replicas and data stay); waits until detached unless --no-wait.
     Detach {
         name: String,
         #[arg(long)]
         no_wait: bool,
     },
-    Rm {
-        name: String,
-    },
+    /// Delete a detached volume with its replicas and their data.
+    Rm { name: String },
+    /// Grow the volume to --size (never shrink).
     Expand {
         name: String,
         #[arg(long, value_parser = parse_size)]
@@ -223,9 +224,7 @@ enum VolumeCmd {
         timeout: u64,
     },
     /// Restart a faulted volume's engine from the best replica.
-    Salvage {
-        name: String,
-    },
+    Salvage { name: String },
     /// Wait (progress bar over attach and rebuilds) until the volume is attached and healthy.
     WaitHealthy {
         name: String,
@@ -732,6 +731,7 @@ async fn main() -> anyhow::Result<()> {
                             "ADDRESS",
                             "VERSION",
                             "INSTANCE MANAGER",
+                            "DATA PLANE",
                             "DISKS",
                         ],
                         ns.iter()
@@ -756,6 +756,11 @@ async fn main() -> anyhow::Result<()> {
                                     } else {
                                         format!("{} {}", n.instance_manager, n.instance_manager_version)
                                     },
+                                    format!(
+                                        "{} ({})",
+                                        n.data_plane_version,
+                                        corral_proto::data_plane::effective(&n.data_plane_features).join(",")
+                                    ),
                                     n.disks
                                         .iter()
                                         .map(|d| {

@@ -79,9 +79,24 @@ pub async fn heartbeat_once(ctx: &Ctx) -> anyhow::Result<()> {
     })
     .await?;
     let replicas = ctx.db.list::<Replica>().await?;
-    let (im_url, im_version) = match ctx.cfg.processes.instance_manager() {
-        Some(im) => (im.url.clone(), im.version_now().await),
-        None => (String::new(), String::new()),
+    // The data plane's version and features: the instance manager's as it answers now (kept as last known when
+    // it does not answer), or this manager's own build, whose binaries run the daemons.
+    let (im_url, im_version, data_plane) = match ctx.cfg.processes.instance_manager() {
+        Some(im) => match im.version_now().await {
+            Ok(r) => (im.url.clone(), r.shown, Some((r.version, r.features))),
+            Err(shown) => (im.url.clone(), shown, None),
+        },
+        None => (
+            String::new(),
+            String::new(),
+            Some((
+                ctx.cfg.version.clone(),
+                corral_proto::data_plane::ALL
+                    .iter()
+                    .map(|f| (*f).to_owned())
+                    .collect(),
+            )),
+        ),
     };
     ctx.db
         .modify::<Node>(&ctx.cfg.node_id, |n| {
@@ -90,6 +105,10 @@ pub async fn heartbeat_once(ctx: &Ctx) -> anyhow::Result<()> {
             n.status.manager_version.clone_from(&ctx.cfg.version);
             n.status.instance_manager.clone_from(&im_url);
             n.status.instance_manager_version.clone_from(&im_version);
+            if let Some((version, features)) = &data_plane {
+                n.status.data_plane_version.clone_from(version);
+                n.status.data_plane_features.clone_from(features);
+            }
             for (disk, st) in &mut n.status.disks {
                 st.storage_scheduled = replicas
                     .iter()

@@ -62,9 +62,28 @@ pub async fn node_is_up(ctx: &Ctx, n: &Node) -> bool {
     super::now() - n.status.heartbeat <= timeout
 }
 
-/// Disks of `engine` that could take a replica now, with their free space after the replicas already scheduled
-/// on them.
-pub async fn candidates(ctx: &Ctx, engine: DataEngine) -> anyhow::Result<Vec<DiskCandidate>> {
+/// Disks that could take a replica now, with their free space after the replicas already scheduled on them.
+pub struct Candidates {
+    pub disks: Vec<DiskCandidate>,
+    /// Up, schedulable nodes left out because their data plane cannot run a replica of the volume: why, each.
+    pub lacking: Vec<String>,
+}
+
+impl Candidates {
+    /// A placement failure with the nodes whose data plane was too old for the volume, if any.
+    pub fn explain(&self, why: String) -> String {
+        if self.lacking.is_empty() {
+            why
+        } else {
+            format!("{why}; left out: {}", self.lacking.join("; "))
+        }
+    }
+}
+
+/// Disks of the volume's data engine that could take a replica of a volume needing `needs`, on nodes whose data
+/// plane can run it (`crate::data_plane`).
+pub async fn candidates(ctx: &Ctx, needs: &crate::data_plane::Needs) -> anyhow::Result<Candidates> {
+    let engine = needs.engine;
     let nodes = ctx.db.list::<Node>().await?;
     let replicas = ctx.db.list::<Replica>().await?;
     let over = ctx
@@ -72,8 +91,15 @@ pub async fn candidates(ctx: &Ctx, engine: DataEngine) -> anyhow::Result<Vec<Dis
         .await
         .max(1);
     let mut out = Vec::new();
+    let mut lacking = Vec::new();
     for n in &nodes {
         if !n.data.spec.allow_scheduling || !node_is_up(ctx, &n.data).await {
+            continue;
+        }
+        if let Some(why) =
+            crate::data_plane::lacking(&n.name, &n.data, needs, crate::data_plane::Role::Replica)
+        {
+            lacking.push(why);
             continue;
         }
         for (disk, d) in &n.data.spec.disks {
@@ -99,7 +125,7 @@ pub async fn candidates(ctx: &Ctx, engine: DataEngine) -> anyhow::Result<Vec<Dis
             });
         }
     }
-    Ok(out)
+    Ok(Candidates { disks: out, lacking })
 }
 
 fn replica_name(volume: &str) -> String {
@@ -208,14 +234,17 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                     .map(|r| (r.data.spec.node_id.clone(), r.data.spec.disk.clone()))
                     .collect();
                 let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
+                let pool = candidates(&ctx, &crate::data_plane::Needs::of(v)).await?;
                 match scheduler::place_on(
                     v.spec.data_engine,
-                    candidates(&ctx, v.spec.data_engine).await?,
+                    pool.disks.clone(),
                     &existing,
                     want - staying,
                     v.spec.size,
                     soft,
-                ) {
+                )
+                .map_err(|why| pool.explain(why))
+                {
                     Ok(places) => {
                         for p in places {
                             let rname = replica_name(&name);

@@ -48,13 +48,17 @@ pub async fn run(c: &Client, json: bool, cmd: NodeLifecycleCmd) -> anyhow::Resul
 }
 
 fn summary(n: &NodeView) -> String {
-    format!(
+    let mut s = format!(
         "node {}: scheduling {}, drain {}, {} replica(s) on it",
         n.name,
         if n.allow_scheduling { "allowed" } else { "disabled" },
         n.drain_state.as_str(),
         n.replicas
-    )
+    );
+    for b in &n.drain_blocked {
+        s = format!("{s}\n  waiting: {b}");
+    }
+    s
 }
 
 /// Polls the node until no replica is left on it, showing how many moved.
@@ -68,16 +72,23 @@ async fn wait_drained(
     let bar = corral_daemon::percent_bar(&format!("draining {node}"));
     let deadline = Instant::now() + timeout;
     let mut n = first;
-    let mut last_left = None;
+    let mut last = None;
     loop {
         let moved = total.saturating_sub(n.replicas);
         bar.set_position(u64::from(moved * 100 / total));
-        if last_left != Some(n.replicas) && !bar.is_hidden() {
-            bar.set_message(format!("draining {node}: {} replica(s) left", n.replicas));
-        } else if last_left != Some(n.replicas) {
-            eprintln!("draining {node}: {} replica(s) left", n.replicas);
+        let now = (n.replicas, n.drain_blocked.clone());
+        if last.as_ref() != Some(&now) {
+            let mut line = format!("draining {node}: {} replica(s) left", n.replicas);
+            if !n.drain_blocked.is_empty() {
+                line = format!("{line}; waiting: {}", n.drain_blocked.join("; "));
+            }
+            if bar.is_hidden() {
+                eprintln!("{line}");
+            } else {
+                bar.set_message(line);
+            }
         }
-        last_left = Some(n.replicas);
+        last = Some(now);
         match n.drain_state {
             DrainState::Drained => {
                 bar.finish_and_clear();

@@ -12,7 +12,9 @@
 //! - the other nodes' disks cannot take the replacements (room, `replica-soft-anti-affinity`, the volume's data
 //!   engine): the message names each volume and why.
 //!
-//! The node's status shows it: `drainState` draining (with `replicas`, how many are left) or drained. `corral node
+//! The node's status shows it: `drainState` draining (with `replicas`, how many are left) or drained, and
+//! `drainBlocked`: a volume detached after the drain began keeps its replica on the node (there is no engine to
+//! rebuild a replacement through) and is named there until it is attached again. `corral node
 //! uncordon` ends a drain (replicas not moved yet stay) and makes the node schedulable again.
 
 use std::collections::{BTreeMap, HashSet};

@@ -1,7 +1,7 @@
 //! REST for node cordon, uncordon and drain (`POST /v1/nodes/{node}/{cordon,uncordon,drain}`) and the node view
 //! the API answers with (drain state, replicas left, orphans removed). The drain's rules are in [`super::drain`].
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 
 use axum::Json;
 use axum::extract::State;
@@ -39,16 +39,33 @@ pub fn register(r: &mut crate::api::routes::Routes) {
 /// The API's view of `n`: the replicas still on it and where its drain is.
 pub async fn node_view(ctx: &Ctx, n: &Object<Node>) -> Result<NodeView, ApiError> {
     let up = crate::controller::volume::node_is_up(ctx, &n.data).await;
-    let left = ctx
+    let here: Vec<Object<Replica>> = ctx
         .db
         .list::<Replica>()
         .await?
-        .iter()
+        .into_iter()
         .filter(|r| r.data.spec.node_id == n.name)
-        .count();
+        .collect();
+    let left = here.len();
     let mut v = NodeView::new(n, up);
     v.replicas = u32::try_from(left).unwrap_or(u32::MAX);
     v.drain_state = DrainState::of(&n.data, left);
+    if v.drain_state == DrainState::Draining {
+        let volumes: BTreeSet<&str> = here.iter().map(|r| r.data.spec.volume.as_str()).collect();
+        for name in volumes {
+            let detached = ctx
+                .db
+                .get::<Volume>(name)
+                .await?
+                .is_some_and(|vol| vol.data.spec.node_id.is_none());
+            if detached {
+                v.drain_blocked.push(format!(
+                    "volume {name} is detached: its replica on {} moves once it is attached (on another node)",
+                    n.name
+                ));
+            }
+        }
+    }
     Ok(v)
 }
 
@@ -128,8 +145,10 @@ pub async fn check(ctx: &Ctx, node: &str) -> Result<(), ApiError> {
             ));
         }
     }
-    // Candidates once the node is unschedulable, shared by the volumes placed one after the other.
+    // Candidates once the node is unschedulable, shared by the volumes placed one after the other (free space
+    // per data engine); each volume uses those on nodes whose data plane can run its replicas.
     let mut pools: HashMap<crate::model::DataEngine, Vec<DiskCandidate>> = HashMap::new();
+    let mut able: HashMap<crate::data_plane::Needs, crate::controller::volume::Candidates> = HashMap::new();
     let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
     for v in &volumes {
         let mine: Vec<&Object<Replica>> = replicas.iter().filter(|r| r.data.spec.volume == v.name).collect();
@@ -156,17 +175,39 @@ pub async fn check(ctx: &Ctx, node: &str) -> Result<(), ApiError> {
             continue;
         }
         let engine = v.data.spec.data_engine;
-        if let std::collections::hash_map::Entry::Vacant(slot) = pools.entry(engine) {
-            let c = crate::controller::volume::candidates(ctx, engine)
+        let candidates = |needs: crate::data_plane::Needs| async move {
+            crate::controller::volume::candidates(ctx, &needs)
                 .await
-                .map_err(|e| ApiError::Internal(format!("{e:#}")))?
-                .into_iter()
-                .filter(|c| !draining.contains(&c.node_id))
-                .collect();
-            slot.insert(c);
+                .map_err(|e| ApiError::Internal(format!("{e:#}")))
+        };
+        if let std::collections::hash_map::Entry::Vacant(slot) = pools.entry(engine) {
+            let plain = crate::data_plane::Needs {
+                engine,
+                revision_counter_disabled: false,
+                backing_image: false,
+            };
+            let c = candidates(plain).await?;
+            slot.insert(
+                c.disks
+                    .into_iter()
+                    .filter(|c| !draining.contains(&c.node_id))
+                    .collect(),
+            );
         }
+        let needs = crate::data_plane::Needs::of(&v.data);
+        if let std::collections::hash_map::Entry::Vacant(slot) = able.entry(needs.clone()) {
+            slot.insert(candidates(needs.clone()).await?);
+        }
+        let found = &able[&needs];
         let pool = pools.entry(engine).or_default();
-        match scheduler::place_on(engine, pool.clone(), &staying, missing, v.data.spec.size, soft) {
+        let usable: Vec<DiskCandidate> = pool
+            .iter()
+            .filter(|c| found.disks.iter().any(|f| f.node_id == c.node_id))
+            .cloned()
+            .collect();
+        match scheduler::place_on(engine, usable, &staying, missing, v.data.spec.size, soft)
+            .map_err(|why| found.explain(why))
+        {
             Ok(places) => {
                 for p in places {
                     if let Some(c) = pool

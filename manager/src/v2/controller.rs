@@ -203,6 +203,10 @@ async fn reconcile_disk(ctx: &Ctx, sup: &Supervisor, disk: &str, spec: &DiskSpec
         device.display().to_string(),
         "--listen".to_owned(),
         format!("{}:{port}", ctx.cfg.host),
+        // Each hosted replica's data protocol on a unix socket too, as v1 replicas' `--data-unix`: an engine on
+        // this node connects there (replica names are unique, so every daemon of the node shares the directory).
+        "--data-unix-dir".to_owned(),
+        ctx.cfg.data_dir.join("sockets").join("v2").display().to_string(),
     ];
     let rec = sup.start(&name, args, restarts).await?;
     ctx.metrics.daemon_started();

@@ -2,16 +2,24 @@
 //! snapshot lvol `bi-NAME-disk-LVSUUID` in the disk's lvstore, which a v2 replica's head is cloned from.
 //!
 //! A create fills a temp head `bi-NAME-disk-LVSUUID-temp-head` from the source (an HTTP URL — the backing-image
-//! manager's uncompressed download — or a file), hashing every byte with SHA-512 as it goes and writing only the
+//! manager's uncompressed download —, a file, or another disk's ready copy), hashing every byte with SHA-512 as it goes and writing only the
 //! 4 KiB blocks that hold data (holes stay holes; the hash still covers the zeros). Then, in this order (the crash
 //! order, `docs/formats.md`, "v2 backing image"): store flush (the data is durable), snapshot of the temp head as
 //! `bi-NAME-disk-LVSUUID`, xattrs `backingImageUUID`, `checksum` and last `state` = `ready`, delete of the temp
 //! head. A failure (source error, size or checksum mismatch, cancel) deletes what the create made; a crash is
 //! cleaned up at the next start ([`BackingImages::recover`]): temp heads, and snapshots without `state` = `ready`,
 //! are deleted. The copies themselves are listed from the snapshot lvols' xattrs — nothing is downloaded again.
+//!
+//! A sync between two stores (seed 001's `BackingImageExpose`): the target binds a sparse-sync receiver (the
+//! protocol and receiver a rebuild uses) on a staging file `.corral-bi-sync-LVOL` in the daemon's scratch
+//! directory and asks the source daemon to expose its copy to it; the source sends its snapshot lvol read-only as
+//! [`LvolSnapshot`] (data blocks only, so holes stay holes), exactly as a rebuild's `FileSend` sends a replica's
+//! snapshot lvol. The staging file is then the create's source, checksummed like any other, and removed whatever
+//! the outcome; one left by a crash is removed at the next start.
 
 use std::collections::BTreeMap;
-use std::path::PathBuf;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use corral_proto::backing_image::FileState;
@@ -24,6 +32,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use super::snapshot_view::LvolSnapshot;
 use crate::error::{ReplicaError, Result, lv_err};
 use crate::locks::lock;
 
@@ -45,6 +54,8 @@ const CHUNK: usize = 1 << 20;
 const CANCELLED: &str = "cancelled (deleted, or the daemon is stopping)";
 /// Status changes buffered for each watcher.
 const WATCH_BACKLOG: usize = 256;
+/// Prefix of a sync's staging file in the scratch directory (followed by the copy's lvol name).
+const STAGING_PREFIX: &str = ".corral-bi-sync-";
 
 /// The snapshot lvol holding backing image `name` in the store `lvs_uuid`.
 pub fn copy_lvol(name: &str, lvs_uuid: &str) -> String {
@@ -120,18 +131,49 @@ fn check_checksum(checksum: &str) -> Result<()> {
 enum Source {
     Url(String),
     File(PathBuf),
+    /// The `LvstoreService` address of a daemon holding a ready copy.
+    Lvstore(String),
 }
 
 struct Copy {
     info: v1::BackingImageV2CopyInfo,
     cancel: CancellationToken,
     job: Option<JoinHandle<()>>,
+    /// Exposures (sends to another disk) in progress; the copy is not deleted while any runs.
+    exposed: usize,
+    /// Cancels the exposures in progress (`BackingImageUnexpose`); replaced by a fresh token after.
+    unexpose: CancellationToken,
+}
+
+/// Where a sync stages what it receives, and the IP its receiver binds to.
+#[derive(Debug, Clone)]
+pub struct SyncStaging {
+    pub listen_ip: IpAddr,
+    pub scratch: PathBuf,
+}
+
+impl SyncStaging {
+    fn file(&self, lvol: &str) -> PathBuf {
+        self.scratch.join(format!("{STAGING_PREFIX}{lvol}"))
+    }
+}
+
+/// Removes a sync's staging file and the receiver's partial file beside it, whichever exist.
+fn remove_staging(path: &Path) {
+    for p in [path.to_owned(), sparse_sync::receiver::partial_path(path)] {
+        if let Err(e) = std::fs::remove_file(&p)
+            && e.kind() != std::io::ErrorKind::NotFound
+        {
+            warn!(path = %p.display(), error = %e, "removing a backing-image sync's staging file failed");
+        }
+    }
 }
 
 /// The backing-image copies of one disk's store.
 pub struct BackingImages {
     store: Arc<LvStore>,
     lvs_uuid: String,
+    staging: SyncStaging,
     copies: Mutex<BTreeMap<String, Copy>>,
     events: broadcast::Sender<v1::BackingImageV2CopyInfo>,
     cancel: CancellationToken,
@@ -147,8 +189,8 @@ impl std::fmt::Debug for BackingImages {
 
 impl BackingImages {
     /// The copies `store` holds, from the snapshot lvols' xattrs, after deleting what an interrupted create left
-    /// (temp heads; snapshots whose `state` is not `ready`). Blocking.
-    pub fn recover(store: Arc<LvStore>, cancel: CancellationToken) -> Result<Self> {
+    /// (temp heads; snapshots whose `state` is not `ready`; a sync's staging files). Blocking.
+    pub fn recover(store: Arc<LvStore>, staging: SyncStaging, cancel: CancellationToken) -> Result<Self> {
         let lvs_uuid = store.uuid();
         let mut copies = BTreeMap::new();
         let lvols = store.list();
@@ -156,6 +198,16 @@ impl BackingImages {
             if l.kind == BlobKind::Lvol && l.name.ends_with(TEMP_HEAD_SUFFIX) {
                 warn!(lvol = %l.name, "deleting the temp head of an interrupted backing-image create");
                 store.delete(&l.name).map_err(|e| lv_err(&store, e))?;
+            }
+        }
+        // Staging files of this store's syncs only (their names end with the store's UUID, before any suffix).
+        if let Ok(entries) = std::fs::read_dir(&staging.scratch) {
+            for e in entries.flatten() {
+                let n = e.file_name().to_string_lossy().into_owned();
+                if n.starts_with(STAGING_PREFIX) && n.contains(&lvs_uuid) {
+                    warn!(file = %n, "removing the staging file of an interrupted backing-image sync");
+                    let _ = std::fs::remove_file(e.path());
+                }
             }
         }
         for l in store.list() {
@@ -198,6 +250,8 @@ impl BackingImages {
                     info,
                     cancel: cancel.child_token(),
                     job: None,
+                    exposed: 0,
+                    unexpose: cancel.child_token(),
                 },
             );
         }
@@ -205,6 +259,7 @@ impl BackingImages {
         Ok(Self {
             store,
             lvs_uuid,
+            staging,
             copies: Mutex::new(copies),
             events,
             cancel,
@@ -291,9 +346,17 @@ impl BackingImages {
             Some(v1::backing_image_create_request::Source::FromFile(p)) if p.starts_with('/') => {
                 Source::File(PathBuf::from(p))
             }
+            Some(v1::backing_image_create_request::Source::FromLvstore(a))
+                if a.parse::<SocketAddr>().is_ok()
+                    || a.rsplit_once(':')
+                        .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) =>
+            {
+                Source::Lvstore(a)
+            }
             other => {
                 return Err(ReplicaError::InvalidArgument(format!(
-                    "backing image source {other:?}: give an http(s) URL or an absolute file path"
+                    "backing image source {other:?}: give an http(s) URL, an absolute file path or the HOST:PORT \
+                     of the lvstore daemon holding a ready copy"
                 )));
             }
         };
@@ -302,7 +365,7 @@ impl BackingImages {
             .map_err(|e| ReplicaError::InvalidArgument(format!("backing image name too long: {e}")))?;
         let mut copies = lock(&self.copies);
         if copies.contains_key(&req.name) || self.store.lookup(&lvol).is_ok() {
-            return Err(ReplicaError::AlreadyExists(lvol));
+            return Err(ReplicaError::AlreadyExists(format!("backing image copy {lvol}")));
         }
         let info = v1::BackingImageV2CopyInfo {
             name: req.name.clone(),
@@ -332,6 +395,8 @@ impl BackingImages {
                 info: info.clone(),
                 cancel,
                 job: Some(handle),
+                exposed: 0,
+                unexpose: self.cancel.child_token(),
             },
         );
         let _ = self.events.send(info.clone());
@@ -346,6 +411,11 @@ impl BackingImages {
             let c = copies
                 .get_mut(name)
                 .ok_or_else(|| ReplicaError::NotFound(format!("v2 backing image {name} on this disk")))?;
+            if c.exposed > 0 {
+                return Err(ReplicaError::FailedPrecondition(format!(
+                    "v2 backing image {name} is being sent to another disk: unexpose it first"
+                )));
+            }
             if let Ok(info) = self.store.info(&c.info.lvol)
                 && !info.children.is_empty()
             {
@@ -373,6 +443,60 @@ impl BackingImages {
         }
         info!(image = name, "v2 backing image deleted from this disk");
         Ok(())
+    }
+
+    /// Sends this disk's ready copy of `name` read-only to the sparse-sync receiver at `to` (another disk's sync
+    /// of the image); answers once it is sent, or when [`Self::unexpose`] or shutdown stops it.
+    pub async fn expose(&self, name: &str, to: &str) -> Result<v1::BackingImageExposeResponse> {
+        let (lvol, size, stop) = {
+            let mut copies = lock(&self.copies);
+            let c = copies
+                .get_mut(name)
+                .ok_or_else(|| ReplicaError::NotFound(format!("v2 backing image {name} on this disk")))?;
+            if c.info.state != FileState::Ready.as_str() {
+                return Err(ReplicaError::FailedPrecondition(format!(
+                    "v2 backing image {name} on this disk is {}, not ready: it cannot be synced from",
+                    c.info.state
+                )));
+            }
+            c.exposed += 1;
+            (c.info.lvol.clone(), c.info.size, c.unexpose.clone())
+        };
+        let sent = async {
+            let id = self.store.lookup(&lvol).map_err(|e| lv_err(&self.store, e))?;
+            let content = Arc::new(LvolSnapshot::new(self.store.clone(), id, size));
+            let opts = sparse_sync::SendOptions::default();
+            sparse_sync::send(content, to, &opts, &sparse_sync::Progress::new(), &stop)
+                .await
+                .map_err(|e| {
+                    ReplicaError::FailedPrecondition(format!(
+                        "send v2 backing image {name} ({lvol}) to {to}: {e}"
+                    ))
+                })
+        }
+        .await;
+        if let Some(c) = lock(&self.copies).get_mut(name) {
+            c.exposed -= 1;
+        }
+        let s = sent?;
+        info!(
+            image = name,
+            to,
+            sent = s.bytes_sent,
+            "v2 backing image exposed and sent"
+        );
+        Ok(v1::BackingImageExposeResponse {
+            bytes_sent: s.bytes_sent,
+            size,
+        })
+    }
+
+    /// Stops every exposure of `name` in progress.
+    pub fn unexpose(&self, name: &str) {
+        if let Some(c) = lock(&self.copies).get_mut(name) {
+            c.unexpose.cancel();
+            c.unexpose = self.cancel.child_token();
+        }
     }
 
     /// Cancels every create in progress and waits for them (each deletes what it made).
@@ -451,6 +575,8 @@ impl Reader {
                 }
                 Ok((Reader::File(f), Some(m.len())))
             }
+            // Received into a staging file first ([`Job::receive`]), then read as that file.
+            Source::Lvstore(from) => Err(format!("the copy on {from} is read through its staging file")),
         }
     }
 
@@ -509,7 +635,20 @@ fn write_chunk(store: &LvStore, id: BlobId, off: u64, buf: &[u8], hash: &mut Sha
 impl Job {
     async fn run(self, source: Source) {
         // Cancel is checked between steps, never by dropping a blocking step midway (it would run on alone).
-        match self.fill(&source).await {
+        let filled = match &source {
+            Source::Lvstore(from) => {
+                let staged = self.images.staging.file(&self.lvol);
+                let r = match self.receive(from, &staged).await {
+                    Ok(()) => self.fill(&Source::File(staged.clone())).await,
+                    Err(e) => Err(e),
+                };
+                let s = staged.clone();
+                let _ = tokio::task::spawn_blocking(move || remove_staging(&s)).await;
+                r
+            }
+            _ => self.fill(&source).await,
+        };
+        match filled {
             Ok((checksum, size)) => {
                 info!(image = %self.name, lvol = %self.lvol, size, "v2 backing image ready");
                 self.images.update(&self.name, |i| {
@@ -548,6 +687,67 @@ impl Job {
                 .await
                 .map_err(|e| e.to_string())?
         }
+    }
+
+    /// Receives another disk's copy into the staging file `staged`: a sparse-sync receiver, and the source daemon
+    /// at `from` asked to expose its copy to it.
+    async fn receive(&self, from: &str, staged: &Path) -> std::result::Result<(), String> {
+        use corral_proto::v1::lvstore_service_client::LvstoreServiceClient;
+        let s = staged.to_owned();
+        let _ = tokio::task::spawn_blocking(move || remove_staging(&s)).await;
+        self.images.update(&self.name, |i| {
+            i.state = FileState::InProgress.as_str().to_owned();
+        });
+        let receiver = sparse_sync::Receiver::bind(
+            SocketAddr::new(self.images.staging.listen_ip, 0),
+            sparse_sync::ReceiverConfig::new(staged),
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let to = receiver.local_addr().to_string();
+        let rcancel = self.cancel.child_token();
+        let recv = tokio::spawn(receiver.run(rcancel.clone()));
+        let expose = async {
+            let mut c = LvstoreServiceClient::connect(format!("http://{from}"))
+                .await
+                .map_err(|e| format!("connect to the lvstore daemon at {from}: {e}"))?;
+            let req = v1::BackingImageExposeRequest {
+                name: self.name.clone(),
+                to_address: to.clone(),
+            };
+            tokio::select! {
+                r = c.backing_image_expose(req) => r
+                    .map(tonic::Response::into_inner)
+                    .map_err(|s| format!("BackingImageExpose of {} on {from}: {}", self.name, s.message())),
+                () = self.cancel.cancelled() => {
+                    let _ = c.backing_image_unexpose(v1::BackingImageRef { name: self.name.clone() }).await;
+                    Err(CANCELLED.to_owned())
+                }
+            }
+        };
+        let sent = match expose.await {
+            Ok(s) => s,
+            Err(e) => {
+                rcancel.cancel();
+                let _ = recv.await;
+                return Err(e);
+            }
+        };
+        if self.size != 0 && sent.size != self.size {
+            rcancel.cancel();
+            let _ = recv.await;
+            return Err(format!(
+                "the copy on {from} holds {} bytes, the image {}",
+                sent.size, self.size
+            ));
+        }
+        let summary = recv
+            .await
+            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("receive from {from}: {e}"))?;
+        info!(image = %self.name, from, sent = sent.bytes_sent, written = summary.bytes_written,
+            "v2 backing image received from another disk");
+        Ok(())
     }
 
     /// Fills the temp head and turns it into the copy's snapshot; answers the checksum and size.

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use super::backing_image::BackingImages;
+use super::backing_image::{BackingImages, SyncStaging};
 use super::backup::V2Backup;
 use super::lvol::{LvolReplica, check_replica_name, replicas_in};
 use super::metrics::{MetricsTable, ReplicaIoLatency, ReplicaMetrics, TimedBackend};
@@ -60,6 +60,9 @@ pub struct LvstoreServeConfig {
     pub replicas: Vec<String>,
     /// Prometheus `/metrics`, `/healthz` and `/readyz` address.
     pub metrics_listen: Option<SocketAddr>,
+    /// Directory of the hosted replicas' data-protocol unix sockets (`NAME.data.sock`), beside their TCP data
+    /// listeners; an engine on this node learns its replica's from `ReplicaGet` and connects there.
+    pub data_unix_dir: Option<PathBuf>,
 }
 
 struct Hosted {
@@ -84,6 +87,21 @@ pub struct LvstoreDaemon {
     metrics: MetricsTable,
     /// This disk's copies of v2 backing images.
     backing_images: Arc<BackingImages>,
+    /// `--data-unix-dir`.
+    data_unix_dir: Option<PathBuf>,
+}
+
+/// Where replica `name` serves the data protocol on a unix socket under `dir`; `None` (TCP only, with a warning)
+/// when the path would not fit a socket address.
+fn data_socket(dir: &std::path::Path, name: &str) -> Option<PathBuf> {
+    // sockaddr_un.sun_path holds 108 bytes with the terminating NUL.
+    const MAX_SOCKET_PATH: usize = 107;
+    let sock = dir.join(format!("{name}.data.sock"));
+    if sock.as_os_str().len() > MAX_SOCKET_PATH {
+        warn!(replica = name, path = %sock.display(), "socket path too long: data protocol over TCP only");
+        return None;
+    }
+    Some(sock)
 }
 
 async fn bind(ip: IpAddr, port: u16, name: &str, what: &str) -> anyhow::Result<TcpListener> {
@@ -113,11 +131,14 @@ impl LvstoreDaemon {
         let control = bind(self.ip, want[0], name, "control").await?;
         let data = bind(self.ip, want[1], name, "data").await?;
         let sync = bind(self.ip, want[2], name, "sync").await?;
+        let data_unix = match self.data_unix_dir.as_deref().and_then(|d| data_socket(d, name)) {
+            Some(path) => Some((crate::daemon::bind_unix(&path)?, path)),
+            None => None,
+        };
         let served = ServedEndpoints {
             data: data.local_addr()?,
             sync: sync.local_addr()?,
-            // v2 replicas serve the data protocol on TCP only for now (issue 16 item 4 covers v1's `--data-unix`).
-            data_unix: None,
+            data_unix: data_unix.as_ref().map(|(_, p)| p.clone()),
         };
         let bound = [
             control.local_addr()?.port(),
@@ -181,7 +202,14 @@ impl LvstoreDaemon {
         );
         let c = cancel.clone();
         tasks.spawn(async move {
-            server.serve_tcp(data, c).await;
+            match data_unix {
+                Some((unix, path)) => {
+                    tokio::join!(server.serve_tcp(data, c.clone()), server.serve_unix(unix, c));
+                    // Nothing listens there any more: a client must not find a socket that refuses it.
+                    let _ = std::fs::remove_file(&path);
+                }
+                None => server.serve_tcp(data, c).await,
+            }
             server.shutdown().await;
             Ok(())
         });
@@ -396,6 +424,24 @@ impl LvstoreService for LvstoreGrpc {
         }))
     }
 
+    async fn backing_image_expose(
+        &self,
+        req: Request<v1::BackingImageExposeRequest>,
+    ) -> Result<Response<v1::BackingImageExposeResponse>, Status> {
+        let req = req.into_inner();
+        Ok(Response::new(
+            self.0.backing_images.expose(&req.name, &req.to_address).await?,
+        ))
+    }
+
+    async fn backing_image_unexpose(
+        &self,
+        req: Request<v1::BackingImageRef>,
+    ) -> Result<Response<v1::LvstoreEmpty>, Status> {
+        self.0.backing_images.unexpose(&req.into_inner().name);
+        Ok(Response::new(v1::LvstoreEmpty {}))
+    }
+
     type BackingImageWatchStream = std::pin::Pin<
         Box<dyn futures::Stream<Item = Result<v1::BackingImageV2CopyInfo, Status>> + Send + 'static>,
     >;
@@ -467,7 +513,12 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
     }
     // Before the replicas: an interrupted backing-image create's temp head is deleted, never hosted.
     let (s, c) = (store.clone(), cancel.child_token());
-    let backing_images = Arc::new(tokio::task::spawn_blocking(move || BackingImages::recover(s, c)).await??);
+    let staging = SyncStaging {
+        listen_ip: cfg.listen.ip(),
+        scratch: scratch_dir(&cfg.disk),
+    };
+    let backing_images =
+        Arc::new(tokio::task::spawn_blocking(move || BackingImages::recover(s, staging, c)).await??);
     let daemon = Arc::new(LvstoreDaemon {
         store: store.clone(),
         ip: cfg.listen.ip(),
@@ -478,7 +529,11 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
         busy: Mutex::default(),
         metrics: MetricsTable::default(),
         backing_images,
+        data_unix_dir: cfg.data_unix_dir.clone(),
     });
+    if let Some(dir) = &cfg.data_unix_dir {
+        std::fs::create_dir_all(dir).with_context(|| format!("create --data-unix-dir {}", dir.display()))?;
+    }
     for name in &cfg.replicas {
         check_replica_name(name)?;
     }
@@ -492,11 +547,18 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
             .host(&name, [0; 3])
             .await
             .with_context(|| format!("serve replica {name}"))?;
-        // `NAME.control`, `NAME.data`, `NAME.sync` (replica names hold no dots).
+        // `NAME.control`, `NAME.data`, `NAME.sync`, `NAME.data-unix` (replica names hold no dots).
         for (what, ep) in [("control", &a.control), ("data", &a.data), ("sync", &a.sync)] {
             if let corral_proto::Endpoint::Tcp { port, .. } = ep {
                 ready = ready.tcp(&format!("{name}.{what}"), SocketAddr::new(daemon.ip, *port));
             }
+        }
+        if let Some(sock) = daemon
+            .data_unix_dir
+            .as_deref()
+            .and_then(|d| data_socket(d, &name))
+        {
+            ready = ready.unix(&format!("{name}.data-unix"), &sock);
         }
     }
     let listener = TcpListener::bind(cfg.listen)

@@ -14,7 +14,7 @@
 
 use std::collections::BTreeMap;
 use std::ops::Range;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use lvstore::{BlobId, BlobKind, LvStore, LvolInfo};
@@ -28,8 +28,12 @@ use crate::replica::{DiskStatus, ReplicaStatus, SECTOR_SIZE, SnapshotRequest};
 
 /// Head xattr: the replica's settings.
 pub const XATTR_VOLUME: &str = "corral.volume";
-/// Head xattr: salvage fields, rewritten at each flush after a write.
+/// Head xattr: salvage fields, rewritten at a flush after a write (when, see [`LvolReplica::flush`]).
 pub const XATTR_SALVAGE: &str = "corral.salvage";
+
+/// How old (ns) the recorded `lastModifyTime` may get while flushed writes go on with the revision counter off:
+/// 5 s, ext4's default journal commit interval, which bounds how stale a v1 head file's persisted mtime can be.
+pub const SALVAGE_TIME_LAG_NS: i64 = 5_000_000_000;
 /// Snapshot xattr: the snapshot's metadata.
 pub const XATTR_SNAPSHOT: &str = "corral.snapshot";
 /// Head xattr: the backup last restored completely into the replica (`crate::backup::RestoreState`, JSON;
@@ -142,8 +146,12 @@ pub struct LvolReplica {
     /// Serialises shape changes (snapshot, revert, expand, purge steps).
     shape: Mutex<()>,
     counter: AtomicU64,
-    /// Writes since the last flush (salvage fields are rewritten only then).
+    /// Writes since the salvage fields were last recorded (they are rewritten only at a flush).
     written: AtomicBool,
+    /// `lastModifyTime` as last recorded in `corral.salvage` (ns since the epoch).
+    salvage_recorded: AtomicI64,
+    /// The time of a flush after writes whose salvage fields are not recorded yet (0: none).
+    salvage_unrecorded: AtomicI64,
     pub(crate) purging: AtomicBool,
     /// Snapshots being sent to a rebuilding replica or read by a backup (a purge waits for none).
     pub(super) sending: AtomicUsize,
@@ -181,6 +189,8 @@ impl LvolReplica {
             shape: Mutex::new(()),
             counter: AtomicU64::new(0),
             written: AtomicBool::new(false),
+            salvage_recorded: AtomicI64::new(0),
+            salvage_unrecorded: AtomicI64::new(0),
             purging: AtomicBool::new(false),
             sending: AtomicUsize::new(0),
             create_over: Mutex::new(None),
@@ -375,6 +385,8 @@ impl LvolReplica {
         let volume = self.read_volume_xattr()?;
         let salvage = self.salvage()?;
         self.counter.store(salvage.revision_counter, Ordering::SeqCst);
+        self.salvage_recorded
+            .store(salvage.last_modify_time, Ordering::SeqCst);
         *write_lock(&self.open) = Some(Open { head, size, volume });
         Ok(())
     }
@@ -385,7 +397,7 @@ impl LvolReplica {
         if read_lock(&self.open).is_none() {
             return Ok(());
         }
-        self.flush()?;
+        self.flush_recording_salvage(true)?;
         *write_lock(&self.open) = None;
         Ok(())
     }
@@ -545,34 +557,79 @@ impl LvolReplica {
         ReplicaError::FailedPrecondition(format!("replica {} is not open", self.name))
     }
 
-    /// Makes every acknowledged write durable (the store's flush), then, when something was written since the
-    /// last flush, records the salvage fields in the head's `corral.salvage` (one journaled operation).
+    /// Makes every acknowledged write durable (the store's flush) and, when something was written since they were
+    /// last recorded, records the salvage fields in the head's `corral.salvage` in the flush's own journal record:
+    /// at every such flush while the revision counter is on (it must be durable at each flush, as v1's); with it
+    /// off, only when the flush journals a record anyway (it allocated) or the recorded `lastModifyTime` is
+    /// [`SALVAGE_TIME_LAG_NS`] old — as v1's head-file mtime, which `fdatasync` does not persist either and the
+    /// file system commits within seconds. A rewrite of allocated blocks then flushes with one `fdatasync`.
     pub fn flush(&self) -> Result<()> {
+        self.flush_recording_salvage(false)
+    }
+
+    /// [`flush`](Self::flush); `force` records pending salvage fields whatever the lag (close, snapshot).
+    fn flush_recording_salvage(&self, force: bool) -> Result<()> {
         let o = self.current()?;
-        if self.written.swap(false, Ordering::SeqCst) {
-            // The salvage fields ride in the flush's own journal record (one append, IO not stopped).
-            let allocated = self
-                .store
-                .info(&self.name)
-                .map_err(|e| self.err(e))?
-                .allocated_bytes;
-            let s = SalvageXattr {
-                last_modify_time: now_ns(),
-                allocated_bytes: allocated,
-                revision_counter: if o.volume.revision_counter_disabled {
-                    0
-                } else {
-                    self.counter.load(Ordering::SeqCst)
-                },
-            };
-            let bytes = serde_json::to_vec(&s).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
-            if let Err(e) = self.store.flush_with_xattr(&self.name, XATTR_SALVAGE, &bytes) {
-                self.written.store(true, Ordering::SeqCst);
-                return Err(self.err(e));
-            }
-            return Ok(());
+        let wrote = self.written.swap(false, Ordering::SeqCst);
+        let unrecorded = self.salvage_unrecorded.load(Ordering::SeqCst);
+        if !wrote && unrecorded == 0 {
+            return self.store.flush().map_err(|e| self.err(e));
         }
-        self.store.flush().map_err(|e| self.err(e))
+        let now = now_ns();
+        // The time of the last flush that followed a write: this one, or an earlier one not recorded yet.
+        let time = if wrote { now } else { unrecorded };
+        let recorded = self.salvage_recorded.load(Ordering::SeqCst);
+        // A clock that went back counts as due: the recorded time must not stay ahead of the writes.
+        let due = force
+            || !o.volume.revision_counter_disabled
+            || now < recorded
+            || now - recorded >= SALVAGE_TIME_LAG_NS;
+        let allocated = self
+            .store
+            .info(&self.name)
+            .map_err(|e| self.err(e))?
+            .allocated_bytes;
+        let s = SalvageXattr {
+            last_modify_time: time,
+            allocated_bytes: allocated,
+            revision_counter: if o.volume.revision_counter_disabled {
+                0
+            } else {
+                self.counter.load(Ordering::SeqCst)
+            },
+        };
+        let bytes = serde_json::to_vec(&s).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
+        let res = if due {
+            self.store
+                .flush_with_xattr(&self.name, XATTR_SALVAGE, &bytes)
+                .map(|()| true)
+        } else {
+            self.store
+                .flush_with_xattr_if_journaling(&self.name, XATTR_SALVAGE, &bytes)
+        };
+        match res {
+            Ok(true) => {
+                self.salvage_recorded.store(time, Ordering::SeqCst);
+                let _ = self.salvage_unrecorded.compare_exchange(
+                    unrecorded,
+                    0,
+                    Ordering::SeqCst,
+                    Ordering::SeqCst,
+                );
+                Ok(())
+            }
+            // Still to record: at a later flush (or close, or snapshot); `status` reports it meanwhile.
+            Ok(false) => {
+                self.salvage_unrecorded.store(time, Ordering::SeqCst);
+                Ok(())
+            }
+            Err(e) => {
+                if wrote {
+                    self.written.store(true, Ordering::SeqCst);
+                }
+                Err(self.err(e))
+            }
+        }
     }
 
     /// The revision counter (0 when disabled).
@@ -626,10 +683,13 @@ impl LvolReplica {
         let file = names::resolve_snapshot(&req.name)?;
         let lvol = self.snap_lvol(&file);
         if self.store.lookup(&lvol).is_ok() {
-            return Err(ReplicaError::AlreadyExists(file));
+            return Err(ReplicaError::AlreadyExists(format!(
+                "snapshot {} ({file})",
+                req.name
+            )));
         }
         // IO stops for the snapshot (the store's exclusive gate); flush first so the salvage fields are current.
-        self.flush()?;
+        self.flush_recording_salvage(true)?;
         self.store.snapshot(&self.name, &lvol).map_err(|e| self.err(e))?;
         let meta = SnapshotXattr {
             created: if req.created.is_empty() {
@@ -910,7 +970,11 @@ impl LvolReplica {
                 self.revision_counter()
             },
             revision_counter_disabled: o.volume.revision_counter_disabled,
-            last_modify_time: salvage.last_modify_time,
+            // Flushed but not recorded yet (at most SALVAGE_TIME_LAG_NS old): what salvage compares while this
+            // daemon runs, as a v1 head file's mtime is current in memory before the file system persists it.
+            last_modify_time: salvage
+                .last_modify_time
+                .max(self.salvage_unrecorded.load(Ordering::SeqCst)),
             head_file_size: head.map_or(0, |h| h.allocated_bytes),
             extent_map_runs: 0,
         })
@@ -1275,6 +1339,70 @@ mod tests {
         // Deleting the replica deletes every lvol of it.
         r.delete().unwrap();
         assert!(s.list().is_empty(), "{:?}", s.list());
+    }
+
+    #[test]
+    fn with_the_counter_off_a_flush_that_allocated_nothing_journals_nothing_and_close_records_the_salvage_time()
+     {
+        let t = tempfile::tempdir().unwrap();
+        let s = store(t.path());
+        let commits = || s.space().journal_commits;
+        let r = LvolReplica::load(s.clone(), "r").unwrap();
+        r.create(1 << 20, true, [1, 2, 3]).unwrap();
+        // A write that allocates: the flush journals the map change, and the salvage fields ride along.
+        r.write_at(0, &[1u8; 4096]).unwrap();
+        let c0 = commits();
+        r.flush().unwrap();
+        assert_eq!(commits(), c0 + 1);
+        let first = r.salvage().unwrap();
+        assert!(
+            first.last_modify_time > 0 && first.allocated_bytes >= 4096,
+            "{first:?}"
+        );
+        // A rewrite of the allocated block: one fdatasync, no journal record, the salvage fields as they were.
+        r.write_at(0, &[2u8; 4096]).unwrap();
+        r.flush().unwrap();
+        assert_eq!(commits(), c0 + 1, "a rewrite's flush journaled a record");
+        assert_eq!(r.salvage().unwrap(), first);
+        // Once the recorded time is SALVAGE_TIME_LAG_NS old, the next flush records it even without allocating.
+        r.salvage_recorded
+            .store(first.last_modify_time - SALVAGE_TIME_LAG_NS, Ordering::SeqCst);
+        r.flush().unwrap();
+        assert_eq!(commits(), c0 + 2);
+        let second = r.salvage().unwrap();
+        assert!(second.last_modify_time > first.last_modify_time);
+        // Close records what a rewrite left pending, whatever its age.
+        r.write_at(0, &[3u8; 4096]).unwrap();
+        r.flush().unwrap();
+        assert_eq!(r.salvage().unwrap(), second);
+        // Not recorded, but reported while the daemon runs (what salvage compares after an engine crash).
+        let reported = r.status().unwrap().last_modify_time;
+        assert!(reported > second.last_modify_time);
+        r.close().unwrap();
+        assert_eq!(r.salvage().unwrap().last_modify_time, reported);
+        assert_eq!(read_back(&s, 4096), vec![3u8; 4096]);
+        s.check().unwrap();
+    }
+
+    #[test]
+    fn with_the_counter_on_every_flush_after_a_write_records_the_counter() {
+        let t = tempfile::tempdir().unwrap();
+        let s = store(t.path());
+        let r = LvolReplica::load(s.clone(), "r").unwrap();
+        r.create(1 << 20, false, [1, 2, 3]).unwrap();
+        r.write_at(0, &[1u8; 4096]).unwrap();
+        r.flush().unwrap();
+        let c0 = s.space().journal_commits;
+        r.write_at(0, &[2u8; 4096]).unwrap();
+        r.flush().unwrap();
+        assert_eq!(s.space().journal_commits, c0 + 1);
+        assert_eq!(r.salvage().unwrap().revision_counter, r.revision_counter());
+        assert_eq!(r.revision_counter(), 2);
+    }
+
+    fn read_back(s: &Arc<LvStore>, len: usize) -> Vec<u8> {
+        let r = LvolReplica::load(s.clone(), "r").unwrap();
+        read(&r, 0, len)
     }
 
     #[test]

@@ -143,7 +143,12 @@ impl V2Grpc {
             replica: Some(to_proto(&s, self.host.replica.name())),
             data_endpoint: self.served.data.to_string(),
             sync_endpoint: self.served.sync.to_string(),
-            data_local_endpoint: String::new(),
+            data_local_endpoint: self
+                .served
+                .data_unix
+                .as_ref()
+                .map(|p| format!("unix:{}", p.display()))
+                .unwrap_or_default(),
         }))
     }
 
