@@ -86,6 +86,27 @@ impl Cluster {
         panic!("no free /24 found for the cluster network in 5 attempts");
     }
 
+    /// [`Cluster::up`], then waits for its three nodes to be ready; returns them too.
+    fn up_ready(tag: &str) -> (Self, Vec<String>) {
+        let cluster = Self::up(tag);
+        let nodes = testkit::wait_for("three ready nodes", Duration::from_secs(90), || {
+            cluster.ready_nodes().filter(|n| n.len() == 3)
+        });
+        (cluster, nodes)
+    }
+
+    /// `vol1` of 256 MiB with `replicas` replicas, attached on node-1: its view once healthy.
+    fn attached_vol1(&self, replicas: usize) -> Value {
+        let n = replicas.to_string();
+        let (ok, text) = self.corral(&["volume", "create", "vol1", "--size", "256Mi", "--replicas", &n]);
+        assert!(ok, "volume create: {text}");
+        let (ok, text) = self.corral(&["volume", "attach", "vol1", "--node", "node-1"]);
+        assert!(ok, "volume attach: {text}");
+        testkit::wait_for("vol1 healthy", Duration::from_secs(60), || {
+            self.volume("vol1").filter(|v| v["robustness"] == "healthy")
+        })
+    }
+
     fn container(&self, service: &str) -> String {
         self.project.container_id(service)
     }
@@ -231,21 +252,12 @@ fn compose_cluster_serves_a_volume_across_node_partition_and_etcd_member_loss() 
     let tag = build_images("debug", &["corral-manager", "corral-im", "corral-etcd"]);
 
     // 1. Up: three etcd members, three nodes that register themselves.
-    let cluster = Cluster::up(&tag);
+    let (cluster, nodes) = Cluster::up_ready(&tag);
     let net = cluster.net.clone();
-    let nodes = testkit::wait_for("three ready nodes", Duration::from_secs(90), || {
-        cluster.ready_nodes().filter(|n| n.len() == 3)
-    });
     eprintln!("cluster up on {net}.0/24 in {:.0?}: {nodes:?}", started.elapsed());
 
     // 2. A 3-replica volume, one replica per node, attached on node-1 and written through its NBD TCP endpoint.
-    let (ok, text) = cluster.corral(&["volume", "create", "vol1", "--size", "256Mi", "--replicas", "3"]);
-    assert!(ok, "volume create: {text}");
-    let (ok, text) = cluster.corral(&["volume", "attach", "vol1", "--node", "node-1"]);
-    assert!(ok, "volume attach: {text}");
-    let v = testkit::wait_for("vol1 healthy", Duration::from_secs(60), || {
-        cluster.volume("vol1").filter(|v| v["robustness"] == "healthy")
-    });
+    let v = cluster.attached_vol1(3);
     let mut placed: Vec<String> = replicas(&v).into_iter().map(|(_, node, _)| node).collect();
     placed.sort();
     assert_eq!(placed, NODES, "one replica per node: {v}");
@@ -575,17 +587,8 @@ fn compose_cluster_managers_upgrade_one_at_a_time_without_interrupting_io() {
     let started = Instant::now();
     let tag = build_images("debug", &["corral-manager", "corral-im", "corral-etcd"]);
     let (upgraded_tag, upgraded_version) = build_upgrade(&tag, &["corral-manager"]);
-    let cluster = Cluster::up(&tag);
-    testkit::wait_for("three ready nodes", Duration::from_secs(90), || {
-        cluster.ready_nodes().filter(|n| n.len() == 3)
-    });
-    let (ok, text) = cluster.corral(&["volume", "create", "vol1", "--size", "256Mi", "--replicas", "3"]);
-    assert!(ok, "volume create: {text}");
-    let (ok, text) = cluster.corral(&["volume", "attach", "vol1", "--node", "node-1"]);
-    assert!(ok, "volume attach: {text}");
-    let v = testkit::wait_for("vol1 healthy", Duration::from_secs(60), || {
-        cluster.volume("vol1").filter(|v| v["robustness"] == "healthy")
-    });
+    let (cluster, _) = Cluster::up_ready(&tag);
+    let v = cluster.attached_vol1(3);
     let uri = nbd_uri(&v);
     let old_version = manager_versions(&cluster).expect("node ls")["node-1"].1.clone();
     assert_ne!(old_version, upgraded_version);
@@ -732,20 +735,11 @@ fn compose_cluster_drains_a_node_under_write_load_without_dropping_below_the_rep
     }
     let started = Instant::now();
     let tag = build_images("debug", &["corral-manager", "corral-im", "corral-etcd"]);
-    let cluster = Cluster::up(&tag);
-    testkit::wait_for("three ready nodes", Duration::from_secs(90), || {
-        cluster.ready_nodes().filter(|n| n.len() == 3)
-    });
+    let (cluster, _) = Cluster::up_ready(&tag);
 
     // A 2-replica volume attached on node-1: one of its replicas is on node-2 or node-3 (anti-affinity), the node
     // to drain; the third node is where that replica can go.
-    let (ok, text) = cluster.corral(&["volume", "create", "vol1", "--size", "256Mi", "--replicas", "2"]);
-    assert!(ok, "volume create: {text}");
-    let (ok, text) = cluster.corral(&["volume", "attach", "vol1", "--node", "node-1"]);
-    assert!(ok, "volume attach: {text}");
-    let v = testkit::wait_for("vol1 healthy", Duration::from_secs(60), || {
-        cluster.volume("vol1").filter(|v| v["robustness"] == "healthy")
-    });
+    let v = cluster.attached_vol1(2);
     let before = replicas(&v);
     let drained = before
         .iter()
@@ -886,18 +880,9 @@ fn compose_cluster_data_planes_upgrade_one_node_at_a_time_after_a_drain() {
     // The images to upgrade to: the manager and the instance manager built as another version.
     let (new_tag, new_version) = build_upgrade(&tag, &["corral-manager", "corral-im"]);
 
-    let cluster = Cluster::up(&tag);
+    let (cluster, _) = Cluster::up_ready(&tag);
     let net = cluster.net.clone();
-    testkit::wait_for("three ready nodes", Duration::from_secs(90), || {
-        cluster.ready_nodes().filter(|n| n.len() == 3)
-    });
-    let (ok, text) = cluster.corral(&["volume", "create", "vol1", "--size", "256Mi", "--replicas", "2"]);
-    assert!(ok, "volume create: {text}");
-    let (ok, text) = cluster.corral(&["volume", "attach", "vol1", "--node", "node-1"]);
-    assert!(ok, "volume attach: {text}");
-    let v = testkit::wait_for("vol1 healthy", Duration::from_secs(60), || {
-        cluster.volume("vol1").filter(|v| v["robustness"] == "healthy")
-    });
+    let v = cluster.attached_vol1(2);
     let uri = nbd_uri(&v);
     qemu_io(&uri, &["write -P 0x7e 192M 16M", "flush"]);
 

@@ -58,6 +58,23 @@ pub struct ServedEndpoints {
     pub data_unix: Option<std::path::PathBuf>,
 }
 
+impl ServedEndpoints {
+    /// The `ReplicaResponse` of `replica` served at these endpoints (v1 and v2 daemons answer alike).
+    #[must_use]
+    pub fn response(&self, replica: v1::Replica) -> v1::ReplicaResponse {
+        v1::ReplicaResponse {
+            replica: Some(replica),
+            data_endpoint: self.data.to_string(),
+            sync_endpoint: self.sync.to_string(),
+            data_local_endpoint: self
+                .data_unix
+                .as_ref()
+                .map(|p| format!("unix:{}", p.display()))
+                .unwrap_or_default(),
+        }
+    }
+}
+
 impl ReplicaGrpc {
     /// Services for `host`; rebuild receivers bind on `listen_ip`; jobs stop on `cancel`.
     pub fn new(
@@ -96,17 +113,9 @@ impl ReplicaGrpc {
     async fn reply(&self) -> Result<Response<v1::ReplicaResponse>, Status> {
         let host = self.host.clone();
         let s = blocking(move || host.status()).await?;
-        Ok(Response::new(v1::ReplicaResponse {
-            replica: Some(to_proto(&s, self.host.volume())),
-            data_endpoint: self.served.data.to_string(),
-            sync_endpoint: self.served.sync.to_string(),
-            data_local_endpoint: self
-                .served
-                .data_unix
-                .as_ref()
-                .map(|p| format!("unix:{}", p.display()))
-                .unwrap_or_default(),
-        }))
+        Ok(Response::new(
+            self.served.response(to_proto(&s, self.host.volume())),
+        ))
     }
 
     async fn with_replica(

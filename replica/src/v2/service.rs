@@ -139,17 +139,9 @@ impl V2Grpc {
     async fn reply(&self) -> Result<Response<v1::ReplicaResponse>, Status> {
         let r = self.host.replica.clone();
         let s = blocking(move || r.status()).await?;
-        Ok(Response::new(v1::ReplicaResponse {
-            replica: Some(to_proto(&s, self.host.replica.name())),
-            data_endpoint: self.served.data.to_string(),
-            sync_endpoint: self.served.sync.to_string(),
-            data_local_endpoint: self
-                .served
-                .data_unix
-                .as_ref()
-                .map(|p| format!("unix:{}", p.display()))
-                .unwrap_or_default(),
-        }))
+        Ok(Response::new(
+            self.served.response(to_proto(&s, self.host.replica.name())),
+        ))
     }
 
     async fn with_replica(
