@@ -97,7 +97,7 @@ pub fn routes() -> Routes {
     r.add(
         "delete",
         "/v1/volumes/{volume}/snapshots/{snapshot}",
-        "Mark a snapshot removed",
+        "Remove a snapshot: marked removed, then purged (merged into its child) unless a rebuild, purge, export or backup runs",
         delete_snapshot,
     );
     r.add(
@@ -761,10 +761,14 @@ async fn delete_snapshot(
             "backup {backup} is reading snapshot {snap}: remove it once the backup completed or failed"
         )));
     }
-    VolumeEngine::of_attached(&ctx, &name)
-        .await?
-        .snapshot_remove(&ctx, snap)
-        .await?;
+    let mut engine = VolumeEngine::of_attached(&ctx, &name).await?;
+    engine.snapshot_remove(&ctx, snap.clone()).await?;
+    // The space comes back: a purge merges the removed snapshot into its child (the newest snapshot, under the
+    // head, stays marked removed until a snapshot is taken above it). Refused while a replica rebuilds, a purge,
+    // export or backup runs: the next removal or job purge merges it then.
+    if let Err(e) = engine.snapshot_purge().await {
+        tracing::info!(volume = name, snapshot = snap, error = %e, "purge after a snapshot removal deferred");
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -20,14 +20,12 @@ pub enum BackingImageCmd {
     /// (--source export-from-volume --volume V --snapshot S), a backup (--source restore --backup-url U) or another
     /// image (--source clone --backing-image B); waits with a progress bar until a copy is ready.
     Create(Box<CreateArgs>),
+    /// List the backing images: source, size, state, copies.
     Ls,
-    Get {
-        name: String,
-    },
+    /// Show a backing image and its copy on every disk.
+    Get { name: String },
     /// Delete (refused while a volume uses it).
-    Rm {
-        name: String,
-    },
+    Rm { name: String },
     /// Remove the copies on some disks now (refused for disks whose replicas use it).
     Cleanup {
         name: String,

@@ -114,10 +114,10 @@ enum Cmd {
 
 #[derive(Subcommand, Debug)]
 enum NodeCmd {
+    /// List the nodes: ready, schedulable, drain state, manager and data-plane versions.
     Ls,
-    Get {
-        name: String,
-    },
+    /// Show a node with its disks (space, engine, state) and conditions.
+    Get { name: String },
     /// Add a disk (a directory) to a node. A v2 disk (--disk-engine v2) keeps its lvstore in PATH/lvstore.img:
     /// a file the manager creates preallocated (--lvstore-size, default 10G) and formats on first use, or a block
     /// device linked there (formatted only when it reads zeros); foreign data there is never formatted over.
@@ -134,10 +134,8 @@ enum NodeCmd {
         #[arg(long, value_parser = corral_daemon::parse_size)]
         lvstore_size: Option<u64>,
     },
-    DiskRm {
-        node: String,
-        disk: String,
-    },
+    /// Remove a disk from a node; refused while replicas are on it (move them first, e.g. `node drain`).
+    DiskRm { node: String, disk: String },
     #[command(flatten)]
     Lifecycle(manager::node::cli::NodeLifecycleCmd),
 }
@@ -235,34 +233,31 @@ enum VolumeCmd {
 
 #[derive(Subcommand, Debug)]
 enum SnapshotCmd {
-    Create {
-        volume: String,
-        name: Option<String>,
-    },
-    Ls {
-        volume: String,
-    },
-    Rm {
-        volume: String,
-        name: String,
-    },
+    /// Take a snapshot of a volume (named, or a generated name, printed).
+    Create { volume: String, name: Option<String> },
+    /// List a volume's snapshots.
+    Ls { volume: String },
+    /// Remove a snapshot: marked removed, then purged (its data merged into its child; the newest snapshot stays
+    /// marked removed until a snapshot is taken above it).
+    Rm { volume: String, name: String },
     /// Revert to a snapshot. Attached: the frontend goes down for it (clients are disconnected). Detached: the
     /// volume is attached without a frontend on this node, reverted and detached again.
-    Revert {
-        volume: String,
-        name: String,
-    },
+    Revert { volume: String, name: String },
 }
 
 #[derive(Subcommand, Debug)]
 enum ReplicaCmd {
+    /// List every replica: volume, node, disk, mode, state.
     Ls,
 }
 
 #[derive(Subcommand, Debug)]
 enum SettingCmd {
+    /// List the settings with their values, defaults and descriptions.
     Ls,
+    /// Show one setting.
     Get { name: String },
+    /// Change a setting (the value is checked against the setting's type).
     Set { name: String, value: String },
 }
 

@@ -13,19 +13,14 @@ use crate::client::Client;
 pub enum JobCmd {
     /// Create a job: `--task snapshot --cron "*/5 * * * *" --retain 3 --volume V` (schedules are UTC).
     Create(Box<CreateArgs>),
+    /// List the jobs: task, schedule, retention, volumes and groups, next run.
     Ls,
-    Get {
-        name: String,
-    },
+    /// Show one job: schedule, retention, what it applies to, its last and next run.
+    Get { name: String },
     /// Delete a job; the snapshots and backups it made stay.
-    Rm {
-        name: String,
-    },
+    Rm { name: String },
     /// Set the groups a volume belongs to (jobs with `--group G` apply to it); no group clears them.
-    Groups {
-        volume: String,
-        groups: Vec<String>,
-    },
+    Groups { volume: String, groups: Vec<String> },
 }
 
 #[derive(clap::Args, Debug)]
