@@ -88,6 +88,9 @@ pub enum JobError {
     /// The replica export failed.
     #[error("export from volume: {0}")]
     Export(String),
+    /// Receiving another image's v2 copy from its disk daemon failed.
+    #[error("clone of backing image {image}: {reason}")]
+    Clone { image: String, reason: String },
     /// The restore from a backup failed (unknown backup, unreachable target, corrupt block, ...).
     #[error("restore of {url}: {source}")]
     Restore {

@@ -1,5 +1,6 @@
 //! After the data is in: detect the format, convert when the target needs it (v2 engine: qcow2 → raw; an export
-//! asked as qcow2: raw → qcow2), pad a raw image to a whole number of 512-byte sectors, compute the SHA-512
+//! asked as qcow2: raw → qcow2), pad a raw image to a whole number of 512-byte sectors (v2 engine: 4 KiB blocks,
+//! as an lvol holds), compute the SHA-512
 //! (streamed, progress reported; a download or upload already computed it while the data arrived, so the file is
 //! read again only when conversion or padding changed it), compare it with the expected one, and publish the file
 //! at its final name.
@@ -23,6 +24,10 @@ use crate::spec::{ExportFileType, SourceSpec};
 
 /// Sector size replicas address a backing image in; a raw image is padded to a multiple of it.
 pub const SECTOR: u64 = 512;
+
+/// Block size of a v2 copy (an lvol, a whole number of 4 KiB blocks): a v2 image's raw file is padded to it, so
+/// the first v2 copy holds the file byte for byte.
+pub const V2_BLOCK: u64 = 4096;
 
 /// Runs `f(progress, cancel)` on the blocking pool, reporting its progress as `[from, to)` of the bar every
 /// 200 ms; the shutdown token sets `cancel`.
@@ -137,8 +142,13 @@ pub async fn run(ds: &JobContext) -> Result<(), JobError> {
     let hash_from = if target.is_some() { 92 } else { TRANSFER_SHARE };
 
     let size = std::fs::metadata(&work).map_err(io_err("reading", &work))?.len();
-    let pad = if info.format == ImageFormat::Raw && size % SECTOR != 0 {
-        SECTOR - size % SECTOR
+    let unit = if cfg.data_engine == DataEngine::V2 {
+        V2_BLOCK
+    } else {
+        SECTOR
+    };
+    let pad = if info.format == ImageFormat::Raw && size % unit != 0 {
+        unit - size % unit
     } else {
         0
     };
@@ -154,9 +164,16 @@ pub async fn run(ds: &JobContext) -> Result<(), JobError> {
             .open(&work)
             .map_err(io_err("opening", &work))?;
         f.set_len(size + pad).map_err(io_err("padding", &work))?;
-        notes.push(format!(
-            "raw image of {size} bytes padded with {pad} zero bytes to a whole number of 512-byte sectors"
-        ));
+        notes.push(if unit == V2_BLOCK {
+            format!(
+                "raw image of {size} bytes padded with {pad} zero bytes to a whole number of 4 KiB blocks \
+                 (a v2 copy is an lvol)"
+            )
+        } else {
+            format!(
+                "raw image of {size} bytes padded with {pad} zero bytes to a whole number of 512-byte sectors"
+            )
+        });
         info.virtual_size = size + pad;
     }
     let current = match as_is {

@@ -2,7 +2,7 @@
 //!
 //! One server per new image. It fetches the data from its source ([`SourceType`]: an HTTP download that resumes
 //! with Range requests, a streamed multipart upload, a replica's snapshot export over sparse-sync, a sparse clone
-//! of another image on the disk, a restore of a backup from a backup target) into `<disk>/tmp/<name>-<uuid>.tmp`,
+//! of another image (its file on the disk, or a v2 copy a disk daemon exposes), a restore of a backup from a backup target) into `<disk>/tmp/<name>-<uuid>.tmp`,
 //! keeping zero blocks as holes; then detects the format, converts qcow2 to raw for the v2 engine, computes the
 //! SHA-512 and checks it against the expected one, and publishes `<disk>/tmp/<name>-<uuid>`. A backing-image
 //! manager polls `GET /v1/file` ([`FileInfo`]) and takes the file with `POST /v1/file?action=transfer`. A failed
@@ -16,6 +16,7 @@ pub mod finish;
 pub mod http;
 pub mod info;
 pub mod job;
+pub mod receive;
 pub mod restore;
 pub mod service;
 pub mod sink;

@@ -48,7 +48,8 @@ enum Cmd {
         source_type: String,
         /// Source parameter KEY=VALUE (repeatable): download url; export-from-volume snapshot-name,
         /// sender-address, volume-size, file-type (raw|qcow2); restore backup-url; clone backing-image,
-        /// backing-image-uuid.
+        /// backing-image-uuid, and for a v2 image lvstore-address (HOST:PORT of the disk daemon that holds a ready
+        /// copy) and backing-image-size.
         #[arg(long = "param", value_name = "KEY=VALUE", value_parser = parse_param)]
         params: Vec<(String, String)>,
         /// SHA-512 (hex) the file must have: of the image as given, or of the final file.

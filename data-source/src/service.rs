@@ -85,7 +85,15 @@ impl DataSource {
             }
             SourceSpec::Clone {
                 backing_image,
+                from_lvstore: Some(lvstore),
+                size,
+                ..
+            } => clone::run_from_lvstore(job, backing_image, lvstore, *size, &work).await,
+            SourceSpec::Clone {
+                backing_image,
                 backing_image_uuid,
+                from_lvstore: None,
+                ..
             } => clone::run(job, backing_image, backing_image_uuid, &work).await,
             SourceSpec::Restore { backup_url } => restore::run(job, backup_url, &work).await,
             SourceSpec::Upload => Err(JobError::Unsupported("an upload source has no fetch step".into())),

@@ -38,6 +38,12 @@ pub enum SourceSpec {
     Clone {
         backing_image: String,
         backing_image_uuid: String,
+        /// `lvstore-address`: a v2 image's copy is received from this disk daemon (`LvstoreService`,
+        /// `HOST:PORT`) instead of read from a file on this disk.
+        from_lvstore: Option<String>,
+        /// `backing-image-size`: the image's size (progress, and the received copy is checked against it); 0:
+        /// unknown.
+        size: u64,
     },
 }
 
@@ -130,9 +136,27 @@ impl SourceSpec {
                         ));
                     }
                 }
+                let from_lvstore = match params.get("lvstore-address").map(|v| v.trim()) {
+                    None | Some("") => None,
+                    Some(a) if a.contains(':') => Some(a.to_owned()),
+                    Some(_) => {
+                        return Err(bad(
+                            "lvstore-address",
+                            "expected HOST:PORT of a v2 disk daemon's LvstoreService",
+                        ));
+                    }
+                };
+                let size = match params.get("backing-image-size").map(|v| v.trim()) {
+                    None | Some("") => 0,
+                    Some(v) => v
+                        .parse::<u64>()
+                        .map_err(|e| bad("backing-image-size", format!("{v:?}: {e}")))?,
+                };
                 SourceSpec::Clone {
                     backing_image: backing_image.to_owned(),
                     backing_image_uuid: backing_image_uuid.to_owned(),
+                    from_lvstore,
+                    size,
                 }
             }
         })
@@ -327,6 +351,43 @@ mod tests {
                 ..
             }
         ));
+    }
+
+    #[test]
+    fn a_clone_from_a_v2_disk_daemon_takes_its_address_and_the_size() {
+        let base = [("backing-image", "img"), ("backing-image-uuid", "u1")];
+        let plain = SourceSpec::parse(SourceType::Clone, &params(&base)).unwrap();
+        assert!(matches!(
+            plain,
+            SourceSpec::Clone {
+                from_lvstore: None,
+                size: 0,
+                ..
+            }
+        ));
+        let mut kv = base.to_vec();
+        kv.extend([
+            ("lvstore-address", "127.0.0.1:9600"),
+            ("backing-image-size", "12582912"),
+        ]);
+        let v2 = SourceSpec::parse(SourceType::Clone, &params(&kv)).unwrap();
+        assert_eq!(
+            v2,
+            SourceSpec::Clone {
+                backing_image: "img".into(),
+                backing_image_uuid: "u1".into(),
+                from_lvstore: Some("127.0.0.1:9600".into()),
+                size: 12 << 20,
+            }
+        );
+        for (k, v) in [("lvstore-address", "nohostport"), ("backing-image-size", "12M")] {
+            let mut kv = base.to_vec();
+            kv.push((k, v));
+            let err = SourceSpec::parse(SourceType::Clone, &params(&kv))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains(k), "{err}");
+        }
     }
 
     #[test]

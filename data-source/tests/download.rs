@@ -220,7 +220,7 @@ fn wrong_expected_checksum_fails_and_leaves_no_file() {
 }
 
 #[test]
-fn http_errors_fail_with_the_status_and_unaligned_raw_is_padded_to_sectors() {
+fn http_errors_fail_with_the_status_and_unaligned_raw_is_padded_to_sectors_or_v2_blocks() {
     let disk = disk();
     let server = FileServer::start(vec![5; 1000], ServeMode::default());
     let ds = DataSourceProc::download(disk.path(), &format!("{}x", server.url), &[]);
@@ -238,6 +238,26 @@ fn http_errors_fail_with_the_status_and_unaligned_raw_is_padded_to_sectors() {
     assert!(i.message.contains("padded with 24 zero bytes"), "{}", i.message);
     let mut padded = vec![5u8; 1000];
     padded.resize(1024, 0);
+    assert_eq!(i.current_checksum, sha512(&padded));
+    assert_eq!(std::fs::read(&i.file_path).unwrap(), padded);
+    drop(ds);
+
+    // For the v2 engine, to whole 4 KiB blocks: the file is what the first v2 copy (an lvol) holds byte for byte.
+    let disk = common::disk();
+    let ds = DataSourceProc::download(
+        disk.path(),
+        &server.url,
+        &["--expected-checksum", &sum, "--data-engine", "v2"],
+    );
+    let i = ds.wait_final(Duration::from_secs(30));
+    assert_eq!(i.state, FileState::ReadyForTransfer, "{i:?}");
+    assert_eq!(i.size, 4096);
+    assert!(
+        i.message.contains("padded with 3096 zero bytes") && i.message.contains("4 KiB"),
+        "{}",
+        i.message
+    );
+    padded.resize(4096, 0);
     assert_eq!(i.current_checksum, sha512(&padded));
     assert_eq!(std::fs::read(&i.file_path).unwrap(), padded);
 }

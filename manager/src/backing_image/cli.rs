@@ -67,6 +67,9 @@ pub struct CreateArgs {
     /// Ready copies kept on distinct nodes (default: the backing-image-min-copies setting).
     #[arg(long)]
     min_copies: Option<u32>,
+    /// v1 (default): files on disks; v2: snapshot lvols in v2 disks' stores (for v2 volumes).
+    #[arg(long, value_parser = ["v1", "v2"])]
+    data_engine: Option<String>,
     /// Return once created instead of waiting until ready.
     #[arg(long)]
     no_wait: bool,
@@ -168,6 +171,7 @@ pub async fn run(c: &Client, json: bool, cmd: BackingImageCmd) -> anyhow::Result
                 backing_image,
                 expected_checksum,
                 min_copies,
+                data_engine,
                 no_wait,
                 timeout,
             } = *args;
@@ -203,6 +207,7 @@ pub async fn run(c: &Client, json: bool, cmd: BackingImageCmd) -> anyhow::Result
                 parameters,
                 expected_checksum,
                 min_number_of_copies: min_copies,
+                data_engine,
                 ..Default::default()
             };
             let mut b: BackingImageView = c.post("/v1/backingimages", &body).await?;

@@ -108,6 +108,7 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
     };
     let mut params = BTreeMap::new();
     let mut backup_target = String::new();
+    let mut expected_checksum = bi.spec.expected_checksum.clone();
     match bi.spec.source_type {
         SourceType::Download => {
             let url = param("url")?;
@@ -130,27 +131,57 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
                 .await
                 .map_err(|e| e.to_string())?
                 .ok_or_else(|| format!("backing image {src:?} to clone does not exist"))?;
-            // The clone reads the source's file on the same disk.
-            let holders: BTreeSet<String> = ctx
-                .db
-                .list::<BackingImageManager>()
-                .await
-                .map_err(|e| e.to_string())?
-                .into_iter()
-                .filter(|m| {
-                    m.data
-                        .status
-                        .files
-                        .get(&src)
-                        .is_some_and(|f| f.uuid == s.data.spec.uuid && f.state == state::READY)
-                })
-                .map(|m| m.data.spec.disk_uuid)
-                .collect();
-            pool.retain(|d| holders.contains(&d.disk_uuid));
-            if pool.is_empty() {
-                return Err(format!(
-                    "backing image {src:?} has no ready copy on a ready disk to clone"
-                ));
+            if s.data.spec.deletion_timestamp.is_some() {
+                return Err(format!("backing image {src:?} to clone is being deleted"));
+            }
+            if s.data.spec.data_engine == DataEngine::V2 {
+                // A v2 image has no file once its first v2 copy is ready: the data source receives a ready copy
+                // from the disk daemon that holds it (`BackingImageExpose`), from any disk, preferably on the
+                // copy's node.
+                let copies = super::v2_source::ready_v2_copies(ctx, &s.data)
+                    .await
+                    .map_err(|e| format!("{e:#}"))?;
+                let Some(copy) = copies
+                    .iter()
+                    .find(|c| pool.iter().any(|d| d.node_id == c.node_id))
+                    .or_else(|| copies.first())
+                else {
+                    return Err(format!(
+                        "v2 backing image {src:?} has no ready copy on a ready v2 disk whose daemon runs to clone"
+                    ));
+                };
+                if pool.iter().any(|d| d.node_id == copy.node_id) {
+                    pool.retain(|d| d.node_id == copy.node_id);
+                }
+                params.insert("lvstore-address".to_owned(), copy.address.clone());
+                params.insert("backing-image-size".to_owned(), copy.size.to_string());
+            } else {
+                // The clone reads the source's file on the same disk.
+                let holders: BTreeSet<String> = ctx
+                    .db
+                    .list::<BackingImageManager>()
+                    .await
+                    .map_err(|e| e.to_string())?
+                    .into_iter()
+                    .filter(|m| {
+                        m.data
+                            .status
+                            .files
+                            .get(&src)
+                            .is_some_and(|f| f.uuid == s.data.spec.uuid && f.state == state::READY)
+                    })
+                    .map(|m| m.data.spec.disk_uuid)
+                    .collect();
+                pool.retain(|d| holders.contains(&d.disk_uuid));
+                if pool.is_empty() {
+                    return Err(format!(
+                        "backing image {src:?} has no ready copy on a ready disk to clone"
+                    ));
+                }
+            }
+            // A clone is its source byte for byte: checked against the source's SHA-512 unless the user named one.
+            if expected_checksum.is_empty() && is_sha512(&s.data.status.current_checksum) {
+                expected_checksum.clone_from(&s.data.status.current_checksum);
             }
             params.insert("backing-image".to_owned(), src);
             params.insert("backing-image-uuid".to_owned(), s.data.spec.uuid);
@@ -182,14 +213,24 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
                 .ok_or_else(|| {
                     format!("volume {volume} has no running healthy replica to export from (attach it)")
                 })?;
-            // The replica's sync agent, as the replica reported it when it became ready.
+            // The replica's sync agent: the sync endpoint of its address (a v2 replica's is on its disk daemon),
+            // else the one its process reported when it became ready.
             let sync = replica
                 .data
                 .status
-                .process
-                .as_ref()
-                .and_then(|p| p.listen.get("sync"))
-                .cloned()
+                .address
+                .parse::<corral_proto::ReplicaAddress>()
+                .ok()
+                .map(|a| a.sync.to_socket_string())
+                .or_else(|| {
+                    replica
+                        .data
+                        .status
+                        .process
+                        .as_ref()
+                        .and_then(|p| p.listen.get("sync"))
+                        .cloned()
+                })
                 .ok_or_else(|| {
                     format!(
                         "replica {} of volume {volume} has not reported its sync endpoint (restart it)",
@@ -216,7 +257,7 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
             disk_path: d.path.clone(),
             source_type: bi.spec.source_type,
             parameters: params,
-            expected_checksum: bi.spec.expected_checksum.clone(),
+            expected_checksum,
             started: false,
             generation: 0,
             backup_target,
@@ -224,6 +265,11 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
         },
         status: Default::default(),
     })
+}
+
+/// A SHA-512 in hex (what a verified copy's checksum is).
+fn is_sha512(c: &str) -> bool {
+    c.len() == 128 && c.bytes().all(|b| b.is_ascii_hexdigit())
 }
 
 /// Disk UUID → node of the replicas whose volume uses `image`.

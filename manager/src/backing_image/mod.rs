@@ -4,7 +4,8 @@
 //! [`image_controller`] (leader) that decides which disks hold a copy (replicas, HA, cleanup in [`cleanup`]'s
 //! order), aggregates status and re-runs a download when every copy failed; [`v2_copy`] is the per-disk status of a
 //! v2 image's copies (snapshot lvols in v2 disks' stores, issue 21), which [`v2_controller`] (leader) makes,
-//! reports and deletes; [`restore_source`] checks a restore's
+//! reports and deletes; [`v2_source`] reads a ready v2 copy through its disk daemon for a clone or a backup of a v2
+//! image; [`restore_source`] checks a restore's
 //! backup URL and hands its target's credentials to the data source. [`routes`] is the REST API
 //! (`/v1/backingimages`), [`cli`] the `corral backing-image` commands.
 
@@ -18,6 +19,7 @@ pub mod restore_source;
 pub mod routes;
 pub mod v2_controller;
 pub mod v2_copy;
+pub mod v2_source;
 
 use corral_proto::v1::backing_image_manager_service_client::BackingImageManagerServiceClient;
 use tokio_util::sync::CancellationToken;

@@ -1,6 +1,7 @@
 //! Backups of backing images (seed 000) into a target's backing-image area (`backupstore::backing_image`), as
 //! tracked operations like volume backups: `POST /v1/backingimages/{name}/backup` checks the request and records
-//! a [`BackingImageBackup`] `pending` for the manager of a node holding a ready copy (this one when it does); that
+//! a [`BackingImageBackup`] `pending` for the manager of a node holding a ready copy (this one when it does; a v2
+//! image's copies are snapshot lvols, read through their disk daemon into a staging file); that
 //! manager's [`super::image_backup_runner`] runs it, so the client may go away; `GET /v1/backingimagebackups[/ID]`
 //! shows its state, progress and error; `POST .../cancel` stops a running one (the manager running it stops at the
 //! next block and records it `failed`, "cancelled"); `DELETE` removes a finished one from the target (its record
@@ -19,8 +20,10 @@ use super::restore::parse_ref;
 use crate::api::extract::{Body, Path};
 use crate::api::openapi::check_name;
 use crate::backing_image::model::{BackingImage, BackingImageManager, state};
+use crate::backing_image::v2_source::ready_v2_copies;
 use crate::context::Ctx;
 use crate::error::ApiError;
+use crate::model::DataEngine;
 use crate::store::Object;
 
 /// `POST /v1/backingimages/{backingimage}/backup`: the target to back the image up into.
@@ -97,15 +100,30 @@ pub async fn request(
         )));
     };
     let uuid = bi.data.spec.uuid.clone();
-    let managers = ctx.db.list::<BackingImageManager>().await?;
-    let mut nodes: Vec<String> = managers.iter().map(|m| m.data.spec.node_id.clone()).collect();
+    // The nodes holding a ready copy: a v1 image's files, a v2 image's snapshot lvols (read through their disk
+    // daemons, `backing_image::v2_source`).
+    let mut nodes: Vec<String> = if bi.data.spec.data_engine == DataEngine::V2 {
+        ready_v2_copies(&ctx, &bi.data)
+            .await
+            .map_err(|e| ApiError::Unavailable(format!("{e:#}")))?
+            .into_iter()
+            .map(|c| c.node_id)
+            .collect()
+    } else {
+        let managers = ctx.db.list::<BackingImageManager>().await?;
+        managers
+            .iter()
+            .map(|m| m.data.spec.node_id.clone())
+            .filter(|n| ready_copy(&managers, n, &name, &uuid).is_some())
+            .collect()
+    };
     nodes.sort();
     nodes.dedup();
     // This node's copy first (no network hop), then any node's.
     nodes.sort_by_key(|n| *n != ctx.cfg.node_id);
     let node = nodes
         .into_iter()
-        .find(|n| ready_copy(&managers, n, &name, &uuid).is_some())
+        .next()
         .ok_or_else(|| ApiError::Conflict(format!("no node holds a ready copy of backing image {name}")))?;
     let t = super::target::open(&ctx, &target).await.map_err(target_error)?;
     // Before anything is recorded: an unreachable target changes nothing.

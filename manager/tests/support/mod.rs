@@ -7,6 +7,8 @@ use std::process::Command;
 
 use testkit::{Daemon, DaemonCommand, kill_under};
 
+pub mod v2_images;
+
 /// A `corral-manager` process; SIGKILLed on drop together with every daemon under its data directory.
 pub struct Manager {
     pub daemon: Daemon,
