@@ -14,7 +14,7 @@ use super::{Manager, port_range, rest};
 /// zeros written (not a hole), holes, and data in the last 4 KiB. Returns its SHA-512.
 pub fn raw_fixture(path: &Path, seed: u64, len: u64) -> String {
     use std::os::unix::fs::FileExt;
-    assert!(len >= 8 << 20 && len % (1 << 20) == 0, "{len}");
+    assert!(len >= 8 << 20 && len.is_multiple_of(1 << 20), "{len}");
     let f = std::fs::File::create(path).unwrap();
     f.set_len(len).unwrap();
     let mut data = vec![0u8; 3 << 20];
