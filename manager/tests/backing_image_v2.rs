@@ -443,34 +443,138 @@ fn v2_states(v: &Value) -> std::collections::BTreeMap<String, String> {
         .collect()
 }
 
+/// A manager with three v2 disks (`v2a`, `v2b`, `v2c`, 256 MiB stores) and their daemons running; returns the
+/// disks' UUIDs by name.
+fn node_with_three_v2_disks(dir: &Path) -> (Manager, std::collections::BTreeMap<String, String>) {
+    let (m, _) = node_with_a_v2_disk(dir);
+    for name in ["v2b", "v2c"] {
+        add_v2_disk(&m, dir, name, 256 << 20);
+    }
+    wait_for("three lvstore daemons running", Duration::from_secs(60), || {
+        let d = lvstore_daemons(&m);
+        (d.len() == 3 && d.values().all(|d| d["state"] == "running")).then_some(())
+    });
+    let uuids = ["v2a", "v2b", "v2c"]
+        .into_iter()
+        .map(|n| (n.to_owned(), disk_uuid(&m, n)))
+        .collect();
+    (m, uuids)
+}
+
+/// Adds the v2 disk `name` at `dir/name` with a store of `size` bytes.
+fn add_v2_disk(m: &Manager, dir: &Path, name: &str, size: u64) {
+    let (code, n) = rest(
+        "POST",
+        &format!("{}/v1/nodes/node-1/disks", m.url),
+        Some(
+            &json!({"name": name, "path": dir.join(name).display().to_string(), "diskEngine": "v2",
+            "lvstoreSize": size}),
+        ),
+    );
+    assert_eq!(code, 200, "{n}");
+}
+
+/// The `diskUUID` of disk `name` of node-1.
+fn disk_uuid(m: &Manager, name: &str) -> String {
+    let (code, node) = rest("GET", &format!("{}/v1/nodes/node-1", m.url), None);
+    assert_eq!(code, 200, "{node}");
+    find_disk_uuid(&node, name).unwrap_or_else(|| panic!("no disk {name} in {node}"))
+}
+
+/// The v2 copies of an image view: disk UUID → `lastRefAt` (the cleanup mark; None while retained).
+fn v2_marks(v: &Value) -> std::collections::BTreeMap<String, Option<i64>> {
+    disks_of(v, "v2")
+        .iter()
+        .map(|d| {
+            (
+                d["diskUUID"].as_str().unwrap_or_default().to_owned(),
+                d["lastRefAt"].as_i64(),
+            )
+        })
+        .collect()
+}
+
+fn create_v2_volume(m: &Manager, name: &str, image: &str, replicas: u32) {
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/volumes", m.url),
+        Some(
+            &json!({"name": name, "size": VOLUME_SIZE, "numberOfReplicas": replicas, "backingImage": image,
+            "dataEngine": "v2"}),
+        ),
+    );
+    assert_eq!(code, 201, "{v}");
+}
+
+/// Reads every replica of the detached v2 volume `vol` on its own: the replica hosted again by its disk's daemon
+/// (`LvstoreReplicaAdd`, at its recorded address), a `corral-engine` over it alone serving NBD on a unix socket,
+/// the SHA-256 of everything it serves (nbdsh), the engine stopped and the replica unhosted (its lvols kept).
+/// Returns disk name → SHA-256.
+fn read_each_replica_alone(m: &Manager, dir: &Path, vol: &str) -> std::collections::BTreeMap<String, String> {
+    use corral_proto::v1::{LvstoreReplicaAddRequest, LvstoreReplicaRemoveRequest};
+    let v = volume(m, vol);
+    let daemons = lvstore_daemons(m);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let counter_disabled = v["revisionCounterDisabled"].as_bool().unwrap_or(false);
+    let mut sums = std::collections::BTreeMap::new();
+    for r in v["replicas"].as_array().unwrap() {
+        let (name, disk) = (r["name"].as_str().unwrap(), r["disk"].as_str().unwrap());
+        let daemon = daemons[disk]["address"].as_str().unwrap().to_owned();
+        let address = rt.block_on(async {
+            let mut c = manager::v2::replica::client(&daemon).await.unwrap();
+            c.lvstore_replica_add(LvstoreReplicaAddRequest {
+                name: name.to_owned(),
+                disable_revision_counter: counter_disabled,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .address
+        });
+        let socket = dir.join(format!("{name}.sock"));
+        let mut cmd = testkit::DaemonCommand::new(testkit::workspace_bin("corral-engine"))
+            .label(format!("engine-{name}"))
+            .args(["serve", "--volume", vol, "--size", &VOLUME_SIZE.to_string()])
+            .args(["--listen", "127.0.0.1:0", "--replica", &address])
+            .arg("--nbd-listen")
+            .arg(format!("unix:{}", socket.display()));
+        if counter_disabled {
+            cmd = cmd.arg("--disable-revision-counter");
+        }
+        let mut engine = cmd.spawn();
+        sums.insert(
+            disk.to_owned(),
+            nbd_sha256(&format!("nbd+unix:///{vol}?socket={}", socket.display())),
+        );
+        engine.kill();
+        rt.block_on(async {
+            let mut c = manager::v2::replica::client(&daemon).await.unwrap();
+            c.lvstore_replica_remove(LvstoreReplicaRemoveRequest {
+                name: name.to_owned(),
+                delete_data: false,
+            })
+            .await
+            .unwrap();
+        });
+    }
+    sums
+}
+
 #[test]
-fn v2_copies_sync_to_the_disks_added_to_the_spec_and_come_back_ready_after_every_disk_daemon_restarts() {
+fn v2_copies_synced_to_more_disks_come_back_ready_from_their_xattrs_after_a_wipe_and_every_daemon_restarting()
+{
     let dir = tempfile::tempdir_in("/var/tmp").unwrap();
     let files = dir.path().join("files");
     std::fs::create_dir_all(&files).unwrap();
     let (raw, _) = fixture(&files);
     let raw_sum = sha512(&raw);
     let http = HttpServer::start(&files);
-    let (m, _) = node_with_a_v2_disk(dir.path());
-    for name in ["v2b", "v2c"] {
-        let (code, n) = rest(
-            "POST",
-            &format!("{}/v1/nodes/node-1/disks", m.url),
-            Some(
-                &json!({"name": name, "path": dir.path().join(name).display().to_string(),
-                "diskEngine": "v2", "lvstoreSize": 256 << 20}),
-            ),
-        );
-        assert_eq!(code, 200, "{n}");
-    }
-    wait_for("three lvstore daemons running", Duration::from_secs(60), || {
-        let d = lvstore_daemons(&m);
-        (d.len() == 3 && d.values().all(|d| d["state"] == "running")).then_some(())
-    });
-    let (code, node) = rest("GET", &format!("{}/v1/nodes/node-1", m.url), None);
-    assert_eq!(code, 200, "{node}");
-    let uuid = |n: &str| find_disk_uuid(&node, n).unwrap_or_else(|| panic!("no disk {n} in {node}"));
-    let (a, b, c) = (uuid("v2a"), uuid("v2b"), uuid("v2c"));
+    let (mut m, uuids) = node_with_three_v2_disks(dir.path());
+    let default_disk = m.data_dir.join("disks/default");
 
     let (code, v) = create_image(
         &m,
@@ -480,11 +584,7 @@ fn v2_copies_sync_to_the_disks_added_to_the_spec_and_come_back_ready_after_every
     assert_eq!(code, 201, "{v}");
     let v = wait_first_copy(&m, "img", &mut Vec::new());
     let first = v["v2FirstCopyDisk"].as_str().unwrap().to_owned();
-    let others: Vec<String> = [&a, &b, &c]
-        .into_iter()
-        .filter(|d| **d != first)
-        .cloned()
-        .collect();
+    let others: Vec<String> = uuids.values().filter(|d| **d != first).cloned().collect();
     assert_eq!(others.len(), 2, "{v}");
 
     // A v1 disk cannot take a v2 image's copy.
@@ -540,18 +640,40 @@ fn v2_copies_sync_to_the_disks_added_to_the_spec_and_come_back_ready_after_every
         .sum();
     assert_eq!(held, 2);
 
-    // Every disk daemon SIGKILLed, with nothing outside the stores left (no sync staging file): the copies come
-    // back ready from their lvols' xattrs.
+    // The manager stopped and every disk daemon SIGKILLed; then everything in each disk's directory but the store
+    // file is wiped (the daemon's side files: a sync's staging file, a rebuild's scratch, whatever else is there),
+    // and the manager started again: it starts every daemon, which finds the copies in the lvols' xattrs alone.
     let before = lvstore_daemons(&m);
+    m.kill();
     for d in before.values() {
-        sigkill(d["pid"].as_i64().unwrap());
+        let pid = d["pid"].as_i64().unwrap();
+        sigkill(pid);
+        wait_for("a disk daemon dead", Duration::from_secs(10), || {
+            (!pid_alive(pid)).then_some(())
+        });
     }
+    let mut wiped = Vec::new();
     for name in ["v2a", "v2b", "v2c"] {
         for e in std::fs::read_dir(dir.path().join(name)).unwrap().flatten() {
-            let n = e.file_name().to_string_lossy().into_owned();
-            assert!(!n.starts_with(".corral-bi-sync-"), "{n}");
+            if e.file_name() == "lvstore.img" {
+                continue;
+            }
+            wiped.push(format!("{name}/{}", e.file_name().to_string_lossy()));
+            if e.file_type().unwrap().is_dir() {
+                std::fs::remove_dir_all(e.path()).unwrap();
+            } else {
+                std::fs::remove_file(e.path()).unwrap();
+            }
         }
+        let left: Vec<_> = std::fs::read_dir(dir.path().join(name))
+            .unwrap()
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(left, ["lvstore.img"], "{name}");
     }
+    eprintln!("wiped beside the stores: {wiped:?}");
+    m.restart();
     let after = wait_for("every lvstore daemon restarted", Duration::from_secs(60), || {
         let d = lvstore_daemons(&m);
         (d.len() == 3
@@ -575,4 +697,204 @@ fn v2_copies_sync_to_the_disks_added_to_the_spec_and_come_back_ready_after_every
             (st.len() == 2 && st.values().all(|s| s == "ready") && !st.contains_key(&gone)).then_some(())
         },
     );
+    // Nothing was downloaded again: no v1 file came back.
+    assert!(v1_files(&default_disk, "img").is_empty());
+
+    // A v2 volume with a replica on every disk: the disk whose copy was removed gets one again (synced), every
+    // replica's head is a clone of its disk's copy, and each replica alone serves the same bytes as the volume.
+    create_v2_volume(&m, "vol", "img", 3);
+    let uri = attach(&m.url, "vol");
+    let v = volume(&m, "vol");
+    let mut disks: Vec<&str> = v["replicas"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["disk"].as_str().unwrap())
+        .collect();
+    disks.sort_unstable();
+    assert_eq!(disks, ["v2a", "v2b", "v2c"], "{v}");
+    qemu_img_compare(raw.to_str().unwrap(), &uri);
+    let sum = nbd_sha256(&uri);
+    let st = v2_states(&image(&m, "img"));
+    assert!(st.len() == 3 && st.values().all(|s| s == "ready"), "{st:?}");
+    ok(&m.url, &["volume", "detach", "vol"]);
+    wait_for("vol detached", Duration::from_secs(60), || {
+        (volume(&m, "vol")["state"] == "detached").then_some(())
+    });
+    let alone = read_each_replica_alone(&m, dir.path(), "vol");
+    assert_eq!(alone.len(), 3, "{alone:?}");
+    for (disk, s) in &alone {
+        assert_eq!(*s, sum, "the replica on {disk} alone");
+    }
+}
+
+#[test]
+fn v2_copies_reach_min_number_of_copies_and_unused_ones_go_after_the_wait_never_below_it_nor_from_a_replica()
+{
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    let (raw, _) = fixture(&files);
+    let raw_sum = sha512(&raw);
+    let http = HttpServer::start(&files);
+    let (m, uuids) = node_with_three_v2_disks(dir.path());
+    let daemons = lvstore_daemons(&m);
+    let address_of = |uuid: &str| {
+        let (disk, _) = uuids.iter().find(|(_, u)| *u == uuid).unwrap();
+        daemons[disk]["address"].as_str().unwrap().to_owned()
+    };
+
+    // minNumberOfCopies 2 on one node: a second copy on another disk, and no third; neither is marked (both are
+    // needed for the minimum).
+    let (code, v) = create_image(
+        &m,
+        &json!({"name": "img", "sourceType": "download", "parameters": {"url": http.url("image.raw")},
+            "expectedChecksum": raw_sum, "dataEngine": "v2", "minNumberOfCopies": 2}),
+    );
+    assert_eq!(code, 201, "{v}");
+    let v = wait_for("two ready v2 copies", Duration::from_secs(120), || {
+        let v = image(&m, "img");
+        let st = v2_states(&v);
+        assert!(st.len() <= 2, "{st:?}");
+        (st.len() == 2 && st.values().all(|s| s == "ready")).then_some(v)
+    });
+    assert!(v2_marks(&v).values().all(Option::is_none), "{v}");
+    let held: Vec<String> = v2_states(&v).into_keys().collect();
+    let third = uuids.values().find(|u| !held.contains(u)).unwrap().clone();
+    assert!(daemon_copies(&address_of(&third)).is_empty());
+    for d in &held {
+        let c = daemon_copies(&address_of(d));
+        assert!(
+            c.len() == 1 && c[0].state == "ready" && c[0].current_checksum == raw_sum,
+            "{c:?}"
+        );
+    }
+
+    // A v2 volume with a replica on every disk: the third disk gets a copy for its replica. Three copies for a
+    // minimum of two, but every one is in use: none is marked for cleanup.
+    create_v2_volume(&m, "vol", "img", 3);
+    let uri = attach(&m.url, "vol");
+    qemu_img_compare(raw.to_str().unwrap(), &uri);
+    let v = image(&m, "img");
+    let st = v2_states(&v);
+    assert!(st.len() == 3 && st.values().all(|s| s == "ready"), "{st:?}");
+    assert!(
+        v2_marks(&v).values().all(Option::is_none),
+        "in use, never marked: {v}"
+    );
+
+    // The volume gone: one copy is beyond the minimum and is marked (kept for the wait interval, an hour by
+    // default); the other two are retained.
+    ok(&m.url, &["volume", "detach", "vol"]);
+    wait_for("vol detached", Duration::from_secs(60), || {
+        (volume(&m, "vol")["state"] == "detached").then_some(())
+    });
+    let (code, e) = rest("DELETE", &format!("{}/v1/volumes/vol", m.url), None);
+    assert_eq!(code, 204, "{e}");
+    let marked = wait_for("one copy marked unused", Duration::from_secs(60), || {
+        let marks = v2_marks(&image(&m, "img"));
+        let marked: Vec<&String> = marks
+            .iter()
+            .filter(|(_, m)| m.is_some())
+            .map(|(d, _)| d)
+            .collect();
+        (marks.len() == 3 && marked.len() == 1).then(|| marked[0].clone())
+    });
+
+    // Wait interval 0: the marked copy goes, from the spec and from its store; two stay, never fewer.
+    let (code, v) = rest(
+        "PUT",
+        &format!("{}/v1/settings/backing-image-cleanup-wait-interval", m.url),
+        Some(&json!({"value": "0"})),
+    );
+    assert_eq!(code, 200, "{v}");
+    wait_for("the unused copy removed", Duration::from_secs(60), || {
+        let st = v2_states(&image(&m, "img"));
+        assert!(st.values().filter(|s| *s == "ready").count() >= 2, "{st:?}");
+        (st.len() == 2 && !st.contains_key(&marked) && daemon_copies(&address_of(&marked)).is_empty())
+            .then_some(())
+    });
+    let v = image(&m, "img");
+    assert!(v2_marks(&v).values().all(Option::is_none), "{v}");
+    for d in v2_states(&v).keys() {
+        assert_eq!(daemon_copies(&address_of(d)).len(), 1, "{d}");
+    }
+}
+
+#[test]
+fn a_v2_sync_that_keeps_failing_backs_off_per_disk_with_the_reason_in_the_copy_status() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    // 80 MiB of data: more than a 64 MiB store holds.
+    let big = files.join("big.raw");
+    run(Command::new("head")
+        .args(["-c", &(80u64 << 20).to_string(), "/dev/urandom"])
+        .stdout(std::fs::File::create(&big).unwrap()));
+    let sum = sha512(&big);
+    let http = HttpServer::start(&files);
+    let (m, _) = node_with_a_v2_disk(dir.path());
+    let (code, v) = create_image(
+        &m,
+        &json!({"name": "big", "sourceType": "download", "parameters": {"url": http.url("big.raw")},
+            "expectedChecksum": sum, "dataEngine": "v2"}),
+    );
+    assert_eq!(code, 201, "{v}");
+    wait_first_copy(&m, "big", &mut Vec::new());
+
+    // A disk too small for the image: its sync fails, the failed copy is deleted, and the disk's entry says why
+    // and when the next attempt comes.
+    add_v2_disk(&m, dir.path(), "tiny", 64 << 20);
+    let tiny_address = wait_for("tiny's daemon running", Duration::from_secs(60), || {
+        let d = lvstore_daemons(&m);
+        d.get("tiny")
+            .filter(|d| d["state"] == "running")
+            .and_then(|d| d["address"].as_str().map(str::to_owned))
+    });
+    let tiny = disk_uuid(&m, "tiny");
+    let (code, body) = rest(
+        "POST",
+        &format!("{}/v1/backingimages/big/copy", m.url),
+        Some(&json!({ "disks": [tiny] })),
+    );
+    assert_eq!(code, 200, "{body}");
+    let entry = |v: &Value| {
+        disks_of(v, "v2")
+            .into_iter()
+            .find(|d| d["diskUUID"] == tiny.as_str())
+    };
+    let failed = wait_for("the sync to tiny failed", Duration::from_secs(120), || {
+        let v = image(&m, "big");
+        entry(&v).filter(|e| e["state"] == "failed")
+    });
+    let message = failed["message"].as_str().unwrap().to_owned();
+    eprintln!("the failed sync's entry: {failed}");
+    assert!(message.contains("next attempt in 30s"), "{failed}");
+    assert!(
+        message.starts_with("sync failed: ") || message.starts_with("sync from disk "),
+        "{failed}"
+    );
+
+    // No attempt while the backoff runs (it was every pass, about 2 s): the entry keeps its message, tiny's store
+    // holds no copy, and the image stays ready on its first disk.
+    let end = std::time::Instant::now() + Duration::from_secs(8);
+    while std::time::Instant::now() < end {
+        let v = image(&m, "big");
+        assert_eq!(v["state"], "ready", "{v}");
+        let e = entry(&v).unwrap_or_default();
+        assert!(e["state"] == "failed" && e["message"] == message.as_str(), "{e}");
+        assert!(daemon_copies(&tiny_address).is_empty());
+        std::thread::sleep(Duration::from_millis(500));
+    }
+
+    // The disk taken out of the spec: its entry goes with the backoff.
+    let (code, body) = rest(
+        "POST",
+        &format!("{}/v1/backingimages/big/cleanup", m.url),
+        Some(&json!({ "disks": [tiny] })),
+    );
+    assert_eq!(code, 200, "{body}");
+    wait_for("tiny's entry gone", Duration::from_secs(30), || {
+        entry(&image(&m, "big")).is_none().then_some(())
+    });
 }

@@ -1,5 +1,7 @@
-//! Which disks may lose their copy of an image: the seed's four steps for `diskLastRefAtMap`, as a pure function
-//! (no store, no clock) so the order is tested on its own.
+//! Which disks hold an image's copies: the disks added to reach `minNumberOfCopies` ([`disks_to_add`]) and the
+//! seed's four steps for `diskLastRefAtMap` ([`last_ref_marks`]), as pure functions (no store, no clock) so the
+//! order is tested on its own. Both engines use them: v1 files ([`super::image_controller`]) and v2 copies
+//! ([`super::v2_controller`]).
 //!
 //! 1. A disk whose file no replica and no data source uses gets a timestamp (kept if it already had one); a used
 //!    disk loses it.
@@ -79,6 +81,31 @@ pub fn last_ref_marks(
         }
     }
     marks
+}
+
+/// HA: the disks of `candidates` (disks that could take a copy and hold none in the spec) to add so that the
+/// copies of `held` (the image's disks) that can serve — any class but [`FileClass::Failed`] — plus the added ones
+/// reach `min_copies`: a disk on a node holding none of the image's disks first (distinct nodes), then by UUID
+/// (distinct disks). A candidate whose file is failed is added but does not count. `in_use` plays no part.
+pub fn disks_to_add(held: &[DiskUse], candidates: &[DiskUse], min_copies: usize) -> Vec<String> {
+    let mut nodes: BTreeSet<&str> = held.iter().map(|d| d.node_id.as_str()).collect();
+    let mut healthy = held.iter().filter(|d| d.file != FileClass::Failed).count();
+    let mut pool: Vec<&DiskUse> = candidates.iter().collect();
+    let mut out = Vec::new();
+    while healthy < min_copies {
+        let Some(i) =
+            (0..pool.len()).min_by_key(|i| (nodes.contains(pool[*i].node_id.as_str()), &pool[*i].disk_uuid))
+        else {
+            break;
+        };
+        let d = pool.remove(i);
+        nodes.insert(&d.node_id);
+        if d.file != FileClass::Failed {
+            healthy += 1;
+        }
+        out.push(d.disk_uuid.clone());
+    }
+    out
 }
 
 /// Disks whose timestamp is at least `wait_secs` old (0 = every marked disk, at this reconcile).
@@ -183,6 +210,26 @@ mod tests {
         for (what, disks, prev, min, want) in cases {
             assert_eq!(kept(&disks, &prev, min), want, "{what}");
         }
+    }
+
+    #[test]
+    fn copies_are_added_on_distinct_nodes_first_then_distinct_disks_up_to_the_minimum() {
+        let held = [d("a", "n1", Ready, false), d("x", "n2", Failed, false)];
+        let candidates = [
+            d("b", "n1", InProgress, false),
+            d("c", "n2", InProgress, false),
+            d("e", "n3", InProgress, false),
+            d("f", "n3", InProgress, false),
+        ];
+        // A failed copy counts for its node but not towards the minimum.
+        assert_eq!(disks_to_add(&held, &candidates, 1), Vec::<String>::new());
+        assert_eq!(disks_to_add(&held, &candidates, 2), ["e"]);
+        assert_eq!(disks_to_add(&held, &candidates, 3), ["e", "b"]);
+        assert_eq!(disks_to_add(&held, &candidates, 9), ["e", "b", "c", "f"]);
+        // A candidate holding a failed file is added but does not count.
+        let with_failed = [d("b", "n4", Failed, false), d("c", "n5", InProgress, false)];
+        assert_eq!(disks_to_add(&held, &with_failed, 2), ["b", "c"]);
+        assert_eq!(disks_to_add(&[], &candidates, 2), ["b", "c"]);
     }
 
     #[test]

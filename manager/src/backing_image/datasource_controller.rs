@@ -27,7 +27,7 @@ const MAX_POLL_FAILURES: u32 = 10;
 /// 30 s doubling to 10 min. A source that stays unreachable is retried for as long as the image exists (the image
 /// reads `failed` with the reason meanwhile), at most every 10 minutes; a daemon that crashed is restarted sooner
 /// ([`crate::process::restart_backoff`]).
-fn job_retry_backoff(attempts: u32) -> Duration {
+pub(crate) fn job_retry_backoff(attempts: u32) -> Duration {
     Duration::from_secs(30u64 << attempts.saturating_sub(1).min(5)).min(Duration::from_secs(600))
 }
 

@@ -8,7 +8,8 @@
 //!
 //! A v2 image (`dataEngine: v2`) uses this flow only for its first v1 file, the source of its first v2 copy: no
 //! replica disks, no HA, and the file goes once the first v2 copy is ready; its v2 copies (the `v2` entries of the
-//! spec and status maps) belong to [`super::v2_controller`], and this controller keeps them as they are.
+//! spec and status maps, and its `diskLastRefAtMap`) belong to [`super::v2_controller`], and this controller keeps
+//! them as they are.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -16,7 +17,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::cleanup::{DiskUse, FileClass, expired, last_ref_marks};
+use super::cleanup::{DiskUse, FileClass, disks_to_add, expired, last_ref_marks};
 use super::model::{
     BackingImage, BackingImageDataSource, BackingImageManager, DataSourceSpec, DiskFileSpec, DiskFileStatus,
     ManagerSpec, SourceType, manager_name, state,
@@ -567,34 +568,45 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         );
     }
     let min = usize::try_from(bi.spec.min_number_of_copies).unwrap_or(1);
-    // Copies that count towards the minimum: not failed and on a disk that can serve.
-    let healthy = |w: &BTreeMap<String, DiskFileSpec>| {
-        w.keys()
-            .filter(|d| {
-                files
-                    .get(*d)
-                    .is_none_or(|f| f.state != state::FAILED && f.state != state::UNKNOWN)
-            })
-            .count()
+    // What a disk holds, as cleanup and HA count it: a copy that cannot be reached now is retained last, like a
+    // failed one, and does not count towards the minimum.
+    let class = |disk: &str| match files.get(disk).map(|f| f.state.as_str()) {
+        Some(state::READY) => FileClass::Ready,
+        Some(state::FAILED | state::UNKNOWN) => FileClass::Failed,
+        _ => FileClass::InProgress,
     };
-    if any_ready && !v2 && healthy(&wanted) < min {
+    let held = |w: &BTreeMap<String, DiskFileSpec>| -> Vec<DiskUse> {
+        w.iter()
+            .map(|(disk, s)| DiskUse {
+                disk_uuid: disk.clone(),
+                node_id: s.node_id.clone(),
+                file: class(disk),
+                in_use: used.contains_key(disk) || (!started && *disk == ds_disk) || (v2 && !v2_first_ready),
+            })
+            .collect()
+    };
+    if any_ready && !v2 {
         // HA: more ready disks, on nodes without a copy first.
-        let mut nodes: BTreeSet<String> = wanted.values().map(|s| s.node_id.clone()).collect();
-        let mut pool: Vec<&DiskRef> = all_disks
+        let candidates: Vec<DiskUse> = all_disks
             .iter()
             .filter(|d| d.ready && selected(bi, d) && !wanted.contains_key(&d.disk_uuid))
+            .map(|d| DiskUse {
+                disk_uuid: d.disk_uuid.clone(),
+                node_id: d.node_id.clone(),
+                file: class(&d.disk_uuid),
+                in_use: false,
+            })
             .collect();
-        while healthy(&wanted) < min {
-            pool.sort_by_key(|d| (nodes.contains(&d.node_id), d.disk_uuid.clone()));
-            if pool.is_empty() {
-                break;
-            }
-            let d = pool.remove(0);
-            nodes.insert(d.node_id.clone());
+        for disk in disks_to_add(&held(&wanted), &candidates, min) {
+            let node_id = all_disks
+                .iter()
+                .find(|d| d.disk_uuid == disk)
+                .map(|d| d.node_id.clone())
+                .unwrap_or_default();
             wanted.insert(
-                d.disk_uuid.clone(),
+                disk,
                 DiskFileSpec {
-                    node_id: d.node_id.clone(),
+                    node_id,
                     ..Default::default()
                 },
             );
@@ -602,20 +614,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     }
 
     // Cleanup of files nobody uses.
-    let uses: Vec<DiskUse> = wanted
-        .iter()
-        .map(|(disk, s)| DiskUse {
-            disk_uuid: disk.clone(),
-            node_id: s.node_id.clone(),
-            file: match files.get(disk).map(|f| f.state.as_str()) {
-                Some(state::READY) => FileClass::Ready,
-                // A copy that cannot be reached now is retained last, like a failed one.
-                Some(state::FAILED | state::UNKNOWN) => FileClass::Failed,
-                _ => FileClass::InProgress,
-            },
-            in_use: used.contains_key(disk) || (!started && *disk == ds_disk) || (v2 && !v2_first_ready),
-        })
-        .collect();
+    let uses = held(&wanted);
     let t = now();
     let mut marks = last_ref_marks(&uses, &bi.status.disk_last_ref_at_map, min, t);
     let wait = i64::try_from(ctx.setting_u64(CLEANUP_SETTING).await.saturating_mul(60)).unwrap_or(i64::MAX);
@@ -689,7 +688,11 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                     .entry(d.clone())
                     .or_insert_with(|| f.clone());
             }
-            b.status.disk_last_ref_at_map.clone_from(&marks);
+            // A v2 image's marks are its v2 copies' ([`super::v2_controller`]): its one v1 file is never marked
+            // (in use until the first v2 copy is ready, then removed).
+            if !v2 {
+                b.status.disk_last_ref_at_map.clone_from(&marks);
+            }
             b.status.message.clone_from(&message);
             if b.status.size == 0 || first_ready.is_some() {
                 b.status.size = size;

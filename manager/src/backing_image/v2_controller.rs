@@ -12,6 +12,12 @@
 //! Every pass asks each v2 disk's daemon for its copy ([`super::v2_copy::copy_status`] turns the answer into the
 //! disk's entry: unreachable → `unknown`, gone → `failed`). Disks of replicas of volumes on the image get a copy
 //! entry in the spec; a deleted image's copies are deleted from every daemon that answers.
+//!
+//! Once the first copy is ready, HA and cleanup follow the v1 rules with the same functions
+//! ([`super::cleanup`]; [`keep_copies`]): disks are added up to `minNumberOfCopies`, unused disks are marked in
+//! `diskLastRefAtMap` (this controller's for a v2 image) and leave the spec after
+//! `backing-image-cleanup-wait-interval`; then [`sync_copies`] deletes what is no longer wanted and syncs one new
+//! copy at a time, a failing sync backing off per image and disk.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -20,11 +26,13 @@ use std::time::{Duration, Instant};
 use corral_proto::v1;
 use tokio_util::sync::CancellationToken;
 
-use super::image_controller::{DiskRef, disks, replica_disks, selected};
+use super::cleanup::{DiskUse, FileClass, disks_to_add, expired, last_ref_marks};
+use super::datasource_controller::job_retry_backoff;
+use super::image_controller::{CLEANUP_SETTING, DiskRef, disks, replica_disks, selected};
 use super::model::{BackingImage, BackingImageManager, DiskFileSpec, DiskFileStatus, state};
 use super::v2_copy::{Fetched, copy_status};
 use crate::context::Ctx;
-use crate::controller::{Requeue, WorkQueue, feed, run_worker};
+use crate::controller::{Requeue, WorkQueue, feed, now, run_worker};
 use crate::model::{DataEngine, ProcessState};
 use crate::store::absent_ok;
 use crate::v2::model::{LvstoreDaemon, daemon_name};
@@ -32,6 +40,16 @@ use crate::v2::model::{LvstoreDaemon, daemon_name};
 /// Backoff of the first copy's retries: doubles from the first to the last.
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The disk key of the first copy's retries.
+const FIRST: &str = "";
+
+/// The wait after the first copy's `attempts`-th failure (from 1).
+fn first_copy_backoff(attempts: u32) -> Duration {
+    RETRY_FIRST
+        .saturating_mul(1 << attempts.saturating_sub(1).min(5))
+        .min(RETRY_MAX)
+}
 
 pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     let q = Arc::new(WorkQueue::default());
@@ -55,32 +73,70 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
     });
 }
 
-/// Failed first copies by image: attempts and when the next may start. Leader-local: a new leader starts the
-/// count again, which at worst retries sooner once.
+/// Failed jobs by image and disk: the first copy (under the disk `""`) and each sync to another disk. Leader-local:
+/// a new leader starts the count again, which at worst retries sooner once.
 #[derive(Default)]
-struct Retries(Mutex<HashMap<String, (u32, Instant)>>);
+struct Retries(Mutex<HashMap<(String, String), Failure>>);
+
+struct Failure {
+    attempts: u32,
+    /// When the next attempt may start.
+    next: Instant,
+    /// The status message meanwhile: why the last attempt failed and when the next one comes.
+    message: String,
+}
 
 impl Retries {
-    fn failed(&self, image: &str) -> Duration {
-        let mut m = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let e = m.entry(image.to_owned()).or_insert((0, Instant::now()));
-        let wait = RETRY_FIRST.saturating_mul(1 << e.0.min(5)).min(RETRY_MAX);
-        e.0 += 1;
-        e.1 = Instant::now() + wait;
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Failure>> {
+        self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Records a failed attempt of `image` on `disk`: the wait before the next one, by the `attempts` so far.
+    fn failed(&self, image: &str, disk: &str, backoff: fn(u32) -> Duration) -> Duration {
+        let mut m = self.lock();
+        let e = m
+            .entry((image.to_owned(), disk.to_owned()))
+            .or_insert_with(|| Failure {
+                attempts: 0,
+                next: Instant::now(),
+                message: String::new(),
+            });
+        e.attempts += 1;
+        let wait = backoff(e.attempts);
+        e.next = Instant::now() + wait;
         wait
     }
 
-    /// How long until the next attempt may start (zero: now).
-    fn wait(&self, image: &str) -> Duration {
-        let m = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        m.get(image).map_or(Duration::ZERO, |(_, at)| {
-            at.saturating_duration_since(Instant::now())
-        })
+    /// Sets the message shown while the next attempt waits.
+    fn explain(&self, image: &str, disk: &str, message: &str) {
+        if let Some(e) = self.lock().get_mut(&(image.to_owned(), disk.to_owned())) {
+            message.clone_into(&mut e.message);
+        }
     }
 
-    fn clear(&self, image: &str) {
-        let mut m = self.0.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        m.remove(image);
+    /// How long until the next attempt may start (zero: now).
+    fn wait(&self, image: &str, disk: &str) -> Duration {
+        self.lock()
+            .get(&(image.to_owned(), disk.to_owned()))
+            .map_or(Duration::ZERO, |e| {
+                e.next.saturating_duration_since(Instant::now())
+            })
+    }
+
+    /// The message of a failure whose next attempt has not come yet.
+    fn waiting(&self, image: &str, disk: &str) -> Option<String> {
+        self.lock()
+            .get(&(image.to_owned(), disk.to_owned()))
+            .filter(|e| e.next > Instant::now())
+            .map(|e| e.message.clone())
+    }
+
+    fn clear(&self, image: &str, disk: &str) {
+        self.lock().remove(&(image.to_owned(), disk.to_owned()));
+    }
+
+    fn clear_image(&self, image: &str) {
+        self.lock().retain(|(i, _), _| i != image);
     }
 }
 
@@ -198,7 +254,7 @@ async fn ready_file(ctx: &Ctx, name: &str, uuid: &str, all: &[DiskRef]) -> anyho
 
 async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Result<Requeue> {
     let Some(obj) = ctx.db.get::<BackingImage>(&name).await? else {
-        retries.clear(&name);
+        retries.clear_image(&name);
         return Ok(None);
     };
     let bi = &obj.data;
@@ -259,8 +315,20 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
                 tracing::info!(image = name, disk = s.disk.disk_name, "v2 copy deleted");
             }
         }
-        write(&ctx, &name, &uuid, &BTreeMap::new(), &left, None).await?;
-        retries.clear(&name);
+        write(
+            &ctx,
+            &name,
+            &uuid,
+            &Pass {
+                added: &BTreeMap::new(),
+                removed: &[],
+                copies: &left,
+                marks: &BTreeMap::new(),
+                first: None,
+            },
+        )
+        .await?;
+        retries.clear_image(&name);
         return Ok(Some(Duration::from_secs(1)));
     }
 
@@ -273,13 +341,17 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
         .filter(|(_, s)| s.data_engine == DataEngine::V2)
         .map(|(d, s)| (d.clone(), s.clone()))
         .collect();
-    for (disk, node) in replica_disks(&ctx, &name).await? {
-        if stores.iter().any(|s| s.disk.disk_uuid == disk) {
-            wanted.entry(disk).or_insert(DiskFileSpec {
-                node_id: node,
-                data_engine: DataEngine::V2,
-            });
-        }
+    // Disk UUID → node of the replicas on v2 disks (their copies are never cleaned up).
+    let used: BTreeMap<String, String> = replica_disks(&ctx, &name)
+        .await?
+        .into_iter()
+        .filter(|(disk, _)| stores.iter().any(|s| &s.disk.disk_uuid == disk))
+        .collect();
+    for (disk, node) in &used {
+        wanted.entry(disk.clone()).or_insert(DiskFileSpec {
+            node_id: node.clone(),
+            data_engine: DataEngine::V2,
+        });
     }
 
     // The first copy.
@@ -290,7 +362,7 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
     match first.as_str() {
         "" => first = state::PENDING.to_owned(),
         state::PENDING => {
-            let wait = retries.wait(&name);
+            let wait = retries.wait(&name, FIRST);
             if !wait.is_zero() {
                 requeue = wait;
             } else if let Some(file) = ready_file(&ctx, &name, &uuid, &disks(&ctx).await?).await? {
@@ -363,7 +435,7 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
                                 );
                             }
                             Err(e) => {
-                                let wait = retries.failed(&name);
+                                let wait = retries.failed(&name, FIRST, first_copy_backoff);
                                 first = state::FAILED.to_owned();
                                 first_disk.clone_from(&s.disk.disk_uuid);
                                 message = format!(
@@ -385,13 +457,13 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
             Some(state::READY) => {
                 tracing::info!(image = name, disk = first_disk, "the first v2 copy is ready");
                 first = state::READY.to_owned();
-                retries.clear(&name);
+                retries.clear(&name, FIRST);
             }
             Some(state::FAILED) | None => {
                 let why = copies
                     .get(&first_disk)
                     .map_or_else(|| "the copy is gone".to_owned(), |c| c.message.clone());
-                let wait = retries.failed(&name);
+                let wait = retries.failed(&name, FIRST, first_copy_backoff);
                 tracing::warn!(
                     image = name,
                     disk = first_disk,
@@ -420,7 +492,7 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
             Some(_) => requeue = Duration::from_secs(1),
         },
         state::FAILED | state::UNKNOWN => {
-            let wait = retries.wait(&name);
+            let wait = retries.wait(&name, FIRST);
             if wait.is_zero() {
                 first = state::PENDING.to_owned();
                 requeue = Duration::ZERO;
@@ -431,8 +503,30 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
         }
         _ => {}
     }
+    // HA and cleanup, then the syncs, once a copy is ready to sync from (before, the first copy's disk is the
+    // only one and nothing is marked).
+    let mut marks = BTreeMap::new();
+    let mut removed = Vec::new();
     if first == state::READY {
-        sync_copies(&name, &uuid, &stores, &holds, &wanted, &mut copies).await;
+        let wait =
+            i64::try_from(ctx.setting_u64(CLEANUP_SETTING).await.saturating_mul(60)).unwrap_or(i64::MAX);
+        let kept = keep_copies(
+            bi,
+            &stores,
+            &copies,
+            &used,
+            &mut wanted,
+            &|d| !retries.wait(&name, d).is_zero(),
+            (now(), wait),
+        );
+        for d in &kept.added {
+            tracing::info!(image = name, disk = d, "a v2 copy added for minNumberOfCopies");
+        }
+        for d in &kept.removed {
+            tracing::info!(image = name, disk = d, "removing an unused v2 copy");
+        }
+        (marks, removed) = (kept.marks, kept.removed);
+        sync_copies(&name, &uuid, &stores, &holds, &wanted, &mut copies, &retries).await;
     }
     let first_state = Some((first, first_disk, message));
     // Only what this pass adds goes into the spec (a disk the user removed meanwhile stays removed). A disk whose
@@ -447,15 +541,127 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
                 .is_some_and(|s| s.data_engine == DataEngine::V2)
         })
         .collect();
-    write(&ctx, &name, &uuid, &added, &copies, first_state).await?;
+    write(
+        &ctx,
+        &name,
+        &uuid,
+        &Pass {
+            added: &added,
+            removed: &removed,
+            copies: &copies,
+            marks: &marks,
+            first: first_state,
+        },
+    )
+    .await?;
     Ok(Some(requeue))
 }
 
+/// Item 8 of issue 21, as for v1 files and with the same rules ([`super::cleanup`]): once a copy is ready, ready
+/// v2 disks are added to `wanted` until `minNumberOfCopies` copies can serve (distinct nodes first, then distinct
+/// disks; not a disk whose sync backs off, `backing_off`); then every disk of `wanted` no replica uses (`used`) is
+/// marked, the marks keeping the minimum retained, and the disks whose mark is older than the wait are removed
+/// from `wanted` ([`sync_copies`] then deletes their copies). The last argument is (now, wait) in seconds.
+fn keep_copies(
+    bi: &BackingImage,
+    stores: &[Store],
+    copies: &BTreeMap<String, DiskFileStatus>,
+    used: &BTreeMap<String, String>,
+    wanted: &mut BTreeMap<String, DiskFileSpec>,
+    backing_off: &dyn Fn(&str) -> bool,
+    (now, wait): (i64, i64),
+) -> Kept {
+    let serving = |disk: &str| {
+        stores
+            .iter()
+            .any(|s| s.disk.disk_uuid == disk && s.disk.ready && s.address.is_some())
+    };
+    // A disk without a copy yet counts as one being made while its daemon runs. A copy whose daemon does not answer
+    // on a disk that is ready (its node up) counts as one being made too: its daemon restarts under the node's
+    // manager and lists the copy again from its xattrs — a replacement on another disk would only be cleaned up
+    // again after the wait interval. On a disk that is not ready it is lost for now, like a failed one.
+    let disk_ready = |disk: &str| stores.iter().any(|s| s.disk.disk_uuid == disk && s.disk.ready);
+    let class = |disk: &str| match copies.get(disk).map(|c| c.state.as_str()) {
+        Some(state::READY) => FileClass::Ready,
+        Some(state::UNKNOWN) if disk_ready(disk) => FileClass::InProgress,
+        Some(state::FAILED | state::UNKNOWN) => FileClass::Failed,
+        Some(_) => FileClass::InProgress,
+        None if serving(disk) && !backing_off(disk) => FileClass::InProgress,
+        None => FileClass::Failed,
+    };
+    let held = |w: &BTreeMap<String, DiskFileSpec>| -> Vec<DiskUse> {
+        w.iter()
+            .map(|(disk, s)| DiskUse {
+                disk_uuid: disk.clone(),
+                node_id: s.node_id.clone(),
+                file: class(disk),
+                in_use: used.contains_key(disk),
+            })
+            .collect()
+    };
+    let min = usize::try_from(bi.spec.min_number_of_copies).unwrap_or(1);
+    let candidates: Vec<DiskUse> = stores
+        .iter()
+        .filter(|s| {
+            s.disk.ready
+                && s.address.is_some()
+                && selected(bi, &s.disk)
+                && !wanted.contains_key(&s.disk.disk_uuid)
+                && !backing_off(&s.disk.disk_uuid)
+        })
+        .map(|s| DiskUse {
+            disk_uuid: s.disk.disk_uuid.clone(),
+            node_id: s.disk.node_id.clone(),
+            file: class(&s.disk.disk_uuid),
+            in_use: false,
+        })
+        .collect();
+    let added = disks_to_add(&held(wanted), &candidates, min);
+    for disk in &added {
+        let node_id = stores
+            .iter()
+            .find(|s| &s.disk.disk_uuid == disk)
+            .map(|s| s.disk.node_id.clone())
+            .unwrap_or_default();
+        wanted.insert(
+            disk.clone(),
+            DiskFileSpec {
+                node_id,
+                data_engine: DataEngine::V2,
+            },
+        );
+    }
+    let mut marks = last_ref_marks(&held(wanted), &bi.status.disk_last_ref_at_map, min, now);
+    let removed = expired(&marks, wait, now);
+    for d in &removed {
+        wanted.remove(d);
+        marks.remove(d);
+    }
+    Kept {
+        added,
+        removed,
+        marks,
+    }
+}
+
+/// What [`keep_copies`] did to the disks that must hold a copy.
+struct Kept {
+    /// Added for `minNumberOfCopies`.
+    added: Vec<String>,
+    /// Removed: unused for the wait interval.
+    removed: Vec<String>,
+    /// The new `diskLastRefAtMap`.
+    marks: BTreeMap<String, i64>,
+}
+
 /// Seed 001's `deleteInvalidV2Copy` and `prepareV2Copy`, once the image has a ready copy: copies on disks no
-/// longer `wanted` are deleted (never the last ready one), failed copies are deleted (their entry dropped, so the
-/// disk is synced again), `unknown` ones (daemon unreachable) are kept — their lvol may well be there; then, when
-/// no copy is being made, one wanted disk without a copy gets one, synced from a ready copy on another disk
-/// (`BackingImageCreate` with `from_lvstore`: the target's daemon has the source's expose its snapshot lvol).
+/// longer `wanted` are deleted (never the last ready one); failed copies are deleted, and their disk is synced
+/// again — at once when its daemon no longer had the copy (its lvol went, or a restart dropped an unfinished one),
+/// else after a backoff per image and disk (30 s doubling to 10 min, [`job_retry_backoff`]), its entry reading
+/// `failed` with the reason meanwhile; `unknown` ones (daemon unreachable) are kept — their lvol may well be
+/// there. Then, when no copy is being made, one wanted disk without a copy gets one, synced from a ready copy on
+/// another disk (`BackingImageCreate` with `from_lvstore`: the target's daemon has the source's expose its
+/// snapshot lvol); a refused create backs off the same way.
 async fn sync_copies(
     name: &str,
     uuid: &str,
@@ -463,6 +669,7 @@ async fn sync_copies(
     holds: &BTreeMap<String, bool>,
     wanted: &BTreeMap<String, DiskFileSpec>,
     copies: &mut BTreeMap<String, DiskFileStatus>,
+    retries: &Retries,
 ) {
     let address = |disk: &str| {
         stores
@@ -476,10 +683,16 @@ async fn sync_copies(
             .filter(|(d, c)| d.as_str() != but && c.state == state::READY)
             .find_map(|(d, c)| Some((d.clone(), address(d)?, c.v2_copy.clone()?)))
     };
+    for (disk, c) in &*copies {
+        if c.state == state::READY {
+            retries.clear(name, disk);
+        }
+    }
     let disks: Vec<String> = copies.keys().cloned().collect();
     for disk in disks {
         let Some(c) = copies.get(&disk) else { continue };
         let unwanted = !wanted.contains_key(&disk);
+        let held = holds.get(&disk).copied().unwrap_or(false);
         let delete = match c.state.as_str() {
             state::FAILED => true,
             state::READY => unwanted && ready(copies, &disk).is_some(),
@@ -489,7 +702,9 @@ async fn sync_copies(
         if !delete {
             continue;
         }
-        if holds.get(&disk).copied().unwrap_or(false) {
+        // The daemon reports the copy failed: a sync that did not complete, which the disk's backoff counts.
+        let failure = (c.state == state::FAILED && held).then(|| c.message.clone());
+        if held {
             let Some(a) = address(&disk) else { continue };
             if let Err(e) = delete_copy(&a, name).await {
                 tracing::warn!(
@@ -501,7 +716,38 @@ async fn sync_copies(
                 continue;
             }
         }
-        tracing::info!(image = name, disk, state = c.state, unwanted, "v2 copy deleted");
+        if let Some(why) = failure {
+            let wait = retries.failed(name, &disk, job_retry_backoff);
+            let message = format!("sync failed: {why}; next attempt in {}s", wait.as_secs());
+            tracing::warn!(
+                image = name,
+                disk,
+                error = why,
+                wait = wait.as_secs(),
+                "v2 copy sync failed"
+            );
+            retries.explain(name, &disk, &message);
+        }
+        if !unwanted && let Some(message) = retries.waiting(name, &disk) {
+            if let Some(c) = copies.get_mut(&disk) {
+                c.state = state::FAILED.to_owned();
+                c.progress = 0;
+                c.message = message;
+            }
+            continue;
+        }
+        tracing::info!(
+            image = name,
+            disk,
+            state = c.state,
+            unwanted,
+            held,
+            "v2 copy deleted"
+        );
+        if unwanted {
+            // Out of the spec: a later copy to the disk starts afresh.
+            retries.clear(name, &disk);
+        }
         copies.remove(&disk);
     }
     if copies
@@ -512,6 +758,7 @@ async fn sync_copies(
     }
     let Some(target) = wanted.keys().find(|d| {
         !copies.contains_key(*d)
+            && retries.wait(name, d).is_zero()
             && stores
                 .iter()
                 .any(|s| &s.disk.disk_uuid == *d && s.disk.ready && s.address.is_some())
@@ -566,20 +813,46 @@ async fn sync_copies(
                 copies.insert(target.clone(), st);
             }
         }
-        Err(e) => tracing::warn!(image = name, disk = target, error = e, "v2 copy sync refused"),
+        Err(e) => {
+            let wait = retries.failed(name, target, job_retry_backoff);
+            let message = format!(
+                "sync from disk {from_disk} refused: {e}; next attempt in {}s",
+                wait.as_secs()
+            );
+            tracing::warn!(
+                image = name,
+                disk = target,
+                error = e,
+                wait = wait.as_secs(),
+                "v2 copy sync refused"
+            );
+            retries.explain(name, target, &message);
+            copies.insert(
+                target.clone(),
+                DiskFileStatus {
+                    state: state::FAILED.to_owned(),
+                    message,
+                    node_id: node,
+                    data_engine: DataEngine::V2,
+                    ..Default::default()
+                },
+            );
+        }
     }
 }
 
-/// Adds `wanted` to the image's spec, replaces its v2 entries in the status map (and the first copy's state,
-/// when given).
-async fn write(
-    ctx: &Ctx,
-    name: &str,
-    uuid: &str,
-    wanted: &BTreeMap<String, DiskFileSpec>,
-    copies: &BTreeMap<String, DiskFileStatus>,
+/// What a pass writes to the image: disks it adds to the spec and removes from it (v2 entries only), its v2
+/// entries of the status map, its `diskLastRefAtMap`, and the first copy's state when given.
+struct Pass<'a> {
+    added: &'a BTreeMap<String, DiskFileSpec>,
+    removed: &'a [String],
+    copies: &'a BTreeMap<String, DiskFileStatus>,
+    marks: &'a BTreeMap<String, i64>,
     first: Option<(String, String, String)>,
-) -> anyhow::Result<()> {
+}
+
+/// Writes a pass to the image (see [`Pass`]).
+async fn write(ctx: &Ctx, name: &str, uuid: &str, pass: &Pass<'_>) -> anyhow::Result<()> {
     let updated = ctx
         .db
         .modify::<BackingImage>(name, |b| {
@@ -587,14 +860,15 @@ async fn write(
                 return false;
             }
             let before = b.clone();
-            // Only added to: the spec is the user's too (`copy`, `cleanup`), read before this pass's daemon calls,
-            // so replacing the map would undo a change made meanwhile. A deleted image's entries go.
+            // Added to and removed from, not replaced: the spec is the user's too (`copy`, `cleanup`), read before
+            // this pass's daemon calls, so replacing the map would undo a change made meanwhile. A deleted image's
+            // entries go.
             if b.spec.deletion_timestamp.is_some() {
                 b.spec
                     .disk_file_spec_map
                     .retain(|_, s| s.data_engine != DataEngine::V2);
             }
-            for (d, s) in wanted {
+            for (d, s) in pass.added {
                 // A v1 entry of the same disk (the file the first copy was made from, on this v2 disk's
                 // directory) gives way: the image controller drops v1 entries once the first copy is ready, and
                 // the copy's entry must outlive it.
@@ -607,13 +881,23 @@ async fn write(
                     *e = s.clone();
                 }
             }
+            for d in pass.removed {
+                if b.spec
+                    .disk_file_spec_map
+                    .get(d)
+                    .is_some_and(|s| s.data_engine == DataEngine::V2)
+                {
+                    b.spec.disk_file_spec_map.remove(d);
+                }
+            }
             b.status
                 .disk_file_status_map
                 .retain(|_, f| f.data_engine != DataEngine::V2);
             b.status
                 .disk_file_status_map
-                .extend(copies.iter().map(|(d, f)| (d.clone(), f.clone())));
-            if let Some((st, disk, message)) = &first {
+                .extend(pass.copies.iter().map(|(d, f)| (d.clone(), f.clone())));
+            b.status.disk_last_ref_at_map.clone_from(pass.marks);
+            if let Some((st, disk, message)) = &pass.first {
                 b.status.v2_first_copy_status.clone_from(st);
                 b.status.v2_first_copy_disk.clone_from(disk);
                 b.status.v2_first_copy_message.clone_from(message);
@@ -623,4 +907,51 @@ async fn write(
         .await;
     absent_ok(updated)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn short(attempts: u32) -> Duration {
+        Duration::from_millis(200 * u64::from(attempts))
+    }
+
+    #[test]
+    fn a_failure_waits_longer_each_time_per_image_and_disk_and_its_message_shows_while_it_waits() {
+        let r = Retries::default();
+        assert!(r.wait("img", "d1").is_zero());
+        assert_eq!(r.failed("img", "d1", short), Duration::from_millis(200));
+        r.explain("img", "d1", "sync failed: no space; next attempt in 0s");
+        assert!(!r.wait("img", "d1").is_zero());
+        assert_eq!(
+            r.waiting("img", "d1").as_deref(),
+            Some("sync failed: no space; next attempt in 0s")
+        );
+        // Another disk, another image: their own counts.
+        assert!(r.wait("img", "d2").is_zero() && r.waiting("img", "d2").is_none());
+        assert!(r.wait("other", "d1").is_zero());
+        assert_eq!(r.failed("img", "d1", short), Duration::from_millis(400));
+        std::thread::sleep(Duration::from_millis(450));
+        assert!(r.wait("img", "d1").is_zero());
+        assert!(r.waiting("img", "d1").is_none(), "the next attempt may start");
+        assert_eq!(r.failed("img", "d1", short), Duration::from_millis(600));
+        r.clear("img", "d1");
+        assert_eq!(
+            r.failed("img", "d1", short),
+            Duration::from_millis(200),
+            "counted afresh"
+        );
+        r.failed("img", FIRST, short);
+        r.clear_image("img");
+        assert!(r.wait("img", FIRST).is_zero() && r.wait("img", "d1").is_zero());
+    }
+
+    #[test]
+    fn the_first_copy_retries_from_two_seconds_to_a_minute_and_a_sync_from_thirty_seconds_to_ten_minutes() {
+        let first: Vec<u64> = (1..9).map(|a| first_copy_backoff(a).as_secs()).collect();
+        assert_eq!(first, [2, 4, 8, 16, 32, 60, 60, 60]);
+        let sync: Vec<u64> = (1..9).map(|a| job_retry_backoff(a).as_secs()).collect();
+        assert_eq!(sync, [30, 60, 120, 240, 480, 600, 600, 600]);
+    }
 }
