@@ -4,7 +4,11 @@
 //! the v1 file is removed after; the seed's three images (v1 raw, v2 raw, v2 from a qcow2 made by `qemu-img` from
 //! the same random image) give three volumes that read back identically over NBD; the copies come back ready from
 //! their lvols' xattrs after the disk daemon is SIGKILLed and restarted. Bad input: a v2 image without a v2 disk,
-//! a checksum mismatch, the wrong engine for a volume, deleting an image a v2 volume uses.
+//! a checksum mismatch, the wrong engine for a volume, deleting an image a v2 volume uses. With three v2 disks:
+//! copies synced to the other two one at a time, one removed, everything beside the store files wiped while the
+//! manager and every disk daemon are down, the copies back from their xattrs and a replica on every disk reading
+//! the same bytes alone; `minNumberOfCopies` and cleanup (never below the minimum, never a replica's copy); a sync
+//! that keeps failing backs off with its reason in the disk's entry.
 
 mod support;
 
