@@ -31,6 +31,8 @@ TARGET_LABELS = {
     "b0": "(b) 1r, before",
     "c0": "(c) 3r, before",
     "d0": "(d) 3r+rev, before",
+    "bx": "(b) 1r, ALT_ENV",
+    "cx": "(c) 3r, ALT_ENV",
     "v2b": "v2 engine 1r",
     "v2bt": "v2 1r, TCP",
     "v2c": "v2 engine 3r",

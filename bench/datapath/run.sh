@@ -22,6 +22,8 @@
 #   TARGETS   subset to run, e.g. "a a2 b"   BENCH_DIR where data lives (/var/tmp; the same disk for every target)
 #   BIN_DIR   use corral-* binaries from here and skip the build (default: build into CARGO_TARGET_DIR or target/)
 #   BASE_BIN_DIR  binaries for targets b0, c0 and d0 (b, c and d run with them): before/after a change in one run
+#   ALT_ENV   VAR=VALUE words set in the environment of the engine and replicas of targets bx and cx (b and c otherwise):
+#             a tunable's before/after in one run, e.g. ALT_ENV="CORRAL_REPLICA_CONNECTIONS=1"
 #   JOBS      names of the jobs to run (default: all), e.g. "randwrite-4k-qd32 randwrite-4k-qd32-fsync32"
 #   KEEP=1    keep the work directory (fio JSON, daemon logs, top samples)
 #   TOP=1     sample `top -b -n1` in the middle of every job into the work directory
@@ -167,11 +169,15 @@ start_target() {
       TARGET_PIDS+=("$LAST_PID")
       wait_until qemu-nbd "$LAST_PID" socket_ready "$tdir/nbd.sock"
       URI="nbd+unix:///?socket=$tdir/nbd.sock" ;;
-    b | c | d | bt | ct | b0 | c0 | d0 | bs)
-      local n=3 rc=() unix=1 replica_bin=$REPLICA_BIN engine_bin=$ENGINE_BIN
+    b | c | d | bt | ct | b0 | c0 | d0 | bs | bx | cx)
+      local n=3 rc=() unix=1 replica_bin=$REPLICA_BIN engine_bin=$ENGINE_BIN alt=()
       [[ $t == b* ]] && n=1
       [[ $t == ?t ]] && unix=0
       [[ $t != d* ]] && rc=(--disable-revision-counter)
+      if [[ $t == ?x ]]; then
+        # shellcheck disable=SC2206 # ALT_ENV is a list of VAR=VALUE words
+        alt=(${ALT_ENV:-})
+      fi
       if [[ $t == ?0 ]]; then
         [[ -d "$WORK/bin0" ]] || { echo "run.sh: target $t needs BASE_BIN_DIR" >&2; exit 2; }
         replica_bin=$WORK/bin0/corral-replica engine_bin=$WORK/bin0/corral-engine
@@ -185,7 +191,7 @@ start_target() {
         ready="$tdir/replica-$i.ready"
         local_data=()
         ((unix)) && local_data=(--data-unix "$tdir/replica-$i.data.sock")
-        start "$tdir/replica-$i.log" "$replica_bin" --ready-file "$ready" serve --dir "$tdir/replica-$i" \
+        start "$tdir/replica-$i.log" env "${alt[@]}" "$replica_bin" --ready-file "$ready" serve --dir "$tdir/replica-$i" \
           --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 --sync-listen 127.0.0.1:0 "${local_data[@]}" \
           --size "$SIZE" --volume bench "${rc[@]}" "${metrics[@]}"
         TARGET_PIDS+=("$LAST_PID")
@@ -193,7 +199,7 @@ start_target() {
         ((${#metrics[@]})) && COUNT_URLS+=("replicas=http://$(ready_addr "$ready" metrics)/metrics")
         replicas+=(--replica "tcp://$(ready_addr "$ready" control)?data=$(ready_addr "$ready" data)&sync=$(ready_addr "$ready" sync)")
       done
-      start "$tdir/engine.log" "$engine_bin" --ready-file "$tdir/engine.ready" serve --volume bench --size "$SIZE" \
+      start "$tdir/engine.log" env "${alt[@]}" "$engine_bin" --ready-file "$tdir/engine.ready" serve --volume bench --size "$SIZE" \
         --listen 127.0.0.1:0 "${replicas[@]}" --nbd-listen "unix:$tdir/nbd.sock" "${rc[@]}" "${metrics[@]}"
       TARGET_PIDS+=("$LAST_PID")
       wait_until engine "$LAST_PID" socket_ready "$tdir/nbd.sock"

@@ -41,6 +41,8 @@ pub struct ServeConfig {
     pub salvage_requested: bool,
     /// Per-request deadline towards replicas.
     pub replica_timeout: Duration,
+    /// Data connections to each replica.
+    pub replica_connections: usize,
     /// Prometheus `/metrics` and `/healthz`.
     pub metrics_listen: Option<SocketAddr>,
     /// Where to write the ready report (`corral_daemon::ready`).
@@ -54,6 +56,7 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
     info!(?cfg, "corral-engine starting");
     let client = ClientConfig {
         request_timeout: cfg.replica_timeout,
+        connections: cfg.replica_connections,
         ..ClientConfig::default()
     };
     let opts = StartOptions {

@@ -69,6 +69,10 @@ enum Cmd {
         /// Seconds before an unanswered replica request puts the replica ERR.
         #[arg(long, default_value_t = 8)]
         replica_timeout: u64,
+        /// Data connections to each replica. Each is served by one thread of the replica, which runs the
+        /// requests one `recv` brings in order; fewer connections batch more requests per wake-up.
+        #[arg(long, env = "CORRAL_REPLICA_CONNECTIONS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+        replica_connections: u16,
         #[command(flatten)]
         rebuild_rate: RebuildRateArgs,
         #[command(flatten)]
@@ -191,6 +195,7 @@ async fn main() -> anyhow::Result<()> {
             disable_revision_counter,
             salvage_requested,
             replica_timeout,
+            replica_connections,
             rebuild_rate,
             metrics,
         } => {
@@ -207,6 +212,7 @@ async fn main() -> anyhow::Result<()> {
                 disable_revision_counter,
                 salvage_requested,
                 replica_timeout: Duration::from_secs(replica_timeout),
+                replica_connections: usize::from(replica_connections),
                 metrics_listen: metrics.metrics_listen,
                 ready_file: process.ready_file,
                 rebuild_rate: engine::rebuild::RebuildRate {
