@@ -33,6 +33,8 @@ TARGET_LABELS = {
     "d0": "(d) 3r+rev, before",
     "bx": "(b) 1r, ALT_ENV",
     "cx": "(c) 3r, ALT_ENV",
+    "by": "(b) 1r, ALT_ENV2",
+    "cy": "(c) 3r, ALT_ENV2",
     "v2b": "v2 engine 1r",
     "v2bt": "v2 1r, TCP",
     "v2c": "v2 engine 3r",

@@ -23,7 +23,7 @@
 #   BIN_DIR   use corral-* binaries from here and skip the build (default: build into CARGO_TARGET_DIR or target/)
 #   BASE_BIN_DIR  binaries for targets b0, c0 and d0 (b, c and d run with them): before/after a change in one run
 #   ALT_ENV   VAR=VALUE words set in the environment of the engine and replicas of targets bx and cx (b and c otherwise):
-#             a tunable's before/after in one run, e.g. ALT_ENV="CORRAL_REPLICA_CONNECTIONS=1"
+#             a tunable's before/after in one run, e.g. ALT_ENV="CORRAL_REPLICA_CONNECTIONS=1"; ALT_ENV2 the same for by, cy
 #   JOBS      names of the jobs to run (default: all), e.g. "randwrite-4k-qd32 randwrite-4k-qd32-fsync32"
 #   KEEP=1    keep the work directory (fio JSON, daemon logs, top samples)
 #   TOP=1     sample `top -b -n1` in the middle of every job into the work directory
@@ -169,14 +169,16 @@ start_target() {
       TARGET_PIDS+=("$LAST_PID")
       wait_until qemu-nbd "$LAST_PID" socket_ready "$tdir/nbd.sock"
       URI="nbd+unix:///?socket=$tdir/nbd.sock" ;;
-    b | c | d | bt | ct | b0 | c0 | d0 | bs | bx | cx)
+    b | c | d | bt | ct | b0 | c0 | d0 | bs | bx | cx | by | cy)
       local n=3 rc=() unix=1 replica_bin=$REPLICA_BIN engine_bin=$ENGINE_BIN alt=()
       [[ $t == b* ]] && n=1
       [[ $t == ?t ]] && unix=0
       [[ $t != d* ]] && rc=(--disable-revision-counter)
+      # shellcheck disable=SC2206 # ALT_ENV and ALT_ENV2 are lists of VAR=VALUE words
       if [[ $t == ?x ]]; then
-        # shellcheck disable=SC2206 # ALT_ENV is a list of VAR=VALUE words
         alt=(${ALT_ENV:-})
+      elif [[ $t == ?y ]]; then
+        alt=(${ALT_ENV2:-})
       fi
       if [[ $t == ?0 ]]; then
         [[ -d "$WORK/bin0" ]] || { echo "run.sh: target $t needs BASE_BIN_DIR" >&2; exit 2; }
