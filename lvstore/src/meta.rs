@@ -80,6 +80,13 @@ pub struct Blob {
     pub clusters: BTreeMap<u64, ClusterEntry>,
 }
 
+impl Blob {
+    /// Bytes of the 4 KiB blocks this blob holds itself.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.clusters.values().map(ClusterEntry::count).sum::<u64>() * corral_disk::BLOCK_SIZE
+    }
+}
+
 /// The whole metadata.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct Meta {
@@ -151,6 +158,14 @@ pub enum Op {
         lcluster: u64,
         entry: Option<ClusterEntry>,
     },
+    /// The checksums of the 4 KiB blocks the record's cluster states newly map, as the flush wrote them: a
+    /// record holding it was made durable together with that data (one `fdatasync`), so replay keeps it as the
+    /// journal's last record only when every block on the device matches (`docs/formats.md`, crash order).
+    /// Changes nothing in memory.
+    BlockSums {
+        /// (physical block: physical cluster × blocks per cluster + block, xxh3-64 of its 4 KiB).
+        sums: Vec<(u64, u64)>,
+    },
 }
 
 fn bad(m: String) -> FormatError {
@@ -199,6 +214,7 @@ impl Meta {
     /// Checks that `op` applies, without changing anything.
     pub fn validate(&self, op: &Op, cluster_size: u64) -> Result<(), FormatError> {
         match op {
+            Op::BlockSums { .. } => Ok(()),
             Op::Create { id, name, size, .. } => {
                 self.new_blob(*id, [0; 16], name, 0)?;
                 check_size(*size)
@@ -278,6 +294,7 @@ impl Meta {
         self.validate(&op, cluster_size)?;
         let mut freed = Vec::new();
         match op {
+            Op::BlockSums { .. } => {}
             Op::Create {
                 id,
                 uuid,
@@ -748,6 +765,14 @@ pub fn encode_ops(ops: &[Op]) -> Vec<u8> {
                 e.u64(*id);
                 e.u64(*parent);
             }
+            Op::BlockSums { sums } => {
+                e.u8(12);
+                e.u64(sums.len() as u64);
+                for (block, sum) in sums {
+                    e.u64(*block);
+                    e.u64(*sum);
+                }
+            }
             Op::Cluster { id, lcluster, entry } => {
                 e.u8(10);
                 e.u64(*id);
@@ -817,6 +842,14 @@ pub fn decode_ops(buf: &[u8], cluster_size: u64) -> Result<Vec<Op>, FormatError>
                 id: d.u64()?,
                 parent: d.u64()?,
             },
+            12 => {
+                let n = d.count(16)?;
+                let mut sums = Vec::with_capacity(n);
+                for _ in 0..n {
+                    sums.push((d.u64()?, d.u64()?));
+                }
+                Op::BlockSums { sums }
+            }
             10 => {
                 let id = d.u64()?;
                 let lcluster = d.u64()?;

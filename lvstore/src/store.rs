@@ -13,9 +13,10 @@
 //! whole metadata image to the image area not in use, `fdatasync`, write the next superblock slot naming it
 //! (generation + 1, which also retires every journal record), `fdatasync`.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashSet};
 use std::ops::Range;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, RwLock};
 
 use corral_disk::BLOCK_SIZE;
@@ -31,6 +32,11 @@ use crate::format::{
 use crate::meta::{Blob, BlobId, BlobKind, ClusterEntry, Meta, Op};
 
 const BS: usize = corral_disk::BLOCK_BYTES;
+/// Most blocks a flush checksums into its record to make data and record durable with one `fdatasync` (more: the
+/// data is synced first, as with `O_DIRECT`): they are read back with IO stopped.
+const MAX_SUMMED_BLOCKS: usize = 256;
+/// Bytes of zeros written at a time when format clears the journal.
+const JOURNAL_ZERO_CHUNK: usize = 1 << 20;
 
 /// How to lay out a new store.
 #[derive(Debug, Clone)]
@@ -70,6 +76,12 @@ enum XattrAtFlush {
     IfJournaling,
 }
 
+/// The data-IO gate as held by a write: shared for aligned writes, exclusive for read-modify-write.
+enum Gate<'a> {
+    Read(std::sync::RwLockReadGuard<'a, ()>),
+    Write(std::sync::RwLockWriteGuard<'a, ()>),
+}
+
 /// Device runs a read resolves at a time (on the stack).
 pub const MAX_RUNS: usize = 16;
 /// A run: byte offset in the caller's buffer, length, device offset (`None`: a hole).
@@ -84,12 +96,21 @@ struct Inner {
     seq: u64,
     /// Clusters whose state changed through IO since the last commit.
     dirty: BTreeSet<(BlobId, u64)>,
+    /// Blocks (lvol, logical cluster, block) that IO newly mapped since the last commit: what a one-sync flush
+    /// checksums into its record.
+    fresh: Vec<(BlobId, u64, u64)>,
+    /// Physical blocks whose checksums are in the journal's last record (or the one being written): no write may
+    /// reach them until a later record is durable ([`LvStore::seal`]), or replay could take the changed block for
+    /// data that never landed and drop a flushed record.
+    unconfirmed: HashSet<u64>,
     poisoned: bool,
     /// Journal records replayed at open (reported by `info`).
     replayed: u64,
     /// Journal records appended and checkpoints written since open (the daemon's metrics).
     journal_commits: u64,
     checkpoints: u64,
+    /// Journal records of flushes made durable with their data by one `fdatasync` (block checksums).
+    one_sync_flushes: u64,
 }
 
 /// An open logical-volume store.
@@ -102,6 +123,11 @@ pub struct LvStore {
     gate: RwLock<()>,
     /// Serialises journal appends and checkpoints; taken before `gate` (never the other way round).
     commit_lock: Mutex<()>,
+    /// Group commit of flushes: how many flushes began (took `commit_lock` to sync), the number of the last that
+    /// completed, and how many flushes returned at once because one that began after them had completed.
+    flush_begun: AtomicU64,
+    flush_done: AtomicU64,
+    shared_flushes: AtomicU64,
 }
 
 /// One lvol or snapshot, as listed.
@@ -149,6 +175,11 @@ pub struct SpaceReport {
     /// Journal records appended and metadata checkpoints written since the store was opened.
     pub journal_commits: u64,
     pub checkpoints: u64,
+    /// Flush records since open made durable with their data by one `fdatasync` (they carry block checksums).
+    pub one_sync_flushes: u64,
+    /// Flushes since open that needed no sync of their own: one that began after them completed meanwhile (group
+    /// commit of concurrent flushes).
+    pub shared_flushes: u64,
 }
 
 /// What `check` found.
@@ -269,8 +300,17 @@ impl LvStore {
         // store can be mistaken for this one's.
         let zero = vec![0u8; 2 * SB_SLOT_BYTES];
         dev.write_at(&zero, 0).map_err(io("clear the superblocks"))?;
-        dev.write_at(&zero[..BS], journal_off)
-            .map_err(io("clear the journal"))?;
+        // The whole journal, not only its first block: on a preallocated file its blocks are then written
+        // extents, so a record append is a plain overwrite and a flush's last `fdatasync` carries no file-system
+        // metadata (an unwritten extent converted per record otherwise, until the journal first wraps).
+        let chunk = vec![0u8; JOURNAL_ZERO_CHUNK];
+        let mut off = 0;
+        while off < opts.journal_len {
+            let n = (opts.journal_len - off).min(JOURNAL_ZERO_CHUNK as u64) as usize;
+            dev.write_at(&chunk[..n], journal_off + off)
+                .map_err(io("clear the journal"))?;
+            off += n as u64;
+        }
         // Generations 0 and 1 both hold the empty store, so both slots carry the magic from the start (a
         // device cut short inside the superblocks is then recognised as a truncated lvstore).
         let mut sb = sb;
@@ -331,18 +371,34 @@ impl LvStore {
         let mut meta = Meta::decode(&image, sb.cluster_size).map_err(|e| Self::corrupt(path, e))?;
         let journal = read_padded(&dev, sb.journal_off, sb.journal_len).map_err(ioe("read the journal"))?;
         let (mut tail, mut seq) = (0usize, 0u64);
+        let mut records = Vec::new();
         while let Some((payload, n)) =
             format::decode_record(&journal[tail..], &sb.store_uuid, sb.generation, seq)
         {
             let ops =
                 crate::meta::decode_ops(payload, sb.cluster_size).map_err(|e| Self::corrupt(path, e))?;
-            for op in ops {
-                meta.apply(op, sb.cluster_size).map_err(|e| {
-                    Self::corrupt(path, FormatError::Invalid(format!("journal record {seq}: {e}")))
-                })?;
-            }
+            records.push((ops, n));
             tail += n;
             seq += 1;
+        }
+        // The last record may have been made durable with its data by one `fdatasync`: it stands only if every
+        // block it checksums holds that data (a crash inside that sync may have kept the record and not the data;
+        // that flush was never acknowledged, so the state before it is the right one).
+        let mut dropped = false;
+        if let Some((ops, n)) = records.last()
+            && !Self::sums_hold(&dev, &sb, ops).map_err(ioe("read back checksummed blocks"))?
+        {
+            tail -= n;
+            seq -= 1;
+            records.pop();
+            dropped = true;
+        }
+        for (i, (ops, _)) in records.into_iter().enumerate() {
+            for op in ops {
+                meta.apply(op, sb.cluster_size).map_err(|e| {
+                    Self::corrupt(path, FormatError::Invalid(format!("journal record {i}: {e}")))
+                })?;
+            }
         }
         let owners = meta
             .check(sb.cluster_size, sb.cluster_count)
@@ -359,21 +415,47 @@ impl LvStore {
                 journal_tail: tail as u64,
                 seq,
                 dirty: BTreeSet::new(),
+                fresh: Vec::new(),
+                unconfirmed: HashSet::new(),
                 poisoned: false,
                 replayed: seq,
                 journal_commits: 0,
                 checkpoints: 0,
+                one_sync_flushes: 0,
             }),
             gate: RwLock::new(()),
             commit_lock: Mutex::new(()),
+            flush_begun: AtomicU64::new(0),
+            flush_done: AtomicU64::new(0),
+            shared_flushes: AtomicU64::new(0),
             dev,
         };
-        if mode == OpenMode::ReadWrite && seq > 0 {
+        if mode == OpenMode::ReadWrite && (seq > 0 || dropped) {
             let _g = store.gate_write();
             let mut inner = store.lock();
             store.checkpoint(&mut inner, None)?;
         }
         Ok(store)
+    }
+
+    /// Whether every block checksummed by `ops` (a journal record's) holds the data the checksum was taken of.
+    fn sums_hold(dev: &Device, sb: &Superblock, ops: &[Op]) -> std::io::Result<bool> {
+        let blocks = sb.cluster_count * (sb.cluster_size / BLOCK_SIZE);
+        let mut buf = vec![0u8; BS];
+        for op in ops {
+            if let Op::BlockSums { sums } = op {
+                for &(block, sum) in sums {
+                    if block >= blocks {
+                        return Ok(false);
+                    }
+                    dev.read_at(&mut buf, sb.data_off + block * BLOCK_SIZE)?;
+                    if checksum(&buf) != sum {
+                        return Ok(false);
+                    }
+                }
+            }
+        }
+        Ok(true)
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
@@ -486,6 +568,8 @@ impl LvStore {
             }
         }
         inner.dirty.clear();
+        inner.fresh.clear();
+        inner.unconfirmed.clear();
         inner.alloc.committed();
         Ok(())
     }
@@ -537,8 +621,96 @@ impl LvStore {
             inner.alloc.release(c);
         }
         inner.dirty.clear();
+        inner.fresh.clear();
+        inner.unconfirmed.clear();
         inner.alloc.committed();
         Ok(())
+    }
+
+    /// Appends a record with no ops and syncs it, so the journal's last record no longer carries block checksums
+    /// (`unconfirmed` empties); the caller holds `commit_lock`. The record before it was synced already, so one
+    /// `fdatasync` makes it durable; no data needs to be. `Ok(false)`: the journal is full, nothing written (a
+    /// checkpoint, which retires every record, is the way out).
+    fn seal_locked(&self, inner: &mut Inner) -> Result<bool> {
+        if inner.unconfirmed.is_empty() {
+            return Ok(true);
+        }
+        if inner.poisoned {
+            return Err(Error::Poisoned {
+                path: self.path().to_owned(),
+            });
+        }
+        let record = format::encode_record(
+            &inner.sb.store_uuid,
+            inner.sb.generation,
+            inner.seq,
+            &crate::meta::encode_ops(&[]),
+        );
+        if inner.journal_tail + record.len() as u64 > inner.sb.journal_len {
+            return Ok(false);
+        }
+        let res = self
+            .dev
+            .write_at(&record, inner.sb.journal_off + inner.journal_tail)
+            .and_then(|()| self.dev.sync());
+        if let Err(e) = res {
+            inner.poisoned = true;
+            return Err(self.io("append to the journal")(e));
+        }
+        inner.journal_tail += record.len() as u64;
+        inner.seq += 1;
+        inner.journal_commits += 1;
+        inner.unconfirmed.clear();
+        Ok(true)
+    }
+
+    /// [`LvStore::seal_locked`] for a caller holding `commit_lock` and the gate exclusively (a delete or decouple
+    /// about to copy blocks), checkpointing when the journal is full.
+    fn seal_exclusive(&self, inner: &mut Inner) -> Result<()> {
+        if self.seal_locked(inner)? {
+            return Ok(());
+        }
+        self.commit(inner, Vec::new())
+    }
+
+    /// Makes a later record durable than the one whose checksums cover a block in lvol `id`'s `[offset, offset +
+    /// len)`, if any (a write there must wait for it); waits for a flush in progress first (`commit_lock`).
+    fn seal(&self, id: BlobId, offset: u64, len: u64) -> Result<()> {
+        let _c = self.commit_guard();
+        let mut inner = self.lock();
+        if !self.must_seal(&inner, id, offset, len) {
+            return Ok(());
+        }
+        if self.seal_locked(&mut inner)? {
+            return Ok(());
+        }
+        // The journal is full: a checkpoint retires every record (IO stops for it).
+        drop(inner);
+        let _g = self.gate_write();
+        let mut inner = self.lock();
+        self.seal_exclusive(&mut inner)
+    }
+
+    /// Whether a write to lvol `id`'s `[offset, offset + len)` touches a block of `unconfirmed`.
+    fn must_seal(&self, inner: &Inner, id: BlobId, offset: u64, len: u64) -> bool {
+        if inner.unconfirmed.is_empty() {
+            return false;
+        }
+        let Some(b) = inner.meta.blobs.get(&id) else {
+            return false;
+        };
+        let bpc = self.cluster_size / BLOCK_SIZE;
+        let mut block = offset / BLOCK_SIZE;
+        while block * BLOCK_SIZE < offset + len {
+            let (lc, blk) = (block / bpc, block % bpc);
+            if let Some(e) = b.clusters.get(&lc)
+                && inner.unconfirmed.contains(&(e.phys * bpc + blk))
+            {
+                return true;
+            }
+            block += 1;
+        }
+        false
     }
 
     fn commit_guard(&self) -> MutexGuard<'_, ()> {
@@ -577,9 +749,30 @@ impl LvStore {
         if self.mode == OpenMode::ReadOnly {
             return Ok(false);
         }
+        // Group commit: a flush that began (took `commit_lock`) after this one was asked for and has completed
+        // made every write completed before this call durable, with its map: nothing left to do, unless this
+        // flush must journal an xattr of its own.
+        let arrived = self.flush_begun.load(Ordering::SeqCst);
         let _c = self.commit_guard();
-        let gate = self.gate_read();
-        let (record, dirty, pending, at, extra) = {
+        if (xattr.is_none() || when == XattrAtFlush::IfJournaling)
+            && self.flush_done.load(Ordering::SeqCst) > arrived
+        {
+            self.shared_flushes.fetch_add(1, Ordering::SeqCst);
+            return Ok(false);
+        }
+        let ticket = self.flush_begun.fetch_add(1, Ordering::SeqCst) + 1;
+        // One `fdatasync` for data and record when the blocks newly mapped are few and in the page cache: the
+        // record then carries their checksums, taken with IO stopped (see `docs/formats.md`, crash order).
+        // Otherwise (`O_DIRECT`, or many blocks) data is synced before the record, with IO going on.
+        let one_sync = |inner: &Inner| {
+            !self.dev.direct() && !inner.fresh.is_empty() && inner.fresh.len() <= MAX_SUMMED_BLOCKS
+        };
+        let gate = if one_sync(&self.lock()) {
+            Gate::Write(self.gate_write())
+        } else {
+            Gate::Read(self.gate_read())
+        };
+        let (record, dirty, fresh, pending, at, extra, summed) = {
             let mut inner = self.lock();
             if inner.poisoned {
                 return Err(Error::Poisoned {
@@ -614,9 +807,14 @@ impl LvStore {
             };
             if inner.dirty.is_empty() && (extra.is_none() || when == XattrAtFlush::IfJournaling) {
                 drop(inner);
-                return self.dev.sync().map(|()| false).map_err(self.io("fdatasync"));
+                drop(gate);
+                self.dev.sync().map_err(self.io("fdatasync"))?;
+                self.flush_done.store(ticket, Ordering::SeqCst);
+                return Ok(false);
             }
+            let summed = matches!(gate, Gate::Write(_)) && one_sync(&inner);
             let dirty = std::mem::take(&mut inner.dirty);
+            let fresh = std::mem::take(&mut inner.fresh);
             let mut ops: Vec<Op> = dirty
                 .iter()
                 .filter_map(|&(id, l)| {
@@ -628,6 +826,32 @@ impl LvStore {
                     })
                 })
                 .collect();
+            let mut blocks = Vec::new();
+            if summed {
+                // The blocks newly mapped that are still mapped; no IO runs (the gate is held exclusively), so
+                // what is read back below is what the `fdatasync` makes durable.
+                let bpc = self.cluster_size / BLOCK_SIZE;
+                blocks = fresh
+                    .iter()
+                    .filter_map(|&(id, lc, blk)| {
+                        let e = inner.meta.blobs.get(&id)?.clusters.get(&lc)?;
+                        e.has(blk).then_some(e.phys * bpc + blk)
+                    })
+                    .collect::<Vec<u64>>();
+                blocks.sort_unstable();
+                blocks.dedup();
+                let mut sums = Vec::with_capacity(blocks.len());
+                let mut buf = vec![0u8; BS];
+                for &block in &blocks {
+                    if let Err(e) = self.dev.read_at(&mut buf, self.data_off + block * BLOCK_SIZE) {
+                        inner.dirty.extend(dirty);
+                        inner.fresh.extend(fresh);
+                        return Err(self.io("read back a block to checksum")(e));
+                    }
+                    sums.push((block, checksum(&buf)));
+                }
+                ops.push(Op::BlockSums { sums });
+            }
             ops.extend(extra.clone());
             let record = format::encode_record(
                 &inner.sb.store_uuid,
@@ -638,36 +862,65 @@ impl LvStore {
             if inner.journal_tail + record.len() as u64 > inner.sb.journal_len {
                 // Put the changes back and checkpoint with IO stopped.
                 inner.dirty.extend(dirty);
+                inner.fresh.extend(fresh);
                 drop(inner);
                 drop(gate);
                 let _g = self.gate_write();
                 let mut inner = self.lock();
                 let set = extra.is_some();
-                return self.commit(&mut inner, extra.into_iter().collect()).map(|()| set);
+                self.commit(&mut inner, extra.into_iter().collect())?;
+                self.flush_done.store(ticket, Ordering::SeqCst);
+                return Ok(set);
+            }
+            if summed {
+                // From here until a later record is durable, writes to these blocks wait (`seal`).
+                inner.unconfirmed.extend(blocks.iter().copied());
             }
             let pending = inner.alloc.take_pending();
             (
                 record,
                 dirty,
+                fresh,
                 pending,
                 inner.sb.journal_off + inner.journal_tail,
                 extra,
+                summed.then_some(blocks),
             )
         };
-        // Data before a record that maps it (a crash must not leave a block mapped over data that never landed);
-        // a record of the xattr alone maps nothing, so one `fdatasync` after it covers data and record.
-        let res = if dirty.is_empty() { Ok(()) } else { self.dev.sync() }
-            .and_then(|()| self.dev.write_at(&record, at))
-            .and_then(|()| self.dev.sync());
+        // IO goes on while the record is synced: a write to a block just checksummed waits for `seal`.
+        let gate = match gate {
+            Gate::Write(g) => {
+                drop(g);
+                Gate::Read(self.gate_read())
+            }
+            g => g,
+        };
+        // Data before a record that maps it (a crash must not leave a block mapped over data that never landed),
+        // unless the record checksums every block it newly maps (replay then drops it, as the last record, if
+        // one did not land); a record of the xattr alone maps nothing: one `fdatasync` after it covers both.
+        let res = if dirty.is_empty() || summed.is_some() {
+            Ok(())
+        } else {
+            self.dev.sync()
+        }
+        .and_then(|()| self.dev.write_at(&record, at))
+        .and_then(|()| self.dev.sync());
         let mut inner = self.lock();
         if let Err(e) = res {
             inner.poisoned = true;
             inner.dirty.extend(dirty);
+            inner.fresh.extend(fresh);
             return Err(self.io("append to the journal")(e));
         }
         inner.journal_tail += record.len() as u64;
         inner.seq += 1;
         inner.journal_commits += 1;
+        // The record before this one is no longer the last: only this one's blocks (if any) stay covered.
+        inner.unconfirmed.clear();
+        if let Some(blocks) = summed {
+            inner.unconfirmed.extend(blocks);
+            inner.one_sync_flushes += 1;
+        }
         let set = extra.is_some();
         if let Some(op) = extra {
             // Journaled: now in memory too (validated above; commits are serialised, so it still applies).
@@ -678,10 +931,14 @@ impl LvStore {
         }
         drop(inner);
         drop(gate);
-        let _g = self.gate_write();
-        let mut inner = self.lock();
-        for c in pending {
-            inner.alloc.release(c);
+        self.flush_done.store(ticket, Ordering::SeqCst);
+        if !pending.is_empty() {
+            // IO stops only to release what unmaps freed (a read that resolved to one must finish first).
+            let _g = self.gate_write();
+            let mut inner = self.lock();
+            for c in pending {
+                inner.alloc.release(c);
+            }
         }
         Ok(set)
     }
@@ -715,6 +972,7 @@ impl LvStore {
             | Op::Detach { id }
             | Op::Reparent { id, .. } => *id,
             Op::Cluster { id, .. } => *id,
+            Op::BlockSums { .. } => 0,
         };
         self.commit(&mut inner, vec![op])?;
         Ok(id)
@@ -755,6 +1013,13 @@ impl LvStore {
         Ok(info_of(&inner.meta, b))
     }
 
+    /// Bytes of 4 KiB blocks lvol `name` holds itself ([`LvolInfo::allocated_bytes`] without the rest of the
+    /// listing: a flush asks for it each time).
+    pub fn allocated_bytes(&self, name: &str) -> Result<u64> {
+        let inner = self.lock();
+        Ok(Self::find(&inner.meta, name)?.allocated_bytes())
+    }
+
     /// The size of lvol `id`.
     pub fn size_of(&self, id: BlobId) -> Result<u64> {
         let inner = self.lock();
@@ -791,6 +1056,8 @@ impl LvStore {
             lvols: count(BlobKind::Lvol),
             snapshots: count(BlobKind::Snapshot),
             journal_commits: inner.journal_commits,
+            shared_flushes: self.shared_flushes.load(Ordering::SeqCst),
+            one_sync_flushes: inner.one_sync_flushes,
             checkpoints: inner.checkpoints,
         }
     }
@@ -968,6 +1235,8 @@ impl LvStore {
         let _c = self.commit_guard();
         let _g = self.gate_write();
         let mut inner = self.lock();
+        // The merge below writes blocks: none may still be covered by the last record's checksums.
+        self.seal_exclusive(&mut inner)?;
         let b = Self::find(&inner.meta, name)?.clone();
         let children: Vec<&Blob> = inner.meta.children(b.id).collect();
         if children.len() > 1 || (children.len() == 1 && b.kind != BlobKind::Snapshot) {
@@ -1035,6 +1304,8 @@ impl LvStore {
         self.writable()?;
         let _c = self.commit_guard();
         let _g = self.gate_write();
+        // The copy below writes blocks: none may still be covered by the last record's checksums.
+        self.seal_exclusive(&mut self.lock())?;
         let (id, limit) = {
             let inner = self.lock();
             let b = Self::find(&inner.meta, name)?;
@@ -1246,13 +1517,25 @@ impl LvStore {
         self.writable()?;
         let start = offset - offset % BLOCK_SIZE;
         let end = (offset + data.len() as u64).next_multiple_of(BLOCK_SIZE);
-        if start == offset && end == offset + data.len() as u64 {
-            let _g = self.gate_read();
+        // A block whose checksum is in the journal's last record is written only after a later record is durable
+        // (`seal`); no flush can make a new such record while this write holds the gate.
+        let aligned = start == offset && end == offset + data.len() as u64;
+        let _g = loop {
+            let g = if aligned {
+                Gate::Read(self.gate_read())
+            } else {
+                Gate::Write(self.gate_write())
+            };
             self.check_writable(id, offset, data.len() as u64)?;
+            if !self.must_seal(&self.lock(), id, start, end - start) {
+                break g;
+            }
+            drop(g);
+            self.seal(id, start, end - start)?;
+        };
+        if aligned {
             return self.write_blocks(id, offset, data);
         }
-        let _g = self.gate_write();
-        self.check_writable(id, offset, data.len() as u64)?;
         let mut tmp = vec![0u8; usize::try_from(end - start).unwrap_or(0)];
         self.read_blocks(id, start, &mut tmp)?;
         let skip = usize::try_from(offset - start).unwrap_or(0);
@@ -1310,6 +1593,7 @@ impl LvStore {
                 .write_at(&data[pos..pos + n], self.phys_off(phys, blk))
                 .map_err(self.io(format!("write {n} bytes at {}", self.phys_off(phys, blk))))?;
             let mut inner = self.lock();
+            let inner = &mut *inner;
             if let Some(e) = inner
                 .meta
                 .blobs
@@ -1324,6 +1608,7 @@ impl LvStore {
                     if !e.has(b) {
                         e.set(b, true);
                         changed = true;
+                        inner.fresh.push((id, lc, b));
                     }
                 }
                 if changed {
@@ -1485,7 +1770,7 @@ fn info_of(meta: &Meta, b: &Blob) -> LvolInfo {
         parent: b.parent.and_then(|p| meta.blobs.get(&p)).map(|p| p.name.clone()),
         children,
         size: b.size,
-        allocated_bytes: b.clusters.values().map(ClusterEntry::count).sum::<u64>() * BLOCK_SIZE,
+        allocated_bytes: b.allocated_bytes(),
         clusters: b.clusters.len() as u64,
         created: b.created,
         xattrs: b

@@ -2,6 +2,7 @@
 //! step logged to a ledger) is killed with SIGKILL at a random point, again and again on the same store. After
 //! every kill the store must pass the offline `corral-lvstore check` (no cluster leaked or owned twice), reopen,
 //! and hold every flushed write: each block holds the last write flushed before the kill or a later one, whole.
+//! Runs alternate between `O_DIRECT` and the page cache (one-`fdatasync` flushes with checksummed records).
 
 #![allow(clippy::cast_possible_truncation)] // test sizes are small
 
@@ -40,6 +41,9 @@ fn kill_loop(kills: u64) {
                 "--run",
             ])
             .arg(run.to_string())
+            // Every other run through the page cache: its flushes make records and data durable with one
+            // `fdatasync`, the records carrying the checksums of the blocks they newly map.
+            .args(["--data-io", if run % 2 == 0 { "buffered" } else { "direct" }])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()

@@ -106,6 +106,10 @@ enum Cmd {
         run: u64,
         #[arg(long)]
         steps: Option<u64>,
+        /// Data IO: direct, buffered (the page cache: flushes then make a record and its data durable with one
+        /// `fdatasync`) or auto.
+        #[arg(long, default_value = "direct")]
+        data_io: lvstore::DataIo,
     },
 }
 
@@ -256,8 +260,10 @@ fn main() -> anyhow::Result<()> {
             ledger,
             run,
             steps,
+            data_io,
         } => {
-            let s = open(&device, OpenMode::ReadWrite)?;
+            let s = LvStore::open_with(&device, OpenMode::ReadWrite, data_io)
+                .with_context(|| format!("open the lvstore on {}", device.display()))?;
             lvstore::workload::run(&s, &ledger, run, steps).map_err(|e| anyhow::anyhow!("{e}"))?;
             s.flush()?;
         }

@@ -584,11 +584,7 @@ impl LvolReplica {
             || !o.volume.revision_counter_disabled
             || now < recorded
             || now - recorded >= SALVAGE_TIME_LAG_NS;
-        let allocated = self
-            .store
-            .info(&self.name)
-            .map_err(|e| self.err(e))?
-            .allocated_bytes;
+        let allocated = self.store.allocated_bytes(&self.name).map_err(|e| self.err(e))?;
         let s = SalvageXattr {
             last_modify_time: time,
             allocated_bytes: allocated,

@@ -163,6 +163,11 @@ impl prometheus_client::collector::Collector for Collector {
                 "Metadata checkpoints written since the daemon opened the store",
                 s.checkpoints,
             ),
+            (
+                "lvstore_shared_flushes",
+                "Flushes that needed no sync of their own: a concurrent flush of the store covered them",
+                s.shared_flushes,
+            ),
         ] {
             let c = ConstCounter::new(v);
             c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)?;
