@@ -21,7 +21,8 @@
 #   RUNTIME   seconds per job (15)           SIZE      volume / file size (2G)
 #   TARGETS   subset to run, e.g. "a a2 b"   BENCH_DIR where data lives (/var/tmp; the same disk for every target)
 #   BIN_DIR   use corral-* binaries from here and skip the build (default: build into CARGO_TARGET_DIR or target/)
-#   BASE_BIN_DIR  binaries for targets b0, c0 and d0 (b, c and d run with them): before/after a change in one run
+#   BASE_BIN_DIR  binaries for targets b0, c0, d0, v2b0 and v2bs0 (b, c, d, v2b and v2bs run with them): before/after
+#             a change in one run
 #   ALT_ENV   VAR=VALUE words set in the environment of the engine and replicas of targets bx and cx (b and c otherwise):
 #             a tunable's before/after in one run, e.g. ALT_ENV="CORRAL_REPLICA_CONNECTIONS=1"; ALT_ENV2 the same for by, cy
 #   JOBS      names of the jobs to run (default: all), e.g. "randwrite-4k-qd32 randwrite-4k-qd32-fsync32"
@@ -123,13 +124,18 @@ start() {
 # engine beside it uses; v2bt is v2b on TCP only (the peer of bt).
 start_v2_target() {
   local t=$1 tdir="$WORK/$1" n=1 i ready replicas=() io=auto local_data=(--data-unix-dir "$WORK/$1/sockets")
+  local replica_bin=$REPLICA_BIN
+  if [[ $t == v2b0 || $t == v2bs0 ]]; then
+    [[ -d "$WORK/bin0" ]] || { echo "run.sh: target $t needs BASE_BIN_DIR" >&2; exit 2; }
+    replica_bin=$WORK/bin0/corral-replica
+  fi
   [[ $t == v2c ]] && n=3
   [[ $t == v2bt ]] && local_data=()
   [[ $t == v2bd || $t == v2bsd ]] && io=direct # the lvstore on a file with O_DIRECT (auto: the page cache)
   for ((i = 0; i < n; i++)); do
     ready="$tdir/lvstore-$i.ready"
     fallocate -l "$(($(numfmt --from=iec "$SIZE") * 2 + (256 << 20)))" "$tdir/lvstore-$i.img" # room for a full COW copy
-    start "$tdir/lvstore-$i.log" "$REPLICA_BIN" --ready-file "$ready" serve-lvstore --disk "$tdir/lvstore-$i.img" \
+    start "$tdir/lvstore-$i.log" "$replica_bin" --ready-file "$ready" serve-lvstore --disk "$tdir/lvstore-$i.img" \
       --format --listen 127.0.0.1:0 --replica "bench-r$i" --data-io "$io" "${local_data[@]}"
     TARGET_PIDS+=("$LAST_PID")
     ready_wait "$ready" "$LAST_PID" "$READY_DEADLINE"
@@ -145,7 +151,7 @@ start_v2_target() {
 # Targets bs and v2bs: a snapshot of the fully written volume through the engine (after the precondition).
 snapshot_after_precondition() {
   local t=$1
-  [[ $t == bs || $t == v2bs || $t == v2bsd ]] || return 0
+  [[ $t == bs || $t == v2bs || $t == v2bsd || $t == v2bs0 ]] || return 0
   echo "# target $t: snapshot of the fully written volume" >&2
   "$ENGINE_BIN" --url "$(ready_addr "$WORK/$t/engine.ready" control)" snapshot create bench-snap >/dev/null
 }
@@ -208,7 +214,7 @@ start_target() {
       ((${#metrics[@]})) && ready_wait "$tdir/engine.ready" "$LAST_PID" "$READY_DEADLINE" &&
         COUNT_URLS+=("engine=http://$(ready_addr "$tdir/engine.ready" metrics)/metrics")
       URI="nbd+unix:///bench?socket=$tdir/nbd.sock" ;;
-    v2b | v2bt | v2c | v2bs | v2bd | v2bsd) start_v2_target "$t" ;;
+    v2b | v2bt | v2c | v2bs | v2bd | v2bsd | v2b0 | v2bs0) start_v2_target "$t" ;;
     *) echo "run.sh: unknown target $t" >&2; exit 2 ;;
   esac
 }

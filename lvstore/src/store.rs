@@ -5,13 +5,21 @@
 //! (snapshot, clone, delete, resize, decouple) and every checkpoint holds it exclusively, so no IO is in flight
 //! while a cluster changes owner or a freed cluster becomes reusable. A flush journals under the shared gate (IO
 //! goes on) and takes it exclusively only to release the clusters unmaps emptied. Journal appends are serialised
-//! by `commit_lock`, always taken before the gate. The metadata lock (`inner`) is never held across data IO.
+//! by `commit_lock`, always taken before the gate. The metadata lock (`inner`) is never held across data IO, except
+//! by a one-sync flush reading back the (at most [`MAX_SUMMED_BLOCKS`]) blocks it checksums, with IO stopped.
 //!
 //! Crash order of a commit (`docs/formats.md`, "lvstore"): `fdatasync` the data; append one journal record (the
 //! ops plus the current state of every cluster changed by IO since the last commit); `fdatasync`; only then apply
 //! the ops in memory and let freed clusters be reused. When the journal is full, a checkpoint instead: write the
 //! whole metadata image to the image area not in use, `fdatasync`, write the next superblock slot naming it
 //! (generation + 1, which also retires every journal record), `fdatasync`.
+//!
+//! Through the page cache, a flush that newly mapped few blocks syncs once: with IO stopped it reads those blocks
+//! back and puts their checksums in its record (op 12), then writes the record and `fdatasync`s data and record
+//! together. Replay keeps the journal's last record only if its checksummed blocks match (else the crash came
+//! inside that sync, before the flush was acknowledged). So those blocks must not change while the record is the
+//! last one: a write to one first appends an empty record and syncs it (`seal`). Concurrent flushes share syncs
+//! (group commit: a flush that began after another was asked for and completed covers it).
 
 use std::collections::{BTreeSet, HashSet};
 use std::ops::Range;
