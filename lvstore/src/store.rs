@@ -84,7 +84,9 @@ enum XattrAtFlush {
     IfJournaling,
 }
 
-/// The data-IO gate as held by a write: shared for aligned writes, exclusive for read-modify-write.
+/// The data-IO gate as held by a write: shared for aligned writes, exclusive for read-modify-write (held for
+/// its drop only).
+#[expect(dead_code, reason = "the guards are held, never read")]
 enum Gate<'a> {
     Read(std::sync::RwLockReadGuard<'a, ()>),
     Write(std::sync::RwLockWriteGuard<'a, ()>),
@@ -314,7 +316,8 @@ impl LvStore {
         let chunk = vec![0u8; JOURNAL_ZERO_CHUNK];
         let mut off = 0;
         while off < opts.journal_len {
-            let n = (opts.journal_len - off).min(JOURNAL_ZERO_CHUNK as u64) as usize;
+            let n = usize::try_from((opts.journal_len - off).min(JOURNAL_ZERO_CHUNK as u64))
+                .unwrap_or(JOURNAL_ZERO_CHUNK);
             dev.write_at(&chunk[..n], journal_off + off)
                 .map_err(io("clear the journal"))?;
             off += n as u64;
