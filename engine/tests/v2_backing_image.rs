@@ -561,7 +561,10 @@ async fn a_v2_copy_syncs_from_another_stores_exposed_copy_keeping_holes_and_a_ba
         .unwrap();
     let early = settled(&mut sb, "img").await;
     assert!(
-        early.state == "failed" && early.message.contains("BackingImageExpose"),
+        early.state == "failed"
+            && early
+                .message
+                .contains(&format!("BackingImageGet of img on {from}")),
         "{early:?}"
     );
     sb.backing_image_delete(v1::BackingImageRef { name: "img".into() })
@@ -643,4 +646,90 @@ async fn a_v2_copy_syncs_from_another_stores_exposed_copy_keeping_holes_and_a_ba
     b.terminate(Duration::from_secs(10));
     let ls = lvols(&db);
     assert!(!ls.contains("img-bad") && !ls.contains("temp-head"), "{ls}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_v2_sync_whose_source_is_killed_midway_leaves_no_lvol_and_a_retry_succeeds() {
+    let t = tempfile::tempdir_in("/tmp").unwrap();
+    let img = t.path().join("img.raw");
+    // 16 MiB of data (every other MiB of 32), sent at 4 MiB/s: about 4 s to be seen in progress and killed.
+    let data = image(&img, 32, 34);
+    let sum = sha512_bytes(&data);
+    let (da, db) = (disk(t.path(), "a.img"), disk(t.path(), "b.img"));
+    let mut a = DaemonCommand::new(bin("corral-replica"))
+        .label("corral-replica-lvstore-source")
+        .args(["serve-lvstore", "--format", "--cluster-size", "64K"])
+        .args(["--backing-image-send-rate", "4M", "--disk"])
+        .arg(&da)
+        .args(["--listen", "127.0.0.1:0"])
+        .spawn();
+    let mut b = lvstore_daemon(&db);
+    let mut sa = service(&a).await;
+    let mut sb = service(&b).await;
+    sa.backing_image_create(create("img", &sum, Source::FromFile(img.display().to_string())))
+        .await
+        .unwrap();
+    assert_eq!(settled(&mut sa, "img").await.state, "ready");
+
+    let from = a.addr("control").to_string();
+    sb.backing_image_create(create("img", &sum, Source::FromLvstore(from)))
+        .await
+        .unwrap();
+    let midway = wait_for_async(
+        "the sync on b in progress, partly received",
+        Duration::from_secs(30),
+        async || {
+            let i = sb
+                .backing_image_get(v1::BackingImageRef { name: "img".into() })
+                .await
+                .unwrap()
+                .into_inner();
+            assert_ne!(
+                i.state, "ready",
+                "the sync ended before the source was killed: {i:?}"
+            );
+            (i.state == "in-progress" && i.progress > 0).then_some(i)
+        },
+    )
+    .await;
+    assert!(midway.progress < 90, "{midway:?}");
+    drop(sa);
+    a.kill();
+
+    // B fails the copy, says where from, keeps serving, and holds no lvol of it.
+    let failed = settled(&mut sb, "img").await;
+    assert!(
+        failed.state == "failed" && failed.message.contains("BackingImageExpose"),
+        "{failed:?}"
+    );
+    let info = sb.lvstore_info(v1::LvstoreEmpty {}).await.unwrap().into_inner();
+    assert_eq!(info.used_clusters, 0, "{info:?}");
+    drop(sb);
+    b.terminate(Duration::from_secs(10));
+    let ls = lvols(&db);
+    assert!(!ls.contains("bi-img"), "{ls}");
+    b.restart();
+    let mut sb = service(&b).await;
+    let listed = sb
+        .backing_image_list(v1::LvstoreEmpty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(listed.backing_images.is_empty(), "{listed:?}");
+
+    // The source back (its copy found again from its xattrs): the retry makes B's copy.
+    a.restart();
+    let from = a.addr("control").to_string();
+    sb.backing_image_create(create("img", &sum, Source::FromLvstore(from)))
+        .await
+        .unwrap();
+    let on_b = settled(&mut sb, "img").await;
+    assert_eq!(
+        (on_b.state.as_str(), on_b.current_checksum.as_str(), on_b.size),
+        ("ready", sum.as_str(), 32 * MIB),
+        "{on_b:?}"
+    );
+    drop(sb);
+    b.terminate(Duration::from_secs(10));
+    assert_eq!(allocated(&db, &on_b.lvol), 16 * MIB);
 }

@@ -137,6 +137,10 @@ enum Cmd {
         /// instead of TCP; the manager gives it to every lvstore daemon it starts.
         #[arg(long, env = "CORRAL_LVSTORE_DATA_UNIX_DIR", value_name = "DIR")]
         data_unix_dir: Option<PathBuf>,
+        /// At most this many data bytes per second (K, M, G suffixes) when this disk sends a backing-image copy
+        /// to another disk (BackingImageExpose); default: unbounded.
+        #[arg(long, env = "CORRAL_LVSTORE_BACKING_IMAGE_SEND_RATE", value_parser = corral_daemon::parse_size)]
+        backing_image_send_rate: Option<u64>,
         #[command(flatten)]
         metrics: corral_daemon::metrics::MetricsListenArg,
     },
@@ -158,11 +162,12 @@ enum Cmd {
         #[command(subcommand)]
         cmd: SnapCmd,
     },
-    /// Replicas of a running v2 disk daemon (`serve-lvstore`): add, remove, list, and the store's space.
+    /// Replicas and backing-image copies of a running v2 disk daemon (`serve-lvstore`): add, remove, list, and
+    /// the store's space.
     Lvstore {
         /// The daemon's LvstoreService address HOST:PORT (its --listen).
-        #[arg(long)]
-        url: String,
+        #[arg(long, global = true, required = true, alias = "addr")]
+        url: Option<String>,
         #[command(subcommand)]
         cmd: LvstoreCmd,
     },
@@ -212,6 +217,12 @@ enum LvstoreCmd {
     Ls,
     /// The store: device, clusters used and free.
     Info,
+    /// This disk's copies of v2 backing images: create (from a URL, a file or another disk daemon, with a
+    /// progress bar), ls, get, rm.
+    BackingImage {
+        #[command(subcommand)]
+        cmd: replica::v2::backing_image_cli::BackingImageCmd,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -315,6 +326,7 @@ async fn main() -> anyhow::Result<()> {
             io_depth,
             replicas,
             data_unix_dir,
+            backing_image_send_rate,
             metrics,
         } => {
             let cfg = replica::v2::daemon::LvstoreServeConfig {
@@ -333,6 +345,7 @@ async fn main() -> anyhow::Result<()> {
                 replicas,
                 metrics_listen: metrics.metrics_listen,
                 data_unix_dir,
+                backing_image_send_rate,
             };
             replica::v2::daemon::serve_lvstore(cfg, corral_daemon::shutdown_on_signal()).await
         }
@@ -352,7 +365,7 @@ async fn main() -> anyhow::Result<()> {
             cmd: ImageCmd::Convert { to, src, dst },
         } => replica::image_cli::image_convert(src, dst, to).await,
         Cmd::Snapshot { cmd } => snapshot(cmd, json).await,
-        Cmd::Lvstore { url, cmd } => lvstore(&url, cmd, json).await,
+        Cmd::Lvstore { url, cmd } => lvstore(&url.unwrap_or_default(), cmd, json).await,
         Cmd::Hash {
             url,
             snapshot,
@@ -414,6 +427,7 @@ async fn lvstore(url: &str, cmd: LvstoreCmd, json: bool) -> anyhow::Result<()> {
         .context("v2 disk daemon")?;
     let mut c = v1::lvstore_service_client::LvstoreServiceClient::new(ch);
     match cmd {
+        LvstoreCmd::BackingImage { cmd } => replica::v2::backing_image_cli::run(c, cmd, json).await,
         LvstoreCmd::Add {
             name,
             size,

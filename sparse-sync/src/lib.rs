@@ -25,7 +25,7 @@ pub use layout::{DataExtents, DataRanges, LayoutMode, data_extents, data_ranges,
 pub use local::{LocalError, LocalSummary, copy, fold, prune};
 pub use plan::DEFAULT_BATCH_SIZE;
 pub use progress::Progress;
-pub use receiver::{ReceiveError, ReceiveOutcome, ReceiveSummary, Receiver, ReceiverConfig};
+pub use receiver::{ReceiveError, ReceiveOutcome, ReceiveSink, ReceiveSummary, Receiver, ReceiverConfig};
 pub use sender::{SendError, SendOptions, SendSummary, send};
 pub use tokio_util::sync::CancellationToken;
 pub use wire::FileChecksum;

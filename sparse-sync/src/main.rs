@@ -161,6 +161,7 @@ fn main() -> anyhow::Result<()> {
                 idle_timeout: Duration::from_secs(idle_timeout),
                 direct_io,
                 keep_partial,
+                sink: None,
             };
             tracing::info!(?config, %listen, "corral-sync serve starting");
             runtime()?.block_on(serve(listen, config, json, process.ready_file.as_deref()))

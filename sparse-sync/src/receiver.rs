@@ -6,6 +6,10 @@
 //! left by an interrupted transfer is resumed the same way. The server stops after `close`, after an idle timeout
 //! or when cancelled; in the last two cases (a failed transfer) it removes the partial file it worked on, unless
 //! told to keep it for a later resume.
+//!
+//! A receiver can instead write into a [`ReceiveSink`] its owner made (a v2 lvol a backing-image sync fills): no
+//! partial file, no rename; the sink is new when the transfer opens, so holes stay as they are and every data
+//! range is sent, and `close` commits the sink (makes it durable) before it answers.
 
 mod payload;
 mod routes;
@@ -32,11 +36,31 @@ use tokio_util::task::AbortOnDropHandle;
 
 use crate::wire::{ErrorBody, MAX_BODY, RangeError};
 
+/// Where a receiver writes when it is not a file of its own (see the module doc). It holds nothing when the
+/// transfer opens: holes are not punched in it and no checksum of a range is answered, so every data range
+/// arrives; writes of one body are staged up to 1 MiB, in offset order, and may come from several threads.
+pub trait ReceiveSink: Send + Sync {
+    /// Its size in bytes; an `open` for another size is refused.
+    fn size(&self) -> u64;
+    /// Writes `buf` at `offset`.
+    fn write_at(&self, buf: &[u8], offset: u64) -> io::Result<()>;
+    /// Makes what was written durable; `close` answers only after it.
+    fn commit(&self) -> io::Result<()>;
+}
+
+impl std::fmt::Debug for dyn ReceiveSink {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "ReceiveSink({} bytes)", self.size())
+    }
+}
+
 /// Settings of one receiver.
 #[derive(Debug, Clone)]
 pub struct ReceiverConfig {
-    /// The file being received.
+    /// The file being received (with a `sink`, only its name in messages).
     pub target: PathBuf,
+    /// Write into this sink instead of the file `target`.
+    pub sink: Option<Arc<dyn ReceiveSink>>,
     /// Stop (and clean up) after this long without a request.
     pub idle_timeout: Duration,
     /// Write 4 KiB-aligned ranges with `O_DIRECT` even if the sender does not ask for it.
@@ -53,6 +77,15 @@ impl ReceiverConfig {
             idle_timeout: Duration::from_secs(300),
             direct_io: false,
             keep_partial: false,
+            sink: None,
+        }
+    }
+
+    /// A receiver writing into `sink`, named `name` in messages.
+    pub fn with_sink(name: impl Into<PathBuf>, sink: Arc<dyn ReceiveSink>) -> Self {
+        ReceiverConfig {
+            sink: Some(sink),
+            ..Self::new(name)
         }
     }
 }
@@ -316,10 +349,20 @@ enum TransferState {
     Committed(u64),
 }
 
+/// What a transfer writes into.
+#[derive(Clone)]
+enum Dest {
+    /// The partial file, and the same opened with `O_DIRECT` when asked for.
+    File {
+        file: Arc<File>,
+        direct: Option<Arc<File>>,
+    },
+    Sink(Arc<dyn ReceiveSink>),
+}
+
 struct Session {
     id: u64,
-    file: Arc<File>,
-    direct: Option<Arc<File>>,
+    dest: Dest,
     size: u64,
     /// The file was created empty by this open: all holes, so hole requests are no-ops.
     fresh: bool,
@@ -329,8 +372,7 @@ struct Session {
 #[derive(Clone)]
 struct Handle {
     id: u64,
-    file: Arc<File>,
-    direct: Option<Arc<File>>,
+    dest: Dest,
     size: u64,
     fresh: bool,
 }
@@ -355,8 +397,7 @@ impl Shared {
                 Some(reason) => Err(ReceiveError::Failed(reason.clone())),
                 None => Ok(Handle {
                     id: s.id,
-                    file: s.file.clone(),
-                    direct: s.direct.clone(),
+                    dest: s.dest.clone(),
                     size: s.size,
                     fresh: s.fresh,
                 }),
@@ -372,7 +413,10 @@ impl Shared {
         {
             tracing::warn!(session = id, error = %err, "transfer failed");
             s.failed = Some(err.to_string());
-            if matches!(err, ReceiveError::NoSpace { .. }) && !self.config.keep_partial {
+            if matches!(err, ReceiveError::NoSpace { .. })
+                && !self.config.keep_partial
+                && matches!(s.dest, Dest::File { .. })
+            {
                 let _ = std::fs::remove_file(&self.partial);
             }
         }

@@ -10,16 +10,19 @@
 //! cleaned up at the next start ([`BackingImages::recover`]): temp heads, and snapshots without `state` = `ready`,
 //! are deleted. The copies themselves are listed from the snapshot lvols' xattrs — nothing is downloaded again.
 //!
-//! A sync between two stores (seed 001's `BackingImageExpose`): the target binds a sparse-sync receiver (the
-//! protocol and receiver a rebuild uses) on a staging file `.corral-bi-sync-LVOL` in the daemon's scratch
-//! directory and asks the source daemon to expose its copy to it; the source sends its snapshot lvol read-only as
-//! [`LvolSnapshot`] (data blocks only, so holes stay holes), exactly as a rebuild's `FileSend` sends a replica's
-//! snapshot lvol. The staging file is then the create's source, checksummed like any other, and removed whatever
-//! the outcome; one left by a crash is removed at the next start.
+//! A sync between two stores (seed 001's `BackingImageExpose`): the target asks the source daemon for its copy's
+//! size and SHA-512 (`BackingImageGet`), creates the temp head, binds a sparse-sync receiver (the protocol and
+//! receiver a rebuild uses) whose [`ReceiveSink`](sparse_sync::ReceiveSink) is that temp head, and asks the source
+//! to expose its copy to it; the source sends its snapshot lvol read-only as [`LvolSnapshot`] (data blocks only, so
+//! holes stay holes), exactly as a rebuild's `FileSend` sends a replica's snapshot lvol. Every byte is written
+//! once, straight into the temp head; as batches arrive out of order, the SHA-512 is computed over the temp head
+//! once it is complete (reading its data blocks, hashing zeros for its holes) and checked before the snapshot is
+//! made, as for any create. A failure (source gone, checksum mismatch, cancel) deletes the temp head; a daemon
+//! killed mid-sync leaves a temp head that the next start deletes.
 
 use std::collections::BTreeMap;
 use std::net::{IpAddr, SocketAddr};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use corral_proto::backing_image::FileState;
@@ -54,8 +57,10 @@ const CHUNK: usize = 1 << 20;
 const CANCELLED: &str = "cancelled (deleted, or the daemon is stopping)";
 /// Status changes buffered for each watcher.
 const WATCH_BACKLOG: usize = 256;
-/// Prefix of a sync's staging file in the scratch directory (followed by the copy's lvol name).
+/// Prefix of the staging files syncs of earlier versions made in the scratch directory (removed at start).
 const STAGING_PREFIX: &str = ".corral-bi-sync-";
+/// Share of a sync's progress given to receiving (the rest is the checksum pass over the temp head).
+const RECEIVE_SHARE: u64 = 90;
 
 /// The snapshot lvol holding backing image `name` in the store `lvs_uuid`.
 pub fn copy_lvol(name: &str, lvs_uuid: &str) -> String {
@@ -145,27 +150,50 @@ struct Copy {
     unexpose: CancellationToken,
 }
 
-/// Where a sync stages what it receives, and the IP its receiver binds to.
+/// The IP a sync's receiver binds to, the scratch directory where syncs of earlier versions staged what they
+/// received (their leftovers are removed at start), and the bound on what an exposure sends per second.
 #[derive(Debug, Clone)]
 pub struct SyncStaging {
     pub listen_ip: IpAddr,
     pub scratch: PathBuf,
+    /// Data bytes per second one exposure sends at most (`None`: as fast as it goes).
+    pub max_send_rate: Option<u64>,
 }
 
-impl SyncStaging {
-    fn file(&self, lvol: &str) -> PathBuf {
-        self.scratch.join(format!("{STAGING_PREFIX}{lvol}"))
+/// A sync's temp head as the sparse-sync receiver's sink: data blocks written where they arrive (all-zero
+/// blocks skipped, so holes stay holes), progress reported by the highest offset written.
+struct TempHeadSink {
+    images: Arc<BackingImages>,
+    name: String,
+    id: BlobId,
+    size: u64,
+    /// End of the highest range written so far (batches arrive about in order, several at a time).
+    high: std::sync::atomic::AtomicU64,
+}
+
+impl sparse_sync::ReceiveSink for TempHeadSink {
+    fn size(&self) -> u64 {
+        self.size
     }
-}
 
-/// Removes a sync's staging file and the receiver's partial file beside it, whichever exist.
-fn remove_staging(path: &Path) {
-    for p in [path.to_owned(), sparse_sync::receiver::partial_path(path)] {
-        if let Err(e) = std::fs::remove_file(&p)
-            && e.kind() != std::io::ErrorKind::NotFound
-        {
-            warn!(path = %p.display(), error = %e, "removing a backing-image sync's staging file failed");
+    fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+        write_data_blocks(&self.images.store, self.id, offset, buf)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        let end = offset + buf.len() as u64;
+        let before = self.high.fetch_max(end, std::sync::atomic::Ordering::Relaxed);
+        if end > before {
+            let progress = u32::try_from(end * RECEIVE_SHARE / self.size.max(1)).unwrap_or(0);
+            self.images
+                .update(&self.name, |i| i.progress = i.progress.max(progress));
         }
+        Ok(())
+    }
+
+    fn commit(&self) -> std::io::Result<()> {
+        self.images
+            .store
+            .flush()
+            .map_err(|e| std::io::Error::other(e.to_string()))
     }
 }
 
@@ -465,7 +493,10 @@ impl BackingImages {
         let sent = async {
             let id = self.store.lookup(&lvol).map_err(|e| lv_err(&self.store, e))?;
             let content = Arc::new(LvolSnapshot::new(self.store.clone(), id, size));
-            let opts = sparse_sync::SendOptions::default();
+            let opts = sparse_sync::SendOptions {
+                max_rate: self.staging.max_send_rate,
+                ..Default::default()
+            };
             sparse_sync::send(content, to, &opts, &sparse_sync::Progress::new(), &stop)
                 .await
                 .map_err(|e| {
@@ -575,8 +606,8 @@ impl Reader {
                 }
                 Ok((Reader::File(f), Some(m.len())))
             }
-            // Received into a staging file first ([`Job::receive`]), then read as that file.
-            Source::Lvstore(from) => Err(format!("the copy on {from} is read through its staging file")),
+            // Received straight into the temp head ([`Job::sync_from`]).
+            Source::Lvstore(from) => Err(format!("the copy on {from} is synced, not read")),
         }
     }
 
@@ -614,6 +645,12 @@ impl Reader {
 /// Hashes `buf` and writes its runs of non-zero 4 KiB blocks at `off` of lvol `id`.
 fn write_chunk(store: &LvStore, id: BlobId, off: u64, buf: &[u8], hash: &mut Sha512) -> lvstore::Result<()> {
     hash.update(buf);
+    write_data_blocks(store, id, off, buf)
+}
+
+/// Writes the runs of `buf`'s 4 KiB blocks that hold a non-zero byte at `off` of lvol `id` (`off` 4 KiB-aligned;
+/// a short last block counts as a block).
+fn write_data_blocks(store: &LvStore, id: BlobId, off: u64, buf: &[u8]) -> lvstore::Result<()> {
     let mut run: Option<usize> = None;
     let mut at = 0;
     while at <= buf.len() {
@@ -636,16 +673,7 @@ impl Job {
     async fn run(self, source: Source) {
         // Cancel is checked between steps, never by dropping a blocking step midway (it would run on alone).
         let filled = match &source {
-            Source::Lvstore(from) => {
-                let staged = self.images.staging.file(&self.lvol);
-                let r = match self.receive(from, &staged).await {
-                    Ok(()) => self.fill(&Source::File(staged.clone())).await,
-                    Err(e) => Err(e),
-                };
-                let s = staged.clone();
-                let _ = tokio::task::spawn_blocking(move || remove_staging(&s)).await;
-                r
-            }
+            Source::Lvstore(from) => self.sync_from(from).await,
             _ => self.fill(&source).await,
         };
         match filled {
@@ -689,43 +717,101 @@ impl Job {
         }
     }
 
-    /// Receives another disk's copy into the staging file `staged`: a sparse-sync receiver, and the source daemon
-    /// at `from` asked to expose its copy to it.
-    async fn receive(&self, from: &str, staged: &Path) -> std::result::Result<(), String> {
+    /// Syncs another disk's copy straight into the temp head: the source daemon at `from` is asked for the
+    /// copy's size and checksum, then to expose it to a sparse-sync receiver writing into the temp head; the
+    /// checksum is computed over the temp head once it is complete. Answers the checksum and size.
+    async fn sync_from(&self, from: &str) -> std::result::Result<(String, u64), String> {
         use corral_proto::v1::lvstore_service_client::LvstoreServiceClient;
-        let s = staged.to_owned();
-        let _ = tokio::task::spawn_blocking(move || remove_staging(&s)).await;
+        let connect = async {
+            let mut c = LvstoreServiceClient::connect(format!("http://{from}"))
+                .await
+                .map_err(|e| format!("connect to the lvstore daemon at {from}: {e}"))?;
+            let src = c
+                .backing_image_get(v1::BackingImageRef {
+                    name: self.name.clone(),
+                })
+                .await
+                .map_err(|s| format!("BackingImageGet of {} on {from}: {}", self.name, s.message()))?
+                .into_inner();
+            Ok::<_, String>((c, src))
+        };
+        let (mut client, src) = tokio::select! {
+            r = connect => r?,
+            () = self.cancel.cancelled() => return Err(CANCELLED.to_owned()),
+        };
+        if src.state != FileState::Ready.as_str() {
+            return Err(format!(
+                "the copy of {} on {from} is {}, not ready: it cannot be synced from",
+                self.name, src.state
+            ));
+        }
+        let size = match self.size {
+            0 => src.size,
+            s if s != src.size => {
+                return Err(format!(
+                    "the copy on {from} holds {} bytes, the image {s}",
+                    src.size
+                ));
+            }
+            s => s,
+        };
+        if size == 0 || !size.is_multiple_of(BLOCK as u64) {
+            return Err(format!(
+                "the copy on {from} holds {size} bytes, not a positive multiple of {BLOCK}: a v2 copy is an lvol"
+            ));
+        }
+        // Checked before anything is received: a source that does not hold the image asked for is refused.
+        if !self.checksum.is_empty()
+            && !src.current_checksum.is_empty()
+            && src.current_checksum != self.checksum
+        {
+            return Err(format!(
+                "checksum mismatch: the copy on {from} has SHA-512 {}, expected {}",
+                src.current_checksum, self.checksum
+            ));
+        }
+        let expected = if self.checksum.is_empty() {
+            src.current_checksum.clone()
+        } else {
+            self.checksum.clone()
+        };
         self.images.update(&self.name, |i| {
             i.state = FileState::InProgress.as_str().to_owned();
+            i.size = size;
+        });
+        let head = temp_head(&self.lvol);
+        let h = head.clone();
+        let id = self.blocking(move |s| s.create_lvol(&h, size)).await?;
+        let sink = Arc::new(TempHeadSink {
+            images: self.images.clone(),
+            name: self.name.clone(),
+            id,
+            size,
+            high: std::sync::atomic::AtomicU64::new(0),
         });
         let receiver = sparse_sync::Receiver::bind(
             SocketAddr::new(self.images.staging.listen_ip, 0),
-            sparse_sync::ReceiverConfig::new(staged),
+            sparse_sync::ReceiverConfig::with_sink(&head, sink),
         )
         .await
         .map_err(|e| e.to_string())?;
         let to = receiver.local_addr().to_string();
         let rcancel = self.cancel.child_token();
         let recv = tokio::spawn(receiver.run(rcancel.clone()));
-        let expose = async {
-            let mut c = LvstoreServiceClient::connect(format!("http://{from}"))
-                .await
-                .map_err(|e| format!("connect to the lvstore daemon at {from}: {e}"))?;
-            let req = v1::BackingImageExposeRequest {
-                name: self.name.clone(),
-                to_address: to.clone(),
-            };
-            tokio::select! {
-                r = c.backing_image_expose(req) => r
-                    .map(tonic::Response::into_inner)
-                    .map_err(|s| format!("BackingImageExpose of {} on {from}: {}", self.name, s.message())),
-                () = self.cancel.cancelled() => {
-                    let _ = c.backing_image_unexpose(v1::BackingImageRef { name: self.name.clone() }).await;
-                    Err(CANCELLED.to_owned())
-                }
+        let req = v1::BackingImageExposeRequest {
+            name: self.name.clone(),
+            to_address: to,
+        };
+        let exposed = tokio::select! {
+            r = client.backing_image_expose(req) => r
+                .map(tonic::Response::into_inner)
+                .map_err(|s| format!("BackingImageExpose of {} on {from}: {}", self.name, s.message())),
+            () = self.cancel.cancelled() => {
+                let _ = client.backing_image_unexpose(v1::BackingImageRef { name: self.name.clone() }).await;
+                Err(CANCELLED.to_owned())
             }
         };
-        let sent = match expose.await {
+        let sent = match exposed {
             Ok(s) => s,
             Err(e) => {
                 rcancel.cancel();
@@ -733,21 +819,78 @@ impl Job {
                 return Err(e);
             }
         };
-        if self.size != 0 && sent.size != self.size {
-            rcancel.cancel();
-            let _ = recv.await;
-            return Err(format!(
-                "the copy on {from} holds {} bytes, the image {}",
-                sent.size, self.size
-            ));
-        }
         let summary = recv
             .await
             .map_err(|e| e.to_string())?
             .map_err(|e| format!("receive from {from}: {e}"))?;
+        if summary.outcome != sparse_sync::ReceiveOutcome::Completed {
+            return Err(format!(
+                "receive from {from} ended {:?} without a completed transfer",
+                summary.outcome
+            ));
+        }
         info!(image = %self.name, from, sent = sent.bytes_sent, written = summary.bytes_written,
-            "v2 backing image received from another disk");
-        Ok(())
+            "v2 backing image received from another disk into its temp head");
+        let checksum = self.checksum_of(id, size).await?;
+        self.seal(&checksum, &expected).await?;
+        Ok((checksum, size))
+    }
+
+    /// SHA-512 of lvol `id`'s `size` bytes, read in order (its holes read as zeros); progress from
+    /// `RECEIVE_SHARE` to 99.
+    async fn checksum_of(&self, id: BlobId, size: u64) -> std::result::Result<String, String> {
+        let (images, name, cancel) = (self.images.clone(), self.name.clone(), self.cancel.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut hash = Sha512::new();
+            let mut buf = vec![0u8; CHUNK];
+            let mut off = 0u64;
+            while off < size {
+                if cancel.is_cancelled() {
+                    return Err(CANCELLED.to_owned());
+                }
+                let n = usize::try_from(size - off).map_or(CHUNK, |left| left.min(CHUNK));
+                images
+                    .store
+                    .read_at(id, off, &mut buf[..n])
+                    .map_err(|e| format!("reading the temp head at {off}: {e}"))?;
+                hash.update(&buf[..n]);
+                off += n as u64;
+                let progress = RECEIVE_SHARE + off * (99 - RECEIVE_SHARE) / size;
+                images.update(&name, |i| i.progress = u32::try_from(progress).unwrap_or(99));
+            }
+            Ok(hex::encode(hash.finalize()))
+        })
+        .await
+        .map_err(|e| e.to_string())?
+    }
+
+    /// Checks `checksum` against `expected` (empty: anything goes), then makes the filled temp head the copy's
+    /// snapshot with its xattrs, `state` last, in the crash order of the module doc.
+    async fn seal(&self, checksum: &str, expected: &str) -> std::result::Result<(), String> {
+        if !expected.is_empty() && checksum != expected {
+            return Err(format!(
+                "checksum mismatch: the data's SHA-512 is {checksum}, expected {expected}"
+            ));
+        }
+        if self.cancel.is_cancelled() {
+            return Err(CANCELLED.to_owned());
+        }
+        let (head, lvol, uuid, sum) = (
+            temp_head(&self.lvol),
+            self.lvol.clone(),
+            self.uuid.clone(),
+            checksum.to_owned(),
+        );
+        self.blocking(move |s| {
+            s.flush()?;
+            s.snapshot(&head, &lvol)?;
+            s.set_xattr(&lvol, XATTR_BACKING_IMAGE_UUID, uuid.as_bytes())?;
+            s.set_xattr(&lvol, XATTR_CHECKSUM, sum.as_bytes())?;
+            s.set_xattr(&lvol, XATTR_STATE, FileState::Ready.as_str().as_bytes())?;
+            s.delete(&head)?;
+            s.flush()
+        })
+        .await
     }
 
     /// Fills the temp head and turns it into the copy's snapshot; answers the checksum and size.
@@ -814,26 +957,7 @@ impl Job {
             return Err(format!("the source ended after {off} of {size} bytes"));
         }
         let checksum = hex::encode(hash.take().unwrap_or_default().finalize());
-        if !self.checksum.is_empty() && checksum != self.checksum {
-            return Err(format!(
-                "checksum mismatch: the data's SHA-512 is {checksum}, expected {}",
-                self.checksum
-            ));
-        }
-        if self.cancel.is_cancelled() {
-            return Err(CANCELLED.to_owned());
-        }
-        let (lvol, uuid, sum) = (self.lvol.clone(), self.uuid.clone(), checksum.clone());
-        self.blocking(move |s| {
-            s.flush()?;
-            s.snapshot(&head, &lvol)?;
-            s.set_xattr(&lvol, XATTR_BACKING_IMAGE_UUID, uuid.as_bytes())?;
-            s.set_xattr(&lvol, XATTR_CHECKSUM, sum.as_bytes())?;
-            s.set_xattr(&lvol, XATTR_STATE, FileState::Ready.as_str().as_bytes())?;
-            s.delete(&head)?;
-            s.flush()
-        })
-        .await?;
+        self.seal(&checksum, &self.checksum).await?;
         Ok((checksum, size))
     }
 }

@@ -63,6 +63,8 @@ pub struct LvstoreServeConfig {
     /// Directory of the hosted replicas' data-protocol unix sockets (`NAME.data.sock`), beside their TCP data
     /// listeners; an engine on this node learns its replica's from `ReplicaGet` and connects there.
     pub data_unix_dir: Option<PathBuf>,
+    /// Data bytes per second a backing-image exposure (a sync to another disk) sends at most.
+    pub backing_image_send_rate: Option<u64>,
 }
 
 struct Hosted {
@@ -516,6 +518,7 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
     let staging = SyncStaging {
         listen_ip: cfg.listen.ip(),
         scratch: scratch_dir(&cfg.disk),
+        max_send_rate: cfg.backing_image_send_rate,
     };
     let backing_images =
         Arc::new(tokio::task::spawn_blocking(move || BackingImages::recover(s, staging, c)).await??);

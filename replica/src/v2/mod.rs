@@ -8,9 +8,11 @@
 //! - [`backup`]: its backup source, restore sink and backup records (xattrs) for `ReplicaBackupService`;
 //! - [`daemon`]: the per-disk daemon and its `LvstoreService` (add, list, remove replicas);
 //! - [`metrics`]: its Prometheus metrics (per-replica IO and latency, the store's space and journal);
-//! - [`backing_image`]: the disk's copies of v2 backing images (snapshot lvols `bi-NAME-disk-LVSUUID`).
+//! - [`backing_image`]: the disk's copies of v2 backing images (snapshot lvols `bi-NAME-disk-LVSUUID`), and
+//!   [`backing_image_cli`] to drive them on a running daemon by hand.
 
 pub mod backing_image;
+pub mod backing_image_cli;
 pub mod backup;
 pub mod clone;
 pub mod daemon;

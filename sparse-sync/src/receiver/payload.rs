@@ -19,10 +19,22 @@ use crate::wire::{MAX_PAYLOAD, RANGES_HEADER, RangeError, decode_table, table_le
 /// Bytes staged in the aligned buffer before one `O_DIRECT` write.
 pub(super) const DIRECT_CHUNK: usize = 1 << 20;
 
+/// Where a body's payload goes.
+#[derive(Clone, Copy)]
+pub(super) enum Out<'a> {
+    /// The partial file; `direct` (the same file opened with `O_DIRECT`) takes the ranges whose offset and
+    /// length are 4 KiB-aligned.
+    File {
+        file: &'a File,
+        direct: Option<&'a File>,
+    },
+    /// A sink: every range staged in [`DIRECT_CHUNK`] steps, as for `O_DIRECT`.
+    Sink(&'a dyn super::ReceiveSink),
+}
+
 /// The state of one streamed `data` body: gathering its range table, then writing its payload.
 pub(super) struct PayloadWriter<'a> {
-    file: &'a File,
-    direct: Option<&'a File>,
+    out: Out<'a>,
     path: &'a Path,
     size: u64,
     /// Header and range table, gathered until complete.
@@ -42,12 +54,10 @@ pub(super) struct PayloadWriter<'a> {
 }
 
 impl<'a> PayloadWriter<'a> {
-    /// A writer into `file` of `size` bytes; `direct` (the same file opened with `O_DIRECT`) takes the ranges
-    /// whose offset and length are 4 KiB-aligned. `path` names the file in errors.
-    pub(super) fn new(file: &'a File, direct: Option<&'a File>, path: &'a Path, size: u64) -> Self {
+    /// A writer into `out` of `size` bytes. `path` names it in errors.
+    pub(super) fn new(out: Out<'a>, path: &'a Path, size: u64) -> Self {
         PayloadWriter {
-            file,
-            direct,
+            out,
             path,
             size,
             table: Vec::with_capacity(RANGES_HEADER),
@@ -148,6 +158,9 @@ impl<'a> PayloadWriter<'a> {
     /// cross the network, and the `fsync` at `close` finds little left to flush. Advisory only: a write error
     /// surfaces at that `fsync`, which still decides whether the transfer commits.
     pub(super) fn start_writeback(&self) {
+        let Out::File { file, direct: None } = self.out else {
+            return;
+        };
         let Some(ranges) = &self.ranges else { return };
         let (Some(first), Some(last)) = (ranges.first(), ranges.last()) else {
             return;
@@ -156,26 +169,29 @@ impl<'a> PayloadWriter<'a> {
         else {
             return;
         };
-        // SAFETY: a plain syscall on a descriptor `self.file` keeps open for the call; no memory is passed.
-        let _ =
-            unsafe { libc::sync_file_range(self.file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE) };
+        // SAFETY: a plain syscall on a descriptor `file` keeps open for the call; no memory is passed.
+        let _ = unsafe { libc::sync_file_range(file.as_raw_fd(), offset, len, libc::SYNC_FILE_RANGE_WRITE) };
     }
 
     /// Writes `piece`, which lands at `self.at` inside `range`.
     fn write(&mut self, piece: &[u8], range: &Range<u64>) -> Result<(), ReceiveError> {
         let aligned = range.start.is_multiple_of(DIRECT_IO_ALIGN as u64)
             && range.end.is_multiple_of(DIRECT_IO_ALIGN as u64);
-        let direct = match self.direct {
-            Some(d) if aligned => d,
-            _ => {
-                crate::local::write_chunked(self.file, piece, self.at)
+        let staged = match self.out {
+            Out::File { direct: Some(d), .. } if aligned => Out::File {
+                file: d,
+                direct: None,
+            },
+            Out::File { file, .. } => {
+                crate::local::write_chunked(file, piece, self.at)
                     .map_err(|e| ReceiveError::io("writing", self.path, self.at, e))?;
                 self.written += piece.len() as u64;
                 return Ok(());
             }
+            sink @ Out::Sink(_) => sink,
         };
         // Staged writes start at the range's start or a DIRECT_CHUNK step after it and end at a step or the
-        // range's end, so every one is 4 KiB-aligned in offset and length.
+        // range's end, so every one is 4 KiB-aligned in offset and length when the range is.
         let (mut piece, mut at) = (piece, self.at);
         while !piece.is_empty() {
             let buf = self.aligned.get_or_insert_with(|| AlignedBuf::new(DIRECT_CHUNK));
@@ -188,9 +204,12 @@ impl<'a> PayloadWriter<'a> {
             at += n as u64;
             piece = &piece[n..];
             if self.fill == DIRECT_CHUNK || at == range.end {
-                direct
-                    .write_all_at(&buf.as_mut_slice()[..self.fill], self.fill_at)
-                    .map_err(|e| ReceiveError::io("writing", self.path, self.fill_at, e))?;
+                let staged_bytes = &buf.as_mut_slice()[..self.fill];
+                match staged {
+                    Out::File { file, .. } => file.write_all_at(staged_bytes, self.fill_at),
+                    Out::Sink(sink) => sink.write_at(staged_bytes, self.fill_at),
+                }
+                .map_err(|e| ReceiveError::io("writing", self.path, self.fill_at, e))?;
                 self.written += self.fill as u64;
                 self.fill = 0;
             }
@@ -224,7 +243,11 @@ mod tests {
                 .open(f.path())
                 .unwrap()
         });
-        let mut w = PayloadWriter::new(f.as_file(), d.as_ref(), f.path(), size);
+        let out = Out::File {
+            file: f.as_file(),
+            direct: d.as_ref(),
+        };
+        let mut w = PayloadWriter::new(out, f.path(), size);
         let mut rest = body;
         for &cut in cuts.iter().cycle() {
             if rest.is_empty() {
@@ -237,6 +260,24 @@ mod tests {
         w.finish()?;
         assert_eq!(w.received(), w.written());
         Ok(std::fs::read(f.path()).unwrap())
+    }
+
+    /// A sink in memory that records the size of every write.
+    struct MemSink(std::sync::Mutex<(Vec<u8>, Vec<usize>)>);
+
+    impl super::super::ReceiveSink for MemSink {
+        fn size(&self) -> u64 {
+            self.0.lock().unwrap().0.len() as u64
+        }
+        fn write_at(&self, buf: &[u8], offset: u64) -> std::io::Result<()> {
+            let mut m = self.0.lock().unwrap();
+            m.0[offset as usize..offset as usize + buf.len()].copy_from_slice(buf);
+            m.1.push(buf.len());
+            Ok(())
+        }
+        fn commit(&self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
@@ -272,6 +313,25 @@ mod tests {
             assert!(
                 stream(&b, size, &cuts, true).unwrap() == expect,
                 "direct, cuts {cuts:?}"
+            );
+            // A sink gets every range in staged writes of at most DIRECT_CHUNK, however the body was cut.
+            let sink = MemSink(std::sync::Mutex::new((vec![0; size as usize], Vec::new())));
+            let mut w = PayloadWriter::new(Out::Sink(&sink), Path::new("sink"), size);
+            let mut rest = &b[..];
+            for &cut in cuts.iter().cycle() {
+                if rest.is_empty() {
+                    break;
+                }
+                let (c, r) = rest.split_at(cut.min(rest.len()));
+                w.feed(c).unwrap();
+                rest = r;
+            }
+            w.finish().unwrap();
+            let (got, writes) = sink.0.into_inner().unwrap();
+            assert!(got == expect, "sink, cuts {cuts:?}");
+            assert!(
+                writes.len() <= 5 && writes.iter().all(|&n| n <= DIRECT_CHUNK),
+                "{writes:?}"
             );
         }
     }

@@ -15,8 +15,8 @@ use axum::http::StatusCode;
 
 use futures::StreamExt;
 
-use super::payload::PayloadWriter;
-use super::{ReceiveError, ReceiveOutcome, Session, Shared, TransferState, lock};
+use super::payload::{Out, PayloadWriter};
+use super::{Dest, ReceiveError, ReceiveOutcome, Session, Shared, TransferState, lock};
 use crate::layout::{data_extents, punch_hole};
 use crate::record;
 use crate::wire::{
@@ -33,6 +33,9 @@ async fn blocking<T: Send + 'static>(
 
 pub(super) async fn recorded(State(s): State<Arc<Shared>>) -> Result<Json<FileChecksum>, ReceiveError> {
     let target = s.config.target.clone();
+    if s.config.sink.is_some() {
+        return Err(ReceiveError::NotRecorded(target));
+    }
     blocking(move || match record::read_valid(&target) {
         Ok(Some(sum)) => Ok(Json(sum)),
         Ok(None) => Err(ReceiveError::NotRecorded(target)),
@@ -59,6 +62,30 @@ pub(super) async fn open(
             return Err(ReceiveError::Failed("the transfer was already committed".into()));
         }
         *state = TransferState::Idle;
+        if let Some(sink) = &s.config.sink {
+            if sink.size() != q.size {
+                return Err(ReceiveError::BadRequest(format!(
+                    "open for {} bytes, but {} holds {}",
+                    q.size,
+                    s.config.target.display(),
+                    sink.size()
+                )));
+            }
+            let id = s.next_session.fetch_add(1, Ordering::Relaxed);
+            s.counters.opens.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(session = id, size = q.size, target = %s.config.target.display(), "transfer opened into a sink");
+            *state = TransferState::Open(Session {
+                id,
+                dest: Dest::Sink(sink.clone()),
+                size: q.size,
+                fresh: true,
+                failed: None,
+            });
+            return Ok(Json(OpenReply {
+                session: id,
+                existing: false,
+            }));
+        }
         *lock(&s.touched) = true;
         let (target, partial) = (&s.config.target, &s.partial);
         let existing = if partial.exists() {
@@ -101,8 +128,10 @@ pub(super) async fn open(
         );
         *state = TransferState::Open(Session {
             id,
-            file: Arc::new(file),
-            direct,
+            dest: Dest::File {
+                file: Arc::new(file),
+                direct,
+            },
             size: q.size,
             fresh: !existing,
             failed: None,
@@ -127,9 +156,9 @@ pub(super) async fn holes(
     let r = blocking(move || {
         let (ranges, _) = decode_ranges(&body, handle.size, false)?;
         let mut punched = 0;
-        if !handle.fresh {
+        if let (false, Dest::File { file, .. }) = (handle.fresh, &handle.dest) {
             for r in &ranges {
-                punch_hole(&handle.file, r.start, r.end - r.start)
+                punch_hole(file, r.start, r.end - r.start)
                     .map_err(|e| ReceiveError::io("punching a hole in", &shared.partial, r.start, e))?;
                 punched += r.end - r.start;
             }
@@ -155,10 +184,14 @@ pub(super) async fn checksum(
     let handle = h.clone();
     let r = blocking(move || {
         let (ranges, _) = decode_ranges(&body, handle.size, false)?;
+        // A sink holds nothing of the source: every range must be sent.
+        let Dest::File { file, .. } = &handle.dest else {
+            return Ok(Json(ChecksumReply { xxh3_128: None }));
+        };
         let io_err = |off, e| ReceiveError::io("reading", &shared.partial, off, e);
         for r in &ranges {
             // Only a range that is entirely data here can match: a hole where the source has data must be sent.
-            let first = data_extents(&handle.file, r.clone())
+            let first = data_extents(file, r.clone())
                 .next()
                 .transpose()
                 .map_err(|e| io_err(r.start, e))?;
@@ -172,9 +205,7 @@ pub(super) async fn checksum(
         for r in &ranges {
             let len = usize::try_from(r.end - r.start).map_err(|e| io_err(r.start, io::Error::other(e)))?;
             buf.resize(len, 0);
-            handle
-                .file
-                .read_exact_at(&mut buf, r.start)
+            file.read_exact_at(&mut buf, r.start)
                 .map_err(|e| io_err(r.start, e))?;
             hasher.update(&buf);
             bytes += r.end - r.start;
@@ -204,21 +235,21 @@ pub(super) async fn data(
     // copy into a gathered body, no task per chunk.
     let r = blocking(move || {
         let mut chunks = body.into_data_stream();
-        let mut writer = PayloadWriter::new(
-            &handle.file,
-            handle.direct.as_deref(),
-            &shared.partial,
-            handle.size,
-        );
+        let out = match &handle.dest {
+            Dest::File { file, direct } => Out::File {
+                file,
+                direct: direct.as_deref(),
+            },
+            Dest::Sink(sink) => Out::Sink(sink.as_ref()),
+        };
+        let mut writer = PayloadWriter::new(out, &shared.partial, handle.size);
         let mut streamed = || {
             while let Some(chunk) = runtime.block_on(chunks.next()) {
                 let chunk = chunk.map_err(|e| ReceiveError::BadRequest(format!("reading the body: {e}")))?;
                 writer.feed(&chunk)?;
             }
             writer.finish()?;
-            if handle.direct.is_none() {
-                writer.start_writeback();
-            }
+            writer.start_writeback();
             Ok(())
         };
         let r = streamed();
@@ -279,9 +310,14 @@ pub(super) async fn close(
             return Err(ReceiveError::Failed(reason.clone()));
         }
         let target = &s.config.target;
-        corral_disk::durable::publish(&session.file, &s.partial, target)
-            .map_err(|e| ReceiveError::io("publishing", target, 0, e))?;
-        if let Some(sum) = &req.checksum {
+        match &session.dest {
+            Dest::File { file, .. } => corral_disk::durable::publish(file, &s.partial, target)
+                .map_err(|e| ReceiveError::io("publishing", target, 0, e))?,
+            Dest::Sink(sink) => sink
+                .commit()
+                .map_err(|e| ReceiveError::io("committing", target, 0, e))?,
+        }
+        if let Some(sum) = req.checksum.as_ref().filter(|_| s.config.sink.is_none()) {
             record::write_record(target, sum)
                 .map_err(|e| ReceiveError::io("recording the checksum of", target, 0, io::Error::other(e)))?;
         }
