@@ -166,8 +166,8 @@ enum Cmd {
     /// the store's space.
     Lvstore {
         /// The daemon's LvstoreService address HOST:PORT (its --listen).
-        #[arg(long, global = true, required = true, alias = "addr")]
-        url: Option<String>,
+        #[arg(long, alias = "addr")]
+        url: String,
         #[command(subcommand)]
         cmd: LvstoreCmd,
     },
@@ -365,7 +365,7 @@ async fn main() -> anyhow::Result<()> {
             cmd: ImageCmd::Convert { to, src, dst },
         } => replica::image_cli::image_convert(src, dst, to).await,
         Cmd::Snapshot { cmd } => snapshot(cmd, json).await,
-        Cmd::Lvstore { url, cmd } => lvstore(&url.unwrap_or_default(), cmd, json).await,
+        Cmd::Lvstore { url, cmd } => lvstore(&url, cmd, json).await,
         Cmd::Hash {
             url,
             snapshot,
