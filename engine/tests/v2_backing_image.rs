@@ -733,3 +733,78 @@ async fn a_v2_sync_whose_source_is_killed_midway_leaves_no_lvol_and_a_retry_succ
     b.terminate(Duration::from_secs(10));
     assert_eq!(allocated(&db, &on_b.lvol), 16 * MIB);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_source_copy_whose_expose_call_was_dropped_midway_can_still_be_deleted() {
+    let t = tempfile::tempdir_in("/tmp").unwrap();
+    let img = t.path().join("img.raw");
+    // 16 MiB of data sent at 4 MiB/s: the expose is in flight for seconds.
+    let data = image(&img, 32, 35);
+    let sum = sha512_bytes(&data);
+    let db = disk(t.path(), "b.img");
+    let da = disk(t.path(), "a.img");
+    let a = DaemonCommand::new(bin("corral-replica"))
+        .label("corral-replica-lvstore-source")
+        .args(["serve-lvstore", "--format", "--cluster-size", "64K"])
+        .args(["--backing-image-send-rate", "4M", "--disk"])
+        .arg(&da)
+        .args(["--listen", "127.0.0.1:0"])
+        .spawn();
+    let b = lvstore_daemon(&db);
+    let mut sa = service(&a).await;
+    let mut sb = service(&b).await;
+    sa.backing_image_create(create("img", &sum, Source::FromFile(img.display().to_string())))
+        .await
+        .unwrap();
+    assert_eq!(settled(&mut sa, "img").await.state, "ready");
+
+    // B syncs from A; once it is seen receiving, B's copy is deleted: its job drops its BackingImageExpose call
+    // to A while A is still sending.
+    sb.backing_image_create(create(
+        "img",
+        &sum,
+        Source::FromLvstore(a.addr("control").to_string()),
+    ))
+    .await
+    .unwrap();
+    wait_for_async("the sync on b in progress", Duration::from_secs(30), async || {
+        let i = sb
+            .backing_image_get(v1::BackingImageRef { name: "img".into() })
+            .await
+            .unwrap()
+            .into_inner();
+        assert_ne!(i.state, "ready", "the sync ended before it was cancelled: {i:?}");
+        (i.state == "in-progress" && i.progress > 0).then_some(())
+    })
+    .await;
+    sb.backing_image_delete(v1::BackingImageRef { name: "img".into() })
+        .await
+        .unwrap();
+
+    // A's copy is no longer exposed once the call is gone: its deletion goes through (a count of exposures left
+    // up by the dropped call refused it for good, "being sent to another disk").
+    let mut last = String::new();
+    let deleted = wait_for_async("A's copy deleted", Duration::from_secs(30), async || {
+        match sa
+            .backing_image_delete(v1::BackingImageRef { name: "img".into() })
+            .await
+        {
+            Ok(_) => Some(()),
+            Err(s) => {
+                last = s.message().to_owned();
+                None
+            }
+        }
+    })
+    .await;
+    let () = deleted;
+    let listed = sa
+        .backing_image_list(v1::LvstoreEmpty {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(
+        listed.backing_images.is_empty(),
+        "{listed:?} (last refusal: {last})"
+    );
+}

@@ -490,6 +490,18 @@ impl BackingImages {
             c.exposed += 1;
             (c.info.lvol.clone(), c.info.size, c.unexpose.clone())
         };
+        // Counted down however this ends: also when the caller drops the call (its receiver finished first and
+        // the client went away), which drops this future mid-send; a count left up would refuse the copy's
+        // deletion for good.
+        struct Exposed<'a>(&'a Mutex<BTreeMap<String, Copy>>, &'a str);
+        impl Drop for Exposed<'_> {
+            fn drop(&mut self) {
+                if let Some(c) = lock(self.0).get_mut(self.1) {
+                    c.exposed = c.exposed.saturating_sub(1);
+                }
+            }
+        }
+        let _exposed = Exposed(&self.copies, name);
         let sent = async {
             let id = self.store.lookup(&lvol).map_err(|e| lv_err(&self.store, e))?;
             let content = Arc::new(LvolSnapshot::new(self.store.clone(), id, size));
@@ -506,9 +518,6 @@ impl BackingImages {
                 })
         }
         .await;
-        if let Some(c) = lock(&self.copies).get_mut(name) {
-            c.exposed -= 1;
-        }
         let s = sent?;
         info!(
             image = name,
