@@ -143,7 +143,13 @@ done
 # The base is only the toolbox of the rootfs-assembly stage (ldd, cp, the libraries to copy): it is not in the
 # runtime images, so its size does not matter. mmdebstrap downloads from the Debian mirror apt is configured with.
 make_local_base() {
-  local tar=$cache_dir/base-bookworm.tar
+  local tar=$cache_dir/base-bookworm.tar lock
+  mkdir -p "$cache_dir"
+  # Builds running at once (the test suite runs two container tests side by side) make the base one at a time:
+  # the second waits here, then finds mmdebstrap installed and the tarball made (two apt-get runs at once fail on
+  # dpkg's lock, two mmdebstraps would write the same .partial).
+  exec {lock}>"$cache_dir/base-bookworm.lock"
+  flock "$lock"
   # A regular, non-empty file: anything else (an interrupted run, a directory) is made again.
   if [ ! -f "$tar" ] || [ ! -s "$tar" ]; then
     rm -rf "$tar" "$tar.partial"
@@ -165,6 +171,7 @@ make_local_base() {
   fi
   log "docker import $tar $local_base"
   docker import --message "mmdebstrap --variant=minbase --include=ca-certificates bookworm" "$tar" "$local_base" >/dev/null
+  exec {lock}>&-
 }
 if [ -z "${BASE:-}" ]; then
   BASE=$local_base

@@ -18,14 +18,14 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::cleanup::{DiskUse, FileClass, disks_to_add, expired, last_ref_marks};
+use super::disks::{DiskRef, disks, selected};
 use super::model::{
     BackingImage, BackingImageDataSource, BackingImageManager, DataSourceSpec, DiskFileSpec, DiskFileStatus,
     ManagerSpec, SourceType, manager_name, state,
 };
 use crate::context::Ctx;
-use crate::controller::volume::node_is_up;
 use crate::controller::{Requeue, WorkQueue, feed, now, run_worker};
-use crate::model::{DataEngine, Node, ProcessState, Replica, Volume};
+use crate::model::{DataEngine, ProcessState, Replica, Volume};
 use crate::store::{Object, StoreError, absent_ok};
 
 pub const CLEANUP_SETTING: &str = "backing-image-cleanup-wait-interval";
@@ -55,42 +55,6 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
         let m = ctx.metrics.clone();
         run_worker("backing-image", q, c, m, |name| reconcile(ctx.clone(), name)).await;
     });
-}
-
-/// A disk of the cluster, by UUID.
-#[derive(Debug, Clone)]
-pub struct DiskRef {
-    pub node_id: String,
-    pub disk_name: String,
-    pub disk_uuid: String,
-    pub path: String,
-    /// Node up, disk reporting no error, scheduling allowed.
-    pub ready: bool,
-    pub engine: DataEngine,
-}
-
-pub async fn disks(ctx: &Ctx) -> anyhow::Result<Vec<DiskRef>> {
-    let mut out = Vec::new();
-    for n in ctx.db.list::<Node>().await? {
-        let up = node_is_up(ctx, &n.data).await;
-        for (disk, d) in &n.data.spec.disks {
-            let ok = n.data.status.disks.get(disk).is_some_and(|s| s.error.is_empty());
-            out.push(DiskRef {
-                node_id: n.name.clone(),
-                disk_name: disk.clone(),
-                disk_uuid: d.disk_uuid.clone(),
-                path: d.path.clone(),
-                ready: up && ok && d.allow_scheduling && n.data.spec.allow_scheduling,
-                engine: d.engine,
-            });
-        }
-    }
-    Ok(out)
-}
-
-pub(crate) fn selected(bi: &BackingImage, d: &DiskRef) -> bool {
-    (bi.spec.disk_selector.is_empty() || bi.spec.disk_selector.contains(&d.disk_name))
-        && (bi.spec.node_selector.is_empty() || bi.spec.node_selector.contains(&d.node_id))
 }
 
 /// The data source of a new image (or of one whose source runs again): a random ready disk that can hold it, and

@@ -13,6 +13,7 @@ pub mod bim_controller;
 pub mod cleanup;
 pub mod cli;
 pub mod datasource_controller;
+pub mod disks;
 pub mod image_controller;
 pub mod model;
 pub mod restore_source;

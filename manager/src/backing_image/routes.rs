@@ -456,7 +456,7 @@ async fn copy(
 ) -> ApiResult<BackingImageView> {
     let obj = must_get(&ctx, &name).await?;
     let engine = obj.data.spec.data_engine;
-    let all = super::image_controller::disks(&ctx)
+    let all = super::disks::disks(&ctx)
         .await
         .map_err(|e| ApiError::Unavailable(format!("{e:#}")))?;
     let mut add = Vec::new();

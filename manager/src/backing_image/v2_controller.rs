@@ -28,7 +28,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::cleanup::{DiskUse, FileClass, disks_to_add, expired, last_ref_marks};
 use super::datasource_controller::job_retry_backoff;
-use super::image_controller::{CLEANUP_SETTING, DiskRef, disks, replica_disks, selected};
+use super::disks::{DiskRef, disks, selected};
+use super::image_controller::{CLEANUP_SETTING, replica_disks};
 use super::model::{BackingImage, BackingImageManager, DiskFileSpec, DiskFileStatus, state};
 use super::v2_copy::{Fetched, copy_status};
 use crate::context::Ctx;

@@ -15,7 +15,7 @@ use std::time::Duration;
 use corral_proto::v1;
 use tokio_util::sync::CancellationToken;
 
-use super::image_controller::disks;
+use super::disks::disks;
 use super::model::{BackingImage, state};
 use crate::context::Ctx;
 use crate::model::{DataEngine, ProcessState};

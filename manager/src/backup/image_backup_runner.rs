@@ -140,7 +140,7 @@ async fn reconcile(
 
 /// The staging file an interrupted v2 backup may have left on one of this node's v2 disks.
 async fn remove_leftover_staging(ctx: &Ctx, b: &BackingImageBackup) {
-    let Ok(all) = crate::backing_image::image_controller::disks(ctx).await else {
+    let Ok(all) = crate::backing_image::disks::disks(ctx).await else {
         return;
     };
     for d in all
