@@ -1176,3 +1176,47 @@ fn a_backup_made_by_the_manager_on_s3_restores_into_a_backing_image_with_the_tar
     });
     assert!(v["message"].as_str().unwrap().contains("nope"), "{v}");
 }
+
+/// A v1 image's copies serve v1 replicas, which live on v1 disks only. On a node with its default v1 disk and a v2
+/// disk, the first copy lands on the v1 disk and `minNumberOfCopies: 2` adds no copy in the v2 disk's directory
+/// (HA used to count the v2 disk as a candidate and sync a file there that nothing can use).
+#[test]
+fn a_v1_image_keeps_its_copies_on_v1_disks_beside_a_v2_disk() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    let (qcow, _) = fixture(&files);
+    let http = HttpServer::start(&files);
+    let (m, _) = v2_images::node_with_a_v2_disk(dir.path(), "node-1", 0, 64 << 20);
+    let v2_dir = dir.path().join("node-1-v2a");
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/backingimages", m.url),
+        Some(
+            &json!({"name": "base", "sourceType": "download", "minNumberOfCopies": 2,
+            "parameters": {"url": http.url("image.qcow2")}, "expectedChecksum": sha512(&qcow)}),
+        ),
+    );
+    assert_eq!(code, 201, "{v}");
+    wait_image(&m, "base", "ready", Duration::from_secs(60));
+    let (code, node) = rest("GET", &format!("{}/v1/nodes/node-1", m.url), None);
+    assert_eq!(code, 200, "{node}");
+    let v2_uuid = node["disks"]
+        .as_array()
+        .and_then(|d| d.iter().find(|d| d["name"] == "v2a"))
+        .and_then(|d| d["diskUUID"].as_str())
+        .unwrap_or_else(|| panic!("no disk v2a in {node}"))
+        .to_owned();
+    // HA runs on every reconcile of a ready image (resynced every 2 s): watch several passes.
+    let until = std::time::Instant::now() + Duration::from_secs(6);
+    while std::time::Instant::now() < until {
+        let v = image(&m, "base");
+        let disks = v["disks"].as_array().unwrap();
+        assert!(
+            !disks.is_empty() && disks.iter().all(|d| d["diskUUID"] != v2_uuid.as_str()),
+            "a v1 image's copies stay on the v1 disk, not on v2 disk {v2_uuid}: {v}"
+        );
+        assert_eq!(v2_images::v1_files(&v2_dir, "base"), Vec::<PathBuf>::new());
+        std::thread::sleep(Duration::from_millis(300));
+    }
+}

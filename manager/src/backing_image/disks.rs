@@ -13,8 +13,11 @@ pub struct DiskRef {
     pub disk_name: String,
     pub disk_uuid: String,
     pub path: String,
-    /// Node up, disk reporting no error, scheduling allowed.
+    /// Node up, disk reporting no error, scheduling allowed: the disk may receive new copies.
     pub ready: bool,
+    /// Node up, disk reporting no error: what the disk holds can be read, even while it or its node is cordoned
+    /// (a cordon stops new work from landing there, not reads of what is there).
+    pub readable: bool,
     pub engine: DataEngine,
 }
 
@@ -24,12 +27,14 @@ pub async fn disks(ctx: &Ctx) -> anyhow::Result<Vec<DiskRef>> {
         let up = node_is_up(ctx, &n.data).await;
         for (disk, d) in &n.data.spec.disks {
             let ok = n.data.status.disks.get(disk).is_some_and(|s| s.error.is_empty());
+            let readable = up && ok;
             out.push(DiskRef {
                 node_id: n.name.clone(),
                 disk_name: disk.clone(),
                 disk_uuid: d.disk_uuid.clone(),
                 path: d.path.clone(),
-                ready: up && ok && d.allow_scheduling && n.data.spec.allow_scheduling,
+                ready: readable && d.allow_scheduling && n.data.spec.allow_scheduling,
+                readable,
                 engine: d.engine,
             });
         }

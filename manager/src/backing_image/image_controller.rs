@@ -208,6 +208,11 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
             params.insert("file-type".to_owned(), export_type);
         }
     }
+    // A v1 image's copies serve v1 replicas, which live on v1 disks only: its first copy goes to one where there is
+    // one (a v2 image's first file may go anywhere: the v2 copy is made from it and it is removed).
+    if bi.spec.data_engine == DataEngine::V1 && pool.iter().any(|d| d.engine == DataEngine::V1) {
+        pool.retain(|d| d.engine == DataEngine::V1);
+    }
     if pool.is_empty() {
         return Err("no ready disk can hold the backing image's first copy".to_owned());
     }
@@ -550,10 +555,12 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             .collect()
     };
     if any_ready && !v2 {
-        // HA: more ready disks, on nodes without a copy first.
+        // HA: more ready v1 disks (a v2 disk's directory serves no v1 replica), on nodes without a copy first.
         let candidates: Vec<DiskUse> = all_disks
             .iter()
-            .filter(|d| d.ready && selected(bi, d) && !wanted.contains_key(&d.disk_uuid))
+            .filter(|d| {
+                d.ready && d.engine == DataEngine::V1 && selected(bi, d) && !wanted.contains_key(&d.disk_uuid)
+            })
             .map(|d| DiskUse {
                 disk_uuid: d.disk_uuid.clone(),
                 node_id: d.node_id.clone(),

@@ -35,7 +35,8 @@ pub struct ReadyV2Copy {
     pub size: u64,
 }
 
-/// The ready v2 copies of image `bi` (as its status records them) on ready disks whose daemon runs.
+/// The ready v2 copies of image `bi` (as its status records them) on readable disks whose daemon runs: the sources
+/// a clone or a backup of the image reads, so a cordoned disk or node still counts.
 pub async fn ready_v2_copies(ctx: &Ctx, bi: &BackingImage) -> anyhow::Result<Vec<ReadyV2Copy>> {
     if bi.spec.data_engine != DataEngine::V2 {
         return Ok(Vec::new());
@@ -52,7 +53,7 @@ pub async fn ready_v2_copies(ctx: &Ctx, bi: &BackingImage) -> anyhow::Result<Vec
         };
         let Some(d) = all
             .iter()
-            .find(|d| &d.disk_uuid == disk_uuid && d.ready && d.engine == DataEngine::V2)
+            .find(|d| &d.disk_uuid == disk_uuid && d.readable && d.engine == DataEngine::V2)
         else {
             continue;
         };
