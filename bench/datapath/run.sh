@@ -28,6 +28,9 @@
 #   JOBS      names of the jobs to run (default: all), e.g. "randwrite-4k-qd32 randwrite-4k-qd32-fsync32"
 #   KEEP=1    keep the work directory (fio JSON, daemon logs, top samples)
 #   TOP=1     sample `top -b -n1` in the middle of every job into the work directory
+#   PERF=1    record `perf record -a -g -e cpu-clock` (whole machine, call graphs) over every job after its ramp into
+#             WORK/TARGET/JOB.perf.data (use with KEEP=1), and print the job's per-process CPU split (perf report
+#             --sort comm) beside the table; PERF_JOBS narrows it to some job names
 #   COUNT=1   also print locks and payload copies per IO of the engine and the replicas (needs binaries built with
 #             `--features engine/io-counters,replica/io-counters` in BIN_DIR / BASE_BIN_DIR; scraped from /metrics)
 set -euo pipefail
@@ -300,6 +303,13 @@ for t in $TARGETS; do
       top_pid=$!
     fi
     ((${#COUNT_URLS[@]})) && python3 "$HERE/fio_summary.py" scrape "${COUNT_URLS[@]}" >"$WORK/$t/$name.count0.json"
+    perf_pid=
+    if [[ "${PERF:-0}" == 1 && ( -z "${PERF_JOBS:-}" || " $PERF_JOBS " == *" $name "* ) ]]; then
+      # After the 1 s ramp, for the measured seconds; software clock (no hardware counters in a VM).
+      (sleep 1; exec perf record -q -a -g -e cpu-clock -o "$WORK/$t/$name.perf.data" -- sleep "$RUNTIME") \
+        >"$WORK/$t/$name.perf.log" 2>&1 &
+      perf_pid=$!
+    fi
     cpu0=$(cpu_ticks "${TARGET_PIDS[@]}")
     (sleep 0.5; ctx_switches "${TARGET_PIDS[@]}"; sleep "$RUNTIME"; ctx_switches "${TARGET_PIDS[@]}") >"$WORK/$t/$name.ctx" &
     ctx_pid=$!
@@ -315,6 +325,13 @@ for t in $TARGETS; do
         "$WORK/$t/$name.count1.json" "$((RUNTIME + 1))" >>"$WORK/counts.tsv"
     fi
     if [[ -n $top_pid ]]; then wait "$top_pid"; fi
+    if [[ -n $perf_pid ]]; then
+      wait "$perf_pid" || true
+      perf report -i "$WORK/$t/$name.perf.data" --no-children -g none --sort comm --stdio 2>/dev/null |
+        grep -v '^#' | grep -v '^$' | head -12 >"$WORK/$t/$name.perf-comm.txt" || true
+      echo "# target $t: $name: CPU samples by command (perf, whole machine):" >&2
+      sed 's/^/#   /' "$WORK/$t/$name.perf-comm.txt" >&2
+    fi
     # CPU seconds of the target's processes over the job (ramp included; fio_summary.py counts the ramp's IOs at
     # the job's rate).
     cpu_s=$(python3 -c 'import sys; print((int(sys.argv[2]) - int(sys.argv[1])) / int(sys.argv[3]))' "$cpu0" "$cpu1" "$CLK_TCK")

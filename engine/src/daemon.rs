@@ -54,9 +54,12 @@ pub struct ServeConfig {
 /// Runs the engine until `cancel`.
 pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Result<()> {
     info!(?cfg, "corral-engine starting");
+    // Replica data connections and NBD sessions share one thread (crate::io_runtime); control stays here.
+    let io_runtime = crate::io_runtime::handle().context("start the data path's thread")?;
     let client = ClientConfig {
         request_timeout: cfg.replica_timeout,
         connections: cfg.replica_connections,
+        runtime: Some(io_runtime.clone()),
         ..ClientConfig::default()
     };
     let opts = StartOptions {
@@ -67,15 +70,18 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
         client: client.clone(),
     };
     let volume = Arc::new(start(&cfg.replicas, &opts).await.context("start volume")?);
-    let frontend = Arc::new(Frontend::new(
-        volume.clone(),
-        cfg.nbd.clone(),
-        NbdConfig {
-            export_name: cfg.volume.clone(),
-            description: format!("Corral volume {}", cfg.volume),
-            ..NbdConfig::default()
-        },
-    ));
+    let frontend = Arc::new(
+        Frontend::new(
+            volume.clone(),
+            cfg.nbd.clone(),
+            NbdConfig {
+                export_name: cfg.volume.clone(),
+                description: format!("Corral volume {}", cfg.volume),
+                ..NbdConfig::default()
+            },
+        )
+        .on_runtime(io_runtime),
+    );
     let listener = TcpListener::bind(cfg.listen)
         .await
         .with_context(|| format!("bind {}", cfg.listen))?;

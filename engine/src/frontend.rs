@@ -64,6 +64,8 @@ pub struct Frontend {
     held_tcp: std::sync::Mutex<HashMap<String, std::net::TcpListener>>,
     config: NbdConfig,
     running: Mutex<Option<Running>>,
+    /// Where the listeners and sessions run (`None`: the runtime that calls `start`).
+    runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Frontend {
@@ -75,7 +77,17 @@ impl Frontend {
             held_tcp: std::sync::Mutex::new(HashMap::new()),
             config,
             running: Mutex::new(None),
+            runtime: None,
         }
+    }
+
+    /// Accept clients and run their sessions on `runtime` (the engine's data path thread,
+    /// [`crate::io_runtime`]) whoever calls `start`: each listener is registered with that runtime's reactor, so
+    /// every socket it accepts is driven there too.
+    #[must_use]
+    pub fn on_runtime(mut self, runtime: tokio::runtime::Handle) -> Self {
+        self.runtime = Some(runtime);
+        self
     }
 
     /// Endpoints as strings (after a start: the addresses actually bound).
@@ -110,6 +122,10 @@ impl Frontend {
             return Ok(());
         }
         let server = Arc::new(NbdServer::new(self.volume.clone(), self.config.clone()));
+        let runtime = self
+            .runtime
+            .clone()
+            .unwrap_or_else(tokio::runtime::Handle::current);
         let cancel = CancellationToken::new();
         let mut tasks = JoinSet::new();
         let mut bound = Vec::new();
@@ -122,16 +138,26 @@ impl Frontend {
                     {
                         let _ = std::fs::remove_file(path);
                     }
-                    let listener = UnixListener::bind(path).map_err(|e| {
+                    let bind_err = |e: std::io::Error| {
                         EngineError::Internal(format!("bind NBD socket {}: {e}", path.display()))
-                    })?;
+                    };
+                    let listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_err)?;
+                    listener.set_nonblocking(true).map_err(bind_err)?;
                     let (s, c, p) = (server.clone(), cancel.clone(), path.clone());
-                    tasks.spawn(async move {
-                        if let Err(e) = s.serve_unix(listener, c).await {
-                            error!(socket = %p.display(), error = %e, "NBD frontend stopped");
-                        }
-                        let _ = std::fs::remove_file(&p);
-                    });
+                    tasks.spawn_on(
+                        async move {
+                            match UnixListener::from_std(listener) {
+                                Ok(listener) => {
+                                    if let Err(e) = s.serve_unix(listener, c).await {
+                                        error!(socket = %p.display(), error = %e, "NBD frontend stopped");
+                                    }
+                                }
+                                Err(e) => error!(socket = %p.display(), error = %e, "NBD socket not served"),
+                            }
+                            let _ = std::fs::remove_file(&p);
+                        },
+                        &runtime,
+                    );
                     bound.push(l.clone());
                 }
                 NbdListen::Tcp(addr) => {
@@ -141,11 +167,19 @@ impl Frontend {
                         .map_err(|e| EngineError::Internal(format!("NBD address {addr}: {e}")))?;
                     bound.push(NbdListen::Tcp(local.to_string()));
                     let (s, c, a) = (server.clone(), cancel.clone(), local.to_string());
-                    tasks.spawn(async move {
-                        if let Err(e) = s.serve_tcp(listener, c).await {
-                            error!(address = %a, error = %e, "NBD frontend stopped");
-                        }
-                    });
+                    tasks.spawn_on(
+                        async move {
+                            match TcpListener::from_std(listener) {
+                                Ok(listener) => {
+                                    if let Err(e) = s.serve_tcp(listener, c).await {
+                                        error!(address = %a, error = %e, "NBD frontend stopped");
+                                    }
+                                }
+                                Err(e) => error!(address = %a, error = %e, "NBD address not served"),
+                            }
+                        },
+                        &runtime,
+                    );
                 }
             }
         }
@@ -159,8 +193,9 @@ impl Frontend {
         Ok(())
     }
 
-    /// A tokio listener on the socket held for `addr`, binding it on first use.
-    async fn tcp_listener(&self, addr: &str) -> Result<TcpListener, EngineError> {
+    /// A non-blocking duplicate of the socket held for `addr`, binding it on first use (made a tokio listener on
+    /// the runtime that serves it).
+    async fn tcp_listener(&self, addr: &str) -> Result<std::net::TcpListener, EngineError> {
         let err = |e: std::io::Error| EngineError::Internal(format!("bind NBD address {addr}: {e}"));
         let held = self
             .held_tcp
@@ -188,7 +223,7 @@ impl Frontend {
             }
         };
         socket.set_nonblocking(true).map_err(err)?;
-        TcpListener::from_std(socket).map_err(err)
+        Ok(socket)
     }
 
     /// Stops serving: accepts no new client (TCP ones wait in the backlog of the held socket until the next start;

@@ -11,6 +11,7 @@ pub mod epoch;
 pub mod error;
 pub mod export;
 pub mod frontend;
+pub mod io_runtime;
 pub mod metrics;
 pub mod metrics_http;
 pub mod nbd;

@@ -45,6 +45,12 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// Interval between liveness pings on each connection (default 2 s).
     pub ping_interval: Duration,
+    /// The runtime that connects, owns the sockets and runs the connections' reader, writer and ping tasks
+    /// (default: the caller's). The engine puts every replica client and its NBD sessions on one
+    /// current-thread runtime, so a reply wakes the waiting NBD session on the same thread instead of waking a
+    /// second worker (a futex wake-up and an IPI for a microsecond of work; `bench/datapath/README.md`).
+    /// A socket is driven by the runtime it was registered with, so the whole connect runs there.
+    pub runtime: Option<tokio::runtime::Handle>,
 }
 
 impl Default for ClientConfig {
@@ -54,6 +60,7 @@ impl Default for ClientConfig {
             window: 128,
             request_timeout: Duration::from_secs(8),
             ping_interval: Duration::from_secs(2),
+            runtime: None,
         }
     }
 }
@@ -139,7 +146,18 @@ impl DataClient {
     /// Connects to `addr` (`HOST:PORT` or `unix:/path`), performs `Hello` on every connection and starts
     /// the connection and ping tasks.
     pub async fn connect(addr: &str, cfg: ClientConfig) -> Result<Self, ClientError> {
-        connection::connect(addr, cfg).await
+        match cfg.runtime.clone() {
+            Some(runtime) => {
+                let addr = addr.to_owned();
+                runtime
+                    .spawn(async move { connection::connect(&addr, cfg).await })
+                    .await
+                    .map_err(|e| {
+                        ClientError::Disconnected(format!("connect task on the client's runtime: {e}"))
+                    })?
+            }
+            None => connection::connect(addr, cfg).await,
+        }
     }
 
     /// The volume as announced by the replica at `Hello`.
