@@ -554,3 +554,73 @@ async fn a_rebuild_copies_the_source_files_locally_on_one_host_and_over_the_netw
         assert!(e.cli(&["replica", "rm", &fresh.address()]).status.success());
     }
 }
+
+/// Context switches (voluntary + involuntary) of the threads of `pid` whose name is `name` (`/proc/PID/task`).
+fn thread_switches(pid: u32, name: &str) -> (usize, u64) {
+    let mut threads = 0;
+    let mut switches = 0;
+    for task in std::fs::read_dir(format!("/proc/{pid}/task")).unwrap() {
+        let dir = task.unwrap().path();
+        let Ok(comm) = std::fs::read_to_string(dir.join("comm")) else {
+            continue;
+        };
+        if comm.trim_end() != name {
+            continue;
+        }
+        let Ok(status) = std::fs::read_to_string(dir.join("status")) else {
+            continue;
+        };
+        threads += 1;
+        switches += status
+            .lines()
+            .filter(|l| {
+                l.starts_with("voluntary_ctxt_switches:") || l.starts_with("nonvoluntary_ctxt_switches:")
+            })
+            .filter_map(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+            .sum::<u64>();
+    }
+    (threads, switches)
+}
+
+/// The data path runs on the engine's `engine-io` thread (engine/src/io_runtime.rs), not on the control runtime's
+/// workers: qd1 writes, each waiting for the replica, put the IO thread to sleep and wake it once per IO at least,
+/// while the workers (gRPC, metrics, the connection watcher) stay nearly idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nbd_io_runs_on_the_engine_io_thread_not_on_the_control_runtime() {
+    const WRITES: u64 = 256;
+    let t = tempfile::tempdir().unwrap();
+    let rs = replicas(t.path(), 1, &[]);
+    let e = Engine::start(t.path(), "vol", SIZE, &addrs(&rs), &[]);
+    let pid = e.daemon.pid();
+    // One IO first: every connection is up before counting.
+    let (ok, out) = qemu_io(&e.unix_uri(), &["write -P 0x01 0 4k"]);
+    assert!(ok, "{out}");
+    let (io_threads, io_before) = thread_switches(pid, "engine-io");
+    assert_eq!(io_threads, 1, "the engine has one engine-io thread");
+    let (_, workers_before) = thread_switches(pid, "tokio-rt-worker");
+
+    let cmds: Vec<String> = (0..WRITES)
+        .map(|i| format!("write -P 0x5a {} 4k", i * 8192))
+        .collect();
+    let cmds: Vec<&str> = cmds.iter().map(String::as_str).collect();
+    let (ok, out) = qemu_io(&e.unix_uri(), &cmds);
+    assert!(ok, "{out}");
+    let (_, io_after) = thread_switches(pid, "engine-io");
+    let (_, workers_after) = thread_switches(pid, "tokio-rt-worker");
+    let io = io_after - io_before;
+    let workers = workers_after - workers_before;
+    eprintln!("context switches over {WRITES} qd1 writes: engine-io {io}, control workers {workers}");
+    assert!(
+        io >= WRITES / 2,
+        "engine-io switched {io} times for {WRITES} qd1 writes: the IO is not on it"
+    );
+    assert!(
+        workers * 4 < io,
+        "the control runtime's workers switched {workers} times against engine-io's {io}: IO runs on them"
+    );
+    let (ok, out) = qemu_io(
+        &e.unix_uri(),
+        &["read -P 0x5a 8192 4k", "read -P 0x5a 2088960 4k"],
+    );
+    assert!(ok, "{out}");
+}
