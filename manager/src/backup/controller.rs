@@ -225,11 +225,34 @@ async fn start_job(ctx: &Ctx, t: &OpenTarget, b: &mut Backup) -> Result<Requeue,
         "auto"
     };
     // The backup's own delta-max (a recurring job's), else the volume's, else the setting.
-    let volume_delta_max = ctx
-        .db
-        .get::<crate::model::Volume>(&b.source_volume)
-        .await?
-        .and_then(|v| v.data.spec.backup_delta_max);
+    let source = ctx.db.get::<crate::model::Volume>(&b.source_volume).await?;
+    let volume_delta_max = source.as_ref().and_then(|v| v.data.spec.backup_delta_max);
+    // A v1 replica records the backing image it was started with (`--backing-image-name/-checksum`); a v2
+    // replica is hosted by its disk daemon, which knows only the copy's lvol: the manager names the image.
+    let (backing_image_name, backing_image_checksum) = match source.as_ref().map(|v| &v.data.spec) {
+        Some(spec) if spec.data_engine == crate::model::DataEngine::V2 => match &spec.backing_image {
+            Some(image) => {
+                let bi = ctx
+                    .db
+                    .get::<crate::backing_image::model::BackingImage>(image)
+                    .await?;
+                match bi
+                    .map(|o| o.data.status.current_checksum)
+                    .filter(|c| !c.is_empty())
+                {
+                    Some(sum) => (image.clone(), sum),
+                    None => {
+                        return Err(Stop::Retry(anyhow::anyhow!(
+                            "backing image {image} of volume {} has no checksum yet",
+                            b.source_volume
+                        )));
+                    }
+                }
+            }
+            None => (String::new(), String::new()),
+        },
+        _ => (String::new(), String::new()),
+    };
     let delta_max = match b.delta_max.or(volume_delta_max) {
         Some(n) => n,
         None => u32::try_from(ctx.setting_u64(DELTA_MAX_SETTING).await).unwrap_or(u32::MAX),
@@ -265,9 +288,8 @@ async fn start_job(ctx: &Ctx, t: &OpenTarget, b: &mut Backup) -> Result<Requeue,
         incremental_disabled: !incremental,
         // The manager checks backup-max-count itself, before it creates the Backup.
         max_count: 0,
-        // The replica records the image name and SHA-512 the manager started it with.
-        backing_image_name: String::new(),
-        backing_image_checksum: String::new(),
+        backing_image_name,
+        backing_image_checksum,
     };
     match c.backup_create(req).await {
         Ok(_) => {}
