@@ -237,6 +237,28 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
     })
 }
 
+/// Runs image `name`'s source again (every copy failed or is gone; not for an upload, which only the user can
+/// repeat): its data source moves to a fresh disk when one can be chosen (the old one may be gone), with fresh
+/// parameters (a clone's source copy may be elsewhere now), and its generation is bumped, so its node starts a
+/// new daemon with a fresh count of attempts.
+pub async fn run_source_again(ctx: &Ctx, bi: &BackingImage, name: &str) -> anyhow::Result<()> {
+    let fresh = data_source_for(ctx, bi).await.ok();
+    ctx.db
+        .modify::<BackingImageDataSource>(name, |d| {
+            if let Some(f) = &fresh {
+                d.spec.node_id.clone_from(&f.spec.node_id);
+                d.spec.disk_uuid.clone_from(&f.spec.disk_uuid);
+                d.spec.disk_path.clone_from(&f.spec.disk_path);
+                d.spec.parameters.clone_from(&f.spec.parameters);
+            }
+            d.spec.started = false;
+            d.spec.generation += 1;
+            true
+        })
+        .await?;
+    Ok(())
+}
+
 /// A SHA-512 in hex (what a verified copy's checksum is).
 fn is_sha512(c: &str) -> bool {
     c.len() == 128 && c.bytes().all(|b| b.is_ascii_hexdigit())

@@ -173,6 +173,9 @@ impl BackingImageView {
             "deleting".to_owned()
         } else if files.iter().any(|f| f.state == state::READY) {
             state::READY.to_owned()
+        } else if b.spec.data_engine == DataEngine::V2 && b.status.v2_first_copy_status == state::FAILED {
+            // Also when no entry says so: an uploaded image whose every copy was lost has none left.
+            state::FAILED.to_owned()
         } else if !files.is_empty() && files.iter().all(|f| f.state == state::FAILED) {
             state::FAILED.to_owned()
         } else {

@@ -18,6 +18,11 @@
 //! `diskLastRefAtMap` (this controller's for a v2 image) and leave the spec after
 //! `backing-image-cleanup-wait-interval`; then [`sync_copies`] deletes what is no longer wanted and syncs one new
 //! copy at a time, a failing sync backing off per image and disk.
+//!
+//! Once every copy is lost (`failed` or gone, none ready, being made or unreachable), nothing is left to sync from
+//! and the v1 file went when the first copy was ready: the image's source runs again (as for a v1 image whose every
+//! file failed) and the first copy goes back to `pending`, to be made from the new file; an upload, which only the
+//! user can repeat, reads `failed`.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -29,8 +34,10 @@ use tokio_util::sync::CancellationToken;
 use super::cleanup::{DiskUse, FileClass, disks_to_add, expired, last_ref_marks};
 use super::datasource_controller::job_retry_backoff;
 use super::disks::{DiskRef, disks, selected};
-use super::image_controller::{CLEANUP_SETTING, replica_disks};
-use super::model::{BackingImage, BackingImageManager, DiskFileSpec, DiskFileStatus, state};
+use super::image_controller::{CLEANUP_SETTING, replica_disks, run_source_again};
+use super::model::{
+    BackingImage, BackingImageDataSource, BackingImageManager, DiskFileSpec, DiskFileStatus, state,
+};
 use super::v2_copy::{Fetched, copy_status};
 use crate::context::Ctx;
 use crate::controller::{Requeue, WorkQueue, feed, now, run_worker};
@@ -41,6 +48,10 @@ use crate::v2::model::{LvstoreDaemon, daemon_name};
 /// Backoff of the first copy's retries: doubles from the first to the last.
 const RETRY_FIRST: Duration = Duration::from_secs(2);
 const RETRY_MAX: Duration = Duration::from_secs(60);
+
+/// The message of an uploaded v2 image whose every copy failed or is gone once its file was removed.
+const UPLOAD_LOST: &str = "every v2 copy failed or is gone, and an uploaded image cannot be prepared from its source \
+                           again: delete the image and upload it again";
 
 /// The disk key of the first copy's retries.
 const FIRST: &str = "";
@@ -360,6 +371,43 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
     let mut first_disk = bi.status.v2_first_copy_disk.clone();
     let mut message = String::new();
     let mut requeue = Duration::from_secs(2);
+    let source = ctx.db.get::<BackingImageDataSource>(&name).await?.map(|o| o.data);
+    // Its source runs again (every copy was lost): the first copy waits for the file it prepares.
+    let mut source_again = source
+        .as_ref()
+        .is_some_and(|d| !d.spec.started && d.spec.generation > 0);
+    if first == state::READY && copies.values().all(|c| c.state == state::FAILED) {
+        // Every v2 copy failed or is gone (no copy ready, being made, or on a daemon that does not answer), and
+        // the v1 file went when the first copy was ready: nothing is left to sync from. The image is prepared
+        // from its source again, as a v1 image whose every file failed is, and the first copy made again.
+        if bi.spec.source_type.refetchable() {
+            tracing::warn!(
+                image = name,
+                source = bi.spec.source_type.as_str(),
+                "every v2 copy failed or is gone: preparing the image from its source again"
+            );
+            run_source_again(&ctx, bi, &name).await?;
+            retries.clear_image(&name);
+            source_again = true;
+            first = state::PENDING.to_owned();
+            first_disk.clear();
+            requeue = Duration::from_secs(1);
+        } else {
+            tracing::warn!(
+                image = name,
+                "every v2 copy failed or is gone and the image was uploaded: it cannot be prepared again"
+            );
+            first = state::FAILED.to_owned();
+        }
+    }
+    // An uploaded image with no copy and no file left: only the user can upload it again.
+    let upload_lost = first == state::FAILED
+        && !bi.spec.source_type.refetchable()
+        && source.as_ref().is_some_and(|d| d.spec.started)
+        && !copies.values().any(|c| c.state == state::READY)
+        && ready_file(&ctx, &name, &uuid, &disks(&ctx).await?)
+            .await?
+            .is_none();
     match first.as_str() {
         "" => first = state::PENDING.to_owned(),
         state::PENDING => {
@@ -449,6 +497,12 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
                         }
                     }
                 }
+            } else if source_again {
+                message = format!(
+                    "every v2 copy failed or is gone: preparing the image from its source ({}) again; the first \
+                     v2 copy is made from the file it prepares",
+                    bi.spec.source_type.as_str()
+                );
             } else {
                 message =
                     "waiting for the image's file to be ready (the first v2 copy is made from it)".to_owned();
@@ -492,6 +546,10 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
             // reads as failed).
             Some(_) => requeue = Duration::from_secs(1),
         },
+        state::FAILED if upload_lost => {
+            message = UPLOAD_LOST.to_owned();
+            requeue = Duration::from_secs(10);
+        }
         state::FAILED | state::UNKNOWN => {
             let wait = retries.wait(&name, FIRST);
             if wait.is_zero() {

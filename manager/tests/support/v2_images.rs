@@ -103,23 +103,39 @@ pub fn daemon_copies(address: &str) -> Vec<corral_proto::v1::BackingImageV2CopyI
 /// daemon's `LvstoreService` address.
 pub fn node_with_a_v2_disk(dir: &Path, node_id: &str, slot: u16, lvstore_size: u64) -> (Manager, String) {
     let m = Manager::start(&dir.join(node_id), node_id, "embedded", port_range(slot));
-    let v2 = dir.join(format!("{node_id}-v2a"));
+    let address = add_v2_disk(&m, "v2a", &dir.join(format!("{node_id}-v2a")), lvstore_size);
+    (m, address)
+}
+
+/// Adds the v2 disk `disk` at `path` with a store of `lvstore_size` bytes to `m`'s own node (through `m`: the
+/// store is checked and made on its host); returns its daemon's `LvstoreService` address once it runs.
+pub fn add_v2_disk(m: &Manager, disk: &str, path: &Path, lvstore_size: u64) -> String {
     let (code, n) = rest(
         "POST",
-        &format!("{}/v1/nodes/{node_id}/disks", m.url),
+        &format!("{}/v1/nodes/{}/disks", m.url, m.node_id),
         Some(
-            &json!({"name": "v2a", "path": v2.display().to_string(), "diskEngine": "v2",
+            &json!({"name": disk, "path": path.display().to_string(), "diskEngine": "v2",
             "lvstoreSize": lvstore_size}),
         ),
     );
     assert_eq!(code, 200, "{n}");
-    let address = wait_for("the lvstore daemon running", Duration::from_secs(60), || {
-        lvstore_daemons(&m)
-            .first()
-            .filter(|d| d["state"] == "running")
-            .and_then(|d| d["address"].as_str().map(str::to_owned))
-    });
-    (m, address)
+    wait_for(
+        &format!("the lvstore daemon of {} disk {disk} running", m.node_id),
+        Duration::from_secs(60),
+        || {
+            lvstore_daemon(m, &m.node_id, disk)
+                .filter(|d| d["state"] == "running")
+                .and_then(|d| d["address"].as_str().map(str::to_owned))
+        },
+    )
+}
+
+/// The daemon of v2 disk `disk` of node `node_id` as `GET /v1/lvstores` shows it (None until the manager made
+/// its document).
+pub fn lvstore_daemon(m: &Manager, node_id: &str, disk: &str) -> Option<Value> {
+    lvstore_daemons(m)
+        .into_iter()
+        .find(|d| d["nodeId"] == node_id && d["disk"] == disk)
 }
 
 /// `POST /v1/volumes` of a one-replica volume of `size` bytes on `image` (None: no backing image).
