@@ -17,6 +17,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::v2_images::*;
 use support::*;
 use testkit::{nbd_sha256, wait_for};
 
@@ -69,27 +70,6 @@ fn fixture(dir: &Path) -> (PathBuf, PathBuf) {
     (raw, qcow)
 }
 
-fn image(m: &Manager, name: &str) -> Value {
-    let (code, v) = rest("GET", &format!("{}/v1/backingimages/{name}", m.url), None);
-    assert_eq!(code, 200, "{v}");
-    v
-}
-
-fn create_image(m: &Manager, body: &Value) -> (u16, Value) {
-    rest("POST", &format!("{}/v1/backingimages", m.url), Some(body))
-}
-
-/// The entries of an image view's `disks` of one engine.
-fn disks_of(v: &Value, engine: &str) -> Vec<Value> {
-    v["disks"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|d| d["dataEngine"] == engine)
-        .cloned()
-        .collect()
-}
-
 /// Waits until the image's first v2 copy is ready; records every first-copy state seen on the way.
 fn wait_first_copy(m: &Manager, name: &str, seen: &mut Vec<String>) -> Value {
     wait_for(
@@ -107,72 +87,6 @@ fn wait_first_copy(m: &Manager, name: &str, seen: &mut Vec<String>) -> Value {
     )
 }
 
-/// The `corral-bim` files of image `name` under a disk directory.
-fn v1_files(disk: &Path, name: &str) -> Vec<PathBuf> {
-    std::fs::read_dir(disk.join("backing-images"))
-        .map(|rd| {
-            rd.flatten()
-                .filter(|e| e.file_name().to_string_lossy().starts_with(&format!("{name}-")))
-                .map(|e| e.path())
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
-/// The one v2 disk's daemon as `GET /v1/lvstores` shows it.
-fn lvstore_daemon(m: &Manager) -> Value {
-    let (code, v) = rest("GET", &format!("{}/v1/lvstores", m.url), None);
-    assert_eq!(code, 200, "{v}");
-    // Null until the manager made the disk's daemon document.
-    v.as_array().unwrap().first().cloned().unwrap_or(Value::Null)
-}
-
-/// The copies the disk daemon at `address` holds, asked over its gRPC `LvstoreService`.
-fn daemon_copies(address: &str) -> Vec<corral_proto::v1::BackingImageV2CopyInfo> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
-        let mut c = manager::v2::replica::client(address).await.unwrap();
-        c.backing_image_list(corral_proto::v1::LvstoreEmpty {})
-            .await
-            .unwrap()
-            .into_inner()
-            .backing_images
-    })
-}
-
-/// A manager with its default (v1) disk and a v2 disk `v2a` of 256 MiB; returns the v2 disk's directory.
-fn node_with_a_v2_disk(dir: &Path) -> (Manager, PathBuf) {
-    let m = Manager::start(&dir.join("n1"), "node-1", "embedded", port_range(0));
-    let v2 = dir.join("v2a");
-    let (code, n) = rest(
-        "POST",
-        &format!("{}/v1/nodes/node-1/disks", m.url),
-        Some(
-            &json!({"name": "v2a", "path": v2.display().to_string(), "diskEngine": "v2",
-            "lvstoreSize": 256 << 20}),
-        ),
-    );
-    assert_eq!(code, 200, "{n}");
-    wait_for("the lvstore daemon running", Duration::from_secs(60), || {
-        (lvstore_daemon(&m)["state"] == "running").then_some(())
-    });
-    (m, v2)
-}
-
-fn create_volume(m: &Manager, name: &str, image: &str, engine: &str) -> (u16, Value) {
-    rest(
-        "POST",
-        &format!("{}/v1/volumes", m.url),
-        Some(
-            &json!({"name": name, "size": VOLUME_SIZE, "numberOfReplicas": 1, "backingImage": image,
-            "dataEngine": engine}),
-        ),
-    )
-}
-
 #[test]
 fn v1_and_v2_images_of_one_raw_and_its_qcow2_give_volumes_reading_the_same_and_copies_survive_a_daemon_restart()
  {
@@ -182,7 +96,8 @@ fn v1_and_v2_images_of_one_raw_and_its_qcow2_give_volumes_reading_the_same_and_c
     let (raw, qcow) = fixture(&files);
     let (raw_sum, qcow_sum) = (sha512(&raw), sha512(&qcow));
     let http = HttpServer::start(&files);
-    let (m, v2_disk) = node_with_a_v2_disk(dir.path());
+    let (m, address) = node_with_a_v2_disk(dir.path(), "node-1", 0, 256 << 20);
+    let v2_disk = dir.path().join("node-1-v2a");
     let default_disk = m.data_dir.join("disks/default");
 
     for (name, file, sum, engine) in [
@@ -200,7 +115,6 @@ fn v1_and_v2_images_of_one_raw_and_its_qcow2_give_volumes_reading_the_same_and_c
     }
 
     // The v2 images: the first copy goes through its states and ends as a snapshot lvol holding the raw data.
-    let address = lvstore_daemon(&m)["address"].as_str().unwrap().to_owned();
     for name in ["img-v2-raw", "img-v2-qcow2"] {
         let mut seen = Vec::new();
         let v = wait_first_copy(&m, name, &mut seen);
@@ -251,7 +165,7 @@ fn v1_and_v2_images_of_one_raw_and_its_qcow2_give_volumes_reading_the_same_and_c
         ("vol-v2", "img-v2-raw", "v2"),
         ("vol-qcow", "img-v2-qcow2", "v2"),
     ] {
-        let (code, v) = create_volume(&m, vol, img, engine);
+        let (code, v) = create_volume(&m, vol, VOLUME_SIZE, Some(img), engine);
         assert_eq!(code, 201, "{v}");
     }
     let mut sums = Vec::new();
@@ -270,11 +184,11 @@ fn v1_and_v2_images_of_one_raw_and_its_qcow2_give_volumes_reading_the_same_and_c
     for vol in ["vol-v2", "vol-qcow"] {
         ok(&m.url, &["volume", "detach", vol]);
     }
-    let d = lvstore_daemon(&m);
+    let d = lvstore_daemon(&m, "node-1", "v2a").unwrap_or_default();
     let pid = d["pid"].as_i64().unwrap();
     sigkill(pid);
     let d = wait_for("the lvstore daemon restarted", Duration::from_secs(60), || {
-        let d = lvstore_daemon(&m);
+        let d = lvstore_daemon(&m, "node-1", "v2a").unwrap_or_default();
         (d["state"] == "running" && d["pid"].as_i64() != Some(pid)).then_some(d)
     });
     let address = d["address"].as_str().unwrap().to_owned();
@@ -331,8 +245,7 @@ fn bad_v2_backing_image_input_is_refused_or_fails_with_a_message_and_leaves_no_l
     assert_eq!(code, 400, "{v}");
     drop(m);
 
-    let (m, _) = node_with_a_v2_disk(dir.path());
-    let address = lvstore_daemon(&m)["address"].as_str().unwrap().to_owned();
+    let (m, address) = node_with_a_v2_disk(dir.path(), "node-1", 0, 256 << 20);
 
     // A checksum that does not match: the image fails with the reason; no lvol is made in the store.
     let wrong = "ab".repeat(64);
@@ -362,7 +275,7 @@ fn bad_v2_backing_image_input_is_refused_or_fails_with_a_message_and_leaves_no_l
     assert_eq!(code, 201, "{v}");
     let mut seen = Vec::new();
     wait_first_copy(&m, "good", &mut seen);
-    let (code, v) = create_volume(&m, "wrong-engine", "good", "v1");
+    let (code, v) = create_volume(&m, "wrong-engine", VOLUME_SIZE, Some("good"), "v1");
     assert_eq!(code, 409, "{v}");
     assert!(v["message"].as_str().unwrap().contains("v2 backing image"), "{v}");
     assert_eq!(
@@ -378,12 +291,12 @@ fn bad_v2_backing_image_input_is_refused_or_fails_with_a_message_and_leaves_no_l
     wait_for("v1img ready", Duration::from_secs(90), || {
         (image(&m, "v1img")["state"] == "ready").then_some(())
     });
-    let (code, v) = create_volume(&m, "wrong-engine", "v1img", "v2");
+    let (code, v) = create_volume(&m, "wrong-engine", VOLUME_SIZE, Some("v1img"), "v2");
     assert_eq!(code, 409, "{v}");
     assert!(v["message"].as_str().unwrap().contains("v1 backing image"), "{v}");
 
     // An image a v2 volume uses is not deleted; once the volume is gone, it is, with its lvol.
-    let (code, v) = create_volume(&m, "user", "good", "v2");
+    let (code, v) = create_volume(&m, "user", VOLUME_SIZE, Some("good"), "v2");
     assert_eq!(code, 201, "{v}");
     let uri = attach(&m.url, "user");
     qemu_img_compare(raw.to_str().unwrap(), &uri);
@@ -424,13 +337,10 @@ fn find_disk_uuid(node: &Value, name: &str) -> Option<String> {
 }
 
 /// The lvstore daemons as `GET /v1/lvstores` shows them, by disk name.
-fn lvstore_daemons(m: &Manager) -> std::collections::BTreeMap<String, Value> {
-    let (code, v) = rest("GET", &format!("{}/v1/lvstores", m.url), None);
-    assert_eq!(code, 200, "{v}");
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|d| (d["disk"].as_str().unwrap_or_default().to_owned(), d.clone()))
+fn daemons_by_disk(m: &Manager) -> std::collections::BTreeMap<String, Value> {
+    lvstore_daemons(m)
+        .into_iter()
+        .map(|d| (d["disk"].as_str().unwrap_or_default().to_owned(), d))
         .collect()
 }
 
@@ -450,12 +360,12 @@ fn v2_states(v: &Value) -> std::collections::BTreeMap<String, String> {
 /// A manager with three v2 disks (`v2a`, `v2b`, `v2c`, 256 MiB stores) and their daemons running; returns the
 /// disks' UUIDs by name.
 fn node_with_three_v2_disks(dir: &Path) -> (Manager, std::collections::BTreeMap<String, String>) {
-    let (m, _) = node_with_a_v2_disk(dir);
+    let (m, _) = node_with_a_v2_disk(dir, "node-1", 0, 256 << 20);
     for name in ["v2b", "v2c"] {
-        add_v2_disk(&m, dir, name, 256 << 20);
+        add_v2_disk(&m, name, &dir.join(format!("node-1-{name}")), 256 << 20);
     }
     wait_for("three lvstore daemons running", Duration::from_secs(60), || {
-        let d = lvstore_daemons(&m);
+        let d = daemons_by_disk(&m);
         (d.len() == 3 && d.values().all(|d| d["state"] == "running")).then_some(())
     });
     let uuids = ["v2a", "v2b", "v2c"]
@@ -463,19 +373,6 @@ fn node_with_three_v2_disks(dir: &Path) -> (Manager, std::collections::BTreeMap<
         .map(|n| (n.to_owned(), disk_uuid(&m, n)))
         .collect();
     (m, uuids)
-}
-
-/// Adds the v2 disk `name` at `dir/name` with a store of `size` bytes.
-fn add_v2_disk(m: &Manager, dir: &Path, name: &str, size: u64) {
-    let (code, n) = rest(
-        "POST",
-        &format!("{}/v1/nodes/node-1/disks", m.url),
-        Some(
-            &json!({"name": name, "path": dir.join(name).display().to_string(), "diskEngine": "v2",
-            "lvstoreSize": size}),
-        ),
-    );
-    assert_eq!(code, 200, "{n}");
 }
 
 /// The `diskUUID` of disk `name` of node-1.
@@ -517,7 +414,7 @@ fn create_v2_volume(m: &Manager, name: &str, image: &str, replicas: u32) {
 fn read_each_replica_alone(m: &Manager, dir: &Path, vol: &str) -> std::collections::BTreeMap<String, String> {
     use corral_proto::v1::{LvstoreReplicaAddRequest, LvstoreReplicaRemoveRequest};
     let v = volume(m, vol);
-    let daemons = lvstore_daemons(m);
+    let daemons = daemons_by_disk(m);
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -618,7 +515,7 @@ fn v2_copies_synced_to_more_disks_come_back_ready_from_their_xattrs_after_a_wipe
         (st.len() == 3 && st.values().all(|s| s == "ready")).then_some(())
     });
     assert!(max_in_flight <= 1, "copies of one image are synced one at a time");
-    for d in lvstore_daemons(&m).values() {
+    for d in daemons_by_disk(&m).values() {
         let held = daemon_copies(d["address"].as_str().unwrap());
         assert!(
             held.len() == 1 && held[0].state == "ready" && held[0].current_checksum == raw_sum,
@@ -638,7 +535,7 @@ fn v2_copies_synced_to_more_disks_come_back_ready_from_their_xattrs_after_a_wipe
         let st = v2_states(&image(&m, "img"));
         (st.len() == 2 && !st.contains_key(&gone)).then_some(())
     });
-    let held: usize = lvstore_daemons(&m)
+    let held: usize = daemons_by_disk(&m)
         .values()
         .map(|d| daemon_copies(d["address"].as_str().unwrap()).len())
         .sum();
@@ -647,7 +544,7 @@ fn v2_copies_synced_to_more_disks_come_back_ready_from_their_xattrs_after_a_wipe
     // The manager stopped and every disk daemon SIGKILLed; then everything in each disk's directory but the store
     // file is wiped (the daemon's side files: a sync's staging file, a rebuild's scratch, whatever else is there),
     // and the manager started again: it starts every daemon, which finds the copies in the lvols' xattrs alone.
-    let before = lvstore_daemons(&m);
+    let before = daemons_by_disk(&m);
     m.kill();
     for d in before.values() {
         let pid = d["pid"].as_i64().unwrap();
@@ -658,7 +555,10 @@ fn v2_copies_synced_to_more_disks_come_back_ready_from_their_xattrs_after_a_wipe
     }
     let mut wiped = Vec::new();
     for name in ["v2a", "v2b", "v2c"] {
-        for e in std::fs::read_dir(dir.path().join(name)).unwrap().flatten() {
+        for e in std::fs::read_dir(dir.path().join(format!("node-1-{name}")))
+            .unwrap()
+            .flatten()
+        {
             if e.file_name() == "lvstore.img" {
                 continue;
             }
@@ -669,7 +569,7 @@ fn v2_copies_synced_to_more_disks_come_back_ready_from_their_xattrs_after_a_wipe
                 std::fs::remove_file(e.path()).unwrap();
             }
         }
-        let left: Vec<_> = std::fs::read_dir(dir.path().join(name))
+        let left: Vec<_> = std::fs::read_dir(dir.path().join(format!("node-1-{name}")))
             .unwrap()
             .flatten()
             .map(|e| e.file_name())
@@ -679,7 +579,7 @@ fn v2_copies_synced_to_more_disks_come_back_ready_from_their_xattrs_after_a_wipe
     eprintln!("wiped beside the stores: {wiped:?}");
     m.restart();
     let after = wait_for("every lvstore daemon restarted", Duration::from_secs(60), || {
-        let d = lvstore_daemons(&m);
+        let d = daemons_by_disk(&m);
         (d.len() == 3
             && d.iter()
                 .all(|(k, d)| d["state"] == "running" && d["pid"].as_i64() != before[k]["pid"].as_i64()))
@@ -742,7 +642,7 @@ fn v2_copies_reach_min_number_of_copies_and_unused_ones_go_after_the_wait_never_
     let raw_sum = sha512(&raw);
     let http = HttpServer::start(&files);
     let (m, uuids) = node_with_three_v2_disks(dir.path());
-    let daemons = lvstore_daemons(&m);
+    let daemons = daemons_by_disk(&m);
     let address_of = |uuid: &str| {
         let (disk, _) = uuids.iter().find(|(_, u)| *u == uuid).unwrap();
         daemons[disk]["address"].as_str().unwrap().to_owned()
@@ -837,7 +737,7 @@ fn a_v2_sync_that_keeps_failing_backs_off_per_disk_with_the_reason_in_the_copy_s
         .stdout(std::fs::File::create(&big).unwrap()));
     let sum = sha512(&big);
     let http = HttpServer::start(&files);
-    let (m, _) = node_with_a_v2_disk(dir.path());
+    let (m, _) = node_with_a_v2_disk(dir.path(), "node-1", 0, 256 << 20);
     let (code, v) = create_image(
         &m,
         &json!({"name": "big", "sourceType": "download", "parameters": {"url": http.url("big.raw")},
@@ -848,13 +748,7 @@ fn a_v2_sync_that_keeps_failing_backs_off_per_disk_with_the_reason_in_the_copy_s
 
     // A disk too small for the image: its sync fails, the failed copy is deleted, and the disk's entry says why
     // and when the next attempt comes.
-    add_v2_disk(&m, dir.path(), "tiny", 64 << 20);
-    let tiny_address = wait_for("tiny's daemon running", Duration::from_secs(60), || {
-        let d = lvstore_daemons(&m);
-        d.get("tiny")
-            .filter(|d| d["state"] == "running")
-            .and_then(|d| d["address"].as_str().map(str::to_owned))
-    });
+    let tiny_address = add_v2_disk(&m, "tiny", &dir.path().join("node-1-tiny"), 64 << 20);
     let tiny = disk_uuid(&m, "tiny");
     let (code, body) = rest(
         "POST",

@@ -11,20 +11,11 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::v2_images::{lvstore_daemon, lvstore_daemons};
 use support::*;
 use testkit::{nbd_sha256, qemu_io, wait_for};
 
 const SIZE: u64 = 64 << 20;
-
-fn lvstores(m: &Manager) -> Vec<Value> {
-    let (code, v) = rest("GET", &format!("{}/v1/lvstores", m.url), None);
-    assert_eq!(code, 200, "{v}");
-    v.as_array().unwrap().clone()
-}
-
-fn lvstore(m: &Manager, disk: &str) -> Option<Value> {
-    lvstores(m).into_iter().find(|d| d["disk"] == disk)
-}
 
 fn wait_attached(m: &Manager, name: &str, rw: usize) -> Value {
     wait_for(
@@ -175,7 +166,7 @@ fn v2_volumes_live_on_v2_disks_survive_a_killed_lvstore_daemon_and_read_back_lik
     );
     assert_eq!(code, 200, "{n}");
     let daemons = wait_for("both lvstore daemons running", Duration::from_secs(60), || {
-        let ds = lvstores(&m);
+        let ds = lvstore_daemons(&m);
         (ds.len() == 2 && ds.iter().all(|d| d["state"] == "running")).then_some(ds)
     });
     assert_eq!(
@@ -265,7 +256,7 @@ fn v2_volumes_live_on_v2_disks_survive_a_killed_lvstore_daemon_and_read_back_lik
 
     // SIGKILL the daemon of disk v2a under the attached volume: IO goes on with the other replica, the manager
     // restarts the daemon (it serves the store again) and the data is intact.
-    let victim = lvstore(&m, "v2a").unwrap();
+    let victim = lvstore_daemon(&m, "node-1", "v2a").unwrap();
     let pid = victim["pid"].as_i64().unwrap();
     sigkill(pid);
     let (okk, out) = qemu_io(&uri2, &["write -P 0xef 40M 1M", "flush"]);
@@ -273,7 +264,10 @@ fn v2_volumes_live_on_v2_disks_survive_a_killed_lvstore_daemon_and_read_back_lik
     let back = wait_for(
         "the killed lvstore daemon restarted",
         Duration::from_secs(60),
-        || lvstore(&m, "v2a").filter(|d| d["state"] == "running" && d["pid"].as_i64() != Some(pid)),
+        || {
+            lvstore_daemon(&m, "node-1", "v2a")
+                .filter(|d| d["state"] == "running" && d["pid"].as_i64() != Some(pid))
+        },
     );
     assert!(back["restarts"].as_u64().unwrap() >= 1, "{back}");
     assert!(!pid_alive(pid));
@@ -344,7 +338,7 @@ fn v2_volumes_live_on_v2_disks_survive_a_killed_lvstore_daemon_and_read_back_lik
         "the v2 replicas removed from both daemons",
         Duration::from_secs(30),
         || {
-            lvstores(&m)
+            lvstore_daemons(&m)
                 .iter()
                 .all(|d| d["state"] == "running" && hosted(d["address"].as_str().unwrap()).is_empty())
                 .then_some(())
@@ -378,7 +372,7 @@ fn a_v2_volume_backs_up_incrementally_and_restores_into_a_v1_and_a_v2_volume() {
         ],
     );
     wait_for("the lvstore daemon running", Duration::from_secs(60), || {
-        lvstore(&m, "v2a").filter(|d| d["state"] == "running")
+        lvstore_daemon(&m, "node-1", "v2a").filter(|d| d["state"] == "running")
     });
     let target = dir.path().join("target");
     std::fs::create_dir(&target).unwrap();
@@ -484,7 +478,7 @@ fn v2_volumes_clone_into_v1_and_v2_volumes_and_a_v1_volume_into_a_v2_one() {
         ],
     );
     wait_for("the lvstore daemon running", Duration::from_secs(60), || {
-        lvstore(&m, "v2a").filter(|d| d["state"] == "running")
+        lvstore_daemon(&m, "node-1", "v2a").filter(|d| d["state"] == "running")
     });
     ok(
         &url,
