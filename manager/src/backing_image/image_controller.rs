@@ -498,20 +498,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             image = name,
             "every copy of the backing image failed: preparing it from its source again"
         );
-        let fresh = data_source_for(&ctx, bi).await.ok();
-        ctx.db
-            .modify::<BackingImageDataSource>(&name, |d| {
-                if let Some(f) = &fresh {
-                    d.spec.node_id.clone_from(&f.spec.node_id);
-                    d.spec.disk_uuid.clone_from(&f.spec.disk_uuid);
-                    d.spec.disk_path.clone_from(&f.spec.disk_path);
-                    d.spec.parameters.clone_from(&f.spec.parameters);
-                }
-                d.spec.started = false;
-                d.spec.generation += 1;
-                true
-            })
-            .await?;
+        run_source_again(&ctx, bi, &name).await?;
         return Ok(Some(Duration::from_secs(1)));
     }
 
