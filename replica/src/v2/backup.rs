@@ -269,7 +269,8 @@ impl BackupHost for V2Backup {
         let source = LvolBackupSource::open(r, snapshot)?;
         Ok(OpenedSource {
             source: Arc::new(source),
-            // v2 volumes take no backing image.
+            // A v2 replica does not know its backing image by name and SHA-512: the manager names it in
+            // `BackupCreate` (`manager/src/backup`), so the replica reports none of its own.
             backing_image: Box::new(|| Ok(None)),
             guard: Box::new(hold),
         })
