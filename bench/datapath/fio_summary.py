@@ -44,12 +44,14 @@ TARGET_LABELS = {
     "v2bsd": "v2 1r O_DIRECT snap",
     "v2b0": "v2 engine 1r, before",
     "v2bs0": "v2 1r after snap, before",
+    "v2bw": "v2 1r, store written",
+    "v2bsw": "v2 1r snap, store written",
 }
 
 # Issue 20: each v2 target against the v1 target of the same shape, measured in the same run (both on their unix
 # sockets, as the manager runs them; v2bt / bt both on TCP).
 V2_PEERS = [("v2b", "b"), ("v2bt", "bt"), ("v2c", "c"), ("v2bs", "bs"), ("v2bd", "b"), ("v2bsd", "bs"),
-            ("v2b0", "b"), ("v2bs0", "bs")]
+            ("v2b0", "b"), ("v2bs0", "bs"), ("v2bw", "b"), ("v2bsw", "bs")]
 
 
 def row(job, target, path, cpu_s=None, seconds=None, ctx=None):

@@ -8,6 +8,7 @@
 # Targets: (a) nbdkit file, (a') qemu-nbd raw, (b) engine + 1 replica, (c) engine + 3 replicas on loopback,
 # v2b / v2c: (b) and (c) over v2 replicas (`serve-lvstore`; v2bt: v2b on TCP only), v2bs / bs: 1 replica (v2 / v1) right after a snapshot
 # of the fully written volume (the copy-on-write path), v2bd / v2bsd: v2b / v2bs with the lvstore's data IO O_DIRECT,
+# v2bw / v2bsw: v2b / v2bs over a store file written out once with zeroes (no unwritten extents, as a raw device),
 # (b) and (c) with --disable-revision-counter on the engine and on every replica, (d) as (c) with the counter on.
 # Replicas serve the data protocol on a unix socket too (--data-unix, as the manager starts them), which the engine
 # on their node uses; bt and ct are b and c with replicas on TCP only (the path to a replica on another node).
@@ -31,6 +32,8 @@
 #   PERF=1    record `perf record -a -g -e cpu-clock` (whole machine, call graphs) over every job after its ramp into
 #             WORK/TARGET/JOB.perf.data (use with KEEP=1), and print the job's per-process CPU split (perf report
 #             --sort comm) beside the table; PERF_JOBS narrows it to some job names
+#   STRACE=1  trace the replica daemons' syscalls (`strace -f -c -w`: counts and wall time per call) during every job into
+#             the work directory (NAME.strace; implies KEEP=1): a diagnosis, not a figure (strace slows every call)
 #   COUNT=1   also print locks and payload copies per IO of the engine and the replicas (needs binaries built with
 #             `--features engine/io-counters,replica/io-counters` in BIN_DIR / BASE_BIN_DIR; scraped from /metrics)
 set -euo pipefail
@@ -81,7 +84,7 @@ cleanup() {
   local rc=$?
   trap - EXIT INT TERM
   if ((${#PIDS[@]})); then stop_pids "${PIDS[@]}"; fi
-  if [[ "${KEEP:-0}" == 1 || $rc -ne 0 ]]; then
+  if [[ "${KEEP:-0}" == 1 || "${STRACE:-0}" == 1 || $rc -ne 0 ]]; then
     # Drop the bulky data, keep the evidence.
     find "$WORK" \( -name '*.img' -o -path '*/replica-*/*' \) -type f -delete 2>/dev/null || true
     echo "work directory kept: $WORK" >&2
@@ -135,9 +138,15 @@ start_v2_target() {
   [[ $t == v2c ]] && n=3
   [[ $t == v2bt ]] && local_data=()
   [[ $t == v2bd || $t == v2bsd ]] && io=direct # the lvstore on a file with O_DIRECT (auto: the page cache)
+  local store_bytes=$(($(numfmt --from=iec "$SIZE") * 2 + (256 << 20))) # room for a full COW copy
   for ((i = 0; i < n; i++)); do
     ready="$tdir/lvstore-$i.ready"
-    fallocate -l "$(($(numfmt --from=iec "$SIZE") * 2 + (256 << 20)))" "$tdir/lvstore-$i.img" # room for a full COW copy
+    if [[ $t == v2bw || $t == v2bsw ]]; then
+      # Written out once (zeroes), as a raw block device is: no unwritten extents for a first write to convert.
+      dd if=/dev/zero of="$tdir/lvstore-$i.img" bs=1M count=$((store_bytes >> 20)) oflag=direct conv=fsync status=none
+    else
+      fallocate -l "$store_bytes" "$tdir/lvstore-$i.img"
+    fi
     start "$tdir/lvstore-$i.log" "$replica_bin" --ready-file "$ready" serve-lvstore --disk "$tdir/lvstore-$i.img" \
       --format --listen 127.0.0.1:0 --replica "bench-r$i" --data-io "$io" "${local_data[@]}"
     TARGET_PIDS+=("$LAST_PID")
@@ -154,7 +163,7 @@ start_v2_target() {
 # Targets bs and v2bs: a snapshot of the fully written volume through the engine (after the precondition).
 snapshot_after_precondition() {
   local t=$1
-  [[ $t == bs || $t == v2bs || $t == v2bsd || $t == v2bs0 ]] || return 0
+  [[ $t == bs || $t == v2bs || $t == v2bsd || $t == v2bs0 || $t == v2bsw ]] || return 0
   echo "# target $t: snapshot of the fully written volume" >&2
   "$ENGINE_BIN" --url "$(ready_addr "$WORK/$t/engine.ready" control)" snapshot create bench-snap >/dev/null
 }
@@ -217,7 +226,7 @@ start_target() {
       ((${#metrics[@]})) && ready_wait "$tdir/engine.ready" "$LAST_PID" "$READY_DEADLINE" &&
         COUNT_URLS+=("engine=http://$(ready_addr "$tdir/engine.ready" metrics)/metrics")
       URI="nbd+unix:///bench?socket=$tdir/nbd.sock" ;;
-    v2b | v2bt | v2c | v2bs | v2bd | v2bsd | v2b0 | v2bs0) start_v2_target "$t" ;;
+    v2b | v2bt | v2c | v2bs | v2bd | v2bsd | v2b0 | v2bs0 | v2bw | v2bsw) start_v2_target "$t" ;;
     *) echo "run.sh: unknown target $t" >&2; exit 2 ;;
   esac
 }
@@ -313,6 +322,14 @@ for t in $TARGETS; do
     cpu0=$(cpu_ticks "${TARGET_PIDS[@]}")
     (sleep 0.5; ctx_switches "${TARGET_PIDS[@]}"; sleep "$RUNTIME"; ctx_switches "${TARGET_PIDS[@]}") >"$WORK/$t/$name.ctx" &
     ctx_pid=$!
+    strace_pid=
+    if [[ "${STRACE:-0}" == 1 ]]; then
+      # The replica daemons: every target PID but the engine, started last.
+      strace_args=()
+      for pid in "${TARGET_PIDS[@]:0:${#TARGET_PIDS[@]}-1}"; do strace_args+=(-p "$pid"); done
+      timeout -s INT "$((RUNTIME + 1))" strace -f -c -w -o "$WORK/$t/$name.strace" "${strace_args[@]}" 2>/dev/null &
+      strace_pid=$!
+    fi
     fio_json "$WORK/$t/$name.json" --rw="$rw" --bs="$bs" --iodepth="$qd" --fsync="${fsync:-0}" --time_based \
       --runtime="$RUNTIME" --ramp_time=1 --norandommap --randrepeat=0
     cpu1=$(cpu_ticks "${TARGET_PIDS[@]}")
@@ -332,6 +349,7 @@ for t in $TARGETS; do
       echo "# target $t: $name: CPU samples by command (perf, whole machine):" >&2
       sed 's/^/#   /' "$WORK/$t/$name.perf-comm.txt" >&2
     fi
+    if [[ -n $strace_pid ]]; then wait "$strace_pid" || true; fi
     # CPU seconds of the target's processes over the job (ramp included; fio_summary.py counts the ramp's IOs at
     # the job's rate).
     cpu_s=$(python3 -c 'import sys; print((int(sys.argv[2]) - int(sys.argv[1])) / int(sys.argv[3]))' "$cpu0" "$cpu1" "$CLK_TCK")

@@ -84,6 +84,16 @@ enum XattrAtFlush {
     IfJournaling,
 }
 
+/// Whether a journal append must `fdatasync` the data before writing its record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum DataFirst {
+    /// The record maps blocks IO wrote: their data must be durable before the record that maps them.
+    Sync,
+    /// The record maps no unsynced data (no cluster changed, or the record checksums what it maps and replay
+    /// drops it if one did not land): one `fdatasync` after it covers everything.
+    Covered,
+}
+
 /// The data-IO gate as held by a write: shared for aligned writes, exclusive for read-modify-write (held for
 /// its drop only).
 #[expect(dead_code, reason = "the guards are held, never read")]
@@ -554,21 +564,7 @@ impl LvStore {
         if inner.journal_tail + record.len() as u64 > inner.sb.journal_len {
             return self.checkpoint(inner, Some(all.split_off(n_dirty)));
         }
-        let res = self
-            .dev
-            .sync()
-            .and_then(|()| {
-                self.dev
-                    .write_at(&record, inner.sb.journal_off + inner.journal_tail)
-            })
-            .and_then(|()| self.dev.sync());
-        if let Err(e) = res {
-            inner.poisoned = true;
-            return Err(self.io("append to the journal")(e));
-        }
-        inner.journal_tail += record.len() as u64;
-        inner.seq += 1;
-        inner.journal_commits += 1;
+        self.append_record(inner, &record, DataFirst::Sync)?;
         for op in all.split_off(n_dirty) {
             let freed = inner
                 .meta
@@ -582,6 +578,39 @@ impl LvStore {
         inner.fresh.clear();
         inner.unconfirmed.clear();
         inner.alloc.committed();
+        Ok(())
+    }
+
+    /// Appends `record` at the journal's tail and makes it durable ([`LvStore::write_record`] under the metadata
+    /// lock, then [`LvStore::record_written`]); the caller holds `commit_lock`.
+    fn append_record(&self, inner: &mut Inner, record: &[u8], data_first: DataFirst) -> Result<()> {
+        let at = inner.sb.journal_off + inner.journal_tail;
+        let res = self.write_record(record, at, data_first);
+        self.record_written(inner, record.len(), res)
+    }
+
+    /// The IO of every journal append: `fdatasync` the data first when the record maps blocks whose data must
+    /// land before it ([`DataFirst::Sync`]), write the record at device offset `at`, `fdatasync`. Takes no lock:
+    /// a flush writes its record with IO going on; the caller holds `commit_lock`, so the tail cannot move.
+    fn write_record(&self, record: &[u8], at: u64, data_first: DataFirst) -> std::io::Result<()> {
+        if data_first == DataFirst::Sync {
+            self.dev.sync()?;
+        }
+        self.dev.write_at(record, at)?;
+        self.dev.sync()
+    }
+
+    /// Accounts a record of `len` bytes written by [`LvStore::write_record`] with result `res`: on success the
+    /// tail, sequence number and commit count move past it; on failure the store is poisoned (the record may
+    /// or may not be on the device, so nothing more may be appended after it).
+    fn record_written(&self, inner: &mut Inner, len: usize, res: std::io::Result<()>) -> Result<()> {
+        if let Err(e) = res {
+            inner.poisoned = true;
+            return Err(self.io("append to the journal")(e));
+        }
+        inner.journal_tail += len as u64;
+        inner.seq += 1;
+        inner.journal_commits += 1;
         Ok(())
     }
 
@@ -660,17 +689,7 @@ impl LvStore {
         if inner.journal_tail + record.len() as u64 > inner.sb.journal_len {
             return Ok(false);
         }
-        let res = self
-            .dev
-            .write_at(&record, inner.sb.journal_off + inner.journal_tail)
-            .and_then(|()| self.dev.sync());
-        if let Err(e) = res {
-            inner.poisoned = true;
-            return Err(self.io("append to the journal")(e));
-        }
-        inner.journal_tail += record.len() as u64;
-        inner.seq += 1;
-        inner.journal_commits += 1;
+        self.append_record(inner, &record, DataFirst::Covered)?;
         inner.unconfirmed.clear();
         Ok(true)
     }
@@ -909,23 +928,18 @@ impl LvStore {
         // Data before a record that maps it (a crash must not leave a block mapped over data that never landed),
         // unless the record checksums every block it newly maps (replay then drops it, as the last record, if
         // one did not land); a record of the xattr alone maps nothing: one `fdatasync` after it covers both.
-        let res = if dirty.is_empty() || summed.is_some() {
-            Ok(())
+        let data_first = if dirty.is_empty() || summed.is_some() {
+            DataFirst::Covered
         } else {
-            self.dev.sync()
-        }
-        .and_then(|()| self.dev.write_at(&record, at))
-        .and_then(|()| self.dev.sync());
+            DataFirst::Sync
+        };
+        let res = self.write_record(&record, at, data_first);
         let mut inner = self.lock();
-        if let Err(e) = res {
-            inner.poisoned = true;
+        if let Err(e) = self.record_written(&mut inner, record.len(), res) {
             inner.dirty.extend(dirty);
             inner.fresh.extend(fresh);
-            return Err(self.io("append to the journal")(e));
+            return Err(e);
         }
-        inner.journal_tail += record.len() as u64;
-        inner.seq += 1;
-        inner.journal_commits += 1;
         // The record before this one is no longer the last: only this one's blocks (if any) stay covered.
         inner.unconfirmed.clear();
         if let Some(blocks) = summed {
