@@ -1189,13 +1189,10 @@ fn a_v1_image_keeps_its_copies_on_v1_disks_beside_a_v2_disk() {
     let http = HttpServer::start(&files);
     let (m, _) = v2_images::node_with_a_v2_disk(dir.path(), "node-1", 0, 64 << 20);
     let v2_dir = dir.path().join("node-1-v2a");
-    let (code, v) = rest(
-        "POST",
-        &format!("{}/v1/backingimages", m.url),
-        Some(
-            &json!({"name": "base", "sourceType": "download", "minNumberOfCopies": 2,
-            "parameters": {"url": http.url("image.qcow2")}, "expectedChecksum": sha512(&qcow)}),
-        ),
+    let (code, v) = v2_images::create_image(
+        &m,
+        &json!({"name": "base", "sourceType": "download", "minNumberOfCopies": 2,
+        "parameters": {"url": http.url("image.qcow2")}, "expectedChecksum": sha512(&qcow)}),
     );
     assert_eq!(code, 201, "{v}");
     wait_image(&m, "base", "ready", Duration::from_secs(60));

@@ -609,14 +609,7 @@ fn v2_copies_synced_to_more_disks_come_back_ready_from_their_xattrs_after_a_wipe
     create_v2_volume(&m, "vol", "img", 3);
     let uri = attach(&m.url, "vol");
     let v = volume(&m, "vol");
-    let mut disks: Vec<&str> = v["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["disk"].as_str().unwrap())
-        .collect();
-    disks.sort_unstable();
-    assert_eq!(disks, ["v2a", "v2b", "v2c"], "{v}");
+    assert_eq!(replica_disks(&v), ["v2a", "v2b", "v2c"], "{v}");
     qemu_img_compare(raw.to_str().unwrap(), &uri);
     let sum = nbd_sha256(&uri);
     let st = v2_states(&image(&m, "img"));

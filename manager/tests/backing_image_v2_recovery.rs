@@ -158,14 +158,7 @@ fn a_v2_volume_on_a_v2_image_without_revision_counter_is_salvaged_after_its_engi
     assert_eq!(v["revisionCounterDisabled"], true, "{v}");
     let uri = attach(&m.url, "salv");
     let v = wait_healthy(&m, "salv", 2, Duration::from_secs(90));
-    let mut disks: Vec<&str> = v["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["disk"].as_str().unwrap())
-        .collect();
-    disks.sort_unstable();
-    assert_eq!(disks, ["v2a", "v2b"], "{v}");
+    assert_eq!(replica_disks(&v), ["v2a", "v2b"], "{v}");
     // Flushed writes over image data, zeros over image data, and a write past the image's end.
     let mut writes = vec![
         (MIB, 0x5a, 512 << 10),

@@ -203,14 +203,7 @@ fn v2_volumes_live_on_v2_disks_survive_a_killed_lvstore_daemon_and_read_back_lik
     let v2 = wait_attached(&m, "vtwo", 2);
     let v1 = wait_attached(&m, "vone", 2);
     assert_eq!(v2["dataEngine"], "v2");
-    let mut disks: Vec<&str> = v2["replicas"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|r| r["disk"].as_str().unwrap())
-        .collect();
-    disks.sort_unstable();
-    assert_eq!(disks, ["v2a", "v2b"], "{v2}");
+    assert_eq!(replica_disks(&v2), ["v2a", "v2b"], "{v2}");
     assert!(
         v2["replicas"]
             .as_array()

@@ -249,6 +249,18 @@ pub fn replica_nodes(v: &serde_json::Value) -> std::collections::BTreeSet<String
         .collect()
 }
 
+/// The disks of a volume view's replicas, sorted (one entry per replica).
+pub fn replica_disks(v: &serde_json::Value) -> Vec<String> {
+    let mut disks: Vec<String> = v["replicas"]
+        .as_array()
+        .expect("a volume view lists its replicas")
+        .iter()
+        .map(|r| r["disk"].as_str().expect("a replica names its disk").to_owned())
+        .collect();
+    disks.sort_unstable();
+    disks
+}
+
 /// Waits until volume `name` of `m` is attached, healthy and has `replicas` RW replicas; returns its view.
 pub fn wait_healthy(
     m: &Manager,
