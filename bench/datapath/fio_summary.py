@@ -23,10 +23,13 @@ import sys
 TARGET_LABELS = {
     "a": "(a) nbdkit file",
     "a2": "(a') qemu-nbd",
+    "a3": "nbdkit nbd->file",
     "b": "(b) engine 1r",
     "c": "(c) engine 3r",
     "d": "(d) engine 3r+rev",
     "bt": "(b) 1r, TCP",
+    "bp": "(b) 1r, one CPU",
+    "cp": "(c) 3r, one CPU",
     "ct": "(c) 3r, TCP",
     "b0": "(b) 1r, before",
     "c0": "(c) 3r, before",

@@ -5,7 +5,8 @@
 #   bench/datapath/run.sh                       # 15 s per job, 2 GiB volume
 #   RUNTIME=5 SIZE=1G bench/datapath/run.sh     # quick run
 #
-# Targets: (a) nbdkit file, (a') qemu-nbd raw, (b) engine + 1 replica, (c) engine + 3 replicas on loopback,
+# Targets: (a) nbdkit file, (a') qemu-nbd raw, a3: `nbdkit nbd` forwarding over a unix socket to `nbdkit file` (two
+# processes in a chain, as (b)), (b) engine + 1 replica, (c) engine + 3 replicas on loopback,
 # v2b / v2c: (b) and (c) over v2 replicas (`serve-lvstore`; v2bt: v2b on TCP only), v2bs / bs: 1 replica (v2 / v1) right after a snapshot
 # of the fully written volume (the copy-on-write path), v2bd / v2bsd: v2b / v2bs with the lvstore's data IO O_DIRECT,
 # v2bw / v2bsw: v2b / v2bs over a store file written out once with zeroes (no unwritten extents, as a raw device),
@@ -24,6 +25,8 @@
 #   BIN_DIR   use corral-* binaries from here and skip the build (default: build into CARGO_TARGET_DIR or target/)
 #   BASE_BIN_DIR  binaries for targets b0, c0, d0, v2b0 and v2bs0 (b, c, d, v2b and v2bs run with them): before/after
 #             a change in one run
+#   PIN_CPU   the CPU targets bp and cp ((b) and (c) with the engine and every replica pinned to one CPU by
+#             `taskset`, fio left to the scheduler) run on (default: the last one)
 #   ALT_ENV   VAR=VALUE words set in the environment of the engine and replicas of targets bx and cx (b and c otherwise):
 #             a tunable's before/after in one run, e.g. ALT_ENV="CORRAL_REPLICA_CONNECTIONS=1"; ALT_ENV2 the same for by, cy
 #   JOBS      names of the jobs to run (default: all), e.g. "randwrite-4k-qd32 randwrite-4k-qd32-fsync32"
@@ -45,6 +48,7 @@ SIZE="${SIZE:-2G}"
 TARGETS="${TARGETS:-a a2 b c d}"
 BENCH_DIR="${BENCH_DIR:-/var/tmp}"
 READY_DEADLINE=30 # seconds a daemon gets to open its port or socket
+PIN_CPU="${PIN_CPU:-$(($(nproc) - 1))}"
 
 for tool in fio nbdkit qemu-nbd python3; do
   command -v "$tool" >/dev/null || { echo "run.sh: $tool is missing (apt-get install -y fio nbdkit qemu-utils)" >&2; exit 1; }
@@ -181,17 +185,30 @@ start_target() {
       TARGET_PIDS+=("$LAST_PID")
       wait_until nbdkit "$LAST_PID" socket_ready "$tdir/nbd.sock"
       URI="nbd+unix:///?socket=$tdir/nbd.sock" ;;
+    a3)
+      # Two nbdkits in a chain, the process topology of (b): a front server forwarding every request over a unix
+      # socket to a second process that owns the file (engine -> local replica), built from the fastest peer.
+      truncate -s "$SIZE" "$tdir/disk.img"
+      start "$tdir/nbdkit-file.log" nbdkit -f -U "$tdir/back.sock" file "$tdir/disk.img"
+      TARGET_PIDS+=("$LAST_PID")
+      wait_until nbdkit "$LAST_PID" socket_ready "$tdir/back.sock"
+      start "$tdir/nbdkit-nbd.log" nbdkit -f -U "$tdir/nbd.sock" nbd socket="$tdir/back.sock"
+      TARGET_PIDS+=("$LAST_PID")
+      wait_until nbdkit "$LAST_PID" socket_ready "$tdir/nbd.sock"
+      URI="nbd+unix:///?socket=$tdir/nbd.sock" ;;
     a2)
       truncate -s "$SIZE" "$tdir/disk.img"
       start "$tdir/qemu-nbd.log" qemu-nbd -f raw -k "$tdir/nbd.sock" -t "$tdir/disk.img"
       TARGET_PIDS+=("$LAST_PID")
       wait_until qemu-nbd "$LAST_PID" socket_ready "$tdir/nbd.sock"
       URI="nbd+unix:///?socket=$tdir/nbd.sock" ;;
-    b | c | d | bt | ct | b0 | c0 | d0 | bs | bx | cx | by | cy)
-      local n=3 rc=() unix=1 replica_bin=$REPLICA_BIN engine_bin=$ENGINE_BIN alt=()
+    b | c | d | bt | ct | b0 | c0 | d0 | bs | bx | cx | by | cy | bp | cp)
+      local n=3 rc=() unix=1 replica_bin=$REPLICA_BIN engine_bin=$ENGINE_BIN alt=() pin=()
       [[ $t == b* ]] && n=1
       [[ $t == ?t ]] && unix=0
       [[ $t != d* ]] && rc=(--disable-revision-counter)
+      # bp, cp: the engine and its replicas share one CPU (fio is not pinned).
+      [[ $t == ?p ]] && pin=(taskset -c "$PIN_CPU")
       # shellcheck disable=SC2206 # ALT_ENV and ALT_ENV2 are lists of VAR=VALUE words
       if [[ $t == ?x ]]; then
         alt=(${ALT_ENV:-})
@@ -211,7 +228,7 @@ start_target() {
         ready="$tdir/replica-$i.ready"
         local_data=()
         ((unix)) && local_data=(--data-unix "$tdir/replica-$i.data.sock")
-        start "$tdir/replica-$i.log" env "${alt[@]}" "$replica_bin" --ready-file "$ready" serve --dir "$tdir/replica-$i" \
+        start "$tdir/replica-$i.log" "${pin[@]}" env "${alt[@]}" "$replica_bin" --ready-file "$ready" serve --dir "$tdir/replica-$i" \
           --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 --sync-listen 127.0.0.1:0 "${local_data[@]}" \
           --size "$SIZE" --volume bench "${rc[@]}" "${metrics[@]}"
         TARGET_PIDS+=("$LAST_PID")
@@ -219,7 +236,7 @@ start_target() {
         ((${#metrics[@]})) && COUNT_URLS+=("replicas=http://$(ready_addr "$ready" metrics)/metrics")
         replicas+=(--replica "tcp://$(ready_addr "$ready" control)?data=$(ready_addr "$ready" data)&sync=$(ready_addr "$ready" sync)")
       done
-      start "$tdir/engine.log" env "${alt[@]}" "$engine_bin" --ready-file "$tdir/engine.ready" serve --volume bench --size "$SIZE" \
+      start "$tdir/engine.log" "${pin[@]}" env "${alt[@]}" "$engine_bin" --ready-file "$tdir/engine.ready" serve --volume bench --size "$SIZE" \
         --listen 127.0.0.1:0 "${replicas[@]}" --nbd-listen "unix:$tdir/nbd.sock" "${rc[@]}" "${metrics[@]}"
       TARGET_PIDS+=("$LAST_PID")
       wait_until engine "$LAST_PID" socket_ready "$tdir/nbd.sock"

@@ -67,6 +67,8 @@ pub struct Connection {
     pub sync: SyncAgentServiceClient<Channel>,
     /// Data-protocol client.
     pub data: DataClient,
+    /// `data` runs over the replica's unix socket: the replica is on this node (reads prefer it).
+    pub local: bool,
 }
 
 /// One replica of the volume.
@@ -143,17 +145,21 @@ pub async fn connect(
     let sync_channel = connect_endpoint(&address.sync, GrpcTimeouts::CONTROL)
         .await
         .map_err(|e| not_replica(&format!("sync endpoint: {e}")))?;
-    let data = match connect_local_data(address, &local_data, client).await {
-        Some(data) => data,
-        None => DataClient::connect(&address.data.to_socket_string(), client.clone())
-            .await
-            .map_err(|e| not_replica(&format!("data endpoint {}: {e}", address.data)))?,
+    let (data, local) = match connect_local_data(address, &local_data, client).await {
+        Some(data) => (data, true),
+        None => (
+            DataClient::connect(&address.data.to_socket_string(), client.clone())
+                .await
+                .map_err(|e| not_replica(&format!("data endpoint {}: {e}", address.data)))?,
+            false,
+        ),
     };
     Ok((
         Connection {
             control,
             sync: SyncAgentServiceClient::new(sync_channel),
             data,
+            local,
         },
         status,
     ))
@@ -248,6 +254,11 @@ impl ReplicaEntry {
             Mode::Rw | Mode::Wo => self.conn.as_ref().map(|c| &c.data),
             Mode::Err => None,
         }
+    }
+
+    /// Whether the data connection runs over the replica's unix socket (the replica is on this node).
+    pub fn is_local(&self) -> bool {
+        self.conn.as_ref().is_some_and(|c| c.local)
     }
 
     /// The data client when the replica serves reads (RW).

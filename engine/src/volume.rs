@@ -220,19 +220,36 @@ impl Volume {
         if n == 0 {
             return Err(self.no_healthy(reps));
         }
+        // A replica on this node first: no network hop, and reads keep one copy's page cache hot and batch on one
+        // connection (the other replicas on this node, if any, hold the same data). Otherwise, or when it fails,
+        // round-robin over the RW replicas.
+        let local = reps.iter().position(|r| r.is_local() && r.reader().is_some());
+        if let Some(i) = local
+            && self.read_one(&reps[i], offset, buf).await
+        {
+            return Ok(());
+        }
         let first = self.next_reader.fetch_add(1, Ordering::Relaxed);
         for k in 0..n {
-            let r = &reps[(first + k) % n];
-            let Some(d) = r.reader() else { continue };
-            match d.read(offset, buf).await {
-                Ok(()) => return Ok(()),
-                Err(e) => {
-                    r.set_err(&format!("read failed: {e}"));
-                    self.metrics.replica_errors.fetch_add(1, Ordering::Relaxed);
-                }
+            let i = (first + k) % n;
+            if Some(i) != local && self.read_one(&reps[i], offset, buf).await {
+                return Ok(());
             }
         }
         Err(self.no_healthy(reps))
+    }
+
+    /// Reads from `r` when it is RW; a failed read puts it in ERR. Whether `buf` holds the data.
+    async fn read_one(&self, r: &ReplicaEntry, offset: u64, buf: &mut [u8]) -> bool {
+        let Some(d) = r.reader() else { return false };
+        match d.read(offset, buf).await {
+            Ok(()) => true,
+            Err(e) => {
+                r.set_err(&format!("read failed: {e}"));
+                self.metrics.replica_errors.fetch_add(1, Ordering::Relaxed);
+                false
+            }
+        }
     }
 
     /// Writes to every RW and WO replica. With `fua`, the write is flushed before it is acknowledged.

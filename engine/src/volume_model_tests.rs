@@ -34,6 +34,7 @@ struct MemReplica {
     held: Mutex<bool>,
     released: Condvar,
     writes: AtomicU64,
+    reads: AtomicU64,
 }
 
 impl MemReplica {
@@ -74,6 +75,7 @@ impl BlockBackend for MemReplica {
         self.fail_if_failing()?;
         let o = usize::try_from(offset).unwrap();
         buf.copy_from_slice(&self.data.lock().unwrap()[o..o + buf.len()]);
+        self.reads.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
@@ -145,11 +147,12 @@ struct Harness {
     cancel: CancellationToken,
 }
 
-async fn harness() -> Harness {
+/// Three replicas; `local` is the one marked as on this node (as if reached over its unix socket).
+async fn harness(local: Option<usize>) -> Harness {
     let cancel = CancellationToken::new();
     let mut entries = Vec::new();
     let mut replicas = Vec::new();
-    for _ in 0..REPLICAS {
+    for i in 0..REPLICAS {
         let mem = Arc::new(MemReplica::new());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let port = listener.local_addr().unwrap().port();
@@ -172,6 +175,7 @@ async fn harness() -> Harness {
             control: ReplicaServiceClient::new(channel.clone()),
             sync: SyncAgentServiceClient::new(channel),
             data,
+            local: local == Some(i),
         };
         let address = parse_address(&format!("tcp://127.0.0.1:9?data={port}&sync=9")).unwrap();
         entries.push(Arc::new(ReplicaEntry::new(address, conn, Mode::Rw)));
@@ -224,8 +228,8 @@ async fn spawn_writes(v: &Arc<Volume>, writes: &[(usize, u8)]) -> Vec<tokio::tas
         .collect()
 }
 
-async fn run(ops: Vec<Op>) {
-    let h = harness().await;
+async fn run(ops: Vec<Op>, local: Option<usize>) {
+    let h = harness(local).await;
     let v = &h.volume;
     let mut m = Model {
         blocks: [0; BLOCKS],
@@ -367,12 +371,49 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 24, failure_persistence: None, ..ProptestConfig::default() })]
 
     #[test]
-    fn the_volume_session_matches_the_model(ops in proptest::collection::vec(op(), 1..40)) {
+    fn the_volume_session_matches_the_model(
+        ops in proptest::collection::vec(op(), 1..40),
+        local in proptest::option::of(0..REPLICAS),
+    ) {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
             .build()
             .unwrap();
-        rt.block_on(run(ops));
+        rt.block_on(run(ops, local));
     }
+}
+
+/// Reads go to the replica on this node while it is RW, and to the others (round-robin) once it fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_go_to_the_local_replica_and_to_the_others_when_it_fails() {
+    let h = harness(Some(2)).await;
+    let v = &h.volume;
+    v.write(0, &[9; BLOCK], false).await.unwrap();
+    let mut buf = vec![0u8; BLOCK];
+    for _ in 0..30 {
+        v.read(0, &mut buf).await.unwrap();
+        assert_eq!(buf, [9; BLOCK]);
+    }
+    let reads: Vec<u64> = h
+        .replicas
+        .iter()
+        .map(|r| r.reads.load(Ordering::Acquire))
+        .collect();
+    assert_eq!(reads, [0, 0, 30], "every read on the local replica");
+    h.replicas[2].failing.store(true, Ordering::Release);
+    for _ in 0..30 {
+        v.read(0, &mut buf).await.unwrap();
+        assert_eq!(buf, [9; BLOCK]);
+    }
+    let reads: Vec<u64> = h
+        .replicas
+        .iter()
+        .map(|r| r.reads.load(Ordering::Acquire))
+        .collect();
+    assert!(
+        reads[0] >= 10 && reads[1] >= 10 && reads[0] + reads[1] == 30,
+        "after the local replica failed, the others share the reads: {reads:?}"
+    );
+    h.cancel.cancel();
 }

@@ -2,6 +2,8 @@
 //! plain preallocated file (the peer, same loop, same `O_DIRECT` pwrite), then on the lvol right after a
 //! snapshot of it fully written (the copy-on-write path: each first write to a cluster takes a new cluster and
 //! writes 4 KiB), and the time of a snapshot of a fully written 1 GiB lvol vs a 64 GiB thin one.
+//! `--snapshot-sizes 1,64` measures only snapshot time, of lvols of those sizes each fully written first (one
+//! store at a time, of the lvol's size: 64 GiB of disk for 64).
 #![allow(clippy::cast_possible_truncation, clippy::cast_precision_loss)]
 
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -17,6 +19,11 @@ struct Args {
     dir: PathBuf,
     seconds: f64,
     size: u64,
+    /// `--snapshot-sizes`: only the snapshot time of fully written lvols of these sizes (GiB).
+    snapshot_sizes: Vec<u64>,
+    /// `--written-out`: the store file of `--snapshot-sizes` is written with zeros first instead of fallocated
+    /// (no unwritten extents for ext4 to convert, as on a raw device).
+    written_out: bool,
 }
 
 fn args() -> Args {
@@ -24,6 +31,8 @@ fn args() -> Args {
         dir: PathBuf::from("/var/tmp"),
         seconds: 5.0,
         size: GIB,
+        snapshot_sizes: Vec::new(),
+        written_out: false,
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -32,8 +41,21 @@ fn args() -> Args {
             "--dir" => a.dir = PathBuf::from(&v[i + 1]),
             "--seconds" => a.seconds = v[i + 1].parse().expect("--seconds N"),
             "--size-gib" => a.size = v[i + 1].parse::<u64>().expect("--size-gib N") * GIB,
+            "--snapshot-sizes" => {
+                a.snapshot_sizes = v[i + 1]
+                    .split(',')
+                    .map(|n| n.parse().expect("--snapshot-sizes GIB,GIB,..."))
+                    .collect();
+            }
+            "--written-out" => {
+                a.written_out = true;
+                i += 1;
+                continue;
+            }
             "--help" | "-h" => {
-                println!("bench_lvstore [--dir DIR (/var/tmp)] [--seconds N (5)] [--size-gib N (1)]");
+                println!(
+                    "bench_lvstore [--dir DIR (/var/tmp)] [--seconds N (5)] [--size-gib N (1)] [--snapshot-sizes GIB,GIB,... [--written-out]]"
+                );
                 std::process::exit(0);
             }
             o => panic!("unknown argument {o}"),
@@ -83,13 +105,95 @@ fn median(mut v: Vec<Duration>) -> Duration {
     v[v.len() / 2]
 }
 
+/// Metadata room added to a store file beyond its lvols' data.
+const META: u64 = 64 << 20;
+
+/// Snapshot time against size: for each size, a store of that size (plus metadata) whose one lvol is written end
+/// to end with 1 MiB writes and flushed; then the first snapshot, and 20 more with one 4 KiB write before each
+/// (median). One store on disk at a time, fallocated (or written out with zeros: `written_out`).
+fn snapshot_sizes(dir: &Path, sizes: &[u64], written_out: bool) {
+    println!(
+        "| lvol, fully written | fill (1 MiB writes + flush) | clusters used | journal used before / after the first snapshot | a flush with nothing to journal, then | first snapshot | snapshot, median of 20 (min, max) |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let chunk = vec![0x33u8; 1 << 20];
+    for &gib in sizes {
+        let size = gib * GIB;
+        let disk = dir.join(format!("disk-{gib}"));
+        if written_out {
+            let st = Command::new("dd")
+                .args([
+                    "if=/dev/zero",
+                    "bs=1M",
+                    "oflag=direct",
+                    "conv=fsync",
+                    "status=none",
+                ])
+                .arg(format!("of={}", disk.display()))
+                .arg(format!("count={}", (size + META) >> 20))
+                .status()
+                .expect("dd");
+            assert!(st.success(), "dd {}", disk.display());
+        } else {
+            prealloc(&disk, size + META);
+        }
+        let s = LvStore::format(&disk, &FormatOptions::default()).expect("format");
+        let lv = s.create_lvol("vol", size).expect("create");
+        let t = Instant::now();
+        for o in (0..size).step_by(1 << 20) {
+            s.write_at(lv, o, &chunk).expect("fill");
+        }
+        s.flush().expect("flush");
+        let fill = t.elapsed();
+        let space = s.space();
+        // A second flush, with nothing to journal: one `fdatasync` of the store file.
+        let t = Instant::now();
+        s.flush().expect("flush");
+        let idle_flush = t.elapsed();
+        let t = Instant::now();
+        s.snapshot("vol", "first").expect("snapshot");
+        let first = t.elapsed();
+        let after = s.space().journal_used_bytes;
+        let mut times = Vec::new();
+        for i in 0..20u64 {
+            s.write_at(lv, (i * 7919 % (size >> 12)) << 12, &chunk[..4096])
+                .expect("write");
+            let t = Instant::now();
+            s.snapshot("vol", &format!("s{i}")).expect("snapshot");
+            times.push(t.elapsed());
+        }
+        let (lo, hi) = (*times.iter().min().unwrap(), *times.iter().max().unwrap());
+        let ms = |d: Duration| d.as_secs_f64() * 1e3;
+        println!(
+            "| {gib} GiB | {:.1} s | {} of {} | {} / {} KiB of {} | {:.2} ms | {:.2} ms | {:.2} ms ({:.2}, {:.2}) |",
+            fill.as_secs_f64(),
+            space.used_clusters,
+            space.total_clusters,
+            space.journal_used_bytes >> 10,
+            after >> 10,
+            space.journal_bytes >> 10,
+            ms(idle_flush),
+            ms(first),
+            ms(median(times)),
+            ms(lo),
+            ms(hi)
+        );
+        drop(s);
+        std::fs::remove_file(&disk).expect("remove store file");
+    }
+}
+
 fn main() {
     let a = args();
     let dir = tempfile::Builder::new()
         .prefix("bench-lvstore")
         .tempdir_in(&a.dir)
         .expect("scratch dir");
-    let meta = 64 << 20;
+    if !a.snapshot_sizes.is_empty() {
+        snapshot_sizes(dir.path(), &a.snapshot_sizes, a.written_out);
+        return;
+    }
+    let meta = META;
 
     // Peer: a plain preallocated file, O_DIRECT pwrite.
     let plain = dir.path().join("plain");

@@ -235,6 +235,9 @@ fn file_target_full_and_incremental_backups_restore_to_new_volumes_and_bad_input
     let (okk, o) = qemu_io(&r2, &["read -P 0 64M 32M"]);
     assert!(okk, "past the backup's end reads zeros: {o}");
     detach(&url, "r2");
+    // The backup named by its URL, as `backup ls --json` shows it.
+    let b2_url = b2["url"].as_str().unwrap().to_owned();
+    assert!(b2_url.starts_with("file://"), "{b2}");
     ok(
         &url,
         &[
@@ -242,7 +245,7 @@ fn file_target_full_and_incremental_backups_restore_to_new_volumes_and_bad_input
             "create",
             "r2b",
             "--from-backup",
-            &b2_id,
+            &b2_url,
             "--replicas",
             "1",
         ],
@@ -305,6 +308,12 @@ fn file_target_full_and_incremental_backups_restore_to_new_volumes_and_bad_input
         ],
     );
     assert!(!okk && err.contains("cannot be smaller"), "{out}{err}");
+    let missing = b2_url.replace(&b2_id[b2_id.find(':').unwrap() + 1..], "no-such-backup");
+    let (okk, out, err) = corral(&url, &["volume", "create", "small", "--from-backup", &missing]);
+    assert!(
+        !okk && err.contains("no backup no-such-backup"),
+        "{missing}: {out}{err}"
+    );
     let (code, _) = rest("GET", &format!("{url}/v1/volumes/small"), None);
     assert_eq!(code, 404, "nothing created");
     for bad in ["../b", "default:..", "a/b", "%2e%2e"] {

@@ -459,6 +459,34 @@ pub async fn restore_line(c: &Client, volume: &str) -> String {
     }
 }
 
+/// The id (`TARGET:NAME`) of the backup `r` names: `[TARGET:]NAME` as given, or a backup's URL as `corral backup
+/// ls` shows it (`TARGET_URL?backup=NAME&volume=VOLUME`), looked up among the backups listed.
+pub async fn backup_id(c: &Client, r: &str) -> anyhow::Result<String> {
+    if !r.contains("://") {
+        return Ok(r.to_owned());
+    }
+    let want = backupstore::BackupUrl::parse(r).map_err(|e| anyhow::anyhow!("backup URL {r:?}: {e}"))?;
+    let (Some(name), Some(volume)) = (&want.backup, &want.volume) else {
+        bail!(
+            "backup URL {r:?} names no backup: it needs ?backup=NAME&volume=VOLUME, as `corral backup ls` shows"
+        );
+    };
+    let bs: Vec<BackupView> = c.get("/v1/backups").await?;
+    bs.into_iter()
+        .find(|b| {
+            b.backup.name == *name
+                && b.backup.volume == *volume
+                && backupstore::BackupUrl::parse(&b.url).is_ok_and(|u| u.target == want.target)
+        })
+        .map(|b| b.id)
+        .ok_or_else(|| {
+            anyhow::anyhow!(
+                "no backup {name} of volume {volume} on a backup target at {} (`corral backup ls` lists each backup's id and URL)",
+                want.target
+            )
+        })
+}
+
 /// `TARGET:NAME` of the newest backup of a backup volume `[TARGET:]VOLUME`.
 pub async fn newest_backup_of(c: &Client, bv: &str) -> anyhow::Result<String> {
     let v: BackupVolumeView = c.get(&format!("/v1/backupvolumes/{bv}")).await?;

@@ -167,7 +167,7 @@ enum VolumeCmd {
         /// Clone this snapshot, VOLUME/SNAPSHOT.
         #[arg(long)]
         from_snapshot: Option<String>,
-        /// Restore this backup ([TARGET:]NAME) into the new volume (size defaults to the backup's); waits with a
+        /// Restore this backup ([TARGET:]NAME, or its URL as `corral backup ls` shows it) into the new volume (size defaults to the backup's); waits with a
         /// progress bar until restored unless --no-wait.
         #[arg(long, conflicts_with_all = ["from_volume", "from_snapshot"])]
         from_backup: Option<String>,
@@ -824,9 +824,10 @@ async fn main() -> anyhow::Result<()> {
                 no_wait,
                 timeout,
             } => {
-                let from_backup = match &from_backup_volume {
-                    Some(bv) => Some(manager::backup::cli::newest_backup_of(&c, bv).await?),
-                    None => from_backup,
+                let from_backup = match (&from_backup_volume, &from_backup) {
+                    (Some(bv), _) => Some(manager::backup::cli::newest_backup_of(&c, bv).await?),
+                    (None, Some(b)) => Some(manager::backup::cli::backup_id(&c, b).await?),
+                    (None, None) => None,
                 };
                 let data_source = from_volume
                     .map(|v| format!("vol://{v}"))
