@@ -117,7 +117,9 @@ struct Inner {
     /// Clusters whose state changed through IO since the last commit.
     dirty: BTreeSet<(BlobId, u64)>,
     /// Blocks (lvol, logical cluster, block) that IO newly mapped since the last commit: what a one-sync flush
-    /// checksums into its record.
+    /// checksums into its record. Kept only up to one more than [`MAX_SUMMED_BLOCKS`]: past that the flush syncs
+    /// data before its record and needs none of them, so memory stays bounded however much is written between
+    /// two flushes (a 64 GiB fill without one would otherwise keep 16 M entries, ~400 MB).
     fresh: Vec<(BlobId, u64, u64)>,
     /// Physical blocks whose checksums are in the journal's last record (or the one being written): no write may
     /// reach them until a later record is durable ([`LvStore::seal`]), or replay could take the changed block for
@@ -1633,7 +1635,9 @@ impl LvStore {
                     if !e.has(b) {
                         e.set(b, true);
                         changed = true;
-                        inner.fresh.push((id, lc, b));
+                        if inner.fresh.len() <= MAX_SUMMED_BLOCKS {
+                            inner.fresh.push((id, lc, b));
+                        }
                     }
                 }
                 if changed {
@@ -1898,5 +1902,43 @@ fn read_superblock(dev: &Device, path: &Path) -> Result<Superblock> {
         (None, None) => Err(Error::NotAnLvstore {
             path: path.to_owned(),
         }),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{FormatOptions, LvStore, MAX_SUMMED_BLOCKS, OpenMode};
+
+    /// Writes between two flushes keep at most `MAX_SUMMED_BLOCKS + 1` newly mapped blocks in memory, and a
+    /// flush after more than that (data synced before its record) still makes every one durable.
+    #[test]
+    fn newly_mapped_blocks_kept_for_a_flush_are_bounded_and_all_land() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("disk");
+        std::fs::File::create(&path).unwrap().set_len(64 << 20).unwrap();
+        let opts = FormatOptions {
+            cluster_size: 64 << 10,
+            meta_area: Some(512 << 10),
+            journal_len: 256 << 10,
+            force: false,
+        };
+        let s = LvStore::format(&path, &opts).unwrap();
+        let lv = s.create_lvol("vol", 16 << 20).unwrap();
+        let blocks = 3 * MAX_SUMMED_BLOCKS as u64;
+        for b in 0..blocks {
+            s.write_at(lv, b * 4096, &[u8::try_from(b % 251).unwrap() + 1; 4096])
+                .unwrap();
+        }
+        assert_eq!(s.lock().fresh.len(), MAX_SUMMED_BLOCKS + 1);
+        s.flush().unwrap();
+        assert!(s.lock().fresh.is_empty());
+        drop(s);
+        let s = LvStore::open(&path, OpenMode::ReadWrite).unwrap();
+        let lv = s.lookup("vol").unwrap();
+        let mut buf = [0u8; 4096];
+        for b in 0..blocks {
+            s.read_at(lv, b * 4096, &mut buf).unwrap();
+            assert_eq!(buf, [u8::try_from(b % 251).unwrap() + 1; 4096], "block {b}");
+        }
     }
 }
