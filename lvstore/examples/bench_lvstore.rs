@@ -100,6 +100,18 @@ fn iops(secs: f64, size: u64, mut write: impl FnMut(u64, &[u8])) -> f64 {
     n as f64 / start.elapsed().as_secs_f64()
 }
 
+/// The process's peak resident set so far (`VmHWM`), in MiB.
+fn peak_rss_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmHWM:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<f64>().ok())
+        })
+        .map_or(0.0, |kb| kb / 1024.0)
+}
+
 fn median(mut v: Vec<Duration>) -> Duration {
     v.sort();
     v[v.len() / 2]
@@ -113,9 +125,9 @@ const META: u64 = 64 << 20;
 /// (median). One store on disk at a time, fallocated (or written out with zeros: `written_out`).
 fn snapshot_sizes(dir: &Path, sizes: &[u64], written_out: bool) {
     println!(
-        "| lvol, fully written | fill (1 MiB writes + flush) | clusters used | journal used before / after the first snapshot | a flush with nothing to journal, then | first snapshot | snapshot, median of 20 (min, max) |"
+        "| lvol, fully written | fill (1 MiB writes + flush) | process peak RSS after the fill | clusters used | journal used before / after the first snapshot | a flush with nothing to journal, then | first snapshot | snapshot, median of 20 (min, max) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
     let chunk = vec![0x33u8; 1 << 20];
     for &gib in sizes {
         let size = gib * GIB;
@@ -145,6 +157,7 @@ fn snapshot_sizes(dir: &Path, sizes: &[u64], written_out: bool) {
         }
         s.flush().expect("flush");
         let fill = t.elapsed();
+        let rss = peak_rss_mib();
         let space = s.space();
         // A second flush, with nothing to journal: one `fdatasync` of the store file.
         let t = Instant::now();
@@ -165,7 +178,7 @@ fn snapshot_sizes(dir: &Path, sizes: &[u64], written_out: bool) {
         let (lo, hi) = (*times.iter().min().unwrap(), *times.iter().max().unwrap());
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
-            "| {gib} GiB | {:.1} s | {} of {} | {} / {} KiB of {} | {:.2} ms | {:.2} ms | {:.2} ms ({:.2}, {:.2}) |",
+            "| {gib} GiB | {:.1} s | {rss:.1} MiB | {} of {} | {} / {} KiB of {} | {:.2} ms | {:.2} ms | {:.2} ms ({:.2}, {:.2}) |",
             fill.as_secs_f64(),
             space.used_clusters,
             space.total_clusters,
