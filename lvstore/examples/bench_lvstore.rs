@@ -24,6 +24,10 @@ struct Args {
     /// `--written-out`: the store file of `--snapshot-sizes` is written with zeros first instead of fallocated
     /// (no unwritten extents for ext4 to convert, as on a raw device).
     written_out: bool,
+    /// `--flush-job THREADS`: the flush job of `bench/datapath` without the engine, the data protocol or the
+    /// replica: THREADS threads each writing 32 random 4 KiB blocks then flushing, through the store (page cache)
+    /// against a plain file (`pwrite` + `fdatasync`).
+    flush_job: usize,
 }
 
 fn args() -> Args {
@@ -33,6 +37,7 @@ fn args() -> Args {
         size: GIB,
         snapshot_sizes: Vec::new(),
         written_out: false,
+        flush_job: 0,
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -47,6 +52,7 @@ fn args() -> Args {
                     .map(|n| n.parse().expect("--snapshot-sizes GIB,GIB,..."))
                     .collect();
             }
+            "--flush-job" => a.flush_job = v[i + 1].parse().expect("--flush-job THREADS"),
             "--written-out" => {
                 a.written_out = true;
                 i += 1;
@@ -54,7 +60,7 @@ fn args() -> Args {
             }
             "--help" | "-h" => {
                 println!(
-                    "bench_lvstore [--dir DIR (/var/tmp)] [--seconds N (5)] [--size-gib N (1)] [--snapshot-sizes GIB,GIB,... [--written-out]]"
+                    "bench_lvstore [--dir DIR (/var/tmp)] [--seconds N (5)] [--size-gib N (1)] [--snapshot-sizes GIB,GIB,... [--written-out]] [--flush-job THREADS]"
                 );
                 std::process::exit(0);
             }
@@ -196,12 +202,94 @@ fn snapshot_sizes(dir: &Path, sizes: &[u64], written_out: bool) {
     }
 }
 
+/// `threads` threads for `secs`, each looping over 32 writes of 4 KiB at random blocks of `[0, size)` then one
+/// flush; writes per second over all threads.
+fn flush_job(
+    threads: usize,
+    secs: f64,
+    size: u64,
+    write: &(dyn Fn(u64, &[u8]) + Sync),
+    flush: &(dyn Fn() + Sync),
+) -> f64 {
+    let start = Instant::now();
+    let total: u64 = std::thread::scope(|sc| {
+        let hs: Vec<_> = (0..threads)
+            .map(|t| {
+                sc.spawn(move || {
+                    let mut rng = Rng(0x9e37_79b9_7f4a_7c15 ^ (t as u64 + 1));
+                    let buf = vec![0x6bu8; 4096];
+                    let mut n = 0u64;
+                    while start.elapsed().as_secs_f64() < secs {
+                        for _ in 0..32 {
+                            write(rng.below(size / 4096) * 4096, &buf);
+                        }
+                        flush();
+                        n += 32;
+                    }
+                    n
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).sum()
+    });
+    total as f64 / start.elapsed().as_secs_f64()
+}
+
+/// The flush job on a plain file and on the store, each filled first with 1 MiB writes, twice, interleaved.
+fn flush_jobs(dir: &Path, a: &Args) {
+    let chunk = vec![0x33u8; 1 << 20];
+    let plain = dir.join("plain");
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&plain)
+        .expect("open plain");
+    for o in (0..a.size).step_by(1 << 20) {
+        f.write_all_at(&chunk, o).expect("fill plain");
+    }
+    f.sync_data().expect("fdatasync");
+    let disk = dir.join("disk");
+    prealloc(&disk, 2 * a.size + META);
+    drop(LvStore::format(&disk, &FormatOptions::default()).expect("format"));
+    let s = LvStore::open_with(&disk, lvstore::OpenMode::ReadWrite, lvstore::DataIo::Buffered).expect("open");
+    let lv = s.create_lvol("vol", a.size).expect("create");
+    for o in (0..a.size).step_by(1 << 20) {
+        s.write_at(lv, o, &chunk).expect("fill");
+    }
+    s.flush().expect("flush");
+    println!("| round | plain file, pwrite + fdatasync | lvstore (page cache), write_at + flush | ratio |");
+    println!("|---|---:|---:|---:|");
+    for round in 1..=2 {
+        let p = flush_job(
+            a.flush_job,
+            a.seconds,
+            a.size,
+            &|o, b| f.write_all_at(b, o).expect("pwrite"),
+            &|| f.sync_data().expect("fdatasync"),
+        );
+        let l = flush_job(
+            a.flush_job,
+            a.seconds,
+            a.size,
+            &|o, b| s.write_at(lv, o, b).expect("write"),
+            &|| s.flush().expect("flush"),
+        );
+        println!("| {round} | {p:.0} writes/s | {l:.0} writes/s | {:.2} |", l / p);
+    }
+}
+
 fn main() {
     let a = args();
     let dir = tempfile::Builder::new()
         .prefix("bench-lvstore")
         .tempdir_in(&a.dir)
         .expect("scratch dir");
+    if a.flush_job > 0 {
+        flush_jobs(dir.path(), &a);
+        return;
+    }
     if !a.snapshot_sizes.is_empty() {
         snapshot_sizes(dir.path(), &a.snapshot_sizes, a.written_out);
         return;
