@@ -389,28 +389,25 @@ proptest! {
 async fn reads_go_to_the_local_replica_and_to_the_others_when_it_fails() {
     let h = harness(Some(2)).await;
     let v = &h.volume;
+    let reads = || -> Vec<u64> {
+        h.replicas
+            .iter()
+            .map(|r| r.reads.load(Ordering::Acquire))
+            .collect()
+    };
     v.write(0, &[9; BLOCK], false).await.unwrap();
     let mut buf = vec![0u8; BLOCK];
     for _ in 0..30 {
         v.read(0, &mut buf).await.unwrap();
         assert_eq!(buf, [9; BLOCK]);
     }
-    let reads: Vec<u64> = h
-        .replicas
-        .iter()
-        .map(|r| r.reads.load(Ordering::Acquire))
-        .collect();
-    assert_eq!(reads, [0, 0, 30], "every read on the local replica");
+    assert_eq!(reads(), [0, 0, 30], "every read on the local replica");
     h.replicas[2].failing.store(true, Ordering::Release);
     for _ in 0..30 {
         v.read(0, &mut buf).await.unwrap();
         assert_eq!(buf, [9; BLOCK]);
     }
-    let reads: Vec<u64> = h
-        .replicas
-        .iter()
-        .map(|r| r.reads.load(Ordering::Acquire))
-        .collect();
+    let reads = reads();
     assert!(
         reads[0] >= 10 && reads[1] >= 10 && reads[0] + reads[1] == 30,
         "after the local replica failed, the others share the reads: {reads:?}"

@@ -1913,7 +1913,7 @@ mod tests {
     /// flush after more than that (data synced before its record) still makes every one durable.
     #[test]
     fn newly_mapped_blocks_kept_for_a_flush_are_bounded_and_all_land() {
-        let dir = tempfile::tempdir().unwrap();
+        let dir = testkit::scratch::disk_tempdir("lvstore-fresh");
         let path = dir.path().join("disk");
         std::fs::File::create(&path).unwrap().set_len(64 << 20).unwrap();
         let opts = FormatOptions {
