@@ -290,7 +290,7 @@ fn file_target_full_and_incremental_backups_restore_to_new_volumes_and_bad_input
     wait_for("r1 detached", Duration::from_secs(60), || {
         (volume(&m, "r1")["state"] == "detached").then_some(())
     });
-    ok(&url, &["backup", "restore", "r1", &b2_id]);
+    ok(&url, &["backup", "restore", "r1", &b2_url]); // by URL, as volume create above
     let r1 = attach(&url, "r1");
     assert_eq!(nbd_sha256(&r1), sum2, "r1 restored in place to the second backup");
 

@@ -69,7 +69,7 @@ pub enum BackupCmd {
     /// Restore a backup into a detached volume in place (its data is replaced); waits unless --no-wait.
     Restore {
         volume: String,
-        /// [TARGET:]NAME.
+        /// [TARGET:]NAME, or the backup's URL as `corral backup ls` shows it.
         backup: String,
         #[arg(long)]
         no_wait: bool,
@@ -686,7 +686,9 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
             let mut r: RestoreView = c
                 .post(
                     &format!("/v1/volumes/{volume}/restore"),
-                    &RestoreRequest { backup },
+                    &RestoreRequest {
+                        backup: backup_id(c, &backup).await?,
+                    },
                 )
                 .await?;
             if !no_wait {
