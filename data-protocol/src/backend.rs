@@ -120,6 +120,13 @@ pub trait BlockBackend: Send + Sync + 'static {
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<(), BackendError>;
     /// Makes every completed write durable.
     fn flush(&self) -> Result<(), BackendError>;
+    /// With an IO pool only: whether a flush received now should run at the pool, beside the connection's other
+    /// flushes (`true`: it will do more than sync — an lvstore flush that journals — so flushes in the backend
+    /// at once can share that work), rather than on the connection's flusher thread, one after another (the
+    /// default: a plain sync costs least there; measured in `bench/datapath`). A hint: either place is correct.
+    fn flush_at_pool(&self) -> bool {
+        false
+    }
     /// The allocated parts of `[offset, offset + len)` (`len` > 0): ranges in bytes, ascending and
     /// non-overlapping; everything else in the span is a hole that reads as zeros. The server clips
     /// ranges to the span, merges touching ones and cuts the list to what one reply carries. A range

@@ -289,3 +289,66 @@ async fn a_caller_that_gives_up_does_not_leak_its_window_slot() {
     assert!(client.failure().is_none());
     server.stop().await;
 }
+
+/// With an IO pool, a flush goes to the pool only when the backend asks (`flush_at_pool`): then two flushes of
+/// one connection are inside the backend at once; otherwise they run one after another on the connection's
+/// flusher, the second waiting in its queue while the first is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_io_pool_flushes_go_to_the_pool_only_when_the_backend_asks() {
+    for at_pool in [false, true] {
+        let backend = MemBackend::with_slow_flush(MIB);
+        backend.flush_at_pool.store(at_pool, SeqCst);
+        let cfg = ServerConfig {
+            io_pool: Some(data_protocol::IoPool::new(4).unwrap()),
+            ..ServerConfig::default()
+        };
+        let server = TestServer::tcp(backend.clone(), cfg).await;
+        let client = DataClient::connect(
+            &server.addr,
+            ClientConfig {
+                connections: 1,
+                ..client_cfg()
+            },
+        )
+        .await
+        .unwrap();
+        let received = server.metrics.requests.load(SeqCst);
+        let flushes: Vec<_> = (0..2)
+            .map(|_| {
+                let client = client.clone();
+                tokio::spawn(async move { client.flush().await })
+            })
+            .collect();
+        wait_for_async("both flushes received", Duration::from_secs(5), async || {
+            (server.metrics.requests.load(SeqCst) >= received + 2).then_some(())
+        })
+        .await;
+        let want_inside = if at_pool { 2 } else { 1 };
+        wait_for_async(
+            "the flushes inside the backend",
+            Duration::from_secs(5),
+            async || (backend.inside.load(SeqCst) == want_inside).then_some(()),
+        )
+        .await;
+        // A read sent now is answered (by the pool) while the flushes are held: whatever was going to enter
+        // the backend has had its chance, and the second flush of the flusher case is still queued.
+        let mut buf = vec![0u8; 4096];
+        client.read(0, &mut buf).await.unwrap();
+        assert_eq!(
+            backend.inside.load(SeqCst),
+            want_inside,
+            "at_pool {at_pool}: flushes inside the backend at once"
+        );
+        backend.release_slow_read();
+        for f in flushes {
+            f.await.unwrap().unwrap();
+        }
+        assert_eq!(backend.flushes.load(SeqCst), 2, "at_pool {at_pool}");
+        assert_eq!(
+            server.metrics.pooled.load(SeqCst),
+            if at_pool { 3 } else { 1 },
+            "at_pool {at_pool}: requests at the pool (the read, and the flushes when asked)"
+        );
+        server.stop().await;
+    }
+}

@@ -19,13 +19,15 @@
 //! together. Replay keeps the journal's last record only if its checksummed blocks match (else the crash came
 //! inside that sync, before the flush was acknowledged). So those blocks must not change while the record is the
 //! last one: a write to one first appends an empty record and syncs it (`seal`). Concurrent flushes share syncs
-//! (group commit: a flush that began after another was asked for and completed covers it).
+//! (group commit: a flush that began after another was asked for and completed covers it). One flush leads a
+//! round at a time; the others wait for the round that covers them and are woken together when it ends, one
+//! of the next round's waiters with them to lead it (`Rounds`).
 
-use std::collections::{BTreeSet, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 use std::ops::Range;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, RwLock};
+use std::sync::{Condvar, Mutex, MutexGuard, RwLock};
 
 use corral_disk::BLOCK_SIZE;
 
@@ -125,6 +127,9 @@ struct Inner {
     /// reach them until a later record is durable ([`LvStore::seal`]), or replay could take the changed block for
     /// data that never landed and drop a flushed record.
     unconfirmed: HashSet<u64>,
+    /// Blocks each lvol holds itself, counted once on demand ([`LvStore::allocated_bytes`], which a v2 flush asks
+    /// for each time) and kept by the write and unmap paths; dropped whenever an op changes the metadata.
+    allocated: HashMap<BlobId, u64>,
     poisoned: bool,
     /// Journal records replayed at open (reported by `info`).
     replayed: u64,
@@ -145,11 +150,59 @@ pub struct LvStore {
     gate: RwLock<()>,
     /// Serialises journal appends and checkpoints; taken before `gate` (never the other way round).
     commit_lock: Mutex<()>,
-    /// Group commit of flushes: how many flushes began (took `commit_lock` to sync), the number of the last that
-    /// completed, and how many flushes returned at once because one that began after them had completed.
-    flush_begun: AtomicU64,
-    flush_done: AtomicU64,
+    /// Group commit of flushes ([`LvStore::lead_or_wait`]): the rounds, and the flushes waiting for one, by the
+    /// parity of the round they wait for; and how many flushes returned because a round that began after they
+    /// arrived had completed.
+    rounds: Mutex<Rounds>,
+    round_cv: [Condvar; 2],
     shared_flushes: AtomicU64,
+}
+
+/// Flush rounds: one flush leads a round at a time (it journals and syncs for itself and for every flush that
+/// arrived before the round began). A flush arriving during round `T` waits for round `T + 1` (on
+/// `round_cv[(T + 1) % 2]`); when round `T` ends its waiters are all woken (they are covered) and one waiter of
+/// round `T + 1` is woken to lead it. So a round's end wakes the flushes it covers together, and the next round
+/// starts after one wake-up, where queueing on a mutex would wake the waiters one after another (on a VM each
+/// wake-up of an idle vCPU costs tens of µs) and a waker for the next round only once those before it had gone.
+#[derive(Default)]
+struct Rounds {
+    leading: bool,
+    /// Rounds begun, and the last that completed successfully (a failed one wakes every waiter to retry).
+    begun: u64,
+    done: u64,
+}
+
+/// Held by the flush leading round `round`; dropping it ends the round.
+struct Lead<'a> {
+    store: &'a LvStore,
+    round: u64,
+    ok: bool,
+}
+
+impl Lead<'_> {
+    /// Marks the round complete: every flush that arrived before it began is durable.
+    fn completed(&mut self) {
+        self.ok = true;
+    }
+}
+
+impl Drop for Lead<'_> {
+    fn drop(&mut self) {
+        let s = self.store;
+        let mut r = s.rounds.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        r.leading = false;
+        let this = usize::from(self.round % 2 == 1);
+        if self.ok {
+            r.done = self.round;
+            drop(r);
+            s.round_cv[this].notify_all();
+            s.round_cv[1 - this].notify_one();
+        } else {
+            drop(r);
+            s.round_cv[this].notify_all();
+            s.round_cv[1 - this].notify_all();
+        }
+    }
 }
 
 /// One lvol or snapshot, as listed.
@@ -440,6 +493,7 @@ impl LvStore {
                 dirty: BTreeSet::new(),
                 fresh: Vec::new(),
                 unconfirmed: HashSet::new(),
+                allocated: HashMap::new(),
                 poisoned: false,
                 replayed: seq,
                 journal_commits: 0,
@@ -448,8 +502,8 @@ impl LvStore {
             }),
             gate: RwLock::new(()),
             commit_lock: Mutex::new(()),
-            flush_begun: AtomicU64::new(0),
-            flush_done: AtomicU64::new(0),
+            rounds: Mutex::new(Rounds::default()),
+            round_cv: [Condvar::new(), Condvar::new()],
             shared_flushes: AtomicU64::new(0),
             dev,
         };
@@ -567,6 +621,7 @@ impl LvStore {
             return self.checkpoint(inner, Some(all.split_off(n_dirty)));
         }
         self.append_record(inner, &record, DataFirst::Sync)?;
+        inner.allocated.clear();
         for op in all.split_off(n_dirty) {
             let freed = inner
                 .meta
@@ -656,6 +711,7 @@ impl LvStore {
         }
         inner.sb = sb;
         inner.meta = meta;
+        inner.allocated.clear();
         inner.journal_tail = 0;
         inner.seq = 0;
         inner.checkpoints += 1;
@@ -745,6 +801,36 @@ impl LvStore {
         false
     }
 
+    /// Waits for a flush round ([`Rounds`]): `None` when one that began after this call has completed (only
+    /// if `may_share`: the flush has nothing of its own to journal), else `Some` once this flush leads a round.
+    fn lead_or_wait(&self, may_share: bool) -> Option<Lead<'_>> {
+        let mut r = self
+            .rounds
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let arrived = r.begun;
+        loop {
+            if may_share && r.done > arrived {
+                return None;
+            }
+            if !r.leading {
+                r.leading = true;
+                r.begun += 1;
+                return Some(Lead {
+                    store: self,
+                    round: r.begun,
+                    ok: false,
+                });
+            }
+            // Covered by round `arrived + 1` (the one in progress, or the next); a flush that must lead
+            // waits for the next round whichever it is.
+            let want = if may_share { arrived + 1 } else { r.begun + 1 };
+            r = self.round_cv[usize::from(want % 2 == 1)]
+                .wait(r)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
     fn commit_guard(&self) -> MutexGuard<'_, ()> {
         self.commit_lock
             .lock()
@@ -758,6 +844,12 @@ impl LvStore {
     /// reused). A journal too full for the record falls back to an exclusive checkpoint.
     pub fn flush(&self) -> Result<()> {
         self.flush_and(None, XattrAtFlush::Always).map(drop)
+    }
+
+    /// Whether a flush now would journal a record (IO changed the map since the last commit) rather than only
+    /// `fdatasync`: a hint for where to run it (journaling flushes share their work when several run at once).
+    pub fn flush_would_journal(&self) -> bool {
+        !self.lock().dirty.is_empty()
     }
 
     /// [`LvStore::flush`], setting xattr `key` of lvol `name` to `value` in the same journal record (one
@@ -781,18 +873,15 @@ impl LvStore {
         if self.mode == OpenMode::ReadOnly {
             return Ok(false);
         }
-        // Group commit: a flush that began (took `commit_lock`) after this one was asked for and has completed
-        // made every write completed before this call durable, with its map: nothing left to do, unless this
-        // flush must journal an xattr of its own.
-        let arrived = self.flush_begun.load(Ordering::SeqCst);
-        let _c = self.commit_guard();
-        if (xattr.is_none() || when == XattrAtFlush::IfJournaling)
-            && self.flush_done.load(Ordering::SeqCst) > arrived
-        {
+        // Group commit: a round that began after this flush was asked for and has completed made every write
+        // completed before this call durable, with its map: nothing left to do, unless this flush must journal
+        // an xattr of its own.
+        let may_share = xattr.is_none() || when == XattrAtFlush::IfJournaling;
+        let Some(mut lead) = self.lead_or_wait(may_share) else {
             self.shared_flushes.fetch_add(1, Ordering::SeqCst);
             return Ok(false);
-        }
-        let ticket = self.flush_begun.fetch_add(1, Ordering::SeqCst) + 1;
+        };
+        let _c = self.commit_guard();
         // One `fdatasync` for data and record when the blocks newly mapped are few and in the page cache: the
         // record then carries their checksums, taken with IO stopped (see `docs/formats.md`, crash order).
         // Otherwise (`O_DIRECT`, or many blocks) data is synced before the record, with IO going on.
@@ -841,7 +930,7 @@ impl LvStore {
                 drop(inner);
                 drop(gate);
                 self.dev.sync().map_err(self.io("fdatasync"))?;
-                self.flush_done.store(ticket, Ordering::SeqCst);
+                lead.completed();
                 return Ok(false);
             }
             let summed = matches!(gate, Gate::Write(_)) && one_sync(&inner);
@@ -901,7 +990,7 @@ impl LvStore {
                 let mut inner = self.lock();
                 let set = extra.is_some();
                 self.commit(&mut inner, extra.into_iter().collect())?;
-                self.flush_done.store(ticket, Ordering::SeqCst);
+                lead.completed();
                 return Ok(set);
             }
             if summed {
@@ -958,7 +1047,7 @@ impl LvStore {
         }
         drop(inner);
         drop(gate);
-        self.flush_done.store(ticket, Ordering::SeqCst);
+        lead.completed();
         if !pending.is_empty() {
             // IO stops only to release what unmaps freed (a read that resolved to one must finish first).
             let _g = self.gate_write();
@@ -1041,10 +1130,22 @@ impl LvStore {
     }
 
     /// Bytes of 4 KiB blocks lvol `name` holds itself ([`LvolInfo::allocated_bytes`] without the rest of the
-    /// listing: a flush asks for it each time).
+    /// listing: a v2 flush asks for it each time). O(1) but for the first call after an op changed the metadata,
+    /// which walks the lvol's cluster map once (debug builds check the kept count against that walk every time).
     pub fn allocated_bytes(&self, name: &str) -> Result<u64> {
-        let inner = self.lock();
-        Ok(Self::find(&inner.meta, name)?.allocated_bytes())
+        let mut inner = self.lock();
+        let inner = &mut *inner;
+        let b = Self::find(&inner.meta, name)?;
+        let blocks = *inner
+            .allocated
+            .entry(b.id)
+            .or_insert_with(|| b.allocated_bytes() / BLOCK_SIZE);
+        debug_assert_eq!(
+            blocks * BLOCK_SIZE,
+            b.allocated_bytes(),
+            "kept count of lvol {name}"
+        );
+        Ok(blocks * BLOCK_SIZE)
     }
 
     /// The size of lvol `id`.
@@ -1630,18 +1731,21 @@ impl LvStore {
             {
                 // Only a block newly holding data changes the map (and needs journaling at the next flush): a
                 // rewrite of written blocks leaves the flush a plain `fdatasync`.
-                let mut changed = false;
+                let mut changed = 0;
                 for b in blk..blk + (n / BS) as u64 {
                     if !e.has(b) {
                         e.set(b, true);
-                        changed = true;
+                        changed += 1;
                         if inner.fresh.len() <= MAX_SUMMED_BLOCKS {
                             inner.fresh.push((id, lc, b));
                         }
                     }
                 }
-                if changed {
+                if changed > 0 {
                     inner.dirty.insert((id, lc));
+                    if let Some(c) = inner.allocated.get_mut(&id) {
+                        *c += changed;
+                    }
                 }
             }
             pos += n;
@@ -1671,7 +1775,12 @@ impl LvStore {
             let upto = (block - blk + bpc).min(end);
             if let Some(e) = b.clusters.get_mut(&lc) {
                 for x in blk..blk + (upto - block) {
-                    e.set(x, false);
+                    if e.has(x) {
+                        e.set(x, false);
+                        if let Some(c) = inner.allocated.get_mut(&id) {
+                            *c -= 1;
+                        }
+                    }
                 }
                 inner.dirty.insert((id, lc));
                 if e.is_empty() {

@@ -92,6 +92,12 @@ fn verify(store: &LvStore, m: &BTreeMap<String, ModelBlob>) {
         assert_eq!(info.kind, b.kind, "{name}");
         assert_eq!(info.parent, b.parent, "{name}");
         assert_eq!(info.size, b.data.len() as u64, "{name}");
+        // The count kept by the write and unmap paths (asked for first at the first verify, then kept).
+        assert_eq!(
+            store.allocated_bytes(name).unwrap(),
+            info.allocated_bytes,
+            "{name}: allocated bytes kept against counted"
+        );
         let mut got = vec![0u8; b.data.len()];
         store.read_at(store.lookup(name).unwrap(), 0, &mut got).unwrap();
         if got != b.data {

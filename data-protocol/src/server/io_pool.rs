@@ -23,8 +23,9 @@
 //! nothing on this path allocates once the slot buffers have grown to the request size.
 //!
 //! Ordering: requests in flight at once on a connection complete in any order (as they do across the
-//! client's several connections); a flush covers every write acknowledged before the flush was received,
-//! which is what the client relies on (it sends a flush only after the writes it covers were acknowledged).
+//! client's several connections); a flush (run by the connection's flusher, not here) covers every write
+//! acknowledged before the flush was received, which is what the client relies on (it sends a flush only
+//! after the writes it covers were acknowledged).
 
 use std::collections::VecDeque;
 use std::io::{self, Write};
@@ -394,7 +395,9 @@ impl Inflight {
     }
 }
 
-/// Whether requests of this kind may go to the pool (everything but the connection's own Hello and Ping).
+/// Whether requests of this kind go to the pool: everything but the connection's own Hello and Ping, and
+/// flushes, which go there only when the backend asks ([`crate::BlockBackend::flush_at_pool`]; else to the
+/// connection's flusher).
 pub(crate) fn poolable(kind: FrameKind) -> bool {
     matches!(
         kind,
@@ -402,7 +405,6 @@ pub(crate) fn poolable(kind: FrameKind) -> bool {
             | FrameKind::Write
             | FrameKind::Unmap
             | FrameKind::WriteZeroes
-            | FrameKind::Flush
             | FrameKind::BlockStatus
     )
 }

@@ -123,6 +123,11 @@ impl Executor {
         catch_unwind(AssertUnwindSafe(|| self.execute(h, payload))).unwrap_or_else(|_| Err(panicked(h.kind)))
     }
 
+    /// [`crate::BlockBackend::flush_at_pool`]; a backend panic counts as `false` (the flusher).
+    pub(crate) fn flush_at_pool(&self) -> bool {
+        catch_unwind(AssertUnwindSafe(|| self.backend.flush_at_pool())).unwrap_or(false)
+    }
+
     /// Reads into `buf` (exactly `h.length` bytes), catching a backend panic as an IO error.
     pub(crate) fn read(&self, h: &FrameHeader, buf: &mut [u8]) -> Result<(), BackendError> {
         check_span(h)?;

@@ -29,6 +29,8 @@ pub struct MemBackend {
     slow_gate: Gate,
     pub completed: AtomicUsize,
     pub flushes: AtomicUsize,
+    /// What `flush_at_pool` answers.
+    pub flush_at_pool: AtomicBool,
 }
 
 impl MemBackend {
@@ -68,6 +70,7 @@ impl MemBackend {
             slow_gate: Gate::default(),
             completed: AtomicUsize::new(0),
             flushes: AtomicUsize::new(0),
+            flush_at_pool: AtomicBool::new(false),
         }
     }
 
@@ -169,6 +172,10 @@ impl BlockBackend for MemBackend {
         }
         self.flushes.fetch_add(1, SeqCst);
         Ok(())
+    }
+
+    fn flush_at_pool(&self) -> bool {
+        self.flush_at_pool.load(SeqCst)
     }
 }
 

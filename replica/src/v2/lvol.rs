@@ -628,6 +628,16 @@ impl LvolReplica {
         }
     }
 
+    /// Whether a flush now would journal a record rather than only sync: the store has map changes to journal,
+    /// or the revision counter is on and something was written (its salvage xattr goes in a record). A hint for
+    /// the data server ([`data_protocol::BlockBackend::flush_at_pool`]).
+    pub fn flush_would_journal(&self) -> bool {
+        let counter_on = read_lock(&self.open)
+            .as_ref()
+            .is_some_and(|o| !o.volume.revision_counter_disabled);
+        self.store.flush_would_journal() || (counter_on && self.written.load(Ordering::SeqCst))
+    }
+
     /// The revision counter (0 when disabled).
     pub fn revision_counter(&self) -> u64 {
         self.counter.load(Ordering::SeqCst)

@@ -86,6 +86,10 @@ impl BlockBackend for TimedBackend {
         r
     }
 
+    fn flush_at_pool(&self) -> bool {
+        self.replica.flush_at_pool()
+    }
+
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>, BackendError> {
         self.replica.block_status(offset, len)
     }

@@ -102,6 +102,10 @@ impl BlockBackend for V2Replica {
         self.replica.flush().map_err(|e| wire_error(&e))
     }
 
+    fn flush_at_pool(&self) -> bool {
+        self.replica.flush_would_journal()
+    }
+
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>, BackendError> {
         self.replica
             .allocated_ranges(offset, len)
