@@ -155,8 +155,11 @@ fn v1_and_v2_images_of_one_raw_and_its_qcow2_give_volumes_reading_the_same_and_c
             && c.lvol.starts_with(&format!("bi-{}-disk-", c.name))),
         "{held:?}"
     );
-    let v = image(&m, "img-v1-raw");
-    assert_eq!(v["state"], "ready", "{v}");
+    // The v1 image is made beside them and may still be between its data source and its disk manager.
+    let v = wait_for("img-v1-raw ready", Duration::from_secs(60), || {
+        let v = image(&m, "img-v1-raw");
+        (v["state"] == "ready").then_some(v)
+    });
     assert!(disks_of(&v, "v2").is_empty(), "{v}");
 
     // Three volumes, one per image: each reads the image, then zeros to its end; all three alike.
