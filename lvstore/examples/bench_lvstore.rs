@@ -24,6 +24,8 @@ struct Args {
     /// `--written-out`: the store file of `--snapshot-sizes` is written with zeros first instead of fallocated
     /// (no unwritten extents for ext4 to convert, as on a raw device).
     written_out: bool,
+    /// `--warm-flush`: in `--snapshot-sizes`, a 4 KiB overwrite and a flush between the fill and the first snapshot.
+    warm_flush: bool,
     /// `--flush-job THREADS`: the flush job of `bench/datapath` without the engine, the data protocol or the
     /// replica: THREADS threads each writing 32 random 4 KiB blocks then flushing, through the store (page cache)
     /// against a plain file (`pwrite` + `fdatasync`).
@@ -37,6 +39,7 @@ fn args() -> Args {
         size: GIB,
         snapshot_sizes: Vec::new(),
         written_out: false,
+        warm_flush: false,
         flush_job: 0,
     };
     let v: Vec<String> = std::env::args().skip(1).collect();
@@ -58,9 +61,14 @@ fn args() -> Args {
                 i += 1;
                 continue;
             }
+            "--warm-flush" => {
+                a.warm_flush = true;
+                i += 1;
+                continue;
+            }
             "--help" | "-h" => {
                 println!(
-                    "bench_lvstore [--dir DIR (/var/tmp)] [--seconds N (5)] [--size-gib N (1)] [--snapshot-sizes GIB,GIB,... [--written-out]] [--flush-job THREADS]"
+                    "bench_lvstore [--dir DIR (/var/tmp)] [--seconds N (5)] [--size-gib N (1)] [--snapshot-sizes GIB,GIB,... [--written-out] [--warm-flush]] [--flush-job THREADS]"
                 );
                 std::process::exit(0);
             }
@@ -129,11 +137,11 @@ const META: u64 = 64 << 20;
 /// Snapshot time against size: for each size, a store of that size (plus metadata) whose one lvol is written end
 /// to end with 1 MiB writes and flushed; then the first snapshot, and 20 more with one 4 KiB write before each
 /// (median). One store on disk at a time, fallocated (or written out with zeros: `written_out`).
-fn snapshot_sizes(dir: &Path, sizes: &[u64], written_out: bool) {
+fn snapshot_sizes(dir: &Path, sizes: &[u64], written_out: bool, warm_flush: bool) {
     println!(
-        "| lvol, fully written | fill (1 MiB writes + flush) | process peak RSS after the fill | clusters used | journal used before / after the first snapshot | a flush with nothing to journal, then | first snapshot | snapshot, median of 20 (min, max) |"
+        "| lvol, fully written | fill (1 MiB writes + flush) | process peak RSS after the fill | clusters used | journal used before / after the first snapshot | a flush with nothing to journal, then | a 4 KiB overwrite + flush, then (`--warm-flush`) | first snapshot | snapshot, median of 20 (min, max) |"
     );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|");
     let chunk = vec![0x33u8; 1 << 20];
     for &gib in sizes {
         let size = gib * GIB;
@@ -169,6 +177,14 @@ fn snapshot_sizes(dir: &Path, sizes: &[u64], written_out: bool) {
         let t = Instant::now();
         s.flush().expect("flush");
         let idle_flush = t.elapsed();
+        // With `--warm-flush`: one 4 KiB overwrite of a mapped block and a flush (a data write and one
+        // `fdatasync`, nothing journaled) before the first snapshot: the first device flush after the fill, apart.
+        let warm = warm_flush.then(|| {
+            let t = Instant::now();
+            s.write_at(lv, 0, &chunk[..4096]).expect("write");
+            s.flush().expect("flush");
+            t.elapsed()
+        });
         let t = Instant::now();
         s.snapshot("vol", "first").expect("snapshot");
         let first = t.elapsed();
@@ -184,7 +200,7 @@ fn snapshot_sizes(dir: &Path, sizes: &[u64], written_out: bool) {
         let (lo, hi) = (*times.iter().min().unwrap(), *times.iter().max().unwrap());
         let ms = |d: Duration| d.as_secs_f64() * 1e3;
         println!(
-            "| {gib} GiB | {:.1} s | {rss:.1} MiB | {} of {} | {} / {} KiB of {} | {:.2} ms | {:.2} ms | {:.2} ms ({:.2}, {:.2}) |",
+            "| {gib} GiB | {:.1} s | {rss:.1} MiB | {} of {} | {} / {} KiB of {} | {:.2} ms | {} | {:.2} ms | {:.2} ms ({:.2}, {:.2}) |",
             fill.as_secs_f64(),
             space.used_clusters,
             space.total_clusters,
@@ -192,6 +208,7 @@ fn snapshot_sizes(dir: &Path, sizes: &[u64], written_out: bool) {
             after >> 10,
             space.journal_bytes >> 10,
             ms(idle_flush),
+            warm.map_or_else(|| "-".to_owned(), |d| format!("{:.2} ms", ms(d))),
             ms(first),
             ms(median(times)),
             ms(lo),
@@ -291,7 +308,7 @@ fn main() {
         return;
     }
     if !a.snapshot_sizes.is_empty() {
-        snapshot_sizes(dir.path(), &a.snapshot_sizes, a.written_out);
+        snapshot_sizes(dir.path(), &a.snapshot_sizes, a.written_out, a.warm_flush);
         return;
     }
     let meta = META;
