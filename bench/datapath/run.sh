@@ -37,6 +37,8 @@
 #             --sort comm) beside the table; PERF_JOBS narrows it to some job names
 #   STRACE=1  trace the replica daemons' syscalls (`strace -f -c -w`: counts and wall time per call) during every job into
 #             the work directory (NAME.strace; implies KEEP=1): a diagnosis, not a figure (strace slows every call)
+#   DROP_CACHES=1  drop the page cache after each target's fill (needs root): the jobs' 4 KiB overwrites then meet
+#             4 KiB folios instead of the fill's large ones, whose cost otherwise dominates every file-backed write
 #   COUNT=1   also print locks and payload copies per IO of the engine and the replicas (needs binaries built with
 #             `--features engine/io-counters,replica/io-counters` in BIN_DIR / BASE_BIN_DIR; scraped from /metrics)
 set -euo pipefail
@@ -318,6 +320,12 @@ for t in $TARGETS; do
   echo "# target $t: precondition (1 MiB writes over the whole device)" >&2
   fio_json "$WORK/$t/precondition.json" --rw=write --bs=1m --iodepth=8 --end_fsync=1
   snapshot_after_precondition "$t"
+  if [[ "${DROP_CACHES:-0}" == 1 ]]; then
+    # The fill left the data files in ext4's large folios, over which every 4 KiB overwrite pays for the whole
+    # folio (folio_micro.sh); dropped, the jobs' overwrites get 4 KiB folios, as on a volume written by small IO.
+    sync -f "$WORK"
+    echo 1 >/proc/sys/vm/drop_caches
+  fi
   for j in "${SELECTED[@]}"; do
     IFS=: read -r name rw bs qd fsync <<<"$j"
     echo "# target $t: $name (${RUNTIME}s)" >&2
