@@ -1643,19 +1643,37 @@ impl LvStore {
         // A block whose checksum is in the journal's last record is written only after a later record is durable
         // (`seal`); no flush can make a new such record while this write holds the gate.
         let aligned = start == offset && end == offset + data.len() as u64;
-        let _g = loop {
+        let (_g, overwrite) = loop {
             let g = if aligned {
                 Gate::Read(self.gate_read())
             } else {
                 Gate::Write(self.gate_write())
             };
-            self.check_writable(id, offset, data.len() as u64)?;
-            if !self.must_seal(&self.lock(), id, start, end - start) {
-                break g;
+            // One look under the lock: the range, a seal to wait for, and whether this is an overwrite of blocks
+            // the lvol holds already (the common case of a written volume: no map change, so no second lock).
+            let inner = self.lock();
+            self.check_writable_in(&inner, id, offset, data.len() as u64)?;
+            if !self.must_seal(&inner, id, start, end - start) {
+                let overwrite = if aligned {
+                    self.mapped_here(&inner, id, offset, data.len() as u64)
+                } else {
+                    None
+                };
+                break (g, overwrite);
             }
+            drop(inner);
             drop(g);
             self.seal(id, start, end - start)?;
         };
+        if let Some(at) = overwrite {
+            // The gate (held) keeps snapshots, clones, deletes and checkpoints out until the bytes are written;
+            // as in `write_blocks`, the cluster can change hands meanwhile only through an unmap of these very
+            // blocks racing this write.
+            return self
+                .dev
+                .write_at(data, at)
+                .map_err(self.io(format!("write {} bytes at {at}", data.len())));
+        }
         if aligned {
             return self.write_blocks(id, offset, data);
         }
@@ -1667,7 +1685,10 @@ impl LvStore {
     }
 
     fn check_writable(&self, id: BlobId, offset: u64, len: u64) -> Result<()> {
-        let inner = self.lock();
+        self.check_writable_in(&self.lock(), id, offset, len)
+    }
+
+    fn check_writable_in(&self, inner: &Inner, id: BlobId, offset: u64, len: u64) -> Result<()> {
         self.check_range(&inner.meta, id, offset, len)?;
         if inner.meta.blobs[&id].kind != BlobKind::Lvol {
             return Err(Error::Invalid(format!(
@@ -1676,6 +1697,20 @@ impl LvStore {
             )));
         }
         Ok(())
+    }
+
+    /// The device offset of `[offset, offset + len)` of lvol `id` when that range lies in one cluster the lvol
+    /// holds with every one of its blocks written (an overwrite in place); `None` otherwise.
+    fn mapped_here(&self, inner: &Inner, id: BlobId, offset: u64, len: u64) -> Option<u64> {
+        let (lc, blk) = self.split(offset);
+        let blocks = len / BLOCK_SIZE;
+        if len == 0 || blk + blocks > self.cluster_size / BLOCK_SIZE {
+            return None;
+        }
+        let e = inner.meta.blobs.get(&id)?.clusters.get(&lc)?;
+        (blk..blk + blocks)
+            .all(|b| e.has(b))
+            .then(|| self.phys_off(e.phys, blk))
     }
 
     /// Aligned write: per cluster, map it (allocating if the lvol has none: nothing is copied, the blocks not
