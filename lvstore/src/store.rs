@@ -1666,9 +1666,8 @@ impl LvStore {
             self.seal(id, start, end - start)?;
         };
         if let Some(at) = overwrite {
-            // The gate (held) keeps snapshots, clones, deletes and checkpoints out until the bytes are written;
-            // as in `write_blocks`, the cluster can change hands meanwhile only through an unmap of these very
-            // blocks racing this write.
+            // The gate (held) keeps snapshots, clones, deletes, checkpoints and the release of clusters an unmap
+            // emptied out until the bytes are written: the cluster is still where it was looked up.
             return self
                 .dev
                 .write_at(data, at)
