@@ -324,7 +324,7 @@ for t in $TARGETS; do
     # The fill left the data files in ext4's large folios, over which every 4 KiB overwrite pays for the whole
     # folio (folio_micro.sh); dropped, the jobs' overwrites get 4 KiB folios, as on a volume written by small IO.
     sync -f "$WORK"
-    echo 1 >/proc/sys/vm/drop_caches
+    echo 1 >/proc/sys/vm/drop_caches || { echo "run.sh: DROP_CACHES=1 needs root (writes /proc/sys/vm/drop_caches)" >&2; exit 2; }
   fi
   for j in "${SELECTED[@]}"; do
     IFS=: read -r name rw bs qd fsync <<<"$j"
