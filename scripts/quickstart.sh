@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # Corral's main job on one machine: a single-node manager on the embedded store with a local data directory, a
 # volume with 3 replicas, attached and served over NBD, written and read back; then it keeps running until Ctrl-C
-# (the volume is detached — engine and replicas stop cleanly — and the manager stops). Restarting reuses the data.
+# (every attached volume is detached — engines and replicas stop cleanly — then the manager and every daemon it
+# started stop: `corral down`). Restarting reuses the data.
 #
 #   scripts/quickstart.sh [--once]
 #
-#   --once (or CORRAL_ONCE=1)  stop cleanly after the NBD round trip (detach, stop the manager, exit 0): CI runs this
+#   --once (or CORRAL_ONCE=1)  stop cleanly after the NBD round trip (as Ctrl-C does, then exit 0): CI runs this
 #   CORRAL_DATA (./corral-data)  CORRAL_SIZE (10G)  CORRAL_REPLICAS (3)  CORRAL_VOLUME (vol1)
 #   CORRAL_PORT (9500; 0 = a free port, printed)  CORRAL_PROFILE (release; `debug` reuses the test suite's debug build)
 #
@@ -63,7 +64,7 @@ if [ -f "$data/store.redb" ] && ! flock -n "$data/store.redb" true 2>/dev/null; 
   echo "A Corral manager is already running on $data${old_pid:+ (pid $old_pid, http://127.0.0.1:$old_port)}." >&2
   if [ -n "${old_pid:-}" ]; then
     echo "  reach it:  export CORRAL_URL=http://127.0.0.1:$old_port; $bin/corral volume ls" >&2
-    echo "  stop it:   Ctrl-C where quickstart.sh runs, or kill $old_script (it detaches $volume, then stops the manager)" >&2
+    echo "  stop it:   Ctrl-C where quickstart.sh runs, or kill $old_script (it detaches every volume, then stops the manager and its daemons)" >&2
   fi
   echo "  or start a separate one: CORRAL_DATA=another-dir CORRAL_PORT=another-port $0" >&2
   exit 1
@@ -89,17 +90,18 @@ setsid "$bin/corral-manager" --data-dir "$data" --listen "127.0.0.1:$port" --nod
 manager=$!
 # Manager pid, port, and this script's pid (a TERM to it stops everything in order).
 echo "$manager $port $$" >"$pidfile"
-# Detach, stop the manager, wait for it. Status 1 when the volume did not detach or the manager did not exit 0.
+# Stop everything in order (`corral down`: every volume attached on this node is detached through the API, the
+# manager gets SIGTERM, then whatever daemon it leaves under $data does: v2 disk daemons, backing-image managers).
+# Status 1 when that failed or the manager did not exit 0.
 stop() {
   trap "" INT TERM
   trap - EXIT
   local status=0
-  echo "stopping: detaching $volume (engine, then replicas), then the manager..."
-  corral volume detach "$volume" >/dev/null 2>&1 || {
-    echo "could not detach $volume; see $data/logs/" >&2
+  echo "stopping: detaching the attached volumes (engines, then replicas), then the manager and its daemons..."
+  corral down --data-dir "$data" || {
+    echo "corral down failed; see $data/logs/" >&2
     status=1
   }
-  kill -TERM "$manager" 2>/dev/null || true
   wait "$manager" 2>/dev/null || {
     echo "the manager did not exit cleanly; see $data/logs/manager.log" >&2
     status=1
@@ -158,6 +160,6 @@ Next:  export CORRAL_URL=$CORRAL_URL
        $bin/corral volume get $volume --json   $bin/corral setting ls
        qemu-img convert -O raw $tcp copy.raw
 API:   $CORRAL_URL/v1/openapi.json   Metrics: $CORRAL_URL/metrics   Logs: $data/logs/
-Ctrl-C detaches the volume and stops everything.
+Ctrl-C detaches every attached volume and stops the manager and every daemon it started.
 TXT
 wait "$manager"

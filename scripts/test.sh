@@ -37,6 +37,12 @@ cargo build --workspace --bins --locked "${features[@]}"
 quickstart_data=$(mktemp -d)
 CORRAL_PROFILE=debug CORRAL_DATA=$quickstart_data CORRAL_PORT=0 CORRAL_SIZE=64M \
   scripts/quickstart.sh --once
+# Its stop leaves nothing running (every daemon the manager started names the data dir on its command line).
+if left=$(pgrep -af -- "$quickstart_data"); then
+  echo "the quick start's stop left processes running:" >&2
+  echo "$left" >&2
+  exit 1
+fi
 rm -rf "$quickstart_data"
 if cargo nextest --version >/dev/null 2>&1; then
   status=0

@@ -106,6 +106,43 @@ fn down_detaches_the_volumes_then_stops_the_manager_and_everything_it_started() 
     assert_eq!(v["state"], "attached", "{v}");
     let engine = v["engine"]["pid"].as_u64().expect("engine pid");
     assert!(alive(engine));
+    // A v2 disk outside the data directory and a v2 volume on it: its store's daemon is stopped by down too.
+    let v2disk = dir.path().join("v2disk");
+    let v2run = |args: &[&str]| {
+        let (ok, out) = corral(&[&["--url", url.as_str()], args].concat());
+        assert!(ok, "{args:?}: {out}");
+    };
+    v2run(&[
+        "node",
+        "disk-add",
+        "node-1",
+        "v2",
+        v2disk.to_str().unwrap(),
+        "--disk-engine",
+        "v2",
+        "--lvstore-size",
+        "128M",
+    ]);
+    let lvstore = wait_for("the v2 disk's daemon running", Duration::from_secs(60), || {
+        let (ok, out) = corral(&["--url", &url, "lvstore", "ls", "--json"]);
+        assert!(ok, "{out}");
+        let ds: Value = serde_json::from_str(&out).unwrap();
+        let d = ds.as_array()?.first()?.clone();
+        (d["state"] == "running").then(|| d["pid"].as_u64()).flatten()
+    });
+    v2run(&[
+        "volume",
+        "create",
+        "vtwo",
+        "--size",
+        "16Mi",
+        "--replicas",
+        "1",
+        "--data-engine",
+        "v2",
+    ]);
+    v2run(&["volume", "attach", "vtwo"]);
+    assert_eq!(volume(&url, "vtwo")["state"], "attached");
     // A second manager on the same directory is refused, naming the first.
     let (ok, out) = corral(&[
         "up",
@@ -126,8 +163,13 @@ fn down_detaches_the_volumes_then_stops_the_manager_and_everything_it_started() 
         out.contains("detaching volume v1") && out.contains("volume v1 detached"),
         "{out}"
     );
+    assert!(out.contains("volume vtwo detached"), "{out}");
     assert!(!alive(manager), "the manager still runs after down:\n{out}");
     assert!(!alive(engine), "the engine still runs after down:\n{out}");
+    assert!(
+        !alive(lvstore),
+        "the v2 disk's daemon still runs after down:\n{out}"
+    );
     let left = processes_under(&data);
     assert!(
         left.is_empty(),

@@ -175,6 +175,15 @@ fn v2_volumes_live_on_v2_disks_survive_a_killed_lvstore_daemon_and_read_back_lik
     );
     let out = ok(&url, &["lvstore", "ls"]);
     assert!(out.contains("v2a") && out.contains("running"), "{out}");
+    // What a v2 disk has free is its store's free clusters, as its daemon reports them (not the store's size).
+    let free_before = wait_for(
+        "v2a's free space from its daemon",
+        Duration::from_secs(30),
+        || {
+            let (max, free) = disk_space(&url, node, "v2a");
+            (free < max).then_some(free)
+        },
+    );
 
     // A v2 volume (CLI) and a v1 volume: replicas only on disks of their engine.
     ok(
@@ -228,6 +237,19 @@ fn v2_volumes_live_on_v2_disks_survive_a_killed_lvstore_daemon_and_read_back_lik
     // One fio verify job on both volumes; they read back identically (qemu-img compare over NBD).
     fio_verify(&uri1);
     fio_verify(&uri2);
+    let free_after = wait_for(
+        "v2a's free space down by what fio wrote",
+        Duration::from_secs(30),
+        || {
+            let (_, free) = disk_space(&url, node, "v2a");
+            (free + (16 << 20) <= free_before).then_some(free)
+        },
+    );
+    let out = ok(&url, &["node", "ls"]);
+    assert!(
+        out.contains(&corral_daemon::human_bytes(free_after)),
+        "corral node ls shows v2a's free space: {out}"
+    );
     qemu_img_compare(&uri1, &uri2);
 
     // qemu-io on v2, a snapshot, writes over it.
@@ -337,6 +359,21 @@ fn v2_volumes_live_on_v2_disks_survive_a_killed_lvstore_daemon_and_read_back_lik
                 .then_some(())
         },
     );
+}
+
+/// (storageMaximum, storageAvailable) of `disk` on `node`, as the REST API reports them.
+fn disk_space(url: &str, node: &str, disk: &str) -> (u64, u64) {
+    let (_, n) = rest("GET", &format!("{url}/v1/nodes/{node}"), None);
+    let d = n["disks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["name"] == disk)
+        .unwrap_or_else(|| panic!("no disk {disk}: {n}"));
+    (
+        d["storageMaximum"].as_u64().unwrap(),
+        d["storageAvailable"].as_u64().unwrap(),
+    )
 }
 
 /// `corral --json backup create VOLUME` (waits): its JSON.

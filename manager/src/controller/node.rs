@@ -15,7 +15,8 @@ use crate::model::{DataEngine, DiskSpec, DiskStatus, Node, Replica};
 const HEARTBEAT: Duration = Duration::from_secs(2);
 
 /// Checks (or, on a new empty disk, writes) the identity file and measures the file system (v1), or the store
-/// device (v2: its size; a device that holds foreign data is an error, so nothing is placed there).
+/// device (v2: its size; a device that holds foreign data is an error, so nothing is placed there). What a v2 store
+/// still holds free is its daemon's to say ([`heartbeat_once`] asks it).
 fn disk_status(path: &Path, spec: &DiskSpec) -> DiskStatus {
     let uuid = spec.disk_uuid.as_str();
     let mut st = DiskStatus::default();
@@ -48,7 +49,7 @@ fn disk_status(path: &Path, spec: &DiskSpec) -> DiskStatus {
         } else {
             spec.lvstore_size
         });
-        st.storage_available = st.storage_maximum;
+        st.storage_available = st.storage_maximum; // until its daemon answers
         return st;
     }
     match nix::sys::statvfs::statvfs(path) {
@@ -78,6 +79,21 @@ pub async fn heartbeat_once(ctx: &Ctx) -> anyhow::Result<()> {
             .collect::<BTreeMap<_, _>>()
     })
     .await?;
+    let mut statuses = statuses;
+    for (name, st) in &mut statuses {
+        let v2 = node
+            .data
+            .spec
+            .disks
+            .get(name)
+            .is_some_and(|d| d.engine == DataEngine::V2);
+        if v2
+            && st.error.is_empty()
+            && let Some(free) = crate::v2::replica::store_free_bytes(ctx, name).await
+        {
+            st.storage_available = free.min(st.storage_maximum);
+        }
+    }
     let replicas = ctx.db.list::<Replica>().await?;
     // The data plane's version and features: the instance manager's as it answers now (kept as last known when
     // it does not answer), or this manager's own build, whose binaries run the daemons.

@@ -40,6 +40,20 @@ async fn running_daemon(ctx: &Ctx, daemon: &str) -> anyhow::Result<Option<Lvstor
         .filter(|d| d.state == ProcessState::Running && !d.address.is_empty()))
 }
 
+/// What the store of `disk` on this node can still hold (its free clusters), asked of its running daemon; None
+/// when the daemon does not serve or does not answer within a second (the heartbeat then reports the store's size).
+pub async fn store_free_bytes(ctx: &Ctx, disk: &str) -> Option<u64> {
+    let d = running_daemon(ctx, &daemon_name(&ctx.cfg.node_id, disk))
+        .await
+        .ok()??;
+    let ask = async {
+        let mut c = client(&d.address).await.ok()?;
+        let s = c.lvstore_info(v1::LvstoreEmpty {}).await.ok()?.into_inner();
+        Some(s.free_clusters.saturating_mul(s.cluster_size))
+    };
+    tokio::time::timeout(Duration::from_secs(1), ask).await.ok()?
+}
+
 /// The replica document `name` is gone: remove its lvols from the daemon that hosted it. Ok(false) when this
 /// manager did not host it.
 pub async fn deleted(ctx: &Ctx, hosted: &Hosted, name: &str) -> anyhow::Result<bool> {
