@@ -36,7 +36,8 @@
 #             WORK/TARGET/JOB.perf.data (use with KEEP=1), and print the job's per-process CPU split (perf report
 #             --sort comm) beside the table; PERF_JOBS narrows it to some job names
 #   STRACE=1  trace the replica daemons' syscalls (`strace -f -c -w`: counts and wall time per call) during every job into
-#             the work directory (NAME.strace; implies KEEP=1): a diagnosis, not a figure (strace slows every call)
+#             the work directory (NAME.strace; implies KEEP=1): a diagnosis, not a figure (strace slows every call);
+#             STRACE_OPTS replaces `-c -w` (e.g. "-e trace=futex -k": every futex call with its stack, by thread)
 #   DROP_CACHES=1  drop the page cache after each target's fill (needs root): the jobs' 4 KiB overwrites then meet
 #             4 KiB folios instead of the fill's large ones, whose cost otherwise dominates every file-backed write
 #   COUNT=1   also print locks and payload copies per IO of the engine and the replicas (needs binaries built with
@@ -352,7 +353,8 @@ for t in $TARGETS; do
       # The replica daemons: every target PID but the engine, started last.
       strace_args=()
       for pid in "${TARGET_PIDS[@]:0:${#TARGET_PIDS[@]}-1}"; do strace_args+=(-p "$pid"); done
-      timeout -s INT "$((RUNTIME + 1))" strace -f -c -w -o "$WORK/$t/$name.strace" "${strace_args[@]}" 2>/dev/null &
+      read -r -a strace_opts <<<"${STRACE_OPTS:--c -w}"
+      timeout -s INT "$((RUNTIME + 1))" strace -f "${strace_opts[@]}" -o "$WORK/$t/$name.strace" "${strace_args[@]}" 2>/dev/null &
       strace_pid=$!
     fi
     fio_json "$WORK/$t/$name.json" --rw="$rw" --bs="$bs" --iodepth="$qd" --fsync="${fsync:-0}" --time_based \

@@ -131,6 +131,9 @@ struct Inner {
     /// for each time) and kept by the write and unmap paths; dropped whenever an op changes the metadata.
     allocated: HashMap<BlobId, u64>,
     poisoned: bool,
+    /// A flush took `dirty` (and `fresh`) and has neither made its record durable nor put them back: while it
+    /// is set, an empty `dirty` does not mean that every completed write's allocation is durable.
+    committing: bool,
     /// Journal records replayed at open (reported by `info`).
     replayed: u64,
     /// Journal records appended and checkpoints written since open (the daemon's metrics).
@@ -156,6 +159,7 @@ pub struct LvStore {
     rounds: Mutex<Rounds>,
     round_cv: [Condvar; 2],
     shared_flushes: AtomicU64,
+    plain_syncs: AtomicU64,
 }
 
 /// Flush rounds: one flush leads a round at a time (it journals and syncs for itself and for every flush that
@@ -170,6 +174,8 @@ struct Rounds {
     /// Rounds begun, and the last that completed successfully (a failed one wakes every waiter to retry).
     begun: u64,
     done: u64,
+    /// Flushes waiting on each of `round_cv` (a round's end wakes none when none waits: no futex call).
+    waiting: [u32; 2],
 }
 
 /// Held by the flush leading round `round`; dropping it ends the round.
@@ -194,13 +200,19 @@ impl Drop for Lead<'_> {
         let this = usize::from(self.round % 2 == 1);
         if self.ok {
             r.done = self.round;
-            drop(r);
+        }
+        // A flush that starts waiting after this unlock sees the round ended (it leads, or returns).
+        let waiting = r.waiting;
+        drop(r);
+        if waiting[this] > 0 {
             s.round_cv[this].notify_all();
-            s.round_cv[1 - this].notify_one();
-        } else {
-            drop(r);
-            s.round_cv[this].notify_all();
-            s.round_cv[1 - this].notify_all();
+        }
+        if waiting[1 - this] > 0 {
+            if self.ok {
+                s.round_cv[1 - this].notify_one();
+            } else {
+                s.round_cv[1 - this].notify_all();
+            }
         }
     }
 }
@@ -255,6 +267,9 @@ pub struct SpaceReport {
     /// Flushes since open that needed no sync of their own: one that began after them completed meanwhile (group
     /// commit of concurrent flushes).
     pub shared_flushes: u64,
+    /// Flushes since open that had nothing to journal and no journaling flush to wait for: one `fdatasync` each,
+    /// run beside any other flush's (no round).
+    pub plain_syncs: u64,
 }
 
 /// What `check` found.
@@ -495,6 +510,7 @@ impl LvStore {
                 unconfirmed: HashSet::new(),
                 allocated: HashMap::new(),
                 poisoned: false,
+                committing: false,
                 replayed: seq,
                 journal_commits: 0,
                 checkpoints: 0,
@@ -505,6 +521,7 @@ impl LvStore {
             rounds: Mutex::new(Rounds::default()),
             round_cv: [Condvar::new(), Condvar::new()],
             shared_flushes: AtomicU64::new(0),
+            plain_syncs: AtomicU64::new(0),
             dev,
         };
         if mode == OpenMode::ReadWrite && (seq > 0 || dropped) {
@@ -825,9 +842,12 @@ impl LvStore {
             // Covered by round `arrived + 1` (the one in progress, or the next); a flush that must lead
             // waits for the next round whichever it is.
             let want = if may_share { arrived + 1 } else { r.begun + 1 };
-            r = self.round_cv[usize::from(want % 2 == 1)]
+            let cv = usize::from(want % 2 == 1);
+            r.waiting[cv] += 1;
+            r = self.round_cv[cv]
                 .wait(r)
                 .unwrap_or_else(std::sync::PoisonError::into_inner);
+            r.waiting[cv] -= 1;
         }
     }
 
@@ -877,6 +897,24 @@ impl LvStore {
         // completed before this call durable, with its map: nothing left to do, unless this flush must journal
         // an xattr of its own.
         let may_share = xattr.is_none() || when == XattrAtFlush::IfJournaling;
+        if may_share {
+            // Nothing to journal and no journaling flush in progress: every write completed before this call
+            // changed only data, which one `fdatasync` makes durable. It runs beside any other flush's sync (as
+            // two v1 flushes of one file do), where a round would have it wait for the one in progress to end
+            // first (the engine's two connections to a replica each send flushes).
+            let inner = self.lock();
+            if inner.poisoned {
+                return Err(Error::Poisoned {
+                    path: self.path().to_owned(),
+                });
+            }
+            if inner.dirty.is_empty() && !inner.committing {
+                drop(inner);
+                self.dev.sync().map_err(self.io("fdatasync"))?;
+                self.plain_syncs.fetch_add(1, Ordering::SeqCst);
+                return Ok(false);
+            }
+        }
         let Some(mut lead) = self.lead_or_wait(may_share) else {
             self.shared_flushes.fetch_add(1, Ordering::SeqCst);
             return Ok(false);
@@ -934,6 +972,7 @@ impl LvStore {
                 return Ok(false);
             }
             let summed = matches!(gate, Gate::Write(_)) && one_sync(&inner);
+            inner.committing = true;
             let dirty = std::mem::take(&mut inner.dirty);
             let fresh = std::mem::take(&mut inner.fresh);
             let mut ops: Vec<Op> = dirty
@@ -965,6 +1004,7 @@ impl LvStore {
                 let mut buf = vec![0u8; BS];
                 for &block in &blocks {
                     if let Err(e) = self.dev.read_at(&mut buf, self.data_off + block * BLOCK_SIZE) {
+                        inner.committing = false;
                         inner.dirty.extend(dirty);
                         inner.fresh.extend(fresh);
                         return Err(self.io("read back a block to checksum")(e));
@@ -982,6 +1022,7 @@ impl LvStore {
             );
             if inner.journal_tail + record.len() as u64 > inner.sb.journal_len {
                 // Put the changes back and checkpoint with IO stopped.
+                inner.committing = false;
                 inner.dirty.extend(dirty);
                 inner.fresh.extend(fresh);
                 drop(inner);
@@ -1026,6 +1067,7 @@ impl LvStore {
         };
         let res = self.write_record(&record, at, data_first);
         let mut inner = self.lock();
+        inner.committing = false;
         if let Err(e) = self.record_written(&mut inner, record.len(), res) {
             inner.dirty.extend(dirty);
             inner.fresh.extend(fresh);
@@ -1180,6 +1222,7 @@ impl LvStore {
             snapshots: count(BlobKind::Snapshot),
             journal_commits: inner.journal_commits,
             shared_flushes: self.shared_flushes.load(Ordering::SeqCst),
+            plain_syncs: self.plain_syncs.load(Ordering::SeqCst),
             one_sync_flushes: inner.one_sync_flushes,
             checkpoints: inner.checkpoints,
         }
@@ -2045,7 +2088,97 @@ fn read_superblock(dev: &Device, path: &Path) -> Result<Superblock> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
     use super::{FormatOptions, LvStore, MAX_SUMMED_BLOCKS, OpenMode};
+
+    fn small_store(path: &std::path::Path) -> LvStore {
+        std::fs::File::create(path).unwrap().set_len(64 << 20).unwrap();
+        let opts = FormatOptions {
+            cluster_size: 64 << 10,
+            meta_area: Some(512 << 10),
+            journal_len: 256 << 10,
+            force: false,
+        };
+        LvStore::format(path, &opts).unwrap()
+    }
+
+    /// A flush with nothing to journal syncs at once, beside a round in progress that journals nothing (as two
+    /// v1 flushes of one file run side by side), instead of waiting for that round to end.
+    #[test]
+    fn a_flush_with_nothing_to_journal_runs_beside_a_round_in_progress() {
+        let dir = testkit::scratch::disk_tempdir("lvstore-plain");
+        let s = small_store(&dir.path().join("disk"));
+        let lv = s.create_lvol("vol", 16 << 20).unwrap();
+        s.write_at(lv, 0, &[7u8; 4096]).unwrap();
+        s.flush().unwrap();
+        s.write_at(lv, 0, &[8u8; 4096]).unwrap(); // an overwrite: data only
+        let before = s.space().plain_syncs;
+        let lead = s.lead_or_wait(false).expect("no round runs");
+        let done = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                s.flush().unwrap();
+                done.store(true, Ordering::SeqCst);
+            });
+            let deadline = Instant::now() + Duration::from_secs(30);
+            while !done.load(Ordering::SeqCst) && Instant::now() < deadline {
+                std::thread::yield_now();
+            }
+            let alongside = done.load(Ordering::SeqCst);
+            drop(lead); // (a flush still waiting leads the next round and returns: the scope can end)
+            assert!(alongside, "the flush waited for the round in progress");
+        });
+        assert_eq!(s.space().plain_syncs, before + 1);
+    }
+
+    /// A flush whose writes' allocations a journaling flush has taken, but not yet made durable, does not return
+    /// before that flush's record is written: an empty list of changed clusters is not enough to only sync.
+    #[test]
+    fn a_flush_waits_for_a_journaling_flush_in_progress() {
+        let dir = testkit::scratch::disk_tempdir("lvstore-committing");
+        let path = dir.path().join("disk");
+        let s = small_store(&path);
+        let lv = s.create_lvol("vol", 16 << 20).unwrap();
+        s.write_at(lv, 0, &[9u8; 4096]).unwrap(); // allocates: a cluster state to journal
+        // A journaling flush in progress: it leads the round and has taken the changed clusters.
+        let lead = s.lead_or_wait(false).expect("no round runs");
+        let (dirty, fresh) = {
+            let mut inner = s.lock();
+            inner.committing = true;
+            (std::mem::take(&mut inner.dirty), std::mem::take(&mut inner.fresh))
+        };
+        assert!(!dirty.is_empty());
+        let done = AtomicBool::new(false);
+        std::thread::scope(|sc| {
+            sc.spawn(|| {
+                s.flush().unwrap();
+                done.store(true, Ordering::SeqCst);
+            });
+            // A wrong flush returns after one fdatasync; this one must still wait when the look comes.
+            std::thread::sleep(Duration::from_millis(300));
+            let early = done.load(Ordering::SeqCst);
+            // That flush fails and puts the changes back: the waiting flush leads the next round and journals them.
+            {
+                let mut inner = s.lock();
+                inner.committing = false;
+                inner.dirty.extend(dirty);
+                inner.fresh.extend(fresh);
+            }
+            drop(lead);
+            assert!(
+                !early,
+                "a flush returned while a journaling flush it depends on had not written its record"
+            );
+        });
+        assert!(done.load(Ordering::SeqCst));
+        drop(s);
+        let s = LvStore::open(&path, OpenMode::ReadWrite).unwrap();
+        let mut buf = [0u8; 4096];
+        s.read_at(s.lookup("vol").unwrap(), 0, &mut buf).unwrap();
+        assert_eq!(buf, [9u8; 4096]);
+    }
 
     /// Writes between two flushes keep at most `MAX_SUMMED_BLOCKS + 1` newly mapped blocks in memory, and a
     /// flush after more than that (data synced before its record) still makes every one durable.
@@ -2053,14 +2186,7 @@ mod tests {
     fn newly_mapped_blocks_kept_for_a_flush_are_bounded_and_all_land() {
         let dir = testkit::scratch::disk_tempdir("lvstore-fresh");
         let path = dir.path().join("disk");
-        std::fs::File::create(&path).unwrap().set_len(64 << 20).unwrap();
-        let opts = FormatOptions {
-            cluster_size: 64 << 10,
-            meta_area: Some(512 << 10),
-            journal_len: 256 << 10,
-            force: false,
-        };
-        let s = LvStore::format(&path, &opts).unwrap();
+        let s = small_store(&path);
         let lv = s.create_lvol("vol", 16 << 20).unwrap();
         let blocks = 3 * MAX_SUMMED_BLOCKS as u64;
         for b in 0..blocks {

@@ -172,6 +172,11 @@ impl prometheus_client::collector::Collector for Collector {
                 "Flushes that needed no sync of their own: a concurrent flush of the store covered them",
                 s.shared_flushes,
             ),
+            (
+                "lvstore_plain_syncs",
+                "Flushes with nothing to journal, each one fdatasync beside any other flush's",
+                s.plain_syncs,
+            ),
         ] {
             let c = ConstCounter::new(v);
             c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)?;
