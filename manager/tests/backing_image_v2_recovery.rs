@@ -94,7 +94,9 @@ fn ready_copy_nodes(v: &Value) -> Vec<String> {
     n
 }
 
-/// Deletes image `name`'s copy from the disk daemon at `address` (`BackingImageDelete`), as a lost lvol.
+/// Deletes image `name`'s copy from the disk daemon at `address` (`BackingImageDelete`), as a lost lvol. A copy
+/// still exposed to feed a sync to another disk is refused by the daemon ("unexpose it first"): the manager
+/// unexposes it once the sync is done, so the delete is retried until then (60 s at most).
 fn delete_daemon_copy(address: &str, name: &str) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -102,11 +104,25 @@ fn delete_daemon_copy(address: &str, name: &str) {
         .unwrap();
     rt.block_on(async {
         let mut c = manager::v2::replica::client(address).await.unwrap();
-        c.backing_image_delete(corral_proto::v1::BackingImageRef {
-            name: name.to_owned(),
-        })
-        .await
-        .unwrap();
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        loop {
+            let res = c
+                .backing_image_delete(corral_proto::v1::BackingImageRef {
+                    name: name.to_owned(),
+                })
+                .await;
+            match res {
+                Ok(_) => return,
+                Err(e)
+                    if e.code() == tonic::Code::FailedPrecondition
+                        && e.message().contains("being sent")
+                        && std::time::Instant::now() < deadline =>
+                {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("delete {name}'s copy on {address}: {e}"),
+            }
+        }
     });
 }
 
