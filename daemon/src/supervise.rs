@@ -21,7 +21,13 @@ pub fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
 
-/// Field 22 of `/proc/PID/stat`: start time in clock ticks after boot; None when the process is gone or a zombie.
+/// The kernel's `PF_EXITING` task flag (`include/linux/sched.h`): set when the process starts to exit, before it
+/// releases its memory and becomes a zombie.
+const PF_EXITING: u64 = 0x4;
+
+/// Field 22 of `/proc/PID/stat`: start time in clock ticks after boot; None when the process is gone, a zombie or
+/// exiting. An exiting process must not count: once it has released its memory its command line reads empty, which
+/// [`is_alive`] takes for a child still inside execve, so a killed daemon would look alive again for a moment.
 pub fn start_time(pid: i32) -> Option<u64> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name may hold spaces and parentheses: fields start after the last ')'.
@@ -31,18 +37,29 @@ pub fn start_time(pid: i32) -> Option<u64> {
     if state == "Z" || state == "X" {
         return None;
     }
-    // `rest` starts at field 3 (state); field 22 is 19 further.
-    fields.nth(18)?.parse().ok()
+    // `rest` starts at field 3 (state): field 9 (flags) is 6 further, field 22 then 13 further.
+    let flags: u64 = fields.nth(5)?.parse().ok()?;
+    if flags & PF_EXITING != 0 {
+        return None;
+    }
+    fields.nth(12)?.parse().ok()
 }
 
 /// The process `pid` still runs, started at `start` (clock ticks, [`start_time`]), and runs `binary_name`.
 pub fn is_alive(pid: i32, start: u64, binary_name: &str) -> bool {
-    if pid <= 0 || start_time(pid) != Some(start) {
+    if pid <= 0 {
+        return false;
+    }
+    // The command line is read before the state: a process that exits between the two reads has released its
+    // memory (an empty command line) but is then seen exiting, so an empty line read first belongs to a process
+    // that was not exiting yet.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"));
+    if start_time(pid) != Some(start) {
         return false;
     }
     // Right after spawn the child may still be inside execve, with an empty command line: the pid and start
     // time already identify it (a recycled pid has another start time).
-    std::fs::read(format!("/proc/{pid}/cmdline"))
+    cmdline
         .map(|c| c.is_empty() || String::from_utf8_lossy(&c).contains(binary_name))
         .unwrap_or(false)
 }
@@ -137,6 +154,13 @@ mod tests {
         let name = exe.file_name().unwrap().to_string_lossy().into_owned();
         assert!(is_alive(pid, st, &name));
         assert!(!is_alive(pid, st + 1, &name));
+        // The field read is the start time: non-zero, and no later than that of a child started after this process.
+        assert!(st > 0);
+        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let child_st = start_time(i32::try_from(child.id()).unwrap()).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert!(child_st >= st, "child {child_st} before parent {st}");
         assert!(!is_alive(pid, st, "corral-engine-not-this"));
     }
 
