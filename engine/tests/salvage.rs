@@ -2,9 +2,8 @@
 //! mid-write, restart with `--salvage-requested`: the volume serves again and every write acknowledged before the
 //! last acknowledged flush is intact. Repeated ten times; between rounds the replicas salvage did not pick are
 //! rebuilt from the chosen one, so every round starts with three RW replicas. Parameterised over the data engine
-//! (`::v1`, `::v2`); v2 replicas cannot be rebuilt yet, so there the others stay ERR and each round's salvage
-//! must keep choosing the replica that has every flushed write (by the last-modified time and allocated bytes in
-//! its head lvol's xattrs).
+//! (`::v1`, `::v2`: a v2 replica's salvage fields, last-modified time and allocated bytes, live in its head lvol's
+//! xattrs, and its rebuild transfers snapshot lvols, then the head).
 
 mod common;
 
@@ -47,16 +46,8 @@ async fn salvage_after_engine_sigkill_keeps_every_flushed_write_ten_times(engine
                 let (ok, out) = qemu_io(&e.unix_uri(), &[&format!("read -P 0x{p:02x} {off} {BLOCK}")]);
                 assert!(ok, "round {round}: flushed write at {off} lost: {out}");
             }
-            if engine == DataEngine::V2 {
-                // No rebuild of v2 replicas yet: the salvaged one is RW, the others stay behind.
-                let modes = e.modes().await;
-                assert!(
-                    modes.iter().filter(|(_, m)| m == "RW").count() >= 1,
-                    "round {round}: {modes:?}"
-                );
-            }
             // Bring the others back: remove and rebuild them from the salvaged one.
-            for (a, m) in e.modes().await.into_iter().filter(|_| engine == DataEngine::V1) {
+            for (a, m) in e.modes().await {
                 if m == "ERR" {
                     assert!(e.cli(&["replica", "rm", &a]).status.success());
                     let out = e.cli(&["replica", "add", &a]);
@@ -69,7 +60,7 @@ async fn salvage_after_engine_sigkill_keeps_every_flushed_write_ten_times(engine
             }
             let modes = e.modes().await;
             assert!(
-                engine == DataEngine::V2 || (modes.len() == 3 && modes.iter().all(|(_, m)| m == "RW")),
+                modes.len() == 3 && modes.iter().all(|(_, m)| m == "RW"),
                 "round {round}: {modes:?}"
             );
         }
