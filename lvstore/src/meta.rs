@@ -3,7 +3,7 @@
 //! checkpoint holds the whole [`Meta`], and replay applies the ops of the current generation to the checkpoint
 //! with the same [`Meta::apply`] the live store uses, so the two can never disagree.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 use crate::codec::{Decoder, Encoder};
 use crate::error::FormatError;
@@ -211,6 +211,48 @@ impl Meta {
         })
     }
 
+    /// Checks that the transaction `ops` applies, each op on the metadata the ops before it leave, without
+    /// changing anything. A structural op (create, snapshot, clone, ...) may be followed only by xattr sets, of the
+    /// blob it made or of existing ones: what the checks of one op against the unchanged metadata and a count of the
+    /// keys the transaction adds per blob decide exactly (a transaction that [`Meta::apply`] could fail half-way
+    /// must never be journaled).
+    pub fn validate_all(&self, ops: &[Op], cluster_size: u64) -> Result<(), FormatError> {
+        let mut born: Option<BlobId> = None;
+        let mut structural = false;
+        let mut added: BTreeMap<BlobId, BTreeSet<&str>> = BTreeMap::new();
+        for op in ops {
+            let Op::SetXattr { id, key, value } = op else {
+                if structural || !added.is_empty() {
+                    return Err(bad(
+                        "a transaction holds one structural op, before its xattr sets".into(),
+                    ));
+                }
+                self.validate(op, cluster_size)?;
+                structural = true;
+                born = match op {
+                    Op::Create { id, .. } | Op::Clone { id, .. } => Some(*id),
+                    Op::Snapshot { snap, .. } => Some(*snap),
+                    _ => None,
+                };
+                continue;
+            };
+            check_xattr(key, value)?;
+            let existing = if born == Some(*id) {
+                None
+            } else {
+                Some(self.blob(*id)?)
+            };
+            let keys = added.entry(*id).or_default();
+            if !existing.is_some_and(|b| b.xattrs.contains_key(key)) && !keys.contains(key.as_str()) {
+                if existing.map_or(0, |b| b.xattrs.len()) + keys.len() >= MAX_XATTRS {
+                    return Err(bad(format!("at most {MAX_XATTRS} xattrs per lvol")));
+                }
+                keys.insert(key);
+            }
+        }
+        Ok(())
+    }
+
     /// Checks that `op` applies, without changing anything.
     pub fn validate(&self, op: &Op, cluster_size: u64) -> Result<(), FormatError> {
         match op {
@@ -246,11 +288,7 @@ impl Meta {
             }
             Op::SetXattr { id, key, value } => {
                 let b = self.blob(*id)?;
-                if key.is_empty() || key.len() > MAX_XATTR_KEY || value.len() > MAX_XATTR_VALUE {
-                    return Err(bad(format!(
-                        "xattr {key:?}: key of 1..={MAX_XATTR_KEY} bytes, value up to {MAX_XATTR_VALUE}"
-                    )));
-                }
+                check_xattr(key, value)?;
                 if !b.xattrs.contains_key(key) && b.xattrs.len() >= MAX_XATTRS {
                     return Err(bad(format!("at most {MAX_XATTRS} xattrs per lvol")));
                 }
@@ -681,6 +719,16 @@ impl Meta {
             _ => 0,
         }
     }
+}
+
+/// An xattr's key and value are within their limits.
+fn check_xattr(key: &str, value: &[u8]) -> Result<(), FormatError> {
+    if key.is_empty() || key.len() > MAX_XATTR_KEY || value.len() > MAX_XATTR_VALUE {
+        return Err(bad(format!(
+            "xattr {key:?}: key of 1..={MAX_XATTR_KEY} bytes, value up to {MAX_XATTR_VALUE}"
+        )));
+    }
+    Ok(())
 }
 
 /// Encodes a transaction (a list of ops) as a journal payload.

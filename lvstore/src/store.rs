@@ -608,12 +608,10 @@ impl LvStore {
                 path: self.path().to_owned(),
             });
         }
-        for op in &ops {
-            inner
-                .meta
-                .validate(op, self.cluster_size)
-                .map_err(|e| Error::Invalid(e.to_string()))?;
-        }
+        inner
+            .meta
+            .validate_all(&ops, self.cluster_size)
+            .map_err(|e| Error::Invalid(e.to_string()))?;
         let mut all: Vec<Op> = inner
             .dirty
             .iter()
@@ -1102,15 +1100,21 @@ impl LvStore {
     }
 
     fn op(&self, make: impl FnOnce(&Meta) -> Result<Op>) -> Result<BlobId> {
+        self.transaction(|m| make(m).map(|op| vec![op]))
+    }
+
+    /// Commits the ops `make` returns as one journal record (all or none after a crash); returns the id of the
+    /// first op's blob.
+    fn transaction(&self, make: impl FnOnce(&Meta) -> Result<Vec<Op>>) -> Result<BlobId> {
         self.writable()?;
         let _c = self.commit_guard();
         let _g = self.gate_write();
         let mut inner = self.lock();
-        let op = make(&inner.meta)?;
+        let ops = make(&inner.meta)?;
         // Refused here, before anything is journaled, when the next checkpoint could not hold the metadata (every
         // cluster mapped once at most): a store must never reach a journal it cannot checkpoint.
         let need = inner.meta.fixed_bytes()
-            + Meta::growth(&op)
+            + ops.iter().map(Meta::growth).sum::<u64>()
             + inner.sb.cluster_count * format::entry_bytes(self.cluster_size);
         if need > inner.sb.meta_area_len {
             return Err(Error::MetadataFull {
@@ -1119,7 +1123,7 @@ impl LvStore {
                 need,
             });
         }
-        let id = match &op {
+        let id = match &ops[0] {
             Op::Create { id, .. } | Op::Clone { id, .. } | Op::Resize { id, .. } | Op::Rename { id, .. } => {
                 *id
             }
@@ -1132,7 +1136,7 @@ impl LvStore {
             Op::Cluster { id, .. } => *id,
             Op::BlockSums { .. } => 0,
         };
-        self.commit(&mut inner, vec![op])?;
+        self.commit(&mut inner, ops)?;
         Ok(id)
     }
 
@@ -1283,8 +1287,21 @@ impl LvStore {
     /// Snapshots lvol `lvol` as `snapshot` in O(1): the lvol's data becomes the read-only snapshot and the lvol
     /// (same id, name, xattrs) becomes an empty clone of it.
     pub fn snapshot(&self, lvol: &str, snapshot: &str) -> Result<BlobId> {
+        self.snapshot_with_xattrs(lvol, snapshot, &[], &[])
+    }
+
+    /// [`snapshot`](Self::snapshot) with xattrs set in the same commit: `snapshot_xattrs` on the new snapshot,
+    /// `lvol_xattrs` on the lvol (now its clone). One journal record: after a crash the snapshot exists with all of
+    /// them or not at all, and the lvol's xattrs changed with it or not.
+    pub fn snapshot_with_xattrs(
+        &self,
+        lvol: &str,
+        snapshot: &str,
+        snapshot_xattrs: &[(&str, &[u8])],
+        lvol_xattrs: &[(&str, &[u8])],
+    ) -> Result<BlobId> {
         check_name(snapshot)?;
-        self.op(|m| {
+        self.transaction(|m| {
             let l = Self::find(m, lvol)?;
             if l.kind != BlobKind::Lvol {
                 return Err(Error::Invalid(format!(
@@ -1294,13 +1311,29 @@ impl LvStore {
             if m.by_name(snapshot).is_some() {
                 return Err(Error::Exists(snapshot.to_owned()));
             }
-            Ok(Op::Snapshot {
+            let snap = m.next_id;
+            let set = |id: BlobId, xattrs: &[(&str, &[u8])]| {
+                xattrs
+                    .iter()
+                    .map(|(k, v)| Op::SetXattr {
+                        id,
+                        key: (*k).to_owned(),
+                        value: v.to_vec(),
+                    })
+                    .collect::<Vec<_>>()
+            };
+            let mut ops = vec![Op::Snapshot {
                 lvol: l.id,
-                snap: m.next_id,
+                snap,
                 uuid: *uuid::Uuid::new_v4().as_bytes(),
                 name: snapshot.to_owned(),
                 created: now(),
-            })
+            }];
+            ops.extend(set(snap, snapshot_xattrs));
+            ops.extend(set(l.id, lvol_xattrs));
+            m.validate_all(&ops, self.cluster_size)
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+            Ok(ops)
         })
     }
 

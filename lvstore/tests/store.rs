@@ -725,3 +725,68 @@ fn flushes_with_and_without_xattrs_at_once_all_return_and_all_land() {
     // Not asserted (it depends on timing): how many plain flushes a round covered.
     eprintln!("shared flushes: {shared}");
 }
+
+#[test]
+fn a_snapshot_with_xattrs_is_one_commit_and_a_bad_xattr_refuses_all_of_it() {
+    let dir = testkit::scratch::disk_tempdir("lvstore");
+    let path = disk_file(dir.path(), 64 * MIB);
+    let s = LvStore::format(&path, &small_opts()).unwrap();
+    let lv = s.create_lvol("head", MIB).unwrap();
+    s.write_at(lv, 0, &[5u8; 4096]).unwrap();
+    s.set_xattr("head", "index", b"1").unwrap();
+    s.flush().unwrap();
+    let commits = s.space().journal_commits;
+    s.snapshot_with_xattrs(
+        "head",
+        "head.snap.a",
+        &[("meta", b"snapshot a"), ("created", b"now")],
+        &[("index", b"2")],
+    )
+    .unwrap();
+    assert_eq!(s.space().journal_commits, commits + 1, "one journal record");
+    // Refused whole, before anything is journaled: a value over the limit; two new keys past the 64th on the head
+    // (each alone would fit); a snapshot name taken.
+    for k in 0..62 {
+        s.set_xattr("head", &format!("k{k}"), b"v").unwrap();
+    }
+    let big = vec![0u8; (64 << 10) + 1];
+    type Xattrs<'a> = &'a [(&'a str, &'a [u8])];
+    let bad: [(&str, Xattrs, Xattrs); 3] = [
+        ("head.snap.b", &[("meta", &big)], &[("index", b"3")]),
+        ("head.snap.b", &[], &[("x", b"1"), ("y", b"1")]),
+        ("head.snap.a", &[], &[("index", b"3")]),
+    ];
+    let before = s.list().len();
+    for (name, snap_x, head_x) in bad {
+        assert!(
+            s.snapshot_with_xattrs("head", name, snap_x, head_x).is_err(),
+            "{name} {head_x:?}"
+        );
+        assert_eq!(s.list().len(), before);
+        assert_eq!(s.xattr("head", "index").unwrap().as_deref(), Some(&b"2"[..]));
+    }
+    // One new key on the head still fits (64 in all).
+    s.snapshot_with_xattrs("head", "head.snap.c", &[], &[("x", b"1")])
+        .unwrap();
+    drop(s);
+    let s = LvStore::open(&path, OpenMode::ReadOnly).unwrap();
+    assert_eq!(s.check().unwrap().leaked_clusters, 0);
+    assert_eq!(
+        s.xattr("head.snap.a", "meta").unwrap().as_deref(),
+        Some(&b"snapshot a"[..])
+    );
+    assert_eq!(
+        s.xattr("head.snap.a", "created").unwrap().as_deref(),
+        Some(&b"now"[..])
+    );
+    assert_eq!(s.xattr("head", "index").unwrap().as_deref(), Some(&b"2"[..]));
+    assert_eq!(s.xattr("head", "x").unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(s.info("head").unwrap().parent.as_deref(), Some("head.snap.c"));
+    assert_eq!(
+        s.info("head.snap.c").unwrap().parent.as_deref(),
+        Some("head.snap.a")
+    );
+    let mut b = vec![0u8; 4096];
+    s.read_at(s.lookup("head.snap.a").unwrap(), 0, &mut b).unwrap();
+    assert!(b.iter().all(|x| *x == 5));
+}

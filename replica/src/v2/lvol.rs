@@ -696,7 +696,6 @@ impl LvolReplica {
         }
         // IO stops for the snapshot (the store's exclusive gate); flush first so the salvage fields are current.
         self.flush_recording_salvage(true)?;
-        self.store.snapshot(&self.name, &lvol).map_err(|e| self.err(e))?;
         let meta = SnapshotXattr {
             created: if req.created.is_empty() {
                 crate::meta::now_rfc3339()
@@ -707,8 +706,25 @@ impl LvolReplica {
             removed: false,
             labels: req.labels.clone(),
         };
-        self.write_snapshot_xattr(&lvol, &meta)?;
-        self.update_volume(|v| v.head_index += 1)
+        let snap_bytes =
+            serde_json::to_vec(&meta).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
+        let mut g = write_lock(&self.open);
+        let o = g.as_mut().ok_or_else(|| self.not_open())?;
+        let mut volume = o.volume.clone();
+        volume.head_index += 1;
+        let volume_bytes =
+            serde_json::to_vec(&volume).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
+        // The snapshot, its record and the head's new index in one commit (one journal record, one sync).
+        self.store
+            .snapshot_with_xattrs(
+                &self.name,
+                &lvol,
+                &[(XATTR_SNAPSHOT, &snap_bytes)],
+                &[(XATTR_VOLUME, &volume_bytes)],
+            )
+            .map_err(|e| self.err(e))?;
+        o.volume = volume;
+        Ok(())
     }
 
     fn write_snapshot_xattr(&self, lvol: &str, m: &SnapshotXattr) -> Result<()> {
