@@ -1157,12 +1157,26 @@ impl LvStore {
 
     /// Every lvol and snapshot, by name.
     pub fn list(&self) -> Vec<LvolInfo> {
+        self.list_where(|_| true)
+    }
+
+    /// The lvols and snapshots whose names `keep` accepts, by name. One pass over the metadata finds every blob's
+    /// children, so a listing costs O(blobs) however many it keeps (a replica's status lists its own chain in a
+    /// store of thousands of lvols).
+    pub fn list_where(&self, keep: impl Fn(&str) -> bool) -> Vec<LvolInfo> {
         let inner = self.lock();
+        let mut children: HashMap<BlobId, Vec<&str>> = HashMap::new();
+        for b in inner.meta.blobs.values() {
+            if let Some(p) = b.parent {
+                children.entry(p).or_default().push(&b.name);
+            }
+        }
         let mut v: Vec<LvolInfo> = inner
             .meta
             .blobs
             .values()
-            .map(|b| info_of(&inner.meta, b))
+            .filter(|b| keep(&b.name))
+            .map(|b| info_of(&inner.meta, b, children.remove(&b.id).unwrap_or_default()))
             .collect();
         v.sort_by(|a, b| a.name.cmp(&b.name));
         v
@@ -1172,7 +1186,8 @@ impl LvStore {
     pub fn info(&self, name: &str) -> Result<LvolInfo> {
         let inner = self.lock();
         let b = Self::find(&inner.meta, name)?;
-        Ok(info_of(&inner.meta, b))
+        let children = inner.meta.children(b.id).map(|c| c.name.as_str()).collect();
+        Ok(info_of(&inner.meta, b, children))
     }
 
     /// Bytes of 4 KiB blocks lvol `name` holds itself ([`LvolInfo::allocated_bytes`] without the rest of the
@@ -2002,8 +2017,8 @@ impl LvStore {
     }
 }
 
-fn info_of(meta: &Meta, b: &Blob) -> LvolInfo {
-    let mut children: Vec<String> = meta.children(b.id).map(|c| c.name.clone()).collect();
+fn info_of(meta: &Meta, b: &Blob, children: Vec<&str>) -> LvolInfo {
+    let mut children: Vec<String> = children.into_iter().map(str::to_owned).collect();
     children.sort();
     LvolInfo {
         id: b.id,

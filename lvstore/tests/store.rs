@@ -790,3 +790,26 @@ fn a_snapshot_with_xattrs_is_one_commit_and_a_bad_xattr_refuses_all_of_it() {
     s.read_at(s.lookup("head.snap.a").unwrap(), 0, &mut b).unwrap();
     assert!(b.iter().all(|x| *x == 5));
 }
+
+#[test]
+fn a_filtered_listing_keeps_the_children_of_the_lvols_it_keeps() {
+    let dir = testkit::scratch::disk_tempdir("lvstore");
+    let path = disk_file(dir.path(), 64 * MIB);
+    let s = LvStore::format(&path, &small_opts()).unwrap();
+    s.create_lvol("a", MIB).unwrap();
+    s.snapshot("a", "a.snap.1").unwrap();
+    s.clone_snapshot("a.snap.1", "b").unwrap();
+    s.create_lvol("c", MIB).unwrap();
+    let kept = s.list_where(|n| n.starts_with("a"));
+    let names: Vec<&str> = kept.iter().map(|l| l.name.as_str()).collect();
+    assert_eq!(names, ["a", "a.snap.1"]);
+    // The snapshot's children include the clone the filter left out, as the full listing gives them.
+    assert_eq!(kept[1].children, ["a", "b"]);
+    let full = s.list();
+    assert_eq!(
+        full.iter().find(|l| l.name == "a.snap.1").unwrap().children,
+        kept[1].children
+    );
+    assert_eq!(s.info("a.snap.1").unwrap().children, kept[1].children);
+    assert!(full.iter().find(|l| l.name == "c").unwrap().children.is_empty());
+}

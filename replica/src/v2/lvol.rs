@@ -920,7 +920,10 @@ impl LvolReplica {
             });
         };
         let head_file = names::head_file(o.volume.head_index);
-        let all = self.store.list();
+        // Only this replica's lvols (a store holds every replica of the disk).
+        let all = self
+            .store
+            .list_where(|n| n == self.name || self.snap_file(n).is_some());
         let by_name: BTreeMap<&str, &LvolInfo> = all.iter().map(|l| (l.name.as_str(), l)).collect();
         let file_of = |lvol: &str| -> String {
             if lvol == self.name {
@@ -930,10 +933,7 @@ impl LvolReplica {
             }
         };
         let mut disks = BTreeMap::new();
-        for l in all
-            .iter()
-            .filter(|l| l.name == self.name || self.snap_file(&l.name).is_some())
-        {
+        for l in &all {
             let file = file_of(&l.name);
             let meta = if l.name == self.name {
                 SnapshotXattr::default()
