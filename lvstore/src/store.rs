@@ -1279,8 +1279,14 @@ impl LvStore {
 
     /// Creates a thin lvol of `size` bytes (a multiple of 4 KiB).
     pub fn create_lvol(&self, name: &str, size: u64) -> Result<BlobId> {
+        self.create_lvol_with_xattrs(name, size, &[])
+    }
+
+    /// [`create_lvol`](Self::create_lvol) with xattrs set in the same commit: after a crash the lvol exists with
+    /// all of them or not at all.
+    pub fn create_lvol_with_xattrs(&self, name: &str, size: u64, xattrs: &[(&str, &[u8])]) -> Result<BlobId> {
         check_name(name)?;
-        self.op(|m| {
+        self.transaction(|m| {
             if m.by_name(name).is_some() {
                 return Err(Error::Exists(name.to_owned()));
             }
@@ -1289,13 +1295,18 @@ impl LvStore {
                     "size {size} is not a positive multiple of 4096"
                 )));
             }
-            Ok(Op::Create {
-                id: m.next_id,
+            let id = m.next_id;
+            let mut ops = vec![Op::Create {
+                id,
                 uuid: *uuid::Uuid::new_v4().as_bytes(),
                 name: name.to_owned(),
                 size,
                 created: now(),
-            })
+            }];
+            ops.extend(xattr_ops(id, xattrs));
+            m.validate_all(&ops, self.cluster_size)
+                .map_err(|e| Error::Invalid(e.to_string()))?;
+            Ok(ops)
         })
     }
 
@@ -1327,16 +1338,6 @@ impl LvStore {
                 return Err(Error::Exists(snapshot.to_owned()));
             }
             let snap = m.next_id;
-            let set = |id: BlobId, xattrs: &[(&str, &[u8])]| {
-                xattrs
-                    .iter()
-                    .map(|(k, v)| Op::SetXattr {
-                        id,
-                        key: (*k).to_owned(),
-                        value: v.to_vec(),
-                    })
-                    .collect::<Vec<_>>()
-            };
             let mut ops = vec![Op::Snapshot {
                 lvol: l.id,
                 snap,
@@ -1344,8 +1345,8 @@ impl LvStore {
                 name: snapshot.to_owned(),
                 created: now(),
             }];
-            ops.extend(set(snap, snapshot_xattrs));
-            ops.extend(set(l.id, lvol_xattrs));
+            ops.extend(xattr_ops(snap, snapshot_xattrs));
+            ops.extend(xattr_ops(l.id, lvol_xattrs));
             m.validate_all(&ops, self.cluster_size)
                 .map_err(|e| Error::Invalid(e.to_string()))?;
             Ok(ops)
@@ -2015,6 +2016,18 @@ impl LvStore {
         }
         false
     }
+}
+
+/// The ops that set `xattrs` on blob `id`.
+fn xattr_ops(id: BlobId, xattrs: &[(&str, &[u8])]) -> Vec<Op> {
+    xattrs
+        .iter()
+        .map(|(k, v)| Op::SetXattr {
+            id,
+            key: (*k).to_owned(),
+            value: v.to_vec(),
+        })
+        .collect()
 }
 
 fn info_of(meta: &Meta, b: &Blob, children: Vec<&str>) -> LvolInfo {

@@ -765,6 +765,13 @@ fn a_snapshot_with_xattrs_is_one_commit_and_a_bad_xattr_refuses_all_of_it() {
         assert_eq!(s.list().len(), before);
         assert_eq!(s.xattr("head", "index").unwrap().as_deref(), Some(&b"2"[..]));
     }
+    // An lvol created with its xattrs: one commit; refused whole with a bad one (no lvol left).
+    let commits = s.space().journal_commits;
+    s.create_lvol_with_xattrs("other", MIB, &[("volume", b"{}")])
+        .unwrap();
+    assert_eq!(s.space().journal_commits, commits + 1, "one journal record");
+    assert!(s.create_lvol_with_xattrs("third", MIB, &[("", b"x")]).is_err());
+    assert!(s.lookup("third").is_err());
     // One new key on the head still fits (64 in all).
     s.snapshot_with_xattrs("head", "head.snap.c", &[], &[("x", b"1")])
         .unwrap();
@@ -781,6 +788,7 @@ fn a_snapshot_with_xattrs_is_one_commit_and_a_bad_xattr_refuses_all_of_it() {
     );
     assert_eq!(s.xattr("head", "index").unwrap().as_deref(), Some(&b"2"[..]));
     assert_eq!(s.xattr("head", "x").unwrap().as_deref(), Some(&b"1"[..]));
+    assert_eq!(s.xattr("other", "volume").unwrap().as_deref(), Some(&b"{}"[..]));
     assert_eq!(s.info("head").unwrap().parent.as_deref(), Some("head.snap.c"));
     assert_eq!(
         s.info("head.snap.c").unwrap().parent.as_deref(),

@@ -297,22 +297,27 @@ impl LvolReplica {
                 "size {size} is not a positive multiple of {BLOCK}"
             )));
         }
-        match crate::locks::lock(&self.create_over).clone() {
-            None => {
-                self.store
-                    .create_lvol(&self.name, size)
-                    .map_err(|e| self.err(e))?;
-            }
-            Some(bi) => self.clone_backing_image(&bi, size)?,
-        }
         let v = VolumeXattr {
             revision_counter_disabled: disable_revision_counter,
             ports,
             ..Default::default()
         };
-        if let Err(e) = self.write_volume_xattr(&v) {
-            let _ = self.store.delete(&self.name);
-            return Err(e);
+        match crate::locks::lock(&self.create_over).clone() {
+            None => {
+                // The head and its record in one commit: a crash leaves both or neither.
+                let bytes =
+                    serde_json::to_vec(&v).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
+                self.store
+                    .create_lvol_with_xattrs(&self.name, size, &[(XATTR_VOLUME, &bytes)])
+                    .map_err(|e| self.err(e))?;
+            }
+            Some(bi) => {
+                self.clone_backing_image(&bi, size)?;
+                if let Err(e) = self.write_volume_xattr(&v) {
+                    let _ = self.store.delete(&self.name);
+                    return Err(e);
+                }
+            }
         }
         self.exists.store(true, Ordering::SeqCst);
         self.open_locked()
