@@ -842,10 +842,10 @@ fn one_ready_copy_feeds_at_most_three_syncs_and_a_killed_receiver_fails_only_its
                 failed_elsewhere.push(format!("{d}: {v}"));
             }
         }
-        // Once three syncs run from the one source, SIGKILL the corral-bim receiving one of them mid-copy.
+        // Once three syncs have run at once from the one source, SIGKILL the corral-bim receiving one of the syncs
+        // still running mid-copy (at the poll that saw three at once, none may have reported progress yet).
         if victim.is_none()
-            && ready == 1
-            && active.len() == 3
+            && most_from_one == 3
             && let Some((d, p)) = active.iter().find(|(_, p)| *p > 0 && *p < 100)
         {
             let pids = pids_of("corral-bim", Path::new(d.as_str()));
