@@ -1103,8 +1103,8 @@ impl LvStore {
         self.transaction(|m| make(m).map(|op| vec![op]))
     }
 
-    /// Commits the ops `make` returns as one journal record (all or none after a crash); returns the id of the
-    /// first op's blob.
+    /// Commits the ops `make` returns as one journal record (all or none after a crash; `commit` checks the whole
+    /// transaction with [`Meta::validate_all`] before journaling it); returns the id of the first op's blob.
     fn transaction(&self, make: impl FnOnce(&Meta) -> Result<Vec<Op>>) -> Result<BlobId> {
         self.writable()?;
         let _c = self.commit_guard();
@@ -1304,8 +1304,6 @@ impl LvStore {
                 created: now(),
             }];
             ops.extend(xattr_ops(id, xattrs));
-            m.validate_all(&ops, self.cluster_size)
-                .map_err(|e| Error::Invalid(e.to_string()))?;
             Ok(ops)
         })
     }
@@ -1347,8 +1345,6 @@ impl LvStore {
             }];
             ops.extend(xattr_ops(snap, snapshot_xattrs));
             ops.extend(xattr_ops(l.id, lvol_xattrs));
-            m.validate_all(&ops, self.cluster_size)
-                .map_err(|e| Error::Invalid(e.to_string()))?;
             Ok(ops)
         })
     }
