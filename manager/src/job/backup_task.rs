@@ -61,8 +61,10 @@ async fn job_backups(
     Ok(out)
 }
 
+/// When `b` started, in microseconds: a job's backups can start within one second (a late run right before the
+/// next), and their names are random, so whole seconds would leave retention's order to the names.
 fn started(b: &Backup) -> i64 {
-    chrono::DateTime::parse_from_rfc3339(&b.started).map_or(0, |t| t.timestamp())
+    chrono::DateTime::parse_from_rfc3339(&b.started).map_or(0, |t| t.timestamp_micros())
 }
 
 /// Which of the job's backups retention deletes before a new one: completed ones beyond the newest
@@ -255,6 +257,12 @@ mod tests {
         assert_eq!(to_delete(&all, 1), vec!["b4", "b3", "b1", "b2"]);
         // retain 7 with 3 completed: only the failure older than the newest completed.
         assert_eq!(to_delete(&all, 7), vec!["b2"]);
+        // Two started within one second, the older with the name that sorts last: the older goes.
+        let mut older = b("zz-older", BackupState::Completed, 1);
+        older.started = "2026-11-24T10:01:00.035Z".to_owned();
+        let mut newer = b("aa-newer", BackupState::Completed, 1);
+        newer.started = "2026-11-24T10:01:00.769Z".to_owned();
+        assert_eq!(to_delete(&[older, newer], 2), vec!["zz-older"]);
         // Nothing completed yet: failures stay.
         assert_eq!(
             to_delete(&[b("f", BackupState::Failed, 1)], 1),
