@@ -131,7 +131,8 @@ fn engine_pid(v: &Value) -> Option<i64> {
     v["engine"]["pid"].as_i64()
 }
 
-/// Waits until the volume is attached and healthy with `rw` RW replicas on an engine other than `old`.
+/// Waits until the volume is attached and healthy with `rw` RW replicas on an engine other than `old` that serves
+/// (a restarted engine replaces the killed one's socket file only when it starts serving: none in between).
 fn wait_salvaged(m: &Manager, name: &str, rw: usize, old: i64) -> Value {
     wait_for(
         &format!("{name} salvaged and healthy"),
@@ -141,8 +142,9 @@ fn wait_salvaged(m: &Manager, name: &str, rw: usize, old: i64) -> Value {
             (v["state"] == "attached"
                 && v["robustness"] == "healthy"
                 && rw_replicas(&v) == rw
-                && engine_pid(&v).is_some_and(|p| p != old))
-            .then_some(v)
+                && engine_pid(&v).is_some_and(|p| p != old)
+                && v["engine"]["state"] == "running")
+                .then_some(v)
         },
     )
 }

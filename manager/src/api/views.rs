@@ -238,7 +238,12 @@ impl VolumeView {
             node_id: d.spec.node_id.clone(),
             current_node_id: d.status.current_node_id.clone(),
             state: d.status.state,
-            robustness: d.status.robustness,
+            // The stored robustness was derived from the engine at the controller's last pass; an engine that
+            // has (re)started since and is not serving yet makes it unknown now, as that pass will find.
+            robustness: match engine {
+                Some(e) if e.data.status.state != crate::model::ProcessState::Running => Robustness::Unknown,
+                _ => d.status.robustness,
+            },
             endpoints: d.status.endpoints.clone(),
             disable_frontend: d.spec.disable_frontend,
             frontend_disabled: d.status.frontend_disabled,
