@@ -386,3 +386,38 @@ pub struct SettingView {
 
 /// A snapshot as the API shows it: the observed document.
 pub type SnapshotView = crate::model::Snapshot;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::model::{Engine, ProcessState};
+
+    #[test]
+    fn a_volume_reads_its_stored_robustness_only_while_its_engine_runs() {
+        let mut v = Object {
+            name: "v".to_owned(),
+            version: 1,
+            data: Volume::default(),
+        };
+        v.data.status.robustness = Robustness::Healthy;
+        let mut e = Object {
+            name: "v".to_owned(),
+            version: 1,
+            data: Engine::default(),
+        };
+        let robustness = |e: &Object<Engine>| VolumeView::new(&v, Some(e), &[]).robustness;
+        e.data.status.state = ProcessState::Running;
+        assert_eq!(robustness(&e), Robustness::Healthy);
+        // Restarted (a new process not serving yet), crashed or stopped: not healthy on the stored word.
+        for s in [
+            ProcessState::Starting,
+            ProcessState::Crashed,
+            ProcessState::Stopped,
+        ] {
+            e.data.status.state = s;
+            assert_eq!(robustness(&e), Robustness::Unknown, "{s:?}");
+        }
+        // No engine (detached): the stored value, which the controller keeps.
+        assert_eq!(VolumeView::new(&v, None, &[]).robustness, Robustness::Healthy);
+    }
+}
