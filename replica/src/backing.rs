@@ -30,21 +30,24 @@ pub struct BackingImageId {
 }
 
 impl BackingImageId {
-    /// Checks the name (non-empty, printable) and the checksum (a SHA-512 in hex; stored lower case).
+    /// Checks the name (non-empty, printable) and the checksum (a SHA-512 in hex, optionally as `sha512:HEX`;
+    /// stored as bare lower-case hex, the form the control plane shows an image's checksum in, so a backup
+    /// records it alike whichever engine or caller made it).
     pub fn new(name: &str, checksum: &str) -> Result<Self> {
         if name.is_empty() || name.chars().any(char::is_control) {
             return Err(ReplicaError::InvalidArgument(format!(
                 "backing image name {name:?} is empty or holds control characters"
             )));
         }
-        if checksum.len() != 128 || !checksum.bytes().all(|b| b.is_ascii_hexdigit()) {
+        let hex = checksum.strip_prefix("sha512:").unwrap_or(checksum);
+        if hex.len() != 128 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(ReplicaError::InvalidArgument(format!(
-                "backing image checksum {checksum:?} is not a SHA-512 (128 hex digits)"
+                "backing image checksum {checksum:?} is not a SHA-512 (128 hex digits, optionally as sha512:HEX)"
             )));
         }
         Ok(Self {
             name: name.to_owned(),
-            checksum: checksum.to_ascii_lowercase(),
+            checksum: hex.to_ascii_lowercase(),
         })
     }
 }
@@ -186,5 +189,10 @@ mod tests {
             "a SHA-256 is refused"
         );
         assert!(BackingImageId::new("base", &"zz".repeat(64)).is_err());
+        // `sha512:HEX` is the same checksum, stored bare; another algorithm's prefix is not.
+        let prefixed = BackingImageId::new("base", &format!("sha512:{sum}")).unwrap();
+        assert_eq!(prefixed, id);
+        assert!(BackingImageId::new("base", &format!("sha256:{}", "ab".repeat(64))).is_err());
+        assert!(BackingImageId::new("base", &format!("sha512:{}", "ab".repeat(32))).is_err());
     }
 }

@@ -183,21 +183,14 @@ impl Drop for BackupReading {
 #[derive(Debug)]
 struct V1Backup(Arc<ReplicaHost>);
 
-/// The backing image named in a request: both fields or neither; the checksum as `sha512:HEX`.
+/// The backing image named in a request: both fields or neither, checked and recorded as a replica started with
+/// them records them ([`BackingImageId`]: the checksum as bare lower-case hex).
 fn backing_image_given(name: &str, checksum: &str) -> Result<Option<(String, String)>, Status> {
     match (name.is_empty(), checksum.is_empty()) {
         (true, true) => Ok(None),
         (false, false) => {
-            let hex = checksum.strip_prefix("sha512:").unwrap_or(checksum);
-            if hex.len() != 128 || !hex.bytes().all(|c| c.is_ascii_hexdigit()) {
-                return Err(Status::invalid_argument(format!(
-                    "backing image checksum {checksum:?}: expected sha512:HEX (128 hex digits)"
-                )));
-            }
-            Ok(Some((
-                name.to_owned(),
-                format!("sha512:{}", hex.to_ascii_lowercase()),
-            )))
+            let id = crate::backing::BackingImageId::new(name, checksum)?;
+            Ok(Some((id.name, id.checksum)))
         }
         _ => Err(Status::invalid_argument(
             "backing_image_name and backing_image_checksum go together",

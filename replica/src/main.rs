@@ -69,7 +69,8 @@ enum Cmd {
             requires_all = ["backing_file", "backing_image_checksum"]
         )]
         backing_image_name: Option<String>,
-        /// SHA-512 of the backing file as the control plane verified it (recorded in backups with the name).
+        /// SHA-512 of the backing file as the control plane verified it, `HEX` or `sha512:HEX` (recorded in backups
+        /// with the name, as bare hex).
         #[arg(
             long,
             env = "CORRAL_REPLICA_BACKING_IMAGE_CHECKSUM",
