@@ -123,13 +123,7 @@ fn down_detaches_the_volumes_then_stops_the_manager_and_everything_it_started() 
         "--lvstore-size",
         "128M",
     ]);
-    let lvstore = wait_for("the v2 disk's daemon running", Duration::from_secs(60), || {
-        let (ok, out) = corral(&["--url", &url, "lvstore", "ls", "--json"]);
-        assert!(ok, "{out}");
-        let ds: Value = serde_json::from_str(&out).unwrap();
-        let d = ds.as_array()?.first()?.clone();
-        (d["state"] == "running").then(|| d["pid"].as_u64()).flatten()
-    });
+    // Right after: disk-add returned once the disk could take replicas.
     v2run(&[
         "volume",
         "create",
@@ -141,6 +135,13 @@ fn down_detaches_the_volumes_then_stops_the_manager_and_everything_it_started() 
         "--data-engine",
         "v2",
     ]);
+    let lvstore = wait_for("the v2 disk's daemon running", Duration::from_secs(60), || {
+        let (ok, out) = corral(&["--url", &url, "lvstore", "ls", "--json"]);
+        assert!(ok, "{out}");
+        let ds: Value = serde_json::from_str(&out).unwrap();
+        let d = ds.as_array()?.first()?.clone();
+        (d["state"] == "running").then(|| d["pid"].as_u64()).flatten()
+    });
     v2run(&["volume", "attach", "vtwo"]);
     assert_eq!(volume(&url, "vtwo")["state"], "attached");
     // A second manager on the same directory is refused, naming the first.

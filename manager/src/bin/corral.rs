@@ -133,6 +133,13 @@ enum NodeCmd {
         /// v2: size of the store file created on first use (a whole number of MiB, at least 64M).
         #[arg(long, value_parser = corral_daemon::parse_size)]
         lvstore_size: Option<u64>,
+        /// Return once the disk is recorded, without waiting for the node to report it usable (its space
+        /// measured; for v2, its store formatted and served) or failed.
+        #[arg(long)]
+        no_wait: bool,
+        /// How long to wait for that, in seconds.
+        #[arg(long, default_value_t = 120)]
+        timeout: u64,
     },
     /// Remove a disk from a node; refused while replicas are on it (move them first, e.g. `node drain`).
     DiskRm { node: String, disk: String },
@@ -404,6 +411,34 @@ async fn wait_clone(c: &Client, name: &str, timeout: Duration) -> anyhow::Result
             );
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+/// Waits until `node` reports `disk` usable (its space measured, which for a v2 disk means its store is served)
+/// or failed (the error, as the node reports it). A volume created before that finds no schedulable disk there.
+async fn wait_disk(c: &Client, node: &str, disk: &str, timeout: Duration) -> anyhow::Result<NodeView> {
+    let end = Instant::now() + timeout;
+    loop {
+        let n: NodeView = c.get(&format!("/v1/nodes/{node}")).await?;
+        let Some(d) = n.disks.iter().find(|d| d.name == disk) else {
+            bail!("disk {disk} is no longer on node {node}");
+        };
+        if !d.error.is_empty() {
+            bail!(
+                "disk {disk} on node {node} was added but cannot be used: {}",
+                d.error
+            );
+        }
+        if d.storage_maximum > 0 {
+            return Ok(n);
+        }
+        if Instant::now() > end {
+            bail!(
+                "node {node} has not reported disk {disk} usable after {timeout:?} (is its manager up? see corral node \
+                 get {node}); the disk stays added"
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
@@ -791,16 +826,21 @@ async fn main() -> anyhow::Result<()> {
                 reserved,
                 disk_engine,
                 lvstore_size,
+                no_wait,
+                timeout,
             } => {
                 let body = DiskCreate {
-                    name: disk,
+                    name: disk.clone(),
                     path,
                     allow_scheduling: true,
                     storage_reserved: reserved,
                     disk_engine,
                     lvstore_size,
                 };
-                let n: NodeView = c.post(&format!("/v1/nodes/{node}/disks"), &body).await?;
+                let mut n: NodeView = c.post(&format!("/v1/nodes/{node}/disks"), &body).await?;
+                if !no_wait {
+                    n = wait_disk(&c, &node, &disk, Duration::from_secs(timeout)).await?;
+                }
                 print(true, &n, String::new)?;
             }
             NodeCmd::DiskRm { node, disk } => {
