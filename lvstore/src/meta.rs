@@ -212,19 +212,36 @@ impl Meta {
     }
 
     /// Checks that the transaction `ops` applies, each op on the metadata the ops before it leave, without
-    /// changing anything. A structural op (create, snapshot, clone, ...) may be followed only by xattr sets, of the
-    /// blob it made or of existing ones: what the checks of one op against the unchanged metadata and a count of the
-    /// keys the transaction adds per blob decide exactly (a transaction that [`Meta::apply`] could fail half-way
-    /// must never be journaled).
+    /// changing anything. A structural op (create, snapshot, clone, ...) may be followed by one resize of the lvol
+    /// it made (a clone sized for its volume) and then only by xattr sets, of the blob it made or of existing ones:
+    /// what the checks of one op against the unchanged metadata and a count of the keys the transaction adds per
+    /// blob decide exactly (a transaction that [`Meta::apply`] could fail half-way must never be journaled).
     pub fn validate_all(&self, ops: &[Op], cluster_size: u64) -> Result<(), FormatError> {
         let mut born: Option<BlobId> = None;
         let mut structural = false;
+        let mut resized = false;
         let mut added: BTreeMap<BlobId, BTreeSet<&str>> = BTreeMap::new();
         for op in ops {
+            // The lvol the structural op made (a create or a clone: an lvol, never a snapshot), resized once.
+            if let Op::Resize { id, size } = op
+                && structural
+                && !resized
+                && added.is_empty()
+                && born == Some(*id)
+                && ops
+                    .first()
+                    .is_some_and(|o| matches!(o, Op::Create { .. } | Op::Clone { .. }))
+            {
+                check_size(*size)?;
+                resized = true;
+                continue;
+            }
             let Op::SetXattr { id, key, value } = op else {
                 if structural || !added.is_empty() {
                     return Err(bad(
-                        "a transaction holds one structural op, before its xattr sets".into(),
+                        "a transaction holds one structural op (and one resize of the lvol it made), before its \
+                         xattr sets"
+                            .into(),
                     ));
                 }
                 self.validate(op, cluster_size)?;
@@ -978,6 +995,44 @@ mod tests {
             m.apply(op, CS).unwrap();
         }
         (m, ops)
+    }
+
+    #[test]
+    fn a_transaction_may_resize_the_lvol_it_made_once_and_nothing_else() {
+        let (m, _) = sample();
+        let clone = |id| Op::Clone {
+            id,
+            uuid: [9; 16],
+            name: "new".into(),
+            snapshot: 2,
+            created: 8,
+        };
+        let resize = |id, size| Op::Resize { id, size };
+        let set = |id| Op::SetXattr {
+            id,
+            key: "volume".into(),
+            value: vec![1],
+        };
+        let snapshot = Op::Snapshot {
+            lvol: 1,
+            snap: 4,
+            uuid: [4; 16],
+            name: "s2".into(),
+            created: 8,
+        };
+        assert!(
+            m.validate_all(&[clone(4), resize(4, 2 << 20), set(4)], CS)
+                .is_ok()
+        );
+        for bad in [
+            vec![clone(4), resize(4, 2 << 20), resize(4, 4 << 20)], // twice
+            vec![clone(4), resize(3, 2 << 20)],                     // another lvol
+            vec![clone(4), set(4), resize(4, 2 << 20)],             // after an xattr set
+            vec![clone(4), resize(4, 4097)],                        // a bad size
+            vec![snapshot, resize(4, 2 << 20)],                     // the snapshot it made
+        ] {
+            assert!(m.validate_all(&bad, CS).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

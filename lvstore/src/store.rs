@@ -1351,8 +1351,21 @@ impl LvStore {
 
     /// A new writable lvol `name` reading through to `snapshot`.
     pub fn clone_snapshot(&self, snapshot: &str, name: &str) -> Result<BlobId> {
+        self.clone_snapshot_with(snapshot, name, None, &[])
+    }
+
+    /// [`clone_snapshot`](Self::clone_snapshot) sized `size` (when it is not the snapshot's: growing reads zeros
+    /// past the snapshot's end) and with xattrs, in one commit: after a crash the clone exists with its size and
+    /// all of them or not at all.
+    pub fn clone_snapshot_with(
+        &self,
+        snapshot: &str,
+        name: &str,
+        size: Option<u64>,
+        xattrs: &[(&str, &[u8])],
+    ) -> Result<BlobId> {
         check_name(name)?;
-        self.op(|m| {
+        self.transaction(|m| {
             let s = Self::find(m, snapshot)?;
             if s.kind != BlobKind::Snapshot {
                 return Err(Error::Invalid(format!(
@@ -1362,13 +1375,24 @@ impl LvStore {
             if m.by_name(name).is_some() {
                 return Err(Error::Exists(name.to_owned()));
             }
-            Ok(Op::Clone {
-                id: m.next_id,
+            let id = m.next_id;
+            let mut ops = vec![Op::Clone {
+                id,
                 uuid: *uuid::Uuid::new_v4().as_bytes(),
                 name: name.to_owned(),
                 snapshot: s.id,
                 created: now(),
-            })
+            }];
+            if let Some(size) = size.filter(|z| *z != s.size) {
+                if size == 0 || !size.is_multiple_of(BLOCK_SIZE) {
+                    return Err(Error::Invalid(format!(
+                        "size {size} is not a positive multiple of 4096"
+                    )));
+                }
+                ops.push(Op::Resize { id, size });
+            }
+            ops.extend(xattr_ops(id, xattrs));
+            Ok(ops)
         })
     }
 

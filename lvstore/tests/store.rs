@@ -772,6 +772,29 @@ fn a_snapshot_with_xattrs_is_one_commit_and_a_bad_xattr_refuses_all_of_it() {
     assert_eq!(s.space().journal_commits, commits + 1, "one journal record");
     assert!(s.create_lvol_with_xattrs("third", MIB, &[("", b"x")]).is_err());
     assert!(s.lookup("third").is_err());
+    // A clone sized past its snapshot with its xattrs: one commit; it reads the snapshot, then zeros past its
+    // end. Refused whole with a bad xattr or a bad size (no clone left); a snapshot cannot be resized this way.
+    let commits = s.space().journal_commits;
+    let c = s
+        .clone_snapshot_with("head.snap.a", "grown", Some(2 * MIB), &[("volume", b"{}")])
+        .unwrap();
+    assert_eq!(s.space().journal_commits, commits + 1, "one journal record");
+    let mut buf = vec![0u8; 8192];
+    s.read_at(c, 0, &mut buf[..4096]).unwrap();
+    assert_eq!(buf[..4096], [5u8; 4096]);
+    s.read_at(c, MIB, &mut buf).unwrap();
+    assert!(buf.iter().all(|b| *b == 0));
+    assert_eq!(s.info("grown").unwrap().size, 2 * MIB);
+    assert_eq!(s.xattr("grown", "volume").unwrap().as_deref(), Some(&b"{}"[..]));
+    assert!(
+        s.clone_snapshot_with("head.snap.a", "bad", Some(2 * MIB), &[("", b"x")])
+            .is_err()
+    );
+    assert!(
+        s.clone_snapshot_with("head.snap.a", "bad", Some(MIB + 1), &[])
+            .is_err()
+    );
+    assert!(s.lookup("bad").is_err());
     // One new key on the head still fits (64 in all).
     s.snapshot_with_xattrs("head", "head.snap.c", &[], &[("x", b"1")])
         .unwrap();

@@ -280,7 +280,7 @@ impl LvolReplica {
     }
 
     fn write_volume_xattr(&self, v: &VolumeXattr) -> Result<()> {
-        let bytes = serde_json::to_vec(v).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
+        let bytes = volume_xattr_bytes(v)?;
         self.store
             .set_xattr(&self.name, XATTR_VOLUME, &bytes)
             .map_err(|e| self.err(e))
@@ -305,19 +305,12 @@ impl LvolReplica {
         match crate::locks::lock(&self.create_over).clone() {
             None => {
                 // The head and its record in one commit: a crash leaves both or neither.
-                let bytes =
-                    serde_json::to_vec(&v).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
+                let bytes = volume_xattr_bytes(&v)?;
                 self.store
                     .create_lvol_with_xattrs(&self.name, size, &[(XATTR_VOLUME, &bytes)])
                     .map_err(|e| self.err(e))?;
             }
-            Some(bi) => {
-                self.clone_backing_image(&bi, size)?;
-                if let Err(e) = self.write_volume_xattr(&v) {
-                    let _ = self.store.delete(&self.name);
-                    return Err(e);
-                }
-            }
+            Some(bi) => self.clone_backing_image(&bi, size, &v)?,
         }
         self.exists.store(true, Ordering::SeqCst);
         self.open_locked()
@@ -330,8 +323,9 @@ impl LvolReplica {
     }
 
     /// The head as a clone of backing image snapshot `bi`, grown to `size` (seed 001: the image is the chain's
-    /// first layer; unwritten ranges read its data). Refused unless the copy is ready and fits in `size`.
-    fn clone_backing_image(&self, bi: &str, size: u64) -> Result<()> {
+    /// first layer; unwritten ranges read its data), with its record `v`, in one commit. Refused unless the copy is
+    /// ready and fits in `size`.
+    fn clone_backing_image(&self, bi: &str, size: u64, v: &VolumeXattr) -> Result<()> {
         let info = self.store.info(bi).map_err(|e| self.err(e))?;
         let ready = info
             .xattrs
@@ -349,16 +343,11 @@ impl LvolReplica {
                 info.size
             )));
         }
+        let bytes = volume_xattr_bytes(v)?;
         self.store
-            .clone_snapshot(bi, &self.name)
-            .map_err(|e| self.err(e))?;
-        if info.size != size
-            && let Err(e) = self.store.resize(&self.name, size)
-        {
-            let _ = self.store.delete(&self.name);
-            return Err(self.err(e));
-        }
-        Ok(())
+            .clone_snapshot_with(bi, &self.name, Some(size), &[(XATTR_VOLUME, &bytes)])
+            .map(drop)
+            .map_err(|e| self.err(e))
     }
 
     /// The v2 backing image's snapshot lvol under the chain (the parent of its root), if any.
@@ -804,32 +793,19 @@ impl LvolReplica {
         let mut volume = o.volume.clone();
         volume.head_index += 1;
         let tmp = self.revert_name();
-        self.store.clone_snapshot(lvol, &tmp).map_err(|e| self.err(e))?;
-        let bytes = serde_json::to_vec(&volume).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?;
+        let bytes = volume_xattr_bytes(&volume)?;
         // The head's own records move to the new head; a backup chain-end marker must outlive a revert too.
         let kept: Vec<(&str, Vec<u8>)> = [XATTR_SALVAGE, XATTR_CHAIN_END]
             .into_iter()
             .filter_map(|k| Some((k, self.store.xattr(&self.name, k).ok().flatten()?)))
             .collect();
-        let prepared = self
-            .store
-            .set_xattr(&tmp, XATTR_VOLUME, &bytes)
-            .and_then(|()| {
-                kept.iter()
-                    .try_for_each(|(k, v)| self.store.set_xattr(&tmp, k, v))
-            })
-            .and_then(|()| {
-                // The clone has the snapshot's size; the volume keeps its own (after an expand, larger).
-                if self.store.size_of(self.store.lookup(&tmp)?)? == o.size {
-                    Ok(())
-                } else {
-                    self.store.resize(&tmp, o.size)
-                }
-            });
-        if let Err(e) = prepared {
-            let _ = self.store.delete(&tmp);
-            return Err(self.err(e));
-        }
+        let mut xattrs: Vec<(&str, &[u8])> = vec![(XATTR_VOLUME, &bytes)];
+        xattrs.extend(kept.iter().map(|(k, v)| (*k, v.as_slice())));
+        // The clone, at the volume's size (after an expand, larger than the snapshot) and with the records, in one
+        // commit.
+        self.store
+            .clone_snapshot_with(lvol, &tmp, Some(o.size), &xattrs)
+            .map_err(|e| self.err(e))?;
         self.store.delete(&self.name).map_err(|e| self.err(e))?; // commit point
         self.store.rename(&tmp, &self.name).map_err(|e| self.err(e))?;
         o.head = self.store.lookup(&self.name).map_err(|e| self.err(e))?;
@@ -1113,11 +1089,9 @@ impl LvolReplica {
             }
         };
         let id = if let Some(p) = parent {
-            let id = self.store.clone_snapshot(&p, &w).map_err(|e| self.err(e))?;
-            if self.store.size_of(id).map_err(|e| self.err(e))? != size {
-                self.store.resize(&w, size).map_err(|e| self.err(e))?;
-            }
-            id
+            self.store
+                .clone_snapshot_with(&p, &w, Some(size), &[])
+                .map_err(|e| self.err(e))?
         } else {
             self.store.create_lvol(&w, size).map_err(|e| self.err(e))?
         };
@@ -1281,6 +1255,11 @@ fn now_ns() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// The head's `corral.volume` record as stored.
+fn volume_xattr_bytes(v: &VolumeXattr) -> Result<Vec<u8>> {
+    serde_json::to_vec(v).map_err(|e| ReplicaError::InvalidArgument(e.to_string()))
 }
 
 #[cfg(test)]
