@@ -219,23 +219,18 @@ impl Meta {
     pub fn validate_all(&self, ops: &[Op], cluster_size: u64) -> Result<(), FormatError> {
         let mut born: Option<BlobId> = None;
         let mut structural = false;
-        let mut resized = false;
+        // The lvol a create or clone made (never a snapshot), until it was resized or an xattr set came.
+        let mut resizable: Option<BlobId> = None;
         let mut added: BTreeMap<BlobId, BTreeSet<&str>> = BTreeMap::new();
         for op in ops {
-            // The lvol the structural op made (a create or a clone: an lvol, never a snapshot), resized once.
             if let Op::Resize { id, size } = op
-                && structural
-                && !resized
-                && added.is_empty()
-                && born == Some(*id)
-                && ops
-                    .first()
-                    .is_some_and(|o| matches!(o, Op::Create { .. } | Op::Clone { .. }))
+                && resizable == Some(*id)
             {
                 check_size(*size)?;
-                resized = true;
+                resizable = None;
                 continue;
             }
+            resizable = None;
             let Op::SetXattr { id, key, value } = op else {
                 if structural || !added.is_empty() {
                     return Err(bad(
@@ -249,6 +244,10 @@ impl Meta {
                 born = match op {
                     Op::Create { id, .. } | Op::Clone { id, .. } => Some(*id),
                     Op::Snapshot { snap, .. } => Some(*snap),
+                    _ => None,
+                };
+                resizable = match op {
+                    Op::Create { id, .. } | Op::Clone { id, .. } => Some(*id),
                     _ => None,
                 };
                 continue;

@@ -296,6 +296,16 @@ fn check_name(name: &str) -> Result<()> {
     corral_daemon::disk::check_path_component("lvol name", name).map_err(Error::Invalid)
 }
 
+/// An lvol's size: a positive multiple of 4 KiB.
+fn check_size(size: u64) -> Result<()> {
+    if size == 0 || !size.is_multiple_of(BLOCK_SIZE) {
+        return Err(Error::Invalid(format!(
+            "size {size} is not a positive multiple of 4096"
+        )));
+    }
+    Ok(())
+}
+
 impl LvStore {
     fn io(&self, what: impl Into<String>) -> impl FnOnce(std::io::Error) -> Error + '_ {
         let what = what.into();
@@ -1290,11 +1300,7 @@ impl LvStore {
             if m.by_name(name).is_some() {
                 return Err(Error::Exists(name.to_owned()));
             }
-            if size == 0 || !size.is_multiple_of(BLOCK_SIZE) {
-                return Err(Error::Invalid(format!(
-                    "size {size} is not a positive multiple of 4096"
-                )));
-            }
+            check_size(size)?;
             let id = m.next_id;
             let mut ops = vec![Op::Create {
                 id,
@@ -1384,11 +1390,7 @@ impl LvStore {
                 created: now(),
             }];
             if let Some(size) = size.filter(|z| *z != s.size) {
-                if size == 0 || !size.is_multiple_of(BLOCK_SIZE) {
-                    return Err(Error::Invalid(format!(
-                        "size {size} is not a positive multiple of 4096"
-                    )));
-                }
+                check_size(size)?;
                 ops.push(Op::Resize { id, size });
             }
             ops.extend(xattr_ops(id, xattrs));
@@ -1403,11 +1405,7 @@ impl LvStore {
             if b.kind != BlobKind::Lvol {
                 return Err(Error::Invalid(format!("{name:?} is a snapshot: read-only")));
             }
-            if size == 0 || !size.is_multiple_of(BLOCK_SIZE) {
-                return Err(Error::Invalid(format!(
-                    "size {size} is not a positive multiple of 4096"
-                )));
-            }
+            check_size(size)?;
             Ok(Op::Resize { id: b.id, size })
         })
         .map(drop)
