@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use common::{Engine, Replica};
+use common::{DataEngine, Engine, Replica};
 use corral_proto::v1;
 use testkit::{qemu_io, wait_for_async};
 
@@ -54,11 +54,15 @@ async fn write_ops(e: &Engine) -> u64 {
         .write_ops
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn snapshot_expand_and_rebuild_under_fio_randwrite_qd32_fail_no_io_and_lose_no_write() {
+// Against v1 replicas and v2 (lvstore) replicas: `NAME::v1`, `NAME::v2`.
+on_both_engines!(snapshot_expand_and_rebuild_under_fio_randwrite_qd32_fail_no_io_and_lose_no_write);
+
+async fn snapshot_expand_and_rebuild_under_fio_randwrite_qd32_fail_no_io_and_lose_no_write(
+    engine: DataEngine,
+) {
     let t = tempfile::tempdir().unwrap();
     let rs: Vec<Replica> = (0..2)
-        .map(|i| Replica::start(&t.path().join(format!("r{i}")), &[]))
+        .map(|i| Replica::start_on(engine, &t.path().join(format!("r{i}")), &[]))
         .collect();
     let addrs: Vec<String> = rs.iter().map(Replica::address).collect();
     let e = Engine::start(t.path(), "vol", SIZE, &addrs, &[]);
@@ -96,7 +100,7 @@ async fn snapshot_expand_and_rebuild_under_fio_randwrite_qd32_fail_no_io_and_los
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let out = e.cli(&["expand", "--size", &GROWN.to_string()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let fresh = Replica::start(&t.path().join("r-new"), &[]);
+    let fresh = Replica::start_on(engine, &t.path().join("r-new"), &[]);
     let out = e.cli(&["replica", "add", &fresh.address()]);
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let ops_took = ops_start.elapsed();
