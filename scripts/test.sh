@@ -27,6 +27,8 @@ fi
 # The replica's fault injection is compiled in for the tests only (engine failure tests drive it).
 features=(--features replica/fault-injection)
 cargo fmt --all -- --check
+# Every relative Markdown link and #anchor in the repository resolves (no network).
+python3 scripts/check-links.py
 cargo clippy --workspace --all-targets --locked "${features[@]}" -- -D warnings
 cargo clippy --workspace --all-targets --locked -- -D warnings
 # Integration tests start the daemons as processes: build every binary first.
