@@ -4,8 +4,9 @@
 //! [`codec`] and `README.md`), the replica-side server that serves any [`BlockBackend`] over TCP or a
 //! unix socket, and the engine-side [`DataClient`]. Both sides are pipelined: many requests in flight
 //! per connection, replies matched by id and allowed out of order, bounded windows instead of
-//! unbounded queues, payload buffers from a reusable [`BufferPool`], and blocking backend IO on a fixed
-//! pool of worker threads. Failure handling follows the engine's needs: a client that sees a timeout,
+//! unbounded queues, payload buffers from a reusable [`BufferPool`], and blocking backend IO run to
+//! completion on each connection's own thread (optionally beside an [`IoPool`] for a backend that waits for the
+//! device). Failure handling follows the engine's needs: a client that sees a timeout,
 //! a protocol violation or a lost connection fails as a whole so the engine can mark the replica ERR;
 //! a server that sees a protocol violation drops only that connection. What the replica stores and how
 //! the engine fans IO out over replicas live in the `replica` and `engine` crates.

@@ -1,4 +1,4 @@
-//! gRPC `ReplicaBackupService` (served on the sync-agent port P+2): backup jobs of this replica's snapshots and
+//! gRPC `ReplicaBackupService` (served on the sync-agent listener): backup jobs of this replica's snapshots and
 //! the restore job into this replica. Each replica restores itself (the engine's CLI asks every RW replica, with
 //! the frontend down), so the same path serves a data source or a standby volume without an engine.
 //!

@@ -1,8 +1,9 @@
 //! The replica owns one volume's copy on one disk: a chain of sparse files (a writable head over read-only
 //! snapshots, optionally over a read-only backing file) in a Longhorn-v1-compatible directory layout, the block
 //! location map over that chain, crash-safe snapshot/revert/expand/purge, the revision counter, snapshot
-//! hashing, and the daemon that serves it: gRPC `ReplicaService` (port P), the block data protocol (P+1) and
-//! gRPC `SyncAgentService` (P+2). See `docs/formats.md` for every file format.
+//! hashing, and the daemon that serves it: gRPC `ReplicaService` (`--listen`), the block data protocol
+//! (`--data-listen`, and `--data-unix`) and gRPC `SyncAgentService` (`--sync-listen`), each on its own address (port
+//! 0 picks a free one; the ready file reports them). See `docs/formats.md` for every file format.
 
 pub mod backing;
 pub mod backup;

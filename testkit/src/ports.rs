@@ -25,9 +25,8 @@ pub fn unbound_port() -> u16 {
 }
 
 /// `n` consecutive loopback TCP ports nothing listens on at the moment of the call (same race as
-/// [`unbound_port`]). Only for a `corral-replica` whose data and sync ports are still derived as P+1 and P+2 from
-/// its control port P (goes away with explicit replica addresses), and for the sync-receiver `--port-range` of a
-/// `corral-bim`, which skips a port of its range that another process took.
+/// [`unbound_port`]). For a port range such as the sync-receiver `--port-range` of a `corral-bim`, which skips a
+/// port of its range that another process took.
 ///
 /// # Panics
 /// When no such run is found in 500 tries.

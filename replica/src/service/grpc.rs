@@ -1,4 +1,4 @@
-//! gRPC `ReplicaService` (port P) and `SyncAgentService` (port P+2). Blocking replica work runs on the blocking
+//! gRPC `ReplicaService` (the control listener) and `SyncAgentService` (the sync listener). Blocking replica work runs on the blocking
 //! pool; long jobs (purge, hash) run in the background and report through their status RPCs.
 
 use std::collections::BTreeMap;
