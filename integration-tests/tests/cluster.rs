@@ -861,9 +861,9 @@ fn container_image(cluster: &Cluster, service: &str) -> String {
     stdout(&out).trim().to_owned()
 }
 
-/// Rolling upgrade of the compose cluster's data planes under fio write+verify load, as ARCHITECTURE.md section 10a
-/// documents it (not live): a 2-replica volume attached on node-1; node-2, then node-3, each drained under load
-/// (replicas sampled: never below 2 RW), checked empty of engines and replicas, then `node-N` and `manager-N`
+/// Rolling upgrade of the compose cluster's data planes under fio write+verify load, as docker/README.md
+/// ("Rolling upgrade") documents it (not live): a 2-replica volume attached on node-1; node-2, then node-3, each
+/// drained under load (replicas sampled: never below 2 RW), checked empty of engines and replicas, then `node-N` and `manager-N`
 /// recreated on images of another version (shown by `corral node get`) and uncordoned; then node-1, which runs the engine: fio is stopped (error 0),
 /// the volume detached and attached on node-2 (the documented IO pause), fio restarted there, node-1 drained and
 /// replaced the same way. No fio error in either run, a pattern written first reads back at the end, every node

@@ -9,7 +9,7 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Serialize};
 
-/// State of a backing-image file, on a data source or on a disk of a backing-image manager (ARCHITECTURE §9).
+/// State of a backing-image file, on a data source or on a disk of a backing-image manager (ARCHITECTURE §10).
 ///
 /// Data source: `pending` → `starting` → `in-progress` → `ready-for-transfer` → `ready` (a manager took the
 /// file), or `failed`. Manager: `pending` → `starting` → `in-progress` → `ready` | `failed`, and `unknown` while a
