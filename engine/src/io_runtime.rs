@@ -5,9 +5,9 @@
 //!
 //! Why one thread: an IO hands off between the NBD session, the replica client's writer and its reader several
 //! times. On a multi-thread runtime each hand-off to a task the other worker picks up is a futex wake-up (and an
-//! IPI in a VM) for a microsecond of work; on one thread it is a queue push. Measured in `bench/datapath/README.md`
-//! (the engine's whole runtime on one worker took 4–27 % of the CPU per qd1 IO off and lifted 1-replica qd32 reads
-//! 1.17× → 1.70× of nbdkit).
+//! IPI in a VM) for a microsecond of work; on one thread it is a queue push. Measured with `bench/datapath` (the
+//! run is in git 7ac3b98's `bench/datapath/README.md`): the engine's whole runtime on one worker took 4–27 % of
+//! the CPU per qd1 IO off and lifted 1-replica qd32 reads 1.17× → 1.70× of nbdkit.
 //!
 //! The cost: one engine's IO uses at most one core (in the bench's perf profile the thread took 11 % of the two
 //! cores at 29k 4 KiB writes/s). A host where one volume's IO needs more would run several such threads, each owning whole

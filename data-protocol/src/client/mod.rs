@@ -48,7 +48,7 @@ pub struct ClientConfig {
     /// The runtime that connects, owns the sockets and runs the connections' reader, writer and ping tasks
     /// (default: the caller's). The engine puts every replica client and its NBD sessions on one
     /// current-thread runtime, so a reply wakes the waiting NBD session on the same thread instead of waking a
-    /// second worker (a futex wake-up and an IPI for a microsecond of work; `bench/datapath/README.md`).
+    /// second worker (a futex wake-up and an IPI for a microsecond of work; `bench/datapath`).
     /// A socket is driven by the runtime it was registered with, so the whole connect runs there.
     pub runtime: Option<tokio::runtime::Handle>,
 }
