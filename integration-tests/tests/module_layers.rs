@@ -4,6 +4,11 @@
 //! module both can use. The graph is read from the source text: one node per module file under `src/` (binaries
 //! under `src/bin/` excluded, test modules after `#[cfg(test)]` ignored), one edge per path that names another
 //! module.
+//!
+//! The same holds one level up: folded to their top-level modules (the folders and files directly under `src/`),
+//! a crate's modules must form no cycle either, so that each feature folder can be read and changed beside the
+//! ones below it. The back-edges that close today's folder cycles are pinned in [`FOLDER_BACK_EDGES`], a ratchet:
+//! a new back-edge fails, and so does a pinned one that no longer closes a cycle.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
@@ -293,6 +298,120 @@ fn no_crate_has_a_module_cycle() {
     );
 }
 
+/// The graph of top-level modules: every module folded to its first path segment (`backup::routes` is `backup`).
+fn folder_graph(graph: &Graph) -> Graph {
+    let top = |m: &str| m.split("::").next().unwrap_or(m).to_owned();
+    let mut out = Graph::new();
+    for (m, targets) in graph {
+        let from = top(m);
+        let entry = out.entry(from.clone()).or_default();
+        entry.extend(targets.iter().map(|t| top(t)).filter(|t| *t != from));
+    }
+    out
+}
+
+/// The folder edges (`crate`, from, to) that close cycles today, pinned while their owners break them (issue 44).
+/// Layering they are measured against, bottom to top: `controller` (the reconcile runtime and the controllers),
+/// `v2`, `node`, `volume_engine`, `clone`, `backing_image`, `backup`, `job`, `api` (the routes of every feature).
+/// Remove an entry when its edge is gone; never add one: move what both sides need into a module below both.
+const FOLDER_BACK_EDGES: &[(&str, &str, &str)] = &[
+    // The features' routes use the `api` kit (extractors, views, OpenAPI helpers), which also holds the volume
+    // handlers and the router that knows every feature.
+    ("manager", "backing_image", "api"),
+    ("manager", "backup", "api"),
+    ("manager", "job", "api"),
+    ("manager", "node", "api"),
+    ("manager", "v2", "api"),
+    // The backing-image restore source reads the backup model.
+    ("manager", "backing_image", "backup"),
+    // `controller/` holds both the reconcile runtime that every feature uses and controllers that use features.
+    ("manager", "controller", "backing_image"),
+    ("manager", "controller", "node"),
+    ("manager", "controller", "v2"),
+    // The v2 replica reads the backing-image model.
+    ("manager", "v2", "backing_image"),
+    // The rebuild job reaches into the service for `ReplicaHost`.
+    ("replica", "rebuild", "service"),
+];
+
+/// What is wrong with the folder graph of `krate` (whose modules are `graph`) against the pinned back-edges:
+/// cycles left once the pinned edges are taken out, and pinned edges that no longer close a cycle.
+fn folder_violations(krate: &str, graph: &Graph, pinned: &[(&str, &str, &str)]) -> Vec<String> {
+    let folders = folder_graph(graph);
+    let pinned: BTreeSet<(&str, &str)> = pinned
+        .iter()
+        .filter(|(c, _, _)| *c == krate)
+        .map(|(_, a, b)| (*a, *b))
+        .collect();
+    let mut out = Vec::new();
+    let mut rest = folders.clone();
+    for (a, b) in &pinned {
+        if let Some(t) = rest.get_mut(*a) {
+            t.remove(*b);
+        }
+    }
+    for c in cycles(&rest) {
+        let inner: Vec<String> = c
+            .iter()
+            .flat_map(|a| {
+                rest[a]
+                    .iter()
+                    .filter(|b| c.contains(b))
+                    .map(move |b| format!("{a} -> {b}"))
+            })
+            .collect();
+        out.push(format!(
+            "{krate} FOLDER CYCLE: {} (edges: {})",
+            c.join(", "),
+            inner.join(", ")
+        ));
+    }
+    let on_cycle: Vec<BTreeSet<String>> = cycles(&folders)
+        .into_iter()
+        .map(|c| c.into_iter().collect())
+        .collect();
+    for (a, b) in &pinned {
+        let exists = folders.get(*a).is_some_and(|t| t.contains(*b));
+        let closes = on_cycle.iter().any(|c| c.contains(*a) && c.contains(*b));
+        if !(exists && closes) {
+            out.push(format!(
+                "{krate} pinned back-edge {a} -> {b} no longer closes a cycle: delete it from FOLDER_BACK_EDGES"
+            ));
+        }
+    }
+    out
+}
+
+#[test]
+fn no_crate_has_a_folder_cycle_beyond_the_pinned_back_edges() {
+    let root = workspace_root();
+    let mut found = Vec::new();
+    let mut crates = BTreeSet::new();
+    for e in fs::read_dir(&root).unwrap().flatten() {
+        let dir = e.path();
+        if !(dir.join("Cargo.toml").is_file() && dir.join("src").is_dir()) {
+            continue;
+        }
+        let krate = dir.file_name().unwrap().to_string_lossy().into_owned();
+        found.extend(folder_violations(
+            &krate,
+            &module_graph(&dir.join("src")),
+            FOLDER_BACK_EDGES,
+        ));
+        crates.insert(krate);
+    }
+    let unknown: Vec<_> = FOLDER_BACK_EDGES
+        .iter()
+        .filter(|(c, _, _)| !crates.contains(*c))
+        .collect();
+    assert!(unknown.is_empty(), "pinned edges of unknown crates: {unknown:?}");
+    assert!(
+        found.is_empty(),
+        "top-level module cycles (move what both sides need into a folder below both):\n{}",
+        found.join("\n")
+    );
+}
+
 /// Writes a crate's `src/` from `(path, text)` pairs.
 fn synthetic(files: &[(&str, &str)]) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
@@ -354,4 +473,33 @@ fn layered_modules_and_test_code_make_no_cycle() {
     assert!(!graph.contains_key("bin::tool"), "binaries are separate crates");
     assert_eq!(graph["replica"], BTreeSet::from(["chain".to_owned()]));
     assert!(cycles(&graph).is_empty(), "{graph:?}");
+}
+
+#[test]
+fn a_folder_cycle_fails_unless_its_back_edge_is_pinned_and_a_stale_pin_fails() {
+    // Files form no cycle (`a::x` -> `b` -> `a::y`), their folders do: `a` <-> `b`.
+    let src = synthetic(&[
+        ("lib.rs", "pub mod a;\npub mod b;\npub mod c;\n"),
+        ("a/mod.rs", "pub mod x;\npub mod y;\n"),
+        ("a/x.rs", "use crate::b::run;\n"),
+        ("a/y.rs", "pub fn f() {}\n"),
+        ("b.rs", "use crate::a::y::f;\nuse crate::c;\n"),
+        ("c.rs", "pub fn g() {}\n"),
+    ]);
+    let graph = module_graph(src.path());
+    assert!(cycles(&graph).is_empty(), "{graph:?}");
+    assert_eq!(
+        folder_violations("k", &graph, &[]),
+        vec!["k FOLDER CYCLE: a, b (edges: a -> b, b -> a)".to_owned()]
+    );
+    assert!(folder_violations("k", &graph, &[("k", "b", "a")]).is_empty());
+    // A pin of another crate does not count; a pin whose edge is not on a cycle (b -> c) or absent fails.
+    assert_eq!(folder_violations("k", &graph, &[("other", "b", "a")]).len(), 1);
+    assert_eq!(
+        folder_violations("k", &graph, &[("k", "b", "a"), ("k", "b", "c"), ("k", "c", "a")]),
+        vec![
+            "k pinned back-edge b -> c no longer closes a cycle: delete it from FOLDER_BACK_EDGES".to_owned(),
+            "k pinned back-edge c -> a no longer closes a cycle: delete it from FOLDER_BACK_EDGES".to_owned(),
+        ]
+    );
 }
