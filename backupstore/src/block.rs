@@ -82,7 +82,7 @@ pub fn block_hash(data: &[u8]) -> String {
 const SAMPLES: usize = 8;
 const SAMPLE_LEN: usize = 8 << 10;
 
-/// Whether compressing `data` with `method` is worth trying: [`SAMPLES`] pieces of [`SAMPLE_LEN`] bytes spread
+/// Whether compressing `data` with `method` is worth trying: `SAMPLES` pieces of `SAMPLE_LEN` bytes spread
 /// over the block are compressed first, and the whole block only when they shrink to less than 95 %. Random
 /// (encrypted, already compressed) data then costs 64 KiB of compression per block instead of the whole block's;
 /// a block compressible only between the samples is stored raw (larger, never wrong).

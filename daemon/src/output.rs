@@ -1,7 +1,7 @@
 //! What the CLIs print on stdout: tables for people, JSON for scripts (`--json`), written so that a reader that
 //! went away (`corral volume ls | head -1`: EPIPE) ends the command quietly with status 0, like any Unix filter.
 //!
-//! Every record or list a CLI prints goes through [`print`] (pretty JSON or the human form) or [`print_json_line`]
+//! Every record or list a CLI prints goes through [`print()`] (pretty JSON or the human form) or [`print_json_line`]
 //! (one compact JSON object per line, for streams of events); tables come from [`table`] and [`field_table`] so
 //! every command draws them alike.
 

@@ -2,7 +2,7 @@
 //! preallocated file, holding many thin lvols — each replica a chain of them — the way SPDK's blobstore does for
 //! Longhorn's v2 engine, without hugepages or polling cores.
 //!
-//! The crate owns the on-disk format ([`format`], documented in `docs/formats.md`, "lvstore"), the metadata and
+//! The crate owns the on-disk format ([`format`](mod@format), documented in `docs/formats.md`, "lvstore"), the metadata and
 //! its crash-atomic updates (a journal of [`meta::Op`]s with shadow-paged checkpoints), cluster allocation with
 //! 4 KiB sub-cluster state (a 4 KiB write into a snapshotted cluster writes 4 KiB and copies nothing), and the
 //! positional data IO a replica backend serves ([`LvStore::read_at`], [`LvStore::write_at`], [`LvStore::unmap`],

@@ -1701,7 +1701,7 @@ impl LvStore {
 
     /// Fills `buf` from `offset` of `id` only if that needs no wait for the device: every block a hole, or (page
     /// cache IO only) every device block cached. `Ok(false)`: not done (`buf` holds anything), call
-    /// [`LvStore::read_at`]. Only 4 KiB-aligned ranges of at most [`MAX_RUNS`] runs are tried.
+    /// [`LvStore::read_at`]. Only 4 KiB-aligned ranges of at most `MAX_RUNS` runs are tried.
     pub fn read_at_nowait(&self, id: BlobId, offset: u64, buf: &mut [u8]) -> Result<bool> {
         if !offset.is_multiple_of(BLOCK_SIZE) || !buf.len().is_multiple_of(BS) {
             return Ok(false);

@@ -55,7 +55,7 @@ pub struct CloneStatus {
     pub progress: u32,
     /// Data bytes moved into this replica (over the network, or copied locally).
     pub bytes_sent: u64,
-    /// Of those, bytes copied from the source's files on this host ([`crate::local_copy`]).
+    /// Of those, bytes copied from the source's files on this host (`crate::local_copy`).
     pub bytes_local: u64,
 }
 

@@ -229,7 +229,7 @@ impl ChecksumStore for SnapshotFile {
 }
 
 impl Replica {
-    /// Hashes a snapshot and records the result (blocking), see [`hash_recorded`].
+    /// Hashes a snapshot and records the result (blocking), see `hash_recorded`.
     pub fn hash_snapshot(&self, name: &str, rehash: bool, ctl: &JobControl) -> Result<HashOutcome> {
         let snap = names::resolve_snapshot(name)?;
         {

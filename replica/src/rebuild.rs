@@ -8,7 +8,7 @@
 //! Rate: `max_bytes_per_second` bounds the whole rebuild on both paths (the local copy paces itself; a network
 //! source is asked to send at that rate). `busy_bytes_per_second` shapes the local copy by foreground IO: while
 //! this replica's data protocol serves requests (a rebuilding replica receives every write of the volume) the copy
-//! slows to that rate, and speeds up again when IO stops ([`ForegroundPace`]).
+//! slows to that rate, and speeds up again when IO stops (`ForegroundPace`).
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU64, Ordering};

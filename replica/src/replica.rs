@@ -1,6 +1,6 @@
 //! An open replica: the live chain's files, the block location map and the revision counter, and the operations
 //! that change the chain's shape (create, open, close, snapshot, revert, expand, mark removed).
-//! Block IO is in [`crate::io`], purge in [`crate::purge`], hashing in [`crate::hash`].
+//! Block IO is in `crate::io`, purge in `crate::purge`, hashing in [`crate::hash`].
 
 use std::collections::BTreeMap;
 use std::fs;

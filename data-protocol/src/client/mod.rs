@@ -1,6 +1,6 @@
 //! The engine side: a pipelined client to one replica over several connections.
 //!
-//! Requests from any number of tasks share a fixed [slot table](slots) (`connections × window` slots;
+//! Requests from any number of tasks share a fixed slot table (`connections × window` slots;
 //! callers wait for a free one), are spread round-robin over the connections, and are matched to their
 //! replies by id. Each connection has a writer task (batches frames, flushes when its queue drains) and
 //! a reader task; a pinger checks every connection each `ping_interval`. The first timeout, protocol

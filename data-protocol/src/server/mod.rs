@@ -1,11 +1,11 @@
 //! The replica side: accepts connections and serves a [`BlockBackend`] over them.
 //!
-//! Each connection runs its requests to completion on its own OS thread ([`connection`]): it reads a
+//! Each connection runs its requests to completion on its own OS thread (`connection`): it reads a
 //! batch, runs it against the backend in order and writes the batch's replies with one call; flushes go
 //! to a per-connection flusher thread. There is no hand-off between tasks on the data path unless the server
 //! is given an [`IoPool`] ([`ServerConfig::io_pool`]): then what the backend cannot answer without waiting
 //! for the device runs on the pool's threads, up to `io_depth` requests per connection at once, replies
-//! written as they complete ([`io_pool`]). The async side only accepts connections and, on cancel, shuts
+//! written as they complete (`io_pool`). The async side only accepts connections and, on cancel, shuts
 //! their read side down.
 
 mod connection;

@@ -142,7 +142,7 @@ async fn count_requests(State(ctx): State<Ctx>, req: Request, next: Next) -> Res
     resp
 }
 
-/// The OpenAPI 3 document of [`routes`] (see [`openapi`]).
+/// The OpenAPI 3 document of [`routes()`] (see [`openapi`]).
 pub fn openapi_document() -> serde_json::Value {
     openapi::document(&routes().documented)
 }

@@ -14,9 +14,9 @@
 //! entry in the spec; a deleted image's copies are deleted from every daemon that answers.
 //!
 //! Once the first copy is ready, HA and cleanup follow the v1 rules with the same functions
-//! ([`super::cleanup`]; [`keep_copies`]): disks are added up to `minNumberOfCopies`, unused disks are marked in
+//! ([`super::cleanup`]; `keep_copies`): disks are added up to `minNumberOfCopies`, unused disks are marked in
 //! `diskLastRefAtMap` (this controller's for a v2 image) and leave the spec after
-//! `backing-image-cleanup-wait-interval`; then [`sync_copies`] deletes what is no longer wanted and syncs one new
+//! `backing-image-cleanup-wait-interval`; then `sync_copies` deletes what is no longer wanted and syncs one new
 //! copy at a time, a failing sync backing off per image and disk.
 //!
 //! Once every copy is lost (`failed` or gone, none ready, being made or unreachable), nothing is left to sync from

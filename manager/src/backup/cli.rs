@@ -3,6 +3,8 @@
 //! `--json`, progress bars while a backup or restore runs. Credentials are read from the environment
 //! (`--credentials-from-env`) or a file (`--credentials-file`), never taken as arguments: an argument shows in
 //! `ps` and in shell history.
+// The doc comments here are clap's `--help` text: `[TARGET:]NAME` is a usage pattern, not an intra-doc link.
+#![allow(rustdoc::broken_intra_doc_links)]
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

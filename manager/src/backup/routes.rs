@@ -1,5 +1,6 @@
 //! REST: backup targets (`/v1/backuptargets`), backup volumes (`/v1/backupvolumes`), backups (`/v1/backups`) and
-//! restores (`/v1/volumes/{volume}/restore`), with their OpenAPI shapes ([`shape`], [`schemas`]). A backup or
+//! restores (`/v1/volumes/{volume}/restore`), with their OpenAPI shapes ([`shape`](super::openapi::shape),
+//! [`schemas`](super::openapi::schemas)). A backup or
 //! backup volume is named `[TARGET:]NAME` (the default target when no target is named). Every check runs before
 //! the first write. A target's credentials are taken by `PUT` and never answered: views show their names only.
 

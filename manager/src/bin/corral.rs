@@ -147,6 +147,8 @@ enum NodeCmd {
     Lifecycle(manager::node::cli::NodeLifecycleCmd),
 }
 
+// Doc comments are clap's `--help` text: `[TARGET:]NAME` is a usage pattern, not an intra-doc link.
+#[allow(rustdoc::broken_intra_doc_links)]
 #[derive(Subcommand, Debug)]
 enum VolumeCmd {
     /// Create a volume, empty or as a clone of another (--from-volume, --from-snapshot: waits for the copy with a

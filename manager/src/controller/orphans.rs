@@ -11,7 +11,7 @@
 //! orphan is stopped with `ProcessDelete`. When the instance manager does not answer, the sweep fails and is tried
 //! again (nothing is taken for gone). Each sweep
 //! asks the store about every one of them; one is an orphan when its document is gone or belongs to another node.
-//! Only what stays an orphan for [`GRACE`] is removed (a normal deletion, which the replica and engine controllers
+//! Only what stays an orphan for `GRACE` is removed (a normal deletion, which the replica and engine controllers
 //! carry out themselves, is over by then), after asking the store once more right before. A document that still
 //! names this node keeps its daemon and data, whatever state it is in. Each removal is logged at warn and recorded
 //! in the node's `status.orphansRemoved` (`corral node get`).

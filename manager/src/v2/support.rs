@@ -1,7 +1,7 @@
 //! What the v2 data engine cannot do yet, in one place: the v2 replica answers UNIMPLEMENTED to these today
 //! (`replica/src/v2/service.rs`, `not_yet`), so the manager refuses them up front with a clear message instead of
 //! letting an engine, a clone or a backup fail half-way. Once the replica supports one, delete its line in
-//! [`UNSUPPORTED`] and the manager lets it through.
+//! `UNSUPPORTED` and the manager lets it through.
 
 use crate::model::DataEngine;
 

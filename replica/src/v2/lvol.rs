@@ -1147,7 +1147,7 @@ impl LvolReplica {
     }
 
     /// Makes received snapshot `file` the replica's data, as a clone (`super::clone`): a new empty head over
-    /// `NAME.rcv.SNAP` ([`put_head_over`](Self::put_head_over), whose delete of the old head is the commit point),
+    /// `NAME.rcv.SNAP` (`put_head_over`, whose delete of the old head is the commit point),
     /// then, as after a rebuild, the replica's older snapshots are deleted and the received one renamed
     /// `NAME.snap.SNAP`. Loading finishes or undoes an interrupted one as it does a rebuild.
     pub fn commit_clone(&self, file: &str) -> Result<()> {
