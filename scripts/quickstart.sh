@@ -54,6 +54,8 @@ bin=target/$profile
 mkdir -p "$data/logs"
 data=$(cd "$data" && pwd)
 export CORRAL_URL=http://127.0.0.1:$port
+# `corral` presents the admin token the manager writes to $data/admin.token on its first start (mode 0600).
+export CORRAL_DATA_DIR=$data
 corral() { "$bin/corral" "$@"; }
 pidfile=$data/manager.pid
 
@@ -63,7 +65,7 @@ if [ -f "$data/store.redb" ] && ! flock -n "$data/store.redb" true 2>/dev/null; 
   read -r old_pid old_port old_script 2>/dev/null <"$pidfile" || true
   echo "A Corral manager is already running on $data${old_pid:+ (pid $old_pid, http://127.0.0.1:$old_port)}." >&2
   if [ -n "${old_pid:-}" ]; then
-    echo "  reach it:  export CORRAL_URL=http://127.0.0.1:$old_port; $bin/corral volume ls" >&2
+    echo "  reach it:  export CORRAL_URL=http://127.0.0.1:$old_port CORRAL_DATA_DIR=$data; $bin/corral volume ls" >&2
     echo "  stop it:   Ctrl-C where quickstart.sh runs, or kill $old_script (it detaches every volume, then stops the manager and its daemons)" >&2
   fi
   echo "  or start a separate one: CORRAL_DATA=another-dir CORRAL_PORT=another-port $0" >&2
@@ -155,11 +157,11 @@ cat <<TXT
 Volume $volume ($n replicas) is served over NBD:
   $uri
   $tcp
-Next:  export CORRAL_URL=$CORRAL_URL
+Next:  export CORRAL_URL=$CORRAL_URL CORRAL_DATA_DIR=$data    # corral finds its API token in $data/admin.token
        $bin/corral volume ls            $bin/corral snapshot create $volume first
        $bin/corral volume get $volume --json   $bin/corral setting ls
        qemu-img convert -O raw $tcp copy.raw
-API:   $CORRAL_URL/v1/openapi.json   Metrics: $CORRAL_URL/metrics   Logs: $data/logs/
+API:   $CORRAL_URL/v1/openapi.json (Authorization: Bearer \$(cat $data/admin.token))   Metrics: $CORRAL_URL/metrics   Logs: $data/logs/
 Ctrl-C detaches every attached volume and stops the manager and every daemon it started.
 TXT
 wait "$manager"

@@ -67,9 +67,10 @@ fn not_found(e: &ClientError) -> bool {
 }
 
 impl ManagerApi {
-    pub fn new(url: &str) -> Self {
+    /// The manager at `url`, presenting `token` (`manager::token`) with every call.
+    pub fn new(url: &str, token: Option<String>) -> Self {
         Self {
-            client: Client::new(url),
+            client: Client::new(url).with_token(token),
         }
     }
 

@@ -29,6 +29,8 @@ pub struct PluginConfig {
     /// `unix:///path/csi.sock` or a plain path.
     pub endpoint: String,
     pub manager_url: String,
+    /// The file holding the manager API token the plugin presents (a mounted Secret); None: no token.
+    pub token_file: Option<PathBuf>,
     pub node_id: String,
     pub state_dir: PathBuf,
     pub mode: Mode,
@@ -62,7 +64,11 @@ fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
 
 pub async fn serve(cfg: PluginConfig, cancel: CancellationToken) -> anyhow::Result<()> {
     let path = socket_path(&cfg.endpoint)?;
-    let manager = ManagerApi::new(&cfg.manager_url);
+    let token = match &cfg.token_file {
+        Some(f) => Some(manager::token::bootstrap::read_token_file(f)?),
+        None => None,
+    };
+    let manager = ManagerApi::new(&cfg.manager_url, token);
     let controller = matches!(cfg.mode, Mode::Controller | Mode::All);
     let node = matches!(cfg.mode, Mode::Node | Mode::All);
     let identity = IdentityServer::new(IdentityService {

@@ -107,6 +107,9 @@ class Plugin:
                 f"unix://{self.socket}",
                 "--manager-url",
                 ARGS.manager,
+                # The admin token the manager wrote on its first start (the plugin reads it from a file).
+                "--token-file",
+                os.path.join(ARGS.manager_data, "admin.token"),
                 "--node-id",
                 ARGS.node_id,
                 "--state-dir",
@@ -156,10 +159,17 @@ class Plugin:
             self.proc.wait()
 
 
+def admin_token():
+    """The admin token the manager wrote to its data directory on its first start."""
+    with open(os.path.join(ARGS.manager_data, "admin.token")) as f:
+        return f.read().strip()
+
+
 def rest(method, path, body=None):
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(ARGS.manager + path, data=data, method=method)
     req.add_header("content-type", "application/json")
+    req.add_header("authorization", "Bearer " + admin_token())
     try:
         with urllib.request.urlopen(req, timeout=30) as r:
             text = r.read()

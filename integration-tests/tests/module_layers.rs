@@ -322,6 +322,7 @@ const FOLDER_BACK_EDGES: &[(&str, &str, &str)] = &[
     ("manager", "job", "api"),
     ("manager", "node", "api"),
     ("manager", "v2", "api"),
+    ("manager", "token", "api"),
     // The backing-image restore source reads the backup model.
     ("manager", "backing_image", "backup"),
     // `controller/` holds both the reconcile runtime that every feature uses and controllers that use features.

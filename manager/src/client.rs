@@ -22,6 +22,8 @@ pub enum ClientError {
 pub struct Client {
     base: String,
     http: reqwest::Client,
+    /// Sent as `Authorization: Bearer` with every request (never printed: `Client` has no `Debug`).
+    token: Option<String>,
 }
 
 impl Client {
@@ -34,6 +36,22 @@ impl Client {
         Self {
             base,
             http: reqwest::Client::new(),
+            token: None,
+        }
+    }
+
+    /// This client presenting `token` (`manager::token`) with every request.
+    #[must_use]
+    pub fn with_token(mut self, token: Option<String>) -> Self {
+        self.token = token;
+        self
+    }
+
+    /// `req` with this client's token: for a request built outside these helpers (a streamed upload).
+    pub fn authorize(&self, req: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match &self.token {
+            Some(t) => req.bearer_auth(t),
+            None => req,
         }
     }
 
@@ -50,7 +68,7 @@ impl Client {
             url: url.to_owned(),
             reason: e.to_string(),
         };
-        let resp = req.send().await.map_err(http)?;
+        let resp = self.authorize(req).send().await.map_err(http)?;
         let status = resp.status();
         let bytes = resp.bytes().await.map_err(http)?;
         if !status.is_success() {

@@ -30,6 +30,15 @@ pub enum ApiError {
     /// The body is not `application/json` (or, for an upload, not the multipart form).
     #[error("{0}")]
     UnsupportedMediaType(String),
+    /// No, a malformed, an unknown or a revoked token (`manager::token::auth`).
+    #[error("{0}")]
+    Unauthorized(String),
+    /// The token's role does not allow the request.
+    #[error("{0}")]
+    Forbidden(String),
+    /// A request header (Authorization) is larger than the API takes.
+    #[error("{0}")]
+    HeaderTooLarge(String),
     /// A bug: a handler panicked or failed in a way no variant describes.
     #[error("{0}")]
     Internal(String),
@@ -52,6 +61,12 @@ pub const ERROR_CODES: &[(u16, &str, &str)] = &[
         "invalid",
         "Bad input: a malformed body, path or query, or a value the server refuses",
     ),
+    (
+        401,
+        "unauthorized",
+        "No, a malformed, an unknown or a revoked token: send Authorization: Bearer TOKEN",
+    ),
+    (403, "forbidden", "The token's role does not allow this request"),
     (404, "not-found", "No such route or object"),
     (
         405,
@@ -65,6 +80,7 @@ pub const ERROR_CODES: &[(u16, &str, &str)] = &[
     ),
     (413, "too-large", "The body is larger than the route accepts"),
     (415, "unsupported-media-type", "The body is not application/json"),
+    (431, "header-too-large", "The Authorization header is over 4 KiB"),
     (500, "internal", "A bug or a store failure"),
     (
         503,
@@ -82,6 +98,9 @@ impl ApiError {
             ApiError::UnsupportedMediaType(_) => {
                 (StatusCode::UNSUPPORTED_MEDIA_TYPE, "unsupported-media-type")
             }
+            ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "unauthorized"),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "forbidden"),
+            ApiError::HeaderTooLarge(_) => (StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE, "header-too-large"),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
             ApiError::NotFound(_) | ApiError::Store(StoreError::NotFound { .. }) => {
                 (StatusCode::NOT_FOUND, "not-found")

@@ -2,7 +2,8 @@
 //! spec/status documents with optimistic concurrency and watches), the resources (nodes and disks, volumes,
 //! engines, replicas, settings, snapshots), the controllers that turn volume specs into running `corral-replica`
 //! and `corral-engine` processes on each node (supervised, restarted, re-adopted after a manager restart), the REST
-//! API (`/v1/...`), the web UI at `/` ([`ui`]) and the user CLI `corral` (its REST client is [`client`]).
+//! API (`/v1/...`, every call authenticated by a bearer token with a role: [`token`]), the web UI at `/` ([`ui`])
+//! and the user CLI `corral` (its REST client is [`client`]).
 
 pub mod api;
 pub mod backing_image;
@@ -23,6 +24,7 @@ pub mod scheduler;
 pub mod server;
 pub mod snapshot;
 pub mod store;
+pub mod token;
 pub mod ui;
 pub mod v2;
 pub mod volume_engine;

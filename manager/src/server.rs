@@ -29,6 +29,9 @@ pub struct ServerConfig {
     pub instance_manager: Option<String>,
     /// This manager's build version, which the node reports (`corral node ls`).
     pub version: String,
+    /// Where the first admin token goes on an empty token store (None: DATA_DIR/admin.token); a token already
+    /// in that file (a mounted Secret) is adopted instead of a new one.
+    pub admin_token_file: Option<PathBuf>,
 }
 
 /// How long a starting manager waits for its instance manager to answer (both may start together).
@@ -140,6 +143,11 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
         .with_context(|| format!("listen on {}", cfg.listen))?;
     let address = advertised_address(listener.local_addr()?, &cfg.host);
     register_node(&db, &cfg, &address).await?;
+    let token_file = cfg
+        .admin_token_file
+        .clone()
+        .unwrap_or_else(|| cfg.data_dir.join(crate::token::BOOTSTRAP_FILE));
+    crate::token::bootstrap::ensure_admin_token(&db, &token_file).await?;
     let ctx = Ctx::new(
         db.clone(),
         NodeConfig {
@@ -196,7 +204,12 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
     corral_daemon::ready::ReadyReport::new()
         .tcp("http", listener.local_addr()?)
         .announce(cfg.ready_file.as_deref())?;
-    let app = crate::ui::router(ctx.clone()).merge(crate::api::router(ctx));
+    let app = crate::ui::router(ctx.clone())
+        .merge(crate::api::router(ctx.clone()))
+        .layer(axum::middleware::from_fn_with_state(
+            ctx,
+            crate::token::auth::require_token,
+        ));
     let c = cancel.clone();
     axum::serve(listener, app)
         .with_graceful_shutdown(async move { c.cancelled().await })

@@ -12,7 +12,6 @@
 mod support;
 
 use std::path::Path;
-use std::process::Command;
 use std::time::Duration;
 
 use serde_json::json;
@@ -25,7 +24,7 @@ const SECRET: &str = S3_ENV[1].1;
 
 /// `corral` with the S3 key pair in its environment (for `--credentials-from-env`).
 fn corral_with_keys(url: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(cli_bin())
+    let out = cli_command()
         .args(["--url", url])
         .args(args)
         .envs(S3_ENV)

@@ -11,7 +11,7 @@ use support::*;
 fn corral_into_closed_pipe(url: &str, args: &[&str]) -> std::process::Output {
     let (reader, writer) = std::io::pipe().expect("pipe");
     drop(reader);
-    Command::new(cli_bin())
+    cli_command()
         .args(["--url", url])
         .args(args)
         .stdout(writer)
@@ -62,6 +62,7 @@ fn output_into_a_closed_pipe_ends_the_cli_quietly() {
     );
     let out = Command::new("bash")
         .args(["-o", "pipefail", "-c", &script])
+        .env("CORRAL_TOKEN", admin_token().unwrap())
         .output()
         .expect("bash");
     let stderr = String::from_utf8_lossy(&out.stderr);

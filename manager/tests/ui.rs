@@ -123,10 +123,34 @@ impl Browser {
         assert_eq!(got, json!([width, height]), "viewport");
     }
 
-    /// Opens `url` and waits until the page rendered its content (the shell marks `main` after each render).
+    /// Opens `url` and waits until the page rendered its content (the shell marks `main` after each render). A tab
+    /// without a token shows the sign-in page first: the admin token is typed into it, as a user does.
     fn open(&self, url: &str) {
         self.cmd("POST", "/url", Some(&json!({ "url": url })));
         self.wait_rendered();
+        if self.rendered() == "signin" {
+            self.sign_in(&admin_token().expect("the manager's admin token"));
+        }
+    }
+
+    fn rendered(&self) -> String {
+        self.js(
+            "return document.getElementById('page')?.dataset.rendered ?? ''",
+            &[],
+        )
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+    }
+
+    /// Types `token` into the sign-in page and submits it; waits until a page other than sign-in rendered.
+    fn sign_in(&self, token: &str) {
+        self.fill("#token", token);
+        self.click("#signin button[type=submit]");
+        wait_for("signed in", PAGE, || {
+            let r = self.rendered();
+            (!r.is_empty() && r != "signin").then_some(())
+        });
     }
 
     /// Navigates inside the application (a hash change, no reload) and waits for the new page's render.
@@ -738,7 +762,7 @@ fn ui_restores_clones_and_shows_failed_downloads_in_chromium() {
         Some(&json!({"name": "bi-up", "sourceType": "upload"})),
     );
     assert_eq!(code, 201, "{v}");
-    let out = Command::new("curl")
+    let out = curl_command()
         .args(["-sS", "-o", "/dev/null", "-w", "%{http_code}", "-F"])
         .arg(format!("file=@{}", qcow2.display()))
         .arg(format!(

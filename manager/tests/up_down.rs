@@ -8,12 +8,16 @@ use std::time::Duration;
 use serde_json::Value;
 use testkit::{ReadyReport, kill_under, wait_for, workspace_bin};
 
+/// The data directory of the manager `up` started: `corral` finds its admin token there (`CORRAL_DATA_DIR`), as a
+/// user's shell with that variable set does.
+static DATA_DIR: std::sync::Mutex<Option<std::path::PathBuf>> = std::sync::Mutex::new(None);
+
 fn corral(args: &[&str]) -> (bool, String) {
-    let out = Command::new(workspace_bin("corral"))
-        .args(args)
-        .env("NO_COLOR", "1")
-        .output()
-        .expect("run corral");
+    let mut cmd = Command::new(workspace_bin("corral"));
+    if let Some(d) = DATA_DIR.lock().unwrap().as_ref() {
+        cmd.env("CORRAL_DATA_DIR", d);
+    }
+    let out = cmd.args(args).env("NO_COLOR", "1").output().expect("run corral");
     let text = format!(
         "{}{}",
         String::from_utf8_lossy(&out.stdout),
@@ -59,6 +63,7 @@ impl Drop for KillAll {
 
 /// `corral up --detach` on port 0; the manager's URL from its ready file.
 fn up(data: &Path) -> (String, u64) {
+    *DATA_DIR.lock().unwrap() = Some(data.to_owned());
     let (ok, out) = corral(&[
         "up",
         "--detach",

@@ -16,6 +16,10 @@ struct Args {
     /// The Corral manager's REST address.
     #[arg(long, env = "CORRAL_MANAGER_URL", default_value = "http://127.0.0.1:9500")]
     manager_url: String,
+    /// A file holding the manager API token to present (Kubernetes: a mounted Secret; an operator token is
+    /// enough). Without it requests carry no token and the manager refuses them.
+    #[arg(long, env = "CORRAL_TOKEN_FILE", value_name = "PATH")]
+    token_file: Option<PathBuf>,
     /// This node's name in Corral (the manager's --node-id); the node service reports it as its CSI node ID and
     /// as topology corral.io/node. Required unless --mode controller.
     #[arg(long, env = "CORRAL_NODE_ID", default_value = "")]
@@ -40,7 +44,7 @@ async fn main() -> anyhow::Result<()> {
     let a = Args::parse();
     a.log.init(corral_daemon::cli::RunKind::Daemon)?;
     tracing::info!(
-        endpoint = %a.endpoint, manager = %a.manager_url, node_id = %a.node_id,
+        endpoint = %a.endpoint, manager = %a.manager_url, token_file = ?a.token_file, node_id = %a.node_id,
         state_dir = %a.state_dir.display(), mode = ?a.mode, backup_wait_s = a.backup_wait, "corral-csi starting"
     );
     let cancel = corral_daemon::shutdown_on_signal();
@@ -48,6 +52,7 @@ async fn main() -> anyhow::Result<()> {
         PluginConfig {
             endpoint: a.endpoint,
             manager_url: a.manager_url,
+            token_file: a.token_file,
             node_id: a.node_id,
             state_dir: a.state_dir,
             mode: a.mode,

@@ -115,6 +115,7 @@ pub fn routes() -> Routes {
     crate::backup::routes::register(&mut r);
     crate::v2::routes::register(&mut r);
     crate::node::routes::register(&mut r);
+    crate::token::routes::register(&mut r);
     r.add("get", "/v1/openapi.json", "This document", openapi);
     r.add("get", "/metrics", "Prometheus metrics", metrics);
     r.add("get", "/healthz", "Liveness", healthz);

@@ -602,6 +602,11 @@ fn with_backup_schemas(mut c: Value) -> Value {
     if let (Some(all), Value::Object(more)) = (c.as_object_mut(), crate::backup::openapi::schemas()) {
         all.extend(more);
     }
+    if let (Some(all), Value::Object(more)) =
+        (c.as_object_mut(), crate::token::openapi::schemas(&name_schema()))
+    {
+        all.extend(more);
+    }
     c
 }
 
@@ -716,7 +721,9 @@ fn shape(method: &str, path: &str) -> Shape {
             Some((json!({"type": "string"}), "application/openmetrics-text")),
         ),
         ("get", "/healthz") => (None, 200, Some((json!({"type": "string"}), "text/plain"))),
-        _ => match crate::backup::openapi::shape(method, path) {
+        _ => match crate::backup::openapi::shape(method, path)
+            .or_else(|| crate::token::openapi::shape(method, path))
+        {
             Some((body, status, response)) => (body, status, response.and_then(json_resp)),
             None => panic!(
                 "the OpenAPI document does not describe {method} {path}: add it to api::openapi::shape"
@@ -864,6 +871,10 @@ fn operation(method: &str, path: &str, summary: &str, path_param: &dyn Fn(&str) 
         "parameters": params,
         "responses": responses,
     });
+    if crate::token::auth::required_role(&method.to_uppercase().parse().unwrap_or_default(), path).is_none() {
+        // Open routes (health, metrics) take no token.
+        op["security"] = json!([]);
+    }
     if let Some((schema, required)) = s.body {
         op["requestBody"] =
             json!({"required": required, "content": {"application/json": {"schema": schema}}});
@@ -915,7 +926,14 @@ pub fn document(documented: &[(&'static str, &'static str, &'static str)]) -> Va
             "description": "Every error is JSON {code, message}; names match NAME_PATTERN; sizes are whole 4 KiB blocks.",
         },
         "paths": paths,
-        "components": {"schemas": with_backup_schemas(components())},
+        "components": {
+            "schemas": with_backup_schemas(components()),
+            "securitySchemes": {"bearer": {
+                "type": "http", "scheme": "bearer",
+                "description": "An API token (`corral token create`; the first admin token is DATA_DIR/admin.token)",
+            }},
+        },
+        "security": [{"bearer": []}],
     })
 }
 

@@ -307,8 +307,8 @@ async fn upload(c: &Client, name: &str, file: &std::path::Path, size: u64) -> an
         .chain(chunks)
         .chain(futures::stream::once(async move { Ok(bytes::Bytes::from(tail)) }));
     let url = format!("{}/v1/backingimages/{name}/upload?size={size}", c.base());
-    let resp = reqwest::Client::new()
-        .post(&url)
+    let resp = c
+        .authorize(reqwest::Client::new().post(&url))
         .header(
             reqwest::header::CONTENT_TYPE,
             format!("multipart/form-data; boundary={boundary}"),

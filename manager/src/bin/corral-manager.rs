@@ -49,6 +49,10 @@ struct Cli {
     /// never interrupts IO. Default: the manager runs them itself.
     #[arg(long, env = "CORRAL_INSTANCE_MANAGER", value_name = "URL")]
     instance_manager: Option<String>,
+    /// Where the first admin token is written when the store holds no token (mode 0600; default
+    /// DATA_DIR/admin.token). A token already in the file (e.g. a mounted Kubernetes Secret) is adopted instead.
+    #[arg(long, env = "CORRAL_ADMIN_TOKEN_FILE", value_name = "PATH")]
+    admin_token_file: Option<PathBuf>,
     #[command(flatten)]
     common: corral_daemon::cli::CommonArgs,
 }
@@ -88,6 +92,7 @@ async fn main() -> anyhow::Result<()> {
         ready_file: process.ready_file,
         instance_manager: cli.instance_manager,
         version: VERSION.to_owned(),
+        admin_token_file: cli.admin_token_file,
     };
     let cancel = corral_daemon::shutdown_on_signal();
     manager::server::run(cfg, cancel).await

@@ -29,6 +29,10 @@ struct Cli {
         default_value = "http://127.0.0.1:9500"
     )]
     url: String,
+    /// A file holding the API token to present (else $CORRAL_TOKEN, else DATA_DIR/admin.token, which the manager
+    /// writes on first start).
+    #[arg(long, global = true, env = "CORRAL_TOKEN_FILE", value_name = "PATH")]
+    token_file: Option<PathBuf>,
     #[command(flatten)]
     output: corral_daemon::output::OutputArgs,
     #[command(flatten)]
@@ -109,6 +113,11 @@ enum Cmd {
     Lvstore {
         #[command(subcommand)]
         cmd: manager::v2::cli::LvstoreCmd,
+    },
+    /// API tokens with roles (admin only): create (the secret is shown once), list, revoke.
+    Token {
+        #[command(subcommand)]
+        cmd: manager::token::cli::TokenCmd,
     },
 }
 
@@ -561,6 +570,7 @@ async fn up(
         ready_file: Some(ready.clone()),
         instance_manager: None,
         version: env!("CARGO_PKG_VERSION").to_owned(),
+        admin_token_file: None,
     };
     let result = manager::server::run(cfg, corral_daemon::shutdown_on_signal()).await;
     // A clean stop leaves no report behind: `corral down` then says nothing runs.
@@ -676,7 +686,7 @@ async fn detach_node_volumes(c: &Client, timeout: Duration) -> anyhow::Result<()
     Ok(())
 }
 
-async fn down(data_dir: PathBuf, timeout: Duration) -> anyhow::Result<()> {
+async fn down(data_dir: PathBuf, token: Option<String>, timeout: Duration) -> anyhow::Result<()> {
     let data_dir = data_dir.canonicalize().unwrap_or(data_dir);
     let ready = data_dir.join(MANAGER_READY_FILE);
     let report = match corral_daemon::ready::ReadyReport::read(&ready) {
@@ -694,7 +704,13 @@ async fn down(data_dir: PathBuf, timeout: Duration) -> anyhow::Result<()> {
     let manager_runs = running_manager(&ready).is_some();
     if manager_runs {
         let addr = report.listen.get("http").cloned().unwrap_or_default();
-        let c = Client::new(&addr);
+        // The data directory's admin.token may be new since main looked (the manager made it after this started).
+        let token = token.or_else(|| {
+            manager::token::cli::find_token(None, None, &data_dir)
+                .ok()
+                .flatten()
+        });
+        let c = Client::new(&addr).with_token(token);
         emit(&format!(
             "stopping the corral manager on {} (pid {}, http://{addr})",
             data_dir.display(),
@@ -740,7 +756,19 @@ async fn main() -> anyhow::Result<()> {
     let kind = RunKind::serving(matches!(cli.cmd, Cmd::Up { .. }));
     cli.log.init(kind)?;
     let json = cli.output.json;
-    let c = Client::new(&cli.url);
+    // The data directory whose admin.token is the last place to look for a token (`corral up`'s default).
+    let data_dir = match &cli.cmd {
+        Cmd::Up { data_dir, .. } | Cmd::Down { data_dir, .. } => data_dir.clone(),
+        _ => {
+            std::env::var_os("CORRAL_DATA_DIR").map_or_else(|| PathBuf::from("./corral-data"), PathBuf::from)
+        }
+    };
+    let token = manager::token::cli::find_token(
+        cli.token_file.as_deref(),
+        std::env::var("CORRAL_TOKEN").ok(),
+        &data_dir,
+    )?;
+    let c = Client::new(&cli.url).with_token(token.clone());
     match cli.cmd {
         Cmd::Up {
             data_dir,
@@ -749,7 +777,8 @@ async fn main() -> anyhow::Result<()> {
             node_id,
             detach,
         } => up(data_dir, listen, store, node_id, detach).await?,
-        Cmd::Down { data_dir, timeout } => down(data_dir, Duration::from_secs(timeout)).await?,
+        Cmd::Down { data_dir, timeout } => down(data_dir, token, Duration::from_secs(timeout)).await?,
+        Cmd::Token { cmd } => manager::token::cli::run(&c, json, cmd).await?,
         Cmd::Node { cmd } => match cmd {
             NodeCmd::Ls => {
                 let ns: Vec<NodeView> = c.get("/v1/nodes").await?;

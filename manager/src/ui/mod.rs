@@ -2,6 +2,8 @@
 //! that calls the REST API (`/v1/...`) as any client does, so the UI can do nothing the API refuses and shows the
 //! API's own error messages. Its files are compiled into the binary ([`assets`]); live updates come from the store's
 //! watches as server-sent events ([`events`]). Routes: `/` (the page), `/ui/{*file}` (assets), `/ui/events` (SSE).
+//! The page and its assets are open; the feed, like the API, needs a bearer token (`crate::token::auth`): the page
+//! asks for one on its sign-in page and keeps it in the tab's `sessionStorage`.
 
 pub mod assets;
 pub mod events;

@@ -1,9 +1,11 @@
 //! Test support for the manager's tests: a `corral-manager` per node started through the test kit (port 0, ready
-//! file), REST calls, the CLI. Waiting, etcd, qemu-io and killing a node's daemons come from `testkit`.
+//! file), REST calls, the CLI. Waiting, etcd, qemu-io and killing a node's daemons come from `testkit`. Every REST
+//! call and CLI run here presents the admin token the first manager wrote to its data directory ([`admin_token`]).
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::Mutex;
 
 use testkit::{Daemon, DaemonCommand, kill_under};
 
@@ -16,6 +18,52 @@ pub struct Manager {
     pub url: String,
     pub data_dir: PathBuf,
     pub node_id: String,
+}
+
+/// The data directories of the managers this test started: where [`admin_token`] looks.
+static DATA_DIRS: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+
+/// The admin token the managers of this test share: the one the first of them wrote to its data directory on its
+/// first start (`manager::token::BOOTSTRAP_FILE`; the others of a cluster find tokens in the store and write none).
+pub fn admin_token() -> Option<String> {
+    let dirs = DATA_DIRS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .clone();
+    dirs.iter().find_map(|d| {
+        std::fs::read_to_string(d.join(manager::token::BOOTSTRAP_FILE))
+            .ok()
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty())
+    })
+}
+
+/// Remembers `data_dir` as one of this test's managers' (for [`admin_token`]).
+pub fn remember_data_dir(data_dir: &Path) {
+    let mut dirs = DATA_DIRS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if !dirs.iter().any(|d| d == data_dir) {
+        dirs.push(data_dir.to_owned());
+    }
+}
+
+/// `corral` presenting the admin token (`CORRAL_TOKEN`).
+pub fn cli_command() -> Command {
+    let mut cmd = Command::new(cli_bin());
+    if let Some(t) = admin_token() {
+        cmd.env("CORRAL_TOKEN", t);
+    }
+    cmd
+}
+
+/// `curl` presenting the admin token.
+pub fn curl_command() -> Command {
+    let mut cmd = Command::new("curl");
+    if let Some(t) = admin_token() {
+        cmd.args(["-H", &format!("authorization: Bearer {t}")]);
+    }
+    cmd
 }
 
 pub fn manager_bin() -> PathBuf {
@@ -66,6 +114,7 @@ impl Manager {
         env: &[(&str, &str)],
     ) -> DaemonCommand {
         std::fs::create_dir_all(data_dir).unwrap();
+        remember_data_dir(data_dir);
         let bin = manager_bin();
         let mut cmd = DaemonCommand::new(&bin);
         for (k, v) in env {
@@ -113,9 +162,22 @@ impl Drop for Manager {
     }
 }
 
-/// Blocking JSON REST calls with curl (no runtime needed in the tests).
+/// Blocking JSON REST calls with curl (no runtime needed in the tests), as the admin.
 pub fn rest(method: &str, url: &str, body: Option<&serde_json::Value>) -> (u16, serde_json::Value) {
+    rest_as(admin_token().as_deref(), method, url, body)
+}
+
+/// [`rest`] presenting `token` (None: no Authorization header).
+pub fn rest_as(
+    token: Option<&str>,
+    method: &str,
+    url: &str,
+    body: Option<&serde_json::Value>,
+) -> (u16, serde_json::Value) {
     let mut cmd = Command::new("curl");
+    if let Some(t) = token {
+        cmd.args(["-H", &format!("authorization: Bearer {t}")]);
+    }
     cmd.args(["-s", "-o", "-", "-w", "\n%{http_code}", "-X", method, url]);
     if let Some(b) = body {
         cmd.args(["-H", "content-type: application/json", "-d", &b.to_string()]);
@@ -142,7 +204,7 @@ pub fn sigkill(pid: i64) {
 
 /// Runs the `corral` CLI against `url`; returns (success, stdout, stderr).
 pub fn corral(url: &str, args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(cli_bin())
+    let out = cli_command()
         .args(["--url", url])
         .args(args)
         .output()

@@ -1,7 +1,7 @@
 // The application shell: a hash router over the page modules (one per page, each `{kinds, render(main, params)}`),
 // and live refresh: a change of a kind the open page shows re-renders it (coalesced, at most ~4 times a second).
 
-import { connectEvents, onChange } from './api.js';
+import { api, connectEvents, onChange, onUnauthorized, setToken, signOut, token } from './api.js';
 import { h } from './dom.js';
 import * as dashboard from './pages/dashboard.js';
 import * as volumes from './pages/volumes.js';
@@ -84,11 +84,62 @@ onChange((kind) => {
   if (kind === '' || (current.mod.kinds ?? []).includes(kind)) refreshSoon();
 });
 
-window.addEventListener('hashchange', () => show(true));
-connectEvents((state) => {
-  const live = document.getElementById('live');
-  live.textContent = state;
-  live.dataset.state = state;
-  if (state === 'live') refreshSoon(); // catch up on what changed while disconnected
-});
-show(true);
+let feed = null;
+function startFeed() {
+  feed?.close();
+  feed = connectEvents((state) => {
+    const live = document.getElementById('live');
+    live.textContent = state;
+    live.dataset.state = state;
+    if (state === 'live') refreshSoon(); // catch up on what changed while disconnected
+  });
+}
+
+/** The sign-in page: the token is checked against the API, then kept in this tab's sessionStorage only. */
+function showSignIn(message) {
+  feed?.close();
+  feed = null;
+  generation += 1; // a render under way must not replace this page
+  current = null;
+  document.getElementById('signout').hidden = true;
+  const main = document.getElementById('page');
+  const input = h('input', {
+    id: 'token', name: 'token', type: 'password', autocomplete: 'off', required: true,
+    'aria-describedby': 'signin-error',
+  });
+  const error = h('p', { id: 'signin-error', class: message ? 'notice shown' : 'notice', role: 'alert' }, message ?? '');
+  const form = h('form', {
+    id: 'signin',
+    onsubmit: async (e) => {
+      e.preventDefault();
+      setToken(input.value.trim());
+      try {
+        await api('GET', '/v1/nodes');
+      } catch (err) {
+        signOut();
+        showSignIn(err.status === 401 ? 'That token is unknown or revoked.' : err.message);
+        return;
+      }
+      signedIn();
+    },
+  },
+  h('label', { for: 'token' }, 'API token'), input,
+  h('p', { class: 'hint' }, 'corral token create NAME --role viewer makes one; the first admin token is in the '
+    + "manager's data directory (admin.token). It is kept in this tab only."),
+  h('button', { type: 'submit' }, 'Sign in'), error);
+  main.replaceChildren(h('h1', {}, 'Sign in'), form);
+  document.title = 'Sign in · Corral';
+  main.dataset.rendered = 'signin';
+  input.focus();
+}
+
+function signedIn() {
+  document.getElementById('signout').hidden = false;
+  startFeed();
+  show(true);
+}
+
+onUnauthorized(() => { if (document.getElementById('signin') === null) { signOut(); showSignIn('Signed out: sign in again.'); } });
+document.getElementById('signout').addEventListener('click', () => { signOut(); showSignIn(); });
+window.addEventListener('hashchange', () => { if (token()) show(true); });
+if (token()) signedIn(); else showSignIn();
