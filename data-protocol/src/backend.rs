@@ -29,6 +29,10 @@ pub enum ErrorKind {
     NoSpace = 4,
     /// The replica cannot serve IO right now (closing, in error, read-only).
     Unavailable = 5,
+    /// The engine is stale: the replica has accepted a higher engine generation than the one this connection
+    /// presented (or none, from an engine too old to present one). The `Error` reply's `offset` carries the
+    /// replica's generation. Sent by the server itself, not by a backend.
+    Fenced = 6,
     /// Not a wire code, never sent: the server answers nothing and drops the connection the request
     /// came on, as if the network had failed. For fault injection, and for a backend that knows its
     /// client must reconnect.
@@ -48,6 +52,7 @@ impl ErrorKind {
             3 => Self::Invalid,
             4 => Self::NoSpace,
             5 => Self::Unavailable,
+            6 => Self::Fenced,
             _ => Self::Io,
         }
     }
@@ -134,5 +139,21 @@ pub trait BlockBackend: Send + Sync + 'static {
     /// allocated, which is always correct, only not sparse.
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>, BackendError> {
         Ok(std::iter::once(offset..offset.saturating_add(len)).collect())
+    }
+    /// The highest engine generation this replica has accepted (0: none yet), as durably recorded. Called at
+    /// every `Hello` (per connection, never per request). An error (a record that cannot be read) refuses the
+    /// connection with it: a replica that does not know its generation must not guess one. The default keeps
+    /// none.
+    fn generation(&self) -> Result<u64, BackendError> {
+        Ok(0)
+    }
+    /// Records durably (it survives a crash once this returns) that `generation`, higher than what
+    /// [`generation`](Self::generation) returns, is now the highest accepted. The server answers the `Hello`
+    /// that presented it only after this returned `Ok`. The default keeps none and refuses.
+    fn record_generation(&self, generation: u64) -> Result<(), BackendError> {
+        Err(BackendError::new(
+            ErrorKind::Unavailable,
+            format!("this replica cannot record engine generation {generation}: it keeps no generations"),
+        ))
     }
 }

@@ -8,7 +8,7 @@
 //! | 4 | u16 | version = 1 |
 //! | 6 | u16 | kind ([`FrameKind`]) |
 //! | 8 | u64 | id (a reply carries its request's id) |
-//! | 16 | u64 | offset (bytes) |
+//! | 16 | u64 | offset (bytes; the engine generation in `Hello`, 0 = none; the replica's generation in a `Fenced` `Error` reply) |
 //! | 24 | u32 | length (IO bytes; error kind code in an `Error` reply; protocol version in `Hello`; bytes covered in a `BlockStatus` reply) |
 //! | 28 | u32 | payload_len |
 //!
@@ -44,7 +44,8 @@ const _: () = assert!(MAX_BLOCK_STATUS_RANGES * BLOCK_STATUS_RANGE_LEN == MAX_IO
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[repr(u16)]
 pub enum FrameKind {
-    /// Client → server, first frame: `length` = client protocol version, payload = client name.
+    /// Client → server, first frame: `length` = client protocol version, `offset` = the engine's generation
+    /// (0: none, an engine that predates generations), payload = client name.
     Hello = 1,
     /// Read `length` bytes at `offset`.
     Read = 2,
@@ -66,7 +67,8 @@ pub enum FrameKind {
     /// Success; a read's data is the payload. Reply to `Hello`: `offset` = size, `length` = sector size.
     /// Reply to `BlockStatus`: `length` = bytes covered, payload = allocated ranges.
     Ok = 0x81,
-    /// Failure: `length` = [`crate::ErrorKind`] code, payload = UTF-8 message.
+    /// Failure: `length` = [`crate::ErrorKind`] code, payload = UTF-8 message; `offset` = the replica's
+    /// generation when the kind is `Fenced`, else 0.
     Error = 0x82,
     /// The read reaches past the end of the volume.
     Eof = 0x83,

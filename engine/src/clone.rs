@@ -10,15 +10,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use corral_proto::v1::{self, sync_agent_service_client::SyncAgentServiceClient};
-use tonic::transport::Channel;
 use tracing::info;
 
 use crate::error::EngineError;
 use crate::remote_engine::{engine_client, engine_err, rw_replica_of};
-use crate::replica_client::{Mode, ReplicaEntry};
+use crate::replica_client::{Mode, ReplicaChannel, ReplicaEntry};
 use crate::volume::Volume;
 
-fn sync_client(r: &ReplicaEntry) -> Result<SyncAgentServiceClient<Channel>, EngineError> {
+fn sync_client(r: &ReplicaEntry) -> Result<SyncAgentServiceClient<ReplicaChannel>, EngineError> {
     Ok(r.connection()?.sync.clone())
 }
 

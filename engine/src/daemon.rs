@@ -43,6 +43,8 @@ pub struct ServeConfig {
     pub replica_timeout: Duration,
     /// Data connections to each replica.
     pub replica_connections: usize,
+    /// This engine start's generation (0: none), presented in every data connection's Hello.
+    pub generation: u64,
     /// Prometheus `/metrics` and `/healthz`.
     pub metrics_listen: Option<SocketAddr>,
     /// Where to write the ready report (`corral_daemon::ready`).
@@ -59,6 +61,7 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
     let client = ClientConfig {
         request_timeout: cfg.replica_timeout,
         connections: cfg.replica_connections,
+        generation: cfg.generation,
         runtime: Some(io_runtime.clone()),
         ..ClientConfig::default()
     };

@@ -30,6 +30,9 @@ pub enum EngineError {
         code: tonic::Code,
         message: String,
     },
+    /// A replica accepted a newer engine generation: this engine is stale and serves no more IO.
+    #[error("{0}")]
+    Fenced(String),
     /// Other failures.
     #[error("{0}")]
     Internal(String),
@@ -57,6 +60,7 @@ impl From<EngineError> for Status {
             EngineError::NoHealthyReplica { .. } => Status::unavailable(msg),
             EngineError::NoSpace(_) => Status::resource_exhausted(msg),
             EngineError::Replica { code, .. } => Status::new(code, msg),
+            EngineError::Fenced(_) => Status::failed_precondition(msg),
             EngineError::Internal(_) => Status::internal(msg),
         }
     }

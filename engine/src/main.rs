@@ -73,6 +73,11 @@ enum Cmd {
         /// requests one `recv` brings in order; fewer connections batch more requests per wake-up.
         #[arg(long, env = "CORRAL_REPLICA_CONNECTIONS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
         replica_connections: u16,
+        /// This engine start's generation, presented to every replica (data-protocol Hello): a replica that
+        /// accepted it refuses every engine of a lower one, and closes their connections, so an engine left on
+        /// the wrong side of a partition cannot write. 0: none (refused by a replica that has seen one).
+        #[arg(long, env = "CORRAL_ENGINE_GENERATION", default_value_t = 0)]
+        generation: u64,
         #[command(flatten)]
         rebuild_rate: RebuildRateArgs,
         #[command(flatten)]
@@ -196,6 +201,7 @@ async fn main() -> anyhow::Result<()> {
             salvage_requested,
             replica_timeout,
             replica_connections,
+            generation,
             rebuild_rate,
             metrics,
         } => {
@@ -213,6 +219,7 @@ async fn main() -> anyhow::Result<()> {
                 salvage_requested,
                 replica_timeout: Duration::from_secs(replica_timeout),
                 replica_connections: usize::from(replica_connections),
+                generation,
                 metrics_listen: metrics.metrics_listen,
                 ready_file: process.ready_file,
                 rebuild_rate: engine::rebuild::RebuildRate {

@@ -10,7 +10,7 @@ use corral_daemon::metrics::Metrics;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -57,6 +57,16 @@ impl prometheus_client::collector::Collector for VolumeCollector {
             let mut family = enc.encode_descriptor(name, help, None, c.metric_type())?;
             c.encode(family.encode_family(&volume)?)?;
         }
+        let fenced = ConstGauge::new(
+            i64::try_from(v.fenced().map_or(0, |f| f.replica_generation)).unwrap_or(i64::MAX),
+        );
+        let mut family = enc.encode_descriptor(
+            "engine_fenced_by_generation",
+            "The newer engine generation a replica accepted, fencing this engine (0: not fenced)",
+            None,
+            fenced.metric_type(),
+        )?;
+        fenced.encode(family.encode_family(&volume)?)?;
         // Empty unless built with the io-counters feature.
         for (name, help, val) in data_protocol::io_counters::metrics() {
             let c = ConstCounter::new(val);

@@ -6,12 +6,14 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use corral_proto::ReplicaAddress;
+use corral_proto::engine_generation::EngineGeneration;
 use corral_proto::grpc::{GrpcTimeouts, connect_endpoint};
 use corral_proto::v1::{
     self, replica_service_client::ReplicaServiceClient, sync_agent_service_client::SyncAgentServiceClient,
 };
 use data_protocol::{ClientConfig, DataClient};
 use serde::Serialize;
+use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
 use tracing::{info, warn};
 
@@ -58,13 +60,17 @@ impl Mode {
     }
 }
 
+/// A gRPC channel to a replica whose every call carries this engine's generation (`docs/formats.md`, "Engine
+/// generation"): a replica that accepted a newer one refuses the calls of this engine.
+pub type ReplicaChannel = InterceptedService<Channel, EngineGeneration>;
+
 /// Live connections to a replica.
 #[derive(Debug, Clone)]
 pub struct Connection {
     /// `ReplicaService` client.
-    pub control: ReplicaServiceClient<Channel>,
+    pub control: ReplicaServiceClient<ReplicaChannel>,
     /// `SyncAgentService` client.
-    pub sync: SyncAgentServiceClient<Channel>,
+    pub sync: SyncAgentServiceClient<ReplicaChannel>,
     /// Data-protocol client.
     pub data: DataClient,
     /// `data` runs over the replica's unix socket: the replica is on this node (reads prefer it).
@@ -108,7 +114,8 @@ pub async fn connect(
     let channel = connect_endpoint(&address.control, GrpcTimeouts::CONTROL)
         .await
         .map_err(|e| not_replica(&e))?;
-    let mut control = ReplicaServiceClient::new(channel);
+    let generation = EngineGeneration(client.generation);
+    let mut control = ReplicaServiceClient::with_interceptor(channel, generation);
     let probe = tokio::time::timeout(PROBE_TIMEOUT, control.replica_get(v1::Empty {}))
         .await
         .map_err(|_| not_replica(&format!("no gRPC answer within {} s", PROBE_TIMEOUT.as_secs())))?
@@ -157,7 +164,7 @@ pub async fn connect(
     Ok((
         Connection {
             control,
-            sync: SyncAgentServiceClient::new(sync_channel),
+            sync: SyncAgentServiceClient::with_interceptor(sync_channel, generation),
             data,
             local,
         },

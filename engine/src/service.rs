@@ -43,6 +43,7 @@ impl EngineGrpc {
             revision_counter_disabled: self.volume.revision_counter_disabled,
             is_expanding: false,
             last_expansion_error: String::new(),
+            fenced: self.volume.fenced().map(ToString::to_string).unwrap_or_default(),
         }
     }
 }

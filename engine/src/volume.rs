@@ -41,6 +41,29 @@ pub struct Volume {
     pub frontend_up: AtomicBool,
     /// IO counters and latencies.
     pub metrics: VolumeMetrics,
+    /// Set, once and for good, when a replica refused this engine as stale: every IO fails from then on.
+    fenced: std::sync::OnceLock<Fencing>,
+}
+
+/// Why this engine no longer serves its volume: a replica accepted a newer engine generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fencing {
+    /// The generation the replica accepted.
+    pub replica_generation: u64,
+    /// This engine's generation (0: none).
+    pub generation: u64,
+    /// The replica that refused this engine.
+    pub replica: String,
+}
+
+impl std::fmt::Display for Fencing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "fenced by generation {} > {} (replica {})",
+            self.replica_generation, self.generation, self.replica
+        )
+    }
 }
 
 fn is_no_space(e: &ClientError) -> bool {
@@ -76,6 +99,39 @@ impl Volume {
             revision_counter_disabled: rc_disabled,
             frontend_up: AtomicBool::new(false),
             metrics: VolumeMetrics::default(),
+            fenced: std::sync::OnceLock::new(),
+        }
+    }
+
+    /// Why this engine is fenced, once a replica refused it as stale.
+    pub fn fenced(&self) -> Option<&Fencing> {
+        self.fenced.get()
+    }
+
+    /// Fences this engine for good when `e` is a replica's refusal of a stale engine.
+    pub(crate) fn note_fenced(&self, replica: &impl std::fmt::Display, e: &ClientError) {
+        if let ClientError::Fenced {
+            replica: replica_generation,
+            generation,
+            ..
+        } = e
+        {
+            let fencing = Fencing {
+                replica_generation: *replica_generation,
+                generation: *generation,
+                replica: replica.to_string(),
+            };
+            if self.fenced.set(fencing.clone()).is_ok() {
+                tracing::error!(volume = %self.name, "{fencing}: this engine no longer serves IO");
+            }
+        }
+    }
+
+    /// Fails an IO of a fenced engine (one atomic load while it is not).
+    fn check_fenced(&self) -> Result<(), EngineError> {
+        match self.fenced.get() {
+            None => Ok(()),
+            Some(f) => Err(EngineError::Fenced(format!("volume {}: {f}", self.name))),
         }
     }
 
@@ -99,6 +155,7 @@ impl Volume {
     }
 
     fn check_range(&self, offset: u64, len: u64) -> Result<(), EngineError> {
+        self.check_fenced()?;
         let size = self.size();
         if offset.checked_add(len).is_none_or(|e| e > size) {
             return Err(EngineError::InvalidArgument(format!(
@@ -189,8 +246,10 @@ impl Volume {
                 }
                 reps[i].set_err(&format!("{what} failed: {e}"));
                 self.metrics.replica_errors.fetch_add(1, Ordering::Relaxed);
+                self.note_fenced(&reps[i].address, e);
             }
         }
+        self.check_fenced()?;
         if all_rw_full {
             return Err(EngineError::NoSpace(self.name.clone()));
         }
@@ -247,6 +306,7 @@ impl Volume {
             Err(e) => {
                 r.set_err(&format!("read failed: {e}"));
                 self.metrics.replica_errors.fetch_add(1, Ordering::Relaxed);
+                self.note_fenced(&r.address, &e);
                 false
             }
         }
@@ -315,6 +375,7 @@ impl Volume {
 
     /// Flushes every RW and WO replica (`fdatasync` of each head, then its revision counter).
     pub async fn flush(&self) -> Result<(), EngineError> {
+        self.check_fenced()?;
         let io = self.epochs.enter().await;
         self.metrics.flushes.fetch_add(1, Ordering::Relaxed);
         self.fan_out(io.set(), "flush", DataClient::flush).await
@@ -381,6 +442,7 @@ impl Volume {
                 && let Some(e) = c.data.failure()
             {
                 r.set_err(&format!("data connection failed: {e}"));
+                self.note_fenced(&r.address, &e);
             }
         }
     }

@@ -172,8 +172,8 @@ async fn harness(local: Option<usize>) -> Harness {
         // The control and sync clients are never called by IO; they point nowhere.
         let channel = tonic::transport::Channel::from_static("http://127.0.0.1:9").connect_lazy();
         let conn = Connection {
-            control: ReplicaServiceClient::new(channel.clone()),
-            sync: SyncAgentServiceClient::new(channel),
+            control: ReplicaServiceClient::with_interceptor(channel.clone(), Default::default()),
+            sync: SyncAgentServiceClient::with_interceptor(channel, Default::default()),
             data,
             local: local == Some(i),
         };

@@ -29,6 +29,7 @@ pub mod etcd {
     }
 }
 
+pub mod engine_generation;
 pub mod grpc;
 pub mod replica_address;
 

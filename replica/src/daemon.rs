@@ -166,7 +166,14 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
 
     let mut tasks = tokio::task::JoinSet::new();
     let c = cancel.clone();
-    let svc = ReplicaServiceServer::new(grpc.clone());
+    // Every call carrying an engine generation below the one this replica accepted is refused (docs/formats.md,
+    // "Engine generation").
+    let h = host.clone();
+    let fence = move |req: tonic::Request<()>| {
+        let recorded = BlockBackend::generation(h.as_ref()).map_err(|e| e.message);
+        corral_proto::engine_generation::check(req.metadata(), recorded).map(|()| req)
+    };
+    let svc = ReplicaServiceServer::with_interceptor(grpc.clone(), fence.clone());
     tasks.spawn(async move {
         tonic::transport::Server::builder()
             .add_service(svc)
@@ -175,8 +182,9 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
             .context("ReplicaService")
     });
     let c = cancel.clone();
-    let svc = SyncAgentServiceServer::new(grpc);
-    let backup_svc = ReplicaBackupServiceServer::new(ReplicaBackupGrpc::new(host.clone()));
+    let svc = SyncAgentServiceServer::with_interceptor(grpc, fence.clone());
+    let backup_svc =
+        ReplicaBackupServiceServer::with_interceptor(ReplicaBackupGrpc::new(host.clone()), fence);
     tasks.spawn(async move {
         tonic::transport::Server::builder()
             .add_service(svc)

@@ -15,6 +15,7 @@ pub mod export;
 pub mod extent_map;
 #[cfg(feature = "fault-injection")]
 pub mod fault;
+pub mod generation;
 pub mod hash;
 pub mod image_cli;
 mod io;

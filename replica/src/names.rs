@@ -4,6 +4,8 @@ use crate::error::{ReplicaError, Result};
 
 /// Volume metadata file.
 pub const VOLUME_META: &str = "volume.meta";
+/// The highest engine generation accepted ([`crate::generation`]).
+pub const ENGINE_GENERATION: &str = "engine.generation";
 /// Revision counter file.
 pub const REVISION_COUNTER: &str = "revision.counter";
 /// Suffix of a disk's metadata file.

@@ -39,7 +39,7 @@ pub(super) async fn connect(addr: &str, cfg: ClientConfig) -> Result<DataClient,
             let (read, write) = endpoint.connect().await?;
             let mut frames = FrameReader::new(read);
             let mut out = FrameWriter::new(write);
-            let conn_info = hello(&mut frames, &mut out).await?;
+            let conn_info = hello(&mut frames, &mut out, cfg.generation).await?;
             Ok::<_, ClientError>((frames, out, conn_info))
         };
         let (frames, out, conn_info) = tokio::time::timeout(cfg.request_timeout, handshake)
@@ -96,9 +96,10 @@ pub(super) async fn connect(addr: &str, cfg: ClientConfig) -> Result<DataClient,
 async fn hello(
     frames: &mut FrameReader<BoxRead>,
     out: &mut FrameWriter<BoxWrite>,
+    generation: u64,
 ) -> Result<VolumeInfo, ClientError> {
     let name = CLIENT_NAME.as_bytes();
-    let mut header = FrameHeader::new(FrameKind::Hello, 0, 0, u32::from(VERSION));
+    let mut header = FrameHeader::new(FrameKind::Hello, 0, generation, u32::from(VERSION));
     header.payload_len = u32::try_from(name.len()).unwrap_or(0);
     out.write_frame(&header, name).await?;
     out.flush().await?;
@@ -124,14 +125,24 @@ async fn hello(
         }
         FrameKind::Error => {
             let message = read_message(frames, &reply).await?;
-            Err(ClientError::Remote {
-                kind: ErrorKind::from_code(reply.length),
-                message,
-            })
+            Err(remote_error(&reply, message, generation))
         }
         other => Err(ClientError::Protocol(format!(
             "unexpected {other:?} reply to hello"
         ))),
+    }
+}
+
+/// The error an `Error` reply stands for: [`ClientError::Fenced`] (with the replica's generation from the
+/// reply's `offset`) for a stale engine, else [`ClientError::Remote`].
+fn remote_error(h: &FrameHeader, message: String, generation: u64) -> ClientError {
+    match ErrorKind::from_code(h.length) {
+        ErrorKind::Fenced => ClientError::Fenced {
+            replica: h.offset,
+            generation,
+            message,
+        },
+        kind => ClientError::Remote { kind, message },
     }
 }
 
@@ -210,6 +221,14 @@ async fn read_replies(core: &Core, frames: &mut FrameReader<BoxRead>) -> ClientE
         if h.kind.is_request() {
             return ClientError::Protocol(format!("replica sent a {:?} request", h.kind));
         }
+        // The replica's notice that a higher engine generation took over, sent with id 0 (no request's id) just
+        // before it closes the connection: the whole client fails with it.
+        if h.kind == FrameKind::Error && ErrorKind::from_code(h.length) == ErrorKind::Fenced {
+            return match read_message(frames, &h).await {
+                Ok(message) => remote_error(&h, message, core.cfg.generation),
+                Err(e) => e,
+            };
+        }
         let Some(expected) = core.slots.expected(h.id) else {
             return ClientError::Protocol(format!("reply for unknown request id {:#x}", h.id));
         };
@@ -253,10 +272,7 @@ async fn read_replies(core: &Core, frames: &mut FrameReader<BoxRead>) -> ClientE
                 return ClientError::Protocol(format!("{:?} answered with a payload", expected.kind));
             }
             FrameKind::Error => match read_message(frames, &h).await {
-                Ok(message) => Err(ClientError::Remote {
-                    kind: ErrorKind::from_code(h.length),
-                    message,
-                }),
+                Ok(message) => Err(remote_error(&h, message, core.cfg.generation)),
                 Err(e) => return e,
             },
             FrameKind::Eof => Err(ClientError::Eof),

@@ -51,6 +51,10 @@ pub struct ClientConfig {
     /// second worker (a futex wake-up and an IPI for a microsecond of work; `bench/datapath`).
     /// A socket is driven by the runtime it was registered with, so the whole connect runs there.
     pub runtime: Option<tokio::runtime::Handle>,
+    /// The engine generation presented in every connection's `Hello` (default 0: none). A replica that has
+    /// accepted a higher one refuses the connection ([`ClientError::Fenced`]), and closes every connection of
+    /// a lower one when a higher one connects.
+    pub generation: u64,
 }
 
 impl Default for ClientConfig {
@@ -61,6 +65,7 @@ impl Default for ClientConfig {
             request_timeout: Duration::from_secs(8),
             ping_interval: Duration::from_secs(2),
             runtime: None,
+            generation: 0,
         }
     }
 }
@@ -92,6 +97,14 @@ pub enum ClientError {
     /// Connecting failed.
     #[error("connect failed: {0}")]
     Io(Arc<io::Error>),
+    /// The replica has accepted engine generation `replica`, higher than this client's `generation` (0: the
+    /// client presented none): this engine is stale and must not serve the volume; the client is failed.
+    #[error("fenced by generation {replica} > {generation}: {message}")]
+    Fenced {
+        replica: u64,
+        generation: u64,
+        message: String,
+    },
 }
 
 impl From<io::Error> for ClientError {

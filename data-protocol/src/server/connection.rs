@@ -28,6 +28,7 @@ use std::sync::{Arc, Mutex, PoisonError, mpsc};
 use std::thread::JoinHandle;
 
 use super::Shared;
+use super::fence::{Admission, Fence, Refusal};
 use super::io_pool::{Inflight, poolable};
 use super::request::{Executor, Reply, ReplyBody, failure, truncate_utf8};
 use super::stream::Stream;
@@ -45,8 +46,10 @@ const OUT_KEEP_LEN: usize = 4 << 20;
 enum End {
     /// Peer closed cleanly between frames (or the server shut the read side down).
     PeerClosed,
-    /// Hello was refused (version mismatch or backend not ready); the refusal was sent.
+    /// Hello was refused (version mismatch, backend not ready, stale generation); the refusal was sent.
     Refused,
+    /// A higher engine generation connected after this connection's `Hello`: it runs no more requests.
+    Fenced,
     /// The backend asked for the connection to be dropped without an answer.
     Dropped,
     /// The peer broke the protocol: drop without answering.
@@ -83,13 +86,38 @@ pub(crate) fn serve(shared: &Arc<Shared>, stream: Stream) {
         out,
         replies: Vec::with_capacity(64 << 10),
         hello_done: false,
+        fence: &shared.fence,
+        fence_wait: shared.cfg.shutdown_grace + FENCE_WAIT_MARGIN,
+        admission: None,
+        generation: 0,
         flusher: None,
         inflight,
     };
-    let end = conn.run();
+    let mut end = conn.run();
+    if conn.admission.is_some() && conn.fence.is_stale(conn.generation) {
+        // Whatever stopped the thread (its socket shut down by the newer Hello, a request refused), tell the
+        // client why before closing.
+        end = End::Fenced;
+    }
     match &end {
         End::PeerClosed => tracing::debug!("peer closed the connection"),
         End::Refused => tracing::info!("hello refused; closing connection"),
+        End::Fenced => {
+            let current = conn.fence.current();
+            tracing::warn!(
+                generation = conn.generation,
+                current,
+                "a newer engine generation connected; closing this connection"
+            );
+            let notice = BackendError::new(
+                ErrorKind::Fenced,
+                format!(
+                    "fenced by generation {current} > {}: a newer engine took over this replica",
+                    conn.generation
+                ),
+            );
+            Reply::fenced(0, notice, current).encode_into(&mut conn.replies);
+        }
         End::Dropped => tracing::warn!("backend asked to drop the connection"),
         End::Violation(why) => {
             shared.exec.metrics.protocol_violations.fetch_add(1, Relaxed);
@@ -97,7 +125,7 @@ pub(crate) fn serve(shared: &Arc<Shared>, stream: Stream) {
         }
         End::Io(err) => tracing::info!(error = %err, "connection failed; dropping connection"),
     }
-    let graceful = matches!(end, End::PeerClosed | End::Refused);
+    let graceful = matches!(end, End::PeerClosed | End::Refused | End::Fenced);
     if graceful && let Err(e) = conn.send() {
         tracing::debug!(error = %e, "final replies not delivered");
     }
@@ -114,7 +142,14 @@ pub(crate) fn serve(shared: &Arc<Shared>, stream: Stream) {
         inflight.drain();
     }
     conn.input.shutdown(Shutdown::Both);
+    if let Some(a) = conn.admission.take() {
+        // Only now: a newer Hello waits for this, and nothing of this connection may run after it.
+        conn.fence.leave(&a);
+    }
 }
+
+/// How much longer than `shutdown_grace` a newer generation's `Hello` waits for older connections to end.
+const FENCE_WAIT_MARGIN: std::time::Duration = std::time::Duration::from_secs(5);
 
 struct Flusher {
     jobs: mpsc::SyncSender<u64>,
@@ -132,6 +167,13 @@ struct Connection<'a> {
     /// Encoded replies of the current batch.
     replies: Vec<u8>,
     hello_done: bool,
+    fence: &'a Fence,
+    /// How long a `Hello` raising the generation waits for older connections to end.
+    fence_wait: std::time::Duration,
+    /// Set at an accepted `Hello`.
+    admission: Option<Admission>,
+    /// The engine generation this connection presented (0: none).
+    generation: u64,
     flusher: Option<Flusher>,
     /// With an IO pool: the slots this connection's requests wait in for a pool thread.
     inflight: Option<Arc<Inflight>>,
@@ -242,6 +284,10 @@ impl Connection<'_> {
                 return Some(End::Violation(format!("{:?} before Hello", h.kind)));
             }
             return self.hello(&h, payload);
+        }
+        // One atomic load per request: nothing runs once a newer engine generation took over.
+        if self.fence.is_stale(self.generation) {
+            return Some(End::Fenced);
         }
         self.exec.metrics.requests.fetch_add(1, Relaxed);
         if self.inflight.is_some()
@@ -365,7 +411,7 @@ impl Connection<'_> {
 
     fn hello(&mut self, h: &FrameHeader, name: &[u8]) -> Option<End> {
         let client = String::from_utf8_lossy(name);
-        tracing::debug!(client = %client, version = h.length, "hello");
+        tracing::debug!(client = %client, version = h.length, generation = h.offset, "hello");
         if h.length != u32::from(VERSION) {
             let err = BackendError::new(
                 ErrorKind::Invalid,
@@ -386,6 +432,22 @@ impl Connection<'_> {
                 mut name,
             }) => {
                 truncate_utf8(&mut name, MAX_NAME_LEN);
+                let backend = self.exec.backend.as_ref();
+                match self.fence.admit(backend, h.offset, &self.input, self.fence_wait) {
+                    Ok(a) => {
+                        self.generation = a.generation;
+                        self.admission = Some(a);
+                    }
+                    Err(Refusal::Stale { replica, message }) => {
+                        let err = BackendError::new(ErrorKind::Fenced, message);
+                        self.queue(&Reply::fenced(h.id, err, replica));
+                        return Some(End::Refused);
+                    }
+                    Err(Refusal::Backend(err)) => {
+                        self.queue(&Reply::failure(h.id, err, false));
+                        return Some(End::Refused);
+                    }
+                }
                 self.hello_done = true;
                 self.queue(&Reply {
                     header: FrameHeader::new(FrameKind::Ok, h.id, size, sector_size),

@@ -9,6 +9,7 @@
 //! their read side down.
 
 mod connection;
+mod fence;
 mod io_pool;
 mod request;
 mod stream;
@@ -67,6 +68,8 @@ impl Default for ServerConfig {
 pub(crate) struct Shared {
     cfg: ServerConfig,
     exec: Arc<Executor>,
+    /// Engine generations of the open connections ([`fence`]).
+    fence: fence::Fence,
 }
 
 /// A data-protocol server for one backend. It can serve several listeners at once (TCP and unix).
@@ -83,7 +86,11 @@ impl DataServer {
             metrics: Arc::new(ServerMetrics::default()),
         });
         Ok(Self {
-            shared: Arc::new(Shared { cfg, exec }),
+            shared: Arc::new(Shared {
+                cfg,
+                exec,
+                fence: fence::Fence::default(),
+            }),
         })
     }
 

@@ -53,6 +53,13 @@ impl Reply {
     }
 
     /// An `Error`, `Eof` or `NoSpace` reply for a failed request.
+    /// The `Fenced` error reply (or, with id 0, the notice before closing): the replica's generation in `offset`.
+    pub(crate) fn fenced(id: u64, err: BackendError, replica_generation: u64) -> Self {
+        let mut reply = Self::failure(id, err, false);
+        reply.header.offset = replica_generation;
+        reply
+    }
+
     pub(crate) fn failure(id: u64, err: BackendError, is_read: bool) -> Self {
         match err.kind {
             ErrorKind::DropConnection => Self {

@@ -29,6 +29,8 @@ pub struct ReplicaHost {
     pub jobs: JobTable,
     /// Backups reading a snapshot now: a purge would punch or overwrite the files they read, so it is refused.
     pub backups_running: std::sync::atomic::AtomicUsize,
+    /// The engine generation record ([`crate::generation`]) once read; `None` until then or while unreadable.
+    generation: std::sync::Mutex<Option<u64>>,
     /// Rules consulted before every data-protocol operation.
     #[cfg(feature = "fault-injection")]
     faults: Arc<FaultInjector>,
@@ -44,6 +46,7 @@ impl ReplicaHost {
             current: RwLock::new(replica.map(Arc::new)),
             jobs: JobTable::default(),
             backups_running: std::sync::atomic::AtomicUsize::new(0),
+            generation: std::sync::Mutex::new(None),
             #[cfg(feature = "fault-injection")]
             faults: Arc::default(),
         }
@@ -99,7 +102,16 @@ impl ReplicaHost {
     pub fn delete(&self) -> Result<(), ReplicaError> {
         self.close()?;
         std::fs::remove_dir_all(&self.dir).map_err(|e| ReplicaError::io("remove", &self.dir, e))?;
-        std::fs::create_dir_all(&self.dir).map_err(|e| ReplicaError::io("create directory", &self.dir, e))
+        std::fs::create_dir_all(&self.dir).map_err(|e| ReplicaError::io("create directory", &self.dir, e))?;
+        // A stale engine must stay fenced from whatever is created here next.
+        let known = *self
+            .generation
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match known {
+            Some(g) if g > 0 => crate::generation::store(&self.dir, g),
+            _ => Ok(()),
+        }
     }
 
     /// Status of the open replica, or the directory's offline status.
@@ -212,6 +224,40 @@ impl BlockBackend for ReplicaHost {
         self.replica()
             .and_then(|r| r.allocated_ranges(offset, len))
             .map_err(|e| wire_error(&e))
+    }
+
+    fn generation(&self) -> Result<u64, BackendError> {
+        let mut known = self
+            .generation
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(g) = *known {
+            return Ok(g);
+        }
+        // Read once; an unreadable record is read again at the next Hello (after the operator repaired it).
+        match crate::generation::load(&self.dir) {
+            Ok(g) => {
+                *known = Some(g);
+                Ok(g)
+            }
+            Err(e) => Err(BackendError::new(
+                WireKind::Unavailable,
+                format!(
+                    "the replica refuses writes: its engine generation record is unreadable ({e}); see \
+                     docs/formats.md, engine generation, for the recovery"
+                ),
+            )),
+        }
+    }
+
+    fn record_generation(&self, generation: u64) -> Result<(), BackendError> {
+        let mut known = self
+            .generation
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        crate::generation::store(&self.dir, generation).map_err(|e| wire_error(&e))?;
+        *known = Some(generation);
+        Ok(())
     }
 }
 

@@ -165,13 +165,20 @@ impl LvstoreDaemon {
         let grpc = V2Grpc::new(host.clone(), served);
         let mut tasks = tokio::task::JoinSet::new();
         let c = cancel.clone();
+        // Every call carrying an engine generation below the one this replica accepted is refused.
+        let h = host.clone();
+        let fence = move |req: tonic::Request<()>| {
+            let recorded = BlockBackend::generation(h.as_ref()).map_err(|e| e.message);
+            corral_proto::engine_generation::check(req.metadata(), recorded).map(|()| req)
+        };
         let (svc, sync_svc) = (
-            ReplicaServiceServer::new(grpc.clone()),
-            SyncAgentServiceServer::new(grpc),
+            ReplicaServiceServer::with_interceptor(grpc.clone(), fence.clone()),
+            SyncAgentServiceServer::with_interceptor(grpc, fence.clone()),
         );
-        let backup_svc = ReplicaBackupServiceServer::new(ReplicaBackupGrpc::over(Arc::new(V2Backup(
-            host.replica.clone(),
-        ))));
+        let backup_svc = ReplicaBackupServiceServer::with_interceptor(
+            ReplicaBackupGrpc::over(Arc::new(V2Backup(host.replica.clone()))),
+            fence,
+        );
         tasks.spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(svc)

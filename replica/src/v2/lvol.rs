@@ -42,6 +42,10 @@ pub const XATTR_RESTORE_STATE: &str = "corral.backup-restore";
 /// Head xattr: the replica's backup chain was ended (`crate::backup::ChainEnd`, JSON); cleared by the next full
 /// backup, kept across a revert.
 pub const XATTR_CHAIN_END: &str = "corral.backup-chain-end";
+/// Head xattr: the highest engine generation the replica accepted (decimal ASCII u64; absent: none), set in one
+/// journaled transaction before the data-protocol Hello that raised it is answered (`docs/formats.md`, "Engine
+/// generation"); kept across a revert.
+pub const XATTR_ENGINE_GENERATION: &str = "corral.engine-generation";
 /// Separator between a replica's name and its snapshot's in lvol names.
 const SNAP_INFIX: &str = ".snap.";
 /// Suffix of the head being put in place by a revert.
@@ -262,6 +266,42 @@ impl LvolReplica {
                 reason: format!("xattr {XATTR_VOLUME}: {e}"),
             }),
         }
+    }
+
+    /// The highest engine generation recorded on the head (0: none). A value that is not a decimal u64 is
+    /// corrupt: an error naming the lvol and the xattr.
+    pub fn engine_generation(&self) -> Result<u64> {
+        if !self.exists.load(Ordering::SeqCst) {
+            return Ok(0);
+        }
+        let Some(v) = self
+            .store
+            .xattr(&self.name, XATTR_ENGINE_GENERATION)
+            .map_err(|e| self.err(e))?
+        else {
+            return Ok(0);
+        };
+        std::str::from_utf8(&v)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .ok_or_else(|| ReplicaError::CorruptMeta {
+                path: self.store.path().join(&self.name),
+                reason: format!(
+                    "xattr {XATTR_ENGINE_GENERATION}: {:?} is not a generation number",
+                    String::from_utf8_lossy(&v)
+                ),
+            })
+    }
+
+    /// Records `generation` on the head, in one journaled transaction (durable when this returns).
+    pub fn set_engine_generation(&self, generation: u64) -> Result<()> {
+        self.store
+            .set_xattr(
+                &self.name,
+                XATTR_ENGINE_GENERATION,
+                generation.to_string().as_bytes(),
+            )
+            .map_err(|e| self.err(e))
     }
 
     /// The salvage fields as last flushed (default when never flushed).
@@ -795,7 +835,7 @@ impl LvolReplica {
         let tmp = self.revert_name();
         let bytes = volume_xattr_bytes(&volume)?;
         // The head's own records move to the new head; a backup chain-end marker must outlive a revert too.
-        let kept: Vec<(&str, Vec<u8>)> = [XATTR_SALVAGE, XATTR_CHAIN_END]
+        let kept: Vec<(&str, Vec<u8>)> = [XATTR_SALVAGE, XATTR_CHAIN_END, XATTR_ENGINE_GENERATION]
             .into_iter()
             .filter_map(|k| Some((k, self.store.xattr(&self.name, k).ok().flatten()?)))
             .collect();

@@ -93,6 +93,14 @@ impl BlockBackend for TimedBackend {
     fn block_status(&self, offset: u64, len: u64) -> Result<Vec<Range<u64>>, BackendError> {
         self.replica.block_status(offset, len)
     }
+
+    fn generation(&self) -> Result<u64, BackendError> {
+        self.replica.generation()
+    }
+
+    fn record_generation(&self, generation: u64) -> Result<(), BackendError> {
+        self.replica.record_generation(generation)
+    }
 }
 
 /// What the collector reads of one hosted replica.

@@ -111,6 +111,24 @@ impl BlockBackend for V2Replica {
             .allocated_ranges(offset, len)
             .map_err(|e| wire_error(&e))
     }
+
+    fn generation(&self) -> Result<u64, BackendError> {
+        self.replica.engine_generation().map_err(|e| {
+            BackendError::new(
+                WireKind::Unavailable,
+                format!(
+                    "the replica refuses writes: its engine generation record is unreadable ({e}); see \
+                     docs/formats.md, engine generation, for the recovery"
+                ),
+            )
+        })
+    }
+
+    fn record_generation(&self, generation: u64) -> Result<(), BackendError> {
+        self.replica
+            .set_engine_generation(generation)
+            .map_err(|e| wire_error(&e))
+    }
 }
 
 async fn blocking<T: Send + 'static>(
