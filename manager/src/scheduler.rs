@@ -1,7 +1,83 @@
-//! Replica placement: distinct nodes first, then distinct disks, each with room for the replica; two replicas of a
-//! volume share a node only when `replica-soft-anti-affinity` allows it.
+//! Replica placement: the disks that could take a replica now ([`candidates`]: on up, schedulable nodes whose
+//! data plane can run it), then distinct nodes first, then distinct disks, each with room for the replica; two
+//! replicas of a volume share a node only when `replica-soft-anti-affinity` allows it.
 
 use std::collections::BTreeMap;
+
+use crate::context::Ctx;
+use crate::model::{Node, Replica};
+
+/// A node is up when its manager's heartbeat is recent.
+pub async fn node_is_up(ctx: &Ctx, n: &Node) -> bool {
+    let timeout = i64::try_from(ctx.setting_u64("node-down-timeout").await).unwrap_or(15);
+    crate::runtime::now() - n.status.heartbeat <= timeout
+}
+
+/// Disks that could take a replica now, with their free space after the replicas already scheduled on them.
+pub struct Candidates {
+    pub disks: Vec<DiskCandidate>,
+    /// Up, schedulable nodes left out because their data plane cannot run a replica of the volume: why, each.
+    pub lacking: Vec<String>,
+}
+
+impl Candidates {
+    /// A placement failure with the nodes whose data plane was too old for the volume, if any.
+    pub fn explain(&self, why: String) -> String {
+        if self.lacking.is_empty() {
+            why
+        } else {
+            format!("{why}; left out: {}", self.lacking.join("; "))
+        }
+    }
+}
+
+/// Disks of the volume's data engine that could take a replica of a volume needing `needs`, on nodes whose data
+/// plane can run it (`crate::data_plane`).
+pub async fn candidates(ctx: &Ctx, needs: &crate::data_plane::Needs) -> anyhow::Result<Candidates> {
+    let engine = needs.engine;
+    let nodes = ctx.db.list::<Node>().await?;
+    let replicas = ctx.db.list::<Replica>().await?;
+    let over = ctx
+        .setting_u64("storage-over-provisioning-percentage")
+        .await
+        .max(1);
+    let mut out = Vec::new();
+    let mut lacking = Vec::new();
+    for n in &nodes {
+        if !n.data.spec.allow_scheduling || !node_is_up(ctx, &n.data).await {
+            continue;
+        }
+        if let Some(why) =
+            crate::data_plane::lacking(&n.name, &n.data, needs, crate::data_plane::Role::Replica)
+        {
+            lacking.push(why);
+            continue;
+        }
+        for (disk, d) in &n.data.spec.disks {
+            let Some(st) = n.data.status.disks.get(disk) else {
+                continue;
+            };
+            if !d.allow_scheduling || !st.error.is_empty() || d.engine != engine {
+                continue;
+            }
+            let scheduled: u64 = replicas
+                .iter()
+                .filter(|r| r.data.spec.node_id == n.name && r.data.spec.disk == *disk)
+                .map(|r| r.data.spec.size)
+                .sum();
+            let usable = st.storage_maximum.saturating_sub(d.storage_reserved);
+            let limit = u64::try_from(u128::from(usable) * u128::from(over) / 100).unwrap_or(u64::MAX);
+            out.push(DiskCandidate {
+                node_id: n.name.clone(),
+                disk: disk.clone(),
+                disk_uuid: d.disk_uuid.clone(),
+                path: d.path.clone(),
+                free: limit.saturating_sub(scheduled),
+            });
+        }
+    }
+    Ok(Candidates { disks: out, lacking })
+}
 
 /// A disk that could take a replica.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use tonic::transport::Channel;
 use crate::context::Ctx;
 use crate::error::ApiError;
 use crate::model::Snapshot;
-use crate::model::{Engine, ProcessState};
+use crate::model::{Engine, ProcessState, Replica, Volume};
 use crate::store::{Object, StoreError};
 
 /// A call that failed: the engine refused or could not be reached, or recording its answer failed.
@@ -58,7 +58,7 @@ impl VolumeEngine {
     /// attached, 503 when its engine does not answer.
     pub async fn of_attached(ctx: &Ctx, volume: &str) -> Result<Self, ApiError> {
         ctx.db
-            .get::<crate::model::Volume>(volume)
+            .get::<Volume>(volume)
             .await?
             .ok_or_else(|| ApiError::NotFound(format!("volume {volume:?} not found")))?;
         let e = ctx
@@ -92,7 +92,7 @@ impl VolumeEngine {
                 .await
                 .map_err(|s| self.err(s))?;
         }
-        crate::controller::volume::record_size(ctx, &self.volume, size).await?;
+        record_size(ctx, &self.volume, size).await?;
         Ok(())
     }
 
@@ -192,4 +192,32 @@ impl VolumeEngine {
             .map_err(|s| self.err(s))?;
         Ok(r.into_inner())
     }
+}
+
+/// Records that the engine of `volume` grew it to `size`: the volume's and its replicas' specs (so a restart
+/// opens them at that size). The API's expand and a clone grown past its source's size both end here.
+pub async fn record_size(ctx: &Ctx, volume: &str, size: u64) -> Result<(), StoreError> {
+    ctx.db
+        .modify::<Volume>(volume, |v| {
+            let grow = v.spec.size < size;
+            v.spec.size = v.spec.size.max(size);
+            grow
+        })
+        .await?;
+    for r in ctx
+        .db
+        .list::<Replica>()
+        .await?
+        .iter()
+        .filter(|r| r.data.spec.volume == volume)
+    {
+        ctx.db
+            .modify::<Replica>(&r.name, |r| {
+                let grow = r.spec.size < size;
+                r.spec.size = r.spec.size.max(size);
+                grow
+            })
+            .await?;
+    }
+    Ok(())
 }

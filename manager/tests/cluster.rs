@@ -62,7 +62,7 @@ fn bad_input_is_refused_with_4xx_and_leaves_nothing_behind() {
     // The OpenAPI document lists every route the server registers.
     let (code, doc) = rest("GET", &format!("{url}/v1/openapi.json"), None);
     assert_eq!(code, 200);
-    for (path, method, _) in manager::api::routes().documented {
+    for (path, method, _) in manager::server::routes::routes().documented {
         // Each setting is described at its own path: each takes its own kind of value.
         let paths: Vec<String> = if path == "/v1/settings/{setting}" {
             manager::model::SETTINGS

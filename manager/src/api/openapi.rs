@@ -496,7 +496,7 @@ fn components() -> Value {
             "storageReserved": uint(),
             "diskEngine": {"type": "string", "enum": ["v1", "v2"], "default": "v1"},
             "lvstoreSize": {"type": "integer", "format": "int64", "minimum": crate::v2::device::MIN_SIZE,
-                "maximum": crate::v2::routes::MAX_LVSTORE_SIZE, "multipleOf": crate::v2::device::SIZE_MULTIPLE,
+                "maximum": crate::v2::service::MAX_LVSTORE_SIZE, "multipleOf": crate::v2::device::SIZE_MULTIPLE,
                 "description": "v2: bytes of the store file created on first use (default 10 GiB)"},
         })),
         "LvstoreDaemon": crate::v2::routes::schema(),
@@ -1001,7 +1001,7 @@ mod tests {
 
     #[test]
     fn every_route_is_described_with_unique_operation_ids() {
-        let doc = crate::api::openapi_document();
+        let doc = crate::server::routes::openapi_document();
         let mut ids = std::collections::BTreeSet::new();
         for (_, item) in doc["paths"].as_object().unwrap() {
             for (_, op) in item.as_object().unwrap() {

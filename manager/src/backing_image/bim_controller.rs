@@ -18,9 +18,9 @@ use super::model::{
     BackingImage, BackingImageDataSource, BackingImageManager, ManagerFile, manager_name, state,
 };
 use crate::context::Ctx;
-use crate::controller::{Requeue, WorkQueue, feed_node_local, run_worker};
 use crate::model::{Node, Replica, Volume};
 use crate::process::{Observed, Supervisor};
+use crate::runtime::{Requeue, WorkQueue, feed_node_local, run_worker};
 use crate::store::{Object, absent_ok};
 
 pub const BINARY: &str = "corral-bim";
@@ -467,7 +467,7 @@ async fn make_ready(
     // A dead node's manager still reads running and ready in the store: only nodes that are up can send.
     let mut up_nodes = std::collections::BTreeSet::new();
     for n in ctx.db.list::<Node>().await? {
-        if crate::controller::volume::node_is_up(ctx, &n.data).await {
+        if crate::scheduler::node_is_up(ctx, &n.data).await {
             up_nodes.insert(n.name);
         }
     }

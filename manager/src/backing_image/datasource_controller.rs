@@ -13,9 +13,9 @@ use tokio_util::sync::CancellationToken;
 use super::model::{BackingImageDataSource, SourceType, state};
 use super::restore_source;
 use crate::context::Ctx;
-use crate::controller::{Requeue, WorkQueue, feed_node_local, run_worker};
 use crate::model::ProcessRecord;
 use crate::process::{Observed, Supervisor};
+use crate::runtime::{Requeue, WorkQueue, feed_node_local, run_worker};
 use crate::store::absent_ok;
 
 pub const BINARY: &str = "corral-datasource";

@@ -3,8 +3,8 @@
 
 use super::model::BackingImage;
 use crate::context::Ctx;
-use crate::controller::volume::node_is_up;
 use crate::model::{DataEngine, Node};
+use crate::scheduler::node_is_up;
 
 /// A disk of the cluster, by UUID.
 #[derive(Debug, Clone)]

@@ -24,8 +24,8 @@ use super::model::{
     ManagerSpec, SourceType, manager_name, state,
 };
 use crate::context::Ctx;
-use crate::controller::{Requeue, WorkQueue, feed, now, run_worker};
 use crate::model::{DataEngine, ProcessState, Replica, Volume};
+use crate::runtime::{Requeue, WorkQueue, feed, now, run_worker};
 use crate::store::{Object, StoreError, absent_ok};
 
 pub const CLEANUP_SETTING: &str = "backing-image-cleanup-wait-interval";

@@ -7,7 +7,8 @@
 //! reports and deletes; [`v2_source`] reads a ready v2 copy through its disk daemon for a clone or a backup of a v2
 //! image; [`restore_source`] checks a restore's
 //! backup URL and hands its target's credentials to the data source. [`routes`] is the REST API
-//! (`/v1/backingimages`), [`cli`] the `corral backing-image` commands.
+//! (`/v1/backingimages`), [`service`] the checks other features call, [`cli`] the `corral backing-image`
+//! commands.
 
 pub mod bim_controller;
 pub mod cleanup;
@@ -18,6 +19,7 @@ pub mod image_controller;
 pub mod model;
 pub mod restore_source;
 pub mod routes;
+pub mod service;
 pub mod v2_controller;
 pub mod v2_copy;
 pub mod v2_source;

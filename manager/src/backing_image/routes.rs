@@ -1,5 +1,5 @@
-//! REST: `/v1/backingimages` (create, get, list, delete, cleanup of disks, upload) and the checks a volume with a
-//! backing image must pass. Every check runs before the first write.
+//! REST: `/v1/backingimages` (create, get, list, delete, cleanup of disks, upload). Every check runs before the
+//! first write.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -410,7 +410,7 @@ async fn delete(State(ctx): State<Ctx>, Path(name): Path<String>) -> Result<Stat
     drop(obj);
     // A read-modify-write that retries when a controller updated the image meanwhile (its status changes all the
     // time while copies sync): the user's delete must not fail on the controllers' writes.
-    let now = crate::controller::now();
+    let now = crate::runtime::now();
     ctx.db
         .modify::<BackingImage>(&name, |b| {
             let first = b.spec.deletion_timestamp.is_none();
@@ -568,38 +568,4 @@ async fn upload(
         });
     }
     Ok(Json(BackingImageView::new(&must_get(&ctx, &name).await?)))
-}
-
-/// A volume's backing image must exist, not be deleted, and fit: the volume at least its virtual size.
-pub async fn check_volume_image(
-    ctx: &Ctx,
-    image: Option<&str>,
-    size: u64,
-    engine: DataEngine,
-) -> Result<(), ApiError> {
-    let Some(image) = image else { return Ok(()) };
-    let bi = ctx
-        .db
-        .get::<BackingImage>(image)
-        .await?
-        .ok_or_else(|| ApiError::NotFound(format!("backing image {image:?} does not exist")))?;
-    if bi.data.spec.deletion_timestamp.is_some() {
-        return Err(ApiError::Conflict(format!(
-            "backing image {image} is being deleted"
-        )));
-    }
-    let bi_engine = bi.data.spec.data_engine;
-    if bi_engine != engine {
-        return Err(ApiError::Conflict(format!(
-            "backing image {image} is a {bi_engine} backing image and the volume a {engine} volume: a {engine} volume \
-             needs a {engine} backing image"
-        )));
-    }
-    let vsize = bi.data.status.virtual_size;
-    if vsize > size {
-        return Err(ApiError::Conflict(format!(
-            "volume size {size} is smaller than the virtual size {vsize} of backing image {image}"
-        )));
-    }
-    Ok(())
 }

@@ -40,8 +40,8 @@ use super::model::{
 };
 use super::v2_copy::{Fetched, copy_status};
 use crate::context::Ctx;
-use crate::controller::{Requeue, WorkQueue, feed, now, run_worker};
 use crate::model::{DataEngine, ProcessState};
+use crate::runtime::{Requeue, WorkQueue, feed, now, run_worker};
 use crate::store::absent_ok;
 use crate::v2::model::{LvstoreDaemon, daemon_name};
 

@@ -16,9 +16,10 @@ use clap::Subcommand;
 use super::image_backup::{BackingImageBackupRequest, BackingImageBackupView};
 use super::model::{BackupState, RestoreState};
 use super::routes::{
-    BackupCreate, BackupDeltaMax, BackupMaxCount, BackupTargetSet, BackupTargetView, BackupView,
-    BackupVolumeView, CREDENTIAL_KEYS, RestoreRequest, RestoreView,
+    BackupDeltaMax, BackupMaxCount, BackupTargetSet, BackupTargetView, BackupView, BackupVolumeView,
+    CREDENTIAL_KEYS, RestoreRequest, RestoreView,
 };
+use super::service::BackupCreate;
 use crate::client::{Client, ClientError};
 
 #[derive(Subcommand, Debug)]

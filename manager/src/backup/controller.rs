@@ -16,9 +16,9 @@ use tokio_util::sync::CancellationToken;
 use super::model::{Backup, BackupMode, BackupState};
 use super::target::{OpenTarget, TargetError};
 use crate::context::Ctx;
-use crate::controller::Stop;
-use crate::controller::{Requeue, WorkQueue, feed, run_worker};
 use crate::model::{Engine, ProcessState, Replica};
+use crate::runtime::Stop;
+use crate::runtime::{Requeue, WorkQueue, feed, run_worker};
 use crate::store::{Object, StoreError};
 
 /// How often a running backup is looked at.

@@ -17,8 +17,8 @@ use super::model::{BackingImageBackup, BackupState};
 use crate::backing_image::model::{BackingImage, BackingImageManager};
 use crate::backing_image::v2_source::{ready_v2_copies, receive_copy, remove_staging, staging_path};
 use crate::context::Ctx;
-use crate::controller::{Requeue, WorkQueue, feed_node_local, run_worker};
 use crate::model::DataEngine;
+use crate::runtime::{Requeue, WorkQueue, feed_node_local, run_worker};
 use crate::store::StoreError;
 
 /// How often a running backup's progress is written.

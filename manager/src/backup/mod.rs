@@ -11,6 +11,7 @@
 //! - [`backing`]: the backing image a restore takes, checked against the SHA-512 the backup recorded;
 //!   [`image_backup`]: backups of backing images, tracked like volume backups and run by
 //!   [`image_backup_runner`] on a node holding a ready copy;
+//! - [`service`]: what other features call (request or remove a backup, check and start a restore);
 //! - [`routes`]: REST (`/v1/backuptargets`, `/v1/backupvolumes`, `/v1/backups`, `/v1/volumes/{v}/restore`) and
 //!   its OpenAPI shapes; [`cli`]: `corral backup ...`.
 
@@ -24,6 +25,7 @@ pub mod model;
 pub mod openapi;
 pub mod restore;
 pub mod routes;
+pub mod service;
 pub mod target;
 
 use tokio_util::sync::CancellationToken;

@@ -21,10 +21,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::model::{Backup, BackupState, RestoreState, VolumeRestore, key};
 use crate::context::Ctx;
-use crate::controller::Stop;
-use crate::controller::{Requeue, WorkQueue, feed, run_worker};
 use crate::error::ApiError;
 use crate::model::{Robustness, Volume, VolumeSpec, VolumeState};
+use crate::runtime::Stop;
+use crate::runtime::{Requeue, WorkQueue, feed, run_worker};
 use crate::store::{Object, StoreError};
 
 const POLL: Duration = Duration::from_millis(500);

@@ -14,7 +14,7 @@ use super::model::{
     Backup, BackupState, BackupTarget, BackupTargetSecret, BackupTargetSpec, BackupVolume, key,
 };
 use crate::context::Ctx;
-use crate::controller::{Requeue, WorkQueue, feed, run_worker};
+use crate::runtime::{Requeue, WorkQueue, feed, run_worker};
 use crate::store::StoreError;
 
 /// How long a listing may take before the target counts as unreachable (the object store retries meanwhile).
@@ -137,7 +137,7 @@ async fn poll(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     if !available {
         tracing::warn!(target = %name, reason = %message, "backup target unavailable");
     }
-    let now = crate::controller::now();
+    let now = crate::runtime::now();
     match ctx
         .db
         .modify::<BackupTarget>(&name, |t| {

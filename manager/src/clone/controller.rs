@@ -25,9 +25,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::model::{CloneState, VolumeClone};
 use crate::context::Ctx;
-use crate::controller::Stop;
-use crate::controller::{Requeue, WorkQueue, feed, run_worker};
 use crate::model::{Engine, ProcessState, Robustness, Volume, VolumeState};
+use crate::runtime::Stop;
+use crate::runtime::{Requeue, WorkQueue, feed, run_worker};
 use crate::store::{Object, StoreError};
 use crate::volume_engine::{EngineCallError, VolumeEngine};
 

@@ -13,10 +13,10 @@ use corral_proto::v1::{self, controller_service_client::ControllerServiceClient}
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
-use super::{Requeue, WorkQueue, feed, feed_node_local, now, run_worker};
 use crate::context::Ctx;
 use crate::model::{DesireState, Engine, ProcessState, Replica};
 use crate::process::{Observed, Supervisor};
+use crate::runtime::{Requeue, WorkQueue, feed, feed_node_local, now, run_worker};
 use crate::store::{Event, Object, absent_ok};
 
 pub const BINARY: &str = "corral-engine";

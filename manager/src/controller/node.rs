@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 
 use tokio_util::sync::CancellationToken;
 
-use super::now;
 use crate::context::Ctx;
 use crate::model::{DataEngine, DiskSpec, DiskStatus, Node, Replica};
+use crate::runtime::now;
 
 const HEARTBEAT: Duration = Duration::from_secs(2);
 
@@ -237,7 +237,7 @@ async fn fail_replicas_of_down_nodes(
     let mut up = Vec::new();
     for n in nodes {
         let watched = watch.unchanged_for(&n.name, n.data.status.heartbeat, at);
-        if !super::volume::node_is_up(ctx, &n.data).await && watched >= Duration::from_secs(timeout) {
+        if !crate::scheduler::node_is_up(ctx, &n.data).await && watched >= Duration::from_secs(timeout) {
             down.push(n.name);
         } else {
             up.push(n.name);

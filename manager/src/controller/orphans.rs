@@ -27,10 +27,10 @@ use tokio_util::sync::CancellationToken;
 
 use corral_proto::v1;
 
-use super::now;
 use crate::context::Ctx;
 use crate::instance_manager::InstanceManager;
 use crate::model::{DataEngine, Engine, Node, ORPHANS_KEPT, OrphanRemoved, Replica};
+use crate::runtime::now;
 
 /// How long a stale daemon gets between SIGTERM and SIGKILL.
 const STOP_GRACE: Duration = Duration::from_secs(10);

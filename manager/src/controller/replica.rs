@@ -10,10 +10,10 @@ use std::time::Duration;
 use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
-use super::{Requeue, WorkQueue, feed_node_local, run_worker};
 use crate::context::Ctx;
 use crate::model::{DesireState, ProcessState, Replica};
 use crate::process::{Observed, Supervisor};
+use crate::runtime::{Requeue, WorkQueue, feed_node_local, run_worker};
 use crate::store::absent_ok;
 
 pub const BINARY: &str = "corral-replica";

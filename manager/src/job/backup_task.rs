@@ -6,7 +6,7 @@
 //!    the rest are deleted (blocks another backup uses stay), so that the `backup-max-count` check of the new
 //!    backup sees the room retention made (use case 1: limit 7, retain 7, the 8th backup is taken);
 //! 2. the run's snapshot, labelled with the job, and a backup of it through the one path `POST /v1/backups` takes
-//!    ([`crate::backup::routes::request_backup`]: the volume's limit, one backup per volume at a time, the chain
+//!    ([`crate::backup::service::request_backup`]: the volume's limit, one backup per volume at a time, the chain
 //!    policy `backup-delta-max` — the job's own `deltaMax` over the setting — / `backup-incremental`), driven by
 //!    the leader's backup controller;
 //! 3. the run waits for it (until the next fire time, at least [`MIN_WAIT`]) and then, as Longhorn does, removes
@@ -23,9 +23,9 @@ use super::GRACE;
 use super::model::{JOB_LABEL, JobSpec};
 use super::snapshot_task::{job_snapshots, remove_snapshots, take_snapshot};
 use crate::backup::model::{Backup, BackupState, DEFAULT_TARGET};
-use crate::backup::routes::{BackupCreate, remove_backup, request_backup};
+use crate::backup::service::{BackupCreate, remove_backup, request_backup};
 use crate::context::Ctx;
-use crate::controller::now;
+use crate::runtime::now;
 use crate::store::Object;
 use crate::volume_engine::VolumeEngine;
 

@@ -14,8 +14,8 @@ use super::cron::Cron;
 use super::model::{JobSpec, RecurringJob, Task};
 use super::{Decision, decide};
 use crate::context::Ctx;
-use crate::controller::{Requeue, WorkQueue, feed, now, run_worker};
 use crate::model::{Engine, ProcessState, Volume};
+use crate::runtime::{Requeue, WorkQueue, feed, now, run_worker};
 use crate::volume_engine::VolumeEngine;
 
 /// Jobs with a run under way on this leader.

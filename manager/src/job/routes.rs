@@ -195,7 +195,7 @@ async fn create(
     State(ctx): State<Ctx>,
     Body(req): Body<JobCreate>,
 ) -> Result<(StatusCode, Json<JobView>), ApiError> {
-    let spec = validate(&req, crate::controller::now())?;
+    let spec = validate(&req, crate::runtime::now())?;
     // A job that could never back anything up is refused now, not at each fire time.
     if let Some(t) = &spec.target
         && ctx.db.get::<BackupTarget>(t).await?.is_none()

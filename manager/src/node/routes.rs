@@ -1,5 +1,6 @@
-//! REST for node cordon, uncordon and drain (`POST /v1/nodes/{node}/{cordon,uncordon,drain}`) and the node view
-//! the API answers with (drain state, replicas left, orphans removed). The drain's rules are in [`super::drain`].
+//! REST for nodes: list, get, disk add and remove (`/v1/nodes`, `/v1/nodes/{node}/disks`), cordon, uncordon and
+//! drain (`POST /v1/nodes/{node}/{cordon,uncordon,drain}`), and the node view the API answers with (drain state,
+//! replicas left, orphans removed). The drain's rules are in [`super::drain`].
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -7,15 +8,27 @@ use axum::Json;
 use axum::extract::State;
 
 use super::drain::{DrainState, draining_nodes};
-use crate::api::extract::Path;
-use crate::api::views::NodeView;
+use crate::api::extract::{Body, Path};
+use crate::api::openapi::{check_disk_path, check_name};
+use crate::api::views::{DiskCreate, NodeView};
 use crate::context::Ctx;
 use crate::error::ApiError;
-use crate::model::{Node, Replica, Volume};
+use crate::model::{DiskSpec, Node, Replica, Volume};
 use crate::scheduler::{self, DiskCandidate};
 use crate::store::Object;
 
+type ApiResult<T> = Result<Json<T>, ApiError>;
+
 pub fn register(r: &mut crate::api::routes::Routes) {
+    r.add("get", "/v1/nodes", "List nodes with their disks", list_nodes);
+    r.add("get", "/v1/nodes/{node}", "Get a node", get_node);
+    r.add("post", "/v1/nodes/{node}/disks", "Add a disk to a node", add_disk);
+    r.add(
+        "delete",
+        "/v1/nodes/{node}/disks/{disk}",
+        "Remove a disk without replicas",
+        remove_disk,
+    );
     r.add(
         "post",
         "/v1/nodes/{node}/cordon",
@@ -38,7 +51,7 @@ pub fn register(r: &mut crate::api::routes::Routes) {
 
 /// The API's view of `n`: the replicas still on it and where its drain is.
 pub async fn node_view(ctx: &Ctx, n: &Object<Node>) -> Result<NodeView, ApiError> {
-    let up = crate::controller::volume::node_is_up(ctx, &n.data).await;
+    let up = crate::scheduler::node_is_up(ctx, &n.data).await;
     let here: Vec<Object<Replica>> = ctx
         .db
         .list::<Replica>()
@@ -148,7 +161,7 @@ pub async fn check(ctx: &Ctx, node: &str) -> Result<(), ApiError> {
     // Candidates once the node is unschedulable, shared by the volumes placed one after the other (free space
     // per data engine); each volume uses those on nodes whose data plane can run its replicas.
     let mut pools: HashMap<crate::model::DataEngine, Vec<DiskCandidate>> = HashMap::new();
-    let mut able: HashMap<crate::data_plane::Needs, crate::controller::volume::Candidates> = HashMap::new();
+    let mut able: HashMap<crate::data_plane::Needs, crate::scheduler::Candidates> = HashMap::new();
     let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
     for v in &volumes {
         let mine: Vec<&Object<Replica>> = replicas.iter().filter(|r| r.data.spec.volume == v.name).collect();
@@ -176,7 +189,7 @@ pub async fn check(ctx: &Ctx, node: &str) -> Result<(), ApiError> {
         }
         let engine = v.data.spec.data_engine;
         let candidates = |needs: crate::data_plane::Needs| async move {
-            crate::controller::volume::candidates(ctx, &needs)
+            crate::scheduler::candidates(ctx, &needs)
                 .await
                 .map_err(|e| ApiError::Internal(format!("{e:#}")))
         };
@@ -233,4 +246,113 @@ pub async fn check(ctx: &Ctx, node: &str) -> Result<(), ApiError> {
             problems.join("; ")
         )))
     }
+}
+
+async fn list_nodes(State(ctx): State<Ctx>) -> ApiResult<Vec<NodeView>> {
+    let mut out = Vec::new();
+    for n in ctx.db.list::<Node>().await? {
+        out.push(node_view(&ctx, &n).await?);
+    }
+    Ok(Json(out))
+}
+
+async fn get_node(State(ctx): State<Ctx>, Path(node): Path<String>) -> ApiResult<NodeView> {
+    let n = ctx
+        .db
+        .get::<Node>(&node)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("node {node:?} not found")))?;
+    Ok(Json(node_view(&ctx, &n).await?))
+}
+
+async fn add_disk(
+    State(ctx): State<Ctx>,
+    Path(node): Path<String>,
+    Body(req): Body<DiskCreate>,
+) -> ApiResult<NodeView> {
+    check_name("disk name", &req.name)?;
+    check_disk_path(&req.path)?;
+    let path = std::path::Path::new(&req.path);
+    let n = ctx
+        .db
+        .get::<Node>(&node)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("node {node:?} not found")))?;
+    if let Some(why) = disk_clash(&node, &n.data, &req.name, &req.path) {
+        return Err(ApiError::Conflict(why));
+    }
+    let local = n.data.spec.host == ctx.cfg.host || node == ctx.cfg.node_id;
+    let lvstore_size = crate::v2::service::check_disk(&req, local)?;
+    // A directory that already is a Corral disk keeps its identity.
+    let uuid = match corral_daemon::disk::read_disk_config(path) {
+        Ok(c) if local => c.disk_uuid,
+        _ => uuid::Uuid::new_v4().to_string(),
+    };
+    let disk = DiskSpec {
+        path: req.path.clone(),
+        disk_uuid: uuid,
+        allow_scheduling: req.allow_scheduling,
+        storage_reserved: req.storage_reserved,
+        engine: req.disk_engine,
+        lvstore_size,
+    };
+    // The node's heartbeat rewrites its document every few seconds, and the checks above can take a while (a v2
+    // disk probes its device): write with retries on a version conflict, checking again for a clash each time.
+    let mut clash = None;
+    let n = ctx
+        .db
+        .modify::<Node>(&node, |data| {
+            clash = disk_clash(&node, data, &req.name, &req.path);
+            if clash.is_some() {
+                return false;
+            }
+            data.spec.disks.insert(req.name.clone(), disk.clone());
+            true
+        })
+        .await?;
+    if let Some(why) = clash {
+        return Err(ApiError::Conflict(why));
+    }
+    Ok(Json(node_view(&ctx, &n).await?))
+}
+
+/// Why disk `name` at `path` cannot be added to `node`, if it cannot.
+fn disk_clash(node: &str, n: &Node, name: &str, path: &str) -> Option<String> {
+    if n.spec.disks.contains_key(name) {
+        return Some(format!("node {node} already has a disk {name:?}"));
+    }
+    n.spec
+        .disks
+        .values()
+        .any(|d| d.path == path)
+        .then(|| format!("node {node} already uses {path}"))
+}
+
+async fn remove_disk(
+    State(ctx): State<Ctx>,
+    Path((node, disk)): Path<(String, String)>,
+) -> ApiResult<NodeView> {
+    let mut n = ctx
+        .db
+        .get::<Node>(&node)
+        .await?
+        .ok_or_else(|| ApiError::NotFound(format!("node {node:?} not found")))?;
+    if !n.data.spec.disks.contains_key(&disk) {
+        return Err(ApiError::NotFound(format!("node {node} has no disk {disk:?}")));
+    }
+    let used = ctx
+        .db
+        .list::<Replica>()
+        .await?
+        .iter()
+        .filter(|r| r.data.spec.node_id == node && r.data.spec.disk == disk)
+        .count();
+    if used > 0 {
+        return Err(ApiError::Conflict(format!(
+            "disk {disk} of node {node} holds {used} replicas"
+        )));
+    }
+    n.data.spec.disks.remove(&disk);
+    ctx.db.update(&mut n).await?;
+    Ok(Json(node_view(&ctx, &n).await?))
 }

@@ -14,9 +14,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::model::{LvstoreDaemon, daemon_name};
 use crate::context::Ctx;
-use crate::controller::{Requeue, WorkQueue, feed, run_worker};
 use crate::model::{DataEngine, DiskSpec, Node, ProcessState, Replica};
 use crate::process::{Observed, Supervisor};
+use crate::runtime::{Requeue, WorkQueue, feed, run_worker};
 use crate::store::{Event, absent_ok};
 
 pub const BINARY: &str = "corral-replica";

@@ -5,7 +5,8 @@
 //! of the node ([`controller`], a [`model::LvstoreDaemon`] document per disk, supervised like every daemon);
 //! a v2 replica is added to and removed from that daemon over gRPC `LvstoreService` ([`replica`]) instead of
 //! getting its own process, and serves the ordinary replica address, so engines and snapshots have one code
-//! path. What the v2 replica cannot do yet is refused in one place: [`support`].
+//! path. What the v2 replica cannot do yet is refused in one place: [`support`]; [`service`] holds the checks a new
+//! disk or volume passes, [`routes`] the REST API.
 
 pub mod cli;
 pub mod controller;
@@ -13,4 +14,5 @@ pub mod device;
 pub mod model;
 pub mod replica;
 pub mod routes;
+pub mod service;
 pub mod support;

@@ -14,8 +14,8 @@ use tonic::transport::Channel;
 
 use super::model::{LvstoreDaemon, daemon_name};
 use crate::context::Ctx;
-use crate::controller::Requeue;
 use crate::model::{DesireState, ProcessState, Replica};
+use crate::runtime::Requeue;
 use crate::store::absent_ok;
 
 /// A client of a disk daemon's `LvstoreService` at `address` (`HOST:PORT`).

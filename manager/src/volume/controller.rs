@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::{Requeue, WorkQueue, feed, run_worker};
 use crate::context::Ctx;
 use crate::model::{
     DataEngine, DesireState, Engine, EngineSpec, Node, ProcessState, Replica, ReplicaSpec, Robustness,
     Volume, VolumeState, VolumeStatus,
 };
-use crate::scheduler::{self, DiskCandidate};
+use crate::runtime::{Requeue, WorkQueue, feed, run_worker};
+use crate::scheduler;
 use crate::store::{Event, Object};
 
 pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
@@ -54,78 +54,6 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
         let m = ctx.metrics.clone();
         run_worker("volume", q, c, m, |name| reconcile(ctx.clone(), name)).await;
     });
-}
-
-/// A node is up when its manager's heartbeat is recent.
-pub async fn node_is_up(ctx: &Ctx, n: &Node) -> bool {
-    let timeout = i64::try_from(ctx.setting_u64("node-down-timeout").await).unwrap_or(15);
-    super::now() - n.status.heartbeat <= timeout
-}
-
-/// Disks that could take a replica now, with their free space after the replicas already scheduled on them.
-pub struct Candidates {
-    pub disks: Vec<DiskCandidate>,
-    /// Up, schedulable nodes left out because their data plane cannot run a replica of the volume: why, each.
-    pub lacking: Vec<String>,
-}
-
-impl Candidates {
-    /// A placement failure with the nodes whose data plane was too old for the volume, if any.
-    pub fn explain(&self, why: String) -> String {
-        if self.lacking.is_empty() {
-            why
-        } else {
-            format!("{why}; left out: {}", self.lacking.join("; "))
-        }
-    }
-}
-
-/// Disks of the volume's data engine that could take a replica of a volume needing `needs`, on nodes whose data
-/// plane can run it (`crate::data_plane`).
-pub async fn candidates(ctx: &Ctx, needs: &crate::data_plane::Needs) -> anyhow::Result<Candidates> {
-    let engine = needs.engine;
-    let nodes = ctx.db.list::<Node>().await?;
-    let replicas = ctx.db.list::<Replica>().await?;
-    let over = ctx
-        .setting_u64("storage-over-provisioning-percentage")
-        .await
-        .max(1);
-    let mut out = Vec::new();
-    let mut lacking = Vec::new();
-    for n in &nodes {
-        if !n.data.spec.allow_scheduling || !node_is_up(ctx, &n.data).await {
-            continue;
-        }
-        if let Some(why) =
-            crate::data_plane::lacking(&n.name, &n.data, needs, crate::data_plane::Role::Replica)
-        {
-            lacking.push(why);
-            continue;
-        }
-        for (disk, d) in &n.data.spec.disks {
-            let Some(st) = n.data.status.disks.get(disk) else {
-                continue;
-            };
-            if !d.allow_scheduling || !st.error.is_empty() || d.engine != engine {
-                continue;
-            }
-            let scheduled: u64 = replicas
-                .iter()
-                .filter(|r| r.data.spec.node_id == n.name && r.data.spec.disk == *disk)
-                .map(|r| r.data.spec.size)
-                .sum();
-            let usable = st.storage_maximum.saturating_sub(d.storage_reserved);
-            let limit = u64::try_from(u128::from(usable) * u128::from(over) / 100).unwrap_or(u64::MAX);
-            out.push(DiskCandidate {
-                node_id: n.name.clone(),
-                disk: disk.clone(),
-                disk_uuid: d.disk_uuid.clone(),
-                path: d.path.clone(),
-                free: limit.saturating_sub(scheduled),
-            });
-        }
-    }
-    Ok(Candidates { disks: out, lacking })
 }
 
 fn replica_name(volume: &str) -> String {
@@ -234,7 +162,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                     .map(|r| (r.data.spec.node_id.clone(), r.data.spec.disk.clone()))
                     .collect();
                 let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
-                let pool = candidates(&ctx, &crate::data_plane::Needs::of(v)).await?;
+                let pool = scheduler::candidates(&ctx, &crate::data_plane::Needs::of(v)).await?;
                 match scheduler::place_on(
                     v.spec.data_engine,
                     pool.disks.clone(),
@@ -390,7 +318,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                     }
                     // The engine's node may be gone: it cannot report stopped. Then the document just goes.
                     let node_up = match ctx.db.get::<Node>(&e.data.spec.node_id).await? {
-                        Some(n) => node_is_up(&ctx, &n.data).await,
+                        Some(n) => scheduler::node_is_up(&ctx, &n.data).await,
                         None => false,
                     };
                     if !node_up {
@@ -482,34 +410,6 @@ fn robustness(e: &Engine, healthy: &[Object<Replica>], want: usize) -> Robustnes
     } else {
         Robustness::Degraded
     }
-}
-
-/// Records that the engine of `volume` grew it to `size`: the volume's and its replicas' specs (so a restart
-/// opens them at that size). The API's expand and a clone grown past its source's size both end here.
-pub async fn record_size(ctx: &Ctx, volume: &str, size: u64) -> Result<(), crate::store::StoreError> {
-    ctx.db
-        .modify::<Volume>(volume, |v| {
-            let grow = v.spec.size < size;
-            v.spec.size = v.spec.size.max(size);
-            grow
-        })
-        .await?;
-    for r in ctx
-        .db
-        .list::<Replica>()
-        .await?
-        .iter()
-        .filter(|r| r.data.spec.volume == volume)
-    {
-        ctx.db
-            .modify::<Replica>(&r.name, |r| {
-                let grow = r.spec.size < size;
-                r.spec.size = r.spec.size.max(size);
-                grow
-            })
-            .await?;
-    }
-    Ok(())
 }
 
 #[cfg(test)]

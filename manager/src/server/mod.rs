@@ -1,6 +1,9 @@
 //! Wires one node's manager: opens the store, registers the node (with a default disk under the data directory
 //! on first start), starts the node-local controllers, campaigns for leadership of the cluster-wide ones, and
-//! serves the REST API. Stopping the manager leaves the daemons running: the next start re-adopts them.
+//! serves the REST API ([`routes`]: every feature's routes). Stopping the manager leaves the daemons running: the
+//! next start re-adopts them.
+
+pub mod routes;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -182,7 +185,7 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
                 Ok(lost) => {
                     tracing::info!(node = node_id, "leading the cluster-wide controllers");
                     let scope = leader_cancel.child_token();
-                    crate::controller::volume::start(&leader_ctx, &scope);
+                    crate::volume::controller::start(&leader_ctx, &scope);
                     crate::controller::node::start_failure_detector(&leader_ctx, &scope);
                     crate::backing_image::start_leader(&leader_ctx, &scope);
                     crate::clone::controller::start(&leader_ctx, &scope);
@@ -205,7 +208,7 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
         .tcp("http", listener.local_addr()?)
         .announce(cfg.ready_file.as_deref())?;
     let app = crate::ui::router(ctx.clone())
-        .merge(crate::api::router(ctx.clone()))
+        .merge(crate::api::router(ctx.clone(), routes::routes()))
         .layer(axum::middleware::from_fn_with_state(
             ctx,
             crate::token::auth::require_token,
