@@ -1,8 +1,8 @@
 //! The engine of one volume as the manager's REST handlers and the clone controller call it. Every
 //! `ControllerService` call they make goes through [`VolumeEngine`], so what a call means for the manager (which
 //! engine answers, what is recorded after it — the snapshot list — and which calls must stay paired, like taking
-//! the frontend down and up around a revert) is written once. The controllers that supervise engine processes keep
-//! their own client (`controller::engine`): they talk to an engine about its replicas, not on a user's behalf.
+//! the frontend down and up around a revert) is written once. The controllers that supervise engine processes use
+//! [`client`] directly: they talk to an engine about its replicas, not on a user's behalf.
 
 use corral_proto::v1::{self, controller_service_client::ControllerServiceClient};
 use tonic::transport::Channel;
@@ -31,6 +31,15 @@ impl From<EngineCallError> for ApiError {
     }
 }
 
+/// A client of an engine's ControllerService: the one the volume engine, the engine controller and maintenance
+/// use.
+pub async fn client(
+    address: &str,
+) -> Result<ControllerServiceClient<Channel>, corral_proto::grpc::ConnectError> {
+    let ch = corral_proto::grpc::connect(address, corral_proto::grpc::GrpcTimeouts::CONTROL).await?;
+    Ok(ControllerServiceClient::new(ch))
+}
+
 /// A connected client of one volume's engine.
 pub struct VolumeEngine {
     volume: String,
@@ -48,7 +57,7 @@ impl VolumeEngine {
 
     /// Connects to the engine `e` (the running engine of the volume of the same name); the error names its address.
     pub async fn connect(e: &Object<Engine>) -> Result<Self, String> {
-        crate::controller::engine::client(&e.data.status.address)
+        client(&e.data.status.address)
             .await
             .map(|c| Self::new(&e.name, c))
             .map_err(|err| format!("engine of {} at {}: {err}", e.name, e.data.status.address))

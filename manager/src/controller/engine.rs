@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
-use corral_proto::v1::{self, controller_service_client::ControllerServiceClient};
+use corral_proto::v1;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 use crate::context::Ctx;
 use crate::model::{DesireState, Engine, ProcessState, Replica};
@@ -62,14 +61,6 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
         })
         .await;
     });
-}
-
-/// A client of the engine's ControllerService.
-pub async fn client(
-    address: &str,
-) -> Result<ControllerServiceClient<Channel>, corral_proto::grpc::ConnectError> {
-    let ch = corral_proto::grpc::connect(address, corral_proto::grpc::GrpcTimeouts::CONTROL).await?;
-    Ok(ControllerServiceClient::new(ch))
 }
 
 async fn reconcile(ctx: Ctx, sup: Arc<Supervisor>, name: String) -> anyhow::Result<Requeue> {
@@ -285,7 +276,7 @@ async fn watch_running(
 ) -> anyhow::Result<Requeue> {
     let name = &obj.name;
     let e = &obj.data;
-    let mut c = match client(&e.status.address).await {
+    let mut c = match crate::volume_engine::client(&e.status.address).await {
         Ok(c) => c,
         Err(err) if e.status.state == ProcessState::Starting => {
             tracing::debug!(engine = name, error = %err, "engine not answering yet");

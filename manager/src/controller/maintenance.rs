@@ -77,7 +77,7 @@ async fn engine_in_maintenance(
             && e.data.status.state == ProcessState::Running
             && !e.data.status.replica_modes.values().any(|m| m == "WO")
         {
-            return crate::controller::engine::client(&e.data.status.address)
+            return crate::volume_engine::client(&e.data.status.address)
                 .await
                 .map_err(|err| {
                     ApiError::Unavailable(format!("engine of {volume} at {}: {err}", e.data.status.address))
