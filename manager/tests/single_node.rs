@@ -136,6 +136,8 @@ fn the_cli_brings_up_a_node_creates_attaches_and_snapshots_a_volume() {
     let url = format!("http://127.0.0.1:{port}");
     // `corral up --detach` returns once the API answers; the manager runs on.
     let listen = format!("127.0.0.1:{port}");
+    // The manager `up` starts writes its first admin token into this data dir: the CLI calls below present it.
+    remember_data_dir(&data);
     let (ok, out, err) = corral(
         &url,
         &[
