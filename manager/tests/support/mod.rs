@@ -48,6 +48,36 @@ pub fn remember_data_dir(data_dir: &Path) {
     }
 }
 
+/// The managers this test started, by the base URL of their API: which data directory's token a request to a URL
+/// presents ([`admin_token_for`]); a test may run managers of several clusters, each with its own admin token.
+static MANAGER_URLS: Mutex<Vec<(String, PathBuf)>> = Mutex::new(Vec::new());
+
+fn remember_manager_url(url: &str, data_dir: &Path) {
+    let mut urls = MANAGER_URLS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    urls.retain(|(u, _)| u != url);
+    urls.push((url.to_owned(), data_dir.to_owned()));
+}
+
+/// The admin token for a request to `url`: the one in the data directory of the manager serving it when that
+/// manager wrote one (the first of its cluster), else [`admin_token`] (another manager of the same cluster).
+pub fn admin_token_for(url: &str) -> Option<String> {
+    let dir = MANAGER_URLS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .find(|(base, _)| url.starts_with(base.as_str()))
+        .map(|(_, d)| d.clone());
+    dir.and_then(|d| {
+        std::fs::read_to_string(d.join(manager::token::BOOTSTRAP_FILE))
+            .ok()
+            .map(|t| t.trim().to_owned())
+            .filter(|t| !t.is_empty())
+    })
+    .or_else(admin_token)
+}
+
 /// `corral` presenting the admin token (`CORRAL_TOKEN`).
 pub fn cli_command() -> Command {
     let mut cmd = Command::new(cli_bin());
@@ -97,6 +127,7 @@ impl Manager {
         env: &[(&str, &str)],
     ) -> Manager {
         let daemon = Self::command(data_dir, node_id, store, ports, env).spawn();
+        remember_manager_url(&daemon.http_url("http"), data_dir);
         Manager {
             url: daemon.http_url("http"),
             daemon,
@@ -139,6 +170,7 @@ impl Manager {
         let cmd = self.daemon.command().clone().set_flag("--listen", listen);
         self.daemon.restart_with(cmd);
         self.url = self.daemon.http_url("http");
+        remember_manager_url(&self.url, &self.data_dir);
     }
 
     pub fn kill(&mut self) {
@@ -164,7 +196,7 @@ impl Drop for Manager {
 
 /// Blocking JSON REST calls with curl (no runtime needed in the tests), as the admin.
 pub fn rest(method: &str, url: &str, body: Option<&serde_json::Value>) -> (u16, serde_json::Value) {
-    rest_as(admin_token().as_deref(), method, url, body)
+    rest_as(admin_token_for(url).as_deref(), method, url, body)
 }
 
 /// [`rest`] presenting `token` (None: no Authorization header).
@@ -204,11 +236,11 @@ pub fn sigkill(pid: i64) {
 
 /// Runs the `corral` CLI against `url`; returns (success, stdout, stderr).
 pub fn corral(url: &str, args: &[&str]) -> (bool, String, String) {
-    let out = cli_command()
-        .args(["--url", url])
-        .args(args)
-        .output()
-        .expect("corral");
+    let mut cmd = cli_command();
+    if let Some(t) = admin_token_for(url) {
+        cmd.env("CORRAL_TOKEN", t);
+    }
+    let out = cmd.args(["--url", url]).args(args).output().expect("corral");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
