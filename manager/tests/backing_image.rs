@@ -361,7 +361,7 @@ fn a_downloaded_qcow2_backs_a_volume_through_io_snapshots_reattach_and_a_live_up
     assert_replicas_know_the_image(&data_dir, &files_on_disk[0], "base", &checksum);
 
     // The same image uploaded through the manager (the CLI streams it) has the same checksum.
-    let out = cli_command()
+    let out = cli_command_for(&m.url)
         .args(["--url", &m.url, "backing-image", "create", "up1", "--from-file"])
         .arg(&qcow)
         .args(["--json"])
@@ -1010,7 +1010,7 @@ fn a_cluster_sync_whose_receiving_corral_bim_is_sigkilled_fails_only_that_copy_a
 
 /// `corral` with the S3 key pair in its environment (for `--credentials-from-env`).
 fn corral_with_s3_keys(url: &str, args: &[&str]) -> String {
-    let out = cli_command()
+    let out = cli_command_for(url)
         .args(["--url", url])
         .args(args)
         .envs(S3_ENV)
@@ -1107,7 +1107,7 @@ fn a_backup_made_by_the_manager_on_s3_restores_into_a_backing_image_with_the_tar
     assert_eq!(code, 404);
 
     // The restore through the CLI: the image is the volume as backed up, holes and all.
-    let out = cli_command()
+    let out = cli_command_for(&m.url)
         .args(["--url", &m.url, "--json", "backing-image", "create", "restored"])
         .args(["--source", "restore", "--backup-url", &backup_url])
         .args(["--expected-checksum", &checksum, "--timeout", "120"])

@@ -24,7 +24,7 @@ const SECRET: &str = S3_ENV[1].1;
 
 /// `corral` with the S3 key pair in its environment (for `--credentials-from-env`).
 fn corral_with_keys(url: &str, args: &[&str]) -> (bool, String, String) {
-    let out = cli_command()
+    let out = cli_command_for(url)
         .args(["--url", url])
         .args(args)
         .envs(S3_ENV)

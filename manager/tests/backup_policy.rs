@@ -445,7 +445,7 @@ fn an_unreachable_target_and_a_corrupt_block_fail_clearly_and_change_nothing() {
     let s3_dir = dir.path().join("s3");
     std::fs::create_dir_all(s3_dir.join("bucket")).unwrap();
     let s3 = S3Server::start(&s3_dir, &[]);
-    let out = cli_command()
+    let out = cli_command_for(&url)
         .args([
             "--url",
             &url,
@@ -665,7 +665,7 @@ fn a_backing_image_backup_runs_past_its_killed_client_with_progress_and_a_failur
     std::fs::rename(&moved, &target).unwrap();
 
     // 2. A backup whose waiting client is SIGKILLed mid-way completes anyway.
-    let mut cli = cli_command()
+    let mut cli = cli_command_for(&url)
         .args([
             "--url",
             &url,

@@ -194,7 +194,11 @@ fn bad_input_is_refused_with_4xx_and_leaves_nothing_behind() {
 
     // The CLI reports the same refusals and exits non-zero.
     let cli = |args: &[&str]| {
-        let out = cli_command().args(["--url", &url]).args(args).output().unwrap();
+        let out = cli_command_for(&url)
+            .args(["--url", &url])
+            .args(args)
+            .output()
+            .unwrap();
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stderr).into_owned(),

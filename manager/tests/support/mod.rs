@@ -87,6 +87,15 @@ pub fn cli_command() -> Command {
     cmd
 }
 
+/// `corral` presenting the admin token of the manager at `url` ([`admin_token_for`]; `--url` is the caller's).
+pub fn cli_command_for(url: &str) -> Command {
+    let mut cmd = cli_command();
+    if let Some(t) = admin_token_for(url) {
+        cmd.env("CORRAL_TOKEN", t);
+    }
+    cmd
+}
+
 /// `curl` presenting the admin token.
 pub fn curl_command() -> Command {
     let mut cmd = Command::new("curl");
@@ -236,11 +245,11 @@ pub fn sigkill(pid: i64) {
 
 /// Runs the `corral` CLI against `url`; returns (success, stdout, stderr).
 pub fn corral(url: &str, args: &[&str]) -> (bool, String, String) {
-    let mut cmd = cli_command();
-    if let Some(t) = admin_token_for(url) {
-        cmd.env("CORRAL_TOKEN", t);
-    }
-    let out = cmd.args(["--url", url]).args(args).output().expect("corral");
+    let out = cli_command_for(url)
+        .args(["--url", url])
+        .args(args)
+        .output()
+        .expect("corral");
     (
         out.status.success(),
         String::from_utf8_lossy(&out.stdout).into_owned(),
