@@ -44,6 +44,7 @@ command -v cargo >/dev/null 2>&1 || {
 }
 need_tools qemu-io python3 setsid flock || exit 1
 
+echo "building Corral's daemons and the corral CLI ($profile; the first build takes about 8 minutes on 2 cores)..."
 if [ "$profile" = release ]; then
   cargo build --release -q --locked -p manager -p replica -p engine --bins
 else
