@@ -31,6 +31,8 @@ cargo fmt --all -- --check
 python3 scripts/check-links.py
 cargo clippy --workspace --all-targets --locked "${features[@]}" -- -D warnings
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# The bottom of the crate graph depends on no transport or daemon crate (cargo tree).
+scripts/check-deps.sh
 # Doc comments: broken intra-doc links and other rustdoc warnings fail the run.
 RUSTDOCFLAGS='-D warnings' cargo doc --workspace --no-deps --locked
 # Integration tests start the daemons as processes: build every binary first.

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use corral_daemon::disk::verify_disk;
+use corral_disk::identity::verify_disk;
 use tracing::{Instrument, info, warn};
 
 use crate::checksum::sha512_file;

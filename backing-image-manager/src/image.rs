@@ -1,7 +1,7 @@
 //! What one image on this disk is: the spec a caller asks for, the record the manager keeps while it works on it,
 //! and the view and change events callers get. Domain types only; the gRPC edge (`grpc`) converts them.
 
-use corral_daemon::disk::check_path_component;
+use corral_disk::identity::check_path_component;
 use tokio_util::sync::CancellationToken;
 
 use crate::checksum::check_checksum_syntax;

@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use corral_daemon::disk::{check_path_component, verify_disk};
+use corral_disk::identity::{check_path_component, verify_disk};
 use tokio::sync::broadcast;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -448,7 +448,7 @@ mod tests {
     /// A disk holding `backing.tmp` verified and recorded in `backing.cfg`, as `verify_and_commit` leaves it just
     /// before its rename.
     fn verified_temp(disk: &Path, name: &str, uuid: &str, content: &[u8]) -> ImagePaths {
-        corral_daemon::disk::write_disk_config(disk, "disk-1").unwrap();
+        corral_disk::identity::write_disk_config(disk, "disk-1").unwrap();
         let paths = ImagePaths::new(disk, name, uuid);
         paths.create_dir().unwrap();
         std::fs::write(&paths.temp, content).unwrap();

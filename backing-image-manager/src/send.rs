@@ -3,7 +3,8 @@
 
 use std::sync::Arc;
 
-use sparse_sync::{FileContent, LayoutMode, Progress, SendOptions, SendSummary};
+use corral_disk::sparse::{FileContent, LayoutMode};
+use sparse_sync::{Progress, SendOptions, SendSummary};
 use tracing::info;
 
 use crate::error::BimError;

@@ -230,7 +230,7 @@ async fn lost_disk_identity_reports_unknown_and_touches_nothing() {
     assert_eq!(sha512_hex(&disk.backing("img", "u1")), sum, "a file was touched");
 
     // Another disk's identity is just as bad; the right one brings the images back.
-    corral_daemon::disk::write_disk_config(disk.path(), "disk-q").unwrap();
+    corral_disk::identity::write_disk_config(disk.path(), "disk-q").unwrap();
     tokio::time::sleep(Duration::from_millis(700)).await;
     assert_eq!(state(&a.get("img").await.unwrap()), "unknown");
     std::fs::remove_file(&cfg).unwrap();

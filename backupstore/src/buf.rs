@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, Mutex, PoisonError};
 
-use sparse_sync::{AlignedBuf, DIRECT_IO_ALIGN};
+use corral_disk::sparse::{AlignedBuf, DIRECT_IO_ALIGN};
 
 /// Room before a block's data in a buffer: a stored block's 52-byte header is read or assembled just in front of
 /// its data, which then starts 4 KiB-aligned.

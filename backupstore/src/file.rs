@@ -46,7 +46,7 @@ impl BackupSource for FileSource {
     }
 
     fn allocated(&self) -> io::Result<Vec<Range<u64>>> {
-        sparse_sync::data_extents(&self.file, 0..self.size).collect()
+        corral_disk::sparse::data_extents(&self.file, 0..self.size).collect()
     }
 
     fn changes_since(&self, _base: &str, _ancestors: &[String]) -> io::Result<Changes> {
@@ -110,7 +110,7 @@ impl FileSink {
 
 impl RestoreSink for FileSink {
     fn write_at(&self, offset: u64, data: &[u8]) -> io::Result<()> {
-        let align = sparse_sync::DIRECT_IO_ALIGN;
+        let align = corral_disk::sparse::DIRECT_IO_ALIGN;
         if let Some(d) = &self.direct
             && (data.as_ptr() as usize).is_multiple_of(align)
             && data.len().is_multiple_of(align)
@@ -134,7 +134,7 @@ impl RestoreSink for FileSink {
     }
 
     fn zero_range(&self, offset: u64, len: u64) -> io::Result<()> {
-        sparse_sync::punch_hole(&self.file, offset, len)
+        corral_disk::sparse::punch_hole(&self.file, offset, len)
     }
 
     fn size(&self) -> Option<u64> {

@@ -132,7 +132,7 @@ impl StagedBlocks {
 /// `data` starts 4 KiB-aligned and the file system takes it, the rest buffered.
 fn write_new(path: &Path, data: &[u8]) -> io::Result<()> {
     use std::os::unix::fs::{FileExt, OpenOptionsExt};
-    let align = sparse_sync::DIRECT_IO_ALIGN;
+    let align = corral_disk::sparse::DIRECT_IO_ALIGN;
     let direct_len = if (data.as_ptr() as usize).is_multiple_of(align) {
         data.len() / align * align
     } else {
@@ -261,8 +261,8 @@ mod tests {
     fn an_aligned_block_is_written_direct_and_its_tail_buffered() {
         let dir = tempfile::tempdir().unwrap();
         let s = StagedBlocks::new(dir.path().to_owned());
-        let len = 2 * sparse_sync::DIRECT_IO_ALIGN + 52;
-        let mut buf = sparse_sync::AlignedBuf::new(len);
+        let len = 2 * corral_disk::sparse::DIRECT_IO_ALIGN + 52;
+        let mut buf = corral_disk::sparse::AlignedBuf::new(len);
         for (i, b) in buf.as_mut_slice().iter_mut().enumerate() {
             *b = u8::try_from(i % 251).unwrap();
         }

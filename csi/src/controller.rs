@@ -54,7 +54,7 @@ fn required<'a>(what: &str, v: &'a str) -> CsiResult<&'a str> {
 
 /// A CO-chosen name becomes a manager volume or snapshot name; the manager accepts a path-safe subset.
 fn manager_name(what: &str, v: &str) -> CsiResult<()> {
-    corral_daemon::disk::check_path_component(what, v).map_err(CsiError::InvalidArgument)
+    corral_disk::identity::check_path_component(what, v).map_err(CsiError::InvalidArgument)
 }
 
 fn round_up(n: u64) -> u64 {

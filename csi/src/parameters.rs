@@ -84,7 +84,7 @@ impl VolumeParameters {
                     out.fs_type = Some(value.to_owned());
                 }
                 "backingImage" => {
-                    corral_daemon::disk::check_path_component("backingImage", value)
+                    corral_disk::identity::check_path_component("backingImage", value)
                         .map_err(|e| bad(key, value, &e))?;
                     out.backing_image = Some(value.to_owned());
                 }
@@ -157,7 +157,7 @@ pub fn snapshot_kind(params: &HashMap<String, String>) -> CsiResult<SnapshotKind
                 }
             }
             "backupTarget" => {
-                corral_daemon::disk::check_path_component("backupTarget", value)
+                corral_disk::identity::check_path_component("backupTarget", value)
                     .map_err(|e| bad(key, value, &e))?;
                 target = Some(value.to_owned());
             }

@@ -18,7 +18,7 @@ pub enum SnapshotId {
 }
 
 fn valid(s: &str) -> bool {
-    corral_daemon::disk::check_path_component("name", s).is_ok()
+    corral_disk::identity::check_path_component("name", s).is_ok()
 }
 
 impl SnapshotId {

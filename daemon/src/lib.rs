@@ -2,12 +2,11 @@
 //! logging they set up ([`cli`]: `--log-format`, `--log-level`, `--ready-file`), what CLIs print ([`output`]: tables,
 //! `--json`, quiet on a closed pipe), the metrics and health server ([`metrics`]), SIGTERM/SIGINT turned into a
 //! cancellation, byte sizes with binary suffixes on the command line, progress bars only when a human is watching,
-//! the identity and durable-write rules of a disk directory ([`disk`]), freed heap given back to the kernel
-//! ([`heap`]), the ready report a daemon gives once its listeners are bound ([`ready`]), and how a supervisor starts,
-//! recognises and stops a daemon that outlives it ([`supervise`]).
+//! freed heap given back to the kernel ([`heap`]), the ready report a daemon gives once its listeners are bound
+//! ([`ready`]), and how a supervisor starts, recognises and stops a daemon that outlives it ([`supervise`]). A disk
+//! directory's identity and durable writes are `corral_disk`'s.
 
 pub mod cli;
-pub mod disk;
 pub mod heap;
 pub mod metrics;
 pub mod output;

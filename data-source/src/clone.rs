@@ -8,10 +8,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use corral_disk::sparse::{FileContent, LayoutMode, SparseRead};
 use corral_proto::grpc::GrpcTimeouts;
 use corral_proto::v1;
 use corral_proto::v1::lvstore_service_client::LvstoreServiceClient;
-use sparse_sync::{FileContent, LayoutMode, Progress, SyncContent};
+use sparse_sync::Progress;
 
 use crate::error::JobError;
 use crate::job::JobContext;

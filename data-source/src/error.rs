@@ -34,7 +34,7 @@ pub enum ConfigError {
     BadChecksum(String),
     /// The disk directory is not the disk it should be.
     #[error(transparent)]
-    Disk(#[from] corral_daemon::disk::DiskIdentityError),
+    Disk(#[from] corral_disk::identity::DiskIdentityError),
     /// Preparing the work directory failed.
     #[error("{op} {path}: {source}")]
     Io {

@@ -47,7 +47,7 @@ impl JobContext {
     /// run for the same image). Bad input is refused before anything on disk changes.
     pub fn new(config: DataSourceConfig, cancel: CancellationToken) -> Result<Self, ConfigError> {
         let spec = config.validate()?;
-        corral_daemon::disk::verify_disk(&config.disk_path, &config.disk_uuid)?;
+        corral_disk::identity::verify_disk(&config.disk_path, &config.disk_uuid)?;
         // `filePath` is read by another process: make it absolute.
         let mut config = config;
         config.disk_path = std::fs::canonicalize(&config.disk_path).map_err(|source| ConfigError::Io {

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use backupstore::{BackupStoreError, BackupUrl};
-use corral_daemon::disk::check_path_component;
+use corral_disk::identity::check_path_component;
 
 use crate::error::ConfigError;
 use crate::info::{DataEngine, SourceType};

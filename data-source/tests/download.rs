@@ -335,7 +335,7 @@ fn a_full_disk_fails_the_download_with_a_clear_message_and_frees_the_space() {
         .unwrap();
     assert!(st.success(), "mounting a small tmpfs needs root");
     let _mount = Mount(dir.path().to_path_buf());
-    corral_daemon::disk::write_disk_config(dir.path(), DISK_UUID).unwrap();
+    corral_disk::identity::write_disk_config(dir.path(), DISK_UUID).unwrap();
     let server = FileServer::start(vec![0x6b; 16 * MIB as usize], ServeMode::range());
     let ds = DataSourceProc::download(dir.path(), &server.url, &[]);
     let i = ds.wait_final(Duration::from_secs(60));

@@ -51,7 +51,7 @@ fn sparse_source(path: &Path) -> Vec<Range<u64>> {
 fn extents(path: &Path) -> Vec<Range<u64>> {
     let f = std::fs::File::open(path).unwrap();
     let len = f.metadata().unwrap().len();
-    sparse_sync::data_extents(&f, 0..len)
+    corral_disk::sparse::data_extents(&f, 0..len)
         .collect::<std::io::Result<_>>()
         .unwrap()
 }

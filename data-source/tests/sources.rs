@@ -257,7 +257,9 @@ impl tonic::server::UnaryService<v1::VolumeExportRequest> for VolumeExport {
             let r = req.into_inner();
             assert!(r.export_backing_image_if_exist);
             assert_eq!(r.snapshot_file_name, "snap1");
-            let content = sparse_sync::FileContent::open(&s.file, sparse_sync::LayoutMode::SeekData).unwrap();
+            let content =
+                corral_disk::sparse::FileContent::open(&s.file, corral_disk::sparse::LayoutMode::SeekData)
+                    .unwrap();
             sparse_sync::send(
                 Arc::new(content),
                 &format!("{}:{}", r.host, r.port),

@@ -36,7 +36,7 @@ pub fn sha512_file(
         progress,
         cancel,
     };
-    for data in sparse_sync::data_extents(&f, 0..total) {
+    for data in corral_disk::sparse::data_extents(&f, 0..total) {
         let data = data.ctx("seek data", path)?;
         hash.zeros_until(data.start)?;
         hash.data(data)?;

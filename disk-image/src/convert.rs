@@ -1,4 +1,4 @@
-//! Conversion: any [`SyncContent`] (an image, a flattened volume snapshot) to a sparse raw file or to a qcow2 v3
+//! Conversion: any [`SparseRead`] (an image, a flattened volume snapshot) to a sparse raw file or to a qcow2 v3
 //! image. Only data ranges are read; all-zero blocks stay holes (raw) or unallocated clusters (qcow2). The output
 //! is written to a temporary file beside the destination, fsynced and renamed over it, then the directory is
 //! fsynced: a crash or a cancellation never leaves a partial destination.
@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use corral_disk::BLOCK_BYTES;
-use sparse_sync::SyncContent;
+use corral_disk::sparse::SparseRead;
 
 use crate::ImageFormat;
 use crate::error::{ImageError, IoContext};
@@ -45,7 +45,7 @@ pub fn convert(
 /// Writes any sparse content (an open image, a flattened snapshot of a volume) to `dst` in format `to`; see
 /// [`convert`].
 pub fn convert_content(
-    src: &dyn SyncContent,
+    src: &dyn SparseRead,
     dst: &Path,
     to: ImageFormat,
     progress: &dyn Fn(u64, u64),
@@ -91,7 +91,7 @@ fn to_usize(v: u64) -> usize {
     usize::try_from(v).unwrap_or(usize::MAX)
 }
 
-fn read_src(src: &dyn SyncContent, buf: &mut [u8], at: u64, tmp: &Path) -> Result<(), ImageError> {
+fn read_src(src: &dyn SparseRead, buf: &mut [u8], at: u64, tmp: &Path) -> Result<(), ImageError> {
     src.read_exact_at(buf, at).map_err(|e| ImageError::Io {
         op: "read source for",
         path: tmp.to_owned(),
@@ -100,7 +100,7 @@ fn read_src(src: &dyn SyncContent, buf: &mut [u8], at: u64, tmp: &Path) -> Resul
 }
 
 fn write_raw(
-    src: &dyn SyncContent,
+    src: &dyn SparseRead,
     file: &File,
     tmp: &Path,
     progress: &dyn Fn(u64, u64),
@@ -158,7 +158,7 @@ fn be_bytes(v: &[u64]) -> Vec<u8> {
 }
 
 fn write_qcow2(
-    src: &dyn SyncContent,
+    src: &dyn SparseRead,
     file: &File,
     tmp: &Path,
     progress: &dyn Fn(u64, u64),

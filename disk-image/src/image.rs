@@ -7,7 +7,7 @@ use std::ops::Range;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
-use sparse_sync::{DataRanges, SyncContent};
+use corral_disk::sparse::{DataRanges, SparseRead};
 
 use crate::detect::{self, Detected};
 use crate::error::{ImageError, IoContext};
@@ -254,7 +254,7 @@ impl DiskImage {
         };
         match &self.layer {
             Layer::Raw(f) => {
-                for r in sparse_sync::data_extents(f, range.start..end) {
+                for r in corral_disk::sparse::data_extents(f, range.start..end) {
                     push(out, r?);
                 }
                 Ok(())
@@ -287,7 +287,7 @@ impl DiskImage {
     }
 }
 
-impl SyncContent for DiskImage {
+impl SparseRead for DiskImage {
     fn size(&self) -> u64 {
         self.info.virtual_size
     }

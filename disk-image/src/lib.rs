@@ -1,7 +1,7 @@
 //! Corral's disk images: the raw and qcow2 files users hand us as backing images. This crate owns format detection
 //! ([`probe`]; vmdk, vdi, vhdx, LUKS, qcow1 and compressed files are refused by name), a read-only image handle
 //! ([`DiskImage`]: positional reads from many threads, qcow2 compressed clusters and backing chains, the data
-//! layout so export and backup skip holes, and [`sparse_sync::SyncContent`] so any sync/copy path can stream an
+//! layout so export and backup skip holes, and [`corral_disk::sparse::SparseRead`] so any sync/copy path can stream an
 //! image), and conversion to sparse raw or to qcow2 ([`convert`], [`convert_content`]).
 //!
 //! Images are untrusted input on the read path of every replica that uses them. The qcow2 reader is our own,

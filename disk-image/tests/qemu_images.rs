@@ -4,9 +4,9 @@
 
 use std::sync::atomic::AtomicBool;
 
+use corral_disk::sparse::SparseRead;
 use disk_image::fixtures::{Fixture, build_all, run};
 use disk_image::{DiskImage, ImageFormat, convert, probe};
-use sparse_sync::SyncContent;
 
 /// The reference content cut to the image's size: qemu rounds a raw file's size up to 512 bytes, we read
 /// exactly the file (the padding is zeros either way).

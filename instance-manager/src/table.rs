@@ -473,9 +473,9 @@ impl ProcessTable {
 /// The checks of a create request: names that become file names, a binary from the allowlist, no ready file of
 /// the caller's own (the instance manager reads the one it passes).
 pub fn check_spec(spec: &ProcessSpec) -> Result<(), ImError> {
-    corral_daemon::disk::check_path_component("process name", &spec.name)
+    corral_disk::identity::check_path_component("process name", &spec.name)
         .map_err(ImError::InvalidArgument)?;
-    corral_daemon::disk::check_path_component("process kind", &spec.kind)
+    corral_disk::identity::check_path_component("process kind", &spec.kind)
         .map_err(ImError::InvalidArgument)?;
     if !ALLOWED_BINARIES.contains(&spec.binary.as_str()) {
         return Err(ImError::InvalidArgument(format!(

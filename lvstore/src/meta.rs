@@ -9,7 +9,7 @@ use crate::codec::{Decoder, Encoder};
 use crate::error::FormatError;
 use crate::format::IMAGE_MAGIC;
 
-/// Longest lvol name (as [`corral_daemon::disk::check_path_component`] allows).
+/// Longest lvol name (as [`corral_disk::identity::check_path_component`] allows).
 pub const MAX_NAME: usize = 200;
 /// Longest xattr key.
 pub const MAX_XATTR_KEY: usize = 255;
@@ -514,7 +514,7 @@ impl Meta {
             if !names.insert(b.name.as_str()) {
                 return Err(bad(format!("two blobs are named {:?}", b.name)));
             }
-            if corral_daemon::disk::check_path_component("name", &b.name).is_err() {
+            if corral_disk::identity::check_path_component("name", &b.name).is_err() {
                 return Err(bad(format!("blob {} has an invalid name {:?}", b.id, b.name)));
             }
             check_size(b.size)?;

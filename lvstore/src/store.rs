@@ -293,7 +293,7 @@ fn now() -> u64 {
 }
 
 fn check_name(name: &str) -> Result<()> {
-    corral_daemon::disk::check_path_component("lvol name", name).map_err(Error::Invalid)
+    corral_disk::identity::check_path_component("lvol name", name).map_err(Error::Invalid)
 }
 
 /// An lvol's size: a positive multiple of 4 KiB.

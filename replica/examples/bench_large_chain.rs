@@ -151,7 +151,7 @@ fn open_in_process(a: &Args) -> anyhow::Result<()> {
     for name in &st.chain {
         let f = std::fs::File::open(a.dir.join(name))?;
         let len = f.metadata()?.len();
-        for e in sparse_sync::data_extents(&f, 0..len) {
+        for e in corral_disk::sparse::data_extents(&f, 0..len) {
             e?;
             extents += 1;
         }

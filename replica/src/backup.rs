@@ -329,7 +329,7 @@ impl SnapshotSource {
         let mut out = Vec::new();
         for l in layers {
             let len = l.file.metadata()?.len();
-            for r in sparse_sync::data_extents(&l.file, 0..len) {
+            for r in corral_disk::sparse::data_extents(&l.file, 0..len) {
                 out.push(r?);
             }
         }

@@ -73,7 +73,7 @@ pub(crate) fn build_map(dir: &Path, layers: &[Layer]) -> Result<ExtentMap> {
         let idx =
             LayerIndex::try_from(i).map_err(|_| ReplicaError::InvalidArgument("too many layers".into()))?;
         let len = l.file.metadata().ctx("stat", dir.join(&l.name))?.len();
-        for r in sparse_sync::data_extents(&l.file, 0..len) {
+        for r in corral_disk::sparse::data_extents(&l.file, 0..len) {
             let r = r.ctx("seek data", dir.join(&l.name))?;
             map.set(r.start / BLOCK_SIZE, r.end.div_ceil(BLOCK_SIZE), idx);
         }

@@ -1,5 +1,5 @@
 //! Snapshot export, source side: a snapshot flattened over its chain ([`SnapshotView`], a
-//! [`sparse_sync::SyncContent`]) streamed to a sparse-sync receiver (`VolumeExport`), while the live volume keeps
+//! [`corral_disk::sparse::SparseRead`]) streamed to a sparse-sync receiver (`VolumeExport`), while the live volume keeps
 //! serving.
 //!
 //! The view opens its own read-only descriptors of the snapshot and its ancestors and builds its own location map,
@@ -17,7 +17,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use sparse_sync::{DataRanges, FileExtents, Progress, SyncContent};
+use corral_disk::sparse::{DataRanges, SparseRead};
+use sparse_sync::{FileExtents, Progress};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -212,7 +213,7 @@ impl SnapshotView {
     }
 }
 
-impl SyncContent for SnapshotView {
+impl SparseRead for SnapshotView {
     fn size(&self) -> u64 {
         self.size
     }
@@ -393,7 +394,7 @@ pub async fn volume_export(
 /// Streams `content` (snapshot `snapshot` flattened, of a v1 or a v2 replica of `origin`) to the receiver of
 /// `req` after checking its size against the target's.
 pub(crate) async fn send_export(
-    content: Arc<dyn SyncContent>,
+    content: Arc<dyn SparseRead>,
     snapshot: &str,
     req: &ExportRequest,
     origin: &str,

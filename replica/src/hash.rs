@@ -53,7 +53,7 @@ pub fn checksum_file(file: &File, ctl: &JobControl) -> std::io::Result<Option<St
     let len = file.metadata()?.len();
     layout_checksum(
         len,
-        sparse_sync::data_extents(file, 0..len),
+        corral_disk::sparse::data_extents(file, 0..len),
         |buf, off| read_up_to(file, buf, off),
         ctl,
     )
@@ -62,7 +62,7 @@ pub fn checksum_file(file: &File, ctl: &JobControl) -> std::io::Result<Option<St
 /// The `sha512-layout` checksum of sparse content (a v2 snapshot lvol's own blocks, the layout of a v1 snapshot
 /// file), so a v1 file and the v2 lvol received from it (or sent to it) hash the same.
 pub fn checksum_content(
-    content: &dyn sparse_sync::SyncContent,
+    content: &dyn corral_disk::sparse::SparseRead,
     ctl: &JobControl,
 ) -> std::io::Result<Option<String>> {
     let len = content.size();

@@ -228,7 +228,7 @@ impl Replica {
             true
         });
         for &(s, e) in &punched {
-            sparse_sync::punch_hole(&head.file, s * BLOCK_SIZE, (e - s) * BLOCK_SIZE)
+            corral_disk::sparse::punch_hole(&head.file, s * BLOCK_SIZE, (e - s) * BLOCK_SIZE)
                 .ctx("punch hole", self.dir.join(&head.name))?;
             map.clear(s, e);
         }
@@ -236,7 +236,7 @@ impl Replica {
         for (i, l) in chain.layers[..chain.layers.len() - 1].iter().enumerate().rev() {
             let idx = LayerIndex::try_from(i).unwrap_or(LayerIndex::MAX);
             for &(s, e) in &punched {
-                for r in sparse_sync::data_extents(&l.file, s * BLOCK_SIZE..e * BLOCK_SIZE) {
+                for r in corral_disk::sparse::data_extents(&l.file, s * BLOCK_SIZE..e * BLOCK_SIZE) {
                     let r = r.ctx("seek data", self.dir.join(&l.name))?;
                     let (rs, re) = ((r.start / BLOCK_SIZE).max(s), r.end.div_ceil(BLOCK_SIZE).min(e));
                     let mut gaps = Vec::new();

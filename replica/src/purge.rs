@@ -153,7 +153,7 @@ impl Replica {
             target.set_len(src_len).ctx("truncate", &sp)?;
         }
         let mut buf = vec![0u8; COPY_CHUNK];
-        for r in sparse_sync::data_extents(&source, 0..src_len) {
+        for r in corral_disk::sparse::data_extents(&source, 0..src_len) {
             let r = r.ctx("seek data", &cp)?;
             let mut pos = r.start;
             while pos < r.end {
@@ -230,7 +230,7 @@ impl Replica {
             });
             for &(s, e) in &runs {
                 let (bs, be) = (s * BLOCK_SIZE, (e * BLOCK_SIZE).min(snap_len));
-                sparse_sync::punch_hole(&target, bs, be - bs).ctx("punch hole", &sp)?;
+                corral_disk::sparse::punch_hole(&target, bs, be - bs).ctx("punch hole", &sp)?;
             }
             drop(chain);
             match runs.last() {

@@ -15,11 +15,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use corral_disk::sparse::LayoutMode;
 use corral_proto::ReplicaAddress;
 use corral_proto::v1::{self, sync_agent_service_client::SyncAgentServiceClient};
 use data_protocol::ServerMetrics;
 use sparse_sync::receiver::{Receiver, ReceiverConfig};
-use sparse_sync::{LayoutMode, Pace, Progress};
+use sparse_sync::{Pace, Progress};
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -467,7 +468,7 @@ async fn copy_local_from(
         return Ok(());
     }
     let (_, f) = src.files.first().ok_or("no file listed")?;
-    let content = sparse_sync::FileContent::from_file(
+    let content = corral_disk::sparse::FileContent::from_file(
         f.try_clone().map_err(|e| e.to_string())?,
         &src.dir.join(&disk.name),
         LayoutMode::SeekData,
@@ -518,7 +519,7 @@ pub async fn file_send(
     }
     let p = path.clone();
     let content =
-        tokio::task::spawn_blocking(move || sparse_sync::FileContent::open(&p, LayoutMode::SeekData))
+        tokio::task::spawn_blocking(move || corral_disk::sparse::FileContent::open(&p, LayoutMode::SeekData))
             .await
             .map_err(|e| ReplicaError::InvalidArgument(e.to_string()))?
             .map_err(|e| ReplicaError::io("open", &path, e))?;
@@ -529,7 +530,7 @@ pub async fn file_send(
 /// Sends one snapshot's content (a v1 file or a v2 snapshot lvol) as `req` asks: its receiver, fast sync
 /// (`recorded`: the file's checksum record, if any), the rebuild's rate limit.
 pub(crate) async fn send_snapshot(
-    content: Arc<dyn sparse_sync::SyncContent>,
+    content: Arc<dyn corral_disk::sparse::SparseRead>,
     recorded: Option<sparse_sync::FileChecksum>,
     req: &v1::FileSendRequest,
 ) -> Result<v1::FileSendResponse, ReplicaError> {

@@ -16,16 +16,16 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::content::{FileContent, SyncContent, read_ranges};
 use crate::local::{LocalError, LocalSummary, write_pieces};
 use crate::plan::{Work, plan};
 use crate::progress::Progress;
+use corral_disk::sparse::{FileContent, SparseRead, read_ranges};
 
-/// A [`SyncContent`] whose data lives in files at the same offsets, so it can be copied by the kernel.
-pub trait FileExtents: SyncContent {
+/// A [`SparseRead`] whose data lives in files at the same offsets, so it can be copied by the kernel.
+pub trait FileExtents: SparseRead {
     /// Appends to `out` the pieces of `range` (a data range of this content), in order and covering it exactly:
     /// each with the file that holds those bytes at the same offsets, or `None` for a piece only
-    /// [`SyncContent::read_exact_at`] can read.
+    /// [`SparseRead::read_exact_at`] can read.
     fn files_of<'a>(&'a self, range: Range<u64>, out: &mut Vec<(Range<u64>, Option<&'a File>)>);
 }
 
@@ -279,7 +279,7 @@ mod tests {
     use std::os::unix::fs::FileExt;
 
     use super::*;
-    use crate::layout::{LayoutMode, data_ranges};
+    use corral_disk::sparse::{LayoutMode, data_ranges};
 
     /// Alternating 4 KiB of data and a 4 KiB hole over `len` bytes, under /var/tmp (a disk file system).
     fn fragmented(len: u64) -> tempfile::NamedTempFile {
@@ -377,11 +377,11 @@ mod tests {
         upper: FileContent,
     }
 
-    impl SyncContent for Layered {
+    impl SparseRead for Layered {
         fn size(&self) -> u64 {
             self.lower.size()
         }
-        fn data_ranges(&self, range: Range<u64>) -> crate::DataRanges<'_> {
+        fn data_ranges(&self, range: Range<u64>) -> corral_disk::sparse::DataRanges<'_> {
             Box::new(std::iter::once(Ok(range)))
         }
         fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()> {

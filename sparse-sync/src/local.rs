@@ -9,10 +9,10 @@ use std::os::unix::fs::FileExt;
 use serde::Serialize;
 use tokio_util::sync::CancellationToken;
 
-use crate::content::{SyncContent, read_ranges};
-use crate::layout::punch_hole;
 use crate::plan::{DEFAULT_BATCH_SIZE, Work, plan};
 use crate::progress::Progress;
+use corral_disk::sparse::punch_hole;
+use corral_disk::sparse::{SparseRead, read_ranges};
 
 /// Errors of local operations, with the offset where they happened.
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +63,7 @@ pub struct LocalSummary {
 
 /// Copies `src` into `dst` (truncated first, then sized to `src`): data is written, holes stay holes.
 pub fn copy(
-    src: &dyn SyncContent,
+    src: &dyn SparseRead,
     dst: &File,
     progress: &Progress,
     cancel: &CancellationToken,
@@ -82,7 +82,7 @@ pub fn copy(
 /// leave the parent's older data in place. A parent smaller than the child is grown first (expansion); a larger
 /// parent keeps its size.
 pub fn fold(
-    child: &dyn SyncContent,
+    child: &dyn SparseRead,
     parent: &File,
     progress: &Progress,
     cancel: &CancellationToken,
@@ -97,7 +97,7 @@ pub fn fold(
 /// hides those bytes. A parent smaller than the child is grown first.
 pub fn prune(
     parent: &File,
-    child: &dyn SyncContent,
+    child: &dyn SparseRead,
     progress: &Progress,
     cancel: &CancellationToken,
 ) -> Result<LocalSummary, LocalError> {
@@ -152,7 +152,7 @@ fn grow_to(file: &File, size: u64) -> Result<(), LocalError> {
 
 /// Writes every data range of `src` to the same offsets of `dst`; holes are skipped.
 fn write_data(
-    src: &dyn SyncContent,
+    src: &dyn SparseRead,
     dst: &File,
     progress: &Progress,
     cancel: &CancellationToken,

@@ -10,10 +10,10 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use corral_daemon::cli::RunKind;
 use corral_daemon::output::emit;
+use corral_disk::sparse::{FileContent, LayoutMode, SparseRead};
 use serde::Serialize;
 use sparse_sync::{
-    CancellationToken, FileContent, LayoutMode, LocalSummary, Progress, ReceiveOutcome, Receiver,
-    ReceiverConfig, SendOptions, SyncContent, record,
+    CancellationToken, LocalSummary, Progress, ReceiveOutcome, Receiver, ReceiverConfig, SendOptions, record,
 };
 
 #[derive(Parser)]

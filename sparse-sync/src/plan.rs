@@ -1,4 +1,4 @@
-//! Cuts a [`SyncContent`]'s layout into units of work: batches of data ranges (at most `batch_size` bytes, large
+//! Cuts a [`SparseRead`]'s layout into units of work: batches of data ranges (at most `batch_size` bytes, large
 //! extents split on a `batch_size` grid so a dense file batches identically from run to run) and runs of holes.
 //! Used by local copy/fold/prune and by the sender; the cut depends only on the source's layout, which keeps
 //! batches comparable between a transfer and its resumption.
@@ -6,7 +6,7 @@
 use std::io;
 use std::ops::Range;
 
-use crate::content::SyncContent;
+use corral_disk::sparse::SparseRead;
 
 /// Default bytes of data per batch.
 pub const DEFAULT_BATCH_SIZE: u64 = 2 << 20;
@@ -36,7 +36,7 @@ impl Work {
 /// Walks `src`'s layout over its whole size and hands each unit to `emit`, holes and data interleaved.
 /// A source whose ranges are unsorted, overlapping or past its size is reported as `InvalidData`.
 pub(crate) fn plan<E>(
-    src: &dyn SyncContent,
+    src: &dyn SparseRead,
     batch_size: u64,
     mut emit: impl FnMut(Work) -> Result<(), E>,
     layout_error: impl Fn(io::Error) -> E,
@@ -121,10 +121,10 @@ pub(crate) fn plan<E>(
 )]
 mod tests {
     use super::*;
-    use crate::layout::DataRanges;
+    use corral_disk::sparse::DataRanges;
 
     struct Layout(u64, Vec<Range<u64>>);
-    impl SyncContent for Layout {
+    impl SparseRead for Layout {
         fn size(&self) -> u64 {
             self.0
         }

@@ -11,9 +11,9 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
-use crate::content::{SyncContent, read_ranges};
 use crate::plan::{DEFAULT_BATCH_SIZE, Work, plan};
 use crate::wire::FileChecksum;
+use corral_disk::sparse::{SparseRead, read_ranges};
 
 /// Method name of [`content_checksum`].
 pub const CONTENT_CHECKSUM_METHOD: &str = "xxh3-128-layout";
@@ -129,7 +129,7 @@ pub fn remove_record(file: &Path) -> io::Result<()> {
 
 /// Checksum of a source's content *and* layout ([`CONTENT_CHECKSUM_METHOD`]): xxh3-128 over each data range's
 /// offsets and bytes plus the size, so two files with equal bytes but different holes differ. Reads only data.
-pub fn content_checksum(src: &dyn SyncContent, cancel: &CancellationToken) -> io::Result<FileChecksum> {
+pub fn content_checksum(src: &dyn SparseRead, cancel: &CancellationToken) -> io::Result<FileChecksum> {
     let mut hasher = xxhash_rust::xxh3::Xxh3::new();
     hasher.update(&src.size().to_le_bytes());
     let (mut buf, mut scratch) = (Vec::new(), Vec::new());

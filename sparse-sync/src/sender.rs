@@ -1,4 +1,4 @@
-//! The sending side of the sync protocol: streams a [`SyncContent`] to a receiver.
+//! The sending side of the sync protocol: streams a [`SparseRead`] to a receiver.
 //!
 //! A blocking producer walks the source's layout and feeds a bounded queue of work (2 MiB data batches, runs of
 //! holes); several workers take from it, each with its own request in flight. When the receiver already holds
@@ -18,13 +18,13 @@ use serde::Serialize;
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
 
-use crate::content::{SyncContent, read_ranges_into};
 use crate::plan::{DEFAULT_BATCH_SIZE, Work, plan};
 use crate::progress::Progress;
 use crate::wire::{
     ChecksumReply, CloseReply, CloseRequest, ErrorBody, FileChecksum, OpenReply, RANGE_ENTRY, RANGES_HEADER,
     encode_ranges,
 };
+use corral_disk::sparse::{SparseRead, read_ranges_into};
 
 /// How a transfer runs.
 #[derive(Debug, Clone)]
@@ -140,7 +140,7 @@ struct Counters {
 
 /// Sends `content` to the receiver at `to` (`HOST:PORT` or an `http://` URL).
 pub async fn send(
-    content: Arc<dyn SyncContent>,
+    content: Arc<dyn SparseRead>,
     to: &str,
     opts: &SendOptions,
     progress: &Progress,
@@ -252,7 +252,7 @@ impl RateLimiter {
 #[derive(Clone, Copy)]
 struct Worker<'a> {
     client: &'a Client,
-    content: &'a Arc<dyn SyncContent>,
+    content: &'a Arc<dyn SparseRead>,
     session: u64,
     existing: bool,
     rx: &'a Mutex<mpsc::Receiver<Work>>,

@@ -12,8 +12,9 @@ use std::ops::Range;
 use std::os::unix::fs::FileExt;
 
 use common::*;
+use corral_disk::sparse::{FileContent, LayoutMode};
 use proptest::prelude::*;
-use sparse_sync::{CancellationToken, FileContent, LayoutMode, LocalError, Progress, copy, fold, prune};
+use sparse_sync::{CancellationToken, LocalError, Progress, copy, fold, prune};
 
 fn open_rw(path: &std::path::Path) -> File {
     File::options()

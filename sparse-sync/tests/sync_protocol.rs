@@ -16,12 +16,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use sparse_sync::layout::DataRanges;
+use corral_disk::sparse::DataRanges;
+use corral_disk::sparse::{FileContent, LayoutMode, SparseRead};
 use sparse_sync::receiver::partial_path;
 use sparse_sync::wire::{ErrorBody, OpenReply, encode_ranges};
 use sparse_sync::{
-    CancellationToken, FileContent, LayoutMode, Progress, ReceiveOutcome, ReceiveSummary, Receiver,
-    ReceiverConfig, SendError, SendOptions, SendSummary, SyncContent, record, send,
+    CancellationToken, Progress, ReceiveOutcome, ReceiveSummary, Receiver, ReceiverConfig, SendError,
+    SendOptions, SendSummary, record, send,
 };
 use tokio::task::JoinHandle;
 
@@ -247,7 +248,7 @@ impl FlattenedChain {
     }
 }
 
-impl SyncContent for FlattenedChain {
+impl SparseRead for FlattenedChain {
     fn size(&self) -> u64 {
         self.size
     }
@@ -387,7 +388,7 @@ async fn partial_file_kept_by_a_stopped_receiver_is_resumed_by_the_next_receiver
     let mut config = ReceiverConfig::new(&dst);
     config.keep_partial = true;
     let (addr, first) = start_receiver(config).await;
-    let content: Arc<dyn SyncContent> = Arc::new(FileContent::open(&src, LayoutMode::SeekData).unwrap());
+    let content: Arc<dyn SparseRead> = Arc::new(FileContent::open(&src, LayoutMode::SeekData).unwrap());
     // ~12 MiB of data at 2 MiB/s: the cancel at a third leaves ~4 s of sending, so a loaded machine's polling
     // delay cannot let the transfer finish first (at 16 MiB/s it once did, under CI load).
     let opts = SendOptions {

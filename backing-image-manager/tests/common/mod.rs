@@ -28,7 +28,7 @@ impl Disk {
             .prefix("bim-disk-")
             .tempdir_in("/var/tmp")
             .unwrap();
-        corral_daemon::disk::write_disk_config(dir.path(), uuid).unwrap();
+        corral_disk::identity::write_disk_config(dir.path(), uuid).unwrap();
         Disk {
             dir,
             uuid: uuid.to_owned(),

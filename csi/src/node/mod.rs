@@ -40,7 +40,7 @@ fn required<'a>(what: &str, v: &'a str) -> CsiResult<&'a str> {
 /// Volume IDs become file names in the state directory: only manager volume names are accepted.
 fn volume_name(id: &str) -> CsiResult<&str> {
     let id = required("volume_id", id)?;
-    corral_daemon::disk::check_path_component("volume_id", id)
+    corral_disk::identity::check_path_component("volume_id", id)
         .map_err(|_| CsiError::NotFound(format!("volume {id:?} is not a Corral volume")))?;
     Ok(id)
 }

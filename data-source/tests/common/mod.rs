@@ -23,7 +23,7 @@ pub const DISK_UUID: &str = "disk-0f6e9a4e";
 /// A disk directory with its identity file.
 pub fn disk() -> tempfile::TempDir {
     let d = tempfile::tempdir_in("/var/tmp").unwrap();
-    corral_daemon::disk::write_disk_config(d.path(), DISK_UUID).unwrap();
+    corral_disk::identity::write_disk_config(d.path(), DISK_UUID).unwrap();
     d
 }
 

@@ -955,7 +955,7 @@ mod tests {
         {
             assert_eq!(
                 NAME.is_match(s),
-                corral_daemon::disk::check_path_component("x", s).is_ok(),
+                corral_disk::identity::check_path_component("x", s).is_ok(),
                 "{s:?}"
             );
         }

@@ -262,7 +262,7 @@ async fn monitor(
 }
 
 async fn spawn(ctx: &Ctx, local: &Supervisor, name: &str, ds: &BackingImageDataSource) -> anyhow::Result<()> {
-    corral_daemon::disk::verify_disk(std::path::Path::new(&ds.spec.disk_path), &ds.spec.disk_uuid)?;
+    corral_disk::identity::verify_disk(std::path::Path::new(&ds.spec.disk_path), &ds.spec.disk_uuid)?;
     let mut args = vec![
         "serve".to_owned(),
         "--listen".to_owned(),

@@ -24,10 +24,10 @@ fn disk_status(path: &Path, spec: &DiskSpec) -> DiskStatus {
         st.error = format!("cannot create {}: {e}", path.display());
         return st;
     }
-    match corral_daemon::disk::verify_disk(path, uuid) {
+    match corral_disk::identity::verify_disk(path, uuid) {
         Ok(()) => {}
-        Err(corral_daemon::disk::DiskIdentityError::Missing { .. }) => {
-            if let Err(e) = corral_daemon::disk::write_disk_config(path, uuid) {
+        Err(corral_disk::identity::DiskIdentityError::Missing { .. }) => {
+            if let Err(e) = corral_disk::identity::write_disk_config(path, uuid) {
                 st.error = format!("cannot write the disk identity in {}: {e}", path.display());
                 return st;
             }

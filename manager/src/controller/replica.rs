@@ -128,7 +128,7 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
             r.spec.disk, ctx.cfg.node_id
         )
     })?;
-    corral_daemon::disk::verify_disk(std::path::Path::new(&disk.path), &r.spec.disk_uuid)?;
+    corral_disk::identity::verify_disk(std::path::Path::new(&disk.path), &r.spec.disk_uuid)?;
     // Its previous ports when it reported them (the engine keeps the replica's address), else port 0.
     let prev = r.status.process.as_ref();
     let host = &ctx.cfg.host;

@@ -284,7 +284,7 @@ async fn add_disk(
     let local = n.data.spec.host == ctx.cfg.host || node == ctx.cfg.node_id;
     let lvstore_size = crate::v2::service::check_disk(&req, local)?;
     // A directory that already is a Corral disk keeps its identity.
-    let uuid = match corral_daemon::disk::read_disk_config(path) {
+    let uuid = match corral_disk::identity::read_disk_config(path) {
         Ok(c) if local => c.disk_uuid,
         _ => uuid::Uuid::new_v4().to_string(),
     };

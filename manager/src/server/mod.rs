@@ -76,7 +76,7 @@ async fn register_node(db: &Db, cfg: &ServerConfig, address: &str) -> Result<(),
             }
             None => {
                 let disk_path = cfg.data_dir.join("disks").join("default");
-                let uuid = corral_daemon::disk::read_disk_config(&disk_path)
+                let uuid = corral_disk::identity::read_disk_config(&disk_path)
                     .map_or_else(|_| uuid::Uuid::new_v4().to_string(), |c| c.disk_uuid);
                 let spec = NodeSpec {
                     address: address.to_owned(),
@@ -116,7 +116,7 @@ async fn register_node(db: &Db, cfg: &ServerConfig, address: &str) -> Result<(),
 }
 
 pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result<()> {
-    corral_daemon::disk::check_path_component("node id", &cfg.node_id).map_err(anyhow::Error::msg)?;
+    corral_disk::identity::check_path_component("node id", &cfg.node_id).map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("create {}", cfg.data_dir.display()))?;
     let data_dir = cfg.data_dir.canonicalize()?;
     let cfg = ServerConfig { data_dir, ..cfg };

@@ -180,7 +180,7 @@ async fn reconcile_disk(ctx: &Ctx, sup: &Supervisor, disk: &str, spec: &DiskSpec
     let path = std::path::PathBuf::from(&spec.path);
     let (uuid, size) = (spec.disk_uuid.clone(), spec.lvstore_size);
     let prepared = tokio::task::spawn_blocking(move || {
-        corral_daemon::disk::verify_disk(&path, &uuid).map_err(|e| e.to_string())?;
+        corral_disk::identity::verify_disk(&path, &uuid).map_err(|e| e.to_string())?;
         super::device::prepare(&path, size)
     })
     .await?;

@@ -354,9 +354,9 @@ impl BackingImages {
         self: &Arc<Self>,
         req: v1::BackingImageCreateRequest,
     ) -> Result<v1::BackingImageV2CopyInfo> {
-        corral_daemon::disk::check_path_component("backing image name", &req.name)
+        corral_disk::identity::check_path_component("backing image name", &req.name)
             .map_err(ReplicaError::InvalidArgument)?;
-        corral_daemon::disk::check_path_component("backing image uuid", &req.backing_image_uuid)
+        corral_disk::identity::check_path_component("backing image uuid", &req.backing_image_uuid)
             .map_err(ReplicaError::InvalidArgument)?;
         check_checksum(&req.checksum)?;
         if !req.size.is_multiple_of(BLOCK as u64) {
@@ -389,7 +389,7 @@ impl BackingImages {
             }
         };
         let lvol = copy_lvol(&req.name, &self.lvs_uuid);
-        corral_daemon::disk::check_path_component("backing image lvol name", &temp_head(&lvol))
+        corral_disk::identity::check_path_component("backing image lvol name", &temp_head(&lvol))
             .map_err(|e| ReplicaError::InvalidArgument(format!("backing image name too long: {e}")))?;
         let mut copies = lock(&self.copies);
         if copies.contains_key(&req.name) || self.store.lookup(&lvol).is_ok() {

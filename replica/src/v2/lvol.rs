@@ -1136,7 +1136,7 @@ impl LvolReplica {
             self.store.create_lvol(&w, size).map_err(|e| self.err(e))?
         };
         let mut buf = vec![0u8; 1 << 20];
-        for r in sparse_sync::data_extents(&file, 0..size) {
+        for r in corral_disk::sparse::data_extents(&file, 0..size) {
             let r = r.map_err(|e| ReplicaError::io("seek data in", staged, e))?;
             let mut off = r.start;
             while off < r.end {
@@ -1574,7 +1574,7 @@ mod tests {
         assert_eq!(s.check().unwrap().leaked_clusters, 0);
         // The sent view of a snapshot is its own blocks only.
         let (view, _g) = r.snapshot_for_sending("volume-snap-rebuild-x.img").unwrap();
-        use sparse_sync::SyncContent;
+        use corral_disk::sparse::SparseRead;
         let ranges: Vec<_> = view.data_ranges(0..1 << 20).map(Result::unwrap).collect();
         assert_eq!(ranges, [0..4096]);
         assert!(r.purge(&JobControl::default()).is_err(), "no purge while sending");

@@ -2,7 +2,7 @@
 //! replicas rebuild from each other).
 //!
 //! - **Source** (`FileSend`): a snapshot lvol is sent read-only as
-//!   [`LvolSnapshot`](super::snapshot_view::LvolSnapshot), a [`SyncContent`](sparse_sync::SyncContent) whose data
+//!   [`LvolSnapshot`](super::snapshot_view::LvolSnapshot), a [`SparseRead`](corral_disk::sparse::SparseRead) whose data
 //!   ranges are the blocks the snapshot holds itself (what a v1 snapshot file holds), read from the lvstore.
 //! - **Target** (`FilesSync`): each snapshot, parents first, is received by the sparse-sync receiver into a
 //!   staging file in the daemon's scratch directory, then written into the store as `NAME.rcvw.SNAP` (a clone of

@@ -5,8 +5,8 @@ use std::io;
 use std::ops::Range;
 use std::sync::Arc;
 
+use corral_disk::sparse::{DataRanges, SparseRead};
 use lvstore::{BlobId, LvStore};
-use sparse_sync::{DataRanges, SyncContent};
 
 /// A snapshot lvol as sparse content: its own blocks are data, the rest (what it reads through to its parent, or
 /// zeros) holes — the layout of a v1 snapshot file.
@@ -43,7 +43,7 @@ fn io_err(e: &lvstore::Error) -> io::Error {
     io::Error::other(e.to_string())
 }
 
-impl SyncContent for LvolSnapshot {
+impl SparseRead for LvolSnapshot {
     fn size(&self) -> u64 {
         self.size
     }

@@ -13,8 +13,8 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 
 use super::ReceiveError;
-use crate::aligned::{AlignedBuf, DIRECT_IO_ALIGN};
 use crate::wire::{MAX_PAYLOAD, RANGES_HEADER, RangeError, decode_table, table_len};
+use corral_disk::sparse::{AlignedBuf, DIRECT_IO_ALIGN};
 
 /// Bytes staged in the aligned buffer before one `O_DIRECT` write.
 pub(super) const DIRECT_CHUNK: usize = 1 << 20;

@@ -17,11 +17,11 @@ use futures::StreamExt;
 
 use super::payload::{Out, PayloadWriter};
 use super::{Dest, ReceiveError, ReceiveOutcome, Session, Shared, TransferState, lock};
-use crate::layout::{data_extents, punch_hole};
 use crate::record;
 use crate::wire::{
     ChecksumReply, CloseReply, CloseRequest, FileChecksum, OpenQuery, OpenReply, SessionQuery, decode_ranges,
 };
+use corral_disk::sparse::{data_extents, punch_hole};
 
 async fn blocking<T: Send + 'static>(
     f: impl FnOnce() -> Result<T, ReceiveError> + Send + 'static,

@@ -1,4 +1,4 @@
-//! [`SyncContent`]: anything that can report its size, list its data ranges and read at offsets. Plain files
+//! [`SparseRead`]: anything that can report its size, list its data ranges and read at offsets. Plain files
 //! implement it through [`FileContent`]; a replica implements it for a snapshot flattened over its chain, so the
 //! same copy and sync code streams either without a temporary file.
 
@@ -9,13 +9,13 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::layout::{DataRanges, LayoutMode, data_ranges};
+use super::layout::{DataRanges, LayoutMode, data_ranges};
 
 /// A source of sparse content: a logical size, the ranges that hold data, and positional reads.
 ///
 /// Reads are blocking and take `&self`, so several worker threads read one source at once. Bytes outside the
 /// data ranges (holes) read as zeros and are never transferred.
-pub trait SyncContent: Send + Sync {
+pub trait SparseRead: Send + Sync {
     /// Logical size in bytes; reads past it are out of range.
     fn size(&self) -> u64;
 
@@ -27,7 +27,7 @@ pub trait SyncContent: Send + Sync {
     fn read_exact_at(&self, buf: &mut [u8], offset: u64) -> io::Result<()>;
 }
 
-impl<T: SyncContent + ?Sized> SyncContent for Arc<T> {
+impl<T: SparseRead + ?Sized> SparseRead for Arc<T> {
     fn size(&self) -> u64 {
         (**self).size()
     }
@@ -39,7 +39,7 @@ impl<T: SyncContent + ?Sized> SyncContent for Arc<T> {
     }
 }
 
-impl<T: SyncContent + ?Sized> SyncContent for &T {
+impl<T: SparseRead + ?Sized> SparseRead for &T {
     fn size(&self) -> u64 {
         (**self).size()
     }
@@ -51,7 +51,7 @@ impl<T: SyncContent + ?Sized> SyncContent for &T {
     }
 }
 
-/// A plain file as [`SyncContent`]; its size is taken once, when it is opened.
+/// A plain file as [`SparseRead`]; its size is taken once, when it is opened.
 #[derive(Debug)]
 pub struct FileContent {
     file: File,
@@ -89,7 +89,7 @@ impl FileContent {
     }
 }
 
-impl SyncContent for FileContent {
+impl SparseRead for FileContent {
     fn size(&self) -> u64 {
         self.size
     }
@@ -122,8 +122,8 @@ const COALESCE_SPAN: u64 = 1 << 20;
 
 /// Appends the content of `ranges` (ascending, non-overlapping) to `out`, reading neighbouring small ranges with
 /// one read. `scratch` is reused between calls.
-pub(crate) fn read_ranges(
-    src: &dyn SyncContent,
+pub fn read_ranges(
+    src: &dyn SparseRead,
     ranges: &[Range<u64>],
     out: &mut Vec<u8>,
     scratch: &mut Vec<u8>,
@@ -136,8 +136,8 @@ pub(crate) fn read_ranges(
 
 /// Fills `out`, exactly as long as `ranges` (ascending, non-overlapping) together, with their content, reading
 /// neighbouring small ranges with one read: a caller reusing a buffer of the right length pays no zeroing.
-pub(crate) fn read_ranges_into(
-    src: &dyn SyncContent,
+pub fn read_ranges_into(
+    src: &dyn SparseRead,
     ranges: &[Range<u64>],
     out: &mut [u8],
     scratch: &mut Vec<u8>,

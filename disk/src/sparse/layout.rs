@@ -79,7 +79,7 @@ pub enum LayoutMode {
     Fiemap,
 }
 
-/// Boxed iterator over ascending, non-overlapping data ranges (what [`crate::SyncContent`] hands out).
+/// Boxed iterator over ascending, non-overlapping data ranges (what [`SparseRead`](super::SparseRead) hands out).
 pub type DataRanges<'a> = Box<dyn Iterator<Item = io::Result<Range<u64>>> + Send + 'a>;
 
 /// Data ranges of `file` within `range`, discovered the way `mode` says. Adjacent extents are merged.

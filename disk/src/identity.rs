@@ -1,6 +1,6 @@
 //! A Corral disk directory: its identity file, checked by every daemon that keeps files on a disk (data-source,
 //! backing-image manager, manager), and the names allowed as path components in it. Files on it are written
-//! with [`corral_disk::durable`].
+//! with [`crate::durable`].
 //!
 //! `<disk>/corral-disk.cfg` holds `{"diskUUID": "..."}`. The manager writes it when a disk is added; every daemon
 //! started on the disk gets the UUID on its command line and checks it, so a daemon pointed at the wrong directory
@@ -81,7 +81,7 @@ pub fn write_disk_config(dir: &Path, disk_uuid: &str) -> io::Result<()> {
         disk_uuid: disk_uuid.to_owned(),
     };
     let bytes = serde_json::to_vec_pretty(&cfg).map_err(io::Error::other)?;
-    corral_disk::durable::write_atomic(&dir.join(DISK_CONFIG_FILE), &bytes)
+    crate::durable::write_atomic(&dir.join(DISK_CONFIG_FILE), &bytes)
 }
 
 /// Checks a name that becomes one component of a path on disk (an image name, a uuid, a volume name): 1–200
