@@ -21,12 +21,29 @@ pub fn temp_path(path: &Path) -> PathBuf {
 
 /// Replaces `path` with `bytes`: writes `<path>.tmp`, fsyncs it, renames it over `path`, fsyncs the directory.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
+    write_atomic_inner(path, bytes, None)
+}
+
+/// [`write_atomic`] with the file's permission bits set to `mode` (e.g. `0o600` for a private key) before any
+/// byte is written, whatever the umask or a stale temporary file had: the content is never readable by more than
+/// `mode` allows, not even for a moment.
+pub fn write_atomic_mode(path: &Path, bytes: &[u8], mode: u32) -> io::Result<()> {
+    write_atomic_inner(path, bytes, Some(mode))
+}
+
+fn write_atomic_inner(path: &Path, bytes: &[u8], mode: Option<u32>) -> io::Result<()> {
+    use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
     let tmp = temp_path(path);
-    let mut f = OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&tmp)?;
+    let mut opts = OpenOptions::new();
+    opts.write(true).create(true).truncate(true);
+    if let Some(mode) = mode {
+        opts.mode(mode);
+    }
+    let mut f = opts.open(&tmp)?;
+    if let Some(mode) = mode {
+        // A temporary file left by a crash keeps its old mode through open(O_CREAT); the umask narrows a new one.
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+    }
     f.write_all(bytes)?;
     publish(&f, &tmp, path)
 }
@@ -71,6 +88,18 @@ mod tests {
         assert_eq!(fs::read(&path).unwrap(), b"new content");
         assert!(!temp_path(&path).exists());
         assert_eq!(fs::read_dir(dir.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn write_atomic_mode_sets_the_mode_even_over_a_stale_temporary_file() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("tls.key");
+        fs::write(temp_path(&path), b"stale").unwrap();
+        fs::set_permissions(temp_path(&path), fs::Permissions::from_mode(0o666)).unwrap();
+        write_atomic_mode(&path, b"secret", 0o600).unwrap();
+        assert_eq!(fs::read(&path).unwrap(), b"secret");
+        assert_eq!(fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
     }
 
     #[test]
