@@ -379,6 +379,13 @@ pub struct EngineStatus {
     #[serde(default)]
     pub frontend_disabled: bool,
     pub message: String,
+    /// The generation the engine process was started with (`--generation`; see [`crate::engine_generation`]).
+    #[serde(default)]
+    pub generation: u64,
+    /// The last time an engine of this document was found fenced (a replica accepted a newer generation) and
+    /// stopped: the engine's own words, "fenced by generation N > M (replica ADDRESS)". Kept across restarts.
+    #[serde(default)]
+    pub last_fenced: String,
 }
 
 impl Resource for Engine {

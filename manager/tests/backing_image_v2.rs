@@ -423,6 +423,7 @@ fn read_each_replica_alone(m: &Manager, dir: &Path, vol: &str) -> std::collectio
         .build()
         .unwrap();
     let counter_disabled = v["revisionCounterDisabled"].as_bool().unwrap_or(false);
+    let generation = v["engineGeneration"].as_u64().unwrap_or(0).to_string();
     let mut sums = std::collections::BTreeMap::new();
     for r in v["replicas"].as_array().unwrap() {
         let (name, disk) = (r["name"].as_str().unwrap(), r["disk"].as_str().unwrap());
@@ -444,6 +445,9 @@ fn read_each_replica_alone(m: &Manager, dir: &Path, vol: &str) -> std::collectio
             .label(format!("engine-{name}"))
             .args(["serve", "--volume", vol, "--size", &VOLUME_SIZE.to_string()])
             .args(["--listen", "127.0.0.1:0", "--replica", &address])
+            // The last generation the manager handed out: at or above what the replica recorded (it would refuse
+            // a lower one), and the manager's next attach is above it.
+            .args(["--generation", &generation])
             .arg("--nbd-listen")
             .arg(format!("unix:{}", socket.display()));
         if counter_disabled {

@@ -426,6 +426,10 @@ fn components() -> Value {
             "address": {"type": "string"},
             "pid": nullable(json!({"type": "integer"})),
             "restarts": {"type": "integer", "minimum": 0},
+            "generation": {"type": "integer", "format": "int64", "minimum": 0,
+                "description": "the generation the running engine was started with"},
+            "lastFenced": {"type": "string",
+                "description": "the last time an engine of the volume was fenced by a newer generation and stopped"},
         }
     }));
     let node = json!({
@@ -528,6 +532,8 @@ fn components() -> Value {
                 "replicas": {"type": "array", "items": {"$ref": "#/components/schemas/Replica"}},
                 "dataSource": nullable(json!({"type": "string"})),
                 "cloneStatus": clone_status,
+                "engineGeneration": {"type": "integer", "format": "int64", "minimum": 0,
+                    "description": "the last engine generation handed out for the volume (issue 39 fencing)"},
             }
         },
         "Node": node,

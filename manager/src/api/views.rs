@@ -151,6 +151,12 @@ pub struct EngineView {
     pub address: String,
     pub pid: Option<i32>,
     pub restarts: u32,
+    /// The generation the running engine was started with (0: not started yet).
+    #[serde(default)]
+    pub generation: u64,
+    /// The last time an engine of the volume was found fenced by a newer generation and stopped (empty: never).
+    #[serde(default)]
+    pub last_fenced: String,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -185,6 +191,9 @@ pub struct VolumeView {
     /// The clone's progress; attachable for IO once `completed`.
     #[serde(default)]
     pub clone_status: Option<CloneStatusView>,
+    /// The last engine generation the manager handed out for the volume (0: none yet); kept while detached.
+    #[serde(default)]
+    pub engine_generation: u64,
 }
 
 /// A clone as users see it (the controller's bookkeeping left out).
@@ -216,6 +225,13 @@ impl VolumeView {
     pub fn with_clone(mut self, c: Option<&crate::clone::model::VolumeClone>) -> Self {
         self.data_source = c.map(|c| c.data_source.clone());
         self.clone_status = c.map(CloneStatusView::from);
+        self
+    }
+
+    /// The view with the last engine generation handed out for the volume.
+    #[must_use]
+    pub fn with_engine_generation(mut self, generation: u64) -> Self {
+        self.engine_generation = generation;
         self
     }
 }
@@ -256,6 +272,8 @@ impl VolumeView {
                 address: e.data.status.address.clone(),
                 pid: e.data.status.process.as_ref().map(|p| p.pid),
                 restarts: e.data.status.process.as_ref().map_or(0, |p| p.restarts),
+                generation: e.data.status.generation,
+                last_fenced: e.data.status.last_fenced.clone(),
             }),
             replicas: replicas
                 .iter()
@@ -274,6 +292,7 @@ impl VolumeView {
                 .collect(),
             data_source: None,
             clone_status: None,
+            engine_generation: 0,
         }
     }
 }

@@ -242,11 +242,16 @@ async fn start_engine(
     if salvage {
         args.push("--salvage-requested".to_owned());
     }
+    // A new generation for every start, taken last (nothing can fail between taking it and starting): the
+    // replicas refuse every engine of an earlier start from now on, wherever it still runs.
+    let generation = crate::engine_generation::next(&ctx.db, &e.spec.volume).await?;
+    args.extend(["--generation".to_owned(), generation.to_string()]);
     let rec = sup.start(name, args, restarts).await?;
     ctx.metrics.daemon_started();
     tracing::info!(
         engine = name,
         pid = rec.pid,
+        generation,
         salvage,
         frontend = !e.spec.disable_frontend,
         replicas = members.len(),
@@ -262,6 +267,7 @@ async fn start_engine(
             e.status.endpoints.clear();
             e.status.salvage_next = false;
             e.status.frontend_disabled = frontend_disabled;
+            e.status.generation = generation;
             true
         })
         .await?;
@@ -284,8 +290,11 @@ async fn watch_running(
         }
         Err(err) => return Err(err).context("connect to the engine"),
     };
-    let list = c.replica_list(v1::Empty {}).await?.into_inner().replicas;
     let vol = c.volume_get(v1::Empty {}).await?.into_inner();
+    if !vol.fenced.is_empty() {
+        return stop_fenced(ctx, sup, obj, &vol.fenced).await;
+    }
+    let list = c.replica_list(v1::Empty {}).await?.into_inner().replicas;
     let modes: std::collections::BTreeMap<String, String> =
         list.iter().map(|r| (r.address.clone(), r.mode.clone())).collect();
     let rw = list.iter().filter(|r| r.mode == "RW").count();
@@ -477,6 +486,46 @@ async fn watch_running(
         }
     }
     Ok(Some(Duration::from_millis(500)))
+}
+
+/// A replica accepted a newer engine generation than this engine's: another start of the volume's engine took over
+/// (this one is stale and fails all IO). The engine is stopped and the event recorded in the engine's status
+/// (`lastFenced`, shown by `corral volume get`). The document still asks for an engine here, so the next pass starts
+/// one as after a crash — with a new generation and the crash back-off.
+async fn stop_fenced(
+    ctx: &Ctx,
+    sup: &Supervisor,
+    obj: &Object<Engine>,
+    fenced: &str,
+) -> anyhow::Result<Requeue> {
+    let name = &obj.name;
+    tracing::error!(
+        engine = name,
+        generation = obj.data.status.generation,
+        fenced,
+        "engine fenced by a newer generation: stopping it"
+    );
+    if let Some(p) = &obj.data.status.process {
+        sup.stop(name, Some(p), Duration::from_secs(10)).await;
+    }
+    // This document still asks for the engine: the store's intent wins over a generation it never handed out
+    // (an engine started by hand, a store restored from an older backup), so the next start is above it.
+    if let Some(seen) = crate::engine_generation::fencing_generation(fenced) {
+        crate::engine_generation::raise_to(&ctx.db, &obj.data.spec.volume, seen).await?;
+    }
+    let message = format!("stopped: {fenced}");
+    absent_ok(
+        ctx.db
+            .modify::<Engine>(name, |e| {
+                e.status.last_fenced.clone_from(&message);
+                e.status.message.clone_from(&message);
+                e.status.address.clear();
+                e.status.endpoints.clear();
+                true
+            })
+            .await,
+    )?;
+    Ok(Some(Duration::from_millis(100)))
 }
 
 /// A fresh replica (never RW: it holds none of the volume's data yet) that still has the volume's size from before

@@ -71,6 +71,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         .collect();
     let Some(vol) = ctx.db.get::<Volume>(&name).await? else {
         ctx.db.delete_any::<Engine>(&name).await?;
+        crate::engine_generation::forget(&ctx.db, &name).await?;
         for r in &all {
             ctx.db.delete_any::<Replica>(&r.name).await?;
         }

@@ -101,13 +101,20 @@ async fn volume_view(ctx: &Ctx, name: &str) -> Result<VolumeView, ApiError> {
     let e = ctx.db.get::<Engine>(name).await?;
     let rs = ctx.db.list::<Replica>().await?;
     let clone = ctx.db.get::<VolumeClone>(name).await?;
-    Ok(VolumeView::new(&v, e.as_ref(), &rs).with_clone(clone.as_ref().map(|c| &c.data)))
+    let generation = crate::engine_generation::current(&ctx.db, name).await?;
+    Ok(VolumeView::new(&v, e.as_ref(), &rs)
+        .with_clone(clone.as_ref().map(|c| &c.data))
+        .with_engine_generation(generation))
 }
 
 async fn list_volumes(State(ctx): State<Ctx>) -> ApiResult<Vec<VolumeView>> {
     let rs = ctx.db.list::<Replica>().await?;
     let es = ctx.db.list::<Engine>().await?;
     let clones = ctx.db.list::<VolumeClone>().await?;
+    let generations = ctx
+        .db
+        .list::<crate::engine_generation::EngineGeneration>()
+        .await?;
     Ok(Json(
         ctx.db
             .list::<Volume>()
@@ -116,6 +123,12 @@ async fn list_volumes(State(ctx): State<Ctx>) -> ApiResult<Vec<VolumeView>> {
             .map(|v| {
                 VolumeView::new(v, es.iter().find(|e| e.name == v.name), &rs)
                     .with_clone(clones.iter().find(|c| c.name == v.name).map(|c| &c.data))
+                    .with_engine_generation(
+                        generations
+                            .iter()
+                            .find(|g| g.name == v.name)
+                            .map_or(0, |g| g.data.generation),
+                    )
             })
             .collect(),
     ))
