@@ -23,6 +23,8 @@ use crate::config::{
 };
 use crate::error::{BackupStoreError, Result};
 use crate::local::{StagedBlocks, local_error};
+mod policy;
+
 use crate::{BackupStore, GcOptions, Progress, blockmap, join_error, now_rfc3339, validate_name};
 
 /// The snapshot being backed up.
@@ -340,100 +342,22 @@ impl BackupStore {
                 opts.name
             )));
         }
-        let mut vol = match self
-            .get_json::<VolumeConfig>(&self.volume_cfg_path(volume))
-            .await?
-        {
-            Some(v) => v,
-            None => VolumeConfig {
-                format_version: FORMAT_VERSION,
-                name: volume.to_owned(),
-                block_size: check_block_size(opts.block_size.unwrap_or(DEFAULT_BLOCK_SIZE))?,
-                compression: opts.compression.unwrap_or_default(),
-                created: now_rfc3339(),
-                ..Default::default()
-            },
-        };
+        let mut vol = self.volume_config_or_new(opts).await?;
         let bs = vol.block_size;
-
-        // The newest completed backup is the base of an incremental.
-        let done: Vec<BackupConfig> = self
-            .list_backups(volume)
-            .await?
-            .into_iter()
-            .filter(|b| b.state == BackupState::Complete)
-            .collect();
-        if let Some(max) = opts.max_count {
-            check_max_count(volume, done.len(), max, opts.retain)?;
-        }
-        let last = done
-            .into_iter()
-            .max_by(|a, b| (&a.completed, &a.name).cmp(&(&b.completed, &b.name)));
+        let last = self.newest_complete(opts).await?;
         let delta_max = opts.delta_max.max(1);
         let src = source.clone();
-        let chain_ended = tokio::task::spawn_blocking(move || src.chain_ended())
-            .await
-            .map_err(|e| join_error(&e))?;
-        let src = source.clone();
-        let decision: std::result::Result<(BackupConfig, String, Vec<Range<u64>>), FullReason> =
-            match (&last, opts.mode) {
-                (_, BackupMode::Full) => Err(FullReason::Requested),
-                (None, _) => Err(FullReason::FirstBackup),
-                (Some(_), _) if !opts.incremental => Err(FullReason::IncrementalDisabled),
-                (Some(_), _) if chain_ended.is_some() => {
-                    Err(FullReason::ChainEnded(chain_ended.clone().unwrap_or_default()))
-                }
-                // `incremental` mode goes past delta-max, never past a chain ended for another reason.
-                (Some(l), m)
-                    if l.end_of_chain
-                        && !(m == BackupMode::Incremental
-                            && matches!(l.chain_end_reason, Some(FullReason::DeltaMaxReached(_)))) =>
-                {
-                    Err(l.chain_end_reason.clone().unwrap_or_else(|| {
-                        FullReason::ChainEnded(format!("backup {} ended its chain", l.name))
-                    }))
-                }
-                (Some(l), BackupMode::Auto) if l.chain_position + 1 >= delta_max => {
-                    Err(FullReason::DeltaMaxReached(delta_max))
-                }
-                (Some(l), _) => {
-                    l.check()
-                        .and_then(|()| {
-                            (l.block_size == bs).then_some(()).ok_or_else(|| {
-                                format!("block size {} differs from the volume's {bs}", l.block_size)
-                            })
-                        })
-                        .map_err(|reason| BackupStoreError::Corrupt {
-                            path: self.backup_cfg_path(volume, &l.name).to_string(),
-                            reason,
-                        })?;
-                    let (base, anc) = (l.snapshot.clone(), l.snapshot_ancestors.clone());
-                    let ch = tokio::task::spawn_blocking(move || src.changes_since(&base, &anc))
-                        .await
-                        .map_err(|e| join_error(&e))?
-                        .map_err(|source| BackupStoreError::SourceRead { offset: 0, source })?;
-                    match ch {
-                        Changes::ChainEnded(why) => Err(FullReason::ChainEnded(why)),
-                        Changes::BaseMissing(why) => Err(FullReason::BaseMissing(why)),
-                        Changes::Since { diff_from, ranges } if diff_from == l.snapshot => {
-                            Ok((l.clone(), diff_from, ranges))
-                        }
-                        // The base snapshot is gone locally: the ranges are relative to a surviving ancestor,
-                        // whose content is not the base backup's (the base may have been reverted away before it
-                        // was deleted, so what it wrote is in no layer of this chain). Read every allocated
-                        // block and every block of the base map; unchanged ones deduplicate against the store.
-                        Changes::Since { diff_from, .. } => {
-                            let src = source.clone();
-                            let mut r = tokio::task::spawn_blocking(move || src.allocated())
-                                .await
-                                .map_err(|e| join_error(&e))?
-                                .map_err(|source| BackupStoreError::SourceRead { offset: 0, source })?;
-                            r.extend(l.blocks.iter().map(|b| b.offset..b.offset + bs));
-                            Ok((l.clone(), diff_from, r))
-                        }
-                    }
-                }
-            };
+        let chain_ended = blocking(move || Ok(src.chain_ended())).await?;
+        let decision = match policy::decide(
+            last.as_ref(),
+            opts.mode,
+            opts.incremental,
+            chain_ended.as_deref(),
+            delta_max,
+        ) {
+            policy::Decision::Full(reason) => Err(reason),
+            policy::Decision::On(l) => self.changes_since_base(volume, l, bs, &source).await?,
+        };
         let (base, diff_from, ranges, full_reason) = match decision {
             Ok((base, diff_from, ranges)) => (Some(base), diff_from, ranges, None),
             Err(reason) => {
@@ -442,24 +366,11 @@ impl BackupStore {
                         "an incremental backup is not possible: {reason}"
                     )));
                 }
-                let src = source.clone();
-                let r = tokio::task::spawn_blocking(move || src.allocated())
-                    .await
-                    .map_err(|e| join_error(&e))?
-                    .map_err(|source| BackupStoreError::SourceRead { offset: 0, source })?;
-                (None, String::new(), r, Some(reason))
+                (None, String::new(), allocated(&source).await?, Some(reason))
             }
         };
-        let full = base.is_none();
         let chain_position = base.as_ref().map_or(0, |b| b.chain_position + 1);
-        // This backup ends its chain when the next one will be full whatever happens in between.
-        let chain_end_reason = if !opts.incremental {
-            Some(FullReason::IncrementalDisabled)
-        } else if chain_position + 1 >= delta_max {
-            Some(FullReason::DeltaMaxReached(delta_max))
-        } else {
-            None
-        };
+        let chain_end_reason = policy::chain_end(opts.incremental, chain_position, delta_max);
         let (bi_name, bi_sum) = opts.backing_image.clone().unwrap_or_default();
         let mut cfg = BackupConfig {
             format_version: FORMAT_VERSION,
@@ -475,7 +386,7 @@ impl BackupStore {
             block_size: bs,
             compression: vol.compression,
             labels: opts.labels.clone(),
-            is_incremental: !full,
+            is_incremental: base.is_some(),
             chain_position,
             full_reason: full_reason.clone(),
             end_of_chain: chain_end_reason.is_some(),
@@ -493,152 +404,287 @@ impl BackupStore {
         self.put_json(&cfg_path, &cfg).await?; // the in-progress marker
         let offsets = block_offsets(&ranges, bs, size);
         info!(
-            volume, backup = %opts.name, snapshot = %snap.name, full, reason = ?full_reason,
+            volume, backup = %opts.name, snapshot = %snap.name, full = base.is_none(), reason = ?full_reason,
             base = %cfg.base_backup, diff_from = %cfg.diff_from_snapshot, blocks = offsets.len(),
             "backup started"
         );
         progress.set_total(offsets.len() as u64);
-
-        let stats = Mutex::new(BackupStats::default());
-        let seen: Mutex<HashSet<String>> = Mutex::new(HashSet::new());
-        let throttle = Throttle {
-            rate: opts.max_upload_rate,
-            start: Instant::now(),
-            sent: Mutex::new(0),
+        let up = Upload {
+            volume,
+            size,
+            bs,
+            full: base.is_none(),
+            method: vol.compression,
+            zero_marker: source.zero_hides_backing(),
+            concurrency,
         };
-        let method = vol.compression;
-        let zero_marker = source.zero_hides_backing();
-        let staged = self
-            .local_root
-            .as_ref()
-            .map(|r| (Arc::new(StagedBlocks::new(r.clone())), r.clone()));
-        let staged = &staged;
-        // One buffer per block in flight (two while a compressible block is encoded), reused.
-        let pool = BufPool::new(
-            BLOCK_HEADER_LEN + max_compressed_len(usize::try_from(bs).unwrap_or(usize::MAX)),
-            2 * concurrency,
-        );
-        let pool = &pool;
-        let changes: BTreeMap<u64, Option<String>> = futures::stream::iter(offsets)
-            .map(|off| {
-                let (src, stats, seen, throttle) = (source.clone(), &stats, &seen, &throttle);
-                async move {
-                    progress.check()?;
-                    let len = bs.min(size - off);
-                    let blen = usize::try_from(len).unwrap_or(usize::MAX);
-                    let p = pool.clone();
-                    let read = tokio::task::spawn_blocking(move || -> std::io::Result<Read> {
-                        // Read into a reused buffer, after room for the stored block's header (see
-                        // `encode_in_buffer`).
-                        let mut buf = p.get();
-                        let data = &mut buf.as_mut_slice()[BLOCK_HEADER_LEN..BLOCK_HEADER_LEN + blen];
-                        src.read_at(off, data)?;
-                        if data.iter().all(|&b| b == 0) {
-                            return Ok(Read::Zero);
-                        }
-                        Ok(Read::Data {
-                            hash: block_hash(data),
-                            data: buf,
-                        })
-                    })
-                    .await
-                    .map_err(|e| join_error(&e))?
-                    .map_err(|source| BackupStoreError::SourceRead { offset: off, source })?;
-                    let lock_stats = || stats.lock().unwrap_or_else(PoisonError::into_inner);
-                    lock_stats().read_bytes += len;
-                    let (hash, data) = match read {
-                        Read::Zero => {
-                            lock_stats().zero_blocks += 1;
-                            progress.step(len);
-                            return Ok((off, zero_marker.then(|| ZERO_MARKER.to_owned())));
-                        }
-                        Read::Data { hash, data } => (hash, data),
-                    };
-                    let first_here = seen
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(hash.clone());
-                    let path = self.block_path(volume, &hash);
-                    let existed = if first_here {
-                        self.exists(&path).await?
-                    } else {
-                        true
-                    };
-                    if first_here && (full || !existed) {
-                        throttle.account(len).await;
-                        let h = hash.clone();
-                        let n = match &staged {
-                            // file://: encoded and written in one blocking call from where the data lies (no
-                            // copy; O_DIRECT where the file system takes it), made durable in groups (see `local`).
-                            Some((staged, root)) => {
-                                let (staged, dest, pool) =
-                                    (staged.clone(), root.join(path.as_ref()), pool.clone());
-                                tokio::task::spawn_blocking(move || {
-                                    let (mut data, mut scratch) = (data, None);
-                                    let stored =
-                                        encode_in_buffer(&mut data, blen, &h, method, &pool, &mut scratch);
-                                    staged.write(dest, stored).map(|()| stored.len() as u64)
-                                })
-                                .await
-                                .map_err(|e| join_error(&e))?
-                                .map_err(|e| BackupStoreError::store("put", &path, local_error(e)))?
-                            }
-                            None => {
-                                let pool = pool.clone();
-                                let enc = tokio::task::spawn_blocking(move || {
-                                    let (mut data, mut scratch) = (data, None);
-                                    Bytes::copy_from_slice(encode_in_buffer(
-                                        &mut data,
-                                        blen,
-                                        &h,
-                                        method,
-                                        &pool,
-                                        &mut scratch,
-                                    ))
-                                })
-                                .await
-                                .map_err(|e| join_error(&e))?;
-                                let n = enc.len() as u64;
-                                self.put_bytes(&path, enc).await?;
-                                n
-                            }
-                        };
-                        let mut s = lock_stats();
-                        if existed {
-                            s.reuploaded_blocks += 1;
-                            s.reuploaded_bytes += len;
-                        } else {
-                            s.new_blocks += 1;
-                            s.new_bytes += len;
-                            s.new_stored_bytes += n;
-                        }
-                    } else {
-                        lock_stats().deduplicated_blocks += 1;
-                    }
-                    progress.step(len);
-                    Ok::<_, BackupStoreError>((off, Some(hash)))
-                }
-            })
-            .buffer_unordered(concurrency)
-            .try_collect()
+        let (changes, stats) = self
+            .upload_blocks(&source, &up, offsets, opts.max_upload_rate, progress)
             .await?;
-        // Every block durable under its final name before the record says complete.
-        if let Some((staged, _)) = staged {
-            let st = staged.clone();
-            tokio::task::spawn_blocking(move || st.finish())
-                .await
-                .map_err(|e| join_error(&e))?
-                .map_err(|e| BackupStoreError::store("put", &self.blocks_dir(volume), local_error(e)))?;
-        }
 
         let base_blocks = base.as_ref().map_or(&[][..], |b| &b.blocks[..]);
         cfg.blocks = blockmap::merge(base_blocks, &changes, size);
-        cfg.stats = stats.into_inner().unwrap_or_else(PoisonError::into_inner);
+        cfg.stats = stats;
         cfg.state = BackupState::Complete;
         cfg.completed = now_rfc3339();
         lock.check()?;
         self.put_json(&cfg_path, &cfg).await?; // commit point
-        vol.size = size;
+        self.after_commit(opts, &cfg, &mut vol, last.as_ref()).await;
+        info!(
+            volume, backup = %cfg.name, incremental = cfg.is_incremental, chain_position = cfg.chain_position,
+            new_blocks = cfg.stats.new_blocks, new_bytes = cfg.stats.new_bytes, "backup complete"
+        );
+        Ok(cfg)
+    }
+
+    /// The backup volume's `volume.cfg`, or a new one from `opts` (not written yet).
+    async fn volume_config_or_new(&self, opts: &CreateOptions) -> Result<VolumeConfig> {
+        let volume = opts.volume.as_str();
+        if let Some(v) = self
+            .get_json::<VolumeConfig>(&self.volume_cfg_path(volume))
+            .await?
+        {
+            return Ok(v);
+        }
+        Ok(VolumeConfig {
+            format_version: FORMAT_VERSION,
+            name: volume.to_owned(),
+            block_size: check_block_size(opts.block_size.unwrap_or(DEFAULT_BLOCK_SIZE))?,
+            compression: opts.compression.unwrap_or_default(),
+            created: now_rfc3339(),
+            ..Default::default()
+        })
+    }
+
+    /// The newest completed backup of the volume (the base of an incremental), after refusing a new one past
+    /// `backup-max-count`.
+    async fn newest_complete(&self, opts: &CreateOptions) -> Result<Option<BackupConfig>> {
+        let done: Vec<BackupConfig> = self
+            .list_backups(&opts.volume)
+            .await?
+            .into_iter()
+            .filter(|b| b.state == BackupState::Complete)
+            .collect();
+        if let Some(max) = opts.max_count {
+            check_max_count(&opts.volume, done.len(), max, opts.retain)?;
+        }
+        Ok(done
+            .into_iter()
+            .max_by(|a, b| (&a.completed, &a.name).cmp(&(&b.completed, &b.name))))
+    }
+
+    /// The ranges to read for an incremental on `l`: `Ok((base, diff_from, ranges))`, or `Err(reason)` when the
+    /// source finds the chain ended or its base gone (a full follows). A base record that fails its check is an
+    /// error: nothing is built on it.
+    async fn changes_since_base(
+        &self,
+        volume: &str,
+        l: &BackupConfig,
+        bs: u64,
+        source: &Arc<dyn BackupSource>,
+    ) -> Result<std::result::Result<(BackupConfig, String, Vec<Range<u64>>), FullReason>> {
+        l.check()
+            .and_then(|()| {
+                (l.block_size == bs)
+                    .then_some(())
+                    .ok_or_else(|| format!("block size {} differs from the volume's {bs}", l.block_size))
+            })
+            .map_err(|reason| BackupStoreError::Corrupt {
+                path: self.backup_cfg_path(volume, &l.name).to_string(),
+                reason,
+            })?;
+        let (src, base, anc) = (source.clone(), l.snapshot.clone(), l.snapshot_ancestors.clone());
+        Ok(match blocking(move || src.changes_since(&base, &anc)).await? {
+            Changes::ChainEnded(why) => Err(FullReason::ChainEnded(why)),
+            Changes::BaseMissing(why) => Err(FullReason::BaseMissing(why)),
+            Changes::Since { diff_from, ranges } if diff_from == l.snapshot => {
+                Ok((l.clone(), diff_from, ranges))
+            }
+            // The base snapshot is gone locally: the ranges are relative to a surviving ancestor, whose content is
+            // not the base backup's (the base may have been reverted away before it was deleted, so what it wrote
+            // is in no layer of this chain). Read every allocated block and every block of the base map;
+            // unchanged ones deduplicate against the store.
+            Changes::Since { diff_from, .. } => {
+                let mut r = allocated(source).await?;
+                r.extend(l.blocks.iter().map(|b| b.offset..b.offset + bs));
+                Ok((l.clone(), diff_from, r))
+            }
+        })
+    }
+
+    /// Reads, hashes, compresses and stores the blocks at `offsets`, `up.concurrency` at once; returns the block
+    /// map's changes (offset → hash, `None` for a zero block left out) and the statistics. Every block is durable
+    /// under its final name when this returns.
+    async fn upload_blocks(
+        &self,
+        source: &Arc<dyn BackupSource>,
+        up: &Upload<'_>,
+        offsets: BTreeSet<u64>,
+        max_upload_rate: u64,
+        progress: &Progress,
+    ) -> Result<(BTreeMap<u64, Option<String>>, BackupStats)> {
+        let staged = self
+            .local_root
+            .as_ref()
+            .map(|r| (Arc::new(StagedBlocks::new(r.clone())), r.clone()));
+        // One buffer per block in flight (two while a compressible block is encoded), reused.
+        let pool = BufPool::new(
+            BLOCK_HEADER_LEN + max_compressed_len(usize::try_from(up.bs).unwrap_or(usize::MAX)),
+            2 * up.concurrency,
+        );
+        let ctx = BlockCtx {
+            up,
+            source,
+            progress,
+            staged: &staged,
+            pool: &pool,
+            stats: Mutex::new(BackupStats::default()),
+            seen: Mutex::new(HashSet::new()),
+            throttle: Throttle {
+                rate: max_upload_rate,
+                start: Instant::now(),
+                sent: Mutex::new(0),
+            },
+        };
+        let changes: BTreeMap<u64, Option<String>> = futures::stream::iter(offsets)
+            .map(|off| self.upload_block(&ctx, off))
+            .buffer_unordered(up.concurrency)
+            .try_collect()
+            .await?;
+        // Every block durable under its final name before the record says complete.
+        if let Some((staged, _)) = &staged {
+            let st = staged.clone();
+            tokio::task::spawn_blocking(move || st.finish())
+                .await
+                .map_err(|e| join_error(&e))?
+                .map_err(|e| BackupStoreError::store("put", &self.blocks_dir(up.volume), local_error(e)))?;
+        }
+        Ok((
+            changes,
+            ctx.stats.into_inner().unwrap_or_else(PoisonError::into_inner),
+        ))
+    }
+
+    /// One block: read it, leave it out (or mark it) when zero, store it unless an identical block is already in
+    /// the store (an incremental) or was stored by this backup.
+    async fn upload_block(&self, ctx: &BlockCtx<'_>, off: u64) -> Result<(u64, Option<String>)> {
+        let up = ctx.up;
+        ctx.progress.check()?;
+        let len = up.bs.min(up.size - off);
+        let blen = usize::try_from(len).unwrap_or(usize::MAX);
+        let (src, p) = (ctx.source.clone(), ctx.pool.clone());
+        let read = tokio::task::spawn_blocking(move || -> std::io::Result<Read> {
+            // Read into a reused buffer, after room for the stored block's header (see `encode_in_buffer`).
+            let mut buf = p.get();
+            let data = &mut buf.as_mut_slice()[BLOCK_HEADER_LEN..BLOCK_HEADER_LEN + blen];
+            src.read_at(off, data)?;
+            if data.iter().all(|&b| b == 0) {
+                return Ok(Read::Zero);
+            }
+            Ok(Read::Data {
+                hash: block_hash(data),
+                data: buf,
+            })
+        })
+        .await
+        .map_err(|e| join_error(&e))?
+        .map_err(|source| BackupStoreError::SourceRead { offset: off, source })?;
+        let lock_stats = || ctx.stats.lock().unwrap_or_else(PoisonError::into_inner);
+        lock_stats().read_bytes += len;
+        let (hash, data) = match read {
+            Read::Zero => {
+                lock_stats().zero_blocks += 1;
+                ctx.progress.step(len);
+                return Ok((off, up.zero_marker.then(|| ZERO_MARKER.to_owned())));
+            }
+            Read::Data { hash, data } => (hash, data),
+        };
+        let first_here = ctx
+            .seen
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(hash.clone());
+        let path = self.block_path(up.volume, &hash);
+        let existed = if first_here {
+            self.exists(&path).await?
+        } else {
+            true
+        };
+        if first_here && (up.full || !existed) {
+            ctx.throttle.account(len).await;
+            let n = self.store_block(ctx, &path, data, blen, hash.clone()).await?;
+            let mut s = lock_stats();
+            if existed {
+                s.reuploaded_blocks += 1;
+                s.reuploaded_bytes += len;
+            } else {
+                s.new_blocks += 1;
+                s.new_bytes += len;
+                s.new_stored_bytes += n;
+            }
+        } else {
+            lock_stats().deduplicated_blocks += 1;
+        }
+        ctx.progress.step(len);
+        Ok((off, Some(hash)))
+    }
+
+    /// Encodes the `blen` bytes of `data` and stores them at `path`; returns the stored length.
+    async fn store_block(
+        &self,
+        ctx: &BlockCtx<'_>,
+        path: &object_store::path::Path,
+        data: PooledBuf,
+        blen: usize,
+        hash: String,
+    ) -> Result<u64> {
+        let (method, pool) = (ctx.up.method, ctx.pool.clone());
+        match ctx.staged {
+            // file://: encoded and written in one blocking call from where the data lies (no copy; O_DIRECT where
+            // the file system takes it), made durable in groups (see `local`).
+            Some((staged, root)) => {
+                let (staged, dest) = (staged.clone(), root.join(path.as_ref()));
+                tokio::task::spawn_blocking(move || {
+                    let (mut data, mut scratch) = (data, None);
+                    let stored = encode_in_buffer(&mut data, blen, &hash, method, &pool, &mut scratch);
+                    staged.write(dest, stored).map(|()| stored.len() as u64)
+                })
+                .await
+                .map_err(|e| join_error(&e))?
+                .map_err(|e| BackupStoreError::store("put", path, local_error(e)))
+            }
+            None => {
+                let enc = tokio::task::spawn_blocking(move || {
+                    let (mut data, mut scratch) = (data, None);
+                    Bytes::copy_from_slice(encode_in_buffer(
+                        &mut data,
+                        blen,
+                        &hash,
+                        method,
+                        &pool,
+                        &mut scratch,
+                    ))
+                })
+                .await
+                .map_err(|e| join_error(&e))?;
+                let n = enc.len() as u64;
+                self.put_bytes(path, enc).await?;
+                Ok(n)
+            }
+        }
+    }
+
+    /// After the commit point: `volume.cfg`'s last-backup fields (a cache: a failure is only logged) and, for a
+    /// full backup, the end of the previous chain (recorded for listings).
+    async fn after_commit(
+        &self,
+        opts: &CreateOptions,
+        cfg: &BackupConfig,
+        vol: &mut VolumeConfig,
+        last: Option<&BackupConfig>,
+    ) {
+        let volume = opts.volume.as_str();
+        vol.size = cfg.size;
         vol.last_backup_name.clone_from(&cfg.name);
         vol.last_backup_at.clone_from(&cfg.completed);
         vol.labels.clone_from(&cfg.labels);
@@ -646,21 +692,53 @@ impl BackupStore {
             vol.backing_image_name.clone_from(n);
             vol.backing_image_checksum.clone_from(c);
         }
-        if let Err(e) = self.put_json(&self.volume_cfg_path(volume), &vol).await {
-            // The backup itself is complete; volume.cfg's last-backup fields are a cache.
+        if let Err(e) = self.put_json(&self.volume_cfg_path(volume), vol).await {
             warn!(volume, error = %e, "updating volume.cfg failed");
         }
-        // A full backup starts a new chain: the previous backup is the last of its own (recorded for listings).
-        if let (Some(reason), Some(prev)) = (&cfg.full_reason, &last)
+        if let (Some(reason), Some(prev)) = (&cfg.full_reason, last)
             && !prev.end_of_chain
             && let Err(e) = self.mark_end_of_chain(volume, &prev.name, reason.clone()).await
         {
             warn!(volume, backup = %prev.name, error = %e, "recording the end of the previous chain failed");
         }
-        info!(
-            volume, backup = %cfg.name, incremental = cfg.is_incremental, chain_position = cfg.chain_position,
-            new_blocks = cfg.stats.new_blocks, new_bytes = cfg.stats.new_bytes, "backup complete"
-        );
-        Ok(cfg)
     }
+}
+
+/// What every block of one backup shares.
+struct Upload<'a> {
+    volume: &'a str,
+    size: u64,
+    bs: u64,
+    /// A full backup stores every block again, even one the store holds.
+    full: bool,
+    method: Compression,
+    /// A zero block is recorded as [`ZERO_MARKER`] (a backing image lies under the volume), not left out.
+    zero_marker: bool,
+    concurrency: usize,
+}
+
+/// The state the blocks in flight share.
+struct BlockCtx<'a> {
+    up: &'a Upload<'a>,
+    source: &'a Arc<dyn BackupSource>,
+    progress: &'a Progress,
+    staged: &'a Option<(Arc<StagedBlocks>, std::path::PathBuf)>,
+    pool: &'a Arc<BufPool>,
+    stats: Mutex<BackupStats>,
+    seen: Mutex<HashSet<String>>,
+    throttle: Throttle,
+}
+
+/// `f` on a blocking thread; an IO error is a read of the source.
+async fn blocking<T: Send + 'static>(f: impl FnOnce() -> std::io::Result<T> + Send + 'static) -> Result<T> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| join_error(&e))?
+        .map_err(|source| BackupStoreError::SourceRead { offset: 0, source })
+}
+
+/// The ranges holding data (what a full backup reads).
+async fn allocated(source: &Arc<dyn BackupSource>) -> Result<Vec<Range<u64>>> {
+    let src = source.clone();
+    blocking(move || src.allocated()).await
 }
