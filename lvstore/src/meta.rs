@@ -398,29 +398,7 @@ impl Meta {
                 self.blobs.insert(id, b);
                 self.next_id = id + 1;
             }
-            Op::Resize { id, size } => {
-                let b = self.blobs.get_mut(&id).ok_or_else(|| bad("vanished".into()))?;
-                if size < b.size {
-                    let first_gone = size.div_ceil(cluster_size);
-                    let gone: Vec<u64> = b.clusters.range(first_gone..).map(|(l, _)| *l).collect();
-                    for l in gone {
-                        if let Some(e) = b.clusters.remove(&l) {
-                            freed.push(e.phys);
-                        }
-                    }
-                    // The blocks of the last, partly kept cluster past the new end.
-                    if size % cluster_size != 0
-                        && let Some(e) = b.clusters.get_mut(&(size / cluster_size))
-                    {
-                        let bpc = cluster_size / corral_disk::BLOCK_SIZE;
-                        for blk in (size % cluster_size) / corral_disk::BLOCK_SIZE..bpc {
-                            e.set(blk, false);
-                        }
-                    }
-                    b.parent_limit = b.parent_limit.min(size);
-                }
-                b.size = size;
-            }
+            Op::Resize { id, size } => self.apply_resize(id, size, cluster_size, &mut freed)?,
             Op::Rename { id, name } => {
                 if let Some(b) = self.blobs.get_mut(&id) {
                     b.name = name;
@@ -436,38 +414,7 @@ impl Meta {
                     b.xattrs.remove(&key);
                 }
             }
-            Op::Delete { id } => {
-                let b = self.blobs.remove(&id).ok_or_else(|| bad("vanished".into()))?;
-                let child = self.blobs.values_mut().find(|c| c.parent == Some(id));
-                match child {
-                    None => freed.extend(b.clusters.values().map(|e| e.phys)),
-                    Some(c) => {
-                        for (l, e) in b.clusters {
-                            let inside = l.saturating_mul(cluster_size) < c.parent_limit;
-                            match c.clusters.get_mut(&l) {
-                                _ if !inside => freed.push(e.phys),
-                                None => {
-                                    let mut e = e;
-                                    clip_bits(&mut e, l, cluster_size, c.parent_limit);
-                                    c.clusters.insert(l, e);
-                                }
-                                Some(mine) => {
-                                    let bpc = cluster_size / corral_disk::BLOCK_SIZE;
-                                    for blk in 0..bpc {
-                                        let off = l * cluster_size + blk * corral_disk::BLOCK_SIZE;
-                                        if e.has(blk) && off < c.parent_limit {
-                                            mine.set(blk, true);
-                                        }
-                                    }
-                                    freed.push(e.phys);
-                                }
-                            }
-                        }
-                        c.parent = b.parent;
-                        c.parent_limit = c.parent_limit.min(b.parent_limit);
-                    }
-                }
-            }
+            Op::Delete { id } => self.apply_delete(id, cluster_size, &mut freed)?,
             Op::Detach { id } => {
                 if let Some(b) = self.blobs.get_mut(&id) {
                     b.parent = None;
@@ -495,6 +442,80 @@ impl Meta {
             }
         }
         Ok(freed)
+    }
+
+    /// [`Op::Resize`]: a shrink unmaps the clusters past the new end (their physical clusters go to `freed`) and
+    /// clears the blocks past it in the last, partly kept cluster.
+    fn apply_resize(
+        &mut self,
+        id: BlobId,
+        size: u64,
+        cluster_size: u64,
+        freed: &mut Vec<u64>,
+    ) -> Result<(), FormatError> {
+        let b = self.blobs.get_mut(&id).ok_or_else(|| bad("vanished".into()))?;
+        if size < b.size {
+            let first_gone = size.div_ceil(cluster_size);
+            let gone: Vec<u64> = b.clusters.range(first_gone..).map(|(l, _)| *l).collect();
+            for l in gone {
+                if let Some(e) = b.clusters.remove(&l) {
+                    freed.push(e.phys);
+                }
+            }
+            // The blocks of the last, partly kept cluster past the new end.
+            if !size.is_multiple_of(cluster_size)
+                && let Some(e) = b.clusters.get_mut(&(size / cluster_size))
+            {
+                let bpc = cluster_size / corral_disk::BLOCK_SIZE;
+                for blk in (size % cluster_size) / corral_disk::BLOCK_SIZE..bpc {
+                    e.set(blk, false);
+                }
+            }
+            b.parent_limit = b.parent_limit.min(size);
+        }
+        b.size = size;
+        Ok(())
+    }
+
+    /// [`Op::Delete`]: a blob with no child frees its clusters; a snapshot's clusters merge into its child where
+    /// the child has none of its own (blocks the child has not overwritten move down), the rest go to `freed`.
+    fn apply_delete(
+        &mut self,
+        id: BlobId,
+        cluster_size: u64,
+        freed: &mut Vec<u64>,
+    ) -> Result<(), FormatError> {
+        let b = self.blobs.remove(&id).ok_or_else(|| bad("vanished".into()))?;
+        let child = self.blobs.values_mut().find(|c| c.parent == Some(id));
+        match child {
+            None => freed.extend(b.clusters.values().map(|e| e.phys)),
+            Some(c) => {
+                for (l, e) in b.clusters {
+                    let inside = l.saturating_mul(cluster_size) < c.parent_limit;
+                    match c.clusters.get_mut(&l) {
+                        _ if !inside => freed.push(e.phys),
+                        None => {
+                            let mut e = e;
+                            clip_bits(&mut e, l, cluster_size, c.parent_limit);
+                            c.clusters.insert(l, e);
+                        }
+                        Some(mine) => {
+                            let bpc = cluster_size / corral_disk::BLOCK_SIZE;
+                            for blk in 0..bpc {
+                                let off = l * cluster_size + blk * corral_disk::BLOCK_SIZE;
+                                if e.has(blk) && off < c.parent_limit {
+                                    mine.set(blk, true);
+                                }
+                            }
+                            freed.push(e.phys);
+                        }
+                    }
+                }
+                c.parent = b.parent;
+                c.parent_limit = c.parent_limit.min(b.parent_limit);
+            }
+        }
+        Ok(())
     }
 
     /// Structural checks of a whole metadata (after decode and replay): parents exist, are snapshots and form no

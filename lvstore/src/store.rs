@@ -897,6 +897,78 @@ impl LvStore {
         self.flush_and(Some((name, key, value)), XattrAtFlush::IfJournaling)
     }
 
+    /// A flush's fast path: nothing to journal and no journaling flush in progress means every write completed
+    /// before this call changed only data, which one `fdatasync` makes durable. It runs beside any other flush's
+    /// sync (as two v1 flushes of one file do), where a round would have it wait for the one in progress to end
+    /// first (the engine's two connections to a replica each send flushes). Returns whether it synced.
+    fn sync_if_nothing_to_journal(&self) -> Result<bool> {
+        let inner = self.lock();
+        if inner.poisoned {
+            return Err(Error::Poisoned {
+                path: self.path().to_owned(),
+            });
+        }
+        if !inner.dirty.is_empty() || inner.committing {
+            return Ok(false);
+        }
+        drop(inner);
+        self.dev.sync().map_err(self.io("fdatasync"))?;
+        self.plain_syncs.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
+    }
+
+    /// The journal op setting `xattr` (lvol, key, value), validated, refused when the metadata area could not
+    /// hold it.
+    fn xattr_op(&self, inner: &Inner, xattr: Option<(&str, &str, &[u8])>) -> Result<Option<Op>> {
+        let Some((name, key, value)) = xattr else {
+            return Ok(None);
+        };
+        let b = Self::find(&inner.meta, name)?;
+        let op = Op::SetXattr {
+            id: b.id,
+            key: key.to_owned(),
+            value: value.to_vec(),
+        };
+        inner
+            .meta
+            .validate(&op, self.cluster_size)
+            .map_err(|e| Error::Invalid(e.to_string()))?;
+        let need = inner.meta.fixed_bytes()
+            + Meta::growth(&op)
+            + inner.sb.cluster_count * format::entry_bytes(self.cluster_size);
+        if need > inner.sb.meta_area_len {
+            return Err(Error::MetadataFull {
+                path: self.path().to_owned(),
+                area: inner.sb.meta_area_len,
+                need,
+            });
+        }
+        Ok(Some(op))
+    }
+
+    /// The physical blocks of `fresh` (blocks newly mapped) that are still mapped, sorted, and the op carrying
+    /// their checksums. No IO may run (the caller holds the gate exclusively), so what is read back is what the
+    /// next `fdatasync` makes durable.
+    fn sum_fresh(&self, inner: &Inner, fresh: &[(BlobId, u64, u64)]) -> std::io::Result<(Vec<u64>, Op)> {
+        let bpc = self.cluster_size / BLOCK_SIZE;
+        let mut blocks = fresh
+            .iter()
+            .filter_map(|&(id, lc, blk)| {
+                let e = inner.meta.blobs.get(&id)?.clusters.get(&lc)?;
+                e.has(blk).then_some(e.phys * bpc + blk)
+            })
+            .collect::<Vec<u64>>();
+        blocks.sort_unstable();
+        blocks.dedup();
+        let mut sums = Vec::with_capacity(blocks.len());
+        let mut buf = vec![0u8; BS];
+        for &block in &blocks {
+            self.dev.read_at(&mut buf, self.data_off + block * BLOCK_SIZE)?;
+            sums.push((block, checksum(&buf)));
+        }
+        Ok((blocks, Op::BlockSums { sums }))
+    }
+
     fn flush_and(&self, xattr: Option<(&str, &str, &[u8])>, when: XattrAtFlush) -> Result<bool> {
         if self.mode == OpenMode::ReadOnly {
             return Ok(false);
@@ -905,23 +977,8 @@ impl LvStore {
         // completed before this call durable, with its map: nothing left to do, unless this flush must journal
         // an xattr of its own.
         let may_share = xattr.is_none() || when == XattrAtFlush::IfJournaling;
-        if may_share {
-            // Nothing to journal and no journaling flush in progress: every write completed before this call
-            // changed only data, which one `fdatasync` makes durable. It runs beside any other flush's sync (as
-            // two v1 flushes of one file do), where a round would have it wait for the one in progress to end
-            // first (the engine's two connections to a replica each send flushes).
-            let inner = self.lock();
-            if inner.poisoned {
-                return Err(Error::Poisoned {
-                    path: self.path().to_owned(),
-                });
-            }
-            if inner.dirty.is_empty() && !inner.committing {
-                drop(inner);
-                self.dev.sync().map_err(self.io("fdatasync"))?;
-                self.plain_syncs.fetch_add(1, Ordering::SeqCst);
-                return Ok(false);
-            }
+        if may_share && self.sync_if_nothing_to_journal()? {
+            return Ok(false);
         }
         let Some(mut lead) = self.lead_or_wait(may_share) else {
             self.shared_flushes.fetch_add(1, Ordering::SeqCst);
@@ -946,32 +1003,7 @@ impl LvStore {
                     path: self.path().to_owned(),
                 });
             }
-            let extra = match xattr {
-                None => None,
-                Some((name, key, value)) => {
-                    let b = Self::find(&inner.meta, name)?;
-                    let op = Op::SetXattr {
-                        id: b.id,
-                        key: key.to_owned(),
-                        value: value.to_vec(),
-                    };
-                    inner
-                        .meta
-                        .validate(&op, self.cluster_size)
-                        .map_err(|e| Error::Invalid(e.to_string()))?;
-                    let need = inner.meta.fixed_bytes()
-                        + Meta::growth(&op)
-                        + inner.sb.cluster_count * format::entry_bytes(self.cluster_size);
-                    if need > inner.sb.meta_area_len {
-                        return Err(Error::MetadataFull {
-                            path: self.path().to_owned(),
-                            area: inner.sb.meta_area_len,
-                            need,
-                        });
-                    }
-                    Some(op)
-                }
-            };
+            let extra = self.xattr_op(&inner, xattr)?;
             if inner.dirty.is_empty() && (extra.is_none() || when == XattrAtFlush::IfJournaling) {
                 drop(inner);
                 drop(gate);
@@ -983,43 +1015,21 @@ impl LvStore {
             inner.committing = true;
             let dirty = std::mem::take(&mut inner.dirty);
             let fresh = std::mem::take(&mut inner.fresh);
-            let mut ops: Vec<Op> = dirty
-                .iter()
-                .filter_map(|&(id, l)| {
-                    let b = inner.meta.blobs.get(&id)?;
-                    Some(Op::Cluster {
-                        id,
-                        lcluster: l,
-                        entry: b.clusters.get(&l).cloned(),
-                    })
-                })
-                .collect();
+            let mut ops = cluster_ops(&inner.meta, &dirty);
             let mut blocks = Vec::new();
             if summed {
-                // The blocks newly mapped that are still mapped; no IO runs (the gate is held exclusively), so
-                // what is read back below is what the `fdatasync` makes durable.
-                let bpc = self.cluster_size / BLOCK_SIZE;
-                blocks = fresh
-                    .iter()
-                    .filter_map(|&(id, lc, blk)| {
-                        let e = inner.meta.blobs.get(&id)?.clusters.get(&lc)?;
-                        e.has(blk).then_some(e.phys * bpc + blk)
-                    })
-                    .collect::<Vec<u64>>();
-                blocks.sort_unstable();
-                blocks.dedup();
-                let mut sums = Vec::with_capacity(blocks.len());
-                let mut buf = vec![0u8; BS];
-                for &block in &blocks {
-                    if let Err(e) = self.dev.read_at(&mut buf, self.data_off + block * BLOCK_SIZE) {
+                match self.sum_fresh(&inner, &fresh) {
+                    Ok((b, op)) => {
+                        blocks = b;
+                        ops.push(op);
+                    }
+                    Err(e) => {
                         inner.committing = false;
                         inner.dirty.extend(dirty);
                         inner.fresh.extend(fresh);
                         return Err(self.io("read back a block to checksum")(e));
                     }
-                    sums.push((block, checksum(&buf)));
                 }
-                ops.push(Op::BlockSums { sums });
             }
             ops.extend(extra.clone());
             let record = format::encode_record(
@@ -1098,15 +1108,21 @@ impl LvStore {
         drop(inner);
         drop(gate);
         lead.completed();
-        if !pending.is_empty() {
-            // IO stops only to release what unmaps freed (a read that resolved to one must finish first).
-            let _g = self.gate_write();
-            let mut inner = self.lock();
-            for c in pending {
-                inner.alloc.release(c);
-            }
-        }
+        self.release_freed(pending);
         Ok(set)
+    }
+
+    /// Returns to the allocator the clusters that unmaps freed, once the record of the unmaps is durable. IO
+    /// stops for it only when there are some (a read that resolved to one must finish first).
+    fn release_freed(&self, pending: Vec<u64>) {
+        if pending.is_empty() {
+            return;
+        }
+        let _g = self.gate_write();
+        let mut inner = self.lock();
+        for c in pending {
+            inner.alloc.release(c);
+        }
     }
 
     fn op(&self, make: impl FnOnce(&Meta) -> Result<Op>) -> Result<BlobId> {
@@ -2163,6 +2179,21 @@ fn read_superblock(dev: &Device, path: &Path) -> Result<Superblock> {
             path: path.to_owned(),
         }),
     }
+}
+
+/// The journal ops recording the current map entries of the `dirty` clusters (an absent entry: unmapped).
+fn cluster_ops(meta: &Meta, dirty: &BTreeSet<(BlobId, u64)>) -> Vec<Op> {
+    dirty
+        .iter()
+        .filter_map(|&(id, l)| {
+            let b = meta.blobs.get(&id)?;
+            Some(Op::Cluster {
+                id,
+                lcluster: l,
+                entry: b.clusters.get(&l).cloned(),
+            })
+        })
+        .collect()
 }
 
 #[cfg(test)]

@@ -139,74 +139,9 @@ fn main() -> anyhow::Result<()> {
             print_info(&s, json)?;
         }
         Cmd::Info { device } => print_info(&open(&device, OpenMode::ReadOnly)?, json)?,
-        Cmd::Ls { device } => {
-            let s = open(&device, OpenMode::ReadOnly)?;
-            let list = s.list();
-            output::print(json, &list, || {
-                let rows = list
-                    .iter()
-                    .map(|l| {
-                        vec![
-                            l.name.clone(),
-                            output::serialized_name(&l.kind),
-                            l.parent.clone().unwrap_or_default(),
-                            l.children.join(","),
-                            human_bytes(l.size),
-                            human_bytes(l.allocated_bytes),
-                            l.xattrs.len().to_string(),
-                        ]
-                    })
-                    .collect();
-                table(
-                    &["NAME", "KIND", "PARENT", "CLONES", "SIZE", "ALLOCATED", "XATTRS"],
-                    rows,
-                )
-                .to_string()
-            })?;
-        }
-        Cmd::Show { device, name } => {
-            let s = open(&device, OpenMode::ReadOnly)?;
-            let l = s.info(&name)?;
-            output::print(json, &l, || {
-                let mut rows: Vec<(&str, String)> = vec![
-                    ("name", l.name.clone()),
-                    ("uuid", l.uuid.clone()),
-                    ("kind", output::serialized_name(&l.kind)),
-                    ("parent", l.parent.clone().unwrap_or_else(|| "-".into())),
-                    ("clones", l.children.join(", ")),
-                    ("size", format!("{} ({})", human_bytes(l.size), l.size)),
-                    (
-                        "allocated",
-                        format!("{} ({})", human_bytes(l.allocated_bytes), l.allocated_bytes),
-                    ),
-                    ("clusters", l.clusters.to_string()),
-                ];
-                let x: Vec<String> = l.xattrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
-                rows.push(("xattrs", x.join("\n")));
-                field_table(rows).to_string()
-            })?;
-        }
-        Cmd::Check { device } => {
-            let s = match LvStore::open(&device, OpenMode::ReadOnly) {
-                Ok(s) => s,
-                Err(e) => {
-                    eprintln!("corral-lvstore: check {}: {e}", device.display());
-                    std::process::exit(1);
-                }
-            };
-            let r = s.check().with_context(|| format!("check {}", device.display()))?;
-            output::print(json, &r, || {
-                format!(
-                    "{}: ok: generation {}, {} journal records, {} lvols and snapshots, {} clusters owned, {} leaked",
-                    device.display(),
-                    r.generation,
-                    r.journal_records_replayed,
-                    r.blobs,
-                    r.owned_clusters,
-                    r.leaked_clusters
-                )
-            })?;
-        }
+        Cmd::Ls { device } => print_ls(&open(&device, OpenMode::ReadOnly)?, json)?,
+        Cmd::Show { device, name } => print_show(&open(&device, OpenMode::ReadOnly)?, &name, json)?,
+        Cmd::Check { device } => check(&device, json)?,
         Cmd::Create { device, name, size } => {
             open(&device, OpenMode::ReadWrite)?.create_lvol(&name, size)?;
             emit(&format!("created {name}"));
@@ -268,6 +203,81 @@ fn main() -> anyhow::Result<()> {
             s.flush()?;
         }
     }
+    Ok(())
+}
+
+/// `ls`: a table of the lvols and snapshots.
+fn print_ls(s: &LvStore, json: bool) -> anyhow::Result<()> {
+    let list = s.list();
+    output::print(json, &list, || {
+        let rows = list
+            .iter()
+            .map(|l| {
+                vec![
+                    l.name.clone(),
+                    output::serialized_name(&l.kind),
+                    l.parent.clone().unwrap_or_default(),
+                    l.children.join(","),
+                    human_bytes(l.size),
+                    human_bytes(l.allocated_bytes),
+                    l.xattrs.len().to_string(),
+                ]
+            })
+            .collect();
+        table(
+            &["NAME", "KIND", "PARENT", "CLONES", "SIZE", "ALLOCATED", "XATTRS"],
+            rows,
+        )
+        .to_string()
+    })?;
+    Ok(())
+}
+
+/// `show`: one lvol or snapshot in full.
+fn print_show(s: &LvStore, name: &str, json: bool) -> anyhow::Result<()> {
+    let l = s.info(name)?;
+    output::print(json, &l, || {
+        let mut rows: Vec<(&str, String)> = vec![
+            ("name", l.name.clone()),
+            ("uuid", l.uuid.clone()),
+            ("kind", output::serialized_name(&l.kind)),
+            ("parent", l.parent.clone().unwrap_or_else(|| "-".into())),
+            ("clones", l.children.join(", ")),
+            ("size", format!("{} ({})", human_bytes(l.size), l.size)),
+            (
+                "allocated",
+                format!("{} ({})", human_bytes(l.allocated_bytes), l.allocated_bytes),
+            ),
+            ("clusters", l.clusters.to_string()),
+        ];
+        let x: Vec<String> = l.xattrs.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        rows.push(("xattrs", x.join("\n")));
+        field_table(rows).to_string()
+    })?;
+    Ok(())
+}
+
+/// `check`: exit status 1 when the store cannot even be opened (damaged beyond the check's reach).
+fn check(device: &std::path::Path, json: bool) -> anyhow::Result<()> {
+    let s = match LvStore::open(device, OpenMode::ReadOnly) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("corral-lvstore: check {}: {e}", device.display());
+            std::process::exit(1);
+        }
+    };
+    let r = s.check().with_context(|| format!("check {}", device.display()))?;
+    output::print(json, &r, || {
+        format!(
+            "{}: ok: generation {}, {} journal records, {} lvols and snapshots, {} clusters owned, {} leaked",
+            device.display(),
+            r.generation,
+            r.journal_records_replayed,
+            r.blobs,
+            r.owned_clusters,
+            r.leaked_clusters
+        )
+    })?;
     Ok(())
 }
 
