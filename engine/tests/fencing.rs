@@ -81,18 +81,22 @@ async fn stale_engine_write_after_a_newer_engine_took_over_fails_and_the_newer_r
     assert_eq!(status.fenced, "", "e2 is not fenced");
 }
 
-/// A replica SIGKILLed right after it answered the handshake of generation 2, before any write: restarted on the
-/// same directory, it still refuses generation 1 (the record was durable before the answer).
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn replica_killed_after_accepting_a_generation_still_refuses_a_lower_one_after_restart() {
+on_both_engines!(replica_killed_after_accepting_a_generation_still_refuses_a_lower_one_after_restart);
+
+/// A replica SIGKILLed right after it answered the handshake of generation 2, before any write (v1: `corral-replica
+/// serve`; v2: the whole `serve-lvstore` daemon): restarted on the same directory or lvstore, it still refuses
+/// generation 1 (the record was durable before the answer).
+async fn replica_killed_after_accepting_a_generation_still_refuses_a_lower_one_after_restart(
+    engine: DataEngine,
+) {
     let t = tempfile::tempdir().unwrap();
     let dir = t.path().join("r");
-    let mut r = Replica::start(&dir, &["--size", "16M"]);
+    let mut r = Replica::start_on(engine, &dir, &["--size", "16M"]);
     let c1 = connect(&r, 1).await.expect("generation 1 accepted");
     let c2 = connect(&r, 2).await.expect("generation 2 accepted");
     r.kill();
     drop((c1, c2));
-    let r = Replica::start(&dir, &[]);
+    let r = Replica::start_on(engine, &dir, &[]);
     match connect(&r, 1).await {
         Err(ClientError::Fenced {
             replica: 2,
@@ -184,4 +188,230 @@ async fn replica_refuses_lower_missing_and_unreadable_generations_with_clear_err
     )
     .await;
     c.write(0, &[0xcd; 4096]).await.expect("generation 101 writes");
+}
+
+/// `msg` as a gRPC request of an engine of `generation` (the metadata every engine call to a replica carries).
+fn of_generation<T>(msg: T, generation: u64) -> tonic::Request<T> {
+    let mut req = tonic::Request::new(msg);
+    req.metadata_mut().insert(
+        corral_proto::engine_generation::METADATA_KEY,
+        tonic::metadata::MetadataValue::from(generation),
+    );
+    req
+}
+
+/// The refusal of a stale engine's gRPC call: FAILED_PRECONDITION naming both numbers.
+fn assert_fenced<T: std::fmt::Debug>(what: &str, res: Result<tonic::Response<T>, tonic::Status>) {
+    match res {
+        Err(s) => {
+            assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{what}: {s:?}");
+            assert!(
+                s.message().contains("fenced by generation 2 > 1"),
+                "{what}: {}",
+                s.message()
+            );
+        }
+        Ok(r) => panic!("{what} of generation 1 accepted after generation 2: {r:?}"),
+    }
+}
+
+on_both_engines!(mutating_grpc_calls_of_a_stale_engine_are_refused_naming_both_numbers_and_change_nothing);
+
+/// Issue 39, the gRPC side: once a replica accepted generation 2, the calls of generation 1 that change the chain
+/// or the data (snapshot, revert, expand, snapshot removal, purge, rebuild, clone, backup restore) are refused with
+/// both numbers, and the replica's chain, size and files stay as they were; generation 2's calls go through.
+async fn mutating_grpc_calls_of_a_stale_engine_are_refused_naming_both_numbers_and_change_nothing(
+    engine: DataEngine,
+) {
+    let t = tempfile::tempdir().unwrap();
+    let r = Replica::start_on(engine, &t.path().join("r"), &["--size", "16M"]);
+    let mut ctl = r.control().await;
+    let snapshot = |name: &str| v1::ReplicaSnapshotRequest {
+        name: name.to_owned(),
+        user_created: true,
+        ..Default::default()
+    };
+    ctl.replica_snapshot(of_generation(snapshot("s1"), 1))
+        .await
+        .expect("generation 1 takes a snapshot while it is the newest");
+    let c2 = connect(&r, 2).await.expect("generation 2 accepted");
+    c2.write(0, &[0x22; 4096]).await.expect("generation 2 writes");
+    let before = r.status().await;
+    let layout = r.layout().await;
+
+    assert_fenced(
+        "snapshot",
+        ctl.replica_snapshot(of_generation(snapshot("s2"), 1)).await,
+    );
+    assert_fenced(
+        "revert",
+        ctl.replica_revert(of_generation(
+            v1::ReplicaRevertRequest {
+                name: "s1".into(),
+                ..Default::default()
+            },
+            1,
+        ))
+        .await,
+    );
+    assert_fenced(
+        "expand",
+        ctl.replica_expand(of_generation(v1::ReplicaExpandRequest { size: 32 << 20 }, 1))
+            .await,
+    );
+    assert_fenced(
+        "snapshot removal",
+        ctl.disk_mark_as_removed(of_generation(v1::DiskRequest { name: "s1".into() }, 1))
+            .await,
+    );
+    let mut sync = r.sync_agent().await;
+    assert_fenced("purge", sync.snapshot_purge(of_generation(v1::Empty {}, 1)).await);
+    assert_fenced(
+        "rebuild",
+        sync.files_sync(of_generation(
+            v1::FilesSyncRequest {
+                from_addresses: vec![r.address()],
+                ..Default::default()
+            },
+            1,
+        ))
+        .await,
+    );
+    assert_fenced(
+        "clone",
+        sync.snapshot_clone(of_generation(
+            v1::SnapshotCloneRequest {
+                from_address: r.address(),
+                snapshot_file_name: "s1".into(),
+                ..Default::default()
+            },
+            1,
+        ))
+        .await,
+    );
+    assert_fenced(
+        "backup restore",
+        r.backup_service()
+            .await
+            .backup_restore(of_generation(v1::BackupRestoreRequest::default(), 1))
+            .await,
+    );
+
+    let after = r.status().await;
+    assert_eq!(after.chain, before.chain, "the chain changed under refused calls");
+    assert_eq!(after.size, before.size);
+    let files = |r: &v1::Replica| r.disks.keys().cloned().collect::<std::collections::BTreeSet<_>>();
+    assert_eq!(
+        files(&after),
+        files(&before),
+        "the snapshots changed under refused calls"
+    );
+    assert_eq!(
+        r.layout().await,
+        layout,
+        "the replica's files changed under refused calls"
+    );
+    let mut read = [0u8; 4096];
+    c2.read(0, &mut read).await.expect("generation 2 reads");
+    assert!(
+        read.iter().all(|b| *b == 0x22),
+        "generation 2's data is not read back"
+    );
+
+    ctl.replica_snapshot(of_generation(snapshot("s2"), 2))
+        .await
+        .expect("generation 2 takes a snapshot");
+}
+
+/// Sets xattr `key` of lvol `name` on the stopped lvstore of the v2 test replica in `dir` (`corral-lvstore
+/// set-xattr`, as an operator would).
+fn lvstore_set_xattr(dir: &std::path::Path, name: &str, key: &str, value: &str) {
+    let out = std::process::Command::new(common::bin("corral-lvstore"))
+        .arg("set-xattr")
+        .arg(dir.join("disk.img"))
+        .args([name, key, value])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "corral-lvstore set-xattr {name} {key} {value}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+const V2_GENERATION_XATTR: &str = "corral.engine-generation";
+
+/// Bad input on a v2 replica: a lower generation, none (an old engine), one from the future written by hand into
+/// the head's xattr with `corral-lvstore`, and a corrupt xattr; each refused with a clear error, the current engine
+/// served meanwhile, and the corrupt record left for the operator to repair.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn v2_replica_refuses_lower_missing_and_unreadable_generations_with_clear_errors() {
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("r");
+    let mut r = Replica::start_on(DataEngine::V2, &dir, &["--size", "16M"]);
+    connect(&r, 0).await.expect("no generation on a fresh replica");
+    let current = connect(&r, 5).await.expect("generation 5 accepted");
+    match connect(&r, 4).await {
+        Err(ClientError::Fenced {
+            replica: 5,
+            generation: 4,
+            message,
+        }) => assert!(message.contains("fenced by generation 5 > 4"), "{message}"),
+        other => panic!("generation 4 after 5: {other:?}"),
+    }
+    match connect(&r, 0).await {
+        Err(ClientError::Fenced {
+            replica: 5,
+            generation: 0,
+            message,
+        }) => assert!(message.contains("upgrade the engine"), "{message}"),
+        other => panic!("no generation after 5: {other:?}"),
+    }
+    current
+        .write(0, &[0xab; 4096])
+        .await
+        .expect("generation 5 still writes");
+    current.flush().await.expect("generation 5 flushes");
+    drop(current);
+    r.kill();
+
+    // A generation from the future written by hand: honoured as the highest accepted.
+    lvstore_set_xattr(&dir, "r", V2_GENERATION_XATTR, "100");
+    let mut r = Replica::start_on(DataEngine::V2, &dir, &[]);
+    match connect(&r, 6).await {
+        Err(ClientError::Fenced {
+            replica: 100,
+            generation: 6,
+            ..
+        }) => {}
+        other => panic!("generation 6 under a record of 100: {other:?}"),
+    }
+    r.kill();
+
+    // A corrupt record: every connection refused, naming the record; the data stays.
+    lvstore_set_xattr(&dir, "r", V2_GENERATION_XATTR, "not a number");
+    let mut r = Replica::start_on(DataEngine::V2, &dir, &[]);
+    for g in [0, 7, 1000] {
+        match connect(&r, g).await {
+            Err(ClientError::Remote { message, .. }) => {
+                assert!(
+                    message.contains("engine generation record is unreadable"),
+                    "{message}"
+                );
+                assert!(message.contains(V2_GENERATION_XATTR), "{message}");
+            }
+            other => panic!("generation {g} under a corrupt record: {other:?}"),
+        }
+    }
+    r.kill();
+    // Repaired by hand (docs/formats.md), the replica serves again, with the data written before.
+    lvstore_set_xattr(&dir, "r", V2_GENERATION_XATTR, "100");
+    let r = Replica::start_on(DataEngine::V2, &dir, &[]);
+    let c = connect(&r, 101).await.expect("generation 101 after the repair");
+    let mut read = [0u8; 4096];
+    c.read(0, &mut read).await.expect("read after the repair");
+    assert!(
+        read.iter().all(|b| *b == 0xab),
+        "the data written before the bad records is not read back"
+    );
 }
