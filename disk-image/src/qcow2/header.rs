@@ -164,6 +164,47 @@ pub(crate) fn parse(first: &[u8], file_len: u64) -> Result<Header, Refusal> {
         (0, 4, V2_HEADER_LEN, 0)
     };
 
+    check_features(crypt_method, incompatible, compression_type)?;
+    if refcount_order > 6 {
+        return corrupt(format!("refcount_order {refcount_order} above 6"));
+    }
+    if size > MAX_VIRTUAL_SIZE {
+        return corrupt(format!("virtual size {size} above 2^61"));
+    }
+
+    check_tables(
+        &Tables {
+            cluster_bits,
+            size,
+            l1_size,
+            l1_table_offset,
+            refcount_table_offset,
+            refcount_table_clusters,
+        },
+        file_len,
+    )?;
+
+    let backing_file = backing_file_name(first, backing_file_offset, backing_file_size, cluster_size)?;
+
+    let backing_format = parse_extensions(first, header_length, cluster_size)?;
+
+    Ok(Header {
+        version,
+        cluster_bits,
+        size,
+        l1_size,
+        l1_table_offset,
+        refcount_table_offset,
+        refcount_table_clusters,
+        refcount_order,
+        incompatible,
+        backing_file,
+        backing_format,
+    })
+}
+
+/// Encryption, the corrupt bit, and the incompatible features: what the reader cannot read is refused by name.
+fn check_features(crypt_method: u32, incompatible: u64, compression_type: u8) -> Result<(), Refusal> {
     match crypt_method {
         0 => {}
         1 => return unsupported("AES encryption (crypt_method 1)"),
@@ -201,14 +242,32 @@ pub(crate) fn parse(first: &[u8], file_len: u64) -> Result<Header, Refusal> {
             incompatible & !known
         ));
     }
-    if refcount_order > 6 {
-        return corrupt(format!("refcount_order {refcount_order} above 6"));
-    }
-    if size > MAX_VIRTUAL_SIZE {
-        return corrupt(format!("virtual size {size} above 2^61"));
-    }
+    Ok(())
+}
 
+/// The header fields that place the L1 and refcount tables.
+#[derive(Clone, Copy)]
+struct Tables {
+    cluster_bits: u32,
+    size: u64,
+    l1_size: u32,
+    l1_table_offset: u64,
+    refcount_table_offset: u64,
+    refcount_table_clusters: u32,
+}
+
+/// The L1 table maps the virtual size within qemu's limits, and both tables are cluster aligned inside the file.
+fn check_tables(t: &Tables, file_len: u64) -> Result<(), Refusal> {
     // L1: large enough for the virtual size, within qemu's limit, cluster aligned, inside the file.
+    let Tables {
+        cluster_bits,
+        size,
+        l1_size,
+        l1_table_offset,
+        refcount_table_offset,
+        refcount_table_clusters,
+    } = *t;
+    let cluster_size = 1u64 << cluster_bits;
     let l2_bits = cluster_bits - 3;
     let bytes_per_l1_entry = 1u64 << (cluster_bits + l2_bits);
     let needed = size.div_ceil(bytes_per_l1_entry);
@@ -245,43 +304,36 @@ pub(crate) fn parse(first: &[u8], file_len: u64) -> Result<Header, Refusal> {
         }
         check_range("refcount table", refcount_table_offset, reftable_bytes, file_len)?;
     }
+    Ok(())
+}
 
-    let backing_file = if backing_file_offset != 0 {
-        if backing_file_size == 0 || backing_file_size > MAX_BACKING_NAME {
-            return corrupt(format!(
-                "backing file name length {backing_file_size} outside 1..={MAX_BACKING_NAME}"
-            ));
-        }
-        let end = backing_file_offset.saturating_add(u64::from(backing_file_size));
-        if end > cluster_size || end > first.len() as u64 {
-            return corrupt(format!(
-                "backing file name at {backing_file_offset} ({backing_file_size} bytes) is outside the first cluster"
-            ));
-        }
-        let raw = &first[to_usize(backing_file_offset)?..to_usize(end)?];
-        match std::str::from_utf8(raw) {
-            Ok(s) if !s.contains('\0') => Some(s.to_owned()),
-            _ => return unsupported("backing file name that is not UTF-8 text"),
-        }
-    } else {
-        None
-    };
-
-    let backing_format = parse_extensions(first, header_length, cluster_size)?;
-
-    Ok(Header {
-        version,
-        cluster_bits,
-        size,
-        l1_size,
-        l1_table_offset,
-        refcount_table_offset,
-        refcount_table_clusters,
-        refcount_order,
-        incompatible,
-        backing_file,
-        backing_format,
-    })
+/// The backing file name (`offset` 0: none): 1..=1023 bytes of UTF-8 inside the first cluster.
+fn backing_file_name(
+    first: &[u8],
+    offset: u64,
+    len: u32,
+    cluster_size: u64,
+) -> Result<Option<String>, Refusal> {
+    if offset == 0 {
+        return Ok(None);
+    }
+    let (backing_file_offset, backing_file_size) = (offset, len);
+    if backing_file_size == 0 || backing_file_size > MAX_BACKING_NAME {
+        return corrupt(format!(
+            "backing file name length {backing_file_size} outside 1..={MAX_BACKING_NAME}"
+        ));
+    }
+    let end = backing_file_offset.saturating_add(u64::from(backing_file_size));
+    if end > cluster_size || end > first.len() as u64 {
+        return corrupt(format!(
+            "backing file name at {backing_file_offset} ({backing_file_size} bytes) is outside the first cluster"
+        ));
+    }
+    let raw = &first[to_usize(backing_file_offset)?..to_usize(end)?];
+    match std::str::from_utf8(raw) {
+        Ok(s) if !s.contains('\0') => Ok(Some(s.to_owned())),
+        _ => unsupported("backing file name that is not UTF-8 text"),
+    }
 }
 
 /// Walks the header extensions (they end at an end marker or at the end of the first cluster) and returns the
