@@ -62,7 +62,6 @@ impl DirLayout {
                 files.push(name);
             }
         }
-        let has = |n: &str| files.iter().any(|f| f == n);
         let meta_path = dir.join(VOLUME_META);
         let Some(info) = load_json::<VolumeInfo>(&meta_path)? else {
             if files.iter().any(|f| names::is_image(f)) {
@@ -125,37 +124,7 @@ impl DirLayout {
                 disks.remove(f);
             }
         }
-        // Metas without an image.
-        let without_image: Vec<String> = disks.keys().filter(|d| !has(d)).cloned().collect();
-        for d in without_image {
-            let m = disks[&d].clone();
-            let children: Vec<String> = disks
-                .values()
-                .filter(|c| c.parent == d)
-                .map(|c| c.name.clone())
-                .collect();
-            if children.is_empty() {
-                repairs.push(Repair::Remove(names::meta_file(&d)));
-                disks.remove(&d);
-            } else if m.removed && children.len() == 1 && names::snapshot_name(&d).is_some() {
-                let child = &children[0];
-                if let Some(c) = disks.get_mut(child) {
-                    c.parent.clone_from(&m.parent);
-                }
-                repairs.push(Repair::Repoint {
-                    disk: child.clone(),
-                    parent: m.parent.clone(),
-                });
-                repairs.push(Repair::Remove(names::meta_file(&d)));
-                disks.remove(&d);
-            } else {
-                return Err(ReplicaError::MissingParent {
-                    dir: dir.to_owned(),
-                    disk: children[0].clone(),
-                    parent: d,
-                });
-            }
-        }
+        drop_metas_without_image(dir, &files, &mut disks, &mut repairs)?;
         // Checksum records of images that are gone.
         for f in &files {
             if let Some(img) = f.strip_suffix(CHECKSUM_SUFFIX)
@@ -165,44 +134,7 @@ impl DirLayout {
             }
         }
 
-        let head_meta = disks.get(&info.head).ok_or_else(|| ReplicaError::MissingMeta {
-            path: dir.join(names::meta_file(&info.head)),
-            hint: " (metadata of the head named in volume.meta)",
-        })?;
-        let mut live = vec![head_meta.name.clone()];
-        let mut cur = head_meta.parent.clone();
-        while !cur.is_empty() {
-            let Some(m) = disks.get(&cur) else {
-                return Err(ReplicaError::MissingParent {
-                    dir: dir.to_owned(),
-                    disk: live.last().cloned().unwrap_or_default(),
-                    parent: cur,
-                });
-            };
-            if live.contains(&cur) || live.len() > disks.len() {
-                return Err(ReplicaError::CorruptMeta {
-                    path: dir.join(names::meta_file(&cur)),
-                    reason: "parent chain loops".into(),
-                });
-            }
-            if names::head_index(&cur).is_some() {
-                return Err(ReplicaError::CorruptMeta {
-                    path: dir.join(names::meta_file(live.last().map_or("", String::as_str))),
-                    reason: format!("parent {cur} is a head, not a snapshot"),
-                });
-            }
-            live.push(cur.clone());
-            cur.clone_from(&m.parent);
-        }
-        for d in disks.values() {
-            if !d.parent.is_empty() && !disks.contains_key(&d.parent) {
-                return Err(ReplicaError::MissingParent {
-                    dir: dir.to_owned(),
-                    disk: d.name.clone(),
-                    parent: d.parent.clone(),
-                });
-            }
-        }
+        let mut live = live_chain(dir, &info, &disks)?;
         repairs.extend(clone_leftovers(dir, &files, &live, &mut disks));
         live.reverse();
         Ok(Some(Self {
@@ -222,6 +154,93 @@ impl DirLayout {
             .map(|d| d.name.clone())
             .collect()
     }
+}
+
+/// Metadata files whose image is gone: removed when nothing names them as parent; a removed snapshot's with one
+/// child is bypassed (the child repointed to its parent: a purge interrupted after the image went); any other is
+/// a missing parent, refused.
+fn drop_metas_without_image(
+    dir: &Path,
+    files: &[String],
+    disks: &mut BTreeMap<String, DiskMeta>,
+    repairs: &mut Vec<Repair>,
+) -> Result<()> {
+    let has = |n: &str| files.iter().any(|f| f == n);
+    let without_image: Vec<String> = disks.keys().filter(|d| !has(d)).cloned().collect();
+    for d in without_image {
+        let m = disks[&d].clone();
+        let children: Vec<String> = disks
+            .values()
+            .filter(|c| c.parent == d)
+            .map(|c| c.name.clone())
+            .collect();
+        if children.is_empty() {
+            repairs.push(Repair::Remove(names::meta_file(&d)));
+            disks.remove(&d);
+        } else if m.removed && children.len() == 1 && names::snapshot_name(&d).is_some() {
+            let child = &children[0];
+            if let Some(c) = disks.get_mut(child) {
+                c.parent.clone_from(&m.parent);
+            }
+            repairs.push(Repair::Repoint {
+                disk: child.clone(),
+                parent: m.parent.clone(),
+            });
+            repairs.push(Repair::Remove(names::meta_file(&d)));
+            disks.remove(&d);
+        } else {
+            return Err(ReplicaError::MissingParent {
+                dir: dir.to_owned(),
+                disk: children[0].clone(),
+                parent: d,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The live chain from the head named in `volume.meta` up to the root (head first), refusing a missing parent,
+/// a loop, or a head as a parent; and every disk's parent must exist.
+fn live_chain(dir: &Path, info: &VolumeInfo, disks: &BTreeMap<String, DiskMeta>) -> Result<Vec<String>> {
+    let head_meta = disks.get(&info.head).ok_or_else(|| ReplicaError::MissingMeta {
+        path: dir.join(names::meta_file(&info.head)),
+        hint: " (metadata of the head named in volume.meta)",
+    })?;
+    let mut live = vec![head_meta.name.clone()];
+    let mut cur = head_meta.parent.clone();
+    while !cur.is_empty() {
+        let Some(m) = disks.get(&cur) else {
+            return Err(ReplicaError::MissingParent {
+                dir: dir.to_owned(),
+                disk: live.last().cloned().unwrap_or_default(),
+                parent: cur,
+            });
+        };
+        if live.contains(&cur) || live.len() > disks.len() {
+            return Err(ReplicaError::CorruptMeta {
+                path: dir.join(names::meta_file(&cur)),
+                reason: "parent chain loops".into(),
+            });
+        }
+        if names::head_index(&cur).is_some() {
+            return Err(ReplicaError::CorruptMeta {
+                path: dir.join(names::meta_file(live.last().map_or("", String::as_str))),
+                reason: format!("parent {cur} is a head, not a snapshot"),
+            });
+        }
+        live.push(cur.clone());
+        cur.clone_from(&m.parent);
+    }
+    for d in disks.values() {
+        if !d.parent.is_empty() && !disks.contains_key(&d.parent) {
+            return Err(ReplicaError::MissingParent {
+                dir: dir.to_owned(),
+                disk: d.name.clone(),
+                parent: d.parent.clone(),
+            });
+        }
+    }
+    Ok(live)
 }
 
 fn validate_info(path: &Path, info: &VolumeInfo) -> Result<()> {
