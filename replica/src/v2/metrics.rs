@@ -134,6 +134,14 @@ fn gauge(v: u64) -> ConstGauge {
 
 impl prometheus_client::collector::Collector for Collector {
     fn encode(&self, mut enc: DescriptorEncoder) -> Result<(), std::fmt::Error> {
+        self.encode_store(&mut enc)?;
+        self.encode_replicas(&mut enc)
+    }
+}
+
+impl Collector {
+    /// The lvstore's space and journal figures.
+    fn encode_store(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let s = self.store.space();
         for (name, help, v) in [
             (
@@ -190,6 +198,11 @@ impl prometheus_client::collector::Collector for Collector {
             c.encode(enc.encode_descriptor(name, help, None, c.metric_type())?)?;
         }
 
+        Ok(())
+    }
+
+    /// Each replica's data-protocol counters, gauges and latency histograms, labelled by replica.
+    fn encode_replicas(&self, enc: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         // A copy of the table: encoding must not hold the lock the daemon takes to add or drop a replica.
         let replicas: Vec<(String, ReplicaMetrics)> = lock(&self.replicas)
             .iter()
@@ -284,7 +297,7 @@ impl prometheus_client::collector::Collector for Collector {
                 .iter()
                 .zip(&replicas)
                 .map(|(l, (_, m))| (&l[..], pick(&m.latency)));
-            encode_latency_family(&mut enc, name, help, series)?;
+            encode_latency_family(enc, name, help, series)?;
         }
         Ok(())
     }
