@@ -8,7 +8,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use corral_disk::BLOCK_SIZE;
-use manager::api::views::SnapshotView;
+use manager::volume::views::SnapshotView;
 use manager::clone::model::CloneState;
 use tonic::{Request, Response, Status};
 

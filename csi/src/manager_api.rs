@@ -4,7 +4,9 @@
 
 use std::time::{Duration, Instant};
 
-use manager::api::views::{CloneStatusView, NodeView, SnapshotView, VolumeView};
+use manager::clone::views::CloneStatusView;
+use manager::node::views::NodeView;
+use manager::volume::views::{SnapshotView, VolumeView};
 use manager::backup::routes::{BackupTargetView, BackupView, RestoreView};
 use manager::client::{Client, ClientError};
 use manager::model::VolumeState;

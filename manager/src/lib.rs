@@ -24,6 +24,7 @@ pub mod process;
 pub mod runtime;
 pub mod scheduler;
 pub mod server;
+pub mod setting;
 pub mod snapshot;
 pub mod store;
 pub mod token;

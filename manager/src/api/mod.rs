@@ -1,14 +1,14 @@
-//! The REST API kit (`/v1/...`, JSON): every route is registered through [`Routes`] (each feature's `routes`
-//! module registers its own; `crate::server::routes` assembles them), which also produces the OpenAPI document
-//! served at `/v1/openapi.json`, so the document cannot miss a route; the extractors ([`extract`]), the views,
-//! and the router with its middleware. Errors are `{code, message}` with the status of [`ApiError`]. Validation
+//! The REST API kit (`/v1/...`, JSON), which names no feature: every route is registered through [`Routes`]
+//! (each feature's `routes` module registers its own; `crate::server::routes` assembles them), which also lists
+//! the routes for the OpenAPI document served at `/v1/openapi.json` ([`openapi`] assembles it from each
+//! feature's part), so the document cannot miss a route; the extractors ([`extract`]), and the router with its
+//! middleware. Each feature's JSON shapes are its `views` module. Errors are `{code, message}` with the status of [`ApiError`]. Validation
 //! happens before anything is written: a refused request leaves nothing behind.
 
 pub mod extract;
 pub mod openapi;
 pub mod patterns;
 pub mod routes;
-pub mod views;
 
 use axum::Router;
 use axum::extract::{DefaultBodyLimit, Request, State};

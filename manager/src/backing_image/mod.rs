@@ -17,6 +17,7 @@ pub mod datasource_controller;
 pub mod disks;
 pub mod image_controller;
 pub mod model;
+pub mod openapi;
 pub mod restore_source;
 pub mod routes;
 pub mod service;

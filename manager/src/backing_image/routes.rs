@@ -14,10 +14,9 @@ use super::image_controller::{MIN_COPIES_SETTING, data_source_for};
 use super::model::{
     BackingImage, BackingImageDataSource, BackingImageSpec, DiskFileStatus, SourceType, state,
 };
+use super::openapi::{check_checksum as check_checksum_pattern, check_source_parameters};
 use crate::api::extract::{Body, Path, Query};
-use crate::api::openapi::{
-    check_checksum as check_checksum_pattern, check_copies, check_name, check_source_parameters,
-};
+use crate::api::openapi::{check_copies, check_name};
 use crate::api::routes::Routes;
 use crate::context::Ctx;
 use crate::error::ApiError;

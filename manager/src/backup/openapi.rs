@@ -1,11 +1,20 @@
-//! The OpenAPI side of the backup routes: their request and response schemas and the patterns the handlers check.
-//! A leaf under `api::openapi` (which merges it into the document), so the handlers can use `api::openapi`
-//! without a module cycle.
+//! The OpenAPI side of the backup routes: their request and response schemas and the patterns the handlers check,
+//! merged into the document as [`PART`] by `crate::server::routes`.
 
 use serde_json::{Value, json};
 
 use super::model::BackupState;
+use crate::api::openapi::{Part, Shape};
 use crate::api::patterns::NAME_PATTERN;
+
+/// This feature's part of the document.
+pub const PART: Part = Part {
+    shape: |method, path| shape(method, path).map(|(body, status, response)| Shape::json(body, status, response)),
+    schemas,
+    path_param,
+    query_params,
+    ..Part::NONE
+};
 
 /// `[TARGET:]NAME` of a backup or backup volume: a target name, a colon, and a backup store name (1-63 of
 /// `[A-Za-z0-9._-]`, not starting with `.` or `-`).

@@ -7,6 +7,8 @@
 
 pub mod controller;
 pub mod model;
+pub mod openapi;
+pub mod views;
 
 use crate::context::Ctx;
 use crate::store::StoreError;

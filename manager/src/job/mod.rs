@@ -9,6 +9,7 @@ pub mod cli;
 pub mod controller;
 pub mod cron;
 pub mod model;
+pub mod openapi;
 pub mod routes;
 pub mod snapshot_task;
 

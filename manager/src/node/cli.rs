@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 use clap::Subcommand;
 
 use super::drain::DrainState;
-use crate::api::views::NodeView;
+use super::views::NodeView;
 use crate::client::Client;
 
 #[derive(Subcommand, Debug)]

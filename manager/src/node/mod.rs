@@ -3,4 +3,6 @@
 
 pub mod cli;
 pub mod drain;
+pub mod openapi;
 pub mod routes;
+pub mod views;

@@ -9,8 +9,9 @@ use axum::extract::State;
 
 use super::drain::{DrainState, draining_nodes};
 use crate::api::extract::{Body, Path};
-use crate::api::openapi::{check_disk_path, check_name};
-use crate::api::views::{DiskCreate, NodeView};
+use super::openapi::check_disk_path;
+use super::views::{DiskCreate, NodeView};
+use crate::api::openapi::check_name;
 use crate::context::Ctx;
 use crate::error::ApiError;
 use crate::model::{DiskSpec, Node, Replica, Volume};
@@ -282,7 +283,7 @@ async fn add_disk(
         return Err(ApiError::Conflict(why));
     }
     let local = n.data.spec.host == ctx.cfg.host || node == ctx.cfg.node_id;
-    let lvstore_size = crate::v2::service::check_disk(&req, local)?;
+    let lvstore_size = crate::v2::service::check_disk(req.disk_engine, req.lvstore_size, &req.path, local)?;
     // A directory that already is a Corral disk keeps its identity.
     let uuid = match corral_disk::identity::read_disk_config(path) {
         Ok(c) if local => c.disk_uuid,

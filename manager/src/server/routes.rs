@@ -5,14 +5,14 @@
 use axum::Json;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use serde_json::json;
 
 use crate::api::Routes;
-use crate::api::extract::{Body, Path};
-use crate::api::openapi;
-use crate::api::views::*;
+use crate::api::openapi::{self, Part, Shape};
 use crate::context::Ctx;
 use crate::error::ApiError;
-use crate::model::{self, Replica, Setting, Volume};
+use crate::model::{self, Replica, Volume};
+use crate::volume::views::ReplicaView;
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
@@ -22,9 +22,7 @@ pub fn routes() -> Routes {
     crate::node::routes::register(&mut r);
     crate::volume::routes::register(&mut r);
     r.add("get", "/v1/replicas", "List replicas", list_replicas);
-    r.add("get", "/v1/settings", "List settings", list_settings);
-    r.add("get", "/v1/settings/{setting}", "Get a setting", get_setting);
-    r.add("put", "/v1/settings/{setting}", "Set a setting", put_setting);
+    crate::setting::routes::register(&mut r);
     crate::backing_image::routes::register(&mut r);
     crate::job::routes::register(&mut r);
     crate::backup::routes::register(&mut r);
@@ -36,9 +34,43 @@ pub fn routes() -> Routes {
     r
 }
 
-/// The OpenAPI 3 document of [`routes()`] (see [`openapi`]).
+/// Every feature's part of the OpenAPI document, and this module's own.
+const PARTS: [Part; 9] = [
+    crate::node::openapi::PART,
+    crate::volume::openapi::PART,
+    crate::setting::openapi::PART,
+    crate::backing_image::openapi::PART,
+    crate::job::openapi::PART,
+    crate::backup::openapi::PART,
+    crate::v2::routes::PART,
+    crate::token::openapi::PART,
+    Part {
+        shape,
+        ..Part::NONE
+    },
+];
+
+/// The shapes of this module's routes: the document itself, metrics, liveness.
+fn shape(method: &str, path: &str) -> Option<Shape> {
+    let plain = |media| Shape {
+        body: None,
+        status: 200,
+        response: Some((json!({"type": "string"}), media)),
+    };
+    Some(match (method, path) {
+        ("get", "/v1/openapi.json") => Shape::json(None, 200, Some(json!({"type": "object"}))),
+        ("get", "/metrics") => plain("application/openmetrics-text"),
+        ("get", "/healthz") => plain("text/plain"),
+        _ => return None,
+    })
+}
+
+/// The OpenAPI 3 document of [`routes()`] (see [`openapi`]): open routes are those that need no role.
 pub fn openapi_document() -> serde_json::Value {
-    openapi::document(&routes().documented)
+    let open = |method: &str, path: &str| {
+        crate::token::auth::required_role(&method.to_uppercase().parse().unwrap_or_default(), path).is_none()
+    };
+    openapi::document(&routes().documented, &PARTS, &open)
 }
 
 async fn openapi() -> Json<serde_json::Value> {
@@ -82,52 +114,26 @@ async fn list_replicas(State(ctx): State<Ctx>) -> ApiResult<Vec<ReplicaView>> {
     ))
 }
 
-async fn setting_view(ctx: &Ctx, name: &str) -> Result<SettingView, ApiError> {
-    let (n, default, desc) = model::SETTINGS
-        .iter()
-        .find(|s| s.0 == name)
-        .ok_or_else(|| ApiError::NotFound(format!("unknown setting {name:?}")))?;
-    Ok(SettingView {
-        name: (*n).to_owned(),
-        value: ctx.setting(name).await,
-        default: (*default).to_owned(),
-        description: (*desc).to_owned(),
-    })
-}
-
-async fn list_settings(State(ctx): State<Ctx>) -> ApiResult<Vec<SettingView>> {
-    let mut out = Vec::new();
-    for s in model::SETTINGS {
-        out.push(setting_view(&ctx, s.0).await?);
-    }
-    Ok(Json(out))
-}
-
-async fn get_setting(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResult<SettingView> {
-    Ok(Json(setting_view(&ctx, &name).await?))
-}
-
-async fn put_setting(
-    State(ctx): State<Ctx>,
-    Path(name): Path<String>,
-    Body(req): Body<SettingValue>,
-) -> ApiResult<SettingView> {
-    if !model::SETTINGS.iter().any(|s| s.0 == name) {
-        return Err(ApiError::NotFound(format!("unknown setting {name:?}")));
-    }
-    if let Some((_, default, _)) = model::SETTINGS.iter().find(|s| s.0 == name) {
-        openapi::check_setting_value(&name, default, &req.value)?;
-    }
-    model::validate_setting(&name, &req.value).map_err(ApiError::Invalid)?;
-    let value = Setting { value: req.value };
-    match ctx.db.get::<Setting>(&name).await? {
-        Some(mut s) => {
-            s.data = value;
-            ctx.db.update(&mut s).await?;
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn every_route_is_described_with_unique_operation_ids() {
+        let doc = super::openapi_document();
+        let mut ids = std::collections::BTreeSet::new();
+        for (_, item) in doc["paths"].as_object().unwrap() {
+            for (_, op) in item.as_object().unwrap() {
+                assert!(ids.insert(op["operationId"].as_str().unwrap().to_owned()), "{op}");
+            }
         }
-        None => {
-            ctx.db.create(&name, value).await?;
+        // Every link names an operation of the document.
+        for (_, item) in doc["paths"].as_object().unwrap() {
+            for (_, op) in item.as_object().unwrap() {
+                for (_, resp) in op["responses"].as_object().unwrap() {
+                    for (_, link) in resp["links"].as_object().into_iter().flatten() {
+                        assert!(ids.contains(link["operationId"].as_str().unwrap()), "{link}");
+                    }
+                }
+            }
         }
     }
-    Ok(Json(setting_view(&ctx, &name).await?))
 }

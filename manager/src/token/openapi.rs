@@ -1,7 +1,16 @@
-//! The OpenAPI side of the token routes: their shapes and schemas. A leaf under `api::openapi` (which merges it into
-//! the document), so the routes can use `api::openapi` without a module cycle.
+//! The OpenAPI side of the token routes: their shapes and schemas, merged into the document as [`PART`] by
+//! `crate::server::routes`.
 
 use serde_json::{Value, json};
+
+use crate::api::openapi::{Part, Shape, name_schema};
+
+/// This feature's part of the document.
+pub const PART: Part = Part {
+    shape: |method, path| shape(method, path).map(|(body, status, response)| Shape::json(body, status, response)),
+    schemas: || schemas(&name_schema()),
+    ..Part::NONE
+};
 
 /// The OpenAPI shape of these routes: (request body, required), success status, response.
 #[allow(clippy::type_complexity)]

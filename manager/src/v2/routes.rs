@@ -6,6 +6,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::model::LvstoreDaemon;
+use crate::api::openapi::{Part, Shape, array_of};
 use crate::context::Ctx;
 use crate::error::ApiError;
 use crate::model::ProcessState;
@@ -33,6 +34,15 @@ pub struct LvstoreView {
     pub restarts: u32,
     pub message: String,
 }
+
+/// This feature's part of the OpenAPI document.
+pub const PART: Part = Part {
+    shape: |method, path| {
+        (method == "get" && path == "/v1/lvstores").then(|| Shape::json(None, 200, Some(array_of("LvstoreDaemon"))))
+    },
+    schemas: || json!({"LvstoreDaemon": schema()}),
+    ..Part::NONE
+};
 
 /// Its OpenAPI schema.
 pub fn schema() -> Value {

@@ -4,4 +4,6 @@
 //! [`crate::volume_engine`].
 
 pub mod controller;
+pub mod openapi;
 pub mod routes;
+pub mod views;

@@ -9,8 +9,8 @@ use axum::http::StatusCode;
 
 use crate::api::Routes;
 use crate::api::extract::{Body, Path};
+use super::views::*;
 use crate::api::openapi::{check_copies, check_name, check_size};
-use crate::api::views::*;
 use crate::clone::model::{CloneState, DataSource, VolumeClone};
 use crate::context::Ctx;
 use crate::controller::maintenance::with_volume_in_maintenance;
@@ -182,7 +182,9 @@ async fn create_volume(
     check_copies("numberOfReplicas", req.number_of_replicas)?;
     let data_engine = crate::v2::service::volume_engine(
         &ctx,
-        &req,
+        &req.name,
+        req.data_engine,
+        req.from_backup.is_some(),
         clone.as_ref().map(|(_, source)| &source.data),
         backing_image.as_deref(),
     )
