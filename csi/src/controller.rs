@@ -8,8 +8,8 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use corral_disk::BLOCK_SIZE;
-use manager::volume::views::SnapshotView;
 use manager::clone::model::CloneState;
+use manager::volume::views::SnapshotView;
 use tonic::{Request, Response, Status};
 
 use crate::capability::{self, Access};

@@ -4,12 +4,12 @@
 
 use std::time::{Duration, Instant};
 
-use manager::clone::views::CloneStatusView;
-use manager::node::views::NodeView;
-use manager::volume::views::{SnapshotView, VolumeView};
 use manager::backup::routes::{BackupTargetView, BackupView, RestoreView};
 use manager::client::{Client, ClientError};
+use manager::clone::views::CloneStatusView;
 use manager::model::VolumeState;
+use manager::node::views::NodeView;
+use manager::volume::views::{SnapshotView, VolumeView};
 use serde::Deserialize;
 use serde_json::json;
 

@@ -317,8 +317,6 @@ fn folder_graph(graph: &Graph) -> Graph {
 const FOLDER_BACK_EDGES: &[(&str, &str, &str)] = &[
     // The backing-image restore source reads the backup model.
     ("manager", "backing_image", "backup"),
-    // The v2 replica reads the backing-image model.
-    ("manager", "v2", "backing_image"),
     // The rebuild job reaches into the service for `ReplicaHost`.
     ("replica", "rebuild", "service"),
 ];

@@ -133,3 +133,35 @@ pub async fn replica_backing(ctx: &Ctx, r: &Replica) -> anyhow::Result<Option<Re
         )),
     }))
 }
+
+/// The v2 backing image a v2 replica's head is cloned from (`crate::v2::replica::reconcile`): Ok("") for a volume
+/// without one, Ok(name) once the copy on the replica's disk is ready, Err(why) while it is not (the v2 image
+/// controller makes it: the replica's disk is in the image's spec because the replica is there).
+pub async fn v2_replica_backing(ctx: &Ctx, r: &Replica) -> anyhow::Result<Result<String, String>> {
+    let Some(vol) = ctx.db.get::<Volume>(&r.spec.volume).await? else {
+        return Ok(Ok(String::new()));
+    };
+    let Some(image) = vol.data.spec.backing_image.clone() else {
+        return Ok(Ok(String::new()));
+    };
+    let Some(bi) = ctx.db.get::<BackingImage>(&image).await? else {
+        return Ok(Err(format!("backing image {image} does not exist")));
+    };
+    let copy = bi
+        .data
+        .status
+        .disk_file_status_map
+        .get(&r.spec.disk_uuid)
+        .filter(|f| f.data_engine == crate::model::DataEngine::V2);
+    Ok(match copy {
+        Some(f) if f.state == state::READY => Ok(image),
+        Some(f) => Err(format!(
+            "waiting for v2 backing image {image} on disk {}: {} {}% {}",
+            r.spec.disk, f.state, f.progress, f.message
+        )),
+        None => Err(format!(
+            "waiting for v2 backing image {image} to be copied to disk {}",
+            r.spec.disk
+        )),
+    })
+}

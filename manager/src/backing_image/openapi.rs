@@ -159,7 +159,9 @@ fn shape(method: &str, path: &str) -> Option<Shape> {
             201,
             Some(schema_ref("BackingImage")),
         ),
-        ("get", "/v1/backingimages/{backingimage}") => Shape::json(None, 200, Some(schema_ref("BackingImage"))),
+        ("get", "/v1/backingimages/{backingimage}") => {
+            Shape::json(None, 200, Some(schema_ref("BackingImage")))
+        }
         ("delete", "/v1/backingimages/{backingimage}") => Shape::json(None, 204, None),
         ("post", "/v1/backingimages/{backingimage}/cleanup" | "/v1/backingimages/{backingimage}/copy") => {
             Shape::json(

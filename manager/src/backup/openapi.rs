@@ -9,7 +9,9 @@ use crate::api::patterns::NAME_PATTERN;
 
 /// This feature's part of the document.
 pub const PART: Part = Part {
-    shape: |method, path| shape(method, path).map(|(body, status, response)| Shape::json(body, status, response)),
+    shape: |method, path| {
+        shape(method, path).map(|(body, status, response)| Shape::json(body, status, response))
+    },
     schemas,
     path_param,
     query_params,

@@ -9,12 +9,12 @@ use anyhow::{Context, bail};
 use clap::{Parser, Subcommand};
 use corral_daemon::cli::RunKind;
 use corral_daemon::output::{emit, table};
-use manager::node::views::{DiskCreate, NodeView};
-use manager::setting::views::{SettingValue, SettingView};
-use manager::volume::views::*;
 use manager::client::Client;
 use manager::clone::model::CloneState;
 use manager::model::{Robustness, VolumeState};
+use manager::node::views::{DiskCreate, NodeView};
+use manager::setting::views::{SettingValue, SettingView};
+use manager::volume::views::*;
 
 #[derive(Parser, Debug)]
 #[command(

@@ -24,4 +24,3 @@ impl From<&super::model::VolumeClone> for CloneStatusView {
         }
     }
 }
-

@@ -76,7 +76,14 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
         return Ok(None);
     }
     if r.spec.data_engine == crate::model::DataEngine::V2 {
-        return crate::v2::replica::reconcile(&ctx, &local.v2, &name, r).await;
+        return crate::v2::replica::reconcile(
+            &ctx,
+            &local.v2,
+            &name,
+            r,
+            crate::backing_image::v2_replica_backing(&ctx, r),
+        )
+        .await;
     }
     if let Ok(mut m) = local.data_paths.lock() {
         m.insert(

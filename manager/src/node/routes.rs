@@ -8,9 +8,9 @@ use axum::Json;
 use axum::extract::State;
 
 use super::drain::{DrainState, draining_nodes};
-use crate::api::extract::{Body, Path};
 use super::openapi::check_disk_path;
 use super::views::{DiskCreate, NodeView};
+use crate::api::extract::{Body, Path};
 use crate::api::openapi::check_name;
 use crate::context::Ctx;
 use crate::error::ApiError;

@@ -44,10 +44,7 @@ const PARTS: [Part; 9] = [
     crate::backup::openapi::PART,
     crate::v2::routes::PART,
     crate::token::openapi::PART,
-    Part {
-        shape,
-        ..Part::NONE
-    },
+    Part { shape, ..Part::NONE },
 ];
 
 /// The shapes of this module's routes: the document itself, metrics, liveness.

@@ -7,7 +7,9 @@ use crate::api::openapi::{Part, Shape, name_schema};
 
 /// This feature's part of the document.
 pub const PART: Part = Part {
-    shape: |method, path| shape(method, path).map(|(body, status, response)| Shape::json(body, status, response)),
+    shape: |method, path| {
+        shape(method, path).map(|(body, status, response)| Shape::json(body, status, response))
+    },
     schemas: || schemas(&name_schema()),
     ..Part::NONE
 };

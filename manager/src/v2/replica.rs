@@ -98,8 +98,16 @@ pub async fn remove(address: &str, name: &str, delete_data: bool) -> anyhow::Res
 }
 
 /// Brings v2 replica `name` (of this node) to its spec: hosted and serving while it should run, not served
-/// otherwise.
-pub async fn reconcile(ctx: &Ctx, hosted: &Hosted, name: &str, r: &Replica) -> anyhow::Result<Requeue> {
+/// otherwise. `backing_image` is the v2 backing image its head is cloned from
+/// (`crate::backing_image::v2_replica_backing`: Ok("") for none, Ok(name) once ready on its disk, Err(why) while
+/// not), awaited only when the replica should serve.
+pub async fn reconcile(
+    ctx: &Ctx,
+    hosted: &Hosted,
+    name: &str,
+    r: &Replica,
+    backing_image: impl Future<Output = anyhow::Result<Result<String, String>>>,
+) -> anyhow::Result<Requeue> {
     let daemon = daemon_name(&r.spec.node_id, &r.spec.disk);
     if let Ok(mut m) = hosted.0.lock() {
         m.insert(name.to_owned(), daemon.clone());
@@ -124,7 +132,7 @@ pub async fn reconcile(ctx: &Ctx, hosted: &Hosted, name: &str, r: &Replica) -> a
         }
         return Ok(None);
     }
-    let backing_image = match v2_backing_image(ctx, r).await? {
+    let backing_image = match backing_image.await? {
         Ok(image) => image,
         // Serving already: its head exists (cloned when it was made), so a copy that reads unknown for a moment
         // does not stop it.
@@ -157,39 +165,6 @@ pub async fn reconcile(ctx: &Ctx, hosted: &Hosted, name: &str, r: &Replica) -> a
     set_status(ctx, name, ProcessState::Running, Some(added.address), "").await?;
     // Looked at again soon: a daemon restart is noticed here (the replica is re-added at the same address).
     Ok(Some(Duration::from_secs(2)))
-}
-
-/// The v2 backing image the replica's head is cloned from: Ok("") for a volume without one, Ok(name) once the
-/// copy on the replica's disk is ready, Err(why) while it is not (the v2 image controller makes it: the replica's
-/// disk is in the image's spec because the replica is there).
-async fn v2_backing_image(ctx: &Ctx, r: &Replica) -> anyhow::Result<Result<String, String>> {
-    use crate::backing_image::model::{BackingImage, state};
-    let Some(vol) = ctx.db.get::<crate::model::Volume>(&r.spec.volume).await? else {
-        return Ok(Ok(String::new()));
-    };
-    let Some(image) = vol.data.spec.backing_image.clone() else {
-        return Ok(Ok(String::new()));
-    };
-    let Some(bi) = ctx.db.get::<BackingImage>(&image).await? else {
-        return Ok(Err(format!("backing image {image} does not exist")));
-    };
-    let copy = bi
-        .data
-        .status
-        .disk_file_status_map
-        .get(&r.spec.disk_uuid)
-        .filter(|f| f.data_engine == crate::model::DataEngine::V2);
-    Ok(match copy {
-        Some(f) if f.state == state::READY => Ok(image),
-        Some(f) => Err(format!(
-            "waiting for v2 backing image {image} on disk {}: {} {}% {}",
-            r.spec.disk, f.state, f.progress, f.message
-        )),
-        None => Err(format!(
-            "waiting for v2 backing image {image} to be copied to disk {}",
-            r.spec.disk
-        )),
-    })
 }
 
 async fn set_status(

@@ -38,7 +38,8 @@ pub struct LvstoreView {
 /// This feature's part of the OpenAPI document.
 pub const PART: Part = Part {
     shape: |method, path| {
-        (method == "get" && path == "/v1/lvstores").then(|| Shape::json(None, 200, Some(array_of("LvstoreDaemon"))))
+        (method == "get" && path == "/v1/lvstores")
+            .then(|| Shape::json(None, 200, Some(array_of("LvstoreDaemon"))))
     },
     schemas: || json!({"LvstoreDaemon": schema()}),
     ..Part::NONE

@@ -4,8 +4,8 @@
 use serde_json::{Value, json};
 
 use crate::api::openapi::{
-    MAX_COPIES, Part, Shape, array_of, name_schema, names, nullable, object, schema_ref, size_schema, string_map,
-    uint,
+    MAX_COPIES, Part, Shape, array_of, name_schema, names, nullable, object, schema_ref, size_schema,
+    string_map, uint,
 };
 use crate::model::{DesireState, Frontend, ProcessState, Robustness, VolumeState};
 

@@ -7,9 +7,9 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
 
+use super::views::*;
 use crate::api::Routes;
 use crate::api::extract::{Body, Path};
-use super::views::*;
 use crate::api::openapi::{check_copies, check_name, check_size};
 use crate::clone::model::{CloneState, DataSource, VolumeClone};
 use crate::context::Ctx;
