@@ -317,8 +317,6 @@ fn folder_graph(graph: &Graph) -> Graph {
 const FOLDER_BACK_EDGES: &[(&str, &str, &str)] = &[
     // The backing-image restore source reads the backup model.
     ("manager", "backing_image", "backup"),
-    // The rebuild job reaches into the service for `ReplicaHost`.
-    ("replica", "rebuild", "service"),
 ];
 
 /// What is wrong with the folder graph of `krate` (whose modules are `graph`) against the pinned back-edges:

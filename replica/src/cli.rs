@@ -108,7 +108,7 @@ pub fn print_status(s: &ReplicaStatus, json: bool) -> anyhow::Result<()> {
     }
     emit(&field_table(rows).to_string());
     // The offline status and the gRPC answer print through one table: convert to the wire form.
-    let r = crate::service::to_proto(s, "");
+    let r = crate::host::to_proto(s, "");
     print_disks(&r.chain, r.disks.values());
     Ok(())
 }

@@ -24,7 +24,7 @@ use crate::backup_service::ReplicaBackupGrpc;
 use crate::layout::DirLayout;
 use crate::metrics::serve_metrics;
 use crate::replica::{Replica, ReplicaOptions};
-use crate::service::ReplicaHost;
+use crate::host::ReplicaHost;
 use crate::service::grpc::{ReplicaGrpc, ServedEndpoints};
 
 /// Effective daemon configuration.

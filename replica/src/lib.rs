@@ -17,6 +17,7 @@ pub mod extent_map;
 pub mod fault;
 pub mod generation;
 pub mod hash;
+pub mod host;
 pub mod image_cli;
 mod io;
 pub mod jobs;

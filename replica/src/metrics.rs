@@ -12,7 +12,7 @@ use prometheus_client::registry::Registry;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use crate::service::ReplicaHost;
+use crate::host::ReplicaHost;
 
 #[derive(Debug)]
 struct Collector {

@@ -29,7 +29,7 @@ use crate::jobs::JobState;
 use crate::locks::lock;
 use crate::meta::{DiskMeta, remove_if_exists, sync_dir, write_json_atomic};
 use crate::names;
-use crate::service::ReplicaHost;
+use crate::host::ReplicaHost;
 
 /// Attempts per file before the rebuild fails.
 pub(crate) const ATTEMPTS: usize = 3;

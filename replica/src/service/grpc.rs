@@ -10,7 +10,7 @@ use corral_proto::v1::{
 use tonic::{Request, Response, Status};
 use tracing::error;
 
-use super::{ReplicaHost, to_proto};
+use crate::host::{ReplicaHost, to_proto};
 use crate::clone::{CloneRequest, CloneStatus};
 use crate::error::ReplicaError;
 use crate::export::ExportRequest;

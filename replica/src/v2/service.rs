@@ -19,7 +19,7 @@ use crate::error::{ErrorKind, ReplicaError};
 use crate::jobs::{JobState, JobStatus, JobTable};
 use crate::replica::{SECTOR_SIZE, SnapshotRequest};
 use crate::service::grpc::ServedEndpoints;
-use crate::service::to_proto;
+use crate::host::to_proto;
 
 const PURGE: &str = "purge";
 
