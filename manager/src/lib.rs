@@ -8,6 +8,7 @@
 pub mod api;
 pub mod backing_image;
 pub mod backup;
+pub mod backup_target;
 pub mod client;
 pub mod clone;
 pub mod context;

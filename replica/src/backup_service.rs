@@ -19,8 +19,8 @@ use tracing::{Instrument, error, info, info_span};
 
 use crate::backup::{BackupRecords, ChainEnd, DirRecords, ReplicaSink, RestoreState, SnapshotSource};
 use crate::error::ReplicaError;
-use crate::locks::lock;
 use crate::host::ReplicaHost;
+use crate::locks::lock;
 
 /// The one mapping from backup-store errors to gRPC statuses.
 pub fn backup_status(e: &BackupStoreError) -> Status {

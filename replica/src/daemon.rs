@@ -21,10 +21,10 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use crate::backup_service::ReplicaBackupGrpc;
+use crate::host::ReplicaHost;
 use crate::layout::DirLayout;
 use crate::metrics::serve_metrics;
 use crate::replica::{Replica, ReplicaOptions};
-use crate::host::ReplicaHost;
 use crate::service::grpc::{ReplicaGrpc, ServedEndpoints};
 
 /// Effective daemon configuration.

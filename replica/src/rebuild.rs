@@ -25,11 +25,11 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use crate::error::ReplicaError;
+use crate::host::ReplicaHost;
 use crate::jobs::JobState;
 use crate::locks::lock;
 use crate::meta::{DiskMeta, remove_if_exists, sync_dir, write_json_atomic};
 use crate::names;
-use crate::host::ReplicaHost;
 
 /// Attempts per file before the rebuild fails.
 pub(crate) const ATTEMPTS: usize = 3;

@@ -11,7 +11,7 @@ use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
 use super::model::{BackingImageDataSource, SourceType, state};
-use super::restore_source;
+use crate::backup_target::restore_source;
 use crate::context::Ctx;
 use crate::model::ProcessRecord;
 use crate::process::{Observed, Supervisor};

@@ -85,7 +85,7 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
         SourceType::Upload => {}
         SourceType::Restore => {
             let url = param("backupURL")?;
-            backup_target = super::restore_source::resolve(ctx, &url).await?;
+            backup_target = crate::backup_target::restore_source::resolve(ctx, &url).await?;
             params.insert("backup-url".to_owned(), url);
         }
         SourceType::Clone => {

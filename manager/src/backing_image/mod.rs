@@ -5,8 +5,8 @@
 //! order), aggregates status and re-runs a download when every copy failed; [`v2_copy`] is the per-disk status of a
 //! v2 image's copies (snapshot lvols in v2 disks' stores, issue 21), which [`v2_controller`] (leader) makes,
 //! reports and deletes; [`v2_source`] reads a ready v2 copy through its disk daemon for a clone or a backup of a v2
-//! image; [`restore_source`] checks a restore's
-//! backup URL and hands its target's credentials to the data source. [`routes`] is the REST API
+//! image; a `restore` source's backup URL and credentials come from [`crate::backup_target::restore_source`].
+//! [`routes`] is the REST API
 //! (`/v1/backingimages`), [`service`] the checks other features call, [`cli`] the `corral backing-image`
 //! commands.
 
@@ -18,7 +18,6 @@ pub mod disks;
 pub mod image_controller;
 pub mod model;
 pub mod openapi;
-pub mod restore_source;
 pub mod routes;
 pub mod service;
 pub mod v2_controller;

@@ -10,10 +10,10 @@ use corral_proto::v1::{
 use tonic::{Request, Response, Status};
 use tracing::error;
 
-use crate::host::{ReplicaHost, to_proto};
 use crate::clone::{CloneRequest, CloneStatus};
 use crate::error::ReplicaError;
 use crate::export::ExportRequest;
+use crate::host::{ReplicaHost, to_proto};
 use crate::jobs::{JobState, JobStatus};
 use crate::replica::SnapshotRequest;
 

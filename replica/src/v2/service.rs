@@ -16,10 +16,10 @@ use tonic::{Request, Response, Status};
 
 use super::lvol::LvolReplica;
 use crate::error::{ErrorKind, ReplicaError};
+use crate::host::to_proto;
 use crate::jobs::{JobState, JobStatus, JobTable};
 use crate::replica::{SECTOR_SIZE, SnapshotRequest};
 use crate::service::grpc::ServedEndpoints;
-use crate::host::to_proto;
 
 const PURGE: &str = "purge";
 

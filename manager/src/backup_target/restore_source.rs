@@ -9,7 +9,7 @@ use std::path::Path;
 
 use backupstore::BackupUrl;
 
-use crate::backup::model::{Backup, BackupState, BackupTarget, BackupTargetSecret, key};
+use super::model::{Backup, BackupState, BackupTarget, BackupTargetSecret, key};
 use crate::context::Ctx;
 
 /// Checks `url` names one backup; when it points into a configured target, returns that target's name and
