@@ -3,6 +3,7 @@
 //! [`crate::model::Volume`]; placement is [`crate::scheduler`]; calls to its engine go through
 //! [`crate::volume_engine`].
 
+pub mod cli;
 pub mod controller;
 pub mod openapi;
 pub mod routes;
