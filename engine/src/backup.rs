@@ -21,65 +21,7 @@ use crate::{client, print, table};
 #[allow(clippy::large_enum_variant)] // parsed once per process; boxing would only obscure the clap derive
 pub enum BackupCmd {
     /// Back up a snapshot of the volume; prints the backup URL (TARGET?backup=NAME&volume=VOLUME).
-    Create {
-        /// Snapshot to back up.
-        #[arg(long)]
-        snapshot: String,
-        /// Target: file:///DIR or s3://BUCKET/PREFIX?endpoint=URL&region=R.
-        #[arg(long, env = "CORRAL_BACKUP_TARGET")]
-        target: String,
-        /// Backup name (generated when omitted).
-        #[arg(long)]
-        name: Option<String>,
-        /// Label k=v (repeatable).
-        #[arg(long = "label")]
-        labels: Vec<String>,
-        /// auto: incremental unless the chain policy says full; full: read and upload everything again;
-        /// incremental: go past backup-delta-max (fails when the chain ended otherwise).
-        #[arg(long, default_value = "auto", value_parser = ["auto", "full", "incremental"])]
-        mode: String,
-        /// Force a full backup (same as --mode full); the previous backup ends its chain.
-        #[arg(long, conflicts_with = "mode")]
-        full: bool,
-        /// backup-incremental off: this backup is full and ends its own chain.
-        #[arg(long)]
-        no_incremental: bool,
-        /// backup-max-count: refuse when the backup volume already holds this many completed backups (after
-        /// --retain's deletions are discounted).
-        #[arg(long)]
-        max_count: Option<u32>,
-        /// Backing image name to record (with --backing-image-checksum; default: the replica's backing file name
-        /// and its SHA-256).
-        #[arg(long, requires = "backing_image_checksum")]
-        backing_image_name: Option<String>,
-        /// Backing image checksum to record: sha512:HEX.
-        #[arg(long, requires = "backing_image_name")]
-        backing_image_checksum: Option<String>,
-        /// Keep only the newest N completed backups of the volume.
-        #[arg(long)]
-        retain: Option<u32>,
-        /// backup-delta-max: backups per chain, its full one included (5: the 6th backup is full).
-        #[arg(long, default_value_t = backupstore::config::DEFAULT_DELTA_MAX)]
-        delta_max: u32,
-        /// Block size of a new backup volume (4K..16M, power of two).
-        #[arg(long, value_parser = corral_daemon::parse_size)]
-        block_size: Option<u64>,
-        /// Compression of a new backup volume: lz4, zstd or none.
-        #[arg(long)]
-        compression: Option<String>,
-        /// Blocks in flight.
-        #[arg(long, default_value_t = 8)]
-        concurrency: u32,
-        /// Upload at most this many bytes per second (e.g. 50M).
-        #[arg(long, value_parser = corral_daemon::parse_size)]
-        rate_limit: Option<u64>,
-        /// GC safety margin in seconds for retention deletes.
-        #[arg(long, default_value_t = 300)]
-        gc_margin: u64,
-        /// Return once the backup started.
-        #[arg(long)]
-        no_wait: bool,
-    },
+    Create(CreateArgs),
     /// Restore a backup into the volume (the frontend is stopped meanwhile; every RW replica restores itself).
     Restore {
         /// Backup URL.
@@ -138,6 +80,68 @@ pub enum BackupCmd {
         #[command(subcommand)]
         cmd: VolumeCmd,
     },
+}
+
+/// The flags of `backup create`.
+#[derive(clap::Args, Debug)]
+pub struct CreateArgs {
+    /// Snapshot to back up.
+    #[arg(long)]
+    pub snapshot: String,
+    /// Target: file:///DIR or s3://BUCKET/PREFIX?endpoint=URL&region=R.
+    #[arg(long, env = "CORRAL_BACKUP_TARGET")]
+    pub target: String,
+    /// Backup name (generated when omitted).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// Label k=v (repeatable).
+    #[arg(long = "label")]
+    pub labels: Vec<String>,
+    /// auto: incremental unless the chain policy says full; full: read and upload everything again;
+    /// incremental: go past backup-delta-max (fails when the chain ended otherwise).
+    #[arg(long, default_value = "auto", value_parser = ["auto", "full", "incremental"])]
+    pub mode: String,
+    /// Force a full backup (same as --mode full); the previous backup ends its chain.
+    #[arg(long, conflicts_with = "mode")]
+    pub full: bool,
+    /// backup-incremental off: this backup is full and ends its own chain.
+    #[arg(long)]
+    pub no_incremental: bool,
+    /// backup-max-count: refuse when the backup volume already holds this many completed backups (after
+    /// --retain's deletions are discounted).
+    #[arg(long)]
+    pub max_count: Option<u32>,
+    /// Backing image name to record (with --backing-image-checksum; default: the replica's backing file name
+    /// and its SHA-256).
+    #[arg(long, requires = "backing_image_checksum")]
+    pub backing_image_name: Option<String>,
+    /// Backing image checksum to record: sha512:HEX.
+    #[arg(long, requires = "backing_image_name")]
+    pub backing_image_checksum: Option<String>,
+    /// Keep only the newest N completed backups of the volume.
+    #[arg(long)]
+    pub retain: Option<u32>,
+    /// backup-delta-max: backups per chain, its full one included (5: the 6th backup is full).
+    #[arg(long, default_value_t = backupstore::config::DEFAULT_DELTA_MAX)]
+    pub delta_max: u32,
+    /// Block size of a new backup volume (4K..16M, power of two).
+    #[arg(long, value_parser = corral_daemon::parse_size)]
+    pub block_size: Option<u64>,
+    /// Compression of a new backup volume: lz4, zstd or none.
+    #[arg(long)]
+    pub compression: Option<String>,
+    /// Blocks in flight.
+    #[arg(long, default_value_t = 8)]
+    pub concurrency: u32,
+    /// Upload at most this many bytes per second (e.g. 50M).
+    #[arg(long, value_parser = corral_daemon::parse_size)]
+    pub rate_limit: Option<u64>,
+    /// GC safety margin in seconds for retention deletes.
+    #[arg(long, default_value_t = 300)]
+    pub gc_margin: u64,
+    /// Return once the backup started.
+    #[arg(long)]
+    pub no_wait: bool,
 }
 
 #[derive(Subcommand, Debug)]
@@ -210,335 +214,21 @@ fn kind(incremental: bool, pos: u32) -> String {
 
 pub async fn run(url: &str, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
     match cmd {
-        BackupCmd::Create {
-            snapshot,
-            target,
-            name,
-            labels,
-            mode,
-            full,
-            no_incremental,
-            max_count,
-            backing_image_name,
-            backing_image_checksum,
-            retain,
-            delta_max,
-            block_size,
-            compression,
-            concurrency,
-            rate_limit,
-            gc_margin,
-            no_wait,
-        } => {
-            let mode = if full { "full".to_owned() } else { mode };
-            let labels = labels
-                .iter()
-                .map(|l| {
-                    l.split_once('=')
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                        .with_context(|| format!("label {l:?}: expected k=v"))
-                })
-                .collect::<anyhow::Result<_>>()?;
-            let volume = client(url)
-                .await?
-                .volume_get(v1::Empty {})
-                .await?
-                .into_inner()
-                .name;
-            let replica = rw_replicas(url).await?.remove(0);
-            let mut c = replica_backup_client(&replica).await?;
-            let r = c
-                .backup_create(v1::BackupCreateRequest {
-                    snapshot,
-                    target,
-                    volume,
-                    backup_name: name.unwrap_or_default(),
-                    labels,
-                    mode,
-                    delta_max,
-                    retain: retain.unwrap_or(0),
-                    concurrency,
-                    block_size: block_size.unwrap_or(0),
-                    compression: compression.unwrap_or_default(),
-                    credentials: credentials(),
-                    max_upload_rate: rate_limit.unwrap_or(0),
-                    gc_margin_seconds: gc_margin.max(1),
-                    incremental_disabled: no_incremental,
-                    max_count: max_count.unwrap_or(0),
-                    backing_image_name: backing_image_name.unwrap_or_default(),
-                    backing_image_checksum: backing_image_checksum.unwrap_or_default(),
-                })
-                .await?
-                .into_inner();
-            if no_wait {
-                return print(json, &r, || r.url.clone());
-            }
-            let bar = corral_daemon::percent_bar(&format!("backup {}", r.backup_name));
-            loop {
-                let s = c
-                    .backup_status(v1::BackupJobRef {
-                        backup_name: r.backup_name.clone(),
-                    })
-                    .await?
-                    .into_inner();
-                bar.set_position(u64::from(s.progress));
-                match s.state.as_str() {
-                    "in-progress" => tokio::time::sleep(Duration::from_millis(200)).await,
-                    "complete" => {
-                        bar.finish_and_clear();
-                        if !json {
-                            eprintln!(
-                                "backup {} of snapshot {}: {}{}; read {}, uploaded {} new ({} blocks), {} re-uploaded",
-                                s.backup_name,
-                                s.snapshot,
-                                kind(s.is_incremental, s.chain_position),
-                                if s.full_reason.is_empty() {
-                                    format!(" from snapshot {:?}", s.diff_from_snapshot)
-                                } else {
-                                    format!(" ({})", s.full_reason)
-                                },
-                                corral_daemon::human_bytes(s.read_bytes),
-                                corral_daemon::human_bytes(s.new_bytes),
-                                s.new_blocks,
-                                corral_daemon::human_bytes(s.reuploaded_bytes),
-                            );
-                        }
-                        return print(json, &s, || s.url.clone());
-                    }
-                    _ => {
-                        bar.finish_and_clear();
-                        bail!("backup {} {}: {}", s.backup_name, s.state, s.error);
-                    }
-                }
-            }
-        }
+        BackupCmd::Create(a) => create(url, json, a).await,
         BackupCmd::Restore {
             backup,
             incremental,
             concurrency,
             detach_frontend,
         } => restore(url, json, &backup, incremental, concurrency, detach_frontend).await,
-        BackupCmd::EndChain { reason, target } => {
-            let volume = client(url)
-                .await?
-                .volume_get(v1::Empty {})
-                .await?
-                .into_inner()
-                .name;
-            let mut reached = Vec::new();
-            let mut marked = String::new();
-            for (i, r) in rw_replicas(url).await?.iter().enumerate() {
-                let out = replica_backup_client(r)
-                    .await?
-                    .backup_chain_end(v1::BackupChainEndRequest {
-                        reason: reason.clone(),
-                        // The store is marked once, through the first replica.
-                        target: if i == 0 {
-                            target.clone().unwrap_or_default()
-                        } else {
-                            String::new()
-                        },
-                        volume: volume.clone(),
-                        credentials: credentials(),
-                    })
-                    .await
-                    .with_context(|| format!("ending the chain on replica {r}"))?
-                    .into_inner();
-                if i == 0 {
-                    marked = out.marked_backup;
-                }
-                reached.push(r.clone());
-            }
-            let out = serde_json::json!({"replicas": reached, "markedBackup": marked});
-            print(json, &out, || {
-                format!(
-                    "backup chain ended on {} replica(s){}",
-                    reached.len(),
-                    if marked.is_empty() {
-                        String::new()
-                    } else {
-                        format!("; backup {marked} marked end of chain")
-                    }
-                )
-            })
-        }
-        BackupCmd::Ls { target, volume } => {
-            let (u, s) = open(&target)?;
-            let vols = match volume.or(u.volume) {
-                Some(v) => vec![v],
-                None => s.list_volumes().await?,
-            };
-            let mut all = Vec::new();
-            for v in vols {
-                all.extend(s.summaries(&v).await?);
-            }
-            print(json, &all, || {
-                table(
-                    &[
-                        "volume",
-                        "backup",
-                        "snapshot",
-                        "state",
-                        "kind",
-                        "full reason",
-                        "end of chain",
-                        "size",
-                        "data",
-                        "new",
-                        "completed",
-                    ],
-                    all.iter()
-                        .map(|b| {
-                            let c = &b.config;
-                            vec![
-                                c.volume.clone(),
-                                c.name.clone(),
-                                c.snapshot.clone(),
-                                serde_json::to_value(c.state)
-                                    .ok()
-                                    .and_then(|v| v.as_str().map(str::to_owned))
-                                    .unwrap_or_default(),
-                                kind(c.is_incremental, c.chain_position),
-                                c.full_reason
-                                    .as_ref()
-                                    .map(|r| r.kind().to_owned())
-                                    .unwrap_or_default(),
-                                if c.end_of_chain { "yes" } else { "" }.to_owned(),
-                                corral_daemon::human_bytes(c.size),
-                                corral_daemon::human_bytes(b.data_bytes),
-                                corral_daemon::human_bytes(c.stats.new_bytes),
-                                c.completed.clone(),
-                            ]
-                        })
-                        .collect(),
-                )
-                .to_string()
-            })
-        }
-        BackupCmd::Inspect { backup: u, verify } => {
-            let (bu, s) = open(&u)?;
-            let (volume, name) = (bu.require_volume()?, bu.require_backup()?);
-            let mut cfg = s.backup_config(volume, name).await?;
-            let chain = s.chain_of(volume, name).await?;
-            let vol = s.volume_config(volume).await?;
-            let verified = if verify {
-                Some(s.verify(volume, name, 8).await?)
-            } else {
-                None
-            };
-            let data_bytes = cfg.data_bytes();
-            let block_count = cfg.blocks.len();
-            cfg.blocks = Vec::new();
-            let out = serde_json::json!({
-                "url": s.backup_url(volume, name),
-                "backup": cfg,
-                "blockCount": block_count,
-                "dataBytes": data_bytes,
-                "chain": chain,
-                "volume": vol,
-                "verify": verified,
-            });
-            print(json, &out, || {
-                let mut rows = vec![
-                    vec!["url".into(), s.backup_url(volume, name)],
-                    vec!["snapshot".into(), cfg.snapshot.clone()],
-                    vec![
-                        "state".into(),
-                        out["backup"]["state"].as_str().unwrap_or_default().to_owned(),
-                    ],
-                    vec!["kind".into(), kind(cfg.is_incremental, cfg.chain_position)],
-                    vec![
-                        "full reason".into(),
-                        cfg.full_reason
-                            .as_ref()
-                            .map(ToString::to_string)
-                            .unwrap_or_default(),
-                    ],
-                    vec!["end of chain".into(), cfg.end_of_chain.to_string()],
-                    vec!["base backup".into(), cfg.base_backup.clone()],
-                    vec!["diffed from snapshot".into(), cfg.diff_from_snapshot.clone()],
-                    vec!["chain".into(), chain.join(" → ")],
-                    vec!["volume size".into(), corral_daemon::human_bytes(cfg.size)],
-                    vec!["block size".into(), corral_daemon::human_bytes(cfg.block_size)],
-                    vec!["blocks".into(), block_count.to_string()],
-                    vec!["data".into(), corral_daemon::human_bytes(data_bytes)],
-                    vec!["read".into(), corral_daemon::human_bytes(cfg.stats.read_bytes)],
-                    vec![
-                        "newly uploaded".into(),
-                        format!(
-                            "{} in {} blocks ({} stored)",
-                            corral_daemon::human_bytes(cfg.stats.new_bytes),
-                            cfg.stats.new_blocks,
-                            corral_daemon::human_bytes(cfg.stats.new_stored_bytes)
-                        ),
-                    ],
-                    vec![
-                        "re-uploaded".into(),
-                        corral_daemon::human_bytes(cfg.stats.reuploaded_bytes),
-                    ],
-                    vec![
-                        "compression".into(),
-                        format!("{:?}", cfg.compression).to_lowercase(),
-                    ],
-                    vec![
-                        "backing image".into(),
-                        format!("{} {}", cfg.backing_image_name, cfg.backing_image_checksum)
-                            .trim()
-                            .to_owned(),
-                    ],
-                    vec!["completed".into(), cfg.completed.clone()],
-                ];
-                if let Some(v) = &verified {
-                    rows.push(vec![
-                        "verify".into(),
-                        if v.bad.is_empty() {
-                            format!("{} blocks ok", v.blocks_checked)
-                        } else {
-                            format!(
-                                "{} of {} blocks bad: {}",
-                                v.bad.len(),
-                                v.blocks_checked,
-                                v.bad
-                                    .iter()
-                                    .map(|b| format!("offset {} ({})", b.offset, b.reason))
-                                    .collect::<Vec<_>>()
-                                    .join("; ")
-                            )
-                        },
-                    ]);
-                }
-                table(&["field", "value"], rows).to_string()
-            })?;
-            if verified.is_some_and(|v| !v.bad.is_empty()) {
-                bail!("backup {name} has damaged blocks");
-            }
-            Ok(())
-        }
+        BackupCmd::EndChain { reason, target } => end_chain(url, json, reason, target).await,
+        BackupCmd::Ls { target, volume } => ls(json, &target, volume).await,
+        BackupCmd::Inspect { backup: u, verify } => inspect(json, &u, verify).await,
         BackupCmd::Rm {
             backup: u,
             gc_margin,
             lock_wait,
-        } => {
-            let (bu, s) = open(&u)?;
-            let gc = GcOptions {
-                margin: Duration::from_secs(gc_margin),
-                lock_wait: Duration::from_secs(lock_wait),
-            };
-            let out = s
-                .delete_backup(bu.require_volume()?, bu.require_backup()?, &gc)
-                .await?;
-            print(json, &out, || {
-                let mut m = format!(
-                    "backup {} deleted; {} blocks collected",
-                    bu.require_backup().unwrap_or_default(),
-                    out.deleted_blocks
-                );
-                if !out.skipped.is_empty() {
-                    m.push_str(&format!(" (garbage collection skipped: {})", out.skipped));
-                }
-                m
-            })
-        }
+        } => rm(json, &u, gc_margin, lock_wait).await,
         BackupCmd::Volume {
             cmd: VolumeCmd::Rm { backup: u, lock_wait },
         } => {
@@ -556,6 +246,345 @@ pub async fn run(url: &str, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
             )
         }
     }
+}
+
+/// `backup create`: the first RW replica backs the snapshot up; waits for it unless `no_wait`.
+async fn create(url: &str, json: bool, a: CreateArgs) -> anyhow::Result<()> {
+    let CreateArgs {
+        snapshot,
+        target,
+        name,
+        labels,
+        mode,
+        full,
+        no_incremental,
+        max_count,
+        backing_image_name,
+        backing_image_checksum,
+        retain,
+        delta_max,
+        block_size,
+        compression,
+        concurrency,
+        rate_limit,
+        gc_margin,
+        no_wait,
+    } = a;
+    let mode = if full { "full".to_owned() } else { mode };
+    let labels = labels
+        .iter()
+        .map(|l| {
+            l.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .with_context(|| format!("label {l:?}: expected k=v"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let volume = client(url)
+        .await?
+        .volume_get(v1::Empty {})
+        .await?
+        .into_inner()
+        .name;
+    let replica = rw_replicas(url).await?.remove(0);
+    let mut c = replica_backup_client(&replica).await?;
+    let r = c
+        .backup_create(v1::BackupCreateRequest {
+            snapshot,
+            target,
+            volume,
+            backup_name: name.unwrap_or_default(),
+            labels,
+            mode,
+            delta_max,
+            retain: retain.unwrap_or(0),
+            concurrency,
+            block_size: block_size.unwrap_or(0),
+            compression: compression.unwrap_or_default(),
+            credentials: credentials(),
+            max_upload_rate: rate_limit.unwrap_or(0),
+            gc_margin_seconds: gc_margin.max(1),
+            incremental_disabled: no_incremental,
+            max_count: max_count.unwrap_or(0),
+            backing_image_name: backing_image_name.unwrap_or_default(),
+            backing_image_checksum: backing_image_checksum.unwrap_or_default(),
+        })
+        .await?
+        .into_inner();
+    if no_wait {
+        return print(json, &r, || r.url.clone());
+    }
+    wait_for_backup(&mut c, &r, json).await
+}
+
+/// Polls the replica for the backup `r` started until it completes (prints its summary) or fails.
+async fn wait_for_backup(
+    c: &mut ReplicaBackupServiceClient<Channel>,
+    r: &v1::BackupCreateResponse,
+    json: bool,
+) -> anyhow::Result<()> {
+    let bar = corral_daemon::percent_bar(&format!("backup {}", r.backup_name));
+    loop {
+        let s = c
+            .backup_status(v1::BackupJobRef {
+                backup_name: r.backup_name.clone(),
+            })
+            .await?
+            .into_inner();
+        bar.set_position(u64::from(s.progress));
+        match s.state.as_str() {
+            "in-progress" => tokio::time::sleep(Duration::from_millis(200)).await,
+            "complete" => {
+                bar.finish_and_clear();
+                if !json {
+                    eprintln!(
+                        "backup {} of snapshot {}: {}{}; read {}, uploaded {} new ({} blocks), {} re-uploaded",
+                        s.backup_name,
+                        s.snapshot,
+                        kind(s.is_incremental, s.chain_position),
+                        if s.full_reason.is_empty() {
+                            format!(" from snapshot {:?}", s.diff_from_snapshot)
+                        } else {
+                            format!(" ({})", s.full_reason)
+                        },
+                        corral_daemon::human_bytes(s.read_bytes),
+                        corral_daemon::human_bytes(s.new_bytes),
+                        s.new_blocks,
+                        corral_daemon::human_bytes(s.reuploaded_bytes),
+                    );
+                }
+                return print(json, &s, || s.url.clone());
+            }
+            _ => {
+                bar.finish_and_clear();
+                bail!("backup {} {}: {}", s.backup_name, s.state, s.error);
+            }
+        }
+    }
+}
+
+/// `backup end-chain`: every RW replica records the end; the target's newest backup is marked once.
+async fn end_chain(url: &str, json: bool, reason: String, target: Option<String>) -> anyhow::Result<()> {
+    let volume = client(url)
+        .await?
+        .volume_get(v1::Empty {})
+        .await?
+        .into_inner()
+        .name;
+    let mut reached = Vec::new();
+    let mut marked = String::new();
+    for (i, r) in rw_replicas(url).await?.iter().enumerate() {
+        let out = replica_backup_client(r)
+            .await?
+            .backup_chain_end(v1::BackupChainEndRequest {
+                reason: reason.clone(),
+                // The store is marked once, through the first replica.
+                target: if i == 0 {
+                    target.clone().unwrap_or_default()
+                } else {
+                    String::new()
+                },
+                volume: volume.clone(),
+                credentials: credentials(),
+            })
+            .await
+            .with_context(|| format!("ending the chain on replica {r}"))?
+            .into_inner();
+        if i == 0 {
+            marked = out.marked_backup;
+        }
+        reached.push(r.clone());
+    }
+    let out = serde_json::json!({"replicas": reached, "markedBackup": marked});
+    print(json, &out, || {
+        format!(
+            "backup chain ended on {} replica(s){}",
+            reached.len(),
+            if marked.is_empty() {
+                String::new()
+            } else {
+                format!("; backup {marked} marked end of chain")
+            }
+        )
+    })
+}
+
+/// `backup ls`: the backups of one volume of the target, or of every volume.
+async fn ls(json: bool, target: &str, volume: Option<String>) -> anyhow::Result<()> {
+    let (u, s) = open(target)?;
+    let vols = match volume.or(u.volume) {
+        Some(v) => vec![v],
+        None => s.list_volumes().await?,
+    };
+    let mut all = Vec::new();
+    for v in vols {
+        all.extend(s.summaries(&v).await?);
+    }
+    print(json, &all, || {
+        table(
+            &[
+                "volume",
+                "backup",
+                "snapshot",
+                "state",
+                "kind",
+                "full reason",
+                "end of chain",
+                "size",
+                "data",
+                "new",
+                "completed",
+            ],
+            all.iter()
+                .map(|b| {
+                    let c = &b.config;
+                    vec![
+                        c.volume.clone(),
+                        c.name.clone(),
+                        c.snapshot.clone(),
+                        serde_json::to_value(c.state)
+                            .ok()
+                            .and_then(|v| v.as_str().map(str::to_owned))
+                            .unwrap_or_default(),
+                        kind(c.is_incremental, c.chain_position),
+                        c.full_reason
+                            .as_ref()
+                            .map(|r| r.kind().to_owned())
+                            .unwrap_or_default(),
+                        if c.end_of_chain { "yes" } else { "" }.to_owned(),
+                        corral_daemon::human_bytes(c.size),
+                        corral_daemon::human_bytes(b.data_bytes),
+                        corral_daemon::human_bytes(c.stats.new_bytes),
+                        c.completed.clone(),
+                    ]
+                })
+                .collect(),
+        )
+        .to_string()
+    })
+}
+
+/// `backup inspect`: one backup's record, chain and sizes; `--verify` reads every block.
+async fn inspect(json: bool, u: &str, verify: bool) -> anyhow::Result<()> {
+    let (bu, s) = open(u)?;
+    let (volume, name) = (bu.require_volume()?, bu.require_backup()?);
+    let mut cfg = s.backup_config(volume, name).await?;
+    let chain = s.chain_of(volume, name).await?;
+    let vol = s.volume_config(volume).await?;
+    let verified = if verify {
+        Some(s.verify(volume, name, 8).await?)
+    } else {
+        None
+    };
+    let data_bytes = cfg.data_bytes();
+    let block_count = cfg.blocks.len();
+    cfg.blocks = Vec::new();
+    let out = serde_json::json!({
+        "url": s.backup_url(volume, name),
+        "backup": cfg,
+        "blockCount": block_count,
+        "dataBytes": data_bytes,
+        "chain": chain,
+        "volume": vol,
+        "verify": verified,
+    });
+    print(json, &out, || {
+        let mut rows = vec![
+            vec!["url".into(), s.backup_url(volume, name)],
+            vec!["snapshot".into(), cfg.snapshot.clone()],
+            vec![
+                "state".into(),
+                out["backup"]["state"].as_str().unwrap_or_default().to_owned(),
+            ],
+            vec!["kind".into(), kind(cfg.is_incremental, cfg.chain_position)],
+            vec![
+                "full reason".into(),
+                cfg.full_reason
+                    .as_ref()
+                    .map(ToString::to_string)
+                    .unwrap_or_default(),
+            ],
+            vec!["end of chain".into(), cfg.end_of_chain.to_string()],
+            vec!["base backup".into(), cfg.base_backup.clone()],
+            vec!["diffed from snapshot".into(), cfg.diff_from_snapshot.clone()],
+            vec!["chain".into(), chain.join(" → ")],
+            vec!["volume size".into(), corral_daemon::human_bytes(cfg.size)],
+            vec!["block size".into(), corral_daemon::human_bytes(cfg.block_size)],
+            vec!["blocks".into(), block_count.to_string()],
+            vec!["data".into(), corral_daemon::human_bytes(data_bytes)],
+            vec!["read".into(), corral_daemon::human_bytes(cfg.stats.read_bytes)],
+            vec![
+                "newly uploaded".into(),
+                format!(
+                    "{} in {} blocks ({} stored)",
+                    corral_daemon::human_bytes(cfg.stats.new_bytes),
+                    cfg.stats.new_blocks,
+                    corral_daemon::human_bytes(cfg.stats.new_stored_bytes)
+                ),
+            ],
+            vec![
+                "re-uploaded".into(),
+                corral_daemon::human_bytes(cfg.stats.reuploaded_bytes),
+            ],
+            vec![
+                "compression".into(),
+                format!("{:?}", cfg.compression).to_lowercase(),
+            ],
+            vec![
+                "backing image".into(),
+                format!("{} {}", cfg.backing_image_name, cfg.backing_image_checksum)
+                    .trim()
+                    .to_owned(),
+            ],
+            vec!["completed".into(), cfg.completed.clone()],
+        ];
+        if let Some(v) = &verified {
+            rows.push(vec![
+                "verify".into(),
+                if v.bad.is_empty() {
+                    format!("{} blocks ok", v.blocks_checked)
+                } else {
+                    format!(
+                        "{} of {} blocks bad: {}",
+                        v.bad.len(),
+                        v.blocks_checked,
+                        v.bad
+                            .iter()
+                            .map(|b| format!("offset {} ({})", b.offset, b.reason))
+                            .collect::<Vec<_>>()
+                            .join("; ")
+                    )
+                },
+            ]);
+        }
+        table(&["field", "value"], rows).to_string()
+    })?;
+    if verified.is_some_and(|v| !v.bad.is_empty()) {
+        bail!("backup {name} has damaged blocks");
+    }
+    Ok(())
+}
+
+/// `backup rm`: deletes a backup and collects the blocks no other backup uses.
+async fn rm(json: bool, u: &str, gc_margin: u64, lock_wait: u64) -> anyhow::Result<()> {
+    let (bu, s) = open(u)?;
+    let gc = GcOptions {
+        margin: Duration::from_secs(gc_margin),
+        lock_wait: Duration::from_secs(lock_wait),
+    };
+    let out = s
+        .delete_backup(bu.require_volume()?, bu.require_backup()?, &gc)
+        .await?;
+    print(json, &out, || {
+        let mut m = format!(
+            "backup {} deleted; {} blocks collected",
+            bu.require_backup().unwrap_or_default(),
+            out.deleted_blocks
+        );
+        if !out.skipped.is_empty() {
+            m.push_str(&format!(" (garbage collection skipped: {})", out.skipped));
+        }
+        m
+    })
 }
 
 async fn restore(
