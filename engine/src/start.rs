@@ -81,38 +81,7 @@ pub async fn start(addresses: &[ReplicaAddress], opts: &StartOptions) -> Result<
     let sector = candidates.first().map(|c| c.sector_size);
     let others_ok = candidates.iter().filter(|c| !c.status.rebuilding).count() > 0;
     for c in candidates {
-        let reason = if c.status.size != opts.size {
-            Some(format!(
-                "size {} differs from the volume size {}",
-                c.status.size, opts.size
-            ))
-        } else if Some(c.sector_size) != sector {
-            Some(format!(
-                "sector size {} differs from {}",
-                c.sector_size,
-                sector.unwrap_or_default()
-            ))
-        } else if c.status.revision_counter_disabled != opts.disable_revision_counter {
-            Some(format!(
-                "revision counter {} on the replica but {} for the volume",
-                if c.status.revision_counter_disabled {
-                    "disabled"
-                } else {
-                    "enabled"
-                },
-                if opts.disable_revision_counter {
-                    "disabled"
-                } else {
-                    "enabled"
-                },
-            ))
-        } else if c.status.rebuilding && others_ok {
-            Some("an earlier rebuild into this replica did not finish".into())
-        } else if !c.status.error.is_empty() {
-            Some(format!("replica reports error: {}", c.status.error))
-        } else {
-            None
-        };
+        let reason = refusal(&c.status, c.sector_size, opts, sector, others_ok);
         match reason {
             Some(r) => {
                 warn!(volume = %opts.name, replica = %c.address, reason = %r, "replica refused at start");
@@ -124,14 +93,8 @@ pub async fn start(addresses: &[ReplicaAddress], opts: &StartOptions) -> Result<
 
     if opts.disable_revision_counter {
         if opts.salvage_requested && !good.is_empty() {
-            let newest = good.iter().map(|c| c.status.last_modify_time).max().unwrap_or(0);
-            let best = good
-                .iter()
-                .enumerate()
-                .filter(|(_, c)| newest - c.status.last_modify_time <= SALVAGE_MTIME_WINDOW_NS)
-                .max_by_key(|(_, c)| (c.status.head_file_size, c.status.last_modify_time))
-                .map(|(i, _)| i)
-                .unwrap_or(0);
+            let statuses: Vec<&v1::Replica> = good.iter().map(|c| &c.status).collect();
+            let best = salvage_pick(&statuses);
             let chosen = good.swap_remove(best);
             info!(
                 volume = %opts.name, replica = %chosen.address, head_bytes = chosen.status.head_file_size,
@@ -200,4 +163,116 @@ pub async fn start(addresses: &[ReplicaAddress], opts: &StartOptions) -> Result<
         all,
         opts.disable_revision_counter,
     ))
+}
+
+/// Why a connected replica cannot serve the volume (`None`: it can): another size or sector size (`sector`: the
+/// first replica's), the other revision-counter setting, an unfinished rebuild while others are whole, or an
+/// error it reports.
+fn refusal(
+    status: &v1::Replica,
+    sector_size: u32,
+    opts: &StartOptions,
+    sector: Option<u32>,
+    others_ok: bool,
+) -> Option<String> {
+    if status.size != opts.size {
+        Some(format!(
+            "size {} differs from the volume size {}",
+            status.size, opts.size
+        ))
+    } else if Some(sector_size) != sector {
+        Some(format!(
+            "sector size {} differs from {}",
+            sector_size,
+            sector.unwrap_or_default()
+        ))
+    } else if status.revision_counter_disabled != opts.disable_revision_counter {
+        Some(format!(
+            "revision counter {} on the replica but {} for the volume",
+            if status.revision_counter_disabled {
+                "disabled"
+            } else {
+                "enabled"
+            },
+            if opts.disable_revision_counter {
+                "disabled"
+            } else {
+                "enabled"
+            },
+        ))
+    } else if status.rebuilding && others_ok {
+        Some("an earlier rebuild into this replica did not finish".into())
+    } else if !status.error.is_empty() {
+        Some(format!("replica reports error: {}", status.error))
+    } else {
+        None
+    }
+}
+
+/// The salvage rule: among the replicas whose head was modified within [`SALVAGE_MTIME_WINDOW_NS`] of the newest,
+/// the one with the most allocated head bytes (ties: the newer mtime; `statuses` must not be empty: 0 then).
+fn salvage_pick(statuses: &[&v1::Replica]) -> usize {
+    let newest = statuses.iter().map(|s| s.last_modify_time).max().unwrap_or(0);
+    statuses
+        .iter()
+        .enumerate()
+        .filter(|(_, s)| newest - s.last_modify_time <= SALVAGE_MTIME_WINDOW_NS)
+        .max_by_key(|(_, s)| (s.head_file_size, s.last_modify_time))
+        .map_or(0, |(i, _)| i)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn replica(mtime_s: i64, head: u64) -> v1::Replica {
+        v1::Replica {
+            last_modify_time: mtime_s * 1_000_000_000,
+            head_file_size: head,
+            ..v1::Replica::default()
+        }
+    }
+
+    #[test]
+    fn salvage_keeps_the_largest_head_among_the_recent_and_never_a_stale_one() {
+        // A stale replica (10 s older) with the largest head loses to the recent ones.
+        let (stale, a, b) = (replica(90, 900), replica(100, 300), replica(98, 500));
+        assert_eq!(salvage_pick(&[&stale, &a, &b]), 2);
+        // Equal heads within the window: the newer mtime.
+        let (c, d) = (replica(100, 500), replica(97, 500));
+        assert_eq!(salvage_pick(&[&d, &c]), 1);
+        // Just outside the window (5 s and 1 ns) is stale.
+        let mut e = replica(95, 1000);
+        e.last_modify_time -= 1;
+        assert_eq!(salvage_pick(&[&e, &a]), 1);
+        assert_eq!(salvage_pick(&[&a]), 0);
+    }
+
+    #[test]
+    fn a_replica_that_does_not_fit_the_volume_is_refused_with_the_reason() {
+        let opts = StartOptions {
+            name: "v".into(),
+            size: 1 << 20,
+            disable_revision_counter: false,
+            salvage_requested: false,
+            client: ClientConfig::default(),
+        };
+        let ok = v1::Replica {
+            size: 1 << 20,
+            ..v1::Replica::default()
+        };
+        assert_eq!(refusal(&ok, 512, &opts, Some(512), true), None);
+        let small = v1::Replica {
+            size: 4096,
+            ..ok.clone()
+        };
+        assert!(refusal(&small, 512, &opts, Some(512), true).is_some_and(|r| r.contains("size 4096")));
+        assert!(refusal(&ok, 4096, &opts, Some(512), true).is_some_and(|r| r.contains("sector size 4096")));
+        let rebuilding = v1::Replica {
+            rebuilding: true,
+            ..ok.clone()
+        };
+        assert!(refusal(&rebuilding, 512, &opts, Some(512), true).is_some());
+        assert_eq!(refusal(&rebuilding, 512, &opts, Some(512), false), None);
+    }
 }
