@@ -7,7 +7,6 @@
 
 pub mod extract;
 pub mod openapi;
-pub mod patterns;
 pub mod routes;
 
 use axum::Router;

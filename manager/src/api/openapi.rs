@@ -13,7 +13,9 @@ use serde_json::{Value, json};
 
 use crate::error::{ApiError, ERROR_CODES};
 
-pub use super::patterns::NAME_PATTERN;
+/// Names of volumes, snapshots, disks, backing images and nodes: one path component on disk (the same rule as
+/// `corral_disk::identity::check_path_component`, which the daemons apply).
+pub const NAME_PATTERN: &str = "^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$";
 /// Volume sizes are whole blocks.
 pub const SIZE_MULTIPLE: u64 = BLOCK_SIZE;
 /// The largest volume Corral accepts (64 TiB): beyond what ext4 holds in one sparse replica file.

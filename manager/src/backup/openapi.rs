@@ -4,8 +4,7 @@
 use serde_json::{Value, json};
 
 use super::model::BackupState;
-use crate::api::openapi::{Part, Shape};
-use crate::api::patterns::NAME_PATTERN;
+use crate::api::openapi::{NAME_PATTERN, Part, Shape};
 
 /// This feature's part of the document.
 pub const PART: Part = Part {
@@ -93,7 +92,7 @@ pub fn query_params(method: &str, path: &str) -> Vec<Value> {
         ("get", "/v1/backups") => vec![
             json!({"name": "target", "in": "query", "required": false,
                 "description": "Only the backups of this target (404 when no such target is set)",
-                "schema": {"type": "string", "pattern": crate::api::patterns::NAME_PATTERN}}),
+                "schema": {"type": "string", "pattern": NAME_PATTERN}}),
             json!({"name": "volume", "in": "query", "required": false,
                 "description": "Only the backups of this backup volume",
                 "schema": {"type": "string", "pattern": "^[A-Za-z0-9_][A-Za-z0-9._-]{0,62}$"}}),
