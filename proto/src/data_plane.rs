@@ -12,8 +12,18 @@ pub const DISABLE_REVISION_COUNTER: &str = "disable-revision-counter";
 /// `--backing-file` (a backing image under a replica's data).
 pub const BACKING_IMAGE: &str = "backing-image";
 
+/// `--generation` on engines (fencing a stale engine, issue 39): an engine binary older than it refuses the flag,
+/// so the manager passes it only to a data plane that has it.
+pub const ENGINE_GENERATION: &str = "engine-generation";
+
 /// Every feature of a full build, in the order they are shown.
-pub const ALL: [&str; 4] = [ENGINE_V1, ENGINE_V2, DISABLE_REVISION_COUNTER, BACKING_IMAGE];
+pub const ALL: [&str; 5] = [
+    ENGINE_V1,
+    ENGINE_V2,
+    DISABLE_REVISION_COUNTER,
+    BACKING_IMAGE,
+    ENGINE_GENERATION,
+];
 
 /// The features a data-plane process started with `binary args` needs, as far as its arguments show.
 pub fn needed_by(binary: &str, args: &[String]) -> Vec<&'static str> {
@@ -35,6 +45,9 @@ pub fn needed_by(binary: &str, args: &[String]) -> Vec<&'static str> {
     }
     if binary == "corral-replica" && has("--backing-file") {
         out.push(BACKING_IMAGE);
+    }
+    if binary == "corral-engine" && has("--generation") {
+        out.push(ENGINE_GENERATION);
     }
     out
 }
@@ -77,6 +90,10 @@ mod tests {
         assert_eq!(
             needed_by("corral-replica", &args(&["serve", "--backing-file=/b"])),
             [ENGINE_V1, BACKING_IMAGE]
+        );
+        assert_eq!(
+            needed_by("corral-engine", &args(&["serve", "--generation", "3"])),
+            [ENGINE_GENERATION]
         );
         assert!(needed_by("corral-bim", &args(&["serve"])).is_empty());
     }

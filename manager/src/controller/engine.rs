@@ -244,8 +244,28 @@ async fn start_engine(
     }
     // A new generation for every start, taken last (nothing can fail between taking it and starting): the
     // replicas refuse every engine of an earlier start from now on, wherever it still runs.
-    let generation = crate::engine_generation::next(&ctx.db, &e.spec.volume).await?;
-    args.extend(["--generation".to_owned(), generation.to_string()]);
+    // A data plane older than fencing refuses the flag: its engine runs without one (replicas that have recorded a
+    // generation refuse it, asking for an upgrade).
+    let fencing = ctx
+        .db
+        .get::<crate::model::Node>(&ctx.cfg.node_id)
+        .await?
+        .is_none_or(|n| {
+            crate::data_plane::features(&n.data)
+                .iter()
+                .any(|f| f == corral_proto::data_plane::ENGINE_GENERATION)
+        });
+    let generation = if fencing {
+        let g = crate::engine_generation::next(&ctx.db, &e.spec.volume).await?;
+        args.extend(["--generation".to_owned(), g.to_string()]);
+        g
+    } else {
+        tracing::warn!(
+            engine = name,
+            "this node's data plane predates engine generations: starting the engine without one (unfenced)"
+        );
+        0
+    };
     let rec = sup.start(name, args, restarts).await?;
     ctx.metrics.daemon_started();
     tracing::info!(
