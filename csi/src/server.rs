@@ -59,6 +59,8 @@ fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(e.into()),
     }
+    // Access (issue 40): no TLS on the CSI socket; created with the process umask (0755 under the usual 022), so
+    // only the plugin's user (root, as kubelet runs it) can connect; kubelet reaches it through its plugin directory.
     Ok(tokio::net::UnixListener::bind(path)?)
 }
 

@@ -2,6 +2,7 @@
 //! [`FrameDecoder`], the buffered frame writer, and the boxed stream halves for TCP and unix sockets.
 
 use std::io;
+use std::sync::Arc;
 
 use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader, BufWriter};
 
@@ -133,12 +134,25 @@ impl<'a> Endpoint<'a> {
         }
     }
 
-    /// Connects and splits the stream into boxed halves (allocated once per connection).
-    pub(crate) async fn connect(&self) -> io::Result<(BoxRead, BoxWrite)> {
+    /// Connects and splits the stream into boxed halves (allocated once per connection). With `tls`, a TCP
+    /// connection completes a TLS handshake first, verifying the server's certificate against the host dialled.
+    pub(crate) async fn connect(
+        &self,
+        tls: Option<&Arc<rustls::ClientConfig>>,
+    ) -> io::Result<(BoxRead, BoxWrite)> {
         match self {
             Self::Tcp(addr) => {
                 let stream = tokio::net::TcpStream::connect(addr).await?;
                 stream.set_nodelay(true)?;
+                if let Some(tls) = tls {
+                    let name = server_name(addr)?;
+                    let stream = tokio_rustls::TlsConnector::from(tls.clone())
+                        .connect(name, stream)
+                        .await
+                        .map_err(|e| io::Error::new(e.kind(), format!("TLS handshake with {addr}: {e}")))?;
+                    let (r, w) = tokio::io::split(stream);
+                    return Ok((Box::new(r), Box::new(w)));
+                }
                 let (r, w) = stream.into_split();
                 Ok((Box::new(r), Box::new(w)))
             }
@@ -149,4 +163,17 @@ impl<'a> Endpoint<'a> {
             }
         }
     }
+}
+
+/// The name a server's certificate must carry: the host of `HOST:PORT` (an IP, bracketed for IPv6, or a DNS
+/// name).
+fn server_name(addr: &str) -> io::Result<rustls::pki_types::ServerName<'static>> {
+    let host = addr.rsplit_once(':').map_or(addr, |(host, _)| host);
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    rustls::pki_types::ServerName::try_from(host.to_owned()).map_err(|e| {
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("{addr}: not a host name for TLS: {e}"),
+        )
+    })
 }

@@ -51,6 +51,8 @@ pub struct ServeConfig {
     pub ready_file: Option<std::path::PathBuf>,
     /// Rate of rebuilds whose request names none.
     pub rebuild_rate: crate::rebuild::RebuildRate,
+    /// Mutual TLS towards replicas over TCP (`--tls-dir`; `None`: plaintext).
+    pub tls: Option<corral_tls::TlsConfigs>,
 }
 
 /// Runs the engine until `cancel`.
@@ -63,6 +65,7 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
         connections: cfg.replica_connections,
         generation: cfg.generation,
         runtime: Some(io_runtime.clone()),
+        tls: cfg.tls.as_ref().map(|t| t.client.clone()),
         ..ClientConfig::default()
     };
     let opts = StartOptions {

@@ -141,6 +141,8 @@ impl Frontend {
                     let bind_err = |e: std::io::Error| {
                         EngineError::Internal(format!("bind NBD socket {}: {e}", path.display()))
                     };
+                    // Access (issue 40): no TLS here; created with the process umask (0755 under the usual 022),
+                    // and connect(2) needs write permission, so only the engine's user (and root) can connect.
                     let listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_err)?;
                     listener.set_nonblocking(true).map_err(bind_err)?;
                     let (s, c, p) = (server.clone(), cancel.clone(), path.clone());

@@ -40,49 +40,7 @@ struct Cli {
 #[derive(Subcommand, Debug)]
 enum Cmd {
     /// Run the engine of one volume.
-    Serve {
-        /// Volume name.
-        #[arg(long, env = "CORRAL_VOLUME")]
-        volume: String,
-        /// Volume size (bytes, or with K/M/G/T), a multiple of 4096.
-        #[arg(long, env = "CORRAL_VOLUME_SIZE", value_parser = corral_daemon::parse_size)]
-        size: u64,
-        /// gRPC ControllerService address.
-        #[arg(long, env = "CORRAL_ENGINE_LISTEN", default_value = "127.0.0.1:9501")]
-        listen: SocketAddr,
-        /// Replica address tcp://HOST:PORT?data=PORT&sync=PORT[&replica=NAME]: its control, data and sync
-        /// endpoints (docs/formats.md); repeat for each replica.
-        #[arg(long = "replica", required = true)]
-        replicas: Vec<corral_proto::ReplicaAddress>,
-        /// Frontend kind.
-        #[arg(long, default_value = "nbd")]
-        frontend: String,
-        /// NBD listener: unix:PATH or tcp:HOST:PORT (repeatable).
-        #[arg(long = "nbd-listen")]
-        nbd_listen: Vec<NbdListen>,
-        /// The volume keeps no revision counter (replicas must agree).
-        #[arg(long, env = "CORRAL_DISABLE_REVISION_COUNTER")]
-        disable_revision_counter: bool,
-        /// With the counter disabled: keep only the replica with the newest, largest head.
-        #[arg(long)]
-        salvage_requested: bool,
-        /// Seconds before an unanswered replica request puts the replica ERR.
-        #[arg(long, default_value_t = 8)]
-        replica_timeout: u64,
-        /// Data connections to each replica. Each is served by one thread of the replica, which runs the
-        /// requests one `recv` brings in order; fewer connections batch more requests per wake-up.
-        #[arg(long, env = "CORRAL_REPLICA_CONNECTIONS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
-        replica_connections: u16,
-        /// This engine start's generation, presented to every replica (data-protocol Hello): a replica that
-        /// accepted it refuses every engine of a lower one, and closes their connections, so an engine left on
-        /// the wrong side of a partition cannot write. 0: none (refused by a replica that has seen one).
-        #[arg(long, env = "CORRAL_ENGINE_GENERATION", default_value_t = 0)]
-        generation: u64,
-        #[command(flatten)]
-        rebuild_rate: RebuildRateArgs,
-        #[command(flatten)]
-        metrics: corral_daemon::metrics::MetricsListenArg,
-    },
+    Serve(ServeArgs),
     /// Volume state.
     Info,
     /// Replicas.
@@ -183,52 +141,62 @@ fn print<T: serde::Serialize>(json: bool, v: &T, human: impl FnOnce() -> String)
     Ok(output::print(json, v, human)?)
 }
 
+// `serve`: every daemon flag (a plain comment: a doc comment would replace the subcommand's help).
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// Volume name.
+    #[arg(long, env = "CORRAL_VOLUME")]
+    volume: String,
+    /// Volume size (bytes, or with K/M/G/T), a multiple of 4096.
+    #[arg(long, env = "CORRAL_VOLUME_SIZE", value_parser = corral_daemon::parse_size)]
+    size: u64,
+    /// gRPC ControllerService address.
+    #[arg(long, env = "CORRAL_ENGINE_LISTEN", default_value = "127.0.0.1:9501")]
+    listen: SocketAddr,
+    /// Replica address tcp://HOST:PORT?data=PORT&sync=PORT[&replica=NAME]: its control, data and sync
+    /// endpoints (docs/formats.md); repeat for each replica.
+    #[arg(long = "replica", required = true)]
+    replicas: Vec<corral_proto::ReplicaAddress>,
+    /// Frontend kind.
+    #[arg(long, default_value = "nbd")]
+    frontend: String,
+    /// NBD listener: unix:PATH or tcp:HOST:PORT (repeatable).
+    #[arg(long = "nbd-listen")]
+    nbd_listen: Vec<NbdListen>,
+    /// The volume keeps no revision counter (replicas must agree).
+    #[arg(long, env = "CORRAL_DISABLE_REVISION_COUNTER")]
+    disable_revision_counter: bool,
+    /// With the counter disabled: keep only the replica with the newest, largest head.
+    #[arg(long)]
+    salvage_requested: bool,
+    /// Seconds before an unanswered replica request puts the replica ERR.
+    #[arg(long, default_value_t = 8)]
+    replica_timeout: u64,
+    /// Data connections to each replica. Each is served by one thread of the replica, which runs the
+    /// requests one `recv` brings in order; fewer connections batch more requests per wake-up.
+    #[arg(long, env = "CORRAL_REPLICA_CONNECTIONS", default_value_t = 2, value_parser = clap::value_parser!(u16).range(1..=64))]
+    replica_connections: u16,
+    /// This engine start's generation, presented to every replica (data-protocol Hello): a replica that
+    /// accepted it refuses every engine of a lower one, and closes their connections, so an engine left on
+    /// the wrong side of a partition cannot write. 0: none (refused by a replica that has seen one).
+    #[arg(long, env = "CORRAL_ENGINE_GENERATION", default_value_t = 0)]
+    generation: u64,
+    #[command(flatten)]
+    rebuild_rate: RebuildRateArgs,
+    #[command(flatten)]
+    metrics: corral_daemon::metrics::MetricsListenArg,
+    #[command(flatten)]
+    tls: corral_tls::TlsDirArg,
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let kind = RunKind::serving(matches!(cli.cmd, Cmd::Serve { .. }));
+    let kind = RunKind::serving(matches!(cli.cmd, Cmd::Serve(_)));
     let process = cli.common.init(kind)?;
     let json = cli.output.json;
     match cli.cmd {
-        Cmd::Serve {
-            volume,
-            size,
-            listen,
-            replicas,
-            frontend,
-            nbd_listen,
-            disable_revision_counter,
-            salvage_requested,
-            replica_timeout,
-            replica_connections,
-            generation,
-            rebuild_rate,
-            metrics,
-        } => {
-            if frontend != "nbd" {
-                bail!("frontend {frontend:?} is not supported (only nbd)");
-            }
-            let cancel = corral_daemon::shutdown_on_signal();
-            let cfg = ServeConfig {
-                volume,
-                size,
-                listen,
-                replicas,
-                nbd: nbd_listen,
-                disable_revision_counter,
-                salvage_requested,
-                replica_timeout: Duration::from_secs(replica_timeout),
-                replica_connections: usize::from(replica_connections),
-                generation,
-                metrics_listen: metrics.metrics_listen,
-                ready_file: process.ready_file,
-                rebuild_rate: engine::rebuild::RebuildRate {
-                    max_bytes_per_second: rebuild_rate.rebuild_max_rate,
-                    busy_bytes_per_second: rebuild_rate.rebuild_busy_rate,
-                },
-            };
-            serve(cfg, cancel).await
-        }
+        Cmd::Serve(args) => serve_engine(args, process.ready_file).await,
         Cmd::Info => {
             let v = client(&cli.url)
                 .await?
@@ -295,48 +263,7 @@ async fn main() -> anyhow::Result<()> {
                     max_rate,
                     busy_rate,
                 },
-        } => {
-            let mut c = client(&cli.url).await?;
-            let r = c
-                .replica_add(v1::ReplicaAddRequest {
-                    address: address.to_string(),
-                    rebuild: true,
-                    timeout_seconds: 0,
-                    max_bytes_per_second: max_rate,
-                    busy_bytes_per_second: busy_rate,
-                })
-                .await?
-                .into_inner();
-            if no_wait {
-                return print(json, &r, || {
-                    format!("{} added ({}), rebuilding", r.address, r.mode)
-                });
-            }
-            let b = corral_daemon::percent_bar(&format!("rebuilding {}", r.address));
-            loop {
-                let s = c.rebuild_status(v1::Empty {}).await?.into_inner();
-                let Some(j) = s.replicas.into_iter().find(|j| j.address == r.address) else {
-                    bail!("rebuild of {} vanished", r.address)
-                };
-                b.set_position(u64::from(j.progress));
-                match j.state.as_str() {
-                    "complete" => {
-                        b.finish_and_clear();
-                        return print(json, &j, || {
-                            format!(
-                                "{} rebuilt: RW ({} bytes transferred, {} skipped)",
-                                j.address, j.bytes_transferred, j.bytes_skipped
-                            )
-                        });
-                    }
-                    "error" => {
-                        b.finish_and_clear();
-                        bail!("rebuild of {} failed: {}", j.address, j.error);
-                    }
-                    _ => tokio::time::sleep(Duration::from_millis(200)).await,
-                }
-            }
-        }
+        } => replica_add(&cli.url, json, &address, no_wait, max_rate, busy_rate).await,
         Cmd::Replica {
             cmd: ReplicaCmd::Rm { address },
         } => {
@@ -394,6 +321,102 @@ async fn main() -> anyhow::Result<()> {
             print(json, &m, || format!("{m:#?}"))
         }
     }
+}
+
+/// `replica add`: adds a replica and, unless `no_wait`, follows its rebuild with a progress bar.
+async fn replica_add(
+    url: &str,
+    json: bool,
+    address: &corral_proto::ReplicaAddress,
+    no_wait: bool,
+    max_rate: u64,
+    busy_rate: u64,
+) -> anyhow::Result<()> {
+    let mut c = client(url).await?;
+    let r = c
+        .replica_add(v1::ReplicaAddRequest {
+            address: address.to_string(),
+            rebuild: true,
+            timeout_seconds: 0,
+            max_bytes_per_second: max_rate,
+            busy_bytes_per_second: busy_rate,
+        })
+        .await?
+        .into_inner();
+    if no_wait {
+        return print(json, &r, || {
+            format!("{} added ({}), rebuilding", r.address, r.mode)
+        });
+    }
+    let b = corral_daemon::percent_bar(&format!("rebuilding {}", r.address));
+    loop {
+        let s = c.rebuild_status(v1::Empty {}).await?.into_inner();
+        let Some(j) = s.replicas.into_iter().find(|j| j.address == r.address) else {
+            bail!("rebuild of {} vanished", r.address)
+        };
+        b.set_position(u64::from(j.progress));
+        match j.state.as_str() {
+            "complete" => {
+                b.finish_and_clear();
+                return print(json, &j, || {
+                    format!(
+                        "{} rebuilt: RW ({} bytes transferred, {} skipped)",
+                        j.address, j.bytes_transferred, j.bytes_skipped
+                    )
+                });
+            }
+            "error" => {
+                b.finish_and_clear();
+                bail!("rebuild of {} failed: {}", j.address, j.error);
+            }
+            _ => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    }
+}
+
+/// `serve`: the engine of one volume until SIGTERM.
+async fn serve_engine(args: ServeArgs, ready_file: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+    let ServeArgs {
+        volume,
+        size,
+        listen,
+        replicas,
+        frontend,
+        nbd_listen,
+        disable_revision_counter,
+        salvage_requested,
+        replica_timeout,
+        replica_connections,
+        generation,
+        rebuild_rate,
+        metrics,
+        tls,
+    } = args;
+    if frontend != "nbd" {
+        bail!("frontend {frontend:?} is not supported (only nbd)");
+    }
+    let tls = tls.load()?;
+    let cancel = corral_daemon::shutdown_on_signal();
+    let cfg = ServeConfig {
+        volume,
+        size,
+        listen,
+        replicas,
+        nbd: nbd_listen,
+        disable_revision_counter,
+        salvage_requested,
+        replica_timeout: Duration::from_secs(replica_timeout),
+        replica_connections: usize::from(replica_connections),
+        generation,
+        metrics_listen: metrics.metrics_listen,
+        ready_file,
+        rebuild_rate: engine::rebuild::RebuildRate {
+            max_bytes_per_second: rebuild_rate.rebuild_max_rate,
+            busy_bytes_per_second: rebuild_rate.rebuild_busy_rate,
+        },
+        tls,
+    };
+    serve(cfg, cancel).await
 }
 
 async fn snapshot(url: &str, json: bool, cmd: SnapCmd) -> anyhow::Result<()> {

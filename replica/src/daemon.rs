@@ -80,6 +80,11 @@ fn raise_nofile_limit() {
 
 /// Binds the data protocol's unix socket at `path`, replacing a socket file left by a process that died (a
 /// SIGKILLed replica cannot remove its own); any other kind of file there is refused, not removed.
+///
+/// Access (issue 40): the data protocol on a unix socket is never wrapped in TLS. The socket is created with the
+/// process umask (0755 under the usual 022): connect(2) needs write permission on it, so only the replica's user
+/// (and root) can connect; the directory it lives in (the manager's run directory) is the second fence. v1
+/// `--data-unix` and v2 `--data-unix-dir` both bind here.
 pub(crate) fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
     use std::os::unix::fs::FileTypeExt;
     match std::fs::symlink_metadata(path) {

@@ -33,118 +33,11 @@ struct Cli {
 enum Cmd {
     /// Serve a replica directory: gRPC ReplicaService on --listen, the data protocol on --data-listen,
     /// SyncAgentService on --sync-listen (port 0 picks a free port; --ready-file reports it).
-    Serve {
-        /// Replica directory (created if missing).
-        #[arg(long, env = "CORRAL_REPLICA_DIR")]
-        dir: PathBuf,
-        /// Control (gRPC ReplicaService) address HOST:PORT.
-        #[arg(long, env = "CORRAL_REPLICA_LISTEN", default_value = "127.0.0.1:9502")]
-        listen: SocketAddr,
-        /// Data-protocol address HOST:PORT (default: a free port on the --listen host; the ready file and
-        /// ReplicaGet report it).
-        #[arg(long, env = "CORRAL_REPLICA_DATA_LISTEN")]
-        data_listen: Option<SocketAddr>,
-        /// Also serve the data protocol on this unix socket (a stale socket file there is replaced). An engine
-        /// on this node learns it from ReplicaGet and connects there instead of TCP; the manager gives it to
-        /// every replica it starts.
-        #[arg(long, env = "CORRAL_REPLICA_DATA_UNIX")]
-        data_unix: Option<PathBuf>,
-        /// Sync-agent (gRPC SyncAgentService) address HOST:PORT (default: a free port on the --listen host; the
-        /// ready file and ReplicaGet report it).
-        #[arg(long, env = "CORRAL_REPLICA_SYNC_LISTEN")]
-        sync_listen: Option<SocketAddr>,
-        /// Create the replica with this size in bytes (a multiple of 4096) when the directory holds none;
-        /// when it holds one, the size must match.
-        #[arg(long, env = "CORRAL_REPLICA_SIZE", value_parser = corral_daemon::parse_size)]
-        size: Option<u64>,
-        /// Read-only bottom layer: a raw or qcow2 image, or a directory holding exactly one (the volume may be
-        /// larger than the image; past its end the volume reads zeros). Recorded in volume.meta.
-        #[arg(long, env = "CORRAL_REPLICA_BACKING_FILE")]
-        backing_file: Option<PathBuf>,
-        /// Name of the backing image as the control plane knows it (recorded in backups; needs
-        /// --backing-image-checksum).
-        #[arg(
-            long,
-            env = "CORRAL_REPLICA_BACKING_IMAGE_NAME",
-            requires_all = ["backing_file", "backing_image_checksum"]
-        )]
-        backing_image_name: Option<String>,
-        /// SHA-512 of the backing file as the control plane verified it, `HEX` or `sha512:HEX` (recorded in backups
-        /// with the name, as bare hex).
-        #[arg(
-            long,
-            env = "CORRAL_REPLICA_BACKING_IMAGE_CHECKSUM",
-            requires = "backing_image_name"
-        )]
-        backing_image_checksum: Option<String>,
-        /// Do not keep the revision counter (faster; the engine then salvages by head mtime and size).
-        #[arg(long, env = "CORRAL_DISABLE_REVISION_COUNTER")]
-        disable_revision_counter: bool,
-        /// Volume name reported to clients.
-        #[arg(long, env = "CORRAL_VOLUME", default_value = "")]
-        volume: String,
-        #[command(flatten)]
-        metrics: corral_daemon::metrics::MetricsListenArg,
-        /// Data-protocol requests a connection runs before writing their replies (and flushes it queues).
-        #[arg(long, default_value_t = 128)]
-        data_window: usize,
-        /// Never copy a clone's or rebuild's source files directly, even when the source replica is on this
-        /// host: always pull them over the network (sparse-sync).
-        #[arg(long, env = "CORRAL_REPLICA_NO_LOCAL_COPY")]
-        no_local_copy: bool,
-        /// TEST BUILDS ONLY: make a data-protocol operation fail (repeatable). OP is read, write, unmap,
-        /// write-zeroes, flush or block-status; ACTION is error, no-space, delay:MS, hang or drop; the first N
-        /// operations pass. Change at run time with POST/DELETE /debug/faults on --metrics-listen.
-        #[cfg(feature = "fault-injection")]
-        #[arg(long = "fault", value_name = "OP=ACTION[,after=N]", value_parser = clap::value_parser!(replica::fault::FaultRule))]
-        faults: Vec<replica::fault::FaultRule>,
-    },
+    Serve(ServeArgs),
     /// Serve the v2 data engine on one disk: the disk's lvstore (crate lvstore) hosting many replicas as lvol
     /// chains, each on its own control, data and sync listeners (its replica address); gRPC LvstoreService on
     /// --listen adds, lists and removes them.
-    ServeLvstore {
-        /// The disk: a block device or a preallocated file holding an lvstore.
-        #[arg(long, env = "CORRAL_LVSTORE_DISK")]
-        disk: PathBuf,
-        /// gRPC LvstoreService address HOST:PORT; hosted replicas listen on its host.
-        #[arg(long, env = "CORRAL_LVSTORE_LISTEN", default_value = "127.0.0.1:9600")]
-        listen: SocketAddr,
-        /// Format the disk when it holds no lvstore (an existing lvstore is never formatted over).
-        #[arg(long)]
-        format: bool,
-        /// Cluster size for --format.
-        #[arg(long, default_value = "1M", value_parser = corral_daemon::parse_size)]
-        cluster_size: u64,
-        /// Data-protocol requests a connection runs before writing their replies.
-        #[arg(long, default_value_t = 128)]
-        data_window: usize,
-        /// How the lvstore's data IO reaches the disk: direct (O_DIRECT), buffered (the page cache), or auto
-        /// (direct on a block device, buffered on a file).
-        #[arg(long, default_value = "auto", value_parser = clap::value_parser!(lvstore::DataIo))]
-        data_io: lvstore::DataIo,
-        /// Threads of the disk's IO pool, shared by every hosted replica: requests that wait for the device run
-        /// there, several per data connection at once (0: each connection runs its requests one at a time).
-        #[arg(long, default_value_t = 16)]
-        io_threads: usize,
-        /// Requests of one data connection at the IO pool at once.
-        #[arg(long, default_value_t = 64)]
-        io_depth: usize,
-        /// Host replica NAME from the start (repeatable; created on the engine's ReplicaCreate). The ready
-        /// file reports its listeners as NAME.control, NAME.data and NAME.sync.
-        #[arg(long = "replica", value_name = "NAME")]
-        replicas: Vec<String>,
-        /// Also serve each hosted replica's data protocol on a unix socket DIR/NAME.data.sock (created; a stale
-        /// socket file there is replaced). An engine on this node learns it from ReplicaGet and connects there
-        /// instead of TCP; the manager gives it to every lvstore daemon it starts.
-        #[arg(long, env = "CORRAL_LVSTORE_DATA_UNIX_DIR", value_name = "DIR")]
-        data_unix_dir: Option<PathBuf>,
-        /// At most this many data bytes per second (K, M, G suffixes) when this disk sends a backing-image copy
-        /// to another disk (BackingImageExpose); default: unbounded.
-        #[arg(long, env = "CORRAL_LVSTORE_BACKING_IMAGE_SEND_RATE", value_parser = corral_daemon::parse_size)]
-        backing_image_send_rate: Option<u64>,
-        #[command(flatten)]
-        metrics: corral_daemon::metrics::MetricsListenArg,
-    },
+    ServeLvstore(ServeLvstoreArgs),
     /// Show a replica: offline from its directory (--dir), or live over gRPC (--url: a replica address, or its
     /// control endpoint HOST:PORT).
     Info {
@@ -181,6 +74,125 @@ enum Cmd {
         #[arg(long)]
         rehash: bool,
     },
+}
+
+// `serve`: every daemon flag of a v1 replica (a plain comment: a doc comment would replace the subcommand's help).
+#[derive(clap::Args, Debug)]
+struct ServeArgs {
+    /// Replica directory (created if missing).
+    #[arg(long, env = "CORRAL_REPLICA_DIR")]
+    dir: PathBuf,
+    /// Control (gRPC ReplicaService) address HOST:PORT.
+    #[arg(long, env = "CORRAL_REPLICA_LISTEN", default_value = "127.0.0.1:9502")]
+    listen: SocketAddr,
+    /// Data-protocol address HOST:PORT (default: a free port on the --listen host; the ready file and
+    /// ReplicaGet report it).
+    #[arg(long, env = "CORRAL_REPLICA_DATA_LISTEN")]
+    data_listen: Option<SocketAddr>,
+    /// Also serve the data protocol on this unix socket (a stale socket file there is replaced). An engine
+    /// on this node learns it from ReplicaGet and connects there instead of TCP; the manager gives it to
+    /// every replica it starts.
+    #[arg(long, env = "CORRAL_REPLICA_DATA_UNIX")]
+    data_unix: Option<PathBuf>,
+    /// Sync-agent (gRPC SyncAgentService) address HOST:PORT (default: a free port on the --listen host; the
+    /// ready file and ReplicaGet report it).
+    #[arg(long, env = "CORRAL_REPLICA_SYNC_LISTEN")]
+    sync_listen: Option<SocketAddr>,
+    /// Create the replica with this size in bytes (a multiple of 4096) when the directory holds none;
+    /// when it holds one, the size must match.
+    #[arg(long, env = "CORRAL_REPLICA_SIZE", value_parser = corral_daemon::parse_size)]
+    size: Option<u64>,
+    /// Read-only bottom layer: a raw or qcow2 image, or a directory holding exactly one (the volume may be
+    /// larger than the image; past its end the volume reads zeros). Recorded in volume.meta.
+    #[arg(long, env = "CORRAL_REPLICA_BACKING_FILE")]
+    backing_file: Option<PathBuf>,
+    /// Name of the backing image as the control plane knows it (recorded in backups; needs
+    /// --backing-image-checksum).
+    #[arg(
+        long,
+        env = "CORRAL_REPLICA_BACKING_IMAGE_NAME",
+        requires_all = ["backing_file", "backing_image_checksum"]
+    )]
+    backing_image_name: Option<String>,
+    /// SHA-512 of the backing file as the control plane verified it, `HEX` or `sha512:HEX` (recorded in backups
+    /// with the name, as bare hex).
+    #[arg(
+        long,
+        env = "CORRAL_REPLICA_BACKING_IMAGE_CHECKSUM",
+        requires = "backing_image_name"
+    )]
+    backing_image_checksum: Option<String>,
+    /// Do not keep the revision counter (faster; the engine then salvages by head mtime and size).
+    #[arg(long, env = "CORRAL_DISABLE_REVISION_COUNTER")]
+    disable_revision_counter: bool,
+    /// Volume name reported to clients.
+    #[arg(long, env = "CORRAL_VOLUME", default_value = "")]
+    volume: String,
+    #[command(flatten)]
+    metrics: corral_daemon::metrics::MetricsListenArg,
+    /// Data-protocol requests a connection runs before writing their replies (and flushes it queues).
+    #[arg(long, default_value_t = 128)]
+    data_window: usize,
+    /// Never copy a clone's or rebuild's source files directly, even when the source replica is on this
+    /// host: always pull them over the network (sparse-sync).
+    #[arg(long, env = "CORRAL_REPLICA_NO_LOCAL_COPY")]
+    no_local_copy: bool,
+    /// TEST BUILDS ONLY: make a data-protocol operation fail (repeatable). OP is read, write, unmap,
+    /// write-zeroes, flush or block-status; ACTION is error, no-space, delay:MS, hang or drop; the first N
+    /// operations pass. Change at run time with POST/DELETE /debug/faults on --metrics-listen.
+    #[cfg(feature = "fault-injection")]
+    #[arg(long = "fault", value_name = "OP=ACTION[,after=N]", value_parser = clap::value_parser!(replica::fault::FaultRule))]
+    faults: Vec<replica::fault::FaultRule>,
+    #[command(flatten)]
+    tls: corral_tls::TlsDirArg,
+}
+
+// `serve-lvstore`: every daemon flag of a v2 disk daemon.
+#[derive(clap::Args, Debug)]
+struct ServeLvstoreArgs {
+    /// The disk: a block device or a preallocated file holding an lvstore.
+    #[arg(long, env = "CORRAL_LVSTORE_DISK")]
+    disk: PathBuf,
+    /// gRPC LvstoreService address HOST:PORT; hosted replicas listen on its host.
+    #[arg(long, env = "CORRAL_LVSTORE_LISTEN", default_value = "127.0.0.1:9600")]
+    listen: SocketAddr,
+    /// Format the disk when it holds no lvstore (an existing lvstore is never formatted over).
+    #[arg(long)]
+    format: bool,
+    /// Cluster size for --format.
+    #[arg(long, default_value = "1M", value_parser = corral_daemon::parse_size)]
+    cluster_size: u64,
+    /// Data-protocol requests a connection runs before writing their replies.
+    #[arg(long, default_value_t = 128)]
+    data_window: usize,
+    /// How the lvstore's data IO reaches the disk: direct (O_DIRECT), buffered (the page cache), or auto
+    /// (direct on a block device, buffered on a file).
+    #[arg(long, default_value = "auto", value_parser = clap::value_parser!(lvstore::DataIo))]
+    data_io: lvstore::DataIo,
+    /// Threads of the disk's IO pool, shared by every hosted replica: requests that wait for the device run
+    /// there, several per data connection at once (0: each connection runs its requests one at a time).
+    #[arg(long, default_value_t = 16)]
+    io_threads: usize,
+    /// Requests of one data connection at the IO pool at once.
+    #[arg(long, default_value_t = 64)]
+    io_depth: usize,
+    /// Host replica NAME from the start (repeatable; created on the engine's ReplicaCreate). The ready
+    /// file reports its listeners as NAME.control, NAME.data and NAME.sync.
+    #[arg(long = "replica", value_name = "NAME")]
+    replicas: Vec<String>,
+    /// Also serve each hosted replica's data protocol on a unix socket DIR/NAME.data.sock (created; a stale
+    /// socket file there is replaced). An engine on this node learns it from ReplicaGet and connects there
+    /// instead of TCP; the manager gives it to every lvstore daemon it starts.
+    #[arg(long, env = "CORRAL_LVSTORE_DATA_UNIX_DIR", value_name = "DIR")]
+    data_unix_dir: Option<PathBuf>,
+    /// At most this many data bytes per second (K, M, G suffixes) when this disk sends a backing-image copy
+    /// to another disk (BackingImageExpose); default: unbounded.
+    #[arg(long, env = "CORRAL_LVSTORE_BACKING_IMAGE_SEND_RATE", value_parser = corral_daemon::parse_size)]
+    backing_image_send_rate: Option<u64>,
+    #[command(flatten)]
+    metrics: corral_daemon::metrics::MetricsListenArg,
+    #[command(flatten)]
+    tls: corral_tls::TlsDirArg,
 }
 
 #[derive(Subcommand, Debug)]
@@ -264,92 +276,12 @@ enum SnapCmd {
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    let kind = RunKind::serving(matches!(cli.cmd, Cmd::Serve { .. } | Cmd::ServeLvstore { .. }));
+    let kind = RunKind::serving(matches!(cli.cmd, Cmd::Serve(_) | Cmd::ServeLvstore(_)));
     let process = cli.common.init(kind)?;
     let json = cli.output.json;
     match cli.cmd {
-        Cmd::Serve {
-            dir,
-            listen,
-            data_listen,
-            data_unix,
-            sync_listen,
-            size,
-            backing_file,
-            backing_image_name,
-            backing_image_checksum,
-            disable_revision_counter,
-            volume,
-            metrics,
-            data_window,
-            no_local_copy,
-            #[cfg(feature = "fault-injection")]
-            faults,
-        } => {
-            let cancel = corral_daemon::shutdown_on_signal();
-            let data = data_protocol::ServerConfig {
-                window: data_window,
-                ..Default::default()
-            };
-            // Never derived from the --listen port: each listener is named, or a free port.
-            let any_port = SocketAddr::new(listen.ip(), 0);
-            let cfg = ServeConfig {
-                dir,
-                listen,
-                data_listen: data_listen.unwrap_or(any_port),
-                data_unix,
-                sync_listen: sync_listen.unwrap_or(any_port),
-                ready_file: process.ready_file,
-                size,
-                backing_file,
-                backing_image: match (backing_image_name, backing_image_checksum) {
-                    (Some(n), Some(c)) => Some(replica::backing::BackingImageId::new(&n, &c)?),
-                    _ => None,
-                },
-                disable_revision_counter,
-                volume,
-                metrics_listen: metrics.metrics_listen,
-                data,
-                local_copy: !no_local_copy,
-                #[cfg(feature = "fault-injection")]
-                faults,
-            };
-            serve(cfg, cancel).await
-        }
-        Cmd::ServeLvstore {
-            disk,
-            listen,
-            format,
-            cluster_size,
-            data_window,
-            data_io,
-            io_threads,
-            io_depth,
-            replicas,
-            data_unix_dir,
-            backing_image_send_rate,
-            metrics,
-        } => {
-            let cfg = replica::v2::daemon::LvstoreServeConfig {
-                disk,
-                listen,
-                format,
-                cluster_size,
-                ready_file: process.ready_file,
-                data: data_protocol::ServerConfig {
-                    window: data_window,
-                    io_depth,
-                    ..Default::default()
-                },
-                data_io,
-                io_threads,
-                replicas,
-                metrics_listen: metrics.metrics_listen,
-                data_unix_dir,
-                backing_image_send_rate,
-            };
-            replica::v2::daemon::serve_lvstore(cfg, corral_daemon::shutdown_on_signal()).await
-        }
+        Cmd::Serve(args) => serve_replica(args, process.ready_file).await,
+        Cmd::ServeLvstore(args) => serve_lvstore(args, process.ready_file).await,
         Cmd::Info { dir: Some(dir), .. } => {
             let s = replica::inspect(&dir).with_context(|| format!("inspect {}", dir.display()))?;
             print_status(&s, json)
@@ -420,6 +352,100 @@ async fn main() -> anyhow::Result<()> {
             Ok(())
         }
     }
+}
+
+/// `serve`: a v1 replica until SIGTERM.
+async fn serve_replica(args: ServeArgs, ready_file: Option<PathBuf>) -> anyhow::Result<()> {
+    let ServeArgs {
+        dir,
+        listen,
+        data_listen,
+        data_unix,
+        sync_listen,
+        size,
+        backing_file,
+        backing_image_name,
+        backing_image_checksum,
+        disable_revision_counter,
+        volume,
+        metrics,
+        data_window,
+        no_local_copy,
+        #[cfg(feature = "fault-injection")]
+        faults,
+        tls,
+    } = args;
+    let tls = tls.load()?;
+    let cancel = corral_daemon::shutdown_on_signal();
+    let data = data_protocol::ServerConfig {
+        window: data_window,
+        tls: tls.as_ref().map(|t| t.server.clone()),
+        ..Default::default()
+    };
+    // Never derived from the --listen port: each listener is named, or a free port.
+    let any_port = SocketAddr::new(listen.ip(), 0);
+    let cfg = ServeConfig {
+        dir,
+        listen,
+        data_listen: data_listen.unwrap_or(any_port),
+        data_unix,
+        sync_listen: sync_listen.unwrap_or(any_port),
+        ready_file,
+        size,
+        backing_file,
+        backing_image: match (backing_image_name, backing_image_checksum) {
+            (Some(n), Some(c)) => Some(replica::backing::BackingImageId::new(&n, &c)?),
+            _ => None,
+        },
+        disable_revision_counter,
+        volume,
+        metrics_listen: metrics.metrics_listen,
+        data,
+        local_copy: !no_local_copy,
+        #[cfg(feature = "fault-injection")]
+        faults,
+    };
+    serve(cfg, cancel).await
+}
+
+/// `serve-lvstore`: a v2 disk daemon until SIGTERM.
+async fn serve_lvstore(args: ServeLvstoreArgs, ready_file: Option<PathBuf>) -> anyhow::Result<()> {
+    let ServeLvstoreArgs {
+        disk,
+        listen,
+        format,
+        cluster_size,
+        data_window,
+        data_io,
+        io_threads,
+        io_depth,
+        replicas,
+        data_unix_dir,
+        backing_image_send_rate,
+        metrics,
+        tls,
+    } = args;
+    let tls = tls.load()?;
+    let cfg = replica::v2::daemon::LvstoreServeConfig {
+        disk,
+        listen,
+        format,
+        cluster_size,
+        ready_file,
+        data: data_protocol::ServerConfig {
+            window: data_window,
+            io_depth,
+            tls: tls.as_ref().map(|t| t.server.clone()),
+            ..Default::default()
+        },
+        data_io,
+        io_threads,
+        replicas,
+        metrics_listen: metrics.metrics_listen,
+        data_unix_dir,
+        backing_image_send_rate,
+    };
+    replica::v2::daemon::serve_lvstore(cfg, corral_daemon::shutdown_on_signal()).await
 }
 
 async fn lvstore(url: &str, cmd: LvstoreCmd, json: bool) -> anyhow::Result<()> {

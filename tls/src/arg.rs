@@ -8,10 +8,10 @@ use crate::{TlsDir, TlsError};
 /// `--tls-dir DIR` (`CORRAL_TLS_DIR`), flattened into a daemon's clap parser.
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TlsDirArg {
-    /// Mutual TLS on this daemon's TCP endpoints: DIR holds ca.crt (the cluster CA), tls.crt and tls.key (this
-    /// node's certificate and key; `corral-tls issue` makes them). Peers must present a certificate of the same
-    /// CA and the name they dial must be in the server's certificate. Absent: plaintext (unix sockets are never
-    /// wrapped).
+    /// Mutual TLS: DIR holds ca.crt (the cluster CA), tls.crt and tls.key (this node's certificate and key;
+    /// `corral-tls issue` makes them). Peers must present a certificate of the same CA, and the name dialled must
+    /// be in the server's certificate. Today it covers the data protocol over TCP (replica: server, engine:
+    /// client); gRPC is not covered yet. Absent: plaintext. Unix sockets are never wrapped.
     #[arg(long, env = "CORRAL_TLS_DIR", value_name = "DIR")]
     pub tls_dir: Option<PathBuf>,
 }

@@ -36,7 +36,7 @@ pub(super) async fn connect(addr: &str, cfg: ClientConfig) -> Result<DataClient,
     let mut info: Option<VolumeInfo> = None;
     for _ in 0..connections {
         let handshake = async {
-            let (read, write) = endpoint.connect().await?;
+            let (read, write) = endpoint.connect(cfg.tls.as_ref()).await?;
             let mut frames = FrameReader::new(read);
             let mut out = FrameWriter::new(write);
             let conn_info = hello(&mut frames, &mut out, cfg.generation).await?;

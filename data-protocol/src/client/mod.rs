@@ -35,7 +35,7 @@ use connection::Outgoing;
 use slots::{Answer, SlotTable};
 
 /// Client tuning. `Default` gives the documented defaults.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ClientConfig {
     /// TCP/unix connections to the replica (default 2).
     pub connections: usize,
@@ -55,6 +55,25 @@ pub struct ClientConfig {
     /// accepted a higher one refuses the connection ([`ClientError::Fenced`]), and closes every connection of
     /// a lower one when a higher one connects.
     pub generation: u64,
+    /// Mutual TLS on TCP connections (`None`, the default: plaintext): the client presents its certificate and
+    /// accepts only a replica whose certificate names the host it dialled (`HOST` of `HOST:PORT`, a DNS name or
+    /// an IP). A refused handshake fails the connect ([`ClientError::Io`]). Unix sockets are never wrapped.
+    pub tls: Option<Arc<rustls::ClientConfig>>,
+}
+
+impl std::fmt::Debug for ClientConfig {
+    // The TLS config only as on or off: it is long, and daemons log their effective config.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClientConfig")
+            .field("connections", &self.connections)
+            .field("window", &self.window)
+            .field("request_timeout", &self.request_timeout)
+            .field("ping_interval", &self.ping_interval)
+            .field("runtime", &self.runtime)
+            .field("generation", &self.generation)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 impl Default for ClientConfig {
@@ -66,6 +85,7 @@ impl Default for ClientConfig {
             ping_interval: Duration::from_secs(2),
             runtime: None,
             generation: 0,
+            tls: None,
         }
     }
 }

@@ -129,6 +129,15 @@ pub(crate) fn serve(shared: &Arc<Shared>, stream: Stream) {
     if graceful && let Err(e) = conn.send() {
         tracing::debug!(error = %e, "final replies not delivered");
     }
+    if graceful
+        && let Err(e) = conn
+            .out
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .close_notify()
+    {
+        tracing::debug!(error = %e, "TLS close_notify not delivered");
+    }
     if !graceful {
         // Unblocks a flusher writing to a peer that does not read, and tells the peer at once.
         conn.input.shutdown(Shutdown::Both);

@@ -11,6 +11,7 @@
 mod connection;
 mod fence;
 mod io_pool;
+mod refused;
 mod request;
 mod stream;
 
@@ -33,7 +34,7 @@ use request::Executor;
 use stream::Stream;
 
 /// Server tuning. `Default` gives the documented defaults.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ServerConfig {
     /// Requests a connection runs before it writes their replies, and flushes it queues for its flusher
     /// before it stops reading (default 128).
@@ -50,6 +51,28 @@ pub struct ServerConfig {
     /// Requests of one connection at the IO pool at once (default 64); the connection stops reading while
     /// all are in use.
     pub io_depth: usize,
+    /// Mutual TLS on TCP connections (`None`, the default: plaintext). With it, a TCP peer that does not complete
+    /// the handshake within [`TLS_HANDSHAKE_TIMEOUT`] with a certificate the config accepts is dropped before any
+    /// frame is read. Unix sockets are never wrapped: their file mode guards them.
+    pub tls: Option<Arc<rustls::ServerConfig>>,
+}
+
+/// How long a TCP peer may take to complete the TLS handshake (a stalled or slow peer holds no thread, only a
+/// task, until then).
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+impl std::fmt::Debug for ServerConfig {
+    // The TLS config only as on or off: it is long, and daemons log their effective config.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ServerConfig")
+            .field("window", &self.window)
+            .field("buffer_pool_bytes", &self.buffer_pool_bytes)
+            .field("shutdown_grace", &self.shutdown_grace)
+            .field("io_pool", &self.io_pool)
+            .field("io_depth", &self.io_depth)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 impl Default for ServerConfig {
@@ -60,6 +83,7 @@ impl Default for ServerConfig {
             shutdown_grace: Duration::from_secs(10),
             io_pool: None,
             io_depth: 64,
+            tls: None,
         }
     }
 }
@@ -70,6 +94,8 @@ pub(crate) struct Shared {
     exec: Arc<Executor>,
     /// Engine generations of the open connections ([`fence`]).
     fence: fence::Fence,
+    /// Peers already logged for a refused TLS handshake.
+    refused: refused::RefusedPeers,
 }
 
 /// A data-protocol server for one backend. It can serve several listeners at once (TCP and unix).
@@ -90,6 +116,7 @@ impl DataServer {
                 cfg,
                 exec,
                 fence: fence::Fence::default(),
+                refused: refused::RefusedPeers::default(),
             }),
         })
     }
@@ -118,14 +145,15 @@ impl DataServer {
     async fn accept_loop(&self, listener: impl Acceptor, cancel: CancellationToken) {
         let tasks = TaskTracker::new();
         let mut conn_seq = 0u64;
+        let tls = self.shared.cfg.tls.clone().map(tokio_rustls::TlsAcceptor::from);
         loop {
             let accepted = tokio::select! {
                 biased;
                 () = cancel.cancelled() => break,
-                a = listener.accept_boxed() => a,
+                a = listener.accept_boxed(tls.is_some()) => a,
             };
             match accepted {
-                Ok((stream, peer)) => {
+                Ok((accepted, peer)) => {
                     conn_seq += 1;
                     self.shared
                         .exec
@@ -133,12 +161,20 @@ impl DataServer {
                         .connections_accepted
                         .fetch_add(1, Relaxed);
                     let span = tracing::info_span!("data_conn", peer = %peer, conn = conn_seq);
-                    match self.start_connection(stream, conn_seq, span.clone(), cancel.clone()) {
-                        Ok(conn) => {
-                            tasks.spawn(conn.instrument(span));
+                    let (shared, cancel) = (self.shared.clone(), cancel.clone());
+                    let conn = match (accepted, &tls) {
+                        (Accepted::Ready(stream), _) => {
+                            serve_connection(shared, stream, conn_seq, &span, cancel)
                         }
-                        Err(err) => tracing::warn!(parent: &span, error = %err, "cannot serve connection"),
-                    }
+                        (Accepted::Tcp(tcp), Some(tls)) => {
+                            let tls = tls.clone();
+                            serve_tls_connection(shared, tls, tcp, peer, conn_seq, span.clone(), cancel)
+                        }
+                        (Accepted::Tcp(_), None) => {
+                            unreachable!("a TCP stream is handed over raw only for TLS")
+                        }
+                    };
+                    tasks.spawn(conn.instrument(span));
                 }
                 Err(err) => {
                     // Usually EMFILE/ENFILE: back off instead of spinning.
@@ -153,47 +189,97 @@ impl DataServer {
         tasks.close();
         tasks.wait().await;
     }
+}
 
-    /// Starts the connection's thread; the returned future ends when the thread did, and on `cancel`
-    /// shuts the socket's read side down so the thread answers what it read and stops.
-    fn start_connection(
-        &self,
-        stream: Stream,
-        seq: u64,
-        span: tracing::Span,
-        cancel: CancellationToken,
-    ) -> io::Result<impl Future<Output = ()> + use<>> {
-        stream.prepare(self.shared.cfg.shutdown_grace)?;
-        let mut control = SocketGuard(Some(stream.try_clone()?));
-        let shared = self.shared.clone();
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
-        std::thread::Builder::new()
-            .name(format!("dp-conn-{seq}"))
-            .spawn(move || {
-                let _span = span.enter();
-                let metrics = &shared.exec.metrics;
-                metrics.connections_active.fetch_add(1, Relaxed);
-                tracing::debug!("connection accepted");
-                connection::serve(&shared, stream);
-                metrics.connections_active.fetch_sub(1, Relaxed);
-                tracing::debug!("connection closed");
-                drop(done_tx);
-            })?;
-        Ok(async move {
-            let mut done = done_rx;
-            tokio::select! {
-                _ = &mut done => {}
-                () = cancel.cancelled() => {
-                    if let Some(s) = &control.0 {
-                        s.shutdown(std::net::Shutdown::Read);
-                    }
-                    let _ = done.await;
-                }
-            }
-            // The thread is done: close our handle without touching the socket.
-            drop(control.0.take());
-        })
+/// Serves one accepted connection to its end (see [`start_connection`]).
+fn serve_connection(
+    shared: Arc<Shared>,
+    stream: Stream,
+    seq: u64,
+    span: &tracing::Span,
+    cancel: CancellationToken,
+) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+    match start_connection(shared, stream, seq, span.clone(), cancel) {
+        Ok(conn) => Box::pin(conn),
+        Err(err) => {
+            tracing::warn!(parent: span, error = %err, "cannot serve connection");
+            Box::pin(std::future::ready(()))
+        }
     }
+}
+
+/// Completes the TLS handshake of a TCP connection (bounded by [`TLS_HANDSHAKE_TIMEOUT`] and `cancel`), then
+/// serves it. A refused peer is logged once per address; no frame of it is read.
+fn serve_tls_connection(
+    shared: Arc<Shared>,
+    tls: tokio_rustls::TlsAcceptor,
+    tcp: tokio::net::TcpStream,
+    peer: String,
+    seq: u64,
+    span: tracing::Span,
+    cancel: CancellationToken,
+) -> std::pin::Pin<Box<dyn Future<Output = ()> + Send>> {
+    Box::pin(async move {
+        let peer_ip = tcp.peer_addr().map(|a| a.ip()).ok();
+        let handshake = tokio::select! {
+            () = cancel.cancelled() => return,
+            r = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, tls.accept(tcp)) => r,
+        };
+        let stream = match handshake {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(err)) => return shared.refused.log(peer_ip, &peer, &err),
+            Err(_) => {
+                let err = std::io::Error::new(std::io::ErrorKind::TimedOut, "TLS handshake not done in time");
+                return shared.refused.log(peer_ip, &peer, &err);
+            }
+        };
+        let (tcp, session) = stream.into_inner();
+        let stream = match tcp.into_std() {
+            Ok(tcp) => Stream::Tls(stream::TlsSocket::new(tcp, session)),
+            Err(err) => return tracing::warn!(error = %err, "cannot serve connection"),
+        };
+        serve_connection(shared, stream, seq, &span, cancel).await;
+    })
+}
+
+/// Starts the connection's thread; the returned future ends when the thread did, and on `cancel`
+/// shuts the socket's read side down so the thread answers what it read and stops.
+fn start_connection(
+    shared: Arc<Shared>,
+    stream: Stream,
+    seq: u64,
+    span: tracing::Span,
+    cancel: CancellationToken,
+) -> io::Result<impl Future<Output = ()> + use<>> {
+    stream.prepare(shared.cfg.shutdown_grace)?;
+    let mut control = SocketGuard(Some(stream.try_clone()?));
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    std::thread::Builder::new()
+        .name(format!("dp-conn-{seq}"))
+        .spawn(move || {
+            let _span = span.enter();
+            let metrics = &shared.exec.metrics;
+            metrics.connections_active.fetch_add(1, Relaxed);
+            tracing::debug!("connection accepted");
+            connection::serve(&shared, stream);
+            metrics.connections_active.fetch_sub(1, Relaxed);
+            tracing::debug!("connection closed");
+            drop(done_tx);
+        })?;
+    Ok(async move {
+        let mut done = done_rx;
+        tokio::select! {
+            _ = &mut done => {}
+            () = cancel.cancelled() => {
+                if let Some(s) = &control.0 {
+                    s.shutdown(std::net::Shutdown::Read);
+                }
+                let _ = done.await;
+            }
+        }
+        // The thread is done: close our handle without touching the socket.
+        drop(control.0.take());
+    })
 }
 
 /// Shuts the socket down when dropped: a connection task dropped without finishing (its runtime was shut
@@ -234,26 +320,37 @@ pub async fn serve_unix(
     Ok(())
 }
 
-/// A listener whose connections are handed over as blocking sockets.
+/// An accepted connection: ready to serve on a blocking socket, or a TCP stream whose TLS handshake comes first.
+enum Accepted {
+    Ready(Stream),
+    Tcp(tokio::net::TcpStream),
+}
+
+/// A listener whose connections are handed over as blocking sockets (or, for TLS, as async TCP streams).
 trait Acceptor {
-    async fn accept_boxed(&self) -> io::Result<(Stream, String)>;
+    async fn accept_boxed(&self, tls: bool) -> io::Result<(Accepted, String)>;
 }
 
 impl Acceptor for TcpListener {
-    async fn accept_boxed(&self) -> io::Result<(Stream, String)> {
+    async fn accept_boxed(&self, tls: bool) -> io::Result<(Accepted, String)> {
         let (stream, peer) = self.accept().await?;
         stream.set_nodelay(true)?;
-        Ok((Stream::Tcp(stream.into_std()?), peer.to_string()))
+        let accepted = if tls {
+            Accepted::Tcp(stream)
+        } else {
+            Accepted::Ready(Stream::Tcp(stream.into_std()?))
+        };
+        Ok((accepted, peer.to_string()))
     }
 }
 
 impl Acceptor for UnixListener {
-    async fn accept_boxed(&self) -> io::Result<(Stream, String)> {
+    async fn accept_boxed(&self, _tls: bool) -> io::Result<(Accepted, String)> {
         let (stream, peer) = self.accept().await?;
         let peer = match peer.as_pathname() {
             Some(p) => format!("unix:{}", p.display()),
             None => "unix".to_owned(),
         };
-        Ok((Stream::Unix(stream.into_std()?), peer))
+        Ok((Accepted::Ready(Stream::Unix(stream.into_std()?)), peer))
     }
 }

@@ -154,13 +154,23 @@ impl Replica {
         }
     }
 
+    /// Starts `corral-replica serve` on free ports, serving the data protocol on TCP only (whatever
+    /// `CORRAL_TEST_REPLICA_DATA` says): the engine reaches it as a replica on another node.
+    pub fn start_tcp_only(dir: &Path, extra: &[&str]) -> Self {
+        Self::spawn_with(dir, ["127.0.0.1:0"; 3], false, extra)
+    }
+
     fn spawn(dir: &Path, control: &str, data: &str, sync: &str, extra: &[&str]) -> Self {
+        Self::spawn_with(dir, [control, data, sync], local_data_socket(), extra)
+    }
+
+    fn spawn_with(dir: &Path, [control, data, sync]: [&str; 3], unix: bool, extra: &[&str]) -> Self {
         let mut cmd = DaemonCommand::new(bin("corral-replica"))
             .label("corral-replica")
             .args(["serve", "--dir"])
             .arg(dir)
             .args(["--listen", control, "--data-listen", data, "--sync-listen", sync]);
-        if local_data_socket() && !extra.contains(&"--data-unix") {
+        if unix && !extra.contains(&"--data-unix") {
             cmd = cmd.arg("--data-unix").arg(data_socket(dir));
         }
         let daemon = cmd.args(extra).spawn();
