@@ -31,6 +31,8 @@ TARGET_LABELS = {
     "bp": "(b) 1r, one CPU",
     "cp": "(c) 3r, one CPU",
     "ct": "(c) 3r, TCP",
+    "btls": "(b) 1r, TCP+mTLS",
+    "ctls": "(c) 3r, TCP+mTLS",
     "b0": "(b) 1r, before",
     "c0": "(c) 3r, before",
     "d0": "(d) 3r+rev, before",
@@ -216,6 +218,13 @@ def table(path):
     if any(t == "d0" for _, t in iops):
         check("(d) >= 0.9x (c), before (d0 against c0)",
               [(j, iops.get((j, "d0")), iops.get((j, "c0"))) for j in jobs], 0.9)
+
+    print()
+    print("Targets of issue 40, mutual TLS against plaintext TCP (benchmarked, not asserted):")
+    qd32 = [j for j in jobs if "-qd32" in j]
+    for tls, plain in (("btls", "bt"), ("ctls", "ct")):
+        check(f"{TARGET_LABELS[tls]} qd32 >= 0.8x {TARGET_LABELS[plain]} (in-flight encryption)",
+              [(j, iops.get((j, tls)), iops.get((j, plain))) for j in qd32], 0.8)
 
     print()
     print("Targets of issue 20, v2 against v1 (benchmarked, not asserted):")

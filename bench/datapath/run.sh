@@ -12,7 +12,8 @@
 # v2bw / v2bsw: v2b / v2bs over a store file written out once with zeroes (no unwritten extents, as a raw device),
 # (b) and (c) with --disable-revision-counter on the engine and on every replica, (d) as (c) with the counter on.
 # Replicas serve the data protocol on a unix socket too (--data-unix, as the manager starts them), which the engine
-# on their node uses; bt and ct are b and c with replicas on TCP only (the path to a replica on another node).
+# on their node uses; bt and ct are b and c with replicas on TCP only (the path to a replica on another node);
+# btls and ctls are bt and ct with mutual TLS on the data protocol (every daemon given --tls-dir, issue 40).
 # Every row also gives the CPU time per IO of the target's processes (utime + stime from /proc/PID/stat) and their
 # context switches per IO (voluntary + involuntary, every thread's /proc/PID/task/TID/status).
 # Jobs: 4 KiB randread / randwrite at iodepth 1 and 32, 4 KiB randwrite qd32 with a flush every 32 writes,
@@ -67,6 +68,12 @@ mkdir -p "$WORK/bin"
 cp "$BIN_DIR/corral-replica" "$BIN_DIR/corral-engine" "$WORK/bin/"
 REPLICA_BIN="$WORK/bin/corral-replica"
 ENGINE_BIN="$WORK/bin/corral-engine"
+if [[ " $TARGETS " == *tls* ]]; then
+  # One CA and one node certificate (127.0.0.1) that the engine and every replica of btls / ctls present.
+  cp "$BIN_DIR/corral-tls" "$WORK/bin/"
+  "$WORK/bin/corral-tls" ca init "$WORK/ca" >/dev/null
+  "$WORK/bin/corral-tls" issue --ca "$WORK/ca" --name bench --san 127.0.0.1 "$WORK/tls" >/dev/null
+fi
 if [[ -n "${BASE_BIN_DIR:-}" ]]; then
   # Targets b0 c0 d0 (b, c and d with the binaries of BASE_BIN_DIR): before and after a change in one run.
   mkdir -p "$WORK/bin0"
@@ -205,10 +212,11 @@ start_target() {
       TARGET_PIDS+=("$LAST_PID")
       wait_until qemu-nbd "$LAST_PID" socket_ready "$tdir/nbd.sock"
       URI="nbd+unix:///?socket=$tdir/nbd.sock" ;;
-    b | c | d | bt | ct | b0 | c0 | d0 | bs | bx | cx | by | cy | bp | cp)
-      local n=3 rc=() unix=1 replica_bin=$REPLICA_BIN engine_bin=$ENGINE_BIN alt=() pin=()
+    b | c | d | bt | ct | btls | ctls | b0 | c0 | d0 | bs | bx | cx | by | cy | bp | cp)
+      local n=3 rc=() unix=1 replica_bin=$REPLICA_BIN engine_bin=$ENGINE_BIN alt=() pin=() tls=()
       [[ $t == b* ]] && n=1
-      [[ $t == ?t ]] && unix=0
+      [[ $t == ?t || $t == ?tls ]] && unix=0
+      [[ $t == ?tls ]] && tls=(--tls-dir "$WORK/tls")
       [[ $t != d* ]] && rc=(--disable-revision-counter)
       # bp, cp: the engine and its replicas share one CPU (fio is not pinned).
       [[ $t == ?p ]] && pin=(taskset -c "$PIN_CPU")
@@ -233,14 +241,14 @@ start_target() {
         ((unix)) && local_data=(--data-unix "$tdir/replica-$i.data.sock")
         start "$tdir/replica-$i.log" "${pin[@]}" env "${alt[@]}" "$replica_bin" --ready-file "$ready" serve --dir "$tdir/replica-$i" \
           --listen 127.0.0.1:0 --data-listen 127.0.0.1:0 --sync-listen 127.0.0.1:0 "${local_data[@]}" \
-          --size "$SIZE" --volume bench "${rc[@]}" "${metrics[@]}"
+          --size "$SIZE" --volume bench "${rc[@]}" "${metrics[@]}" "${tls[@]}"
         TARGET_PIDS+=("$LAST_PID")
         ready_wait "$ready" "$LAST_PID" "$READY_DEADLINE"
         ((${#metrics[@]})) && COUNT_URLS+=("replicas=http://$(ready_addr "$ready" metrics)/metrics")
         replicas+=(--replica "tcp://$(ready_addr "$ready" control)?data=$(ready_addr "$ready" data)&sync=$(ready_addr "$ready" sync)")
       done
       start "$tdir/engine.log" "${pin[@]}" env "${alt[@]}" "$engine_bin" --ready-file "$tdir/engine.ready" serve --volume bench --size "$SIZE" \
-        --listen 127.0.0.1:0 "${replicas[@]}" --nbd-listen "unix:$tdir/nbd.sock" "${rc[@]}" "${metrics[@]}"
+        --listen 127.0.0.1:0 "${replicas[@]}" --nbd-listen "unix:$tdir/nbd.sock" "${rc[@]}" "${metrics[@]}" "${tls[@]}"
       TARGET_PIDS+=("$LAST_PID")
       wait_until engine "$LAST_PID" socket_ready "$tdir/nbd.sock"
       ((${#metrics[@]})) && ready_wait "$tdir/engine.ready" "$LAST_PID" "$READY_DEADLINE" &&
