@@ -22,9 +22,13 @@ fn client_cfg() -> ClientConfig {
 
 /// Tasks own disjoint regions, so each task's model is exact while all of them share the connections.
 async fn concurrent_io_matches_model(server: &TestServer, backend: &MemBackend) {
+    concurrent_io_matches_model_with(server, backend, client_cfg()).await;
+}
+
+async fn concurrent_io_matches_model_with(server: &TestServer, backend: &MemBackend, cfg: ClientConfig) {
     const TASKS: u64 = 16;
     const REGION: u64 = 256 << 10;
-    let client = DataClient::connect(&server.addr, client_cfg()).await.unwrap();
+    let client = DataClient::connect(&server.addr, cfg).await.unwrap();
     assert_eq!(client.info().size, 4 * MIB as u64);
     assert_eq!(client.info().sector_size, SECTOR);
     assert_eq!(client.info().name, "vol-test");
@@ -70,6 +74,38 @@ async fn concurrent_reads_and_writes_from_many_tasks_match_a_model_over_tcp() {
     let server = TestServer::tcp(backend.clone(), ServerConfig::default()).await;
     concurrent_io_matches_model(&server, &backend).await;
     server.stop().await;
+}
+
+/// Mutual TLS (a real handshake, certificates from `corral-tls`): the reading side and the writers of a connection
+/// (batch writer; with an IO pool, the pool's workers) share one TLS session; IO up to 64 KiB from 16 tasks over
+/// two connections still matches the model, with and without an IO pool.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_reads_and_writes_from_many_tasks_match_a_model_over_mutual_tls() {
+    let tmp = tempfile::tempdir().unwrap();
+    let ca = corral_tls::ClusterCa::generate("test", 1).unwrap();
+    let sans = vec![corral_tls::SubjectAltName::Ip("127.0.0.1".parse().unwrap())];
+    ca.issue(&corral_tls::LeafRequest::new("node", sans, 1))
+        .unwrap()
+        .write(tmp.path())
+        .unwrap();
+    let tls = corral_tls::TlsDir::load(tmp.path()).unwrap();
+    for io_pool in [None, Some(data_protocol::IoPool::new(4).unwrap())] {
+        let backend = MemBackend::new(4 * MIB);
+        let cfg = ServerConfig {
+            tls: Some(Arc::new(tls.server_config().unwrap())),
+            io_pool,
+            ..ServerConfig::default()
+        };
+        let server = TestServer::tcp(backend.clone(), cfg).await;
+        let client = ClientConfig {
+            tls: Some(Arc::new(tls.client_config().unwrap())),
+            ..client_cfg()
+        };
+        concurrent_io_matches_model_with(&server, &backend, client).await;
+        // Without TLS the server lets nothing in.
+        assert!(DataClient::connect(&server.addr, client_cfg()).await.is_err());
+        server.stop().await;
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
