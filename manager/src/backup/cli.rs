@@ -31,33 +31,7 @@ pub enum BackupCmd {
     },
     /// Back up a volume (attached, with or without a frontend); a snapshot is taken when none is named. Waits
     /// with a progress bar unless --no-wait.
-    Create {
-        volume: String,
-        /// Back up this snapshot instead of taking one.
-        #[arg(long)]
-        snapshot: Option<String>,
-        /// A full backup, whatever the chain policy says.
-        #[arg(long)]
-        full: bool,
-        /// Label k=v (repeatable).
-        #[arg(long = "label")]
-        labels: Vec<String>,
-        #[arg(long)]
-        target: Option<String>,
-        /// This backup's backup-delta-max (backups in a chain, its full one included) over the setting's.
-        #[arg(long)]
-        delta_max: Option<u32>,
-        /// Block size of the backup volume if this is its first backup on the target (e.g. `256K`; a power of two
-        /// from 4K to 16M; default: the backup-block-size setting). Refused when the backup volume exists with
-        /// another block size.
-        #[arg(long, value_parser = corral_daemon::parse_size)]
-        block_size: Option<u64>,
-        #[arg(long)]
-        no_wait: bool,
-        /// Seconds to wait.
-        #[arg(long, default_value_t = 86400)]
-        timeout: u64,
-    },
+    Create(CreateArgs),
     /// Backups (of one backup volume with VOLUME, [TARGET:]NAME).
     Ls {
         volume: Option<String>,
@@ -89,20 +63,7 @@ pub enum BackupCmd {
     /// --expected-checksum SHA512` restores it from.
     /// Waits with a progress bar unless --no-wait; the backup runs in a manager holding a ready copy, whatever
     /// happens to this command (follow it with `corral backup backing-image-get ID`).
-    BackingImage {
-        name: String,
-        /// Target name (default: `default`).
-        #[arg(long)]
-        target: Option<String>,
-        /// Upload at most this many bytes of block data per second (e.g. `50M`; default unlimited).
-        #[arg(long, value_parser = corral_daemon::parse_size)]
-        max_upload_rate: Option<u64>,
-        #[arg(long)]
-        no_wait: bool,
-        /// Seconds to wait.
-        #[arg(long, default_value_t = 86400)]
-        timeout: u64,
-    },
+    BackingImage(BackingImageArgs),
     /// Backups of backing images: state, progress, backup URL.
     BackingImageLs,
     /// One backup of a backing image: [TARGET:]NAME.
@@ -125,6 +86,53 @@ pub enum BackupCmd {
         #[command(subcommand)]
         cmd: VolumeCmd,
     },
+}
+
+/// The flags of `backup create`.
+#[derive(clap::Args, Debug)]
+pub struct CreateArgs {
+    pub volume: String,
+    /// Back up this snapshot instead of taking one.
+    #[arg(long)]
+    pub snapshot: Option<String>,
+    /// A full backup, whatever the chain policy says.
+    #[arg(long)]
+    pub full: bool,
+    /// Label k=v (repeatable).
+    #[arg(long = "label")]
+    pub labels: Vec<String>,
+    #[arg(long)]
+    pub target: Option<String>,
+    /// This backup's backup-delta-max (backups in a chain, its full one included) over the setting's.
+    #[arg(long)]
+    pub delta_max: Option<u32>,
+    /// Block size of the backup volume if this is its first backup on the target (e.g. `256K`; a power of two
+    /// from 4K to 16M; default: the backup-block-size setting). Refused when the backup volume exists with
+    /// another block size.
+    #[arg(long, value_parser = corral_daemon::parse_size)]
+    pub block_size: Option<u64>,
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Seconds to wait.
+    #[arg(long, default_value_t = 86400)]
+    pub timeout: u64,
+}
+
+/// The flags of `backup backing-image`.
+#[derive(clap::Args, Debug)]
+pub struct BackingImageArgs {
+    pub name: String,
+    /// Target name (default: `default`).
+    #[arg(long)]
+    pub target: Option<String>,
+    /// Upload at most this many bytes of block data per second (e.g. `50M`; default unlimited).
+    #[arg(long, value_parser = corral_daemon::parse_size)]
+    pub max_upload_rate: Option<u64>,
+    #[arg(long)]
+    pub no_wait: bool,
+    /// Seconds to wait.
+    #[arg(long, default_value_t = 86400)]
+    pub timeout: u64,
 }
 
 #[derive(Subcommand, Debug)]
@@ -530,152 +538,10 @@ pub async fn backup_size(c: &Client, backup: &str) -> Result<u64, ClientError> {
 
 pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
     match cmd {
-        BackupCmd::Target { cmd } => match cmd {
-            TargetCmd::Set {
-                target_url,
-                name,
-                endpoint,
-                region,
-                poll_interval,
-                credentials_from_env,
-                credentials_file,
-            } => {
-                let body = BackupTargetSet {
-                    url: target_url,
-                    endpoint,
-                    region,
-                    poll_interval,
-                    credentials: read_credentials(credentials_from_env, credentials_file.as_ref())?,
-                };
-                let t: BackupTargetView = c.put(&format!("/v1/backuptargets/{name}"), &body).await?;
-                print(json, &t, || target_table(std::slice::from_ref(&t)))
-            }
-            TargetCmd::Get { name } => {
-                let t: BackupTargetView = c.get(&format!("/v1/backuptargets/{name}")).await?;
-                print(json, &t, || target_table(std::slice::from_ref(&t)))
-            }
-            TargetCmd::Ls => {
-                let ts: Vec<BackupTargetView> = c.get("/v1/backuptargets").await?;
-                print(json, &ts, || target_table(&ts))
-            }
-            TargetCmd::Rm { name } => {
-                c.delete(&format!("/v1/backuptargets/{name}")).await?;
-                Ok(())
-            }
-        },
-        BackupCmd::Create {
-            volume,
-            snapshot,
-            full,
-            labels,
-            target,
-            delta_max,
-            block_size,
-            no_wait,
-            timeout,
-        } => {
-            let labels = labels
-                .iter()
-                .map(|l| {
-                    l.split_once('=')
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                        .with_context(|| format!("label {l:?}: expected k=v"))
-                })
-                .collect::<anyhow::Result<_>>()?;
-            let body = BackupCreate {
-                volume,
-                snapshot,
-                full,
-                labels,
-                target,
-                delta_max,
-                block_size,
-            };
-            let mut b: BackupView = c.post("/v1/backups", &body).await?;
-            if !no_wait {
-                b = wait_backup(c, &b.id, Duration::from_secs(timeout)).await?;
-            }
-            print(json, &b, || {
-                let x = &b.backup;
-                if x.state == BackupState::Completed {
-                    format!(
-                        "{}: {} of snapshot {}; read {}, uploaded {} new",
-                        b.id,
-                        kind(x),
-                        x.snapshot,
-                        corral_daemon::human_bytes(x.read_bytes),
-                        corral_daemon::human_bytes(x.new_bytes)
-                    )
-                } else {
-                    format!("{}: {} (snapshot {})", b.id, x.state.as_str(), x.snapshot)
-                }
-            })
-        }
-        BackupCmd::Ls { volume, target } => {
-            let mut query = Vec::new();
-            if let Some(v) = &volume {
-                let (t, n) = super::restore::parse_ref(v);
-                if v.contains(':') {
-                    if target.as_ref().is_some_and(|x| *x != t) {
-                        bail!("{v} names target {t}, --target another");
-                    }
-                    query.push(format!("target={t}"));
-                }
-                query.push(format!("volume={n}"));
-            }
-            if let Some(t) = &target
-                && !volume.as_ref().is_some_and(|v| v.contains(':'))
-            {
-                query.push(format!("target={t}"));
-            }
-            let path = if query.is_empty() {
-                "/v1/backups".to_owned()
-            } else {
-                format!("/v1/backups?{}", query.join("&"))
-            };
-            let bs: Vec<BackupView> = c.get(&path).await?;
-            print(json, &bs, || backup_table(&bs))
-        }
-        BackupCmd::Get { backup } => {
-            let b: BackupView = c.get(&format!("/v1/backups/{backup}")).await?;
-            print(json, &b, || {
-                let x = &b.backup;
-                let mut rows = vec![
-                    vec!["id".into(), b.id.clone()],
-                    vec!["volume".into(), x.volume.clone()],
-                    vec!["snapshot".into(), x.snapshot.clone()],
-                    vec!["state".into(), format!("{} {}%", x.state.as_str(), x.progress)],
-                    vec!["kind".into(), kind(x)],
-                    vec!["base backup".into(), x.base_backup.clone()],
-                    vec!["size".into(), corral_daemon::human_bytes(x.size)],
-                    vec!["read".into(), corral_daemon::human_bytes(x.read_bytes)],
-                    vec!["uploaded new".into(), corral_daemon::human_bytes(x.new_bytes)],
-                    vec!["started".into(), x.started.clone()],
-                    vec!["completed".into(), x.completed.clone()],
-                    vec!["url".into(), b.url.clone()],
-                ];
-                if !x.labels.is_empty() {
-                    rows.push(vec![
-                        "labels".into(),
-                        x.labels
-                            .iter()
-                            .map(|(k, v)| format!("{k}={v}"))
-                            .collect::<Vec<_>>()
-                            .join(", "),
-                    ]);
-                }
-                if !x.backing_image_name.is_empty() {
-                    rows.push(vec![
-                        "backing image".into(),
-                        format!("{} (SHA-512 {})", x.backing_image_name, x.backing_image_checksum),
-                    ]);
-                }
-                if !x.error.is_empty() {
-                    rows.push(vec!["error".into(), x.error.clone()]);
-                }
-                table(&["FIELD", "VALUE"], rows)
-            })
-        }
+        BackupCmd::Target { cmd } => target(c, json, cmd).await,
+        BackupCmd::Create(a) => create(c, json, a).await,
+        BackupCmd::Ls { volume, target } => ls(c, json, volume, target).await,
+        BackupCmd::Get { backup } => get(c, json, &backup).await,
         BackupCmd::Rm { backup } => {
             c.delete(&format!("/v1/backups/{backup}")).await?;
             Ok(())
@@ -685,172 +551,367 @@ pub async fn run(c: &Client, json: bool, cmd: BackupCmd) -> anyhow::Result<()> {
             backup,
             no_wait,
             timeout,
-        } => {
-            let mut r: RestoreView = c
-                .post(
-                    &format!("/v1/volumes/{volume}/restore"),
-                    &RestoreRequest {
-                        backup: backup_id(c, &backup).await?,
-                    },
-                )
-                .await?;
-            if !no_wait {
-                r = wait_restore(c, &volume, Duration::from_secs(timeout)).await?;
-            }
-            print(json, &r, || {
-                format!(
-                    "volume {volume}: restore of {} {}",
-                    r.restore.backup,
-                    corral_daemon::output::serialized_name(&r.restore.state)
-                )
-            })
-        }
-        BackupCmd::BackingImage {
-            name,
-            target,
-            max_upload_rate,
-            no_wait,
-            timeout,
-        } => {
-            let mut v: BackingImageBackupView = c
-                .post(
-                    &format!("/v1/backingimages/{name}/backup"),
-                    &BackingImageBackupRequest {
-                        target,
-                        max_upload_rate,
-                    },
-                )
-                .await?;
-            if !no_wait {
-                v = wait_done(
-                    c,
-                    &format!("/v1/backingimagebackups/{}", v.id),
-                    &format!("backup {} of backing image {name}", v.id),
-                    Duration::from_secs(timeout),
-                    |b: &BackingImageBackupView| (b.backup.state, b.backup.progress, b.backup.error.clone()),
-                )
-                .await?;
-            }
-            print(json, &v, || {
-                let b = &v.backup;
-                if b.state == BackupState::Completed {
-                    format!(
-                        "backing image {} backed up as {} ({} uploaded, {} blocks deduplicated)\nbackup URL: {}\nSHA-512: {}\n",
-                        b.image,
-                        v.id,
-                        corral_daemon::human_bytes(b.new_bytes),
-                        b.deduplicated_blocks,
-                        b.backup_url,
-                        b.checksum
-                    )
-                } else {
-                    format!(
-                        "backup {} of backing image {}: {} on node {} (corral backup backing-image-get {})\n",
-                        v.id,
-                        b.image,
-                        b.state.as_str(),
-                        b.node_id,
-                        v.id
-                    )
-                }
-            })
-        }
+        } => restore(c, json, &volume, &backup, no_wait, timeout).await,
+        BackupCmd::BackingImage(a) => backing_image(c, json, a).await,
         BackupCmd::BackingImageLs => {
             let bs: Vec<BackingImageBackupView> = c.get("/v1/backingimagebackups").await?;
             print(json, &bs, || image_backup_table(&bs))
         }
-        BackupCmd::BackingImageGet { id } => {
-            let b: BackingImageBackupView = c.get(&format!("/v1/backingimagebackups/{id}")).await?;
-            print(json, &b, || {
-                let mut s = image_backup_table(std::slice::from_ref(&b));
-                if !s.ends_with('\n') {
-                    s.push('\n');
-                }
-                s.push_str(&format!("SHA-512: {}\n", b.backup.checksum));
-                s
-            })
-        }
+        BackupCmd::BackingImageGet { id } => backing_image_get(c, json, &id).await,
         BackupCmd::BackingImageCancel { id, no_wait, timeout } => {
-            let path = format!("/v1/backingimagebackups/{id}");
-            let mut b: BackingImageBackupView =
-                c.post(&format!("{path}/cancel"), &serde_json::json!({})).await?;
-            let end = Instant::now() + Duration::from_secs(timeout);
-            while !no_wait && b.backup.state.active() {
-                if Instant::now() > end {
-                    bail!("backup {id} still {} after {timeout} s", b.backup.state.as_str());
-                }
-                tokio::time::sleep(Duration::from_millis(250)).await;
-                b = c.get(&path).await?;
-            }
-            print(json, &b, || {
-                format!(
-                    "backup {} of backing image {}: {}{}\n",
-                    b.id,
-                    b.backup.image,
-                    b.backup.state.as_str(),
-                    if b.backup.error.is_empty() {
-                        String::new()
-                    } else {
-                        format!(" ({})", b.backup.error)
-                    }
-                )
-            })
+            backing_image_cancel(c, json, &id, no_wait, timeout).await
         }
         BackupCmd::BackingImageRm { id } => {
             c.delete(&format!("/v1/backingimagebackups/{id}")).await?;
             Ok(())
         }
-        BackupCmd::MaxCount { volume, count } => {
-            let backup_max_count = match count.as_str() {
-                "none" => None,
-                n => Some(
-                    n.parse()
-                        .with_context(|| format!("count {n:?}: a whole number or none"))?,
-                ),
+        BackupCmd::MaxCount { volume, count } => max_count(c, json, &volume, &count).await,
+        BackupCmd::DeltaMax { volume, count } => delta_max(c, json, &volume, &count).await,
+        BackupCmd::Volume { cmd } => volume(c, json, cmd).await,
+    }
+}
+
+/// `backup target set|get|ls|rm`.
+async fn target(c: &Client, json: bool, cmd: TargetCmd) -> anyhow::Result<()> {
+    match cmd {
+        TargetCmd::Set {
+            target_url,
+            name,
+            endpoint,
+            region,
+            poll_interval,
+            credentials_from_env,
+            credentials_file,
+        } => {
+            let body = BackupTargetSet {
+                url: target_url,
+                endpoint,
+                region,
+                poll_interval,
+                credentials: read_credentials(credentials_from_env, credentials_file.as_ref())?,
             };
-            let r: BackupMaxCount = c
-                .put(
-                    &format!("/v1/volumes/{volume}/backupmaxcount"),
-                    &BackupMaxCount { backup_max_count },
-                )
-                .await?;
-            print(json, &r, || match r.backup_max_count {
-                Some(n) => format!("volume {volume}: backup-max-count {n}"),
-                None => format!("volume {volume}: backup-max-count from the setting"),
-            })
+            let t: BackupTargetView = c.put(&format!("/v1/backuptargets/{name}"), &body).await?;
+            print(json, &t, || target_table(std::slice::from_ref(&t)))
         }
-        BackupCmd::DeltaMax { volume, count } => {
-            let backup_delta_max = match count.as_str() {
-                "none" => None,
-                n => Some(
-                    n.parse()
-                        .with_context(|| format!("count {n:?}: a whole number or none"))?,
-                ),
-            };
-            let r: BackupDeltaMax = c
-                .put(
-                    &format!("/v1/volumes/{volume}/backupdeltamax"),
-                    &BackupDeltaMax { backup_delta_max },
-                )
-                .await?;
-            print(json, &r, || match r.backup_delta_max {
-                Some(n) => format!("volume {volume}: backup-delta-max {n}"),
-                None => format!("volume {volume}: backup-delta-max from the setting"),
-            })
+        TargetCmd::Get { name } => {
+            let t: BackupTargetView = c.get(&format!("/v1/backuptargets/{name}")).await?;
+            print(json, &t, || target_table(std::slice::from_ref(&t)))
         }
-        BackupCmd::Volume { cmd } => match cmd {
-            VolumeCmd::Ls => {
-                let vs: Vec<BackupVolumeView> = c.get("/v1/backupvolumes").await?;
-                print(json, &vs, || volume_table(&vs))
+        TargetCmd::Ls => {
+            let ts: Vec<BackupTargetView> = c.get("/v1/backuptargets").await?;
+            print(json, &ts, || target_table(&ts))
+        }
+        TargetCmd::Rm { name } => {
+            c.delete(&format!("/v1/backuptargets/{name}")).await?;
+            Ok(())
+        }
+    }
+}
+
+/// `backup create`: waits for the backup with a progress bar unless `--no-wait`.
+async fn create(c: &Client, json: bool, a: CreateArgs) -> anyhow::Result<()> {
+    let CreateArgs {
+        volume,
+        snapshot,
+        full,
+        labels,
+        target,
+        delta_max,
+        block_size,
+        no_wait,
+        timeout,
+    } = a;
+    let labels = labels
+        .iter()
+        .map(|l| {
+            l.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .with_context(|| format!("label {l:?}: expected k=v"))
+        })
+        .collect::<anyhow::Result<_>>()?;
+    let body = BackupCreate {
+        volume,
+        snapshot,
+        full,
+        labels,
+        target,
+        delta_max,
+        block_size,
+    };
+    let mut b: BackupView = c.post("/v1/backups", &body).await?;
+    if !no_wait {
+        b = wait_backup(c, &b.id, Duration::from_secs(timeout)).await?;
+    }
+    print(json, &b, || {
+        let x = &b.backup;
+        if x.state == BackupState::Completed {
+            format!(
+                "{}: {} of snapshot {}; read {}, uploaded {} new",
+                b.id,
+                kind(x),
+                x.snapshot,
+                corral_daemon::human_bytes(x.read_bytes),
+                corral_daemon::human_bytes(x.new_bytes)
+            )
+        } else {
+            format!("{}: {} (snapshot {})", b.id, x.state.as_str(), x.snapshot)
+        }
+    })
+}
+
+/// `backup ls`: `volume` is `[TARGET:]NAME`; a target in it and `--target` must agree.
+async fn ls(c: &Client, json: bool, volume: Option<String>, target: Option<String>) -> anyhow::Result<()> {
+    let mut query = Vec::new();
+    if let Some(v) = &volume {
+        let (t, n) = super::restore::parse_ref(v);
+        if v.contains(':') {
+            if target.as_ref().is_some_and(|x| *x != t) {
+                bail!("{v} names target {t}, --target another");
             }
-            VolumeCmd::Get { name } => {
-                let v: BackupVolumeView = c.get(&format!("/v1/backupvolumes/{name}")).await?;
-                print(json, &v, || volume_table(std::slice::from_ref(&v)))
+            query.push(format!("target={t}"));
+        }
+        query.push(format!("volume={n}"));
+    }
+    if let Some(t) = &target
+        && !volume.as_ref().is_some_and(|v| v.contains(':'))
+    {
+        query.push(format!("target={t}"));
+    }
+    let path = if query.is_empty() {
+        "/v1/backups".to_owned()
+    } else {
+        format!("/v1/backups?{}", query.join("&"))
+    };
+    let bs: Vec<BackupView> = c.get(&path).await?;
+    print(json, &bs, || backup_table(&bs))
+}
+
+/// `backup get`: one backup as a field table.
+async fn get(c: &Client, json: bool, backup: &str) -> anyhow::Result<()> {
+    let b: BackupView = c.get(&format!("/v1/backups/{backup}")).await?;
+    print(json, &b, || {
+        let x = &b.backup;
+        let mut rows = vec![
+            vec!["id".into(), b.id.clone()],
+            vec!["volume".into(), x.volume.clone()],
+            vec!["snapshot".into(), x.snapshot.clone()],
+            vec!["state".into(), format!("{} {}%", x.state.as_str(), x.progress)],
+            vec!["kind".into(), kind(x)],
+            vec!["base backup".into(), x.base_backup.clone()],
+            vec!["size".into(), corral_daemon::human_bytes(x.size)],
+            vec!["read".into(), corral_daemon::human_bytes(x.read_bytes)],
+            vec!["uploaded new".into(), corral_daemon::human_bytes(x.new_bytes)],
+            vec!["started".into(), x.started.clone()],
+            vec!["completed".into(), x.completed.clone()],
+            vec!["url".into(), b.url.clone()],
+        ];
+        if !x.labels.is_empty() {
+            rows.push(vec![
+                "labels".into(),
+                x.labels
+                    .iter()
+                    .map(|(k, v)| format!("{k}={v}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+            ]);
+        }
+        if !x.backing_image_name.is_empty() {
+            rows.push(vec![
+                "backing image".into(),
+                format!("{} (SHA-512 {})", x.backing_image_name, x.backing_image_checksum),
+            ]);
+        }
+        if !x.error.is_empty() {
+            rows.push(vec!["error".into(), x.error.clone()]);
+        }
+        table(&["FIELD", "VALUE"], rows)
+    })
+}
+
+/// `backup restore`: waits up to `timeout` seconds unless `no_wait`.
+async fn restore(
+    c: &Client,
+    json: bool,
+    volume: &str,
+    backup: &str,
+    no_wait: bool,
+    timeout: u64,
+) -> anyhow::Result<()> {
+    let mut r: RestoreView = c
+        .post(
+            &format!("/v1/volumes/{volume}/restore"),
+            &RestoreRequest {
+                backup: backup_id(c, backup).await?,
+            },
+        )
+        .await?;
+    if !no_wait {
+        r = wait_restore(c, volume, Duration::from_secs(timeout)).await?;
+    }
+    print(json, &r, || {
+        format!(
+            "volume {volume}: restore of {} {}",
+            r.restore.backup,
+            corral_daemon::output::serialized_name(&r.restore.state)
+        )
+    })
+}
+
+/// `backup backing-image`: waits for the image's backup unless `--no-wait`.
+async fn backing_image(c: &Client, json: bool, a: BackingImageArgs) -> anyhow::Result<()> {
+    let BackingImageArgs {
+        name,
+        target,
+        max_upload_rate,
+        no_wait,
+        timeout,
+    } = a;
+    let mut v: BackingImageBackupView = c
+        .post(
+            &format!("/v1/backingimages/{name}/backup"),
+            &BackingImageBackupRequest {
+                target,
+                max_upload_rate,
+            },
+        )
+        .await?;
+    if !no_wait {
+        v = wait_done(
+            c,
+            &format!("/v1/backingimagebackups/{}", v.id),
+            &format!("backup {} of backing image {name}", v.id),
+            Duration::from_secs(timeout),
+            |b: &BackingImageBackupView| (b.backup.state, b.backup.progress, b.backup.error.clone()),
+        )
+        .await?;
+    }
+    print(json, &v, || {
+        let b = &v.backup;
+        if b.state == BackupState::Completed {
+            format!(
+                "backing image {} backed up as {} ({} uploaded, {} blocks deduplicated)\nbackup URL: {}\nSHA-512: {}\n",
+                b.image,
+                v.id,
+                corral_daemon::human_bytes(b.new_bytes),
+                b.deduplicated_blocks,
+                b.backup_url,
+                b.checksum
+            )
+        } else {
+            format!(
+                "backup {} of backing image {}: {} on node {} (corral backup backing-image-get {})\n",
+                v.id,
+                b.image,
+                b.state.as_str(),
+                b.node_id,
+                v.id
+            )
+        }
+    })
+}
+
+/// `backup backing-image-get`.
+async fn backing_image_get(c: &Client, json: bool, id: &str) -> anyhow::Result<()> {
+    let b: BackingImageBackupView = c.get(&format!("/v1/backingimagebackups/{id}")).await?;
+    print(json, &b, || {
+        let mut s = image_backup_table(std::slice::from_ref(&b));
+        if !s.ends_with('\n') {
+            s.push('\n');
+        }
+        s.push_str(&format!("SHA-512: {}\n", b.backup.checksum));
+        s
+    })
+}
+
+/// `backup backing-image-cancel`: waits up to `timeout` seconds for the backup to stop unless `no_wait`.
+async fn backing_image_cancel(
+    c: &Client,
+    json: bool,
+    id: &str,
+    no_wait: bool,
+    timeout: u64,
+) -> anyhow::Result<()> {
+    let path = format!("/v1/backingimagebackups/{id}");
+    let mut b: BackingImageBackupView = c.post(&format!("{path}/cancel"), &serde_json::json!({})).await?;
+    let end = Instant::now() + Duration::from_secs(timeout);
+    while !no_wait && b.backup.state.active() {
+        if Instant::now() > end {
+            bail!("backup {id} still {} after {timeout} s", b.backup.state.as_str());
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+        b = c.get(&path).await?;
+    }
+    print(json, &b, || {
+        format!(
+            "backup {} of backing image {}: {}{}\n",
+            b.id,
+            b.backup.image,
+            b.backup.state.as_str(),
+            if b.backup.error.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", b.backup.error)
             }
-            VolumeCmd::Rm { name } => {
-                c.delete(&format!("/v1/backupvolumes/{name}")).await?;
-                Ok(())
-            }
-        },
+        )
+    })
+}
+
+/// `backup max-count VOLUME COUNT`.
+async fn max_count(c: &Client, json: bool, volume: &str, count: &str) -> anyhow::Result<()> {
+    let backup_max_count = match count {
+        "none" => None,
+        n => Some(
+            n.parse()
+                .with_context(|| format!("count {n:?}: a whole number or none"))?,
+        ),
+    };
+    let r: BackupMaxCount = c
+        .put(
+            &format!("/v1/volumes/{volume}/backupmaxcount"),
+            &BackupMaxCount { backup_max_count },
+        )
+        .await?;
+    print(json, &r, || match r.backup_max_count {
+        Some(n) => format!("volume {volume}: backup-max-count {n}"),
+        None => format!("volume {volume}: backup-max-count from the setting"),
+    })
+}
+
+/// `backup delta-max VOLUME COUNT`.
+async fn delta_max(c: &Client, json: bool, volume: &str, count: &str) -> anyhow::Result<()> {
+    let backup_delta_max = match count {
+        "none" => None,
+        n => Some(
+            n.parse()
+                .with_context(|| format!("count {n:?}: a whole number or none"))?,
+        ),
+    };
+    let r: BackupDeltaMax = c
+        .put(
+            &format!("/v1/volumes/{volume}/backupdeltamax"),
+            &BackupDeltaMax { backup_delta_max },
+        )
+        .await?;
+    print(json, &r, || match r.backup_delta_max {
+        Some(n) => format!("volume {volume}: backup-delta-max {n}"),
+        None => format!("volume {volume}: backup-delta-max from the setting"),
+    })
+}
+
+/// `backup volume ls|get|rm`.
+async fn volume(c: &Client, json: bool, cmd: VolumeCmd) -> anyhow::Result<()> {
+    match cmd {
+        VolumeCmd::Ls => {
+            let vs: Vec<BackupVolumeView> = c.get("/v1/backupvolumes").await?;
+            print(json, &vs, || volume_table(&vs))
+        }
+        VolumeCmd::Get { name } => {
+            let v: BackupVolumeView = c.get(&format!("/v1/backupvolumes/{name}")).await?;
+            print(json, &v, || volume_table(std::slice::from_ref(&v)))
+        }
+        VolumeCmd::Rm { name } => {
+            c.delete(&format!("/v1/backupvolumes/{name}")).await?;
+            Ok(())
+        }
     }
 }
