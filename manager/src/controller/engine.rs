@@ -13,6 +13,8 @@ use corral_proto::v1;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
+
+type ControllerClient = v1::controller_service_client::ControllerServiceClient<tonic::transport::Channel>;
 use crate::model::{DesireState, Engine, ProcessState, Replica};
 use crate::process::{Observed, Supervisor};
 use crate::runtime::{Requeue, WorkQueue, feed, feed_node_local, now, run_worker};
@@ -330,12 +332,38 @@ async fn watch_running(
     } else {
         Default::default()
     };
+    record_status(ctx, obj, replicas, &vol, &modes, rebuild_progress).await?;
+    if rw == 0 {
+        return restart_to_salvage(ctx, sup, obj, replicas).await;
+    }
+    remove_unwanted(ctx, &mut c, name, &list, replicas).await?;
+    // Keep the observed snapshots current (listed from the store while detached).
+    let snaps = c.snapshot_list(v1::Empty {}).await?.into_inner();
+    crate::snapshot::record(
+        &ctx.db,
+        &e.spec.volume,
+        &crate::snapshot::from_engine(&e.spec.volume, &snaps),
+    )
+    .await?;
+    add_replicas(ctx, &mut c, name, &list, &modes, replicas, vol.size).await
+}
+
+/// Records what the engine reports: its state, replica modes, rebuild progress, size and frontend in the engine's
+/// status, and each replica's mode in the replica's.
+async fn record_status(
+    ctx: &Ctx,
+    obj: &Object<Engine>,
+    replicas: &[Object<Replica>],
+    vol: &v1::Volume,
+    modes: &BTreeMap<String, String>,
+    rebuild_progress: BTreeMap<String, u32>,
+) -> anyhow::Result<()> {
     let frontend_up = vol.frontend_state == "attached" || !vol.endpoints.is_empty();
     ctx.db
-        .modify::<Engine>(name, |e| {
+        .modify::<Engine>(&obj.name, |e| {
             let before = e.status.clone();
             e.status.state = ProcessState::Running;
-            e.status.replica_modes.clone_from(&modes);
+            e.status.replica_modes.clone_from(modes);
             e.status.rebuild_progress.clone_from(&rebuild_progress);
             e.status.current_size = vol.size;
             if e.spec.disable_frontend {
@@ -364,27 +392,47 @@ async fn watch_running(
             )?;
         }
     }
-    if rw == 0 {
-        // Faulted: restart once every replica process runs again; the engine's start picks the best replica.
-        if !replicas.iter().all(running) {
-            return Ok(Some(Duration::from_millis(500)));
-        }
-        tracing::warn!(
-            engine = name,
-            "every replica is ERR: restarting the engine to salvage"
-        );
-        if let Some(p) = &e.status.process {
-            sup.stop(name, Some(p), Duration::from_secs(10)).await;
-        }
-        ctx.db
-            .modify::<Engine>(name, |e| {
-                e.status.state = ProcessState::Stopped;
-                e.status.salvage_next = true;
-                true
-            })
-            .await?;
-        return Ok(Some(Duration::from_millis(100)));
+    Ok(())
+}
+
+/// Every replica is ERR: once every replica process runs again, the engine is restarted to salvage (its start picks
+/// the best replica).
+async fn restart_to_salvage(
+    ctx: &Ctx,
+    sup: &Supervisor,
+    obj: &Object<Engine>,
+    replicas: &[Object<Replica>],
+) -> anyhow::Result<Requeue> {
+    // Faulted: restart once every replica process runs again; the engine's start picks the best replica.
+    if !replicas.iter().all(running) {
+        return Ok(Some(Duration::from_millis(500)));
     }
+    tracing::warn!(
+        engine = obj.name,
+        "every replica is ERR: restarting the engine to salvage"
+    );
+    if let Some(p) = &obj.data.status.process {
+        sup.stop(&obj.name, Some(p), Duration::from_secs(10)).await;
+    }
+    ctx.db
+        .modify::<Engine>(&obj.name, |e| {
+            e.status.state = ProcessState::Stopped;
+            e.status.salvage_next = true;
+            true
+        })
+        .await?;
+    Ok(Some(Duration::from_millis(100)))
+}
+
+/// Removes from the engine the replicas that are ERR (marking them failed, so the volume controller replaces them)
+/// or no longer in the spec — never the engine's last RW replica when no replica of the spec holds the data.
+async fn remove_unwanted(
+    ctx: &Ctx,
+    c: &mut ControllerClient,
+    name: &str,
+    list: &[v1::ControllerReplica],
+    replicas: &[Object<Replica>],
+) -> anyhow::Result<()> {
     // Every replica of the spec, running or restarting: a replica whose process is being restarted stays in the
     // engine until the engine itself finds it ERR (then it is failed and replaced); removing it as unwanted
     // instead would re-add the same replica with a rebuild once it is back.
@@ -399,7 +447,7 @@ async fn watch_running(
         .iter()
         .filter(|r| r.mode == "RW" && spec_addrs.contains(&r.address.as_str()))
         .count();
-    for r in &list {
+    for r in list {
         let wanted = spec_addrs.contains(&r.address.as_str());
         if !wanted && r.mode == "RW" && wanted_rw == 0 {
             tracing::error!(
@@ -438,14 +486,20 @@ async fn watch_running(
             }
         }
     }
-    // Keep the observed snapshots current (listed from the store while detached).
-    let snaps = c.snapshot_list(v1::Empty {}).await?.into_inner();
-    crate::snapshot::record(
-        &ctx.db,
-        &e.spec.volume,
-        &crate::snapshot::from_engine(&e.spec.volume, &snaps),
-    )
-    .await?;
+    Ok(())
+}
+
+/// Adds the spec's running replicas the engine does not have, with a rebuild, up to
+/// `concurrent-rebuilds-per-volume` at once; a replica the engine refuses as not belonging to the volume is failed.
+async fn add_replicas(
+    ctx: &Ctx,
+    c: &mut ControllerClient,
+    name: &str,
+    list: &[v1::ControllerReplica],
+    modes: &BTreeMap<String, String>,
+    replicas: &[Object<Replica>],
+    size: u64,
+) -> anyhow::Result<Requeue> {
     // New replicas join with a rebuild, several at once up to `concurrent-rebuilds-per-volume` (the engine
     // rebuilds each from the RW replicas with its own rebuild snapshot).
     let rebuilding = list.iter().filter(|r| r.mode == "WO").count();
@@ -464,7 +518,7 @@ async fn watch_running(
     }
     let rate = ctx.setting_u64("rebuild-max-bytes-per-second").await;
     for new in new {
-        grow_fresh_replica(name, new, vol.size).await;
+        grow_fresh_replica(name, new, size).await;
         tracing::info!(
             engine = name,
             replica = new.name,
