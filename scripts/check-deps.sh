@@ -30,8 +30,13 @@ forbid disk-image -- sparse-sync corral-daemon axum reqwest
 forbid backupstore -- sparse-sync corral-daemon axum
 forbid lvstore --no-default-features -- sparse-sync corral-daemon axum reqwest clap
 forbid corral-disk -- sparse-sync corral-daemon tokio
+# The CSI plugin talks to the manager over REST through corral-api: it links neither the manager nor its store (redb,
+# or the etcd v3 client, which is corral-proto's `etcd` module; there is no etcd-client crate).
+forbid corral-csi -- manager redb corral-proto
+# The REST views and client: serde and reqwest, no server side.
+forbid corral-api -- manager redb corral-proto axum tonic
 
 if [ $status -eq 0 ]; then
-  echo "check-deps: the bottom crates depend on no transport or daemon crate"
+  echo "check-deps: the bottom crates depend on no transport or daemon crate; corral-csi links no manager"
 fi
 exit $status

@@ -12,8 +12,8 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use manager::backup::model::{Backup, BackupState};
-use manager::backup::routes::BackupView;
+use corral_api::backup::BackupView;
+use corral_api::backup::{Backup, BackupState};
 
 use crate::controller::ControllerService;
 use crate::error::{CsiError, CsiResult};
@@ -100,7 +100,7 @@ impl ControllerService {
             let attached = self
                 .manager
                 .wait_volume(volume, "attached for a backup", ATTACH_TIMEOUT, |v| {
-                    v.view.state == manager::model::VolumeState::Attached && v.view.frontend_disabled
+                    v.view.state == corral_api::model::VolumeState::Attached && v.view.frontend_disabled
                 })
                 .await;
             if let Err(e) = attached {
@@ -256,7 +256,7 @@ impl ControllerService {
     /// Waits for the restore into `name` to complete (ABORTED with the progress after `wait`: the CO retries). A
     /// failed restore's volume is deleted, so the retry restores again.
     pub(crate) async fn restore_completed(&self, name: &str, wait: Duration) -> CsiResult<()> {
-        use manager::backup::model::RestoreState;
+        use corral_api::backup::RestoreState;
         let end = Instant::now() + wait;
         loop {
             let r = self

@@ -7,9 +7,9 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use corral_api::clone::CloneState;
+use corral_api::volume::SnapshotView;
 use corral_disk::BLOCK_SIZE;
-use manager::clone::model::CloneState;
-use manager::volume::views::SnapshotView;
 use tonic::{Request, Response, Status};
 
 use crate::capability::{self, Access};
@@ -202,7 +202,7 @@ impl ControllerService {
                 // Attached without a frontend (for a backup): the engine runs, no NBD endpoint will appear.
                 self.manager
                     .wait_volume(&v.view.name, "attached", ATTACH_TIMEOUT, |v| {
-                        v.view.state == manager::model::VolumeState::Attached
+                        v.view.state == corral_api::model::VolumeState::Attached
                     })
                     .await?;
             } else {
@@ -217,7 +217,7 @@ impl ControllerService {
         let attached = self
             .manager
             .wait_volume(name, "attached", ATTACH_TIMEOUT, |v| {
-                v.view.state == manager::model::VolumeState::Attached && !v.view.endpoints.is_empty()
+                v.view.state == corral_api::model::VolumeState::Attached && !v.view.endpoints.is_empty()
             })
             .await;
         let result = match attached {
@@ -506,7 +506,7 @@ impl ControllerService {
     /// ABORTED while it runs (the CO retries and succeeds later), FAILED_PRECONDITION once it failed (the volume
     /// has to be re-created). A volume attached without a frontend for a backup is ABORTED until detached again.
     async fn check_filled(&self, v: &ManagedVolume) -> CsiResult<()> {
-        use manager::backup::model::RestoreState;
+        use corral_api::backup::RestoreState;
         let id = &v.view.name;
         if let Some(c) = &v.clone {
             match c.state {
@@ -568,7 +568,8 @@ impl ControllerService {
         if published_here {
             self.manager.detach(id).await?;
         }
-        if published_here || v.view.state != manager::model::VolumeState::Detached && v.view.node_id.is_none()
+        if published_here
+            || v.view.state != corral_api::model::VolumeState::Detached && v.view.node_id.is_none()
         {
             self.manager.wait_detached(id, ATTACH_TIMEOUT).await?;
         }

@@ -1,6 +1,6 @@
 //! The plugin's one error type and its one mapping to gRPC status codes (the codes the CSI specification assigns).
 
-use manager::client::ClientError;
+use corral_api::client::ClientError;
 
 /// Why a CSI call failed. The variant is the CSI error code; the message says what to fix.
 #[derive(Debug, thiserror::Error)]

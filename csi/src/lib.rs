@@ -1,6 +1,6 @@
 //! Corral's CSI plugin: the Container Storage Interface v1 (Identity, Controller and Node services) served on a
 //! unix socket, so an orchestrator such as Kubernetes provisions, attaches, snapshots, clones and expands Corral
-//! volumes. The controller side is a translation onto the manager's REST API (`manager::client`); the node side
+//! volumes. The controller side is a translation onto the manager's REST API (`corral_api::client`); the node side
 //! turns an attached volume's NBD export into a block device (`nbdfuse` + a loop device: this kernel kind has no
 //! NBD client), makes a file system on first use, mounts it, and keeps what it staged in a state directory so a
 //! restarted plugin finds its volumes again.

@@ -1,15 +1,15 @@
-//! The manager's REST API as the plugin uses it: typed calls over `manager::client::Client` (volumes, nodes,
+//! The manager's REST API as the plugin uses it: typed calls over `corral_api::client::Client` (volumes, nodes,
 //! snapshots, backing images, backups and restores) and waits for a volume to reach a state (polling with a
 //! deadline).
 
 use std::time::{Duration, Instant};
 
-use manager::backup::routes::{BackupTargetView, BackupView, RestoreView};
-use manager::client::{Client, ClientError};
-use manager::clone::views::CloneStatusView;
-use manager::model::VolumeState;
-use manager::node::views::NodeView;
-use manager::volume::views::{SnapshotView, VolumeView};
+use corral_api::backup::{BackupTargetView, BackupView, RestoreView};
+use corral_api::client::{Client, ClientError};
+use corral_api::clone::CloneStatusView;
+use corral_api::model::VolumeState;
+use corral_api::node::NodeView;
+use corral_api::volume::{SnapshotView, VolumeView};
 use serde::Deserialize;
 use serde_json::json;
 
@@ -69,7 +69,7 @@ fn not_found(e: &ClientError) -> bool {
 }
 
 impl ManagerApi {
-    /// The manager at `url`, presenting `token` (`manager::token`) with every call.
+    /// The manager at `url`, presenting `token` (the manager's API token) with every call.
     pub fn new(url: &str, token: Option<String>) -> Self {
         Self {
             client: Client::new(url).with_token(token),

@@ -67,7 +67,7 @@ fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
 pub async fn serve(cfg: PluginConfig, cancel: CancellationToken) -> anyhow::Result<()> {
     let path = socket_path(&cfg.endpoint)?;
     let token = match &cfg.token_file {
-        Some(f) => Some(manager::token::bootstrap::read_token_file(f)?),
+        Some(f) => Some(corral_api::token::read_token_file(f)?),
         None => None,
     };
     let manager = ManagerApi::new(&cfg.manager_url, token);

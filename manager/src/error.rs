@@ -3,7 +3,6 @@
 use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use serde::{Deserialize, Serialize};
 
 use crate::store::StoreError;
 
@@ -46,13 +45,8 @@ pub enum ApiError {
     Store(#[from] StoreError),
 }
 
-/// The JSON body of every error response.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ErrorBody {
-    /// One of [`ERROR_CODES`].
-    pub code: String,
-    pub message: String,
-}
+/// The JSON body of every error response (its `code` one of [`ERROR_CODES`]).
+pub use corral_api::client::ErrorBody;
 
 /// Every `code` an error body can carry, with its HTTP status: the OpenAPI document lists them from here.
 pub const ERROR_CODES: &[(u16, &str, &str)] = &[

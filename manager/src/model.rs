@@ -6,6 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use corral_api::model::{
+    DataEngine, DesireState, Frontend, OrphanRemoved, ProcessState, Robustness, Snapshot, VolumeState,
+};
+
 use crate::store::Resource;
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -54,43 +58,6 @@ fn is_zero(n: &u64) -> bool {
     *n == 0
 }
 
-/// The data engine of a volume, its replicas and the disks they go on (issue 20).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DataEngine {
-    /// One `corral-replica` process per replica, its data in files under the disk directory.
-    #[default]
-    V1,
-    /// Replicas as lvol chains in the disk's lvstore, one `corral-replica serve-lvstore` per disk.
-    V2,
-}
-
-impl DataEngine {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::V1 => "v1",
-            Self::V2 => "v2",
-        }
-    }
-}
-
-impl std::fmt::Display for DataEngine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl std::str::FromStr for DataEngine {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "v1" => Ok(Self::V1),
-            "v2" => Ok(Self::V2),
-            _ => Err(format!("unknown data engine {s:?}: v1 or v2")),
-        }
-    }
-}
-
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct NodeStatus {
@@ -123,20 +90,6 @@ pub struct NodeStatus {
 /// How many removals a node's status keeps.
 pub const ORPHANS_KEPT: usize = 32;
 
-/// A stale daemon or replica data a node's manager removed after the store showed nobody used it.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct OrphanRemoved {
-    /// `replica-process`, `replica-data` or `engine-process`.
-    pub kind: String,
-    /// The replica's or the engine's (its volume's) name.
-    pub name: String,
-    /// Why it was stale, and what was removed (pid, path).
-    pub detail: String,
-    /// Unix seconds.
-    pub at: i64,
-}
-
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DiskStatus {
@@ -150,33 +103,6 @@ pub struct DiskStatus {
 
 impl Resource for Node {
     const KIND: &'static str = "node";
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Frontend {
-    #[default]
-    Nbd,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum VolumeState {
-    #[default]
-    Detached,
-    Attaching,
-    Attached,
-    Detaching,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Robustness {
-    #[default]
-    Unknown,
-    Healthy,
-    Degraded,
-    Faulted,
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -249,25 +175,6 @@ pub struct VolumeStatus {
 
 impl Resource for Volume {
     const KIND: &'static str = "volume";
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DesireState {
-    #[default]
-    Stopped,
-    Running,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum ProcessState {
-    #[default]
-    Stopped,
-    Starting,
-    Running,
-    /// Exited unexpectedly; restarted with backoff.
-    Crashed,
 }
 
 /// How the manager recognises a daemon it started, across its own restarts.
@@ -400,21 +307,6 @@ pub struct Setting {
 
 impl Resource for Setting {
     const KIND: &'static str = "setting";
-}
-
-/// A snapshot as last observed through the volume's engine.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct Snapshot {
-    pub volume: String,
-    pub name: String,
-    pub parent: String,
-    pub children: Vec<String>,
-    pub created: String,
-    pub size: u64,
-    pub removed: bool,
-    pub user_created: bool,
-    pub labels: BTreeMap<String, String>,
 }
 
 impl Resource for Snapshot {

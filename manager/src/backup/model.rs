@@ -8,61 +8,9 @@ pub use crate::backup_target::model::{
     Backup, BackupMode, BackupState, BackupTarget, BackupTargetSecret, BackupTargetSpec, BackupTargetStatus,
     BackupVolume, DEFAULT_TARGET, key,
 };
+pub use corral_api::backup::{RestoreState, VolumeRestore};
+
 use crate::store::Resource;
-
-/// initiated → restoring → completed | failed, like a clone's.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum RestoreState {
-    #[default]
-    Initiated,
-    Restoring,
-    Completed,
-    Failed,
-}
-
-impl RestoreState {
-    /// Still running: the volume may not be attached for IO, detached or deleted.
-    pub fn active(self) -> bool {
-        matches!(self, Self::Initiated | Self::Restoring)
-    }
-}
-
-/// A restore into a volume (a new one, or a detached one in place), named after the volume; written by the
-/// leader's restore controller only, each step recorded before the next.
-#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeRestore {
-    pub target: String,
-    pub backup_volume: String,
-    pub backup: String,
-    pub state: RestoreState,
-    /// Lowest over the volume's replicas.
-    pub progress: u32,
-    pub message: String,
-    /// Replica addresses asked to restore (a replica that restarted meanwhile is asked again).
-    #[serde(default)]
-    pub replicas: Vec<String>,
-    /// Every replica restored: what is left is the detach.
-    #[serde(default)]
-    pub restored: bool,
-    /// How many times the restore was started again (a replica or engine restarted mid-way).
-    #[serde(default)]
-    pub attempts: u32,
-    /// A standby (DR) volume: stays attached without a frontend after each restore and restores every newer
-    /// completed backup of `backup_volume` incrementally, until activated.
-    #[serde(default)]
-    pub standby: bool,
-    /// `volume activate` asked: one last incremental restore of the newest backup, then a normal volume.
-    #[serde(default)]
-    pub activate: bool,
-    /// The replicas were asked for an incremental restore (only the blocks changed since the last one).
-    #[serde(default)]
-    pub incremental: bool,
-    /// Bytes the last restore wrote into the first replica (an incremental writes only the changed blocks).
-    #[serde(default)]
-    pub bytes_written: u64,
-}
 
 impl Resource for VolumeRestore {
     const KIND: &'static str = "volume-restore";

@@ -9,7 +9,6 @@ use std::collections::BTreeMap;
 use axum::Json;
 use axum::extract::State;
 use axum::http::StatusCode;
-use serde::{Deserialize, Serialize};
 
 use super::errors::{store_error, target_error};
 use super::model::{
@@ -28,6 +27,11 @@ use crate::context::Ctx;
 use crate::error::ApiError;
 use crate::model::{Volume, VolumeState};
 use crate::store::{Object, StoreError};
+
+pub use corral_api::backup::{
+    BackupDeltaMax, BackupListQuery, BackupMaxCount, BackupTargetSet, BackupTargetView, BackupView,
+    BackupVolumeView, RestoreRequest, RestoreView,
+};
 
 type ApiResult<T> = Result<Json<T>, ApiError>;
 
@@ -159,90 +163,17 @@ pub fn register(r: &mut Routes) {
     );
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-#[serde(deny_unknown_fields)]
-pub struct BackupTargetSet {
-    pub url: String,
-    #[serde(default)]
-    pub endpoint: String,
-    #[serde(default)]
-    pub region: String,
-    /// Seconds between two listings (default 300).
-    #[serde(default)]
-    pub poll_interval: Option<u64>,
-    /// `AWS_ACCESS_KEY_ID`, `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`. None keeps the stored ones.
-    #[serde(default)]
-    pub credentials: Option<BTreeMap<String, String>>,
-}
-
-/// A target as shown: never its credentials' values.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BackupTargetView {
-    pub name: String,
-    pub url: String,
-    pub endpoint: String,
-    pub region: String,
-    pub poll_interval: u64,
-    pub credential_keys: Vec<String>,
-    #[serde(flatten)]
-    pub status: BackupTargetStatus,
-}
-
-impl BackupTargetView {
-    fn new(name: &str, t: &BackupTarget) -> Self {
-        Self {
-            name: name.to_owned(),
-            url: t.spec.url.clone(),
-            endpoint: t.spec.endpoint.clone(),
-            region: t.spec.region.clone(),
-            poll_interval: t.spec.poll_interval,
-            credential_keys: t.spec.credential_keys.clone(),
-            status: t.status.clone(),
-        }
+/// The view of target `name`: its spec without the credentials' values, and its status.
+fn target_view(name: &str, t: &BackupTarget) -> BackupTargetView {
+    BackupTargetView {
+        name: name.to_owned(),
+        url: t.spec.url.clone(),
+        endpoint: t.spec.endpoint.clone(),
+        region: t.spec.region.clone(),
+        poll_interval: t.spec.poll_interval,
+        credential_keys: t.spec.credential_keys.clone(),
+        status: t.status.clone(),
     }
-}
-
-/// `GET /v1/backups?target=T&volume=V`: only the backups of target T and/or of backup volume V.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-#[serde(deny_unknown_fields)]
-pub struct BackupListQuery {
-    #[serde(default)]
-    pub target: Option<String>,
-    #[serde(default)]
-    pub volume: Option<String>,
-}
-
-/// A volume's own `backup-max-count`: None falls back to the setting; 0 = no limit.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-#[serde(deny_unknown_fields)]
-pub struct BackupMaxCount {
-    #[serde(default)]
-    pub backup_max_count: Option<u32>,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-#[serde(deny_unknown_fields)]
-pub struct RestoreRequest {
-    /// `[TARGET:]BACKUP`.
-    pub backup: String,
-}
-
-/// A backup as shown: its id (`TARGET:NAME`), its URL in the backup store and its record.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BackupView {
-    pub id: String,
-    /// `TARGET?backup=NAME&volume=VOLUME` (what `corral backing-image create --source restore --backup-url`
-    /// takes); empty when the target is not set here any more.
-    #[serde(default)]
-    pub url: String,
-    #[serde(flatten)]
-    pub backup: Backup,
 }
 
 /// The views of some backups, each with its URL on its target.
@@ -274,29 +205,13 @@ async fn view(ctx: &Ctx, b: Object<Backup>) -> Result<BackupView, ApiError> {
         .ok_or_else(|| ApiError::Internal("no view of a backup".into()))
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct BackupVolumeView {
-    pub id: String,
-    #[serde(flatten)]
-    pub volume: BackupVolume,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct RestoreView {
-    pub volume: String,
-    #[serde(flatten)]
-    pub restore: VolumeRestore,
-}
-
 async fn list_targets(State(ctx): State<Ctx>) -> ApiResult<Vec<BackupTargetView>> {
     Ok(Json(
         ctx.db
             .list::<BackupTarget>()
             .await?
             .iter()
-            .map(|t| BackupTargetView::new(&t.name, &t.data))
+            .map(|t| target_view(&t.name, &t.data))
             .collect(),
     ))
 }
@@ -307,7 +222,7 @@ async fn get_target(State(ctx): State<Ctx>, Path(name): Path<String>) -> ApiResu
         .get::<BackupTarget>(&name)
         .await?
         .ok_or_else(|| ApiError::NotFound(format!("backup target {name:?} is not set")))?;
-    Ok(Json(BackupTargetView::new(&name, &t.data)))
+    Ok(Json(target_view(&name, &t.data)))
 }
 
 async fn put_target(
@@ -418,7 +333,7 @@ async fn put_target(
         None => ctx.db.create(&name, BackupTarget { spec, status }).await?,
     };
     tracing::info!(target = %name, url = %t.data.spec.store_url(), credentials = ?t.data.spec.credential_keys, "backup target set");
-    Ok(Json(BackupTargetView::new(&name, &t.data)))
+    Ok(Json(target_view(&name, &t.data)))
 }
 
 fn regex_is_match(pattern: &str, s: &str) -> bool {
@@ -621,15 +536,6 @@ async fn put_max_count(
     Ok(Json(BackupMaxCount {
         backup_max_count: v.data.spec.backup_max_count,
     }))
-}
-
-/// A volume's own `backup-delta-max`: None falls back to the setting.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-#[serde(deny_unknown_fields)]
-pub struct BackupDeltaMax {
-    #[serde(default)]
-    pub backup_delta_max: Option<u32>,
 }
 
 async fn put_delta_max(

@@ -4,6 +4,8 @@
 
 use serde::{Deserialize, Serialize};
 
+pub use corral_api::clone::CloneState;
+
 use crate::store::Resource;
 
 /// Where a new volume's data comes from.
@@ -48,25 +50,6 @@ impl std::fmt::Display for DataSource {
             Self::Volume(v) => write!(f, "vol://{v}"),
             Self::Snapshot(v, s) => write!(f, "snap://{v}/{s}"),
         }
-    }
-}
-
-/// initiated → copying → completed | failed. A failed clone stays failed (its target holds partial data and is
-/// never served): delete the volume and create it again.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum CloneState {
-    #[default]
-    Initiated,
-    Copying,
-    Completed,
-    Failed,
-}
-
-impl CloneState {
-    /// Still running: the target may not be attached for IO, the source may not be deleted.
-    pub fn active(self) -> bool {
-        matches!(self, Self::Initiated | Self::Copying)
     }
 }
 

@@ -1,17 +1,6 @@
-//! The JSON shape of a clone as a volume shows it.
+//! A clone as a volume shows it: `corral_api::clone::CloneStatusView` (re-exported here), from the clone's record.
 
-use serde::{Deserialize, Serialize};
-
-/// A clone as users see it (the controller's bookkeeping left out).
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CloneStatusView {
-    pub source_volume: String,
-    pub snapshot: String,
-    pub state: super::model::CloneState,
-    pub progress: u32,
-    pub message: String,
-}
+pub use corral_api::clone::CloneStatusView;
 
 impl From<&super::model::VolumeClone> for CloneStatusView {
     fn from(c: &super::model::VolumeClone) -> Self {

@@ -19,40 +19,18 @@
 
 use std::collections::{BTreeMap, HashSet};
 
-use serde::{Deserialize, Serialize};
+pub use corral_api::node::DrainState;
 
 use crate::context::Ctx;
 use crate::model::{Node, Replica};
 use crate::store::Object;
 
-/// Where a node is in a drain, as the API shows it.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DrainState {
-    /// No drain asked for.
-    #[default]
-    None,
-    /// Replicas are still on the node.
-    Draining,
-    /// Asked for, and no replica is left.
-    Drained,
-}
-
-impl DrainState {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::None => "none",
-            Self::Draining => "draining",
-            Self::Drained => "drained",
-        }
-    }
-
-    pub fn of(node: &Node, replicas_left: usize) -> Self {
-        match (node.spec.drain_requested, replicas_left) {
-            (false, _) => Self::None,
-            (true, 0) => Self::Drained,
-            (true, _) => Self::Draining,
-        }
+/// Where `node` is in a drain with `replicas_left` replicas still on it.
+pub fn drain_state(node: &Node, replicas_left: usize) -> DrainState {
+    match (node.spec.drain_requested, replicas_left) {
+        (false, _) => DrainState::None,
+        (true, 0) => DrainState::Drained,
+        (true, _) => DrainState::Draining,
     }
 }
 

@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use axum::Json;
 use axum::extract::State;
 
-use super::drain::{DrainState, draining_nodes};
+use super::drain::{DrainState, drain_state, draining_nodes};
 use super::openapi::check_disk_path;
 use super::views::{DiskCreate, NodeView};
 use crate::api::extract::{Body, Path};
@@ -61,9 +61,9 @@ pub async fn node_view(ctx: &Ctx, n: &Object<Node>) -> Result<NodeView, ApiError
         .filter(|r| r.data.spec.node_id == n.name)
         .collect();
     let left = here.len();
-    let mut v = NodeView::new(n, up);
+    let mut v = super::views::node_view(n, up);
     v.replicas = u32::try_from(left).unwrap_or(u32::MAX);
-    v.drain_state = DrainState::of(&n.data, left);
+    v.drain_state = drain_state(&n.data, left);
     if v.drain_state == DrainState::Draining {
         let volumes: BTreeSet<&str> = here.iter().map(|r| r.data.spec.volume.as_str()).collect();
         for name in volumes {

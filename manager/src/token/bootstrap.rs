@@ -9,6 +9,7 @@ use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::Context;
+pub use corral_api::token::read_token_file;
 
 use super::model::{Role, Token};
 use super::{BOOTSTRAP_NAME, service};
@@ -80,13 +81,4 @@ pub fn write_secret_file(path: &Path, secret: &str) -> anyhow::Result<()> {
         .and_then(|d| d.sync_all())
         .with_context(|| format!("fsync {}", dir.display()))?;
     Ok(())
-}
-
-/// The token in a file written by [`write_secret_file`] (or by hand, or a mounted Secret): its text, trimmed.
-pub fn read_token_file(path: &Path) -> anyhow::Result<String> {
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("read token file {}", path.display()))?;
-    let token = text.trim();
-    anyhow::ensure!(!token.is_empty(), "token file {} is empty", path.display());
-    Ok(token.to_owned())
 }

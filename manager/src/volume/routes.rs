@@ -102,9 +102,11 @@ async fn volume_view(ctx: &Ctx, name: &str) -> Result<VolumeView, ApiError> {
     let rs = ctx.db.list::<Replica>().await?;
     let clone = ctx.db.get::<VolumeClone>(name).await?;
     let generation = crate::engine_generation::current(&ctx.db, name).await?;
-    Ok(VolumeView::new(&v, e.as_ref(), &rs)
-        .with_clone(clone.as_ref().map(|c| &c.data))
-        .with_engine_generation(generation))
+    Ok(with_clone(
+        super::views::volume_view(&v, e.as_ref(), &rs),
+        clone.as_ref().map(|c| &c.data),
+    )
+    .with_engine_generation(generation))
 }
 
 async fn list_volumes(State(ctx): State<Ctx>) -> ApiResult<Vec<VolumeView>> {
@@ -121,14 +123,16 @@ async fn list_volumes(State(ctx): State<Ctx>) -> ApiResult<Vec<VolumeView>> {
             .await?
             .iter()
             .map(|v| {
-                VolumeView::new(v, es.iter().find(|e| e.name == v.name), &rs)
-                    .with_clone(clones.iter().find(|c| c.name == v.name).map(|c| &c.data))
-                    .with_engine_generation(
-                        generations
-                            .iter()
-                            .find(|g| g.name == v.name)
-                            .map_or(0, |g| g.data.generation),
-                    )
+                with_clone(
+                    super::views::volume_view(v, es.iter().find(|e| e.name == v.name), &rs),
+                    clones.iter().find(|c| c.name == v.name).map(|c| &c.data),
+                )
+                .with_engine_generation(
+                    generations
+                        .iter()
+                        .find(|g| g.name == v.name)
+                        .map_or(0, |g| g.data.generation),
+                )
             })
             .collect(),
     ))

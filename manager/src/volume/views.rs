@@ -1,99 +1,14 @@
-//! The JSON shapes of the volume routes (requests and responses: volumes, their snapshots and replicas), shared by
-//! the server and the CLI.
+//! The volume routes' views built from the store's documents. The JSON shapes themselves (volumes, their snapshots
+//! and replicas, the requests) live in `corral_api::volume`, re-exported here.
 
-use std::collections::BTreeMap;
-
-use serde::{Deserialize, Serialize};
+pub use corral_api::volume::{
+    AttachRequest, EngineView, ReplicaView, SizeRequest, SnapshotCreate, SnapshotView, VolumeCreate,
+    VolumeView,
+};
 
 use crate::clone::views::CloneStatusView;
-use crate::model::{Replica, Robustness, Volume, VolumeState};
+use crate::model::{Replica, Robustness, Volume};
 use crate::store::Object;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-#[serde(deny_unknown_fields)]
-pub struct VolumeCreate {
-    pub name: String,
-    pub size: u64,
-    #[serde(default = "three")]
-    pub number_of_replicas: u32,
-    #[serde(default)]
-    pub disable_revision_counter: Option<bool>,
-    /// Only `nbd`.
-    #[serde(default)]
-    pub frontend: Option<String>,
-    /// A backing image (its virtual size must fit in `size`).
-    #[serde(default)]
-    pub backing_image: Option<String>,
-    /// Fill the new volume from `vol://NAME` (as it is now) or `snap://NAME/SNAPSHOT`: a clone. `size` may be
-    /// larger than the source's, never smaller; the clone uses the source's backing image.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_source: Option<String>,
-    /// Restore this completed backup (`[TARGET:]BACKUP`) into the new volume; `size` may be larger than the
-    /// backup's, never smaller. The volume is attachable once the restore completed.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub from_backup: Option<String>,
-    /// With `fromBackup`: a standby (DR) volume that restores each newer backup of that backup volume
-    /// incrementally and cannot be attached until activated (`POST /v1/volumes/{name}/activate`).
-    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
-    pub standby: bool,
-    /// v1 or v2; the `default-data-engine` setting when not given.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub data_engine: Option<crate::model::DataEngine>,
-}
-
-fn three() -> u32 {
-    3
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-#[serde(deny_unknown_fields)]
-pub struct AttachRequest {
-    /// Defaults to the node whose manager answers.
-    #[serde(default)]
-    pub node_id: Option<String>,
-    /// Maintenance mode: run the engine without its NBD frontend, so nobody can reach the volume for IO (revert,
-    /// restore and clone targets use it). Changing it needs a detach first.
-    #[serde(default)]
-    pub disable_frontend: bool,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SizeRequest {
-    pub size: u64,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SnapshotCreate {
-    #[serde(default)]
-    pub name: Option<String>,
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReplicaView {
-    pub name: String,
-    pub volume: String,
-    pub node_id: String,
-    pub disk: String,
-    pub data_path: String,
-    pub data_engine: crate::model::DataEngine,
-    pub state: crate::model::ProcessState,
-    pub desire_state: crate::model::DesireState,
-    /// RW | WO | ERR in the volume's engine, empty when not in one.
-    pub mode: String,
-    /// 0–100 while the replica is rebuilt.
-    pub rebuild_progress: Option<u32>,
-    pub address: String,
-    pub pid: Option<i32>,
-    pub failed: bool,
-    pub message: String,
-}
 
 impl From<&Object<Replica>> for ReplicaView {
     fn from(o: &Object<Replica>) -> Self {
@@ -117,139 +32,73 @@ impl From<&Object<Replica>> for ReplicaView {
     }
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct EngineView {
-    pub node_id: String,
-    pub state: crate::model::ProcessState,
-    pub address: String,
-    pub pid: Option<i32>,
-    pub restarts: u32,
-    /// The generation the running engine was started with (0: not started yet).
-    #[serde(default)]
-    pub generation: u64,
-    /// The last time an engine of the volume was found fenced by a newer generation and stopped (empty: never).
-    #[serde(default)]
-    pub last_fenced: String,
+/// `view` with its clone record, when the volume is a clone.
+#[must_use]
+pub fn with_clone(mut view: VolumeView, c: Option<&crate::clone::model::VolumeClone>) -> VolumeView {
+    view.data_source = c.map(|c| c.data_source.clone());
+    view.clone_status = c.map(CloneStatusView::from);
+    view
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct VolumeView {
-    pub name: String,
-    pub size: u64,
-    pub number_of_replicas: u32,
-    pub frontend: crate::model::Frontend,
-    pub data_engine: crate::model::DataEngine,
-    pub disable_revision_counter: Option<bool>,
-    pub revision_counter_disabled: bool,
-    pub node_id: Option<String>,
-    pub current_node_id: Option<String>,
-    pub state: VolumeState,
-    pub robustness: Robustness,
-    pub endpoints: Vec<String>,
-    /// Asked for: attach without a frontend (maintenance mode).
-    pub disable_frontend: bool,
-    /// The running engine serves no frontend: attached for maintenance, unreachable for IO.
-    pub frontend_disabled: bool,
-    pub salvage_requested: bool,
-    pub message: String,
-    /// The backing image the volume's replicas sit on.
-    #[serde(default)]
-    pub backing_image: Option<String>,
-    pub engine: Option<EngineView>,
-    pub replicas: Vec<ReplicaView>,
-    /// `vol://NAME` or `snap://NAME/SNAPSHOT` when the volume is a clone.
-    #[serde(default)]
-    pub data_source: Option<String>,
-    /// The clone's progress; attachable for IO once `completed`.
-    #[serde(default)]
-    pub clone_status: Option<CloneStatusView>,
-    /// The last engine generation the manager handed out for the volume (0: none yet); kept while detached.
-    #[serde(default)]
-    pub engine_generation: u64,
-}
-
-impl VolumeView {
-    /// The view with its clone record, when the volume is a clone.
-    #[must_use]
-    pub fn with_clone(mut self, c: Option<&crate::clone::model::VolumeClone>) -> Self {
-        self.data_source = c.map(|c| c.data_source.clone());
-        self.clone_status = c.map(CloneStatusView::from);
-        self
-    }
-
-    /// The view with the last engine generation handed out for the volume.
-    #[must_use]
-    pub fn with_engine_generation(mut self, generation: u64) -> Self {
-        self.engine_generation = generation;
-        self
+/// The view of a volume from its document, its engine's and its replicas' (the others in `replicas` are skipped).
+pub fn volume_view(
+    v: &Object<Volume>,
+    engine: Option<&Object<crate::model::Engine>>,
+    replicas: &[Object<Replica>],
+) -> VolumeView {
+    let d = &v.data;
+    VolumeView {
+        name: v.name.clone(),
+        size: d.spec.size,
+        number_of_replicas: d.spec.number_of_replicas,
+        frontend: d.spec.frontend,
+        data_engine: d.spec.data_engine,
+        disable_revision_counter: d.spec.disable_revision_counter,
+        revision_counter_disabled: d.status.revision_counter_disabled,
+        node_id: d.spec.node_id.clone(),
+        current_node_id: d.status.current_node_id.clone(),
+        state: d.status.state,
+        // The stored robustness was derived from the engine at the controller's last pass; an engine that
+        // has (re)started since and is not serving yet makes it unknown now, as that pass will find.
+        robustness: match engine {
+            Some(e) if e.data.status.state != crate::model::ProcessState::Running => Robustness::Unknown,
+            _ => d.status.robustness,
+        },
+        endpoints: d.status.endpoints.clone(),
+        disable_frontend: d.spec.disable_frontend,
+        frontend_disabled: d.status.frontend_disabled,
+        salvage_requested: d.spec.salvage_requested,
+        message: d.status.message.clone(),
+        backing_image: d.spec.backing_image.clone(),
+        engine: engine.map(|e| EngineView {
+            node_id: e.data.spec.node_id.clone(),
+            state: e.data.status.state,
+            address: e.data.status.address.clone(),
+            pid: e.data.status.process.as_ref().map(|p| p.pid),
+            restarts: e.data.status.process.as_ref().map_or(0, |p| p.restarts),
+            generation: e.data.status.generation,
+            last_fenced: e.data.status.last_fenced.clone(),
+        }),
+        replicas: replicas
+            .iter()
+            .filter(|r| r.data.spec.volume == v.name)
+            .map(|r| {
+                let mut view = ReplicaView::from(r);
+                view.rebuild_progress = engine.and_then(|e| {
+                    e.data
+                        .status
+                        .rebuild_progress
+                        .get(&r.data.status.address)
+                        .copied()
+                });
+                view
+            })
+            .collect(),
+        data_source: None,
+        clone_status: None,
+        engine_generation: 0,
     }
 }
-
-impl VolumeView {
-    pub fn new(
-        v: &Object<Volume>,
-        engine: Option<&Object<crate::model::Engine>>,
-        replicas: &[Object<Replica>],
-    ) -> Self {
-        let d = &v.data;
-        Self {
-            name: v.name.clone(),
-            size: d.spec.size,
-            number_of_replicas: d.spec.number_of_replicas,
-            frontend: d.spec.frontend,
-            data_engine: d.spec.data_engine,
-            disable_revision_counter: d.spec.disable_revision_counter,
-            revision_counter_disabled: d.status.revision_counter_disabled,
-            node_id: d.spec.node_id.clone(),
-            current_node_id: d.status.current_node_id.clone(),
-            state: d.status.state,
-            // The stored robustness was derived from the engine at the controller's last pass; an engine that
-            // has (re)started since and is not serving yet makes it unknown now, as that pass will find.
-            robustness: match engine {
-                Some(e) if e.data.status.state != crate::model::ProcessState::Running => Robustness::Unknown,
-                _ => d.status.robustness,
-            },
-            endpoints: d.status.endpoints.clone(),
-            disable_frontend: d.spec.disable_frontend,
-            frontend_disabled: d.status.frontend_disabled,
-            salvage_requested: d.spec.salvage_requested,
-            message: d.status.message.clone(),
-            backing_image: d.spec.backing_image.clone(),
-            engine: engine.map(|e| EngineView {
-                node_id: e.data.spec.node_id.clone(),
-                state: e.data.status.state,
-                address: e.data.status.address.clone(),
-                pid: e.data.status.process.as_ref().map(|p| p.pid),
-                restarts: e.data.status.process.as_ref().map_or(0, |p| p.restarts),
-                generation: e.data.status.generation,
-                last_fenced: e.data.status.last_fenced.clone(),
-            }),
-            replicas: replicas
-                .iter()
-                .filter(|r| r.data.spec.volume == v.name)
-                .map(|r| {
-                    let mut view = ReplicaView::from(r);
-                    view.rebuild_progress = engine.and_then(|e| {
-                        e.data
-                            .status
-                            .rebuild_progress
-                            .get(&r.data.status.address)
-                            .copied()
-                    });
-                    view
-                })
-                .collect(),
-            data_source: None,
-            clone_status: None,
-            engine_generation: 0,
-        }
-    }
-}
-
-/// A snapshot as the API shows it: the observed document.
-pub type SnapshotView = crate::model::Snapshot;
 
 #[cfg(test)]
 mod tests {
@@ -269,7 +118,7 @@ mod tests {
             version: 1,
             data: Engine::default(),
         };
-        let robustness = |e: &Object<Engine>| VolumeView::new(&v, Some(e), &[]).robustness;
+        let robustness = |e: &Object<Engine>| volume_view(&v, Some(e), &[]).robustness;
         e.data.status.state = ProcessState::Running;
         assert_eq!(robustness(&e), Robustness::Healthy);
         // Restarted (a new process not serving yet), crashed or stopped: not healthy on the stored word.
@@ -282,6 +131,6 @@ mod tests {
             assert_eq!(robustness(&e), Robustness::Unknown, "{s:?}");
         }
         // No engine (detached): the stored value, which the controller keeps.
-        assert_eq!(VolumeView::new(&v, None, &[]).robustness, Robustness::Healthy);
+        assert_eq!(volume_view(&v, None, &[]).robustness, Robustness::Healthy);
     }
 }
