@@ -31,6 +31,9 @@ cargo fmt --all -- --check
 python3 scripts/check-links.py
 cargo clippy --workspace --all-targets --locked "${features[@]}" -- -D warnings
 cargo clippy --workspace --all-targets --locked -- -D warnings
+# No production function over 150 lines (clippy.toml's threshold; tests may tell one scenario at length). The few
+# older ones still over it carry an allow naming the split they wait for: the list only shrinks.
+cargo clippy --workspace --lib --bins --locked "${features[@]}" -- -D warnings -D clippy::too_many_lines
 # The bottom of the crate graph depends on no transport or daemon crate (cargo tree).
 scripts/check-deps.sh
 # Doc comments: broken intra-doc links and other rustdoc warnings fail the run.
