@@ -61,7 +61,6 @@ fn replica_name(volume: &str) -> String {
     format!("{volume}-r-{}", &id[..8])
 }
 
-#[allow(clippy::too_many_lines)] // over 150 lines: to split along its steps (issue 44), not grown
 async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     let all: Vec<Object<Replica>> = ctx
         .db
@@ -94,48 +93,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     status.message.clear();
     let mut requeue = None;
     if !kept.is_empty() {
-        if v.spec.salvage_requested {
-            // The user asked for a salvage: the kept replicas come back, and the engine starts on them alone
-            // (it starts on the replicas that held data) and picks the best one.
-            for r in &kept {
-                tracing::warn!(
-                    volume = name,
-                    replica = r,
-                    "salvage: un-failing a replica that holds the data"
-                );
-                ctx.db
-                    .modify::<Replica>(r, |x| {
-                        let changed = x.spec.failed_at.is_some();
-                        x.spec.failed_at = None;
-                        x.status.message.clear();
-                        changed
-                    })
-                    .await?;
-            }
-            return Ok(Some(Duration::from_millis(100)));
-        }
-        // No replica serving the volume holds its data: an engine on fresh replicas would serve an empty volume.
-        // Nothing is scheduled and no engine runs until a salvage.
-        if let Some(e) = &engine {
-            tracing::warn!(
-                volume = name,
-                "every replica holding the data failed: stopping the engine"
-            );
-            ctx.db.delete::<Engine>(&name, e.version).await?;
-        }
-        status.robustness = Robustness::Faulted;
-        status.endpoints.clear();
-        status.state = if v.spec.node_id.is_some() {
-            VolumeState::Attaching
-        } else {
-            VolumeState::Detached
-        };
-        status.message = format!(
-            "every replica holding the volume's data failed; kept for a salvage: {} (`corral volume salvage {name}`)",
-            kept.join(", ")
-        );
-        write_status(&ctx, &name, &v.status, &status).await?;
-        return Ok(Some(Duration::from_secs(5)));
+        return hold_for_salvage(&ctx, &vol, engine, &kept, status).await;
     }
     match &v.spec.node_id {
         Some(node) => {
@@ -158,65 +116,8 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             {
                 status.message = format!("{staying} of {want} replicas: {msg}");
             } else if staying < want {
-                let existing: Vec<(String, String)> = healthy
-                    .iter()
-                    .filter(|r| !draining.contains(&r.data.spec.node_id))
-                    .map(|r| (r.data.spec.node_id.clone(), r.data.spec.disk.clone()))
-                    .collect();
-                let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
-                let pool = scheduler::candidates(&ctx, &crate::data_plane::Needs::of(v)).await?;
-                match scheduler::place_on(
-                    v.spec.data_engine,
-                    pool.disks.clone(),
-                    &existing,
-                    want - staying,
-                    v.spec.size,
-                    soft,
-                )
-                .map_err(|why| pool.explain(why))
-                {
-                    Ok(places) => {
-                        for p in places {
-                            let rname = replica_name(&name);
-                            let data_path = match v.spec.data_engine {
-                                DataEngine::V1 => std::path::Path::new(&p.path).join("replicas").join(&rname),
-                                DataEngine::V2 => {
-                                    crate::v2::device::device_path(std::path::Path::new(&p.path))
-                                        .with_extension(format!("img#{rname}"))
-                                }
-                            };
-                            let spec = ReplicaSpec {
-                                volume: name.clone(),
-                                node_id: p.node_id,
-                                disk: p.disk,
-                                disk_uuid: p.disk_uuid,
-                                data_path: data_path.display().to_string(),
-                                size: v.spec.size,
-                                revision_counter_disabled: v.status.revision_counter_disabled,
-                                desire_state: DesireState::Running,
-                                failed_at: None,
-                                data_engine: v.spec.data_engine,
-                            };
-                            tracing::info!(
-                                volume = name,
-                                replica = rname,
-                                node = spec.node_id,
-                                disk = spec.disk,
-                                "scheduled replica"
-                            );
-                            let o = ctx
-                                .db
-                                .create(
-                                    &rname,
-                                    Replica {
-                                        spec,
-                                        status: Default::default(),
-                                    },
-                                )
-                                .await?;
-                            healthy.push(o);
-                        }
-                    }
+                match schedule_replicas(&ctx, &vol, &healthy, &draining, want - staying).await? {
+                    Ok(mut new) => healthy.append(&mut new),
                     Err(msg) => status.message = msg,
                 }
             }
@@ -306,55 +207,193 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
                 }
             }
         }
-        None => {
-            status.endpoints.clear();
-            status.frontend_disabled = false;
-            match engine {
-                Some(mut e)
-                    if e.data.status.state != ProcessState::Stopped
-                        || e.data.spec.desire_state == DesireState::Running =>
-                {
-                    if e.data.spec.desire_state != DesireState::Stopped {
-                        e.data.spec.desire_state = DesireState::Stopped;
-                        ctx.db.update(&mut e).await?;
-                    }
-                    // The engine's node may be gone: it cannot report stopped. Then the document just goes.
-                    let node_up = match ctx.db.get::<Node>(&e.data.spec.node_id).await? {
-                        Some(n) => scheduler::node_is_up(&ctx, &n.data).await,
-                        None => false,
-                    };
-                    if !node_up {
-                        ctx.db.delete_any::<Engine>(&name).await?;
-                    }
-                    status.state = VolumeState::Detaching;
-                    requeue = Some(Duration::from_millis(300));
-                }
-                Some(e) => {
-                    ctx.db.delete::<Engine>(&name, e.version).await?;
-                    status.state = VolumeState::Detaching;
-                    requeue = Some(Duration::from_millis(100));
-                }
-                None => {
-                    for r in healthy
-                        .iter()
-                        .filter(|r| r.data.spec.desire_state != DesireState::Stopped)
-                    {
-                        ctx.db
-                            .modify::<Replica>(&r.name, |x| {
-                                x.spec.desire_state = DesireState::Stopped;
-                                true
-                            })
-                            .await?;
-                    }
-                    status.state = VolumeState::Detached;
-                    status.current_node_id = None;
-                    status.robustness = Robustness::Unknown;
-                }
-            }
-        }
+        None => requeue = detach(&ctx, &name, engine, &healthy, &mut status).await?,
     }
     write_status(&ctx, &name, &v.status, &status).await?;
     Ok(requeue)
+}
+
+/// Places `count` new replicas of the volume (not on draining nodes, apart from `healthy` ones as the anti-affinity
+/// setting says) and creates their documents; `Ok(Err(why))` when the scheduler finds no room.
+async fn schedule_replicas(
+    ctx: &Ctx,
+    vol: &Object<Volume>,
+    healthy: &[Object<Replica>],
+    draining: &std::collections::HashSet<String>,
+    count: usize,
+) -> anyhow::Result<Result<Vec<Object<Replica>>, String>> {
+    let (name, v) = (&vol.name, &vol.data);
+    let existing: Vec<(String, String)> = healthy
+        .iter()
+        .filter(|r| !draining.contains(&r.data.spec.node_id))
+        .map(|r| (r.data.spec.node_id.clone(), r.data.spec.disk.clone()))
+        .collect();
+    let soft = ctx.setting_bool("replica-soft-anti-affinity").await;
+    let pool = scheduler::candidates(ctx, &crate::data_plane::Needs::of(v)).await?;
+    let places = match scheduler::place_on(
+        v.spec.data_engine,
+        pool.disks.clone(),
+        &existing,
+        count,
+        v.spec.size,
+        soft,
+    )
+    .map_err(|why| pool.explain(why))
+    {
+        Ok(places) => places,
+        Err(msg) => return Ok(Err(msg)),
+    };
+    let mut created = Vec::new();
+    for p in places {
+        let rname = replica_name(name);
+        let data_path = match v.spec.data_engine {
+            DataEngine::V1 => std::path::Path::new(&p.path).join("replicas").join(&rname),
+            DataEngine::V2 => crate::v2::device::device_path(std::path::Path::new(&p.path))
+                .with_extension(format!("img#{rname}")),
+        };
+        let spec = ReplicaSpec {
+            volume: name.clone(),
+            node_id: p.node_id,
+            disk: p.disk,
+            disk_uuid: p.disk_uuid,
+            data_path: data_path.display().to_string(),
+            size: v.spec.size,
+            revision_counter_disabled: v.status.revision_counter_disabled,
+            desire_state: DesireState::Running,
+            failed_at: None,
+            data_engine: v.spec.data_engine,
+        };
+        tracing::info!(
+            volume = name,
+            replica = rname,
+            node = spec.node_id,
+            disk = spec.disk,
+            "scheduled replica"
+        );
+        let o = ctx
+            .db
+            .create(
+                &rname,
+                Replica {
+                    spec,
+                    status: Default::default(),
+                },
+            )
+            .await?;
+        created.push(o);
+    }
+    Ok(Ok(created))
+}
+
+/// The volume is detached (no node asked for): its engine is asked to stop (its document deleted when its node is
+/// gone) and, once it is gone, its replicas are stopped.
+async fn detach(
+    ctx: &Ctx,
+    name: &str,
+    engine: Option<Object<Engine>>,
+    healthy: &[Object<Replica>],
+    status: &mut VolumeStatus,
+) -> anyhow::Result<Requeue> {
+    status.endpoints.clear();
+    status.frontend_disabled = false;
+    match engine {
+        Some(mut e)
+            if e.data.status.state != ProcessState::Stopped
+                || e.data.spec.desire_state == DesireState::Running =>
+        {
+            if e.data.spec.desire_state != DesireState::Stopped {
+                e.data.spec.desire_state = DesireState::Stopped;
+                ctx.db.update(&mut e).await?;
+            }
+            // The engine's node may be gone: it cannot report stopped. Then the document just goes.
+            let node_up = match ctx.db.get::<Node>(&e.data.spec.node_id).await? {
+                Some(n) => scheduler::node_is_up(ctx, &n.data).await,
+                None => false,
+            };
+            if !node_up {
+                ctx.db.delete_any::<Engine>(name).await?;
+            }
+            status.state = VolumeState::Detaching;
+            return Ok(Some(Duration::from_millis(300)));
+        }
+        Some(e) => {
+            ctx.db.delete::<Engine>(name, e.version).await?;
+            status.state = VolumeState::Detaching;
+            return Ok(Some(Duration::from_millis(100)));
+        }
+        None => {
+            for r in healthy
+                .iter()
+                .filter(|r| r.data.spec.desire_state != DesireState::Stopped)
+            {
+                ctx.db
+                    .modify::<Replica>(&r.name, |x| {
+                        x.spec.desire_state = DesireState::Stopped;
+                        true
+                    })
+                    .await?;
+            }
+            status.state = VolumeState::Detached;
+            status.current_node_id = None;
+            status.robustness = Robustness::Unknown;
+        }
+    }
+    Ok(None)
+}
+
+/// Every replica holding the volume's data failed (`kept`: those kept for a salvage). On a salvage request they
+/// come back and the engine starts on them alone; otherwise no engine runs and nothing is scheduled (an engine on
+/// fresh replicas would serve an empty volume) until one.
+async fn hold_for_salvage(
+    ctx: &Ctx,
+    vol: &Object<Volume>,
+    engine: Option<Object<Engine>>,
+    kept: &[String],
+    mut status: VolumeStatus,
+) -> anyhow::Result<Requeue> {
+    let (name, v) = (&vol.name, &vol.data);
+    if v.spec.salvage_requested {
+        // The user asked for a salvage: the kept replicas come back, and the engine starts on them alone
+        // (it starts on the replicas that held data) and picks the best one.
+        for r in kept {
+            tracing::warn!(
+                volume = name,
+                replica = r,
+                "salvage: un-failing a replica that holds the data"
+            );
+            ctx.db
+                .modify::<Replica>(r, |x| {
+                    let changed = x.spec.failed_at.is_some();
+                    x.spec.failed_at = None;
+                    x.status.message.clear();
+                    changed
+                })
+                .await?;
+        }
+        return Ok(Some(Duration::from_millis(100)));
+    }
+    // No replica serving the volume holds its data: an engine on fresh replicas would serve an empty volume.
+    // Nothing is scheduled and no engine runs until a salvage.
+    if let Some(e) = &engine {
+        tracing::warn!(
+            volume = name,
+            "every replica holding the data failed: stopping the engine"
+        );
+        ctx.db.delete::<Engine>(name, e.version).await?;
+    }
+    status.robustness = Robustness::Faulted;
+    status.endpoints.clear();
+    status.state = if v.spec.node_id.is_some() {
+        VolumeState::Attaching
+    } else {
+        VolumeState::Detached
+    };
+    status.message = format!(
+        "every replica holding the volume's data failed; kept for a salvage: {} (`corral volume salvage {name}`)",
+        kept.join(", ")
+    );
+    write_status(ctx, name, &v.status, &status).await?;
+    Ok(Some(Duration::from_secs(5)))
 }
 
 /// Writes the volume's derived status when it differs from what the document holds.
