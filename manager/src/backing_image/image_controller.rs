@@ -59,7 +59,6 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
 
 /// The data source of a new image (or of one whose source runs again): a random ready disk that can hold it, and
 /// the image's parameters as `corral-datasource` takes them. Errors are messages for the user.
-#[allow(clippy::too_many_lines)] // over 150 lines: to split along its steps (issue 44), not grown
 pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImageDataSource, String> {
     let all = disks(ctx).await.map_err(|e| format!("{e:#}"))?;
     let mut pool: Vec<&DiskRef> = all.iter().filter(|d| d.ready && selected(bi, d)).collect();
@@ -91,122 +90,10 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
         }
         SourceType::Clone => {
             let src = param("backingImage")?;
-            let s = ctx
-                .db
-                .get::<BackingImage>(&src)
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| format!("backing image {src:?} to clone does not exist"))?;
-            if s.data.spec.deletion_timestamp.is_some() {
-                return Err(format!("backing image {src:?} to clone is being deleted"));
-            }
-            if s.data.spec.data_engine == DataEngine::V2 {
-                // A v2 image has no file once its first v2 copy is ready: the data source receives a ready copy
-                // from the disk daemon that holds it (`BackingImageExpose`), from any disk, preferably on the
-                // copy's node.
-                let copies = super::v2_source::ready_v2_copies(ctx, &s.data)
-                    .await
-                    .map_err(|e| format!("{e:#}"))?;
-                let Some(copy) = copies
-                    .iter()
-                    .find(|c| pool.iter().any(|d| d.node_id == c.node_id))
-                    .or_else(|| copies.first())
-                else {
-                    return Err(format!(
-                        "v2 backing image {src:?} has no ready copy on a ready v2 disk whose daemon runs to clone"
-                    ));
-                };
-                if pool.iter().any(|d| d.node_id == copy.node_id) {
-                    pool.retain(|d| d.node_id == copy.node_id);
-                }
-                params.insert("lvstore-address".to_owned(), copy.address.clone());
-                params.insert("backing-image-size".to_owned(), copy.size.to_string());
-            } else {
-                // The clone reads the source's file on the same disk.
-                let holders: BTreeSet<String> = ctx
-                    .db
-                    .list::<BackingImageManager>()
-                    .await
-                    .map_err(|e| e.to_string())?
-                    .into_iter()
-                    .filter(|m| {
-                        m.data
-                            .status
-                            .files
-                            .get(&src)
-                            .is_some_and(|f| f.uuid == s.data.spec.uuid && f.state == state::READY)
-                    })
-                    .map(|m| m.data.spec.disk_uuid)
-                    .collect();
-                pool.retain(|d| holders.contains(&d.disk_uuid));
-                if pool.is_empty() {
-                    return Err(format!(
-                        "backing image {src:?} has no ready copy on a ready disk to clone"
-                    ));
-                }
-            }
-            // A clone is its source byte for byte: checked against the source's SHA-512 unless the user named one.
-            if expected_checksum.is_empty() && is_sha512(&s.data.status.current_checksum) {
-                expected_checksum.clone_from(&s.data.status.current_checksum);
-            }
-            params.insert("backing-image".to_owned(), src);
-            params.insert("backing-image-uuid".to_owned(), s.data.spec.uuid);
+            clone_source(ctx, src, &mut pool, &mut params, &mut expected_checksum).await?;
         }
         SourceType::ExportFromVolume => {
-            let volume = param("volume")?;
-            let snapshot = param("snapshot")?;
-            let export_type = p.get("exportType").cloned().unwrap_or_else(|| "raw".to_owned());
-            if export_type != "raw" && export_type != "qcow2" {
-                return Err(format!("exportType {export_type:?} is not raw or qcow2"));
-            }
-            let v = ctx
-                .db
-                .get::<Volume>(&volume)
-                .await
-                .map_err(|e| e.to_string())?
-                .ok_or_else(|| format!("volume {volume:?} does not exist"))?;
-            let replica = ctx
-                .db
-                .list::<Replica>()
-                .await
-                .map_err(|e| e.to_string())?
-                .into_iter()
-                .find(|r| {
-                    r.data.spec.volume == volume
-                        && r.data.status.state == ProcessState::Running
-                        && r.data.status.mode == "RW"
-                })
-                .ok_or_else(|| {
-                    format!("volume {volume} has no running healthy replica to export from (attach it)")
-                })?;
-            // The replica's sync agent: the sync endpoint of its address (a v2 replica's is on its disk daemon),
-            // else the one its process reported when it became ready.
-            let sync = replica
-                .data
-                .status
-                .address
-                .parse::<corral_proto::ReplicaAddress>()
-                .ok()
-                .map(|a| a.sync.to_socket_string())
-                .or_else(|| {
-                    replica
-                        .data
-                        .status
-                        .process
-                        .as_ref()
-                        .and_then(|p| p.listen.get("sync"))
-                        .cloned()
-                })
-                .ok_or_else(|| {
-                    format!(
-                        "replica {} of volume {volume} has not reported its sync endpoint (restart it)",
-                        replica.name
-                    )
-                })?;
-            params.insert("snapshot-name".to_owned(), snapshot);
-            params.insert("sender-address".to_owned(), sync);
-            params.insert("volume-size".to_owned(), v.data.spec.size.to_string());
-            params.insert("file-type".to_owned(), export_type);
+            export_source(ctx, param("volume")?, param("snapshot")?, p, &mut params).await?;
         }
     }
     // A v1 image's copies serve v1 replicas, which live on v1 disks only: its first copy goes to one where there is
@@ -236,6 +123,143 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
         },
         status: Default::default(),
     })
+}
+
+/// A clone's source: a v2 image's ready copy (the data source receives it from the disk daemon holding it,
+/// preferably on a disk of that node), or a v1 image's file on the same disk (`pool` narrowed to the disks holding a
+/// ready copy). The clone is checked against the source's SHA-512 unless the user named a checksum.
+async fn clone_source(
+    ctx: &Ctx,
+    src: String,
+    pool: &mut Vec<&DiskRef>,
+    params: &mut BTreeMap<String, String>,
+    expected_checksum: &mut String,
+) -> Result<(), String> {
+    let s = ctx
+        .db
+        .get::<BackingImage>(&src)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("backing image {src:?} to clone does not exist"))?;
+    if s.data.spec.deletion_timestamp.is_some() {
+        return Err(format!("backing image {src:?} to clone is being deleted"));
+    }
+    if s.data.spec.data_engine == DataEngine::V2 {
+        // A v2 image has no file once its first v2 copy is ready: the data source receives a ready copy
+        // from the disk daemon that holds it (`BackingImageExpose`), from any disk, preferably on the
+        // copy's node.
+        let copies = super::v2_source::ready_v2_copies(ctx, &s.data)
+            .await
+            .map_err(|e| format!("{e:#}"))?;
+        let Some(copy) = copies
+            .iter()
+            .find(|c| pool.iter().any(|d| d.node_id == c.node_id))
+            .or_else(|| copies.first())
+        else {
+            return Err(format!(
+                "v2 backing image {src:?} has no ready copy on a ready v2 disk whose daemon runs to clone"
+            ));
+        };
+        if pool.iter().any(|d| d.node_id == copy.node_id) {
+            pool.retain(|d| d.node_id == copy.node_id);
+        }
+        params.insert("lvstore-address".to_owned(), copy.address.clone());
+        params.insert("backing-image-size".to_owned(), copy.size.to_string());
+    } else {
+        // The clone reads the source's file on the same disk.
+        let holders: BTreeSet<String> = ctx
+            .db
+            .list::<BackingImageManager>()
+            .await
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .filter(|m| {
+                m.data
+                    .status
+                    .files
+                    .get(&src)
+                    .is_some_and(|f| f.uuid == s.data.spec.uuid && f.state == state::READY)
+            })
+            .map(|m| m.data.spec.disk_uuid)
+            .collect();
+        pool.retain(|d| holders.contains(&d.disk_uuid));
+        if pool.is_empty() {
+            return Err(format!(
+                "backing image {src:?} has no ready copy on a ready disk to clone"
+            ));
+        }
+    }
+    // A clone is its source byte for byte: checked against the source's SHA-512 unless the user named one.
+    if expected_checksum.is_empty() && is_sha512(&s.data.status.current_checksum) {
+        expected_checksum.clone_from(&s.data.status.current_checksum);
+    }
+    params.insert("backing-image".to_owned(), src);
+    params.insert("backing-image-uuid".to_owned(), s.data.spec.uuid);
+    Ok(())
+}
+
+/// An export of `snapshot` of `volume` (`exportType` raw or qcow2): sent by the sync agent of one of the volume's
+/// running RW replicas.
+async fn export_source(
+    ctx: &Ctx,
+    volume: String,
+    snapshot: String,
+    p: &BTreeMap<String, String>,
+    params: &mut BTreeMap<String, String>,
+) -> Result<(), String> {
+    let export_type = p.get("exportType").cloned().unwrap_or_else(|| "raw".to_owned());
+    if export_type != "raw" && export_type != "qcow2" {
+        return Err(format!("exportType {export_type:?} is not raw or qcow2"));
+    }
+    let v = ctx
+        .db
+        .get::<Volume>(&volume)
+        .await
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("volume {volume:?} does not exist"))?;
+    let replica = ctx
+        .db
+        .list::<Replica>()
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .find(|r| {
+            r.data.spec.volume == volume
+                && r.data.status.state == ProcessState::Running
+                && r.data.status.mode == "RW"
+        })
+        .ok_or_else(|| {
+            format!("volume {volume} has no running healthy replica to export from (attach it)")
+        })?;
+    // The replica's sync agent: the sync endpoint of its address (a v2 replica's is on its disk daemon),
+    // else the one its process reported when it became ready.
+    let sync = replica
+        .data
+        .status
+        .address
+        .parse::<corral_proto::ReplicaAddress>()
+        .ok()
+        .map(|a| a.sync.to_socket_string())
+        .or_else(|| {
+            replica
+                .data
+                .status
+                .process
+                .as_ref()
+                .and_then(|p| p.listen.get("sync"))
+                .cloned()
+        })
+        .ok_or_else(|| {
+            format!(
+                "replica {} of volume {volume} has not reported its sync endpoint (restart it)",
+                replica.name
+            )
+        })?;
+    params.insert("snapshot-name".to_owned(), snapshot);
+    params.insert("sender-address".to_owned(), sync);
+    params.insert("volume-size".to_owned(), v.data.spec.size.to_string());
+    params.insert("file-type".to_owned(), export_type);
+    Ok(())
 }
 
 /// Runs image `name`'s source again (every copy failed or is gone; not for an upload, which only the user can
