@@ -722,7 +722,6 @@ struct Kept {
 /// there. Then, when no copy is being made, one wanted disk without a copy gets one, synced from a ready copy on
 /// another disk (`BackingImageCreate` with `from_lvstore`: the target's daemon has the source's expose its
 /// snapshot lvol); a refused create backs off the same way.
-#[allow(clippy::too_many_lines)] // over 150 lines: to split along its steps (issue 44), not grown
 async fn sync_copies(
     name: &str,
     uuid: &str,
@@ -732,23 +731,51 @@ async fn sync_copies(
     copies: &mut BTreeMap<String, DiskFileStatus>,
     retries: &Retries,
 ) {
-    let address = |disk: &str| {
-        stores
-            .iter()
-            .find(|s| s.disk.disk_uuid == disk)
-            .and_then(|s| s.address.clone())
-    };
-    let ready = |copies: &BTreeMap<String, DiskFileStatus>, but: &str| {
-        copies
-            .iter()
-            .filter(|(d, c)| d.as_str() != but && c.state == state::READY)
-            .find_map(|(d, c)| Some((d.clone(), address(d)?, c.v2_copy.clone()?)))
-    };
     for (disk, c) in &*copies {
         if c.state == state::READY {
             retries.clear(name, disk);
         }
     }
+    drop_copies(name, stores, holds, wanted, copies, retries).await;
+    if copies
+        .values()
+        .any(|c| c.state == state::PENDING || c.state == state::IN_PROGRESS)
+    {
+        return;
+    }
+    start_copy(name, uuid, stores, holds, wanted, copies, retries).await;
+}
+
+/// The v2 daemon's address of the lvstore on `disk`, when it runs.
+fn store_address(stores: &[Store], disk: &str) -> Option<String> {
+    stores
+        .iter()
+        .find(|s| s.disk.disk_uuid == disk)
+        .and_then(|s| s.address.clone())
+}
+
+/// A ready copy on a disk other than `but` whose daemon runs: its disk, daemon address and copy info.
+fn ready_copy(
+    stores: &[Store],
+    copies: &BTreeMap<String, DiskFileStatus>,
+    but: &str,
+) -> Option<(String, String, super::model::V2CopyInfo)> {
+    copies
+        .iter()
+        .filter(|(d, c)| d.as_str() != but && c.state == state::READY)
+        .find_map(|(d, c)| Some((d.clone(), store_address(stores, d)?, c.v2_copy.clone()?)))
+}
+
+/// Deletes the copies on disks no longer wanted (never the last ready one) and the failed ones, backing a failed
+/// disk off before its next sync.
+async fn drop_copies(
+    name: &str,
+    stores: &[Store],
+    holds: &BTreeMap<String, bool>,
+    wanted: &BTreeMap<String, DiskFileSpec>,
+    copies: &mut BTreeMap<String, DiskFileStatus>,
+    retries: &Retries,
+) {
     let disks: Vec<String> = copies.keys().cloned().collect();
     for disk in disks {
         let Some(c) = copies.get(&disk) else { continue };
@@ -756,7 +783,7 @@ async fn sync_copies(
         let held = holds.get(&disk).copied().unwrap_or(false);
         let delete = match c.state.as_str() {
             state::FAILED => true,
-            state::READY => unwanted && ready(copies, &disk).is_some(),
+            state::READY => unwanted && ready_copy(stores, copies, &disk).is_some(),
             state::UNKNOWN => false,
             _ => unwanted,
         };
@@ -766,7 +793,9 @@ async fn sync_copies(
         // The daemon reports the copy failed: a sync that did not complete, which the disk's backoff counts.
         let failure = (c.state == state::FAILED && held).then(|| c.message.clone());
         if held {
-            let Some(a) = address(&disk) else { continue };
+            let Some(a) = store_address(stores, &disk) else {
+                continue;
+            };
             if let Err(e) = delete_copy(&a, name).await {
                 tracing::warn!(
                     image = name,
@@ -811,12 +840,19 @@ async fn sync_copies(
         }
         copies.remove(&disk);
     }
-    if copies
-        .values()
-        .any(|c| c.state == state::PENDING || c.state == state::IN_PROGRESS)
-    {
-        return;
-    }
+}
+
+/// Starts one copy onto a wanted disk without one (not backing off, its daemon running), synced from a ready copy
+/// on another disk; a refused create backs the disk off.
+async fn start_copy(
+    name: &str,
+    uuid: &str,
+    stores: &[Store],
+    holds: &BTreeMap<String, bool>,
+    wanted: &BTreeMap<String, DiskFileSpec>,
+    copies: &mut BTreeMap<String, DiskFileStatus>,
+    retries: &Retries,
+) {
     let Some(target) = wanted.keys().find(|d| {
         !copies.contains_key(*d)
             && retries.wait(name, d).is_zero()
@@ -826,10 +862,12 @@ async fn sync_copies(
     }) else {
         return;
     };
-    let Some((from_disk, from, info)) = ready(copies, target) else {
+    let Some((from_disk, from, info)) = ready_copy(stores, copies, target) else {
         return;
     };
-    let Some(to) = address(target) else { return };
+    let Some(to) = store_address(stores, target) else {
+        return;
+    };
     let node = stores
         .iter()
         .find(|s| &s.disk.disk_uuid == target)
