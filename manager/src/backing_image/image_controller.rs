@@ -372,7 +372,6 @@ async fn push_to_managers(
     Ok(())
 }
 
-#[allow(clippy::too_many_lines)] // over 150 lines: to split along its steps (issue 44), not grown
 async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     let managers = ctx.db.list::<BackingImageManager>().await?;
     let all_disks = disks(&ctx).await?;
@@ -384,51 +383,11 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     let bi = &obj.data;
     let uuid = bi.spec.uuid.clone();
     if bi.spec.deletion_timestamp.is_some() {
-        ctx.db.delete_any::<BackingImageDataSource>(&name).await?;
-        push_to_managers(&ctx, &name, None, &BTreeMap::new(), &managers, &all_disks).await?;
-        // Gone once no reachable disk manager reports the file (a down node's leftovers are removed by its
-        // manager when it comes back: its spec no longer names the image).
-        let remaining = managers.iter().any(|m| {
-            file_of(&m.data, &name, &uuid).is_some()
-                && all_disks
-                    .iter()
-                    .any(|d| d.disk_uuid == m.data.spec.disk_uuid && d.ready)
-        });
-        // v2 copies: their controller removes them and their entries.
-        let v2_left = bi
-            .status
-            .disk_file_status_map
-            .values()
-            .any(|f| f.data_engine == DataEngine::V2);
-        if !remaining && !v2_left {
-            tracing::info!(image = name, "backing image deleted");
-            match ctx.db.delete::<BackingImage>(&name, obj.version).await {
-                Ok(()) | Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => {}
-                Err(e) => return Err(e.into()),
-            }
-            return Ok(None);
-        }
-        return Ok(Some(Duration::from_secs(1)));
+        return finish_deletion(&ctx, &obj, &managers, &all_disks).await;
     }
-    let mut ds = match ctx.db.get::<BackingImageDataSource>(&name).await? {
-        Some(d) => d,
-        None => match data_source_for(&ctx, bi).await {
-            Ok(d) => match ctx.db.create(&name, d).await {
-                Ok(o) => o,
-                Err(StoreError::AlreadyExists { .. }) => return Ok(Some(Duration::ZERO)),
-                Err(e) => return Err(e.into()),
-            },
-            Err(msg) => {
-                ctx.db
-                    .modify::<BackingImage>(&name, |b| {
-                        let changed = b.status.message != msg;
-                        b.status.message.clone_from(&msg);
-                        changed
-                    })
-                    .await?;
-                return Ok(Some(Duration::from_secs(5)));
-            }
-        },
+    let mut ds = match data_source(&ctx, bi, &name).await? {
+        Ok(d) => d,
+        Err(requeue) => return Ok(requeue),
     };
     let any_ready = managers
         .iter()
@@ -450,45 +409,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     let ds_disk = ds.data.spec.disk_uuid.clone();
 
     // What every disk holds.
-    let mut files: BTreeMap<String, DiskFileStatus> = BTreeMap::new();
-    for m in &managers {
-        let in_spec = m.data.spec.backing_images.get(&name) == Some(&uuid);
-        let f = file_of(&m.data, &name, &uuid);
-        if !in_spec && f.is_none() {
-            continue;
-        }
-        let mut st = match f {
-            Some(f) => DiskFileStatus {
-                state: f.state.clone(),
-                progress: f.progress,
-                message: f.message.clone(),
-                node_id: m.data.spec.node_id.clone(),
-                ..Default::default()
-            },
-            None => DiskFileStatus {
-                state: state::PENDING.to_owned(),
-                node_id: m.data.spec.node_id.clone(),
-                ..Default::default()
-            },
-        };
-        if m.data.status.state == state::UNKNOWN && st.state != state::FAILED {
-            st.state = state::UNKNOWN.to_owned();
-            st.message.clone_from(&m.data.status.message);
-        }
-        // A disk whose node is down (or that is not ready) cannot serve its copy, whatever was reported last.
-        if !all_disks
-            .iter()
-            .any(|d| d.disk_uuid == m.data.spec.disk_uuid && d.ready)
-            && st.state != state::FAILED
-        {
-            st.state = state::UNKNOWN.to_owned();
-            st.message = format!(
-                "disk {} of node {} is not ready",
-                m.data.spec.disk_name, m.data.spec.node_id
-            );
-        }
-        files.insert(m.data.spec.disk_uuid.clone(), st);
-    }
+    let mut files = files_of(&name, &uuid, &managers, &all_disks);
     if !started {
         let d = &ds.data.status;
         let st = files.entry(ds_disk.clone()).or_default();
@@ -537,40 +458,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     } else {
         replica_disks(&ctx, &name).await?
     };
-    // A v2 image's one v1 file is on the data source's disk (the disk may be a v2 disk's directory, whose entry
-    // in the maps is then the v2 copy's).
-    let mut wanted = if v2 {
-        BTreeMap::new()
-    } else {
-        bi.spec.disk_file_spec_map.clone()
-    };
-    if v2 && !v2_first_ready {
-        wanted.insert(
-            ds_disk.clone(),
-            DiskFileSpec {
-                node_id: ds.data.spec.node_id.clone(),
-                ..Default::default()
-            },
-        );
-    }
-    for (disk, node) in &used {
-        wanted.insert(
-            disk.clone(),
-            DiskFileSpec {
-                node_id: node.clone(),
-                ..Default::default()
-            },
-        );
-    }
-    if !started {
-        wanted.insert(
-            ds_disk.clone(),
-            DiskFileSpec {
-                node_id: ds.data.spec.node_id.clone(),
-                ..Default::default()
-            },
-        );
-    }
+    let mut wanted = wanted_v1_files(bi, &ds, &used, v2_first_ready);
     let min = usize::try_from(bi.spec.min_number_of_copies).unwrap_or(1);
     // What a disk holds, as cleanup and HA count it: a copy that cannot be reached now is retained last, like a
     // failed one, and does not count towards the minimum.
@@ -639,10 +527,193 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         marks.clear();
     }
 
-    // Status.
+    write_status(&ctx, &obj, &ds, &managers, &files, &wanted, &marks, all_failed).await?;
+    push_to_managers(&ctx, &name, Some(&uuid), &wanted, &managers, &all_disks).await?;
+    Ok(Some(Duration::from_secs(2)))
+}
+
+/// The image's data source: the stored one, or a new one on a disk that can hold the image. `Err(requeue)` when
+/// none can be made yet (the reason goes to the image's message) or another pass created it meanwhile.
+async fn data_source(
+    ctx: &Ctx,
+    bi: &BackingImage,
+    name: &str,
+) -> anyhow::Result<Result<Object<BackingImageDataSource>, Requeue>> {
+    Ok(match ctx.db.get::<BackingImageDataSource>(name).await? {
+        Some(d) => Ok(d),
+        None => match data_source_for(ctx, bi).await {
+            Ok(d) => match ctx.db.create(name, d).await {
+                Ok(o) => Ok(o),
+                Err(StoreError::AlreadyExists { .. }) => Err(Some(Duration::ZERO)),
+                Err(e) => return Err(e.into()),
+            },
+            Err(msg) => {
+                ctx.db
+                    .modify::<BackingImage>(name, |b| {
+                        let changed = b.status.message != msg;
+                        b.status.message.clone_from(&msg);
+                        changed
+                    })
+                    .await?;
+                Err(Some(Duration::from_secs(5)))
+            }
+        },
+    })
+}
+
+/// The disks that must hold a v1 file of the image before HA and cleanup: the spec's (a v1 image), the disks of the
+/// replicas using it (`used`), and the data source's disk until the first file is taken over (a v2 image: its one
+/// v1 file, until its first v2 copy is ready).
+fn wanted_v1_files(
+    bi: &BackingImage,
+    ds: &Object<BackingImageDataSource>,
+    used: &BTreeMap<String, String>,
+    v2_first_ready: bool,
+) -> BTreeMap<String, DiskFileSpec> {
+    let v2 = bi.spec.data_engine == DataEngine::V2;
+    // A v2 image's one v1 file is on the data source's disk (the disk may be a v2 disk's directory, whose entry
+    // in the maps is then the v2 copy's).
+    let mut wanted = if v2 {
+        BTreeMap::new()
+    } else {
+        bi.spec.disk_file_spec_map.clone()
+    };
+    if v2 && !v2_first_ready {
+        wanted.insert(
+            ds.data.spec.disk_uuid.clone(),
+            DiskFileSpec {
+                node_id: ds.data.spec.node_id.clone(),
+                ..Default::default()
+            },
+        );
+    }
+    for (disk, node) in used {
+        wanted.insert(
+            disk.clone(),
+            DiskFileSpec {
+                node_id: node.clone(),
+                ..Default::default()
+            },
+        );
+    }
+    if !ds.data.spec.started {
+        wanted.insert(
+            ds.data.spec.disk_uuid.clone(),
+            DiskFileSpec {
+                node_id: ds.data.spec.node_id.clone(),
+                ..Default::default()
+            },
+        );
+    }
+    wanted
+}
+
+/// A deleted image: its data source and files go; the document goes once no reachable disk manager reports the
+/// file (a down node's leftovers are removed by its manager when it comes back: its spec no longer names the image)
+/// and the v2 controller removed its v2 copies.
+async fn finish_deletion(
+    ctx: &Ctx,
+    obj: &Object<BackingImage>,
+    managers: &[Object<BackingImageManager>],
+    all_disks: &[DiskRef],
+) -> anyhow::Result<Requeue> {
+    let (name, bi) = (obj.name.as_str(), &obj.data);
+    let uuid = bi.spec.uuid.clone();
+    ctx.db.delete_any::<BackingImageDataSource>(name).await?;
+    push_to_managers(ctx, name, None, &BTreeMap::new(), managers, all_disks).await?;
+    // Gone once no reachable disk manager reports the file (a down node's leftovers are removed by its
+    // manager when it comes back: its spec no longer names the image).
+    let remaining = managers.iter().any(|m| {
+        file_of(&m.data, name, &uuid).is_some()
+            && all_disks
+                .iter()
+                .any(|d| d.disk_uuid == m.data.spec.disk_uuid && d.ready)
+    });
+    // v2 copies: their controller removes them and their entries.
+    let v2_left = bi
+        .status
+        .disk_file_status_map
+        .values()
+        .any(|f| f.data_engine == DataEngine::V2);
+    if !remaining && !v2_left {
+        tracing::info!(image = name, "backing image deleted");
+        match ctx.db.delete::<BackingImage>(name, obj.version).await {
+            Ok(()) | Err(StoreError::NotFound { .. } | StoreError::Conflict { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+        return Ok(None);
+    }
+    Ok(Some(Duration::from_secs(1)))
+}
+
+/// What every disk manager holds of the image (the copies of its spec, pending when not reported yet), `unknown`
+/// where the manager or the disk cannot be reached.
+fn files_of(
+    name: &str,
+    uuid: &str,
+    managers: &[Object<BackingImageManager>],
+    all_disks: &[DiskRef],
+) -> BTreeMap<String, DiskFileStatus> {
+    let mut files: BTreeMap<String, DiskFileStatus> = BTreeMap::new();
+    for m in managers {
+        let in_spec = m.data.spec.backing_images.get(name).map(String::as_str) == Some(uuid);
+        let f = file_of(&m.data, name, uuid);
+        if !in_spec && f.is_none() {
+            continue;
+        }
+        let mut st = match f {
+            Some(f) => DiskFileStatus {
+                state: f.state.clone(),
+                progress: f.progress,
+                message: f.message.clone(),
+                node_id: m.data.spec.node_id.clone(),
+                ..Default::default()
+            },
+            None => DiskFileStatus {
+                state: state::PENDING.to_owned(),
+                node_id: m.data.spec.node_id.clone(),
+                ..Default::default()
+            },
+        };
+        if m.data.status.state == state::UNKNOWN && st.state != state::FAILED {
+            st.state = state::UNKNOWN.to_owned();
+            st.message.clone_from(&m.data.status.message);
+        }
+        // A disk whose node is down (or that is not ready) cannot serve its copy, whatever was reported last.
+        if !all_disks
+            .iter()
+            .any(|d| d.disk_uuid == m.data.spec.disk_uuid && d.ready)
+            && st.state != state::FAILED
+        {
+            st.state = state::UNKNOWN.to_owned();
+            st.message = format!(
+                "disk {} of node {} is not ready",
+                m.data.spec.disk_name, m.data.spec.node_id
+            );
+        }
+        files.insert(m.data.spec.disk_uuid.clone(), st);
+    }
+    files
+}
+
+/// Writes the image's v1 entries of the spec and status maps, its last-reference marks (v1 images), its message and
+/// its size and checksum (from the first ready copy, else the data source's).
+#[allow(clippy::too_many_arguments)] // the pass's results, each written to its own field
+async fn write_status(
+    ctx: &Ctx,
+    obj: &Object<BackingImage>,
+    ds: &Object<BackingImageDataSource>,
+    managers: &[Object<BackingImageManager>],
+    files: &BTreeMap<String, DiskFileStatus>,
+    wanted: &BTreeMap<String, DiskFileSpec>,
+    marks: &BTreeMap<String, i64>,
+    all_failed: bool,
+) -> anyhow::Result<()> {
+    let (name, bi) = (obj.name.as_str(), &obj.data);
+    let (uuid, v2) = (&bi.spec.uuid, bi.spec.data_engine == DataEngine::V2);
     let first_ready = managers
         .iter()
-        .filter_map(|m| file_of(&m.data, &name, &uuid))
+        .filter_map(|m| file_of(&m.data, name, uuid))
         .find(|f| f.state == state::READY);
     let (size, virtual_size, checksum) = match first_ready {
         Some(f) => (f.size, f.virtual_size, f.current_checksum.clone()),
@@ -667,11 +738,10 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     } else {
         String::new()
     };
-    let wanted2 = wanted.clone();
     let updated = ctx
         .db
-        .modify::<BackingImage>(&name, |b| {
-            if b.spec.uuid != uuid {
+        .modify::<BackingImage>(name, |b| {
+            if b.spec.uuid != *uuid {
                 return false;
             }
             let before = b.clone();
@@ -679,7 +749,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             b.spec
                 .disk_file_spec_map
                 .retain(|_, s| s.data_engine == DataEngine::V2);
-            for (d, s) in &wanted2 {
+            for (d, s) in wanted {
                 b.spec
                     .disk_file_spec_map
                     .entry(d.clone())
@@ -688,7 +758,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             b.status
                 .disk_file_status_map
                 .retain(|_, f| f.data_engine == DataEngine::V2);
-            for (d, f) in &files {
+            for (d, f) in files {
                 b.status
                     .disk_file_status_map
                     .entry(d.clone())
@@ -697,7 +767,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
             // A v2 image's marks are its v2 copies' ([`super::v2_controller`]): its one v1 file is never marked
             // (in use until the first v2 copy is ready, then removed).
             if !v2 {
-                b.status.disk_last_ref_at_map.clone_from(&marks);
+                b.status.disk_last_ref_at_map.clone_from(marks);
             }
             b.status.message.clone_from(&message);
             if b.status.size == 0 || first_ready.is_some() {
@@ -709,6 +779,5 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         })
         .await;
     absent_ok(updated)?;
-    push_to_managers(&ctx, &name, Some(&uuid), &wanted, &managers, &all_disks).await?;
-    Ok(Some(Duration::from_secs(2)))
+    Ok(())
 }
