@@ -277,70 +277,11 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
     let uuid = bi.spec.uuid.clone();
     let stores = stores(&ctx).await?;
 
-    // What every v2 disk holds.
-    let mut copies: BTreeMap<String, DiskFileStatus> = BTreeMap::new();
-    // Disk UUID → its daemon answered with a copy of this image.
-    let mut holds: BTreeMap<String, bool> = BTreeMap::new();
-    for s in &stores {
-        let before = bi
-            .status
-            .disk_file_status_map
-            .get(&s.disk.disk_uuid)
-            .filter(|f| f.data_engine == DataEngine::V2);
-        let fetched = match &s.address {
-            Some(a) => fetch(a, &name).await,
-            None => Fetched::Unreachable(format!(
-                "the lvstore daemon of disk {} on node {} is not running",
-                s.disk.disk_name, s.disk.node_id
-            )),
-        };
-        holds.insert(
-            s.disk.disk_uuid.clone(),
-            matches!(&fetched, Fetched::Copy(c) if c.uuid == uuid),
-        );
-        if let Some(st) = copy_status(&uuid, &s.disk.node_id, before, fetched) {
-            copies.insert(s.disk.disk_uuid.clone(), st);
-        }
-    }
+    // What every v2 disk holds, and whether its daemon answered with a copy of this image.
+    let (mut copies, holds) = observe(bi, &stores, &name).await;
 
     if bi.spec.deletion_timestamp.is_some() {
-        // Deleted: every copy a daemon holds goes; its entry stays while the daemon refuses (a replica's chain
-        // sits on it). An unreachable store's entry is dropped, so the image does not wait for a dead node; its lvol
-        // stays in that store (nothing collects such a leftover yet).
-        let mut left = BTreeMap::new();
-        for s in &stores {
-            if !holds.get(&s.disk.disk_uuid).copied().unwrap_or(false) {
-                continue;
-            }
-            let Some(a) = &s.address else { continue };
-            if let Err(e) = delete_copy(a, &name).await {
-                tracing::warn!(
-                    image = name,
-                    disk = s.disk.disk_name,
-                    error = format!("{e:#}"),
-                    "v2 copy not deleted"
-                );
-                if let Some(mut st) = copies.remove(&s.disk.disk_uuid) {
-                    st.message = format!("{e:#}");
-                    left.insert(s.disk.disk_uuid.clone(), st);
-                }
-            } else {
-                tracing::info!(image = name, disk = s.disk.disk_name, "v2 copy deleted");
-            }
-        }
-        write(
-            &ctx,
-            &name,
-            &uuid,
-            &Pass {
-                added: &BTreeMap::new(),
-                removed: &[],
-                copies: &left,
-                marks: &BTreeMap::new(),
-                first: None,
-            },
-        )
-        .await?;
+        delete_copies(&ctx, &name, &uuid, &stores, &holds, copies).await?;
         retries.clear_image(&name);
         return Ok(Some(Duration::from_secs(1)));
     }
@@ -416,10 +357,6 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
             if !wait.is_zero() {
                 requeue = wait;
             } else if let Some(file) = ready_file(&ctx, &name, &uuid, &disks(&ctx).await?).await? {
-                let ReadyFile {
-                    url, size, checksum, ..
-                } = &file;
-                let (url, size, checksum) = (url.clone(), *size, checksum.clone());
                 // A ready store, preferring one a replica needs, then the file's own disk (a v2 disk's directory
                 // holds the data source's file when the node has no v1 disk), then one on the file's node.
                 let mut pool: Vec<&Store> = stores
@@ -443,57 +380,22 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
                         requeue = Duration::from_secs(5);
                     }
                     Some(s) => {
-                        let address = s.address.clone().unwrap_or_default();
-                        // A leftover (a failed copy, or one of an earlier image of the name) goes first.
-                        if copies.contains_key(&s.disk.disk_uuid)
-                            || holds.get(&s.disk.disk_uuid).copied().unwrap_or(false)
-                        {
-                            delete_copy(&address, &name).await?;
-                        }
-                        let req = v1::BackingImageCreateRequest {
-                            name: name.clone(),
-                            backing_image_uuid: uuid.clone(),
-                            checksum,
-                            size,
-                            source: Some(v1::backing_image_create_request::Source::FromUrl(url.clone())),
-                        };
-                        let res = crate::v2::replica::client(&address)
-                            .await?
-                            .backing_image_create(req)
-                            .await;
-                        match res {
-                            Ok(r) => {
-                                tracing::info!(
-                                    image = name,
-                                    disk = s.disk.disk_name,
-                                    url,
-                                    "making the first v2 copy"
-                                );
-                                first = state::IN_PROGRESS.to_owned();
-                                first_disk.clone_from(&s.disk.disk_uuid);
-                                copies.insert(
-                                    s.disk.disk_uuid.clone(),
-                                    copy_status(&uuid, &s.disk.node_id, None, Fetched::Copy(r.into_inner()))
-                                        .unwrap_or_default(),
-                                );
-                                wanted.insert(
-                                    s.disk.disk_uuid.clone(),
-                                    DiskFileSpec {
-                                        node_id: s.disk.node_id.clone(),
-                                        data_engine: DataEngine::V2,
-                                    },
-                                );
-                            }
-                            Err(e) => {
-                                let wait = retries.failed(&name, FIRST, first_copy_backoff);
+                        first_disk.clone_from(&s.disk.disk_uuid);
+                        let made = create_first_copy(
+                            &name,
+                            &uuid,
+                            s,
+                            &file,
+                            &holds,
+                            &mut copies,
+                            &mut wanted,
+                            &retries,
+                        );
+                        match made.await? {
+                            Ok(()) => first = state::IN_PROGRESS.to_owned(),
+                            Err(why) => {
                                 first = state::FAILED.to_owned();
-                                first_disk.clone_from(&s.disk.disk_uuid);
-                                message = format!(
-                                    "first v2 copy on disk {} refused: {}; retrying in {}s",
-                                    s.disk.disk_name,
-                                    e.message(),
-                                    wait.as_secs()
-                                );
+                                message = why;
                             }
                         }
                     }
@@ -615,6 +517,153 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
     )
     .await?;
     Ok(Some(requeue))
+}
+
+/// What every v2 disk's daemon holds of the image (disk UUID → copy status), and whether it answered with a copy
+/// of this image (disk UUID → held).
+async fn observe(
+    bi: &BackingImage,
+    stores: &[Store],
+    name: &str,
+) -> (BTreeMap<String, DiskFileStatus>, BTreeMap<String, bool>) {
+    let uuid = &bi.spec.uuid;
+    let mut copies: BTreeMap<String, DiskFileStatus> = BTreeMap::new();
+    // Disk UUID → its daemon answered with a copy of this image.
+    let mut holds: BTreeMap<String, bool> = BTreeMap::new();
+    for s in stores {
+        let before = bi
+            .status
+            .disk_file_status_map
+            .get(&s.disk.disk_uuid)
+            .filter(|f| f.data_engine == DataEngine::V2);
+        let fetched = match &s.address {
+            Some(a) => fetch(a, name).await,
+            None => Fetched::Unreachable(format!(
+                "the lvstore daemon of disk {} on node {} is not running",
+                s.disk.disk_name, s.disk.node_id
+            )),
+        };
+        holds.insert(
+            s.disk.disk_uuid.clone(),
+            matches!(&fetched, Fetched::Copy(c) if c.uuid == *uuid),
+        );
+        if let Some(st) = copy_status(uuid, &s.disk.node_id, before, fetched) {
+            copies.insert(s.disk.disk_uuid.clone(), st);
+        }
+    }
+    (copies, holds)
+}
+
+/// A deleted image: every copy a daemon holds goes; its entry stays while the daemon refuses (a replica's chain sits
+/// on it). An unreachable store's entry is dropped, so the image does not wait for a dead node; its lvol stays in
+/// that store (nothing collects such a leftover yet).
+async fn delete_copies(
+    ctx: &Ctx,
+    name: &str,
+    uuid: &str,
+    stores: &[Store],
+    holds: &BTreeMap<String, bool>,
+    mut copies: BTreeMap<String, DiskFileStatus>,
+) -> anyhow::Result<()> {
+    let mut left = BTreeMap::new();
+    for s in stores {
+        if !holds.get(&s.disk.disk_uuid).copied().unwrap_or(false) {
+            continue;
+        }
+        let Some(a) = &s.address else { continue };
+        if let Err(e) = delete_copy(a, name).await {
+            tracing::warn!(
+                image = name,
+                disk = s.disk.disk_name,
+                error = format!("{e:#}"),
+                "v2 copy not deleted"
+            );
+            if let Some(mut st) = copies.remove(&s.disk.disk_uuid) {
+                st.message = format!("{e:#}");
+                left.insert(s.disk.disk_uuid.clone(), st);
+            }
+        } else {
+            tracing::info!(image = name, disk = s.disk.disk_name, "v2 copy deleted");
+        }
+    }
+    write(
+        ctx,
+        name,
+        uuid,
+        &Pass {
+            added: &BTreeMap::new(),
+            removed: &[],
+            copies: &left,
+            marks: &BTreeMap::new(),
+            first: None,
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// Starts the first v2 copy on store `s` from the ready file; a leftover copy there goes first. `Ok(Err(why))`
+/// when its daemon refused (the first copy backs off); taken, the copy enters `copies` and `wanted`.
+#[allow(clippy::too_many_arguments)] // the pass's state the first copy joins
+async fn create_first_copy(
+    name: &str,
+    uuid: &str,
+    s: &Store,
+    file: &ReadyFile,
+    holds: &BTreeMap<String, bool>,
+    copies: &mut BTreeMap<String, DiskFileStatus>,
+    wanted: &mut BTreeMap<String, DiskFileSpec>,
+    retries: &Retries,
+) -> anyhow::Result<Result<(), String>> {
+    let address = s.address.clone().unwrap_or_default();
+    // A leftover (a failed copy, or one of an earlier image of the name) goes first.
+    if copies.contains_key(&s.disk.disk_uuid) || holds.get(&s.disk.disk_uuid).copied().unwrap_or(false) {
+        delete_copy(&address, name).await?;
+    }
+    let req = v1::BackingImageCreateRequest {
+        name: name.to_owned(),
+        backing_image_uuid: uuid.to_owned(),
+        checksum: file.checksum.clone(),
+        size: file.size,
+        source: Some(v1::backing_image_create_request::Source::FromUrl(
+            file.url.clone(),
+        )),
+    };
+    let res = crate::v2::replica::client(&address)
+        .await?
+        .backing_image_create(req)
+        .await;
+    match res {
+        Ok(r) => {
+            tracing::info!(
+                image = name,
+                disk = s.disk.disk_name,
+                url = file.url,
+                "making the first v2 copy"
+            );
+            copies.insert(
+                s.disk.disk_uuid.clone(),
+                copy_status(uuid, &s.disk.node_id, None, Fetched::Copy(r.into_inner())).unwrap_or_default(),
+            );
+            wanted.insert(
+                s.disk.disk_uuid.clone(),
+                DiskFileSpec {
+                    node_id: s.disk.node_id.clone(),
+                    data_engine: DataEngine::V2,
+                },
+            );
+            Ok(Ok(()))
+        }
+        Err(e) => {
+            let wait = retries.failed(name, FIRST, first_copy_backoff);
+            Ok(Err(format!(
+                "first v2 copy on disk {} refused: {}; retrying in {}s",
+                s.disk.disk_name,
+                e.message(),
+                wait.as_secs()
+            )))
+        }
+    }
 }
 
 /// Item 8 of issue 21, as for v1 files and with the same rules ([`super::cleanup`]): once a copy is ready, ready
