@@ -38,6 +38,18 @@ pub fn shutdown_on_signal() -> CancellationToken {
     cancel
 }
 
+/// Parses `k=v` labels (the `--label` flags of every CLI) into any map: the first `=` splits key from value.
+pub fn parse_labels<C: FromIterator<(String, String)>>(labels: &[String]) -> Result<C, String> {
+    labels
+        .iter()
+        .map(|l| {
+            l.split_once('=')
+                .map(|(k, v)| (k.to_owned(), v.to_owned()))
+                .ok_or_else(|| format!("label {l:?}: expected k=v"))
+        })
+        .collect()
+}
+
 /// Parses a byte size: a number, optionally with a binary suffix `K`, `M`, `G`, `T` (also `KiB`, `KB`, ... and `B`).
 pub fn parse_size(s: &str) -> Result<u64, String> {
     let t = s.trim();
@@ -98,6 +110,16 @@ pub fn percent_bar(message: &str) -> ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn labels_split_at_the_first_equals_sign_and_a_label_without_one_is_refused() {
+        let m: std::collections::BTreeMap<String, String> =
+            parse_labels(&["a=1".to_owned(), "b=x=y".to_owned()]).unwrap();
+        assert_eq!(m["a"], "1");
+        assert_eq!(m["b"], "x=y");
+        let e = parse_labels::<Vec<(String, String)>>(&["nokey".to_owned()]).unwrap_err();
+        assert_eq!(e, "label \"nokey\": expected k=v");
+    }
 
     #[test]
     fn sizes_take_binary_suffixes_and_refuse_garbage() {

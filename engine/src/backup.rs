@@ -271,14 +271,7 @@ async fn create(url: &str, json: bool, a: CreateArgs) -> anyhow::Result<()> {
         no_wait,
     } = a;
     let mode = if full { "full".to_owned() } else { mode };
-    let labels = labels
-        .iter()
-        .map(|l| {
-            l.split_once('=')
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .with_context(|| format!("label {l:?}: expected k=v"))
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let labels = corral_daemon::parse_labels(&labels).map_err(anyhow::Error::msg)?;
     let volume = client(url)
         .await?
         .volume_get(v1::Empty {})

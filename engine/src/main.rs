@@ -423,14 +423,7 @@ async fn snapshot(url: &str, json: bool, cmd: SnapCmd) -> anyhow::Result<()> {
     let mut c = client(url).await?;
     match cmd {
         SnapCmd::Create { name, labels } => {
-            let labels = labels
-                .iter()
-                .map(|l| {
-                    l.split_once('=')
-                        .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                        .with_context(|| format!("label {l:?}: expected k=v"))
-                })
-                .collect::<anyhow::Result<_>>()?;
+            let labels = corral_daemon::parse_labels(&labels).map_err(anyhow::Error::msg)?;
             let r = c
                 .snapshot_create(v1::SnapshotCreateRequest {
                     name: name.unwrap_or_default(),

@@ -1,6 +1,5 @@
 //! Debugging CLI commands that talk to a running replica over gRPC, or read a directory offline.
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
@@ -175,18 +174,6 @@ pub fn print_replica(r: &v1::Replica, json: bool) -> anyhow::Result<()> {
     ));
     print_disks(&r.chain, r.disks.values());
     Ok(())
-}
-
-/// Parses `k=v` labels.
-pub fn parse_labels(labels: &[String]) -> anyhow::Result<HashMap<String, String>> {
-    labels
-        .iter()
-        .map(|l| {
-            l.split_once('=')
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .with_context(|| format!("label {l:?}: expected k=v"))
-        })
-        .collect()
 }
 
 /// Polls a job's status until it leaves `in-progress`, showing a progress bar on a terminal.

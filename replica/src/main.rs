@@ -9,7 +9,7 @@ use corral_daemon::cli::RunKind;
 use corral_daemon::human_bytes;
 use corral_daemon::output::{self, emit};
 use corral_proto::v1;
-use replica::cli::{control, parse_labels, print_replica, print_status, sync_agent, wait_job};
+use replica::cli::{control, print_replica, print_status, sync_agent, wait_job};
 use replica::daemon::{ServeConfig, serve};
 
 #[derive(Parser, Debug)]
@@ -515,7 +515,7 @@ async fn snapshot(cmd: SnapCmd, json: bool) -> anyhow::Result<()> {
             print_replica(&r.replica.unwrap_or_default(), json)
         }
         SnapCmd::Create { url, name, labels } => {
-            let labels = parse_labels(&labels)?;
+            let labels = corral_daemon::parse_labels(&labels).map_err(anyhow::Error::msg)?;
             control(&url)
                 .await?
                 .replica_snapshot(v1::ReplicaSnapshotRequest {

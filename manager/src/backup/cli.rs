@@ -621,14 +621,7 @@ async fn create(c: &Client, json: bool, a: CreateArgs) -> anyhow::Result<()> {
         no_wait,
         timeout,
     } = a;
-    let labels = labels
-        .iter()
-        .map(|l| {
-            l.split_once('=')
-                .map(|(k, v)| (k.to_owned(), v.to_owned()))
-                .with_context(|| format!("label {l:?}: expected k=v"))
-        })
-        .collect::<anyhow::Result<_>>()?;
+    let labels = corral_daemon::parse_labels(&labels).map_err(anyhow::Error::msg)?;
     let body = BackupCreate {
         volume,
         snapshot,
@@ -856,15 +849,20 @@ async fn backing_image_cancel(
     })
 }
 
+/// A per-volume count flag: a whole number, or `none` for the setting's.
+fn count_or_none(count: &str) -> anyhow::Result<Option<u32>> {
+    match count {
+        "none" => Ok(None),
+        n => n
+            .parse()
+            .map(Some)
+            .with_context(|| format!("count {n:?}: a whole number or none")),
+    }
+}
+
 /// `backup max-count VOLUME COUNT`.
 async fn max_count(c: &Client, json: bool, volume: &str, count: &str) -> anyhow::Result<()> {
-    let backup_max_count = match count {
-        "none" => None,
-        n => Some(
-            n.parse()
-                .with_context(|| format!("count {n:?}: a whole number or none"))?,
-        ),
-    };
+    let backup_max_count = count_or_none(count)?;
     let r: BackupMaxCount = c
         .put(
             &format!("/v1/volumes/{volume}/backupmaxcount"),
@@ -879,13 +877,7 @@ async fn max_count(c: &Client, json: bool, volume: &str, count: &str) -> anyhow:
 
 /// `backup delta-max VOLUME COUNT`.
 async fn delta_max(c: &Client, json: bool, volume: &str, count: &str) -> anyhow::Result<()> {
-    let backup_delta_max = match count {
-        "none" => None,
-        n => Some(
-            n.parse()
-                .with_context(|| format!("count {n:?}: a whole number or none"))?,
-        ),
-    };
+    let backup_delta_max = count_or_none(count)?;
     let r: BackupDeltaMax = c
         .put(
             &format!("/v1/volumes/{volume}/backupdeltamax"),
