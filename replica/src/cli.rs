@@ -12,7 +12,7 @@ use corral_proto::v1::{
 use corral_proto::{Endpoint, ReplicaAddress};
 use tonic::transport::Channel;
 
-use crate::replica::ReplicaStatus;
+use crate::model::ReplicaStatus;
 
 /// What `--url` names: a replica address (`tcp://HOST:PORT?data=…&sync=…`, `docs/formats.md`), or only the
 /// control endpoint (`HOST:PORT`, `tcp://HOST:PORT`, `unix:PATH`), whose sync endpoint is then asked from the
@@ -107,7 +107,7 @@ pub fn print_status(s: &ReplicaStatus, json: bool) -> anyhow::Result<()> {
     }
     emit(&field_table(rows).to_string());
     // The offline status and the gRPC answer print through one table: convert to the wire form.
-    let r = crate::host::to_proto(s, "");
+    let r = crate::model::to_proto(s, "");
     print_disks(&r.chain, r.disks.values());
     Ok(())
 }

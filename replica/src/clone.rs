@@ -59,6 +59,33 @@ pub struct CloneStatus {
     pub bytes_local: u64,
 }
 
+impl CloneStatus {
+    /// The wire message.
+    pub fn to_proto(&self) -> v1::JobStatusResponse {
+        v1::JobStatusResponse {
+            is_running: self.state == JobState::InProgress,
+            state: self.state.as_str().into(),
+            progress: if self.state == JobState::Complete {
+                100
+            } else {
+                self.progress
+            },
+            error: self.error.clone(),
+            bytes_transferred: self.bytes_sent,
+            from_addresses: if self.from.is_empty() {
+                vec![]
+            } else {
+                vec![self.from.clone()]
+            },
+            files_done: u32::from(self.state == JobState::Complete),
+            files_total: u32::from(self.state != JobState::None),
+            snapshot_name: self.snapshot.clone(),
+            bytes_copied_locally: self.bytes_local,
+            ..Default::default()
+        }
+    }
+}
+
 /// The clone job slot of one replica daemon.
 #[derive(Debug, Default)]
 pub struct CloneTracker {

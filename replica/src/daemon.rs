@@ -24,8 +24,9 @@ use crate::backup_service::ReplicaBackupGrpc;
 use crate::host::ReplicaHost;
 use crate::layout::DirLayout;
 use crate::metrics::serve_metrics;
+use crate::model::ServedEndpoints;
 use crate::replica::{Replica, ReplicaOptions};
-use crate::service::grpc::{ReplicaGrpc, ServedEndpoints};
+use crate::service::grpc::ReplicaGrpc;
 
 /// Effective daemon configuration.
 #[derive(Debug, Clone)]

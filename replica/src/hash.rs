@@ -284,15 +284,7 @@ pub(crate) fn start_job<H: Send + Sync + 'static>(
                     ..Default::default()
                 }
             }
-            Err(ReplicaError::Cancelled) => JobStatus {
-                state: JobState::Cancelled,
-                ..Default::default()
-            },
-            Err(e) => JobStatus {
-                state: JobState::Error,
-                error: e.to_string(),
-                ..Default::default()
-            },
+            Err(e) => crate::model::job_failure(&e),
         };
         jobs(&host).finish(&key, status);
     });

@@ -6,16 +6,15 @@ use std::ops::Range;
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
-use corral_proto::v1;
-use data_protocol::{BackendError, BlockBackend, ErrorKind as WireKind, VolumeInfo};
-use tonic::Status;
+use data_protocol::{BackendError, BlockBackend, VolumeInfo};
 
-use crate::error::{ErrorKind, ReplicaError};
+use crate::error::ReplicaError;
 #[cfg(feature = "fault-injection")]
 use crate::fault::{FaultInjector, FaultOp};
 use crate::jobs::JobTable;
 use crate::locks::{read_lock, write_lock};
-use crate::replica::{Replica, ReplicaOptions, ReplicaStatus};
+use crate::model::{ReplicaStatus, generation_unreadable, wire_error};
+use crate::replica::{Replica, ReplicaOptions};
 
 /// One replica directory as served by a daemon: the open replica (or none while closed) and its jobs.
 #[derive(Debug)]
@@ -133,34 +132,6 @@ impl ReplicaHost {
     }
 }
 
-impl From<ReplicaError> for Status {
-    fn from(e: ReplicaError) -> Self {
-        let msg = e.to_string();
-        match e.kind() {
-            ErrorKind::InvalidArgument => Status::invalid_argument(msg),
-            ErrorKind::NotFound => Status::not_found(msg),
-            ErrorKind::AlreadyExists => Status::already_exists(msg),
-            ErrorKind::FailedPrecondition => Status::failed_precondition(msg),
-            ErrorKind::Corrupt => Status::data_loss(msg),
-            ErrorKind::NoSpace => Status::resource_exhausted(msg),
-            ErrorKind::Io => Status::internal(msg),
-        }
-    }
-}
-
-fn wire_error(e: &ReplicaError) -> BackendError {
-    let kind = match e {
-        ReplicaError::OutOfRange { .. } => WireKind::OutOfRange,
-        _ => match e.kind() {
-            ErrorKind::NoSpace => WireKind::NoSpace,
-            ErrorKind::InvalidArgument => WireKind::Invalid,
-            ErrorKind::FailedPrecondition => WireKind::Unavailable,
-            _ => WireKind::Io,
-        },
-    };
-    BackendError::new(kind, e.to_string())
-}
-
 /// `ReplicaHost::replica` on the IO path: the host's current-replica lock, then the chain lock `is_closed` reads.
 fn count_replica_lookup() {
     data_protocol::io_counters::lock();
@@ -172,7 +143,7 @@ impl BlockBackend for ReplicaHost {
         let r = self.replica().map_err(|e| wire_error(&e))?;
         Ok(VolumeInfo {
             size: r.size(),
-            sector_size: u32::try_from(crate::replica::SECTOR_SIZE).unwrap_or(512),
+            sector_size: u32::try_from(crate::model::SECTOR_SIZE).unwrap_or(512),
             name: self.volume.clone(),
         })
     }
@@ -239,13 +210,7 @@ impl BlockBackend for ReplicaHost {
                 *known = Some(g);
                 Ok(g)
             }
-            Err(e) => Err(BackendError::new(
-                WireKind::Unavailable,
-                format!(
-                    "the replica refuses writes: its engine generation record is unreadable ({e}); see \
-                     docs/formats.md, engine generation, for the recovery"
-                ),
-            )),
+            Err(e) => Err(generation_unreadable(&e)),
         }
     }
 
@@ -257,45 +222,5 @@ impl BlockBackend for ReplicaHost {
         crate::generation::store(&self.dir, generation).map_err(|e| wire_error(&e))?;
         *known = Some(generation);
         Ok(())
-    }
-}
-
-/// The wire form of a status.
-pub fn to_proto(s: &ReplicaStatus, volume: &str) -> v1::Replica {
-    v1::Replica {
-        state: s.state.clone(),
-        dirty: s.dirty,
-        rebuilding: s.rebuilding,
-        head: s.head.clone(),
-        parent: s.parent.clone(),
-        size: s.size,
-        sector_size: u32::try_from(s.sector_size).unwrap_or(512),
-        backing_file: s.backing_file.clone(),
-        chain: s.chain.clone(),
-        disks: s
-            .disks
-            .iter()
-            .map(|(k, d)| {
-                (
-                    k.clone(),
-                    v1::DiskInfo {
-                        name: d.name.clone(),
-                        parent: d.parent.clone(),
-                        children: d.children.clone(),
-                        removed: d.removed,
-                        user_created: d.user_created,
-                        created: d.created.clone(),
-                        size: d.size,
-                        labels: d.labels.clone().into_iter().collect(),
-                    },
-                )
-            })
-            .collect(),
-        revision_counter: s.revision_counter,
-        revision_counter_disabled: s.revision_counter_disabled,
-        last_modify_time: s.last_modify_time,
-        head_file_size: s.head_file_size,
-        error: s.error.clone(),
-        volume_name: volume.to_owned(),
     }
 }

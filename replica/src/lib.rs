@@ -25,6 +25,7 @@ pub mod layout;
 mod local_copy;
 mod locks;
 pub mod meta;
+pub mod model;
 pub mod names;
 mod purge;
 pub mod rebuild;
@@ -32,7 +33,8 @@ pub mod replica;
 pub mod revision;
 
 pub use error::{ErrorKind, ReplicaError, Result};
-pub use replica::{Replica, ReplicaOptions, ReplicaStatus, SnapshotRequest, inspect};
+pub use model::{ReplicaStatus, SnapshotRequest};
+pub use replica::{Replica, ReplicaOptions, inspect};
 pub mod cli;
 pub mod daemon;
 pub mod metrics;

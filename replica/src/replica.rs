@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use corral_disk::BLOCK_SIZE;
-use serde::Serialize;
 use tracing::{info, warn};
 
 use crate::backing::Backing;
@@ -20,11 +19,10 @@ use crate::extent_map::ExtentMap;
 use crate::layout::{DirLayout, Repair};
 use crate::locks::{lock, read_lock, write_lock};
 use crate::meta::{DiskMeta, VolumeInfo, now_rfc3339, remove_if_exists, sync_dir, write_json_atomic};
+use crate::model::{DiskStatus, ReplicaStatus, SECTOR_SIZE, SnapshotRequest};
 use crate::names::{self, VOLUME_META};
 use crate::revision::RevisionCounter;
 
-/// Sector size reported to the engine; the map works on 4 KiB blocks, IO is accepted at 512-byte granularity.
-pub const SECTOR_SIZE: u64 = 512;
 /// Number of stripes of the lock serialising read-modify-write of partially written blocks.
 pub(crate) const RMW_STRIPES: usize = 64;
 
@@ -53,81 +51,6 @@ pub struct Replica {
     /// Serialises shape changes (snapshot, revert, expand, purge steps, close) with each other.
     pub(crate) shape: Mutex<()>,
     pub(crate) purging: AtomicBool,
-}
-
-/// A snapshot request.
-#[derive(Debug, Clone, Default)]
-pub struct SnapshotRequest {
-    /// Snapshot name (validated) or file name.
-    pub name: String,
-    /// User snapshot (false for system snapshots: rebuild, expansion).
-    pub user_created: bool,
-    /// RFC 3339 creation time; empty means now.
-    pub created: String,
-    /// Labels.
-    pub labels: BTreeMap<String, String>,
-}
-
-/// A disk as reported by [`Replica::status`].
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct DiskStatus {
-    /// File name.
-    pub name: String,
-    /// Parent file name.
-    pub parent: String,
-    /// Children file names.
-    pub children: Vec<String>,
-    /// Marked removed.
-    pub removed: bool,
-    /// User snapshot.
-    pub user_created: bool,
-    /// RFC 3339.
-    pub created: String,
-    /// Allocated bytes.
-    pub size: u64,
-    /// Labels.
-    pub labels: BTreeMap<String, String>,
-}
-
-/// Replica state and metadata, for the gRPC API and CLIs.
-#[derive(Debug, Clone, Serialize)]
-#[serde(rename_all = "camelCase")]
-pub struct ReplicaStatus {
-    /// initial | closed | open | dirty | rebuilding | error.
-    pub state: String,
-    /// Directory.
-    pub dir: String,
-    /// Volume size.
-    pub size: u64,
-    /// Sector size.
-    pub sector_size: u64,
-    /// Head file name.
-    pub head: String,
-    /// Head's parent.
-    pub parent: String,
-    /// `Dirty` flag as on disk.
-    pub dirty: bool,
-    /// `Rebuilding` flag.
-    pub rebuilding: bool,
-    /// `Error` text.
-    pub error: String,
-    /// Backing file path.
-    pub backing_file: String,
-    /// Live chain, head first.
-    pub chain: Vec<String>,
-    /// All disks.
-    pub disks: BTreeMap<String, DiskStatus>,
-    /// Revision counter (0 when disabled).
-    pub revision_counter: u64,
-    /// Revision counter disabled.
-    pub revision_counter_disabled: bool,
-    /// Head mtime in ns since the epoch.
-    pub last_modify_time: i64,
-    /// Head allocated bytes.
-    pub head_file_size: u64,
-    /// Number of runs in the location map (memory indicator); 0 offline.
-    pub extent_map_runs: usize,
 }
 
 impl Replica {

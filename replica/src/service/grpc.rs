@@ -1,7 +1,6 @@
 //! gRPC `ReplicaService` (the control listener) and `SyncAgentService` (the sync listener). Blocking replica work runs on the blocking
 //! pool; long jobs (purge, hash) run in the background and report through their status RPCs.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use corral_proto::v1::{
@@ -10,12 +9,12 @@ use corral_proto::v1::{
 use tonic::{Request, Response, Status};
 use tracing::error;
 
-use crate::clone::{CloneRequest, CloneStatus};
+use crate::clone::CloneRequest;
 use crate::error::ReplicaError;
 use crate::export::ExportRequest;
-use crate::host::{ReplicaHost, to_proto};
+use crate::host::ReplicaHost;
 use crate::jobs::{JobState, JobStatus};
-use crate::replica::SnapshotRequest;
+use crate::model::{ServedEndpoints, SnapshotRequest, job_outcome, purge_status, to_proto};
 
 /// Job key of the purge.
 pub(crate) const PURGE: &str = "purge";
@@ -46,33 +45,6 @@ pub struct ReplicaGrpc {
     /// The data-protocol and sync-agent listeners, reported in every `ReplicaResponse`.
     served: ServedEndpoints,
     cancel: tokio_util::sync::CancellationToken,
-}
-
-/// The daemon's other listeners, as bound, which `ReplicaResponse` reports so that a client given the control
-/// endpoint learns the whole replica address.
-#[derive(Debug, Clone)]
-pub struct ServedEndpoints {
-    pub data: std::net::SocketAddr,
-    pub sync: std::net::SocketAddr,
-    /// The data protocol's unix socket, when the daemon serves one.
-    pub data_unix: Option<std::path::PathBuf>,
-}
-
-impl ServedEndpoints {
-    /// The `ReplicaResponse` of `replica` served at these endpoints (v1 and v2 daemons answer alike).
-    #[must_use]
-    pub fn response(&self, replica: v1::Replica) -> v1::ReplicaResponse {
-        v1::ReplicaResponse {
-            replica: Some(replica),
-            data_endpoint: self.data.to_string(),
-            sync_endpoint: self.sync.to_string(),
-            data_local_endpoint: self
-                .data_unix
-                .as_ref()
-                .map(|p| format!("unix:{}", p.display()))
-                .unwrap_or_default(),
-        }
-    }
 }
 
 impl ReplicaGrpc {
@@ -182,13 +154,7 @@ impl ReplicaService for ReplicaGrpc {
         &self,
         req: Request<v1::ReplicaSnapshotRequest>,
     ) -> Result<Response<v1::ReplicaResponse>, Status> {
-        let req = req.into_inner();
-        let snap = SnapshotRequest {
-            name: req.name,
-            user_created: req.user_created,
-            created: req.created,
-            labels: req.labels.into_iter().collect::<BTreeMap<_, _>>(),
-        };
+        let snap = SnapshotRequest::from_proto(req.into_inner());
         self.with_replica(move |r| r.snapshot(&snap)).await
     }
 
@@ -225,10 +191,6 @@ impl ReplicaService for ReplicaGrpc {
     }
 }
 
-fn job_state(s: &JobStatus) -> String {
-    s.state.as_str().to_owned()
-}
-
 #[tonic::async_trait]
 impl SyncAgentService for ReplicaGrpc {
     async fn snapshot_purge(&self, _: Request<v1::Empty>) -> Result<Response<v1::Empty>, Status> {
@@ -257,25 +219,12 @@ impl SyncAgentService for ReplicaGrpc {
         }
         tokio::task::spawn_blocking(move || {
             let result = replica.purge(&ctl);
-            let status = match result {
-                Ok(()) => JobStatus {
-                    state: JobState::Complete,
-                    ..Default::default()
-                },
-                Err(ReplicaError::Cancelled) => JobStatus {
-                    state: JobState::Cancelled,
-                    ..Default::default()
-                },
-                Err(e) => {
-                    error!(dir = %replica.dir().display(), error = %e, "purge failed");
-                    JobStatus {
-                        state: JobState::Error,
-                        error: e.to_string(),
-                        ..Default::default()
-                    }
-                }
-            };
-            host.jobs.finish(PURGE, status);
+            if let Err(e) = &result
+                && !matches!(e, ReplicaError::Cancelled)
+            {
+                error!(dir = %replica.dir().display(), error = %e, "purge failed");
+            }
+            host.jobs.finish(PURGE, job_outcome(&result));
         });
         Ok(Response::new(v1::Empty {}))
     }
@@ -284,13 +233,7 @@ impl SyncAgentService for ReplicaGrpc {
         &self,
         _: Request<v1::Empty>,
     ) -> Result<Response<v1::SnapshotPurgeStatusResponse>, Status> {
-        let s = self.host.jobs.status(PURGE);
-        Ok(Response::new(v1::SnapshotPurgeStatusResponse {
-            is_purging: s.state == JobState::InProgress,
-            state: job_state(&s),
-            progress: s.progress,
-            error: s.error,
-        }))
+        Ok(Response::new(purge_status(self.host.jobs.status(PURGE))))
     }
 
     async fn snapshot_hash(
@@ -423,31 +366,6 @@ impl SyncAgentService for ReplicaGrpc {
         &self,
         _: Request<v1::Empty>,
     ) -> Result<Response<v1::JobStatusResponse>, Status> {
-        Ok(Response::new(clone_status(&self.clone.status())))
-    }
-}
-
-/// A clone's status as the wire message (v1 and v2 replicas).
-pub(crate) fn clone_status(s: &CloneStatus) -> v1::JobStatusResponse {
-    v1::JobStatusResponse {
-        is_running: s.state == JobState::InProgress,
-        state: s.state.as_str().into(),
-        progress: if s.state == JobState::Complete {
-            100
-        } else {
-            s.progress
-        },
-        error: s.error.clone(),
-        bytes_transferred: s.bytes_sent,
-        from_addresses: if s.from.is_empty() {
-            vec![]
-        } else {
-            vec![s.from.clone()]
-        },
-        files_done: u32::from(s.state == JobState::Complete),
-        files_total: u32::from(s.state != JobState::None),
-        snapshot_name: s.snapshot.clone(),
-        bytes_copied_locally: s.bytes_local,
-        ..Default::default()
+        Ok(Response::new(self.clone.status().to_proto()))
     }
 }

@@ -35,7 +35,7 @@ use crate::backup_service::ReplicaBackupGrpc;
 use crate::error::ReplicaError;
 use crate::jobs::JobTable;
 use crate::locks::lock;
-use crate::service::grpc::ServedEndpoints;
+use crate::model::ServedEndpoints;
 
 /// Configuration of `serve-lvstore`.
 #[derive(Debug, Clone)]

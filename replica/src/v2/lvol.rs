@@ -23,8 +23,8 @@ use serde::{Deserialize, Serialize};
 use crate::error::{ReplicaError, Result};
 use crate::jobs::JobControl;
 use crate::locks::{read_lock, write_lock};
+use crate::model::{DiskStatus, ReplicaStatus, SECTOR_SIZE, SnapshotRequest};
 use crate::names;
-use crate::replica::{DiskStatus, ReplicaStatus, SECTOR_SIZE, SnapshotRequest};
 
 /// Head xattr: the replica's settings.
 pub const XATTR_VOLUME: &str = "corral.volume";

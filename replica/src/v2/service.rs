@@ -4,7 +4,6 @@
 //! ends, [`super::clone`]) work; `LocalFiles` answers `UNIMPLEMENTED` (a clone or rebuild then takes the network
 //! path).
 
-use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::Arc;
 
@@ -15,11 +14,12 @@ use data_protocol::{BackendError, BlockBackend, ErrorKind as WireKind, VolumeInf
 use tonic::{Request, Response, Status};
 
 use super::lvol::LvolReplica;
-use crate::error::{ErrorKind, ReplicaError};
-use crate::host::to_proto;
-use crate::jobs::{JobState, JobStatus, JobTable};
-use crate::replica::{SECTOR_SIZE, SnapshotRequest};
-use crate::service::grpc::ServedEndpoints;
+use crate::error::ReplicaError;
+use crate::jobs::JobTable;
+use crate::model::{
+    SECTOR_SIZE, ServedEndpoints, SnapshotRequest, generation_unreadable, job_outcome, purge_status,
+    to_proto, wire_error,
+};
 
 const PURGE: &str = "purge";
 
@@ -40,19 +40,6 @@ pub struct V2Replica {
     pub scratch: std::path::PathBuf,
     /// Cancelled when the replica stops being served.
     pub cancel: tokio_util::sync::CancellationToken,
-}
-
-fn wire_error(e: &ReplicaError) -> BackendError {
-    let kind = match e {
-        ReplicaError::OutOfRange { .. } => WireKind::OutOfRange,
-        _ => match e.kind() {
-            ErrorKind::NoSpace => WireKind::NoSpace,
-            ErrorKind::InvalidArgument => WireKind::Invalid,
-            ErrorKind::FailedPrecondition => WireKind::Unavailable,
-            _ => WireKind::Io,
-        },
-    };
-    BackendError::new(kind, e.to_string())
 }
 
 impl BlockBackend for V2Replica {
@@ -113,15 +100,9 @@ impl BlockBackend for V2Replica {
     }
 
     fn generation(&self) -> Result<u64, BackendError> {
-        self.replica.engine_generation().map_err(|e| {
-            BackendError::new(
-                WireKind::Unavailable,
-                format!(
-                    "the replica refuses writes: its engine generation record is unreadable ({e}); see \
-                     docs/formats.md, engine generation, for the recovery"
-                ),
-            )
-        })
+        self.replica
+            .engine_generation()
+            .map_err(|e| generation_unreadable(&e))
     }
 
     fn record_generation(&self, generation: u64) -> Result<(), BackendError> {
@@ -227,13 +208,7 @@ impl ReplicaService for V2Grpc {
         &self,
         req: Request<v1::ReplicaSnapshotRequest>,
     ) -> Result<Response<v1::ReplicaResponse>, Status> {
-        let req = req.into_inner();
-        let snap = SnapshotRequest {
-            name: req.name,
-            user_created: req.user_created,
-            created: req.created,
-            labels: req.labels.into_iter().collect::<BTreeMap<_, _>>(),
-        };
+        let snap = SnapshotRequest::from_proto(req.into_inner());
         self.with_replica(move |r| r.snapshot(&snap)).await
     }
 
@@ -285,22 +260,7 @@ impl SyncAgentService for V2Grpc {
         };
         let host = self.host.clone();
         tokio::task::spawn_blocking(move || {
-            let status = match r.purge(&ctl) {
-                Ok(()) => JobStatus {
-                    state: JobState::Complete,
-                    ..Default::default()
-                },
-                Err(ReplicaError::Cancelled) => JobStatus {
-                    state: JobState::Cancelled,
-                    ..Default::default()
-                },
-                Err(e) => JobStatus {
-                    state: JobState::Error,
-                    error: e.to_string(),
-                    ..Default::default()
-                },
-            };
-            host.jobs.finish(PURGE, status);
+            host.jobs.finish(PURGE, job_outcome(&r.purge(&ctl)));
         });
         Ok(Response::new(v1::Empty {}))
     }
@@ -309,13 +269,7 @@ impl SyncAgentService for V2Grpc {
         &self,
         _: Request<v1::Empty>,
     ) -> Result<Response<v1::SnapshotPurgeStatusResponse>, Status> {
-        let s = self.host.jobs.status(PURGE);
-        Ok(Response::new(v1::SnapshotPurgeStatusResponse {
-            is_purging: s.state == JobState::InProgress,
-            state: s.state.as_str().to_owned(),
-            progress: s.progress,
-            error: s.error,
-        }))
+        Ok(Response::new(purge_status(self.host.jobs.status(PURGE))))
     }
 
     async fn snapshot_hash(
@@ -432,8 +386,6 @@ impl SyncAgentService for V2Grpc {
         &self,
         _: Request<v1::Empty>,
     ) -> Result<Response<v1::JobStatusResponse>, Status> {
-        Ok(Response::new(crate::service::grpc::clone_status(
-            &self.host.clone.status(),
-        )))
+        Ok(Response::new(self.host.clone.status().to_proto()))
     }
 }
