@@ -395,7 +395,7 @@ async fn serve_engine(args: ServeArgs, ready_file: Option<std::path::PathBuf>) -
     if frontend != "nbd" {
         bail!("frontend {frontend:?} is not supported (only nbd)");
     }
-    let tls = tls.load()?;
+    let tls = tls.load_and_install()?;
     let cancel = corral_daemon::shutdown_on_signal();
     let cfg = ServeConfig {
         volume,

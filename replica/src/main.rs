@@ -375,7 +375,7 @@ async fn serve_replica(args: ServeArgs, ready_file: Option<PathBuf>) -> anyhow::
         faults,
         tls,
     } = args;
-    let tls = tls.load()?;
+    let tls = tls.load_and_install()?;
     let cancel = corral_daemon::shutdown_on_signal();
     let data = data_protocol::ServerConfig {
         window: data_window,
@@ -425,7 +425,7 @@ async fn serve_lvstore(args: ServeLvstoreArgs, ready_file: Option<PathBuf>) -> a
         metrics,
         tls,
     } = args;
-    let tls = tls.load()?;
+    let tls = tls.load_and_install()?;
     let cfg = replica::v2::daemon::LvstoreServeConfig {
         disk,
         listen,

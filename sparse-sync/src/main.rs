@@ -50,13 +50,15 @@ enum Cmd {
         /// Keep the partial file of a failed transfer so a later receiver can resume it.
         #[arg(long)]
         keep_partial: bool,
+        #[command(flatten)]
+        tls: corral_tls::TlsDirArg,
     },
     /// Send one file to a receiver started with `serve`.
     Send {
         /// File to send.
         #[arg(long)]
         file: PathBuf,
-        /// Receiver address, HOST:PORT.
+        /// Receiver address, HOST:PORT (with --tls-dir, the name or IP its certificate holds).
         #[arg(long)]
         to: String,
         /// Skip the transfer when both sides hold a valid recorded checksum (FILE.checksum) and they match.
@@ -77,6 +79,8 @@ enum Cmd {
         /// Retries of a request on transient errors.
         #[arg(long, default_value_t = 8)]
         retries: usize,
+        #[command(flatten)]
+        tls: corral_tls::TlsDirArg,
     },
     /// Print the data ranges of a file.
     Layout {
@@ -155,6 +159,7 @@ fn main() -> anyhow::Result<()> {
             direct_io,
             idle_timeout,
             keep_partial,
+            tls,
         } => {
             let config = ReceiverConfig {
                 target: file,
@@ -162,6 +167,7 @@ fn main() -> anyhow::Result<()> {
                 direct_io,
                 keep_partial,
                 sink: None,
+                tls: tls.load()?.map(|t| t.server),
             };
             tracing::info!(?config, %listen, "corral-sync serve starting");
             runtime()?.block_on(serve(listen, config, json, process.ready_file.as_deref()))
@@ -175,6 +181,7 @@ fn main() -> anyhow::Result<()> {
             fiemap,
             max_rate,
             retries,
+            tls,
         } => {
             let content = FileContent::open(&file, mode(fiemap))
                 .with_context(|| format!("opening {}", file.display()))?;
@@ -186,6 +193,7 @@ fn main() -> anyhow::Result<()> {
                 recorded,
                 retries,
                 max_rate,
+                tls: tls.load()?.map(|t| t.client),
                 ..SendOptions::default()
             };
             let progress = Arc::new(Progress::new());

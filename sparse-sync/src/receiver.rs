@@ -7,6 +7,9 @@
 //! or when cancelled; in the last two cases (a failed transfer) it removes the partial file it worked on, unless
 //! told to keep it for a later resume.
 //!
+//! With [`ReceiverConfig::tls`] the receiver speaks HTTPS under mutual TLS: a peer without a certificate of the
+//! cluster CA is refused at the handshake (logged once per address) and never reaches a route.
+//!
 //! A receiver can instead write into a [`ReceiveSink`] its owner made (a v2 lvol a backing-image sync fills): no
 //! partial file, no rename; the sink is new when the transfer opens, so holes stay as they are and every data
 //! range is sent, and `close` commits the sink (makes it durable) before it answers.
@@ -29,6 +32,7 @@ use axum::http::StatusCode;
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use corral_tls::TcpIncoming;
 use serde::Serialize;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -55,7 +59,7 @@ impl std::fmt::Debug for dyn ReceiveSink {
 }
 
 /// Settings of one receiver.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct ReceiverConfig {
     /// The file being received (with a `sink`, only its name in messages).
     pub target: PathBuf,
@@ -67,10 +71,28 @@ pub struct ReceiverConfig {
     pub direct_io: bool,
     /// Keep the partial file of a failed transfer for a later receiver to resume instead of removing it.
     pub keep_partial: bool,
+    /// Mutual TLS (`None`: plaintext): a peer must complete the handshake with a certificate of the cluster CA
+    /// within [`corral_tls::HANDSHAKE_TIMEOUT`] before any request of it is read (see [`corral_tls::TcpIncoming`]).
+    pub tls: Option<Arc<corral_tls::rustls::ServerConfig>>,
+}
+
+impl std::fmt::Debug for ReceiverConfig {
+    // The TLS config only as on or off: it holds the key, and daemons log their effective config.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ReceiverConfig")
+            .field("target", &self.target)
+            .field("sink", &self.sink)
+            .field("idle_timeout", &self.idle_timeout)
+            .field("direct_io", &self.direct_io)
+            .field("keep_partial", &self.keep_partial)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
 }
 
 impl ReceiverConfig {
-    /// Defaults: 300 s idle timeout (Longhorn's), buffered IO, partial files of failed transfers removed.
+    /// Defaults: 300 s idle timeout (Longhorn's), buffered IO, partial files of failed transfers removed, the
+    /// process's TLS config ([`corral_tls::installed`]; plaintext without one).
     pub fn new(target: impl Into<PathBuf>) -> Self {
         ReceiverConfig {
             target: target.into(),
@@ -78,6 +100,7 @@ impl ReceiverConfig {
             direct_io: false,
             keep_partial: false,
             sink: None,
+            tls: corral_tls::installed().map(|t| t.server.clone()),
         }
     }
 
@@ -222,22 +245,23 @@ pub struct ReceiveSummary {
 
 /// A bound receiver, not yet serving.
 pub struct Receiver {
-    listener: TcpListener,
+    listener: TcpIncoming,
     config: ReceiverConfig,
 }
 
 impl Receiver {
-    /// Binds `addr` (port 0 picks a free port; see [`local_addr`](Self::local_addr)).
+    /// Binds `addr` (port 0 picks a free port; see [`local_addr`](Self::local_addr)); with `config.tls`, starts
+    /// accepting handshakes at once.
     pub async fn bind(addr: SocketAddr, config: ReceiverConfig) -> Result<Self, ReceiveError> {
-        let listener = TcpListener::bind(addr)
-            .await
-            .map_err(|source| ReceiveError::Bind { addr, source })?;
+        let bind_err = |source| ReceiveError::Bind { addr, source };
+        let listener = TcpListener::bind(addr).await.map_err(bind_err)?;
+        let listener = TcpIncoming::new(listener, config.tls.clone()).map_err(bind_err)?;
         Ok(Receiver { listener, config })
     }
 
     /// The bound address.
     pub fn local_addr(&self) -> SocketAddr {
-        self.listener.local_addr().expect("bound socket has an address")
+        self.listener.local_addr()
     }
 
     /// Serves until `close`, the idle timeout, or `cancel`.

@@ -27,7 +27,7 @@ use crate::wire::{
 use corral_disk::sparse::{SparseRead, read_ranges_into};
 
 /// How a transfer runs.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct SendOptions {
     /// Workers, i.e. requests in flight.
     pub workers: usize,
@@ -45,8 +45,30 @@ pub struct SendOptions {
     pub request_timeout: Duration,
     /// Upper bound of data bytes sent per second.
     pub max_rate: Option<u64>,
+    /// Mutual TLS (`None`: plaintext): the receiver is dialled over HTTPS, must present a certificate of the
+    /// cluster CA for the host dialled, and is shown this node's.
+    pub tls: Option<Arc<corral_tls::rustls::ClientConfig>>,
 }
 
+impl std::fmt::Debug for SendOptions {
+    // The TLS config only as on or off: it holds the key.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SendOptions")
+            .field("workers", &self.workers)
+            .field("batch_size", &self.batch_size)
+            .field("direct_io", &self.direct_io)
+            .field("fast", &self.fast)
+            .field("recorded", &self.recorded)
+            .field("retries", &self.retries)
+            .field("request_timeout", &self.request_timeout)
+            .field("max_rate", &self.max_rate)
+            .field("tls", &self.tls.is_some())
+            .finish()
+    }
+}
+
+/// Defaults: 4 workers, 2 MiB batches, 8 retries, 60 s per request, the process's TLS config
+/// ([`corral_tls::installed`]; plaintext without one).
 impl Default for SendOptions {
     fn default() -> Self {
         SendOptions {
@@ -58,6 +80,7 @@ impl Default for SendOptions {
             retries: 8,
             request_timeout: Duration::from_secs(60),
             max_rate: None,
+            tls: corral_tls::installed().map(|t| t.client.clone()),
         }
     }
 }
@@ -138,7 +161,7 @@ struct Counters {
     requests: AtomicU64,
 }
 
-/// Sends `content` to the receiver at `to` (`HOST:PORT` or an `http://` URL).
+/// Sends `content` to the receiver at `to` (`HOST:PORT` or a URL; with `opts.tls` always over `https://`).
 pub async fn send(
     content: Arc<dyn SparseRead>,
     to: &str,
@@ -365,16 +388,13 @@ struct Client {
 
 impl Client {
     fn new(to: &str, opts: &SendOptions) -> Result<Self, SendError> {
-        let base = if to.starts_with("http://") || to.starts_with("https://") {
-            to.trim_end_matches('/').to_string()
-        } else {
-            format!("http://{to}")
-        };
-        let http = reqwest::Client::builder()
+        let base = crate::tls::http_base(to, opts.tls.is_some());
+        let builder = reqwest::Client::builder()
             .pool_max_idle_per_host(opts.workers.max(1) * 2)
             .connect_timeout(Duration::from_secs(5))
             .timeout(opts.request_timeout)
-            .tcp_nodelay(true)
+            .tcp_nodelay(true);
+        let http = crate::tls::reqwest_tls(builder, opts.tls.as_deref())
             .build()
             .map_err(SendError::Client)?;
         let backoff = ExponentialBuilder::default()

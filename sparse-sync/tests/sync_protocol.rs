@@ -352,7 +352,9 @@ async fn idle_receiver_stops_and_removes_the_partial_file_of_the_failed_transfer
     let mut config = ReceiverConfig::new(&dst);
     config.idle_timeout = Duration::from_millis(300);
     let (addr, running) = start_receiver(config).await;
-    let http = reqwest::Client::new();
+    let http = sparse_sync::reqwest_tls(reqwest::Client::builder(), None)
+        .build()
+        .unwrap();
     let opened: OpenReply = http
         .post(format!("http://{addr}/v1/sync/open?size=1048576"))
         .send()
@@ -476,7 +478,9 @@ async fn bad_ranges_are_refused_with_a_clear_error_and_the_transfer_cannot_commi
     // The old 16 bytes occupy the first filesystem block once the file is sized to 1 MiB.
     let before = vec![0..4096];
     let (addr, running) = start_receiver(ReceiverConfig::new(&dst)).await;
-    let http = reqwest::Client::new();
+    let http = sparse_sync::reqwest_tls(reqwest::Client::builder(), None)
+        .build()
+        .unwrap();
     let cases: Vec<(&str, Vec<u8>, &str)> = vec![
         (
             "data",
@@ -539,7 +543,9 @@ async fn body_cut_short_is_refused_and_its_retry_commits_the_whole_range() {
     let dir = scratch_dir();
     let dst = dir.path().join("dst");
     let (addr, running) = start_receiver(ReceiverConfig::new(&dst)).await;
-    let http = reqwest::Client::new();
+    let http = sparse_sync::reqwest_tls(reqwest::Client::builder(), None)
+        .build()
+        .unwrap();
     let size = 1 << 20;
     let session = open_session(&http, addr, size).await;
     let payload: Vec<u8> = (0..65536u32).map(|i| (i % 251) as u8 + 1).collect();
@@ -595,7 +601,9 @@ async fn body_cut_short_is_refused_and_its_retry_commits_the_whole_range() {
 async fn requests_of_a_replaced_session_are_refused() {
     let dir = scratch_dir();
     let (addr, running) = start_receiver(ReceiverConfig::new(dir.path().join("dst"))).await;
-    let http = reqwest::Client::new();
+    let http = sparse_sync::reqwest_tls(reqwest::Client::builder(), None)
+        .build()
+        .unwrap();
     let old = open_session(&http, addr, 1 << 20).await;
     let new = open_session(&http, addr, 1 << 20).await;
     assert_ne!(old, new);

@@ -13,6 +13,7 @@
 //! - [`servers`]: real third-party servers: S3 (`rclone serve s3`) and etcd.
 //! - [`nbd`]: `qemu-io` against an NBD export, failures read from its output.
 //! - [`scratch`]: temporary directories on a disk filesystem.
+//! - [`tls`]: a test cluster's CA, node `--tls-dir`s, and the clients a mutual-TLS endpoint must refuse.
 //! - [`docker`]: whether a Docker daemon answers, `docker/build.sh` from the suite's build, compose projects that
 //!   are always taken down.
 //!
@@ -29,6 +30,7 @@ pub mod ports;
 pub mod rng;
 pub mod scratch;
 pub mod servers;
+pub mod tls;
 
 pub use binary::workspace_bin;
 pub use daemon::{Daemon, DaemonCommand, ReadyReport, kill_under};
@@ -38,3 +40,4 @@ pub use nbd::qemu_io;
 pub use poll::{wait_for, wait_for_async};
 pub use rng::TestRng;
 pub use scratch::disk_tempdir;
+pub use tls::TestPki;

@@ -11,7 +11,8 @@ pub struct TlsDirArg {
     /// Mutual TLS: DIR holds ca.crt (the cluster CA), tls.crt and tls.key (this node's certificate and key;
     /// `corral-tls issue` makes them). Peers must present a certificate of the same CA, and the name dialled must
     /// be in the server's certificate. Today it covers the data protocol over TCP (replica: server, engine:
-    /// client); gRPC is not covered yet. Absent: plaintext. Unix sockets are never wrapped.
+    /// client) and sparse-sync (receivers and senders); gRPC is not covered yet. Absent: plaintext. Unix sockets
+    /// are never wrapped.
     #[arg(long, env = "CORRAL_TLS_DIR", value_name = "DIR")]
     pub tls_dir: Option<PathBuf>,
 }
@@ -35,6 +36,16 @@ impl std::fmt::Debug for TlsConfigs {
 }
 
 impl TlsDirArg {
+    /// [`load`](Self::load), and the configs become the process's ([`crate::install`]): what a daemon's `main`
+    /// calls once.
+    pub fn load_and_install(&self) -> Result<Option<TlsConfigs>, TlsError> {
+        let configs = self.load()?;
+        if let Some(c) = &configs {
+            crate::install(c.clone());
+        }
+        Ok(configs)
+    }
+
     /// Loads and checks the directory (`None` without `--tls-dir`): a missing, unreadable or garbled file, or a key
     /// that is not the certificate's, fails the daemon's start naming the file.
     pub fn load(&self) -> Result<Option<TlsConfigs>, TlsError> {

@@ -7,18 +7,24 @@
 //! builds from them ([`TlsDir`]): a server that requires a client certificate signed by the cluster CA, and a
 //! client that presents its leaf and verifies the server's certificate and name against the same CA. Every config
 //! names the `ring` provider explicitly (no process-wide default, no C toolchain) and speaks TLS 1.3 only.
+//! [`TcpIncoming`] is the one way a server accepts TCP connections under these configs (a handshake per
+//! connection in its own task with a deadline, refused peers logged once each).
 //! Where the certificates come from (the manager's store, an operator running `corral-tls`) and which endpoints use
 //! them (data protocol, gRPC) live elsewhere.
 
+mod accept;
 mod arg;
 mod ca;
 mod dir;
 mod error;
+mod process;
 
+pub use accept::{HANDSHAKE_TIMEOUT, RefusedPeers, ServerStream, TcpIncoming};
 pub use arg::{TlsConfigs, TlsDirArg};
 pub use ca::{CA_DAYS, ClusterCa, LEAF_DAYS, LeafRequest, NodeCert, SubjectAltName};
 pub use dir::{CA_CERT, CA_KEY, CERT, KEY, TlsDir};
 pub use error::TlsError;
+pub use process::{install, installed};
 
 /// Re-exported so users build and name configs with the same rustls this crate links.
 pub use rustls;

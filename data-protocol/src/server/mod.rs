@@ -11,7 +11,6 @@
 mod connection;
 mod fence;
 mod io_pool;
-mod refused;
 mod request;
 mod stream;
 
@@ -59,7 +58,7 @@ pub struct ServerConfig {
 
 /// How long a TCP peer may take to complete the TLS handshake (a stalled or slow peer holds no thread, only a
 /// task, until then).
-pub const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+pub const TLS_HANDSHAKE_TIMEOUT: Duration = corral_tls::HANDSHAKE_TIMEOUT;
 
 impl std::fmt::Debug for ServerConfig {
     // The TLS config only as on or off: it is long, and daemons log their effective config.
@@ -95,7 +94,7 @@ pub(crate) struct Shared {
     /// Engine generations of the open connections ([`fence`]).
     fence: fence::Fence,
     /// Peers already logged for a refused TLS handshake.
-    refused: refused::RefusedPeers,
+    refused: corral_tls::RefusedPeers,
 }
 
 /// A data-protocol server for one backend. It can serve several listeners at once (TCP and unix).
@@ -116,7 +115,7 @@ impl DataServer {
                 cfg,
                 exec,
                 fence: fence::Fence::default(),
-                refused: refused::RefusedPeers::default(),
+                refused: corral_tls::RefusedPeers::default(),
             }),
         })
     }

@@ -1,0 +1,180 @@
+//! Accepting TCP connections under mutual TLS for servers that take ready streams (axum's `serve`; tonic can wrap
+//! [`TcpIncoming::accept`] the same way). Each accepted socket handshakes in its own task, bounded by
+//! [`HANDSHAKE_TIMEOUT`], so a stalled, slow or garbage-speaking peer holds a task for at most that long and never
+//! delays anyone else; only a completed handshake reaches the server. A refused peer is logged once per address
+//! ([`RefusedPeers`]). Without a config the listener's sockets are handed over as they are (plaintext).
+
+use std::collections::HashSet;
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+use tokio_rustls::TlsAcceptor;
+use tokio_rustls::server::TlsStream;
+use tokio_util::either::Either;
+use tokio_util::task::AbortOnDropHandle;
+
+/// How long a TCP peer may take to complete the TLS handshake.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Handshakes in progress at once per listener; past that, new connections wait in the kernel's backlog.
+const MAX_HANDSHAKES: usize = 256;
+
+/// Addresses remembered for [`RefusedPeers`] at most; past that a refusal is logged at debug level only (bounded
+/// memory against a scan from many addresses).
+const MAX_REMEMBERED: usize = 4096;
+
+/// Peers refused at the TLS handshake, so each address is logged once: a stranger retrying in a loop must not
+/// flood the log, and the first refusal is what an operator needs to see.
+#[derive(Default)]
+pub struct RefusedPeers {
+    seen: Mutex<HashSet<IpAddr>>,
+}
+
+impl RefusedPeers {
+    /// Logs a refused handshake: a warning the first time for `ip`, debug after.
+    pub fn log(&self, ip: Option<IpAddr>, peer: &str, err: &io::Error) {
+        let first = ip.is_some_and(|ip| {
+            let mut seen = self.seen.lock().unwrap_or_else(PoisonError::into_inner);
+            seen.len() < MAX_REMEMBERED && seen.insert(ip)
+        });
+        if first {
+            tracing::warn!(peer, error = %err, "TLS handshake refused; no data touched (logged once per peer address)");
+        } else {
+            tracing::debug!(peer, error = %err, "TLS handshake refused");
+        }
+    }
+}
+
+/// An accepted connection: the TCP socket itself (plaintext) or its TLS session.
+pub type ServerStream = Either<TcpStream, TlsStream<TcpStream>>;
+
+/// A TCP listener whose connections come out ready to serve: with a TLS config, only those whose handshake
+/// completed (see the module doc).
+pub struct TcpIncoming {
+    local: SocketAddr,
+    inner: Inner,
+}
+
+enum Inner {
+    Plain(TcpListener),
+    Tls {
+        ready: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
+        /// The accept loop and, through its `JoinSet`, every handshake in progress end when this is dropped.
+        _accepting: AbortOnDropHandle<()>,
+    },
+}
+
+impl TcpIncoming {
+    /// Wraps `listener`; with `tls`, starts accepting at once (in a task this value owns).
+    pub fn new(listener: TcpListener, tls: Option<Arc<rustls::ServerConfig>>) -> io::Result<Self> {
+        let local = listener.local_addr()?;
+        let inner = match tls {
+            None => Inner::Plain(listener),
+            Some(config) => {
+                let (tx, ready) = mpsc::channel(16);
+                let acceptor = TlsAcceptor::from(config);
+                Inner::Tls {
+                    ready,
+                    _accepting: AbortOnDropHandle::new(tokio::spawn(accept_loop(listener, acceptor, tx))),
+                }
+            }
+        };
+        Ok(TcpIncoming { local, inner })
+    }
+
+    /// The bound address.
+    pub fn local_addr(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Whether connections are TLS sessions.
+    pub fn is_tls(&self) -> bool {
+        matches!(self.inner, Inner::Tls { .. })
+    }
+
+    /// The next connection ready to serve. Failures to accept are logged and retried, never returned.
+    pub async fn accept(&mut self) -> (ServerStream, SocketAddr) {
+        match &mut self.inner {
+            Inner::Plain(listener) => {
+                let (tcp, peer) = accept_tcp(listener).await;
+                (Either::Left(tcp), peer)
+            }
+            Inner::Tls { ready, .. } => match ready.recv().await {
+                Some((tls, peer)) => (Either::Right(tls), peer),
+                // The accept loop never ends while `ready` lives (it only stops when aborted).
+                None => std::future::pending().await,
+            },
+        }
+    }
+}
+
+impl axum::serve::Listener for TcpIncoming {
+    type Io = ServerStream;
+    type Addr = SocketAddr;
+
+    async fn accept(&mut self) -> (Self::Io, Self::Addr) {
+        TcpIncoming::accept(self).await
+    }
+
+    fn local_addr(&self) -> io::Result<Self::Addr> {
+        Ok(self.local)
+    }
+}
+
+/// Accepts one TCP connection, riding out transient failures (a peer that reset before `accept`, or EMFILE, after
+/// which it backs off instead of spinning).
+async fn accept_tcp(listener: &TcpListener) -> (TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok((tcp, peer)) => {
+                let _ = tcp.set_nodelay(true);
+                return (tcp, peer);
+            }
+            Err(err)
+                if matches!(
+                    err.kind(),
+                    io::ErrorKind::ConnectionAborted | io::ErrorKind::ConnectionReset
+                ) => {}
+            Err(err) => {
+                tracing::warn!(error = %err, "accept failed");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    }
+}
+
+async fn accept_loop(
+    listener: TcpListener,
+    acceptor: TlsAcceptor,
+    ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
+) {
+    let refused = Arc::new(RefusedPeers::default());
+    let mut handshakes = JoinSet::new();
+    loop {
+        if handshakes.len() >= MAX_HANDSHAKES {
+            handshakes.join_next().await;
+            continue;
+        }
+        let (tcp, peer) = tokio::select! {
+            accepted = accept_tcp(&listener) => accepted,
+            Some(_) = handshakes.join_next() => continue,
+        };
+        let (acceptor, ready, refused) = (acceptor.clone(), ready.clone(), refused.clone());
+        handshakes.spawn(async move {
+            let err = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
+                Ok(Ok(tls)) => {
+                    let _ = ready.send((tls, peer)).await;
+                    return;
+                }
+                Ok(Err(err)) => err,
+                Err(_) => io::Error::new(io::ErrorKind::TimedOut, "TLS handshake not done in time"),
+            };
+            refused.log(Some(peer.ip()), &peer.to_string(), &err);
+        });
+    }
+}
