@@ -12,7 +12,7 @@ use corral_proto::backing_image::FileState;
 /// The state a data source reports for a finished file nobody took yet.
 pub const READY_FOR_TRANSFER: FileState = FileState::ReadyForTransfer;
 
-/// A data source at `HOST:PORT` (or an `http://` URL).
+/// A data source at `HOST:PORT` (or a URL), over HTTPS with the process's TLS configs when it has them.
 pub struct DataSourceClient {
     base: String,
     http: reqwest::Client,
@@ -20,12 +20,9 @@ pub struct DataSourceClient {
 
 impl DataSourceClient {
     pub fn new(address: &str) -> Result<Self, BimError> {
-        let base = if address.starts_with("http://") {
-            address.trim_end_matches('/').to_owned()
-        } else {
-            format!("http://{address}")
-        };
-        let http = reqwest::Client::builder()
+        let tls = corral_tls::installed().map(|t| &*t.client);
+        let base = sparse_sync::http_base(address, tls.is_some());
+        let http = sparse_sync::reqwest_tls(reqwest::Client::builder(), tls)
             .timeout(Duration::from_secs(30))
             .build()
             .map_err(|e| BimError::Internal(format!("HTTP client: {e}")))?;

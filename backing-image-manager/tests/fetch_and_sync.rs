@@ -121,7 +121,7 @@ async fn data_source_file_is_taken_over_by_rename_then_synced_to_another_disk() 
     assert_eq!(state(&again), "ready");
 
     // Downloads: raw (whole and ranged, HEAD) and gzip, all the verified bytes.
-    let http = reqwest::Client::new();
+    let http = common::http();
     let url = format!("{}/v1/files/ubuntu/download", a.http());
     let whole = http.get(&url).send().await.unwrap();
     assert_eq!(whole.status(), 200);
@@ -278,7 +278,7 @@ async fn real_data_source_download_is_fetched_by_one_manager_and_synced_by_anoth
         "data source ready-for-transfer",
         Duration::from_secs(60),
         async || {
-            let v: serde_json::Value = reqwest::get(format!("http://{ds_addr}/v1/file"))
+            let v: serde_json::Value = common::get(format!("http://{ds_addr}/v1/file"))
                 .await
                 .ok()?
                 .json()
@@ -311,7 +311,7 @@ async fn real_data_source_download_is_fetched_by_one_manager_and_synced_by_anoth
         "fetch copied the file"
     );
     assert!(!ds_file.exists());
-    let after: serde_json::Value = reqwest::get(format!("http://{ds_addr}/v1/file"))
+    let after: serde_json::Value = common::get(format!("http://{ds_addr}/v1/file"))
         .await
         .unwrap()
         .json()

@@ -148,7 +148,7 @@ async fn modified_file_is_reverified_and_a_corrupted_one_fails_and_is_never_serv
         (m == 1.0 && st == "ready").then_some(())
     })
     .await;
-    assert_eq!(reqwest::get(&url).await.unwrap().status(), 200);
+    assert_eq!(common::get(&url).await.unwrap().status(), 200);
 
     // A flipped byte: failed within the check interval, files gone, never served.
     let mut b = [0u8; 1];
@@ -156,13 +156,13 @@ async fn modified_file_is_reverified_and_a_corrupted_one_fails_and_is_never_serv
     f.write_all_at(&[b[0] ^ 0xff], 100).unwrap();
     f.set_modified(SystemTime::now()).unwrap();
     drop(f);
-    let resp = reqwest::get(&url).await.unwrap();
+    let resp = common::get(&url).await.unwrap();
     assert_eq!(resp.status(), 409, "a modified file was served");
     let failed = a.wait_state("img", "failed", 5).await;
     let msg = failed.status.unwrap().message;
     assert!(msg.contains("corrupted"), "{msg}");
     assert_ne!(sha512_hex_or_empty(&path), sum);
-    assert_eq!(reqwest::get(&url).await.unwrap().status(), 409);
+    assert_eq!(common::get(&url).await.unwrap().status(), 409);
 
     // A missing file fails too.
     let _ = place_and_fetch(&a, &disk, "gone", 2 * MIB, 2).await;

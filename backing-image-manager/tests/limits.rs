@@ -275,7 +275,7 @@ async fn bad_input_gets_clear_errors_and_leaves_no_files() {
     assert_eq!(sha512_hex(&disk_a.backing("kept", "u1")), sum);
     // Downloads of unknown names or names with tricks.
     for name in ["nothing", "..%2F..%2Fetc"] {
-        let st = reqwest::get(format!("{}/v1/files/{name}/download", a.http()))
+        let st = common::get(format!("{}/v1/files/{name}/download", a.http()))
             .await
             .unwrap()
             .status();
@@ -308,7 +308,7 @@ async fn a_data_source_file_linked_to_another_file_is_not_taken() {
     assert!(err.message().contains("hard links"), "{err}");
     assert_eq!(*ds.transfers.lock().unwrap(), 0);
     assert!(disk.image_dirs().is_empty(), "{:?}", disk.image_dirs());
-    let resp = reqwest::get(format!("{}/v1/files/img/download", bim.http()))
+    let resp = common::get(format!("{}/v1/files/img/download", bim.http()))
         .await
         .unwrap();
     assert_eq!(resp.status(), reqwest::StatusCode::NOT_FOUND);
@@ -322,7 +322,7 @@ async fn a_resumed_download_of_a_replaced_image_starts_over() {
     let disk = Disk::new("disk-a");
     let bim = Bim::start(&disk, 1, &[]);
     let url = format!("{}/v1/files/img/download", bim.http());
-    let http = reqwest::Client::new();
+    let http = common::http();
     let old_sum = place_and_fetch(&bim, &disk, "img", 2 * MIB, 1).await;
     let first = http.get(&url).send().await.unwrap();
     let etag = first.headers()["etag"].clone();

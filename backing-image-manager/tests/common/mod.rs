@@ -14,6 +14,19 @@ use corral_proto::v1;
 use sha2::{Digest, Sha512};
 use testkit::{Daemon, DaemonCommand, wait_for_async};
 
+/// A plaintext HTTP client (reqwest's own TLS default needs a provider this crate's build lacks:
+/// `sparse_sync::reqwest_tls`).
+pub fn http() -> reqwest::Client {
+    sparse_sync::reqwest_tls(reqwest::Client::builder(), None)
+        .build()
+        .expect("an HTTP client")
+}
+
+/// `GET url` with [`http`].
+pub async fn get(url: impl reqwest::IntoUrl) -> reqwest::Result<reqwest::Response> {
+    http().get(url).send().await
+}
+
 pub const MIB: u64 = 1 << 20;
 
 /// A disk directory with its identity file (under /var/tmp: a real filesystem with holes and FIEMAP).
@@ -196,7 +209,7 @@ impl Bim {
     }
 
     pub async fn metric(&self, name: &str) -> f64 {
-        let text = reqwest::get(format!("{}/metrics", self.http()))
+        let text = get(format!("{}/metrics", self.http()))
             .await
             .unwrap()
             .text()
