@@ -40,7 +40,10 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> Result<(), Bi
     let http = TcpListener::bind(cfg.http_listen)
         .await
         .map_err(|e| BimError::Internal(format!("binding HTTP {}: {e}", cfg.http_listen)))?;
-    let http_addr = http.local_addr().map_err(|e| BimError::Internal(e.to_string()))?;
+    // Mutual TLS with the process's configs (`--tls-dir`): a peer without a cluster certificate never reaches a route.
+    let http = corral_tls::TcpIncoming::new(http, corral_tls::installed().map(|t| t.server.clone()))
+        .map_err(|e| BimError::Internal(format!("HTTP {}: {e}", cfg.http_listen)))?;
+    let http_addr = http.local_addr();
     let grpc_addr = grpc.local_addr().map_err(|e| BimError::Internal(e.to_string()))?;
     let advertise_host = cfg.advertise_host.clone().unwrap_or_else(|| {
         let ip = if cfg.listen.ip().is_unspecified() {

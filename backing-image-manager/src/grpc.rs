@@ -110,7 +110,11 @@ impl BackingImageManagerService for BimService {
         let address = self.manager.config().http_address.clone();
         Ok(Response::new(v1::BimPrepareDownloadResponse {
             src_file_path: img.path,
-            url: format!("http://{address}/v1/files/{}/download", r.name),
+            url: format!(
+                "{}/v1/files/{}/download",
+                sparse_sync::http_base(&address, corral_tls::installed().is_some()),
+                r.name
+            ),
             address,
         }))
     }

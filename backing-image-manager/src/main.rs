@@ -27,6 +27,8 @@ struct Cli {
     output: corral_daemon::output::OutputArgs,
     #[command(flatten)]
     common: corral_daemon::cli::CommonArgs,
+    #[command(flatten)]
+    tls: corral_tls::TlsDirArg,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -123,6 +125,8 @@ async fn main() -> anyhow::Result<()> {
 
 async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
     let json = cli.output.json;
+    // The HTTP download, the data-source client and every sync receiver and sender take the process's configs.
+    cli.tls.load_and_install()?;
     match cli.cmd {
         Cmd::Serve {
             listen,

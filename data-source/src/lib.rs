@@ -34,12 +34,14 @@ use std::sync::Arc;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-/// Starts the job and serves the HTTP API on `listener` until `cancel`; then stops the job and waits for it.
+/// Starts the job and serves the HTTP API on `listener` until `cancel`; then stops the job and waits for it. With
+/// the process's TLS configs ([`corral_tls::installed`]) only peers with a certificate of the cluster reach the API.
 pub async fn serve(
     listener: TcpListener,
     ds: Arc<DataSource>,
     cancel: CancellationToken,
 ) -> std::io::Result<()> {
+    let listener = corral_tls::TcpIncoming::new(listener, corral_tls::installed().map(|t| t.server.clone()))?;
     ds.start();
     let app = http::router(ds.clone());
     let c = cancel.clone();

@@ -72,6 +72,8 @@ enum Cmd {
         /// AWS_SESSION_TOKEN); without it they come from the environment.
         #[arg(long, env = "CORRAL_BACKUP_CREDENTIALS_FILE")]
         backup_credentials_file: Option<PathBuf>,
+        #[command(flatten)]
+        tls: corral_tls::TlsDirArg,
     },
 }
 
@@ -92,7 +94,10 @@ fn main() -> anyhow::Result<()> {
         download_retries,
         receiver_ip,
         backup_credentials_file,
+        tls,
     } = cli.cmd;
+    // The HTTP API and an export's sync receiver take the process's configs.
+    let tls = tls.load_and_install()?;
     let ready_file = process.ready_file;
     let source_type: SourceType = source_type.parse().map_err(anyhow::Error::msg)?;
     let parameters: BTreeMap<String, String> = params.into_iter().collect();
@@ -110,7 +115,7 @@ fn main() -> anyhow::Result<()> {
         receiver_ip: receiver_ip.unwrap_or(listen.ip()),
         backup_credentials_file,
     };
-    tracing::info!(?config, %listen, "corral-datasource starting");
+    tracing::info!(?config, %listen, tls = ?tls, "corral-datasource starting");
     let rt = tokio::runtime::Runtime::new().context("starting the runtime")?;
     rt.block_on(async move {
         let cancel = corral_daemon::shutdown_on_signal();

@@ -11,8 +11,8 @@ pub struct TlsDirArg {
     /// Mutual TLS: DIR holds ca.crt (the cluster CA), tls.crt and tls.key (this node's certificate and key;
     /// `corral-tls issue` makes them). Peers must present a certificate of the same CA, and the name dialled must
     /// be in the server's certificate. Today it covers the data protocol over TCP (replica: server, engine:
-    /// client) and sparse-sync (receivers and senders); gRPC is not covered yet. Absent: plaintext. Unix sockets
-    /// are never wrapped.
+    /// client), sparse-sync (receivers and senders), corral-bim's HTTP download and the data source's HTTP API;
+    /// gRPC is not covered yet. Absent: plaintext. Unix sockets are never wrapped.
     #[arg(long, env = "CORRAL_TLS_DIR", value_name = "DIR")]
     pub tls_dir: Option<PathBuf>,
 }

@@ -116,6 +116,11 @@ impl Bim {
     /// The receivers still listen on a range (port 0 receivers are not implemented in the bim), so the range is the
     /// test kit's probe; a port of it taken by another process in between is skipped by the bim, not fatal.
     pub fn start(disk: &Disk, range_len: u16, extra: &[&str]) -> Self {
+        Self::start_with_env(disk, range_len, extra, &[])
+    }
+
+    /// [`start`](Self::start) with environment variables (`CORRAL_TLS_DIR`).
+    pub fn start_with_env(disk: &Disk, range_len: u16, extra: &[&str], envs: &[(&str, &Path)]) -> Self {
         let range = testkit::ports::unbound_port_run(range_len);
         let cmd = DaemonCommand::new(env!("CARGO_BIN_EXE_corral-bim"))
             .args([
@@ -130,6 +135,7 @@ impl Bim {
             .args(["--disk-uuid", &disk.uuid])
             .args(["--port-range", &format!("{range}-{}", range + range_len - 1)])
             .args(extra);
+        let cmd = envs.iter().fold(cmd, |cmd, (k, v)| cmd.env(k, v));
         // Waiting for the ready file blocks this thread: tell the (multi-thread) runtime.
         let daemon = tokio::task::block_in_place(|| cmd.spawn());
         Bim { daemon }

@@ -69,9 +69,27 @@ struct FileInfo {
     message: String,
 }
 
+/// The HTTP client of every data source this manager talks to, built once with the process's TLS configs
+/// (`corral_tls::installed`), and the URL of `path` on the data source at `address` (`https://` with them).
+pub(crate) fn data_source_http(
+    address: &str,
+    path: &str,
+) -> Result<(&'static reqwest::Client, String), String> {
+    static CLIENT: std::sync::OnceLock<Result<reqwest::Client, String>> = std::sync::OnceLock::new();
+    let tls = corral_tls::installed().map(|t| &*t.client);
+    let client = CLIENT.get_or_init(|| {
+        sparse_sync::reqwest_tls(reqwest::Client::builder(), tls)
+            .build()
+            .map_err(|e| format!("building the data-source HTTP client: {e}"))
+    });
+    let url = format!("{}{path}", sparse_sync::http_base(address, tls.is_some()));
+    client.as_ref().map(|c| (c, url)).map_err(Clone::clone)
+}
+
 async fn poll(address: &str) -> anyhow::Result<FileInfo> {
-    let resp = reqwest::Client::new()
-        .get(format!("http://{address}/v1/file"))
+    let (http, url) = data_source_http(address, "/v1/file").map_err(anyhow::Error::msg)?;
+    let resp = http
+        .get(url)
         .timeout(Duration::from_secs(3))
         .send()
         .await?

@@ -542,8 +542,13 @@ async fn upload(
         }
         tokio::time::sleep(Duration::from_millis(200)).await;
     };
-    let mut req = reqwest::Client::new()
-        .post(format!("http://{address}/v1/file?action=upload&size={size}"))
+    let (http, url) = super::datasource_controller::data_source_http(
+        &address,
+        &format!("/v1/file?action=upload&size={size}"),
+    )
+    .map_err(ApiError::Internal)?;
+    let mut req = http
+        .post(url)
         .body(reqwest::Body::wrap_stream(body.into_data_stream()));
     if let Some(ct) = headers.get(axum::http::header::CONTENT_TYPE) {
         req = req.header(reqwest::header::CONTENT_TYPE, ct.as_bytes());

@@ -254,7 +254,13 @@ async fn ready_file(ctx: &Ctx, name: &str, uuid: &str, all: &[DiskRef]) -> anyho
             let f = m.data.status.files.get(name)?;
             (f.uuid == uuid && f.state == state::READY && !m.data.status.http_address.is_empty()).then(|| {
                 ReadyFile {
-                    url: format!("http://{}/v1/files/{name}/download", m.data.status.http_address),
+                    url: format!(
+                        "{}/v1/files/{name}/download",
+                        sparse_sync::http_base(
+                            &m.data.status.http_address,
+                            corral_tls::installed().is_some()
+                        )
+                    ),
                     size: f.size,
                     checksum: f.current_checksum.clone(),
                     disk_uuid: m.data.spec.disk_uuid.clone(),

@@ -590,7 +590,21 @@ impl Reader {
     async fn open(source: &Source) -> std::result::Result<(Self, Option<u64>), String> {
         match source {
             Source::Url(url) => {
-                let resp = reqwest::get(url).await.map_err(|e| format!("GET {url}: {e}"))?;
+                // With the process's TLS configs the URL is a cluster endpoint (a corral-bim's download) dialled
+                // over mutual TLS; without them, any URL, verified against the system's roots as before.
+                let (url, builder) = match corral_tls::installed() {
+                    Some(t) => (
+                        sparse_sync::http_base(url, true),
+                        sparse_sync::reqwest_tls(reqwest::Client::builder(), Some(&t.client)),
+                    ),
+                    None => (url.clone(), reqwest::Client::builder()),
+                };
+                let http = builder.build().map_err(|e| format!("HTTP client: {e}"))?;
+                let resp = http
+                    .get(&url)
+                    .send()
+                    .await
+                    .map_err(|e| format!("GET {url}: {e}"))?;
                 if !resp.status().is_success() {
                     return Err(format!("GET {url}: HTTP {}", resp.status()));
                 }

@@ -33,7 +33,8 @@ pub struct CreateArgs {
     /// The backing image's name (letters, digits, `.`, `_`, `-`).
     pub name: String,
     /// An HTTP(S) URL answering GET with the raw image (e.g. a backing-image manager's
-    /// /v1/files/NAME/download).
+    /// /v1/files/NAME/download). A daemon with --tls-dir dials it over https with the cluster's certificates:
+    /// then it must be a cluster endpoint.
     #[arg(long)]
     pub from_url: Option<String>,
     /// A raw image file on the daemon's host (absolute path).
