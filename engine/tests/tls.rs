@@ -6,46 +6,19 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 
 use common::{Engine, Replica};
-use corral_tls::rustls::pki_types::CertificateDer;
-use corral_tls::rustls::pki_types::pem::PemObject;
-use corral_tls::rustls::{self, RootCertStore};
-use corral_tls::{ClusterCa, LeafRequest, SubjectAltName, TlsDir};
+use corral_tls::rustls;
+use corral_tls::{LeafRequest, SubjectAltName};
 use data_protocol::{ClientConfig, ClientError, DataClient};
-use testkit::{qemu_io, sha256_file};
+use testkit::{TestPki, qemu_io, sha256_file};
 
 const SIZE: u64 = 16 << 20;
 
 fn localhost() -> Vec<SubjectAltName> {
     vec![SubjectAltName::Ip("127.0.0.1".parse().unwrap())]
-}
-
-/// Issues a node certificate of `ca` into `root/name` (a `--tls-dir`).
-fn issue(ca: &ClusterCa, root: &Path, name: &str, req: &LeafRequest) -> PathBuf {
-    let dir = root.join(name);
-    ca.issue(req).unwrap().write(&dir).unwrap();
-    dir
-}
-
-fn client_tls(dir: &Path) -> Arc<rustls::ClientConfig> {
-    Arc::new(TlsDir::load(dir).unwrap().client_config().unwrap())
-}
-
-/// A client that trusts `ca` but presents no certificate.
-fn client_without_certificate(ca: &ClusterCa) -> Arc<rustls::ClientConfig> {
-    let mut roots = RootCertStore::empty();
-    for cert in CertificateDer::pem_slice_iter(ca.cert_pem().as_bytes()) {
-        roots.add(cert.unwrap()).unwrap();
-    }
-    let cfg = rustls::ClientConfig::builder_with_provider(corral_tls::provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Arc::new(cfg)
 }
 
 async fn connect(r: &Replica, tls: Option<Arc<rustls::ClientConfig>>) -> Result<DataClient, ClientError> {
@@ -77,19 +50,9 @@ fn files(dir: &Path) -> Vec<(String, String)> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn io_reaches_a_replica_over_mutual_tls_and_strangers_are_refused_at_the_handshake() {
     let t = tempfile::tempdir().unwrap();
-    let ca = ClusterCa::generate("cluster", 30).unwrap();
-    let replica_tls = issue(
-        &ca,
-        t.path(),
-        "replica-tls",
-        &LeafRequest::new("replica", localhost(), 30),
-    );
-    let engine_tls = issue(
-        &ca,
-        t.path(),
-        "engine-tls",
-        &LeafRequest::new("engine", localhost(), 30),
-    );
+    let pki = TestPki::new(t.path());
+    let replica_tls = pki.node("replica");
+    let engine_tls = pki.node("engine");
     let tls_flag = |dir: &Path| ["--tls-dir".to_owned(), dir.display().to_string()];
 
     let r = Replica::start_tcp_only(
@@ -120,29 +83,13 @@ async fn io_reaches_a_replica_over_mutual_tls_and_strangers_are_refused_at_the_h
     e.kill();
 
     let before = files(&r.dir);
-    let stranger_ca = ClusterCa::generate("another cluster", 30).unwrap();
-    let stranger = issue(
-        &stranger_ca,
-        t.path(),
-        "stranger",
-        &LeafRequest::new("stranger", localhost(), 30),
-    );
-    let mut expired = LeafRequest::new("expired", localhost(), 30);
-    expired.not_before = time::OffsetDateTime::now_utc() - time::Duration::days(10);
-    expired.not_after = time::OffsetDateTime::now_utc() - time::Duration::days(1);
-    let expired = issue(&ca, t.path(), "expired", &expired);
-    let refused = [
-        ("no TLS", None),
-        ("no certificate", Some(client_without_certificate(&ca))),
-        ("another cluster's CA", Some(client_tls(&stranger))),
-        ("an expired certificate", Some(client_tls(&expired))),
-    ];
+    let refused = pki.strangers();
     for (what, tls) in refused {
         let err = connect(&r, tls).await.err();
         assert!(err.is_some(), "a client with {what} was let in");
     }
     // The valid engine certificate still connects: what refused the others was their certificates.
-    connect(&r, Some(client_tls(&engine_tls)))
+    connect(&r, Some(TestPki::client(&engine_tls)))
         .await
         .unwrap()
         .close()
@@ -160,21 +107,12 @@ async fn io_reaches_a_replica_over_mutual_tls_and_strangers_are_refused_at_the_h
     );
 
     // A replica whose certificate is for another address: the engine's client refuses it.
-    let elsewhere = issue(
-        &ca,
-        t.path(),
-        "elsewhere",
-        &LeafRequest::new(
-            "elsewhere",
-            vec![SubjectAltName::Ip("10.9.9.9".parse().unwrap())],
-            30,
-        ),
-    );
+    let elsewhere = pki.misnamed();
     let r2 = Replica::start_tcp_only(
         &t.path().join("r2"),
         &tls_flag(&elsewhere).each_ref().map(String::as_str),
     );
-    let Err(err) = connect(&r2, Some(client_tls(&engine_tls))).await else {
+    let Err(err) = connect(&r2, Some(TestPki::client(&engine_tls))).await else {
         panic!("a misnamed replica was trusted");
     };
     assert!(err.to_string().contains("not valid for name"), "{err}");
@@ -183,9 +121,9 @@ async fn io_reaches_a_replica_over_mutual_tls_and_strangers_are_refused_at_the_h
 #[test]
 fn a_replica_given_a_key_that_is_not_its_certificates_does_not_start_and_names_the_file() {
     let t = tempfile::tempdir().unwrap();
-    let ca = ClusterCa::generate("cluster", 30).unwrap();
-    let a = issue(&ca, t.path(), "a", &LeafRequest::new("a", localhost(), 30));
-    let b = ca.issue(&LeafRequest::new("b", localhost(), 30)).unwrap();
+    let pki = TestPki::new(t.path());
+    let a = pki.node("a");
+    let b = pki.ca.issue(&LeafRequest::new("b", localhost(), 30)).unwrap();
     std::fs::write(a.join(corral_tls::KEY), b.key_pem()).unwrap();
     let out = std::process::Command::new(common::bin("corral-replica"))
         .args(["serve", "--listen", "127.0.0.1:0", "--dir"])
