@@ -53,15 +53,12 @@ fn bind(path: &Path) -> anyhow::Result<tokio::net::UnixListener> {
     if let Some(dir) = path.parent() {
         std::fs::create_dir_all(dir)?;
     }
-    // A socket left by a previous run would refuse the bind.
-    match std::fs::remove_file(path) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e.into()),
-    }
-    // Access (issue 40): no TLS on the CSI socket; created with the process umask (0755 under the usual 022), so
-    // only the plugin's user (root, as kubelet runs it) can connect; kubelet reaches it through its plugin directory.
-    Ok(tokio::net::UnixListener::bind(path)?)
+    // Access (issue 40): no TLS on the CSI socket; it is 0600 (`bind_private`, whatever the umask), so only the
+    // plugin's user (root, as kubelet runs it) can connect; kubelet reaches it through its plugin directory. A
+    // socket left by a previous run is replaced; any other file there is refused.
+    let listener = corral_daemon::unix::bind_private(path)?;
+    listener.set_nonblocking(true)?;
+    Ok(tokio::net::UnixListener::from_std(listener)?)
 }
 
 pub async fn serve(cfg: PluginConfig, cancel: CancellationToken) -> anyhow::Result<()> {

@@ -3,8 +3,9 @@
 //! `--json`, quiet on a closed pipe), the metrics and health server ([`metrics`]), SIGTERM/SIGINT turned into a
 //! cancellation, byte sizes with binary suffixes on the command line, progress bars only when a human is watching,
 //! freed heap given back to the kernel ([`heap`]), the ready report a daemon gives once its listeners are bound
-//! ([`ready`]), and how a supervisor starts, recognises and stops a daemon that outlives it ([`supervise`]). A disk
-//! directory's identity and durable writes are `corral_disk`'s.
+//! ([`ready`]), how a supervisor starts, recognises and stops a daemon that outlives it ([`supervise`]), and the
+//! private unix sockets a daemon serves ([`unix`]). A disk directory's identity and durable writes are
+//! `corral_disk`'s.
 
 pub mod cli;
 pub mod heap;
@@ -12,6 +13,7 @@ pub mod metrics;
 pub mod output;
 pub mod ready;
 pub mod supervise;
+pub mod unix;
 
 use std::time::Duration;
 

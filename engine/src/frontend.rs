@@ -132,18 +132,10 @@ impl Frontend {
         for l in self.listeners() {
             match &l {
                 NbdListen::Unix(path) => {
-                    // A socket file left by a killed engine would make bind fail.
-                    if std::fs::symlink_metadata(path)
-                        .is_ok_and(|m| std::os::unix::fs::FileTypeExt::is_socket(&m.file_type()))
-                    {
-                        let _ = std::fs::remove_file(path);
-                    }
-                    let bind_err = |e: std::io::Error| {
-                        EngineError::Internal(format!("bind NBD socket {}: {e}", path.display()))
-                    };
-                    // Access (issue 40): no TLS here; created with the process umask (0755 under the usual 022),
-                    // and connect(2) needs write permission, so only the engine's user (and root) can connect.
-                    let listener = std::os::unix::net::UnixListener::bind(path).map_err(bind_err)?;
+                    let bind_err = |e: std::io::Error| EngineError::Internal(format!("NBD socket: {e}"));
+                    // Access (issue 40): no TLS here; the socket is 0600 (`bind_private`): only the engine's user
+                    // (and root) can connect. A socket left by a killed engine is replaced.
+                    let listener = corral_daemon::unix::bind_private(path).map_err(bind_err)?;
                     listener.set_nonblocking(true).map_err(bind_err)?;
                     let (s, c, p) = (server.clone(), cancel.clone(), path.clone());
                     tasks.spawn_on(

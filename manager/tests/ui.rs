@@ -7,8 +7,9 @@
 //! becomes ready with the file's SHA-512; Delete is disabled for an image a volume uses; two unused images are
 //! deleted in one batch after a confirmation; a volume created from the page on that image reads its data; at 390 px
 //! the layout is checked by element positions. A second test: a failed download's unavailable icon and message, a
-//! restore with "Use previous backing image", a DR volume activated, a snapshot clone, a rebuild followed live. Every
-//! page is photographed at 1280×800 and 390×844 into `target/tmp/ui-screenshots/` (copies are committed in
+//! restore with "Use previous backing image", a DR volume activated, a snapshot clone, a rebuild followed live. A
+//! third: sign-in with a wrong token, sign-in, the token kept in the tab only, Sign out, a revoked token signed out.
+//! Every page is photographed at 1280×800 and 390×844 into `target/tmp/ui-screenshots/` (copies are committed in
 //! `docs/ui/`).
 //!
 //! Run alone: `cargo nextest run -p manager --test ui` (build the binaries first). Without chromium and
@@ -648,6 +649,94 @@ fn ui_drives_volumes_and_backing_images_in_chromium() {
     );
     assert_eq!(fits, json!(true), "the create form fits a 390 px screen");
     eprintln!("screenshots in {}", shots.display());
+}
+
+/// Sign-in and sign-out as a user meets them, from a tab that holds no token: a token the cluster does not know is
+/// refused on the sign-in page and nothing is kept; a viewer's token signs in, lives in this tab's sessionStorage
+/// only (no localStorage, no cookie) and is never shown on the page; Sign out forgets it and a reload stays on the
+/// sign-in page; a token revoked while signed in sends the next page back to sign-in with the reason.
+#[test]
+fn ui_signs_in_and_out_and_keeps_the_token_in_the_tab_only() {
+    if let Some(why) = browser_missing() {
+        assert!(std::env::var_os("CI").is_none(), "CI must run the UI test: {why}");
+        eprintln!("skipped: {why}");
+        return;
+    }
+    let dir = testkit::disk_tempdir("corral-ui-auth-");
+    let m = Manager::start(&dir.path().join("n1"), "n1", "embedded", port_range(0));
+    let b = Browser::start();
+    let kept = "return [sessionStorage.getItem('corral-token'), localStorage.length, document.cookie]";
+    let visit = |hash: &str| {
+        b.cmd(
+            "POST",
+            "/url",
+            Some(&json!({ "url": format!("{}/{hash}", m.url) })),
+        );
+        b.wait_rendered();
+    };
+    visit("#/volumes");
+    assert_eq!(b.rendered(), "signin", "a tab without a token starts on sign-in");
+    assert_eq!(b.js(kept, &[]), json!([null, 0, ""]));
+
+    b.fill("#token", "corral-not-a-token-of-this-cluster-0123456789");
+    b.click("#signin button[type=submit]");
+    let e = b.wait_text("#signin-error", "the refusal", PAGE, |t| !t.is_empty());
+    assert_eq!(e, "That token is unknown or revoked.");
+    assert_eq!(b.rendered(), "signin");
+    assert_eq!(
+        b.js(kept, &[]),
+        json!([null, 0, ""]),
+        "a refused token is not kept"
+    );
+
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/tokens", m.url),
+        Some(&json!({"name": "ui-viewer", "role": "viewer"})),
+    );
+    assert_eq!(code, 201, "{v}");
+    let viewer = v["token"].as_str().unwrap().to_owned();
+    b.sign_in(&viewer);
+    assert_eq!(
+        b.js(kept, &[]),
+        json!([viewer, 0, ""]),
+        "the token in sessionStorage only"
+    );
+    let shown = b.js(
+        "return document.documentElement.outerHTML.includes(arguments[0])",
+        &[json!(viewer)],
+    );
+    assert_eq!(shown, json!(false), "the token is never on the page");
+    assert_eq!(
+        b.js("return document.getElementById('signout').hidden", &[]),
+        json!(false)
+    );
+
+    b.click("#signout");
+    wait_for("the sign-in page after Sign out", PAGE, || {
+        (b.rendered() == "signin").then_some(())
+    });
+    assert_eq!(
+        b.js(kept, &[]),
+        json!([null, 0, ""]),
+        "Sign out forgets the token"
+    );
+    visit("#/nodes");
+    assert_eq!(b.rendered(), "signin", "a reload after Sign out stays signed out");
+
+    b.sign_in(&viewer);
+    let (code, v) = rest("DELETE", &format!("{}/v1/tokens/ui-viewer", m.url), None);
+    assert!(code == 200 || code == 204, "revoke: {code} {v}");
+    b.js("location.hash = '#/volumes'; return null", &[]);
+    let e = b.wait_text("#signin-error", "the revoked token's sign-out", PAGE, |t| {
+        !t.is_empty()
+    });
+    assert_eq!(e, "Signed out: sign in again.");
+    assert_eq!(
+        b.js(kept, &[]),
+        json!([null, 0, ""]),
+        "a revoked token is forgotten"
+    );
 }
 
 /// Picks `value` in the select `css` as a user does (the change event included).

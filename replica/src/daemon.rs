@@ -82,21 +82,14 @@ fn raise_nofile_limit() {
 /// Binds the data protocol's unix socket at `path`, replacing a socket file left by a process that died (a
 /// SIGKILLed replica cannot remove its own); any other kind of file there is refused, not removed.
 ///
-/// Access (issue 40): the data protocol on a unix socket is never wrapped in TLS. The socket is created with the
-/// process umask (0755 under the usual 022): connect(2) needs write permission on it, so only the replica's user
-/// (and root) can connect; the directory it lives in (the manager's run directory) is the second fence. v1
-/// `--data-unix` and v2 `--data-unix-dir` both bind here.
+/// Access (issue 40): the data protocol on a unix socket is never wrapped in TLS. The socket is 0600
+/// (`corral_daemon::unix::bind_private`, whatever the umask): only the replica's user (and root) can connect; the
+/// directory it lives in (the manager's run directory) is the second fence. v1 `--data-unix` and v2
+/// `--data-unix-dir` both bind here.
 pub(crate) fn bind_unix(path: &std::path::Path) -> anyhow::Result<tokio::net::UnixListener> {
-    use std::os::unix::fs::FileTypeExt;
-    match std::fs::symlink_metadata(path) {
-        Ok(m) if m.file_type().is_socket() => {
-            std::fs::remove_file(path).with_context(|| format!("remove stale socket {}", path.display()))?;
-        }
-        Ok(_) => bail!("--data-unix {}: exists and is not a socket", path.display()),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(e).with_context(|| format!("--data-unix {}", path.display())),
-    }
-    tokio::net::UnixListener::bind(path).with_context(|| format!("bind data socket {}", path.display()))
+    let listener = corral_daemon::unix::bind_private(path).context("data socket")?;
+    listener.set_nonblocking(true).context("data socket")?;
+    Ok(tokio::net::UnixListener::from_std(listener)?)
 }
 
 /// Runs the daemon until `cancel`.

@@ -4,8 +4,6 @@
 //! managers do not get the file: copy it, or create a token with `corral token create`). A token already in the
 //! file when the store is empty (a Kubernetes Secret mounted there) is adopted rather than replaced.
 
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 
 use anyhow::Context;
@@ -63,22 +61,6 @@ pub async fn ensure_admin_token(db: &Db, path: &Path) -> anyhow::Result<bool> {
 
 /// Writes `secret` to `path` with mode 0600, atomically: a reader sees the old file or the whole new one.
 pub fn write_secret_file(path: &Path, secret: &str) -> anyhow::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let tmp = path.with_extension("tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .with_context(|| format!("create {}", tmp.display()))?;
-    f.write_all(secret.as_bytes())
-        .and_then(|()| f.write_all(b"\n"))
-        .and_then(|()| f.sync_all())
-        .with_context(|| format!("write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("rename {} to {}", tmp.display(), path.display()))?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
-        .with_context(|| format!("fsync {}", dir.display()))?;
-    Ok(())
+    corral_disk::durable::write_atomic_mode(path, format!("{secret}\n").as_bytes(), 0o600)
+        .with_context(|| format!("write {}", path.display()))
 }
