@@ -21,6 +21,7 @@ use crate::backup::{BackupRecords, ChainEnd, DirRecords, ReplicaSink, RestoreSta
 use crate::error::ReplicaError;
 use crate::host::ReplicaHost;
 use crate::locks::lock;
+use crate::service::blocking;
 
 /// The one mapping from backup-store errors to gRPC statuses.
 pub fn backup_status(e: &BackupStoreError) -> Status {
@@ -200,15 +201,6 @@ fn backing_image_given(name: &str, checksum: &str) -> Result<Option<(String, Str
 
 fn credential_map(c: &HashMap<String, String>) -> BTreeMap<String, String> {
     c.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
-}
-
-async fn blocking<T: Send + 'static>(
-    f: impl FnOnce() -> Result<T, ReplicaError> + Send + 'static,
-) -> Result<T, Status> {
-    tokio::task::spawn_blocking(f)
-        .await
-        .map_err(|e| Status::internal(format!("task failed: {e}")))?
-        .map_err(Status::from)
 }
 
 impl ReplicaBackupGrpc {

@@ -26,6 +26,7 @@ use crate::layout::DirLayout;
 use crate::metrics::serve_metrics;
 use crate::model::ServedEndpoints;
 use crate::replica::{Replica, ReplicaOptions};
+use crate::service::file_chain::FileChainReplica;
 use crate::service::grpc::ReplicaGrpc;
 
 /// Effective daemon configuration.
@@ -158,9 +159,10 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
 
     let data_server = DataServer::new(host.clone() as Arc<dyn BlockBackend>, cfg.data.clone())?;
     let data_metrics = data_server.metrics();
-    let grpc = ReplicaGrpc::new(host.clone(), cfg.listen.ip(), served, cancel.clone())
+    let served_replica = FileChainReplica::new(host.clone(), cfg.listen.ip(), cancel.clone())
         .with_local_copy(cfg.local_copy)
         .with_foreground_io(data_metrics.clone());
+    let grpc = ReplicaGrpc::new(Arc::new(served_replica), served);
     let data_server = Arc::new(data_server);
 
     let mut tasks = tokio::task::JoinSet::new();

@@ -30,12 +30,13 @@ use super::backing_image::{BackingImages, SyncStaging};
 use super::backup::V2Backup;
 use super::lvol::{LvolReplica, check_replica_name, replicas_in};
 use super::metrics::{MetricsTable, ReplicaIoLatency, ReplicaMetrics, TimedBackend};
-use super::service::{V2Grpc, V2Replica};
+use super::service::V2Replica;
 use crate::backup_service::ReplicaBackupGrpc;
 use crate::error::ReplicaError;
 use crate::jobs::JobTable;
 use crate::locks::lock;
 use crate::model::ServedEndpoints;
+use crate::service::grpc::ReplicaGrpc;
 
 /// Configuration of `serve-lvstore`.
 #[derive(Debug, Clone)]
@@ -162,7 +163,7 @@ impl LvstoreDaemon {
             scratch: self.scratch.clone(),
             cancel: cancel.clone(),
         });
-        let grpc = V2Grpc::new(host.clone(), served);
+        let grpc = ReplicaGrpc::new(host.clone(), served);
         let mut tasks = tokio::task::JoinSet::new();
         let c = cancel.clone();
         // Every call carrying an engine generation below the one this replica accepted is refused.
