@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use corral_proto::v1::backing_image_manager_service_server::BackingImageManagerServiceServer;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -30,6 +29,9 @@ pub struct ServeConfig {
     pub send_max_rate: Option<u64>,
     /// Where to write the ready report (`corral_daemon::ready`).
     pub ready_file: Option<PathBuf>,
+    /// Mutual TLS (`--tls-dir`; `None`: plaintext): the gRPC server here, the gRPC clients through the process's
+    /// configs (`corral_tls::install`).
+    pub tls: Option<corral_tls::TlsConfigs>,
 }
 
 /// Serves until `cancel`; fails at start when the disk is not the expected one or an address is taken.
@@ -100,7 +102,11 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> Result<(), Bi
         .add_service(BackingImageManagerServiceServer::new(BimService::new(
             manager.clone(),
         )))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), cancel.cancelled())
+        .serve_with_incoming_shutdown(
+            corral_proto::grpc::incoming(grpc, cfg.tls.as_ref().map(|t| t.server.clone()))
+                .map_err(|e| BimError::Internal(e.to_string()))?,
+            cancel.cancelled(),
+        )
         .await;
     cancel.cancel();
     manager.tasks.close();

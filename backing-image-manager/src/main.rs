@@ -125,8 +125,9 @@ async fn main() -> anyhow::Result<()> {
 
 async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
     let json = cli.output.json;
-    // The HTTP download, the data-source client and every sync receiver and sender take the process's configs.
-    cli.tls.load_and_install()?;
+    // The HTTP download, the data-source client, every sync receiver and sender and every gRPC channel take the
+    // process's configs; the gRPC server takes them from `ServeConfig::tls`.
+    let tls = cli.tls.load_and_install()?;
     match cli.cmd {
         Cmd::Serve {
             listen,
@@ -154,6 +155,7 @@ async fn run(cli: Cli, process: Process) -> anyhow::Result<()> {
                 sync_idle_timeout: Duration::from_secs(sync_idle_timeout.max(1)),
                 send_max_rate,
                 ready_file: process.ready_file,
+                tls,
             };
             let cancel = corral_daemon::shutdown_on_signal();
             serve(cfg, cancel).await.context("corral-bim serve")

@@ -10,7 +10,6 @@ use anyhow::Context;
 use corral_proto::v1::controller_service_server::ControllerServiceServer;
 use data_protocol::ClientConfig;
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -51,7 +50,8 @@ pub struct ServeConfig {
     pub ready_file: Option<std::path::PathBuf>,
     /// Rate of rebuilds whose request names none.
     pub rebuild_rate: crate::rebuild::RebuildRate,
-    /// Mutual TLS towards replicas over TCP (`--tls-dir`; `None`: plaintext).
+    /// Mutual TLS (`--tls-dir`; `None`: plaintext): the ControllerService's server, the client towards replicas
+    /// (data protocol; gRPC and sparse-sync through the process's configs, `corral_tls::install`).
     pub tls: Option<corral_tls::TlsConfigs>,
 }
 
@@ -109,11 +109,11 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
     };
 
     let mut tasks = tokio::task::JoinSet::new();
-    let c = cancel.clone();
+    let (c, tls) = (cancel.clone(), cfg.tls.as_ref().map(|t| t.server.clone()));
     tasks.spawn(async move {
         tonic::transport::Server::builder()
             .add_service(ControllerServiceServer::new(grpc))
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), c.cancelled())
+            .serve_with_incoming_shutdown(corral_proto::grpc::incoming(listener, tls)?, c.cancelled())
             .await
             .context("ControllerService")
     });

@@ -33,6 +33,8 @@ struct Cli {
     output: corral_daemon::output::OutputArgs,
     #[command(flatten)]
     common: corral_daemon::cli::CommonArgs,
+    #[command(flatten)]
+    tls: corral_tls::TlsDirArg,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -185,8 +187,6 @@ struct ServeArgs {
     rebuild_rate: RebuildRateArgs,
     #[command(flatten)]
     metrics: corral_daemon::metrics::MetricsListenArg,
-    #[command(flatten)]
-    tls: corral_tls::TlsDirArg,
 }
 
 #[tokio::main]
@@ -195,8 +195,9 @@ async fn main() -> anyhow::Result<()> {
     let kind = RunKind::serving(matches!(cli.cmd, Cmd::Serve(_)));
     let process = cli.common.init(kind)?;
     let json = cli.output.json;
+    let tls = cli.tls.load_and_install()?;
     match cli.cmd {
-        Cmd::Serve(args) => serve_engine(args, process.ready_file).await,
+        Cmd::Serve(args) => serve_engine(args, process.ready_file, tls).await,
         Cmd::Info => {
             let v = client(&cli.url)
                 .await?
@@ -375,7 +376,11 @@ async fn replica_add(
 }
 
 /// `serve`: the engine of one volume until SIGTERM.
-async fn serve_engine(args: ServeArgs, ready_file: Option<std::path::PathBuf>) -> anyhow::Result<()> {
+async fn serve_engine(
+    args: ServeArgs,
+    ready_file: Option<std::path::PathBuf>,
+    tls: Option<corral_tls::TlsConfigs>,
+) -> anyhow::Result<()> {
     let ServeArgs {
         volume,
         size,
@@ -390,12 +395,10 @@ async fn serve_engine(args: ServeArgs, ready_file: Option<std::path::PathBuf>) -
         generation,
         rebuild_rate,
         metrics,
-        tls,
     } = args;
     if frontend != "nbd" {
         bail!("frontend {frontend:?} is not supported (only nbd)");
     }
-    let tls = tls.load_and_install()?;
     let cancel = corral_daemon::shutdown_on_signal();
     let cfg = ServeConfig {
         volume,

@@ -12,7 +12,6 @@ use corral_proto::v1::{
 };
 use instance_manager::service::InstanceGrpc;
 use instance_manager::table::ProcessTable;
-use tokio_stream::wrappers::TcpListenerStream;
 
 #[derive(Parser, Debug)]
 #[command(
@@ -27,6 +26,8 @@ struct Cli {
     common: corral_daemon::cli::CommonArgs,
     #[command(flatten)]
     out: OutputArgs,
+    #[command(flatten)]
+    tls: corral_tls::TlsDirArg,
 }
 
 #[derive(Subcommand, Debug)]
@@ -74,6 +75,7 @@ async fn main() -> anyhow::Result<()> {
     let process = cli
         .common
         .init(RunKind::serving(matches!(cli.cmd, Cmd::Serve { .. })))?;
+    let tls = cli.tls.load_and_install()?;
     match cli.cmd {
         Cmd::Serve {
             listen,
@@ -87,6 +89,7 @@ async fn main() -> anyhow::Result<()> {
                 bin_dir,
                 metrics.metrics_listen,
                 process.ready_file,
+                tls,
             )
             .await
         }
@@ -177,6 +180,7 @@ async fn serve(
     bin_dir: Option<PathBuf>,
     metrics_listen: Option<SocketAddr>,
     ready_file: Option<PathBuf>,
+    tls: Option<corral_tls::TlsConfigs>,
 ) -> anyhow::Result<()> {
     std::fs::create_dir_all(&data_dir).with_context(|| format!("create {}", data_dir.display()))?;
     let data_dir = data_dir.canonicalize()?;
@@ -191,7 +195,11 @@ async fn serve(
     tracing::info!(%listen, data_dir = %data_dir.display(), bin_dir = %bin_dir.display(), ?metrics_listen,
         version = instance_manager::build_info::VERSION, ?features, "corral-im starting");
     let cancel = corral_daemon::shutdown_on_signal();
-    let table = ProcessTable::open(&data_dir, &bin_dir).await?;
+    let tls_dir = match &tls {
+        Some(t) => Some(t.dir.canonicalize()?),
+        None => None,
+    };
+    let table = ProcessTable::open(&data_dir, &bin_dir, tls_dir.as_deref()).await?;
     let monitor = tokio::spawn(table.clone().monitor(cancel.clone()));
     let grpc = tokio::net::TcpListener::bind(listen)
         .await
@@ -217,7 +225,10 @@ async fn serve(
             cancel.clone(),
             features,
         )))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(grpc), cancel.cancelled())
+        .serve_with_incoming_shutdown(
+            corral_proto::grpc::incoming(grpc, tls.map(|t| t.server))?,
+            cancel.cancelled(),
+        )
         .await?;
     cancel.cancel();
     let _ = monitor.await;

@@ -140,6 +140,9 @@ pub struct TableFigures {
 pub struct ProcessTable {
     data_dir: PathBuf,
     bin_dir: PathBuf,
+    /// This instance manager's `--tls-dir`, given to every process it starts as `CORRAL_TLS_DIR` (the node's
+    /// certificates: a client cannot choose another).
+    tls_dir: Option<PathBuf>,
     entries: Mutex<BTreeMap<String, Entry>>,
     /// Orders writes of the table file (each writes the newest snapshot).
     persist_lock: tokio::sync::Mutex<()>,
@@ -155,7 +158,7 @@ impl ProcessTable {
 
     /// Opens the table of `data_dir`: processes recorded live that still run are adopted, those that died while no
     /// instance manager watched are recorded as failed.
-    pub async fn open(data_dir: &Path, bin_dir: &Path) -> Result<Arc<Self>, ImError> {
+    pub async fn open(data_dir: &Path, bin_dir: &Path, tls_dir: Option<&Path>) -> Result<Arc<Self>, ImError> {
         let path = Self::file(data_dir);
         let loaded: Vec<Entry> = match std::fs::read(&path) {
             Ok(bytes) => serde_json::from_slice(&bytes).map_err(|e| ImError::Load {
@@ -191,6 +194,7 @@ impl ProcessTable {
         let table = Arc::new(Self {
             data_dir: data_dir.to_owned(),
             bin_dir: bin_dir.to_owned(),
+            tls_dir: tls_dir.map(Path::to_owned),
             entries: Mutex::new(entries),
             persist_lock: tokio::sync::Mutex::new(()),
             changes: broadcast::channel(256).0,
@@ -310,7 +314,11 @@ impl ProcessTable {
             let mut args = spec.args.clone();
             args.push("--ready-file".to_owned());
             args.push(ready.display().to_string());
-            let env: Vec<(String, String)> = spec.env.clone().into_iter().collect();
+            let mut env: Vec<(String, String)> = spec.env.clone().into_iter().collect();
+            if let Some(dir) = &self.tls_dir {
+                // Last: it wins over a client's value.
+                env.push((corral_tls::TLS_DIR_ENV.to_owned(), dir.display().to_string()));
+            }
             let (spawned, child) = supervise::spawn(&self.bin_dir.join(&spec.binary), &args, &env, &log)
                 .map_err(|source| ImError::Spawn {
                     name: spec.name.clone(),

@@ -59,8 +59,12 @@ pub fn is_alive(rec: &ProcessRecord, binary_name: &str) -> bool {
 /// Where the node's daemons run.
 #[derive(Debug, Clone)]
 pub enum ProcessHost {
-    /// Children of this manager, started from `bin_dir`.
-    Local { bin_dir: PathBuf },
+    /// Children of this manager, started from `bin_dir`, given `tls_dir` (the manager's `--tls-dir`) as
+    /// `CORRAL_TLS_DIR`.
+    Local {
+        bin_dir: PathBuf,
+        tls_dir: Option<PathBuf>,
+    },
     /// Processes of the node's instance manager.
     InstanceManager(InstanceManager),
 }
@@ -115,6 +119,7 @@ impl Supervisor {
             kind,
             ProcessHost::Local {
                 bin_dir: bin_dir.to_owned(),
+                tls_dir: None,
             },
             data_dir,
         )
@@ -279,7 +284,9 @@ impl Supervisor {
         restarts: u32,
     ) -> Result<ProcessRecord, ProcessError> {
         let mut rec = match &self.host {
-            ProcessHost::Local { bin_dir } => self.start_local(bin_dir, name, args)?,
+            ProcessHost::Local { bin_dir, tls_dir } => {
+                self.start_local(bin_dir, tls_dir.as_deref(), name, args)?
+            }
             ProcessHost::InstanceManager(im) => self.start_im(im, name, args).await?,
         };
         rec.restarts = restarts;
@@ -289,6 +296,7 @@ impl Supervisor {
     fn start_local(
         &self,
         bin_dir: &Path,
+        tls_dir: Option<&Path>,
         name: &str,
         mut args: Vec<String>,
     ) -> Result<ProcessRecord, ProcessError> {
@@ -312,7 +320,11 @@ impl Supervisor {
         args.push("--ready-file".to_owned());
         args.push(ready.display().to_string());
         let binary = bin_dir.join(self.binary);
-        let (spawned, mut child) = supervise::spawn(&binary, &args, &[], &self.log_path(name))?;
+        let env: Vec<_> = tls_dir
+            .map(|d| (corral_tls::TLS_DIR_ENV.to_owned(), d.display().to_string()))
+            .into_iter()
+            .collect();
+        let (spawned, mut child) = supervise::spawn(&binary, &args, &env, &self.log_path(name))?;
         let pid = spawned.pid;
         let shown = binary.display().to_string();
         // Reaped here so it never lingers as a zombie; a restarted manager finds it by pid and start time.

@@ -16,7 +16,6 @@ use corral_proto::v1::{
 };
 use data_protocol::{BlockBackend, DataServer, ServerConfig};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
@@ -175,10 +174,11 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
         corral_proto::engine_generation::check(req.metadata(), recorded).map(|()| req)
     };
     let svc = ReplicaServiceServer::with_interceptor(grpc.clone(), fence.clone());
+    let tls = cfg.data.tls.clone();
     tasks.spawn(async move {
         tonic::transport::Server::builder()
             .add_service(svc)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(control), c.cancelled())
+            .serve_with_incoming_shutdown(corral_proto::grpc::incoming(control, tls)?, c.cancelled())
             .await
             .context("ReplicaService")
     });
@@ -186,11 +186,12 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
     let svc = SyncAgentServiceServer::with_interceptor(grpc, fence.clone());
     let backup_svc =
         ReplicaBackupServiceServer::with_interceptor(ReplicaBackupGrpc::new(host.clone()), fence);
+    let tls = cfg.data.tls.clone();
     tasks.spawn(async move {
         tonic::transport::Server::builder()
             .add_service(svc)
             .add_service(backup_svc)
-            .serve_with_incoming_shutdown(TcpListenerStream::new(sync), c.cancelled())
+            .serve_with_incoming_shutdown(corral_proto::grpc::incoming(sync, tls)?, c.cancelled())
             .await
             .context("SyncAgentService")
     });

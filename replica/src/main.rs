@@ -23,6 +23,8 @@ struct Cli {
     output: corral_daemon::output::OutputArgs,
     #[command(flatten)]
     common: corral_daemon::cli::CommonArgs,
+    #[command(flatten)]
+    tls: corral_tls::TlsDirArg,
     #[command(subcommand)]
     cmd: Cmd,
 }
@@ -143,8 +145,6 @@ struct ServeArgs {
     #[cfg(feature = "fault-injection")]
     #[arg(long = "fault", value_name = "OP=ACTION[,after=N]", value_parser = clap::value_parser!(replica::fault::FaultRule))]
     faults: Vec<replica::fault::FaultRule>,
-    #[command(flatten)]
-    tls: corral_tls::TlsDirArg,
 }
 
 // `serve-lvstore`: every daemon flag of a v2 disk daemon.
@@ -191,8 +191,6 @@ struct ServeLvstoreArgs {
     backing_image_send_rate: Option<u64>,
     #[command(flatten)]
     metrics: corral_daemon::metrics::MetricsListenArg,
-    #[command(flatten)]
-    tls: corral_tls::TlsDirArg,
 }
 
 #[derive(Subcommand, Debug)]
@@ -279,9 +277,10 @@ async fn main() -> anyhow::Result<()> {
     let kind = RunKind::serving(matches!(cli.cmd, Cmd::Serve(_) | Cmd::ServeLvstore(_)));
     let process = cli.common.init(kind)?;
     let json = cli.output.json;
+    let tls = cli.tls.load_and_install()?;
     match cli.cmd {
-        Cmd::Serve(args) => serve_replica(args, process.ready_file).await,
-        Cmd::ServeLvstore(args) => serve_lvstore(args, process.ready_file).await,
+        Cmd::Serve(args) => serve_replica(args, process.ready_file, tls).await,
+        Cmd::ServeLvstore(args) => serve_lvstore(args, process.ready_file, tls).await,
         Cmd::Info { dir: Some(dir), .. } => {
             let s = replica::inspect(&dir).with_context(|| format!("inspect {}", dir.display()))?;
             print_status(&s, json)
@@ -355,7 +354,11 @@ async fn main() -> anyhow::Result<()> {
 }
 
 /// `serve`: a v1 replica until SIGTERM.
-async fn serve_replica(args: ServeArgs, ready_file: Option<PathBuf>) -> anyhow::Result<()> {
+async fn serve_replica(
+    args: ServeArgs,
+    ready_file: Option<PathBuf>,
+    tls: Option<corral_tls::TlsConfigs>,
+) -> anyhow::Result<()> {
     let ServeArgs {
         dir,
         listen,
@@ -373,9 +376,7 @@ async fn serve_replica(args: ServeArgs, ready_file: Option<PathBuf>) -> anyhow::
         no_local_copy,
         #[cfg(feature = "fault-injection")]
         faults,
-        tls,
     } = args;
-    let tls = tls.load_and_install()?;
     let cancel = corral_daemon::shutdown_on_signal();
     let data = data_protocol::ServerConfig {
         window: data_window,
@@ -409,7 +410,11 @@ async fn serve_replica(args: ServeArgs, ready_file: Option<PathBuf>) -> anyhow::
 }
 
 /// `serve-lvstore`: a v2 disk daemon until SIGTERM.
-async fn serve_lvstore(args: ServeLvstoreArgs, ready_file: Option<PathBuf>) -> anyhow::Result<()> {
+async fn serve_lvstore(
+    args: ServeLvstoreArgs,
+    ready_file: Option<PathBuf>,
+    tls: Option<corral_tls::TlsConfigs>,
+) -> anyhow::Result<()> {
     let ServeLvstoreArgs {
         disk,
         listen,
@@ -423,9 +428,7 @@ async fn serve_lvstore(args: ServeLvstoreArgs, ready_file: Option<PathBuf>) -> a
         data_unix_dir,
         backing_image_send_rate,
         metrics,
-        tls,
     } = args;
-    let tls = tls.load_and_install()?;
     let cfg = replica::v2::daemon::LvstoreServeConfig {
         disk,
         listen,

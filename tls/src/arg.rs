@@ -5,17 +5,22 @@ use std::sync::Arc;
 
 use crate::{TlsDir, TlsError};
 
-/// `--tls-dir DIR` (`CORRAL_TLS_DIR`), flattened into a daemon's clap parser.
+/// `--tls-dir DIR` (`CORRAL_TLS_DIR`), flattened into a binary's top-level clap parser (global: accepted after any
+/// subcommand).
 #[derive(Debug, Clone, Default, clap::Args)]
 pub struct TlsDirArg {
     /// Mutual TLS: DIR holds ca.crt (the cluster CA), tls.crt and tls.key (this node's certificate and key;
     /// `corral-tls issue` makes them). Peers must present a certificate of the same CA, and the name dialled must
-    /// be in the server's certificate. Today it covers the data protocol over TCP (replica: server, engine:
-    /// client), sparse-sync (receivers and senders), corral-bim's HTTP download and the data source's HTTP API;
-    /// gRPC is not covered yet. Absent: plaintext. Unix sockets are never wrapped.
-    #[arg(long, env = "CORRAL_TLS_DIR", value_name = "DIR")]
+    /// be in the server's certificate. It covers every gRPC server and client of the process, the data protocol
+    /// over TCP, sparse-sync, corral-bim's HTTP download and the data source's HTTP API. Absent: plaintext. Unix
+    /// sockets are never wrapped.
+    #[arg(long, global = true, env = "CORRAL_TLS_DIR", value_name = "DIR")]
     pub tls_dir: Option<PathBuf>,
 }
+
+/// The environment variable of `--tls-dir`: how a manager or instance manager hands its node's directory to every
+/// daemon it starts.
+pub const TLS_DIR_ENV: &str = "CORRAL_TLS_DIR";
 
 /// A daemon's loaded TLS configs, built once at start and shared by every listener and client.
 #[derive(Clone)]

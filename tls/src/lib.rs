@@ -20,7 +20,7 @@ mod error;
 mod process;
 
 pub use accept::{HANDSHAKE_TIMEOUT, RefusedPeers, ServerStream, TcpIncoming};
-pub use arg::{TlsConfigs, TlsDirArg};
+pub use arg::{TLS_DIR_ENV, TlsConfigs, TlsDirArg};
 pub use ca::{CA_DAYS, ClusterCa, LEAF_DAYS, LeafRequest, NodeCert, SubjectAltName};
 pub use dir::{CA_CERT, CA_KEY, CERT, KEY, TlsDir};
 pub use error::TlsError;

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use backing_image_manager::client::{BimClient, connect};
+use backing_image_manager::client::BimClient;
 use corral_proto::v1;
 use sha2::{Digest, Sha512};
 use testkit::{Daemon, DaemonCommand, wait_for_async};
@@ -108,6 +108,8 @@ pub fn allocated(path: &Path) -> u64 {
 /// A running `corral-bim serve` on port 0 (the addresses come from its ready file); killed on drop.
 pub struct Bim {
     daemon: Daemon,
+    /// The client config of its `CORRAL_TLS_DIR`: the test's gRPC client presents it.
+    tls: Option<Arc<corral_tls::rustls::ClientConfig>>,
 }
 
 impl Bim {
@@ -138,7 +140,11 @@ impl Bim {
         let cmd = envs.iter().fold(cmd, |cmd, (k, v)| cmd.env(k, v));
         // Waiting for the ready file blocks this thread: tell the (multi-thread) runtime.
         let daemon = tokio::task::block_in_place(|| cmd.spawn());
-        Bim { daemon }
+        let tls = envs
+            .iter()
+            .find(|(k, _)| *k == corral_tls::TLS_DIR_ENV)
+            .map(|(_, dir)| testkit::TestPki::client(dir));
+        Bim { daemon, tls }
     }
 
     pub fn log_text(&self) -> String {
@@ -155,7 +161,9 @@ impl Bim {
     }
 
     pub async fn client(&self) -> BimClient {
-        connect(&self.addr()).await.unwrap()
+        let timeouts = corral_proto::grpc::GrpcTimeouts::CONTROL;
+        let ch = corral_proto::grpc::connect_with(&self.addr(), timeouts, self.tls.as_ref()).await;
+        BimClient::new(ch.unwrap())
     }
 
     pub fn kill(&mut self) {

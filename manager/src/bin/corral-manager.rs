@@ -55,6 +55,8 @@ struct Cli {
     admin_token_file: Option<PathBuf>,
     #[command(flatten)]
     common: corral_daemon::cli::CommonArgs,
+    #[command(flatten)]
+    tls: corral_tls::TlsDirArg,
 }
 
 mod manager_bin {
@@ -75,6 +77,7 @@ mod manager_bin {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let process = cli.common.init(RunKind::Daemon)?;
+    cli.tls.load_and_install()?;
     let node_id = match cli.node_id {
         Some(n) => n,
         None => std::fs::read_to_string("/proc/sys/kernel/hostname")?
@@ -93,6 +96,7 @@ async fn main() -> anyhow::Result<()> {
         instance_manager: cli.instance_manager,
         version: VERSION.to_owned(),
         admin_token_file: cli.admin_token_file,
+        tls_dir: cli.tls.tls_dir.map(|d| d.canonicalize()).transpose()?,
     };
     let cancel = corral_daemon::shutdown_on_signal();
     manager::server::run(cfg, cancel).await

@@ -35,6 +35,9 @@ pub struct ServerConfig {
     /// Where the first admin token goes on an empty token store (None: DATA_DIR/admin.token); a token already
     /// in that file (a mounted Secret) is adopted instead of a new one.
     pub admin_token_file: Option<PathBuf>,
+    /// `--tls-dir`: the manager's gRPC clients are mutual TLS (the process's configs, installed by `main`)
+    /// and every daemon it runs itself gets it as `CORRAL_TLS_DIR` (through an instance manager, that one's own).
+    pub tls_dir: Option<PathBuf>,
 }
 
 /// How long a starting manager waits for its instance manager to answer (both may start together).
@@ -128,6 +131,7 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
     let processes = match &cfg.instance_manager {
         None => crate::process::ProcessHost::Local {
             bin_dir: cfg.bin_dir.clone(),
+            tls_dir: cfg.tls_dir.clone(),
         },
         Some(url) => {
             let im = crate::instance_manager::InstanceManager::connect_retrying(url, INSTANCE_MANAGER_WAIT)

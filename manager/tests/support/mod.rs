@@ -135,7 +135,16 @@ impl Manager {
         ports: (u16, u16),
         env: &[(&str, &str)],
     ) -> Manager {
-        let daemon = Self::command(data_dir, node_id, store, ports, env).spawn();
+        Self::spawn(
+            Self::command(data_dir, node_id, store, ports, env),
+            data_dir,
+            node_id,
+        )
+    }
+
+    /// Starts `cmd` ([`Manager::command`] with more flags) as the manager of `node_id` on `data_dir`.
+    pub fn spawn(cmd: DaemonCommand, data_dir: &Path, node_id: &str) -> Manager {
+        let daemon = cmd.spawn();
         remember_manager_url(&daemon.http_url("http"), data_dir);
         Manager {
             url: daemon.http_url("http"),

@@ -21,7 +21,6 @@ use corral_proto::v1::{
 use data_protocol::{BlockBackend, DataServer, ServerConfig};
 use lvstore::{DataIo, FormatOptions, LvStore, OpenMode};
 use tokio::net::TcpListener;
-use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
@@ -180,19 +179,20 @@ impl LvstoreDaemon {
             ReplicaBackupGrpc::over(Arc::new(V2Backup(host.replica.clone()))),
             fence,
         );
+        let tls = self.data.tls.clone();
         tasks.spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(svc)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(control), c.cancelled())
+                .serve_with_incoming_shutdown(corral_proto::grpc::incoming(control, tls)?, c.cancelled())
                 .await
                 .context("ReplicaService")
         });
-        let c = cancel.clone();
+        let (c, tls) = (cancel.clone(), self.data.tls.clone());
         tasks.spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(sync_svc)
                 .add_service(backup_svc)
-                .serve_with_incoming_shutdown(TcpListenerStream::new(sync), c.cancelled())
+                .serve_with_incoming_shutdown(corral_proto::grpc::incoming(sync, tls)?, c.cancelled())
                 .await
                 .context("SyncAgentService")
         });
@@ -601,7 +601,10 @@ pub async fn serve_lvstore(cfg: LvstoreServeConfig, cancel: CancellationToken) -
     ready.announce(cfg.ready_file.as_deref())?;
     tonic::transport::Server::builder()
         .add_service(LvstoreServiceServer::new(LvstoreGrpc(daemon.clone())))
-        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), cancel.cancelled())
+        .serve_with_incoming_shutdown(
+            corral_proto::grpc::incoming(listener, daemon.data.tls.clone())?,
+            cancel.cancelled(),
+        )
         .await
         .context("LvstoreService")?;
     daemon.backing_images.shutdown().await;
