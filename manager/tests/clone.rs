@@ -520,18 +520,16 @@ fn a_clone_of_a_volume_under_write_load_is_the_source_at_one_instant() {
         String::from_utf8_lossy(&out.stderr)
     );
 
-    // Both replicas of the clone hold the same data, in no more space than the source's.
-    let c = volume(&m, "c");
+    // Both replicas of the clone hold the same data, in no more space than the source's. The attach right after the
+    // clone's own engine stopped may find a replica still restarting: it rejoins through a rebuild, so wait for both
+    // to be RW before reading their files.
+    let c = wait_for("both replicas of the clone RW", Duration::from_secs(60), || {
+        let c = volume(&m, "c");
+        let replicas = c["replicas"].as_array()?;
+        (replicas.len() == 2 && replicas.iter().all(|r| r["mode"] == "RW")).then_some(c)
+    });
     let dirs = replica_dirs(&c);
-    assert!(
-        dirs.len() == 2
-            && c["replicas"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .all(|r| r["mode"] == "RW"),
-        "{c}"
-    );
+    assert_eq!(dirs.len(), 2, "{c}");
     detach(&url, "c");
     // The clone's snapshot in each replica (an attach under load may also have rebuilt one replica, which adds
     // an empty `volume-snap-rebuild-*` above it: compare the clone's own snapshot).

@@ -99,9 +99,8 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
     }
     let should_run = r.spec.desire_state == DesireState::Running && r.spec.failed_at.is_none();
     if !should_run {
-        if alive && let Some(p) = &r.status.process {
-            local.sup.stop(&name, Some(p), Duration::from_secs(10)).await;
-        }
+        // The document says Stopped before the process is stopped: an engine started meanwhile (a re-attach right
+        // after a detach) waits for this replica to run again rather than being handed an address about to vanish.
         if r.status.state != ProcessState::Stopped || !r.status.address.is_empty() {
             absent_ok(
                 ctx.db
@@ -112,6 +111,9 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
                     })
                     .await,
             )?;
+        }
+        if alive && let Some(p) = &r.status.process {
+            local.sup.stop(&name, Some(p), Duration::from_secs(10)).await;
         }
         return Ok(None);
     }
