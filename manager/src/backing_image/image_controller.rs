@@ -393,17 +393,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         .iter()
         .any(|m| file_of(&m.data, &name, &uuid).is_some_and(|f| f.state == state::READY));
     if !ds.data.spec.started && any_ready {
-        tracing::info!(
-            image = name,
-            "a disk manager took the first file: stopping the data source"
-        );
-        ds = ctx
-            .db
-            .modify::<BackingImageDataSource>(&name, |d| {
-                d.spec.started = true;
-                true
-            })
-            .await?;
+        ds = stop_source(&ctx, &name).await?;
     }
     let started = ds.data.spec.started;
     let ds_disk = ds.data.spec.disk_uuid.clone();
@@ -411,23 +401,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     // What every disk holds.
     let mut files = files_of(&name, &uuid, &managers, &all_disks);
     if !started {
-        let d = &ds.data.status;
-        let st = files.entry(ds_disk.clone()).or_default();
-        if st.state != state::READY && st.state != state::IN_PROGRESS {
-            *st = DiskFileStatus {
-                state: match d.state.as_str() {
-                    "" => state::PENDING.to_owned(),
-                    // Transferred: the disk manager is committing the file, and only its report says the copy
-                    // is ready (the data source's "ready" came before the file was in place).
-                    state::READY => state::IN_PROGRESS.to_owned(),
-                    other => other.to_owned(),
-                },
-                progress: d.progress,
-                message: d.message.clone(),
-                node_id: ds.data.spec.node_id.clone(),
-                ..Default::default()
-            };
-        }
+        add_source_file(&mut files, &ds);
     }
 
     // Every copy failed: the source runs again where it can. Copies fail one by one (each disk manager checks on
@@ -559,6 +533,43 @@ async fn data_source(
             }
         },
     })
+}
+
+/// A disk manager took the first file: the data source stops.
+async fn stop_source(ctx: &Ctx, name: &str) -> anyhow::Result<Object<BackingImageDataSource>> {
+    tracing::info!(
+        image = name,
+        "a disk manager took the first file: stopping the data source"
+    );
+    Ok(ctx
+        .db
+        .modify::<BackingImageDataSource>(name, |d| {
+            d.spec.started = true;
+            true
+        })
+        .await?)
+}
+
+/// The data source's progress as the entry of its disk while it runs, unless a disk manager reports the file there
+/// as ready or being committed.
+fn add_source_file(files: &mut BTreeMap<String, DiskFileStatus>, ds: &Object<BackingImageDataSource>) {
+    let d = &ds.data.status;
+    let st = files.entry(ds.data.spec.disk_uuid.clone()).or_default();
+    if st.state != state::READY && st.state != state::IN_PROGRESS {
+        *st = DiskFileStatus {
+            state: match d.state.as_str() {
+                "" => state::PENDING.to_owned(),
+                // Transferred: the disk manager is committing the file, and only its report says the copy
+                // is ready (the data source's "ready" came before the file was in place).
+                state::READY => state::IN_PROGRESS.to_owned(),
+                other => other.to_owned(),
+            },
+            progress: d.progress,
+            message: d.message.clone(),
+            node_id: ds.data.spec.node_id.clone(),
+            ..Default::default()
+        };
+    }
 }
 
 /// The disks that must hold a v1 file of the image before HA and cleanup: the spec's (a v1 image), the disks of the

@@ -270,7 +270,6 @@ async fn ready_file(ctx: &Ctx, name: &str, uuid: &str, all: &[DiskRef]) -> anyho
         }))
 }
 
-#[allow(clippy::too_many_lines)] // over 150 lines: to split along its steps (issue 44), not grown
 async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Result<Requeue> {
     let Some(obj) = ctx.db.get::<BackingImage>(&name).await? else {
         retries.clear_image(&name);
@@ -291,212 +290,49 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
         retries.clear_image(&name);
         return Ok(Some(Duration::from_secs(1)));
     }
-
-    // The disks that must hold a copy: those already in the spec, the replicas' (a v2 image is only on v2 volumes,
-    // so on v2 disks).
-    let mut wanted: BTreeMap<String, DiskFileSpec> = bi
-        .spec
-        .disk_file_spec_map
-        .iter()
-        .filter(|(_, s)| s.data_engine == DataEngine::V2)
-        .map(|(d, s)| (d.clone(), s.clone()))
-        .collect();
-    // Disk UUID → node of the replicas on v2 disks (their copies are never cleaned up).
-    let used: BTreeMap<String, String> = replica_disks(&ctx, &name)
-        .await?
-        .into_iter()
-        .filter(|(disk, _)| stores.iter().any(|s| &s.disk.disk_uuid == disk))
-        .collect();
-    for (disk, node) in &used {
-        wanted.entry(disk.clone()).or_insert(DiskFileSpec {
-            node_id: node.clone(),
-            data_engine: DataEngine::V2,
-        });
-    }
+    let p = Seen {
+        ctx: &ctx,
+        retries: &retries,
+        bi,
+        name: &name,
+        uuid: &uuid,
+        stores: &stores,
+        holds: &holds,
+    };
+    let (mut wanted, used) = wanted_disks(&p).await?;
 
     // The first copy.
-    let mut first = bi.status.v2_first_copy_status.clone();
-    let mut first_disk = bi.status.v2_first_copy_disk.clone();
-    let mut message = String::new();
-    let mut requeue = Duration::from_secs(2);
+    let mut first = FirstCopy {
+        state: bi.status.v2_first_copy_status.clone(),
+        disk: bi.status.v2_first_copy_disk.clone(),
+        message: String::new(),
+        requeue: Duration::from_secs(2),
+    };
     let source = ctx.db.get::<BackingImageDataSource>(&name).await?.map(|o| o.data);
     // Its source runs again (every copy was lost): the first copy waits for the file it prepares.
     let mut source_again = source
         .as_ref()
         .is_some_and(|d| !d.spec.started && d.spec.generation > 0);
-    if first == state::READY && copies.values().all(|c| c.state == state::FAILED) {
-        // Every v2 copy failed or is gone (no copy ready, being made, or on a daemon that does not answer), and
-        // the v1 file went when the first copy was ready: nothing is left to sync from. The image is prepared
-        // from its source again, as a v1 image whose every file failed is, and the first copy made again.
-        if bi.spec.source_type.refetchable() {
-            tracing::warn!(
-                image = name,
-                source = bi.spec.source_type.as_str(),
-                "every v2 copy failed or is gone: preparing the image from its source again"
-            );
-            run_source_again(&ctx, bi, &name).await?;
-            retries.clear_image(&name);
-            source_again = true;
-            first = state::PENDING.to_owned();
-            first_disk.clear();
-            requeue = Duration::from_secs(1);
-        } else {
-            tracing::warn!(
-                image = name,
-                "every v2 copy failed or is gone and the image was uploaded: it cannot be prepared again"
-            );
-            first = state::FAILED.to_owned();
-        }
-    }
-    // An uploaded image with no copy and no file left: only the user can upload it again.
-    let upload_lost = first == state::FAILED
-        && !bi.spec.source_type.refetchable()
-        && source.as_ref().is_some_and(|d| d.spec.started)
-        && !copies.values().any(|c| c.state == state::READY)
-        && ready_file(&ctx, &name, &uuid, &disks(&ctx).await?)
-            .await?
-            .is_none();
-    match first.as_str() {
-        "" => first = state::PENDING.to_owned(),
-        state::PENDING => {
-            let wait = retries.wait(&name, FIRST);
-            if !wait.is_zero() {
-                requeue = wait;
-            } else if let Some(file) = ready_file(&ctx, &name, &uuid, &disks(&ctx).await?).await? {
-                // A ready store, preferring one a replica needs, then the file's own disk (a v2 disk's directory
-                // holds the data source's file when the node has no v1 disk), then one on the file's node.
-                let mut pool: Vec<&Store> = stores
-                    .iter()
-                    .filter(|s| s.disk.ready && s.address.is_some() && selected(bi, &s.disk))
-                    .collect();
-                pool.sort_by_key(|s| {
-                    (
-                        !wanted.contains_key(&s.disk.disk_uuid),
-                        s.disk.disk_uuid != file.disk_uuid,
-                        s.disk.node_id != file.node_id,
-                        s.disk.disk_uuid.clone(),
-                    )
-                });
-                match pool.first() {
-                    None => {
-                        message =
-                            "waiting for a ready v2 disk whose lvstore daemon runs to make the first v2 \
-                                   copy on"
-                                .to_owned();
-                        requeue = Duration::from_secs(5);
-                    }
-                    Some(s) => {
-                        first_disk.clone_from(&s.disk.disk_uuid);
-                        let made = create_first_copy(
-                            &name,
-                            &uuid,
-                            s,
-                            &file,
-                            &holds,
-                            &mut copies,
-                            &mut wanted,
-                            &retries,
-                        );
-                        match made.await? {
-                            Ok(()) => first = state::IN_PROGRESS.to_owned(),
-                            Err(why) => {
-                                first = state::FAILED.to_owned();
-                                message = why;
-                            }
-                        }
-                    }
-                }
-            } else if source_again {
-                message = format!(
-                    "every v2 copy failed or is gone: preparing the image from its source ({}) again; the first \
-                     v2 copy is made from the file it prepares",
-                    bi.spec.source_type.as_str()
-                );
-            } else {
-                message =
-                    "waiting for the image's file to be ready (the first v2 copy is made from it)".to_owned();
-            }
-        }
-        state::IN_PROGRESS => match copies.get(&first_disk).map(|c| c.state.as_str()) {
-            Some(state::READY) => {
-                tracing::info!(image = name, disk = first_disk, "the first v2 copy is ready");
-                first = state::READY.to_owned();
-                retries.clear(&name, FIRST);
-            }
-            Some(state::FAILED) | None => {
-                let why = copies
-                    .get(&first_disk)
-                    .map_or_else(|| "the copy is gone".to_owned(), |c| c.message.clone());
-                let wait = retries.failed(&name, FIRST, first_copy_backoff);
-                tracing::warn!(
-                    image = name,
-                    disk = first_disk,
-                    error = why,
-                    "the first v2 copy failed"
-                );
-                if let Some(s) = stores.iter().find(|s| s.disk.disk_uuid == first_disk)
-                    && let Some(a) = &s.address
-                    && let Err(e) = delete_copy(a, &name).await
-                {
-                    tracing::warn!(
-                        image = name,
-                        error = format!("{e:#}"),
-                        "failed first v2 copy not deleted"
-                    );
-                }
-                first = state::FAILED.to_owned();
-                message = format!("first v2 copy failed: {why}; retrying in {}s", wait.as_secs());
-                if let Some(c) = copies.get_mut(&first_disk) {
-                    c.state = state::FAILED.to_owned();
-                    c.message.clone_from(&message);
-                }
-            }
-            // In progress, or its daemon unreachable (a restarted daemon removes the unfinished copy: it then
-            // reads as failed).
-            Some(_) => requeue = Duration::from_secs(1),
-        },
-        state::FAILED if upload_lost => {
-            message = UPLOAD_LOST.to_owned();
-            requeue = Duration::from_secs(10);
-        }
-        state::FAILED | state::UNKNOWN => {
-            let wait = retries.wait(&name, FIRST);
-            if wait.is_zero() {
-                first = state::PENDING.to_owned();
-                requeue = Duration::ZERO;
-            } else {
-                message = bi.status.v2_first_copy_message.clone();
-                requeue = wait;
-            }
-        }
-        _ => {}
-    }
+    source_again |= recover_lost_copies(&p, &copies, &mut first).await?;
+    advance_first_copy(
+        &p,
+        source.as_ref(),
+        source_again,
+        &mut first,
+        &mut copies,
+        &mut wanted,
+    )
+    .await?;
+
     // HA and cleanup, then the syncs, once a copy is ready to sync from (before, the first copy's disk is the
     // only one and nothing is marked).
-    let mut marks = BTreeMap::new();
-    let mut removed = Vec::new();
-    if first == state::READY {
-        let wait =
-            i64::try_from(ctx.setting_u64(CLEANUP_SETTING).await.saturating_mul(60)).unwrap_or(i64::MAX);
-        let kept = keep_copies(
-            bi,
-            &stores,
-            &copies,
-            &used,
-            &mut wanted,
-            &|d| !retries.wait(&name, d).is_zero(),
-            (now(), wait),
-        );
-        for d in &kept.added {
-            tracing::info!(image = name, disk = d, "a v2 copy added for minNumberOfCopies");
-        }
-        for d in &kept.removed {
-            tracing::info!(image = name, disk = d, "removing an unused v2 copy");
-        }
-        (marks, removed) = (kept.marks, kept.removed);
-        sync_copies(&name, &uuid, &stores, &holds, &wanted, &mut copies, &retries).await;
-    }
-    let first_state = Some((first, first_disk, message));
+    let (marks, removed) = if first.state == state::READY {
+        keep_and_sync(&p, &used, &mut wanted, &mut copies).await
+    } else {
+        (BTreeMap::new(), Vec::new())
+    };
+    let requeue = first.requeue;
+    let first_state = Some((first.state, first.disk, first.message));
     // Only what this pass adds goes into the spec (a disk the user removed meanwhile stays removed). A disk whose
     // entry is the v1 file's (the first copy made on the disk that held the file) is added: the v1 entry goes with
     // the file, and the copy must not go with it.
@@ -523,6 +359,264 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
     )
     .await?;
     Ok(Some(requeue))
+}
+
+/// What a pass over a live image works from: the image, its v2 disks, and which of their daemons hold a copy.
+struct Seen<'a> {
+    ctx: &'a Ctx,
+    retries: &'a Retries,
+    bi: &'a BackingImage,
+    name: &'a str,
+    uuid: &'a str,
+    stores: &'a [Store],
+    holds: &'a BTreeMap<String, bool>,
+}
+
+/// The first copy as a pass leaves it: its state, disk and message, and when the image is looked at again.
+struct FirstCopy {
+    state: String,
+    disk: String,
+    message: String,
+    requeue: Duration,
+}
+
+/// The disks that must hold a copy: those already in the spec, the replicas' (a v2 image is only on v2 volumes,
+/// so on v2 disks); and disk UUID → node of the replicas on v2 disks (their copies are never cleaned up).
+async fn wanted_disks(
+    p: &Seen<'_>,
+) -> anyhow::Result<(BTreeMap<String, DiskFileSpec>, BTreeMap<String, String>)> {
+    let mut wanted: BTreeMap<String, DiskFileSpec> =
+        p.bi.spec
+            .disk_file_spec_map
+            .iter()
+            .filter(|(_, s)| s.data_engine == DataEngine::V2)
+            .map(|(d, s)| (d.clone(), s.clone()))
+            .collect();
+    let used: BTreeMap<String, String> = replica_disks(p.ctx, p.name)
+        .await?
+        .into_iter()
+        .filter(|(disk, _)| p.stores.iter().any(|s| &s.disk.disk_uuid == disk))
+        .collect();
+    for (disk, node) in &used {
+        wanted.entry(disk.clone()).or_insert(DiskFileSpec {
+            node_id: node.clone(),
+            data_engine: DataEngine::V2,
+        });
+    }
+    Ok((wanted, used))
+}
+
+/// Every v2 copy failed or is gone (no copy ready, being made, or on a daemon that does not answer), and the v1
+/// file went when the first copy was ready: nothing is left to sync from. The image is prepared from its source
+/// again, as a v1 image whose every file failed is, and the first copy made again (true: the source runs again);
+/// an uploaded image's first copy reads failed.
+async fn recover_lost_copies(
+    p: &Seen<'_>,
+    copies: &BTreeMap<String, DiskFileStatus>,
+    first: &mut FirstCopy,
+) -> anyhow::Result<bool> {
+    if first.state != state::READY || !copies.values().all(|c| c.state == state::FAILED) {
+        return Ok(false);
+    }
+    let (bi, name) = (p.bi, p.name);
+    if bi.spec.source_type.refetchable() {
+        tracing::warn!(
+            image = name,
+            source = bi.spec.source_type.as_str(),
+            "every v2 copy failed or is gone: preparing the image from its source again"
+        );
+        run_source_again(p.ctx, bi, name).await?;
+        p.retries.clear_image(name);
+        first.state = state::PENDING.to_owned();
+        first.disk.clear();
+        first.requeue = Duration::from_secs(1);
+        Ok(true)
+    } else {
+        tracing::warn!(
+            image = name,
+            "every v2 copy failed or is gone and the image was uploaded: it cannot be prepared again"
+        );
+        first.state = state::FAILED.to_owned();
+        Ok(false)
+    }
+}
+
+/// One step of the first copy: `pending` starts it (once its backoff is over and the file is ready),
+/// `in-progress` follows it to `ready` or `failed`, `failed` goes back to `pending` after the backoff — unless the
+/// image was uploaded and nothing of it is left.
+async fn advance_first_copy(
+    p: &Seen<'_>,
+    source: Option<&BackingImageDataSource>,
+    source_again: bool,
+    first: &mut FirstCopy,
+    copies: &mut BTreeMap<String, DiskFileStatus>,
+    wanted: &mut BTreeMap<String, DiskFileSpec>,
+) -> anyhow::Result<()> {
+    // An uploaded image with no copy and no file left: only the user can upload it again.
+    let upload_lost = first.state == state::FAILED
+        && !p.bi.spec.source_type.refetchable()
+        && source.is_some_and(|d| d.spec.started)
+        && !copies.values().any(|c| c.state == state::READY)
+        && ready_file(p.ctx, p.name, p.uuid, &disks(p.ctx).await?)
+            .await?
+            .is_none();
+    match first.state.as_str() {
+        "" => first.state = state::PENDING.to_owned(),
+        state::PENDING => start_first_copy(p, source_again, first, copies, wanted).await?,
+        state::IN_PROGRESS => follow_first_copy(p, first, copies).await,
+        state::FAILED if upload_lost => {
+            first.message = UPLOAD_LOST.to_owned();
+            first.requeue = Duration::from_secs(10);
+        }
+        state::FAILED | state::UNKNOWN => {
+            let wait = p.retries.wait(p.name, FIRST);
+            if wait.is_zero() {
+                first.state = state::PENDING.to_owned();
+                first.requeue = Duration::ZERO;
+            } else {
+                first.message = p.bi.status.v2_first_copy_message.clone();
+                first.requeue = wait;
+            }
+        }
+        _ => {}
+    }
+    Ok(())
+}
+
+/// A pending first copy: once its backoff is over and the v1 file is ready, made on a ready store.
+async fn start_first_copy(
+    p: &Seen<'_>,
+    source_again: bool,
+    first: &mut FirstCopy,
+    copies: &mut BTreeMap<String, DiskFileStatus>,
+    wanted: &mut BTreeMap<String, DiskFileSpec>,
+) -> anyhow::Result<()> {
+    let (bi, name) = (p.bi, p.name);
+    let wait = p.retries.wait(name, FIRST);
+    if !wait.is_zero() {
+        first.requeue = wait;
+    } else if let Some(file) = ready_file(p.ctx, name, p.uuid, &disks(p.ctx).await?).await? {
+        // A ready store, preferring one a replica needs, then the file's own disk (a v2 disk's directory
+        // holds the data source's file when the node has no v1 disk), then one on the file's node.
+        let mut pool: Vec<&Store> = p
+            .stores
+            .iter()
+            .filter(|s| s.disk.ready && s.address.is_some() && selected(bi, &s.disk))
+            .collect();
+        pool.sort_by_key(|s| {
+            (
+                !wanted.contains_key(&s.disk.disk_uuid),
+                s.disk.disk_uuid != file.disk_uuid,
+                s.disk.node_id != file.node_id,
+                s.disk.disk_uuid.clone(),
+            )
+        });
+        match pool.first() {
+            None => {
+                first.message = "waiting for a ready v2 disk whose lvstore daemon runs to make the first v2 \
+                                 copy on"
+                    .to_owned();
+                first.requeue = Duration::from_secs(5);
+            }
+            Some(s) => {
+                first.disk.clone_from(&s.disk.disk_uuid);
+                let made = create_first_copy(name, p.uuid, s, &file, p.holds, copies, wanted, p.retries);
+                match made.await? {
+                    Ok(()) => first.state = state::IN_PROGRESS.to_owned(),
+                    Err(why) => {
+                        first.state = state::FAILED.to_owned();
+                        first.message = why;
+                    }
+                }
+            }
+        }
+    } else if source_again {
+        first.message = format!(
+            "every v2 copy failed or is gone: preparing the image from its source ({}) again; the first \
+             v2 copy is made from the file it prepares",
+            bi.spec.source_type.as_str()
+        );
+    } else {
+        first.message =
+            "waiting for the image's file to be ready (the first v2 copy is made from it)".to_owned();
+    }
+    Ok(())
+}
+
+/// A first copy being made: ready, or failed (deleted, its retry backing off), or still going.
+async fn follow_first_copy(
+    p: &Seen<'_>,
+    first: &mut FirstCopy,
+    copies: &mut BTreeMap<String, DiskFileStatus>,
+) {
+    let name = p.name;
+    match copies.get(&first.disk).map(|c| c.state.as_str()) {
+        Some(state::READY) => {
+            tracing::info!(image = name, disk = first.disk, "the first v2 copy is ready");
+            first.state = state::READY.to_owned();
+            p.retries.clear(name, FIRST);
+        }
+        Some(state::FAILED) | None => {
+            let why = copies
+                .get(&first.disk)
+                .map_or_else(|| "the copy is gone".to_owned(), |c| c.message.clone());
+            let wait = p.retries.failed(name, FIRST, first_copy_backoff);
+            tracing::warn!(
+                image = name,
+                disk = first.disk,
+                error = why,
+                "the first v2 copy failed"
+            );
+            if let Some(s) = p.stores.iter().find(|s| s.disk.disk_uuid == first.disk)
+                && let Some(a) = &s.address
+                && let Err(e) = delete_copy(a, name).await
+            {
+                tracing::warn!(
+                    image = name,
+                    error = format!("{e:#}"),
+                    "failed first v2 copy not deleted"
+                );
+            }
+            first.state = state::FAILED.to_owned();
+            first.message = format!("first v2 copy failed: {why}; retrying in {}s", wait.as_secs());
+            if let Some(c) = copies.get_mut(&first.disk) {
+                c.state = state::FAILED.to_owned();
+                c.message.clone_from(&first.message);
+            }
+        }
+        // In progress, or its daemon unreachable (a restarted daemon removes the unfinished copy: it then
+        // reads as failed).
+        Some(_) => first.requeue = Duration::from_secs(1),
+    }
+}
+
+/// HA and cleanup ([`keep_copies`]), then the syncs ([`sync_copies`]): the new `diskLastRefAtMap` and the disks
+/// removed from the spec.
+async fn keep_and_sync(
+    p: &Seen<'_>,
+    used: &BTreeMap<String, String>,
+    wanted: &mut BTreeMap<String, DiskFileSpec>,
+    copies: &mut BTreeMap<String, DiskFileStatus>,
+) -> (BTreeMap<String, i64>, Vec<String>) {
+    let name = p.name;
+    let wait = i64::try_from(p.ctx.setting_u64(CLEANUP_SETTING).await.saturating_mul(60)).unwrap_or(i64::MAX);
+    let kept = keep_copies(
+        p.bi,
+        p.stores,
+        copies,
+        used,
+        wanted,
+        &|d| !p.retries.wait(name, d).is_zero(),
+        (now(), wait),
+    );
+    for d in &kept.added {
+        tracing::info!(image = name, disk = d, "a v2 copy added for minNumberOfCopies");
+    }
+    for d in &kept.removed {
+        tracing::info!(image = name, disk = d, "removing an unused v2 copy");
+    }
+    sync_copies(name, p.uuid, p.stores, p.holds, wanted, copies, p.retries).await;
+    (kept.marks, kept.removed)
 }
 
 /// What every v2 disk's daemon holds of the image (disk UUID → copy status), and whether it answered with a copy

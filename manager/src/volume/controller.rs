@@ -81,8 +81,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     let v = &vol.data;
     // Failed replicas go: their node's manager stops them and removes their data. Not the last copies of the
     // data, though (see `last_copies`).
-    let (failed, mut healthy): (Vec<_>, Vec<_>) =
-        all.into_iter().partition(|r| r.data.spec.failed_at.is_some());
+    let (failed, healthy): (Vec<_>, Vec<_>) = all.into_iter().partition(|r| r.data.spec.failed_at.is_some());
     let kept = last_copies(&failed, &healthy);
     for r in failed.iter().filter(|r| !kept.contains(&r.name)) {
         tracing::info!(volume = name, replica = r.name, "deleting failed replica");
@@ -91,126 +90,152 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     let engine = ctx.db.get::<Engine>(&name).await?;
     let mut status = v.status.clone();
     status.message.clear();
-    let mut requeue = None;
     if !kept.is_empty() {
         return hold_for_salvage(&ctx, &vol, engine, &kept, status).await;
     }
-    match &v.spec.node_id {
-        Some(node) => {
-            let want = usize::try_from(v.spec.number_of_replicas).unwrap_or(0);
-            // Replicas on draining nodes do not count: each gets a replacement first (`crate::node::drain`).
-            let draining = crate::node::drain::draining_nodes(&ctx).await?;
-            let modes = engine
-                .as_ref()
-                .map(|e| e.data.status.replica_modes.clone())
-                .unwrap_or_default();
-            let staying = crate::node::drain::evict(&healthy, &draining, &modes, want).staying;
-            // A replica added to a volume that holds data joins through a rebuild, which v2 cannot do yet.
-            let refused = if healthy.iter().any(|r| r.data.status.initialized) {
-                crate::v2::support::check(v.spec.data_engine, crate::v2::support::Op::Rebuild).err()
-            } else {
-                None
-            };
-            if staying < want
-                && let Some(msg) = refused
-            {
-                status.message = format!("{staying} of {want} replicas: {msg}");
-            } else if staying < want {
-                match schedule_replicas(&ctx, &vol, &healthy, &draining, want - staying).await? {
-                    Ok(mut new) => healthy.append(&mut new),
-                    Err(msg) => status.message = msg,
-                }
+    let requeue = match &v.spec.node_id {
+        Some(node) => attach(&ctx, &vol, node, engine, healthy, &mut status).await?,
+        None => detach(&ctx, &name, engine, &healthy, &mut status).await?,
+    };
+    write_status(&ctx, &name, &v.status, &status).await?;
+    Ok(requeue)
+}
+
+/// Attached: the replicas ([`ensure_replicas`]), and one engine on `node` serving them; the volume's status follows
+/// the engine's.
+async fn attach(
+    ctx: &Ctx,
+    vol: &Object<Volume>,
+    node: &str,
+    engine: Option<Object<Engine>>,
+    mut healthy: Vec<Object<Replica>>,
+    status: &mut VolumeStatus,
+) -> anyhow::Result<Requeue> {
+    let (name, v) = (&vol.name, &vol.data);
+    let want = usize::try_from(v.spec.number_of_replicas).unwrap_or(0);
+    let names = ensure_replicas(ctx, vol, engine.as_ref(), want, &mut healthy, status).await?;
+    let spec = EngineSpec {
+        volume: name.clone(),
+        node_id: node.to_owned(),
+        size: v.spec.size,
+        replicas: names,
+        revision_counter_disabled: v.status.revision_counter_disabled,
+        salvage_requested: v.spec.salvage_requested,
+        disable_frontend: v.spec.disable_frontend,
+        desire_state: DesireState::Running,
+    };
+    let mut requeue = None;
+    match engine {
+        Some(e) if e.data.spec.node_id != *node => {
+            // Attached elsewhere before (that node died): that engine document goes, a new one follows.
+            ctx.db.delete_any::<Engine>(name).await?;
+            requeue = Some(Duration::from_millis(200));
+            status.state = VolumeState::Attaching;
+            status.frontend_disabled = false;
+        }
+        Some(mut e) => {
+            if e.data.spec != spec {
+                e.data.spec = spec;
+                ctx.db.update(&mut e).await?;
             }
-            for r in healthy
-                .iter()
-                .filter(|r| r.data.spec.desire_state != DesireState::Running)
-            {
+            // Running in the mode asked for: a mode change restarts the engine, attaching until then.
+            let running = e.data.status.state == ProcessState::Running
+                && e.data.status.frontend_disabled == e.data.spec.disable_frontend;
+            status.frontend_disabled = running && e.data.status.frontend_disabled;
+            status.state = if running {
+                VolumeState::Attached
+            } else {
+                VolumeState::Attaching
+            };
+            status.current_node_id = Some(node.to_owned());
+            status.endpoints = if running {
+                e.data.status.endpoints.clone()
+            } else {
+                Vec::new()
+            };
+            status.robustness = robustness(&e.data, &healthy, want);
+            if running && v.spec.salvage_requested && status.robustness != Robustness::Faulted {
                 ctx.db
-                    .modify::<Replica>(&r.name, |x| {
-                        x.spec.desire_state = DesireState::Running;
+                    .modify::<Volume>(name, |v| {
+                        v.spec.salvage_requested = false;
                         true
                     })
                     .await?;
             }
-            let eviction = crate::node::drain::evict(&healthy, &draining, &modes, want);
-            for r in &eviction.delete {
-                tracing::info!(
-                    volume = name,
-                    replica = r,
-                    "evicted replica is out of the engine: deleting it"
-                );
-                ctx.db.delete_any::<Replica>(r).await?;
-            }
-            healthy.retain(|r| !eviction.delete.contains(&r.name));
-            let names = eviction.engine_replicas;
-            let spec = EngineSpec {
-                volume: name.clone(),
-                node_id: node.clone(),
-                size: v.spec.size,
-                replicas: names,
-                revision_counter_disabled: v.status.revision_counter_disabled,
-                salvage_requested: v.spec.salvage_requested,
-                disable_frontend: v.spec.disable_frontend,
-                desire_state: DesireState::Running,
-            };
-            match engine {
-                Some(e) if e.data.spec.node_id != *node => {
-                    // Attached elsewhere before (that node died): that engine document goes, a new one follows.
-                    ctx.db.delete_any::<Engine>(&name).await?;
-                    requeue = Some(Duration::from_millis(200));
-                    status.state = VolumeState::Attaching;
-                    status.frontend_disabled = false;
-                }
-                Some(mut e) => {
-                    if e.data.spec != spec {
-                        e.data.spec = spec;
-                        ctx.db.update(&mut e).await?;
-                    }
-                    // Running in the mode asked for: a mode change restarts the engine, attaching until then.
-                    let running = e.data.status.state == ProcessState::Running
-                        && e.data.status.frontend_disabled == e.data.spec.disable_frontend;
-                    status.frontend_disabled = running && e.data.status.frontend_disabled;
-                    status.state = if running {
-                        VolumeState::Attached
-                    } else {
-                        VolumeState::Attaching
-                    };
-                    status.current_node_id = Some(node.clone());
-                    status.endpoints = if running {
-                        e.data.status.endpoints.clone()
-                    } else {
-                        Vec::new()
-                    };
-                    status.robustness = robustness(&e.data, &healthy, want);
-                    if running && v.spec.salvage_requested && status.robustness != Robustness::Faulted {
-                        ctx.db
-                            .modify::<Volume>(&name, |v| {
-                                v.spec.salvage_requested = false;
-                                true
-                            })
-                            .await?;
-                    }
-                }
-                None => {
-                    ctx.db
-                        .create(
-                            &name,
-                            Engine {
-                                spec,
-                                status: Default::default(),
-                            },
-                        )
-                        .await?;
-                    status.state = VolumeState::Attaching;
-                    status.frontend_disabled = false;
-                    status.current_node_id = Some(node.clone());
-                }
-            }
         }
-        None => requeue = detach(&ctx, &name, engine, &healthy, &mut status).await?,
+        None => {
+            ctx.db
+                .create(
+                    name,
+                    Engine {
+                        spec,
+                        status: Default::default(),
+                    },
+                )
+                .await?;
+            status.state = VolumeState::Attaching;
+            status.frontend_disabled = false;
+            status.current_node_id = Some(node.to_owned());
+        }
     }
-    write_status(&ctx, &name, &v.status, &status).await?;
     Ok(requeue)
+}
+
+/// The replicas of an attached volume: enough healthy ones (those on draining nodes replaced first, then evicted
+/// once out of the engine), all running. Returns the replicas the engine serves.
+async fn ensure_replicas(
+    ctx: &Ctx,
+    vol: &Object<Volume>,
+    engine: Option<&Object<Engine>>,
+    want: usize,
+    healthy: &mut Vec<Object<Replica>>,
+    status: &mut VolumeStatus,
+) -> anyhow::Result<Vec<String>> {
+    let (name, v) = (&vol.name, &vol.data);
+    // Replicas on draining nodes do not count: each gets a replacement first (`crate::node::drain`).
+    let draining = crate::node::drain::draining_nodes(ctx).await?;
+    let modes = engine
+        .map(|e| e.data.status.replica_modes.clone())
+        .unwrap_or_default();
+    let staying = crate::node::drain::evict(healthy, &draining, &modes, want).staying;
+    // A replica added to a volume that holds data joins through a rebuild, which v2 cannot do yet.
+    let refused = if healthy.iter().any(|r| r.data.status.initialized) {
+        crate::v2::support::check(v.spec.data_engine, crate::v2::support::Op::Rebuild).err()
+    } else {
+        None
+    };
+    if staying < want
+        && let Some(msg) = refused
+    {
+        status.message = format!("{staying} of {want} replicas: {msg}");
+    } else if staying < want {
+        match schedule_replicas(ctx, vol, healthy, &draining, want - staying).await? {
+            Ok(mut new) => healthy.append(&mut new),
+            Err(msg) => status.message = msg,
+        }
+    }
+    for r in healthy
+        .iter()
+        .filter(|r| r.data.spec.desire_state != DesireState::Running)
+    {
+        ctx.db
+            .modify::<Replica>(&r.name, |x| {
+                x.spec.desire_state = DesireState::Running;
+                true
+            })
+            .await?;
+    }
+    let eviction = crate::node::drain::evict(healthy, &draining, &modes, want);
+    for r in &eviction.delete {
+        tracing::info!(
+            volume = name,
+            replica = r,
+            "evicted replica is out of the engine: deleting it"
+        );
+        ctx.db.delete_any::<Replica>(r).await?;
+    }
+    healthy.retain(|r| !eviction.delete.contains(&r.name));
+    Ok(eviction.engine_replicas)
 }
 
 /// Places `count` new replicas of the volume (not on draining nodes, apart from `healthy` ones as the anti-affinity
