@@ -13,6 +13,9 @@ pub struct NodeConfig {
     pub node_id: String,
     /// Host the node's daemons listen on and other nodes reach them at.
     pub host: String,
+    /// Host of the storage network: the data path (replicas' control, data and sync listeners, v2 lvstore
+    /// daemons, engines' NBD TCP frontends) listens there and is reached there. `host` when no separate one.
+    pub storage_host: String,
     /// `http://HOST:PORT` of this manager's REST API.
     pub address: String,
     pub data_dir: PathBuf,

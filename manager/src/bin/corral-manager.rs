@@ -36,6 +36,11 @@ struct Cli {
     /// Address the node's daemons listen on and other nodes reach them at.
     #[arg(long, env = "CORRAL_HOST", default_value = "127.0.0.1")]
     host: String,
+    /// Address on a separate storage network (as Longhorn's storage-network setting): the data path listens and
+    /// is reached there (replicas' control, data and sync, v2 lvstore daemons, engines' NBD TCP frontends), the
+    /// management traffic (REST, store, the manager's calls to engines) stays on --host. Default: --host.
+    #[arg(long, env = "CORRAL_STORAGE_HOST")]
+    storage_host: Option<String>,
     /// Directory holding corral-replica, corral-engine, corral-bim and corral-datasource (default: beside this
     /// binary).
     #[arg(long, env = "CORRAL_BIN_DIR")]
@@ -90,6 +95,7 @@ async fn main() -> anyhow::Result<()> {
         store: cli.store,
         node_id,
         host: cli.host,
+        storage_host: cli.storage_host,
         bin_dir: cli.bin_dir.unwrap_or_else(manager::server::default_bin_dir),
         port_range: cli.port_range,
         ready_file: process.ready_file,

@@ -225,7 +225,7 @@ async fn start_engine(
             "--nbd-listen".to_owned(),
             format!("unix:{}", sock.display()),
             "--nbd-listen".to_owned(),
-            format!("tcp:{host}:{nbd_port}"),
+            format!("tcp:{}:{nbd_port}", ctx.cfg.storage_host),
         ]);
     }
     args.extend([

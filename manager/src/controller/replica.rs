@@ -140,7 +140,7 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
     corral_disk::identity::verify_disk(std::path::Path::new(&disk.path), &r.spec.disk_uuid)?;
     // Its previous ports when it reported them (the engine keeps the replica's address), else port 0.
     let prev = r.status.process.as_ref();
-    let host = &ctx.cfg.host;
+    let host = &ctx.cfg.storage_host;
     let listen = |name| format!("{host}:{}", Supervisor::previous_port(prev, name));
     let mut args = vec![
         "serve".to_owned(),

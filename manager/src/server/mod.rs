@@ -24,6 +24,9 @@ pub struct ServerConfig {
     pub node_id: String,
     /// Host daemons listen on (reachable by the other nodes).
     pub host: String,
+    /// `--storage-host`: the address on the storage network, where replicas' listeners and engines' NBD
+    /// frontends go instead of `host` (None: `host`; the management traffic stays on `host`).
+    pub storage_host: Option<String>,
     pub bin_dir: PathBuf,
     pub port_range: (u16, u16),
     /// Where to write the ready report (`corral_daemon::ready`).
@@ -160,6 +163,7 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
         NodeConfig {
             node_id: cfg.node_id.clone(),
             host: cfg.host.clone(),
+            storage_host: cfg.storage_host.clone().unwrap_or_else(|| cfg.host.clone()),
             address: address.clone(),
             data_dir: cfg.data_dir.clone(),
             bin_dir: cfg.bin_dir.clone(),

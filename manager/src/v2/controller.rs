@@ -202,7 +202,7 @@ async fn reconcile_disk(ctx: &Ctx, sup: &Supervisor, disk: &str, spec: &DiskSpec
         "--disk".to_owned(),
         device.display().to_string(),
         "--listen".to_owned(),
-        format!("{}:{port}", ctx.cfg.host),
+        format!("{}:{port}", ctx.cfg.storage_host),
         // Each hosted replica's data protocol on a unix socket too, as v1 replicas' `--data-unix`: an engine on
         // this node connects there (replica names are unique, so every daemon of the node shares the directory).
         "--data-unix-dir".to_owned(),

@@ -85,6 +85,7 @@ pub async fn up(
         store,
         node_id,
         host: listen.ip().to_string(),
+        storage_host: None,
         bin_dir: manager::server::default_bin_dir(),
         port_range: (20000, 30000),
         ready_file: Some(ready.clone()),
