@@ -231,6 +231,33 @@ async fn watch_sees_every_change_in_order(s: Arc<dyn Store>) {
     }
 }
 
+/// Engine generations (`manager::engine_generation::next`, a compare-and-set on the volume's document) taken by 16
+/// racing starts, half through each of two clients of the store (two managers): exactly 1..=16, none twice.
+async fn generations_are_taken_once_each(a: Arc<dyn Store>, b: Arc<dyn Store>) {
+    let tasks: Vec<_> = (0..16)
+        .map(|i| {
+            let db = db(if i % 2 == 0 { a.clone() } else { b.clone() });
+            tokio::spawn(async move { manager::engine_generation::next(&db, "vol-gen").await.unwrap() })
+        })
+        .collect();
+    let mut got = Vec::new();
+    for t in tasks {
+        got.push(t.await.unwrap());
+    }
+    got.sort_unstable();
+    assert_eq!(
+        got,
+        (1..=16).collect::<Vec<u64>>(),
+        "each generation handed out once"
+    );
+    assert_eq!(
+        manager::engine_generation::current(&db(b), "vol-gen")
+            .await
+            .unwrap(),
+        16
+    );
+}
+
 async fn conformance(s: Arc<dyn Store>) {
     crud_and_versions(s.clone()).await;
     concurrent_updates_lose_nothing(s.clone()).await;
@@ -242,6 +269,7 @@ async fn embedded_store_conforms_and_keeps_state_across_restart() {
     let dir = tempfile::tempdir().unwrap();
     let s = manager::store::open("embedded", dir.path()).await.unwrap();
     conformance(s.clone()).await;
+    generations_are_taken_once_each(s.clone(), s.clone()).await;
     let before = db(s.clone()).must_get::<Counter>("c").await.unwrap();
     drop(s);
     let s = manager::store::open("embedded", dir.path()).await.unwrap();
@@ -260,6 +288,8 @@ async fn etcd_store_conforms_and_keeps_state_across_restart() {
     let spec = format!("etcd://{}", etcd.endpoint());
     let s = manager::store::open(&spec, dir.path()).await.unwrap();
     conformance(s.clone()).await;
+    let other = manager::store::open(&spec, dir.path()).await.unwrap();
+    generations_are_taken_once_each(s.clone(), other).await;
     let before = db(s.clone()).must_get::<Counter>("c").await.unwrap();
     drop(s);
     etcd.restart();
