@@ -13,6 +13,7 @@ pub mod client;
 pub mod clone;
 pub mod context;
 pub mod controller;
+pub mod data_engine;
 pub mod data_plane;
 pub mod engine_generation;
 pub mod error;

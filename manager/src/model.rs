@@ -49,7 +49,7 @@ pub struct DiskSpec {
     #[serde(default)]
     pub engine: DataEngine,
     /// v2 only: bytes of the store file the manager creates (preallocated) when the disk holds none; 0 = the
-    /// default (`crate::v2::device::DEFAULT_SIZE`). Ignored for a block device or an existing store.
+    /// default (`crate::data_engine::device::DEFAULT_SIZE`). Ignored for a block device or an existing store.
     #[serde(default, skip_serializing_if = "is_zero")]
     pub lvstore_size: u64,
 }

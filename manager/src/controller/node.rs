@@ -9,7 +9,8 @@ use std::time::{Duration, Instant};
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
-use crate::model::{DataEngine, DiskSpec, DiskStatus, Node, Replica};
+use crate::data_engine::Strategy as _;
+use crate::model::{DiskSpec, DiskStatus, Node, Replica};
 use crate::runtime::now;
 
 const HEARTBEAT: Duration = Duration::from_secs(2);
@@ -37,28 +38,9 @@ fn disk_status(path: &Path, spec: &DiskSpec) -> DiskStatus {
             return st;
         }
     }
-    if spec.engine == DataEngine::V2 {
-        let dev = crate::v2::device::device_path(path);
-        if let crate::v2::device::Probe::Foreign(why) = crate::v2::device::probe(&dev) {
-            st.error = why;
-            return st;
-        }
-        // A thin store: what it can hold is its size (not yet created: the size it will be created with).
-        st.storage_maximum = crate::v2::device::device_bytes(&dev).unwrap_or(if spec.lvstore_size == 0 {
-            crate::v2::device::DEFAULT_SIZE
-        } else {
-            spec.lvstore_size
-        });
-        st.storage_available = st.storage_maximum; // until its daemon answers
-        return st;
-    }
-    match nix::sys::statvfs::statvfs(path) {
-        Ok(v) => {
-            let frag = v.fragment_size();
-            st.storage_maximum = v.blocks().saturating_mul(frag);
-            st.storage_available = v.blocks_available().saturating_mul(frag);
-        }
-        Err(e) => st.error = format!("statvfs {}: {e}", path.display()),
+    match spec.engine.disk_capacity(path, spec.lvstore_size) {
+        Ok((max, available)) => (st.storage_maximum, st.storage_available) = (max, available),
+        Err(e) => st.error = e,
     }
     st
 }
@@ -86,7 +68,7 @@ pub async fn heartbeat_once(ctx: &Ctx) -> anyhow::Result<()> {
             .spec
             .disks
             .get(name)
-            .is_some_and(|d| d.engine == DataEngine::V2);
+            .is_some_and(|d| d.engine.in_lvstore());
         if v2
             && st.error.is_empty()
             && let Some(free) = crate::v2::replica::store_free_bytes(ctx, name).await

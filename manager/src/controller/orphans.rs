@@ -28,8 +28,9 @@ use tokio_util::sync::CancellationToken;
 use corral_proto::v1;
 
 use crate::context::Ctx;
+use crate::data_engine::Strategy as _;
 use crate::instance_manager::InstanceManager;
-use crate::model::{DataEngine, Engine, Node, ORPHANS_KEPT, OrphanRemoved, Replica};
+use crate::model::{Engine, Node, ORPHANS_KEPT, OrphanRemoved, Replica};
 use crate::runtime::now;
 
 /// How long a stale daemon gets between SIGTERM and SIGKILL.
@@ -296,8 +297,7 @@ async fn sweep(ctx: &Ctx, seen: &mut Seen) -> anyhow::Result<()> {
         .spec
         .disks
         .values()
-        .filter(|d| d.engine == DataEngine::V1)
-        .map(|d| Path::new(&d.path).join("replicas"))
+        .filter_map(|d| d.engine.replicas_dir(Path::new(&d.path)))
         .collect();
     let dirs = tokio::task::spawn_blocking(move || {
         replica_dirs

@@ -11,6 +11,7 @@ use anyhow::Context;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
+use crate::data_engine::Strategy as _;
 use crate::model::{DesireState, ProcessState, Replica};
 use crate::process::{Observed, Supervisor};
 use crate::runtime::{Requeue, WorkQueue, feed_node_local, run_worker};
@@ -75,7 +76,7 @@ async fn reconcile(ctx: Ctx, local: Arc<Local>, name: String) -> anyhow::Result<
     if r.spec.node_id != ctx.cfg.node_id {
         return Ok(None);
     }
-    if r.spec.data_engine == crate::model::DataEngine::V2 {
+    if r.spec.data_engine.in_lvstore() {
         return crate::v2::replica::reconcile(
             &ctx,
             &local.v2,

@@ -13,6 +13,7 @@ use super::views::{DiskCreate, NodeView};
 use crate::api::extract::{Body, Path};
 use crate::api::openapi::check_name;
 use crate::context::Ctx;
+use crate::data_engine::Strategy as _;
 use crate::error::ApiError;
 use crate::model::{DiskSpec, Node, Replica, Volume};
 use crate::scheduler::{self, DiskCandidate};
@@ -283,7 +284,9 @@ async fn add_disk(
         return Err(ApiError::Conflict(why));
     }
     let local = n.data.spec.host == ctx.cfg.host || node == ctx.cfg.node_id;
-    let lvstore_size = crate::v2::service::check_disk(req.disk_engine, req.lvstore_size, &req.path, local)?;
+    let lvstore_size = req
+        .disk_engine
+        .check_new_disk(req.lvstore_size, &req.path, local)?;
     // A directory that already is a Corral disk keeps its identity.
     let uuid = match corral_disk::identity::read_disk_config(path) {
         Ok(c) if local => c.disk_uuid,

@@ -1,7 +1,7 @@
 //! Node-local: one `corral-replica serve-lvstore` daemon per v2 disk of this node, through the manager's one
 //! process supervision ([`Supervisor`]: own process group, log, ready file, port 0 on a first start and the
 //! reported port after, restart with backoff, re-adopted after a manager restart). Before a start the disk's
-//! store device is prepared ([`super::device::prepare`]: created and formatted on first use, never over foreign
+//! store device is prepared ([`crate::data_engine::device::prepare`]: created and formatted on first use, never over foreign
 //! data). While a daemon runs, lvols of replicas whose document is gone (deleted while this manager was down)
 //! are removed. A daemon whose disk went (or turned v1) is stopped and its document deleted; its store stays.
 
@@ -14,7 +14,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::model::{LvstoreDaemon, daemon_name};
 use crate::context::Ctx;
-use crate::model::{DataEngine, DiskSpec, Node, ProcessState, Replica};
+use crate::data_engine::Strategy as _;
+use crate::model::{DiskSpec, Node, ProcessState, Replica};
 use crate::process::{Observed, Supervisor};
 use crate::runtime::{Requeue, WorkQueue, feed, run_worker};
 use crate::store::{Event, absent_ok};
@@ -68,7 +69,7 @@ async fn reconcile(ctx: Ctx, sup: Arc<Supervisor>) -> anyhow::Result<Requeue> {
         .spec
         .disks
         .iter()
-        .filter(|(_, d)| d.engine == DataEngine::V2)
+        .filter(|(_, d)| d.engine.in_lvstore())
         .collect();
     let mut requeue: Requeue = None;
     let mut soonest = |r: Requeue| {
@@ -122,7 +123,7 @@ async fn set(ctx: &Ctx, name: &str, f: impl Fn(&mut LvstoreDaemon) + Send + Sync
 async fn reconcile_disk(ctx: &Ctx, sup: &Supervisor, disk: &str, spec: &DiskSpec) -> anyhow::Result<Requeue> {
     let me = &ctx.cfg.node_id;
     let name = daemon_name(me, disk);
-    let device = super::device::device_path(std::path::Path::new(&spec.path));
+    let device = crate::data_engine::device::device_path(std::path::Path::new(&spec.path));
     let obj = match ctx.db.get::<LvstoreDaemon>(&name).await? {
         Some(o) => o,
         None => {
@@ -181,7 +182,7 @@ async fn reconcile_disk(ctx: &Ctx, sup: &Supervisor, disk: &str, spec: &DiskSpec
     let (uuid, size) = (spec.disk_uuid.clone(), spec.lvstore_size);
     let prepared = tokio::task::spawn_blocking(move || {
         corral_disk::identity::verify_disk(&path, &uuid).map_err(|e| e.to_string())?;
-        super::device::prepare(&path, size)
+        crate::data_engine::device::prepare(&path, size)
     })
     .await?;
     let device = match prepared {

@@ -11,9 +11,10 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
+use crate::data_engine::Strategy as _;
 use crate::model::{
-    DataEngine, DesireState, Engine, EngineSpec, Node, ProcessState, Replica, ReplicaSpec, Robustness,
-    Volume, VolumeState, VolumeStatus,
+    DesireState, Engine, EngineSpec, Node, ProcessState, Replica, ReplicaSpec, Robustness, Volume,
+    VolumeState, VolumeStatus,
 };
 use crate::runtime::{Requeue, WorkQueue, feed, run_worker};
 use crate::scheduler;
@@ -271,11 +272,10 @@ async fn schedule_replicas(
     let mut created = Vec::new();
     for p in places {
         let rname = replica_name(name);
-        let data_path = match v.spec.data_engine {
-            DataEngine::V1 => std::path::Path::new(&p.path).join("replicas").join(&rname),
-            DataEngine::V2 => crate::v2::device::device_path(std::path::Path::new(&p.path))
-                .with_extension(format!("img#{rname}")),
-        };
+        let data_path = v
+            .spec
+            .data_engine
+            .replica_data_path(std::path::Path::new(&p.path), &rname);
         let spec = ReplicaSpec {
             volume: name.clone(),
             node_id: p.node_id,
