@@ -1,6 +1,9 @@
 //! Serves an in-memory export over NBD, for trying clients and measuring the frontend alone.
 //!
-//! `cargo run -p engine --example nbd_memory -- SIZE_MIB unix:PATH|tcp:HOST:PORT...`
+//! `cargo run -p engine --example nbd_memory -- SIZE_MIB unix:PATH|tcp:HOST:PORT|tls:HOST:PORT...`
+//!
+//! `tls:` listeners serve the same device TLS-only (NBD_OPT_STARTTLS) with the server config of the `--tls-dir` in
+//! `CORRAL_TLS_DIR`, as the engine does: TLS and plaintext NBD side by side, for measuring what TLS costs.
 
 use std::sync::Arc;
 
@@ -21,6 +24,17 @@ async fn main() -> anyhow::Result<()> {
         description: "in-memory export".into(),
         ..NbdConfig::default()
     };
+    let tls = corral_tls::TlsDirArg {
+        tls_dir: std::env::var_os(corral_tls::TLS_DIR_ENV).map(Into::into),
+    }
+    .load()?;
+    let tls_server = tls.map(|t| {
+        let config = NbdConfig {
+            tls: Some(t.server),
+            ..config.clone()
+        };
+        NbdServer::new(device.clone(), config)
+    });
     let server = NbdServer::new(device, config);
     let cancel = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
@@ -33,8 +47,14 @@ async fn main() -> anyhow::Result<()> {
         } else if let Some(addr) = listen.strip_prefix("tcp:") {
             let l = TcpListener::bind(addr).await?;
             tasks.spawn(async move { s.serve_tcp(l, c).await });
+        } else if let Some(addr) = listen.strip_prefix("tls:") {
+            let Some(s) = tls_server.clone() else {
+                anyhow::bail!("{listen}: set {} to a --tls-dir", corral_tls::TLS_DIR_ENV);
+            };
+            let l = TcpListener::bind(addr).await?;
+            tasks.spawn(async move { s.serve_tcp(l, c).await });
         } else {
-            anyhow::bail!("listen address must be unix:PATH or tcp:HOST:PORT, got {listen}");
+            anyhow::bail!("listen address must be unix:PATH, tcp:HOST:PORT or tls:HOST:PORT, got {listen}");
         }
     }
     tokio::signal::ctrl_c().await?;

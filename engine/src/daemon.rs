@@ -83,6 +83,8 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
             NbdConfig {
                 export_name: cfg.volume.clone(),
                 description: format!("Corral volume {}", cfg.volume),
+                // With --tls-dir the TCP NBD listener is TLS-only, under the process's one server config.
+                tls: cfg.tls.as_ref().map(|t| t.server.clone()),
                 ..NbdConfig::default()
             },
         )

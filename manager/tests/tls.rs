@@ -2,7 +2,8 @@
 //! attaches (the manager's gRPC clients, the engine's towards the replicas: all over TLS), qemu-io writes and reads
 //! through it, a SIGKILLed replica is replaced and rebuilt (replica to replica over TLS); the engine's and a
 //! replica's gRPC endpoints refuse a plaintext client and answer one with the node's certificate, and every daemon
-//! the manager started was given the directory as `CORRAL_TLS_DIR`.
+//! the manager started was given the directory as `CORRAL_TLS_DIR`; the engine's TCP NBD endpoint is advertised as
+//! `nbds://` and served to libnbd with the node's certificate.
 
 mod support;
 
@@ -90,6 +91,30 @@ fn a_manager_with_a_tls_dir_runs_its_volumes_daemons_under_mutual_tls() {
     let uri = unix_endpoint(&v);
     let (ok, out) = qemu_io(&uri, &["write -P 0xab 0 4M", "flush", "read -P 0xab 0 4M"]);
     assert!(ok, "{out}");
+    // The TCP endpoint is advertised as nbds:// (TLS-only), and libnbd reads it with the node's certificate.
+    let nbds = v["endpoints"]
+        .as_array()
+        .and_then(|e| {
+            e.iter()
+                .filter_map(|e| e.as_str())
+                .find(|e| e.starts_with("nbds://"))
+        })
+        .unwrap_or_else(|| panic!("an nbds:// endpoint: {v}"))
+        .to_owned();
+    let client_dir = dir.path().join("nbd-client");
+    TlsDir::load(&node)
+        .unwrap()
+        .link_nbd_client_dir(&client_dir)
+        .unwrap();
+    let info = std::process::Command::new("nbdinfo")
+        .arg(format!("{nbds}?tls-certificates={}", client_dir.display()))
+        .output()
+        .unwrap();
+    assert!(
+        info.status.success() && String::from_utf8_lossy(&info.stdout).contains("size: 33554432"),
+        "nbdinfo {nbds}: {}",
+        String::from_utf8_lossy(&info.stderr)
+    );
 
     let node_str = node.canonicalize().unwrap().display().to_string();
     let engine_pid = v["engine"]["pid"].as_i64().expect("engine pid");

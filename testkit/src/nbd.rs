@@ -1,5 +1,7 @@
 //! Driving an NBD export with `qemu-io`, the client QEMU itself uses.
 
+use std::net::SocketAddr;
+use std::path::Path;
 use std::process::Command;
 
 /// Runs `qemu-io -f raw URI -c CMD…` (e.g. `write -P 0xab 0 4M`, `read -P 0xab 0 4M`, `flush`) and returns whether
@@ -13,6 +15,32 @@ use std::process::Command;
 pub fn qemu_io(uri: &str, cmds: &[&str]) -> (bool, String) {
     let mut c = Command::new("qemu-io");
     c.args(["-f", "raw", uri]);
+    run(c, cmds)
+}
+
+/// [`qemu_io`] over TLS, as a user attaches to an engine's TLS-only TCP listener: `--object
+/// tls-creds-x509,endpoint=client,dir=DIR` (DIR from `corral-tls nbd-client-dir`) and `--image-opts
+/// driver=nbd,host=…,port=…,export=…,tls-creds=…`.
+///
+/// # Panics
+/// When qemu-io is missing.
+pub fn qemu_io_tls(addr: SocketAddr, export: &str, dir: &Path, cmds: &[&str]) -> (bool, String) {
+    let mut c = Command::new("qemu-io");
+    c.arg("--object")
+        .arg(format!(
+            "tls-creds-x509,id=tls0,endpoint=client,dir={}",
+            dir.display()
+        ))
+        .arg("--image-opts")
+        .arg(format!(
+            "driver=nbd,host={},port={},export={export},tls-creds=tls0",
+            addr.ip(),
+            addr.port()
+        ));
+    run(c, cmds)
+}
+
+fn run(mut c: Command, cmds: &[&str]) -> (bool, String) {
     for x in cmds {
         c.args(["-c", x]);
     }

@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use corral_tls::rustls::pki_types::CertificateDer;
 use corral_tls::rustls::pki_types::pem::PemObject;
+use corral_tls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use corral_tls::rustls::{self, RootCertStore};
 use corral_tls::{ClusterCa, LeafRequest, SubjectAltName, TlsDir};
 
@@ -70,16 +70,39 @@ impl TestPki {
 
     /// A client that trusts this CA but presents no certificate.
     pub fn client_without_certificate(&self) -> Arc<rustls::ClientConfig> {
+        let cfg = rustls::ClientConfig::builder_with_provider(corral_tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .expect("TLS 1.3")
+            .with_root_certificates(self.roots())
+            .with_no_client_auth();
+        Arc::new(cfg)
+    }
+
+    /// A client that trusts this CA (so it goes on with the handshake) but presents a certificate of another
+    /// cluster's CA: the server's verifier must refuse it. (The `strangers()` entry with another CA's directory also
+    /// trusts that CA, so its own verifier may give up on the server first.)
+    pub fn client_of_another_cluster(&self) -> Arc<rustls::ClientConfig> {
+        let dir = self.stranger();
+        let read = |name: &str| std::fs::read(dir.join(name)).expect("the stranger's files");
+        let chain = CertificateDer::pem_slice_iter(&read(corral_tls::CERT))
+            .collect::<Result<Vec<_>, _>>()
+            .expect("the stranger's certificate");
+        let key = PrivateKeyDer::from_pem_slice(&read(corral_tls::KEY)).expect("the stranger's key");
+        let cfg = rustls::ClientConfig::builder_with_provider(corral_tls::provider())
+            .with_protocol_versions(&[&rustls::version::TLS13])
+            .expect("TLS 1.3")
+            .with_root_certificates(self.roots())
+            .with_client_auth_cert(chain, key)
+            .expect("a client certificate");
+        Arc::new(cfg)
+    }
+
+    fn roots(&self) -> RootCertStore {
         let mut roots = RootCertStore::empty();
         for cert in CertificateDer::pem_slice_iter(self.ca.cert_pem().as_bytes()) {
             roots.add(cert.expect("the CA's PEM")).expect("a CA certificate");
         }
-        let cfg = rustls::ClientConfig::builder_with_provider(corral_tls::provider())
-            .with_protocol_versions(&[&rustls::version::TLS13])
-            .expect("TLS 1.3")
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        Arc::new(cfg)
+        roots
     }
 
     /// Every client a mutual-TLS endpoint of this cluster must refuse at the handshake, named; `None` is plaintext.

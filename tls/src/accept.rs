@@ -50,8 +50,31 @@ impl RefusedPeers {
     }
 }
 
+/// A TLS session a server accepted on TCP.
+pub type TlsServerStream = TlsStream<TcpStream>;
+
 /// An accepted connection: the TCP socket itself (plaintext) or its TLS session.
-pub type ServerStream = Either<TcpStream, TlsStream<TcpStream>>;
+pub type ServerStream = Either<TcpStream, TlsServerStream>;
+
+/// The server side of one TLS handshake on an accepted socket, bounded by [`HANDSHAKE_TIMEOUT`]; a refusal is
+/// logged through `refused` (once per address) and returned. Run it in the connection's own task, never in an
+/// accept loop: [`TcpIncoming`] does, and so does a server that negotiates TLS inside its own protocol (NBD's
+/// STARTTLS).
+pub async fn handshake(
+    config: &Arc<rustls::ServerConfig>,
+    tcp: TcpStream,
+    peer: SocketAddr,
+    refused: &RefusedPeers,
+) -> io::Result<TlsServerStream> {
+    let err =
+        match tokio::time::timeout(HANDSHAKE_TIMEOUT, TlsAcceptor::from(config.clone()).accept(tcp)).await {
+            Ok(Ok(tls)) => return Ok(tls),
+            Ok(Err(err)) => err,
+            Err(_) => io::Error::new(io::ErrorKind::TimedOut, "TLS handshake not done in time"),
+        };
+    refused.log(Some(peer.ip()), &peer.to_string(), &err);
+    Err(err)
+}
 
 /// A TCP listener whose connections come out ready to serve: with a TLS config, only those whose handshake
 /// completed (see the module doc).
@@ -77,10 +100,9 @@ impl TcpIncoming {
             None => Inner::Plain(listener),
             Some(config) => {
                 let (tx, ready) = mpsc::channel(16);
-                let acceptor = TlsAcceptor::from(config);
                 Inner::Tls {
                     ready,
-                    _accepting: AbortOnDropHandle::new(tokio::spawn(accept_loop(listener, acceptor, tx))),
+                    _accepting: AbortOnDropHandle::new(tokio::spawn(accept_loop(listener, config, tx))),
                 }
             }
         };
@@ -150,7 +172,7 @@ async fn accept_tcp(listener: &TcpListener) -> (TcpStream, SocketAddr) {
 
 async fn accept_loop(
     listener: TcpListener,
-    acceptor: TlsAcceptor,
+    config: Arc<rustls::ServerConfig>,
     ready: mpsc::Sender<(TlsStream<TcpStream>, SocketAddr)>,
 ) {
     let refused = Arc::new(RefusedPeers::default());
@@ -164,17 +186,11 @@ async fn accept_loop(
             accepted = accept_tcp(&listener) => accepted,
             Some(_) = handshakes.join_next() => continue,
         };
-        let (acceptor, ready, refused) = (acceptor.clone(), ready.clone(), refused.clone());
+        let (config, ready, refused) = (config.clone(), ready.clone(), refused.clone());
         handshakes.spawn(async move {
-            let err = match tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp)).await {
-                Ok(Ok(tls)) => {
-                    let _ = ready.send((tls, peer)).await;
-                    return;
-                }
-                Ok(Err(err)) => err,
-                Err(_) => io::Error::new(io::ErrorKind::TimedOut, "TLS handshake not done in time"),
-            };
-            refused.log(Some(peer.ip()), &peer.to_string(), &err);
+            if let Ok(tls) = handshake(&config, tcp, peer, &refused).await {
+                let _ = ready.send((tls, peer)).await;
+            }
         });
     }
 }

@@ -12,8 +12,8 @@ pub struct TlsDirArg {
     /// Mutual TLS: DIR holds ca.crt (the cluster CA), tls.crt and tls.key (this node's certificate and key;
     /// `corral-tls issue` makes them). Peers must present a certificate of the same CA, and the name dialled must
     /// be in the server's certificate. It covers every gRPC server and client of the process, the data protocol
-    /// over TCP, sparse-sync, corral-bim's HTTP download and the data source's HTTP API. Absent: plaintext. Unix
-    /// sockets are never wrapped.
+    /// over TCP, sparse-sync, corral-bim's HTTP download, the data source's HTTP API and the engine's TCP NBD
+    /// listener (STARTTLS). Absent: plaintext. Unix sockets are never wrapped.
     #[arg(long, global = true, env = "CORRAL_TLS_DIR", value_name = "DIR")]
     pub tls_dir: Option<PathBuf>,
 }

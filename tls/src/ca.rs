@@ -177,7 +177,12 @@ impl ClusterCa {
             .distinguished_name
             .push(DnType::CommonName, req.name.as_str());
         params.subject_alt_names = req.sans.iter().map(san).collect::<Result<_, _>>()?;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        // keyEncipherment means nothing for an ECDSA key, but QEMU (`tls-creds-x509`, an NBD client or server)
+        // refuses a certificate whose critical key usage lacks it.
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
         params.extended_key_usages = vec![
             ExtendedKeyUsagePurpose::ServerAuth,
             ExtendedKeyUsagePurpose::ClientAuth,

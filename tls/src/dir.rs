@@ -25,6 +25,14 @@ pub const CERT: &str = "tls.crt";
 /// A node's private key.
 pub const KEY: &str = "tls.key";
 
+/// The files of an NBD client's certificate directory (GnuTLS naming, what qemu's `tls-creds-x509,endpoint=client`
+/// and libnbd's `tls-certificates=DIR` read), each with the `--tls-dir` file it is.
+pub const NBD_CLIENT_FILES: [(&str, &str); 3] = [
+    ("ca-cert.pem", CA_CERT),
+    ("client-cert.pem", CERT),
+    ("client-key.pem", KEY),
+];
+
 /// Who may read a file written here.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Mode {
@@ -197,6 +205,33 @@ impl TlsDir {
             .with_webpki_verifier(verifier)
             .with_client_auth_cert(self.chain.clone(), self.key.clone_key())
             .map_err(|e| self.unusable(CERT, &e))
+    }
+
+    /// Makes `out` the certificate directory of an NBD client (qemu, libnbd) presenting this node's certificate:
+    /// [`NBD_CLIENT_FILES`] as symlinks to this directory's files (absolute), so a certificate re-issued here is
+    /// what the client reads next; the key stays in one file (mode 0600). Each link replaces its name atomically.
+    pub fn link_nbd_client_dir(&self, out: &Path) -> Result<(), TlsError> {
+        let here = std::fs::canonicalize(&self.path).map_err(|source| TlsError::Read {
+            path: self.path.clone(),
+            source,
+        })?;
+        create(out)?;
+        let write_err = |path: &Path, source| TlsError::Write {
+            path: path.to_owned(),
+            source,
+        };
+        for (name, file) in NBD_CLIENT_FILES {
+            let link = out.join(name);
+            let tmp = corral_disk::durable::temp_path(&link);
+            match std::fs::remove_file(&tmp) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(write_err(&tmp, e)),
+            }
+            std::os::unix::fs::symlink(here.join(file), &tmp).map_err(|e| write_err(&tmp, e))?;
+            std::fs::rename(&tmp, &link).map_err(|e| write_err(&link, e))?;
+        }
+        corral_disk::durable::sync_dir(out).map_err(|e| write_err(out, e))
     }
 
     fn unusable(&self, file: &str, e: &dyn std::fmt::Display) -> TlsError {

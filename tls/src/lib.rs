@@ -19,10 +19,10 @@ mod dir;
 mod error;
 mod process;
 
-pub use accept::{HANDSHAKE_TIMEOUT, RefusedPeers, ServerStream, TcpIncoming};
+pub use accept::{HANDSHAKE_TIMEOUT, RefusedPeers, ServerStream, TcpIncoming, TlsServerStream, handshake};
 pub use arg::{TLS_DIR_ENV, TlsConfigs, TlsDirArg};
 pub use ca::{CA_DAYS, ClusterCa, LEAF_DAYS, LeafRequest, NodeCert, SubjectAltName};
-pub use dir::{CA_CERT, CA_KEY, CERT, KEY, TlsDir};
+pub use dir::{CA_CERT, CA_KEY, CERT, KEY, NBD_CLIENT_FILES, TlsDir};
 pub use error::TlsError;
 pub use process::{install, installed};
 

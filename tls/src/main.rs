@@ -47,6 +47,17 @@ enum Cmd {
         /// Output directory (created if missing; files in it are replaced).
         out: PathBuf,
     },
+    /// Make OUT the certificate directory of an NBD client (qemu's `tls-creds-x509,endpoint=client,dir=OUT`,
+    /// libnbd's `nbds://HOST:PORT/VOL?tls-certificates=OUT`): ca-cert.pem, client-cert.pem and client-key.pem,
+    /// symlinks to the files of --tls-dir (checked first), so re-issued certificates are picked up.
+    NbdClientDir {
+        /// The node's directory (ca.crt, tls.crt, tls.key) whose certificate the client presents.
+        #[arg(long = "tls-dir", value_name = "DIR")]
+        tls_dir: PathBuf,
+        /// The client directory (created if missing; the three links in it are replaced).
+        #[arg(long, value_name = "DIR")]
+        out: PathBuf,
+    },
     /// Load a --tls-dir as a daemon would and report whether it is usable.
     Check {
         /// The directory holding ca.crt, tls.crt and tls.key.
@@ -91,6 +102,17 @@ fn main() -> anyhow::Result<()> {
             let cert = ca.issue(&LeafRequest::new(name.as_str(), sans, days))?;
             cert.write(&out)?;
             println!("certificate for {name} written to {}", out.display());
+        }
+        Cmd::NbdClientDir { tls_dir, out } => {
+            let tls = TlsDir::load(&tls_dir)?;
+            tls.client_config()?;
+            tls.link_nbd_client_dir(&out)?;
+            println!(
+                "NBD client directory {} links to {} (qemu: tls-creds-x509,endpoint=client,dir=...; libnbd: \
+                 nbds://HOST:PORT/VOLUME?tls-certificates=...)",
+                out.display(),
+                tls_dir.display()
+            );
         }
         Cmd::Check { dir } => {
             let tls = TlsDir::load(&dir)?;

@@ -5,6 +5,10 @@
 //! negotiation goes on; violations it cannot express (bad magic, option payload over 64 KiB, unknown client
 //! flags, an unknown name with NBD_OPT_EXPORT_NAME, truncated input) end it with a [`HandshakeError`], and
 //! the caller closes the connection.
+//!
+//! On a TLS-only listener the caller starts with [`greet`] in [`Tls::Required`] and calls [`negotiate_options`]
+//! until the client sends NBD_OPT_STARTTLS; it then runs the TLS handshake on the socket and calls
+//! [`negotiate_options`] again inside the session (no second greeting, as the protocol says).
 
 use std::io;
 
@@ -49,6 +53,40 @@ pub struct Negotiated {
     pub base_allocation: bool,
 }
 
+/// Where a connection stands with TLS (NBD_OPT_STARTTLS).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Tls {
+    /// The listener offers no TLS (a unix socket, or a server without a TLS config): STARTTLS is refused with
+    /// `NBD_REP_ERR_POLICY` and every other option is served.
+    Off,
+    /// TLS is mandatory and not started yet: STARTTLS and ABORT are served, every other option is answered
+    /// `NBD_REP_ERR_TLS_REQD` (NBD_OPT_EXPORT_NAME, which has no error reply, closes the connection).
+    Required,
+    /// Inside the TLS session: every option is served; a second STARTTLS is `NBD_REP_ERR_INVALID`.
+    Active,
+}
+
+/// One connection's negotiation state, kept by the caller across [`negotiate_options`] calls (before and after
+/// STARTTLS) and readable even when the negotiation failed.
+#[derive(Debug, Clone, Copy)]
+pub struct Negotiation {
+    /// What the options agreed so far.
+    pub negotiated: Negotiated,
+    /// The TLS state; the caller moves it from [`Tls::Required`] to [`Tls::Active`] with [`Self::start_tls`].
+    pub tls: Tls,
+    /// Options refused because TLS was required and not started (a plaintext client, for the log).
+    pub refused_without_tls: u32,
+    no_zeroes: bool,
+}
+
+impl Negotiation {
+    /// The TLS session is up: negotiation restarts inside it, forgetting whatever was agreed in plaintext.
+    pub fn start_tls(&mut self) {
+        self.negotiated = Negotiated::default();
+        self.tls = Tls::Active;
+    }
+}
+
 /// How a handshake that did not fail ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HandshakeOutcome {
@@ -56,6 +94,9 @@ pub enum HandshakeOutcome {
     Transmission(Negotiated),
     /// The client sent NBD_OPT_ABORT (e.g. `nbdinfo --list`).
     Aborted,
+    /// NBD_OPT_STARTTLS was acknowledged: the caller runs the TLS handshake on the stream, calls
+    /// [`Negotiation::start_tls`] and [`negotiate_options`] again over the TLS session.
+    StartTls,
 }
 
 /// A handshake that cannot continue; the connection is closed.
@@ -73,13 +114,29 @@ pub enum HandshakeError {
     /// NBD_OPT_EXPORT_NAME asked for an export that does not exist (this option has no error reply).
     #[error("client asked for unknown export {0:?} with NBD_OPT_EXPORT_NAME")]
     UnknownExport(String),
+    /// NBD_OPT_EXPORT_NAME before STARTTLS on a TLS-only listener (this option has no error reply).
+    #[error("client sent NBD_OPT_EXPORT_NAME without TLS; this server requires TLS (NBD_OPT_STARTTLS)")]
+    TlsRequired,
+    /// Refused on a TLS-only listener: the client negotiated without TLS, or its TLS handshake failed. The
+    /// caller has logged it (once per peer address).
+    #[error("refused: {0}")]
+    Refused(io::Error),
     /// The client kept sending options.
     #[error("more than {MAX_OPTIONS} options")]
     TooManyOptions,
 }
 
-/// Runs the server side of the fixed newstyle handshake on `stream`.
+/// Runs the server side of the fixed newstyle handshake on `stream`, on a listener that offers no TLS.
 pub async fn negotiate<S>(stream: &mut S, export: &ExportInfo) -> Result<HandshakeOutcome, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
+    let mut n = greet(stream, Tls::Off).await?;
+    negotiate_options(stream, export, &mut n).await
+}
+
+/// Sends the server greeting and reads the client's flags: the start of every handshake.
+pub async fn greet<S>(stream: &mut S, tls: Tls) -> Result<Negotiation, HandshakeError>
 where
     S: AsyncRead + AsyncWrite + Unpin,
 {
@@ -94,9 +151,23 @@ where
     if client_flags & !(FLAG_C_FIXED_NEWSTYLE | FLAG_C_NO_ZEROES) != 0 {
         return Err(HandshakeError::ClientFlags(client_flags));
     }
-    let no_zeroes = client_flags & FLAG_C_NO_ZEROES != 0;
+    Ok(Negotiation {
+        negotiated: Negotiated::default(),
+        tls,
+        refused_without_tls: 0,
+        no_zeroes: client_flags & FLAG_C_NO_ZEROES != 0,
+    })
+}
 
-    let mut negotiated = Negotiated::default();
+/// Answers the client's options until it selects the export, aborts or (with [`Tls::Required`]) starts TLS.
+pub async fn negotiate_options<S>(
+    stream: &mut S,
+    export: &ExportInfo,
+    n: &mut Negotiation,
+) -> Result<HandshakeOutcome, HandshakeError>
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+{
     let mut payload = Vec::new();
     let mut out = Vec::with_capacity(256);
     for _ in 0..MAX_OPTIONS {
@@ -107,14 +178,7 @@ where
         stream.read_exact(&mut payload).await?;
 
         out.clear();
-        let step = answer_option(
-            header.option,
-            &payload,
-            export,
-            &mut negotiated,
-            no_zeroes,
-            &mut out,
-        );
+        let step = answer_option(header.option, &payload, export, n, &mut out);
         // ABORT's acknowledgement is a courtesy: the client may already be gone.
         let write = async {
             stream.write_all(&out).await?;
@@ -128,9 +192,14 @@ where
             }
             Step::Transmit => {
                 write.await?;
-                return Ok(HandshakeOutcome::Transmission(negotiated));
+                return Ok(HandshakeOutcome::Transmission(n.negotiated));
+            }
+            Step::StartTls => {
+                write.await?;
+                return Ok(HandshakeOutcome::StartTls);
             }
             Step::UnknownExport(name) => return Err(HandshakeError::UnknownExport(name)),
+            Step::TlsRequired => return Err(HandshakeError::TlsRequired),
         }
     }
     Err(HandshakeError::TooManyOptions)
@@ -140,7 +209,9 @@ enum Step {
     Continue,
     Abort,
     Transmit,
+    StartTls,
     UnknownExport(String),
+    TlsRequired,
 }
 
 /// Computes the server's answer to one option into `out`; pure, so the whole option parser is fuzzable.
@@ -148,10 +219,22 @@ fn answer_option(
     option: u32,
     payload: &[u8],
     export: &ExportInfo,
-    negotiated: &mut Negotiated,
-    no_zeroes: bool,
+    n: &mut Negotiation,
     out: &mut Vec<u8>,
 ) -> Step {
+    if n.tls == Tls::Required && !matches!(option, opt::STARTTLS | opt::ABORT) {
+        n.refused_without_tls = n.refused_without_tls.saturating_add(1);
+        if option == opt::EXPORT_NAME {
+            return Step::TlsRequired;
+        }
+        put_error(
+            out,
+            option,
+            rep::ERR_TLS_REQD,
+            "TLS required: this server serves only clients with a certificate of the cluster CA (NBD_OPT_STARTTLS)",
+        );
+        return Step::Continue;
+    }
     match option {
         opt::EXPORT_NAME => {
             let name = String::from_utf8_lossy(payload);
@@ -160,7 +243,7 @@ fn answer_option(
             }
             out.extend_from_slice(&export.size.to_be_bytes());
             out.extend_from_slice(&export.transmission_flags.to_be_bytes());
-            if !no_zeroes {
+            if !n.no_zeroes {
                 out.extend_from_slice(&[0u8; 124]);
             }
             Step::Transmit
@@ -185,7 +268,7 @@ fn answer_option(
         opt::INFO | opt::GO => answer_info(option, payload, export, out),
         opt::STRUCTURED_REPLY => {
             if payload.is_empty() {
-                negotiated.structured_replies = true;
+                n.negotiated.structured_replies = true;
                 put_reply(out, option, rep::ACK, &[]);
             } else {
                 put_error(
@@ -198,18 +281,36 @@ fn answer_option(
             Step::Continue
         }
         opt::LIST_META_CONTEXT | opt::SET_META_CONTEXT => {
-            answer_meta_context(option, payload, export, negotiated, out);
+            answer_meta_context(option, payload, export, &mut n.negotiated, out);
             Step::Continue
         }
-        opt::STARTTLS => {
-            put_error(out, option, rep::ERR_POLICY, "TLS is not offered by this server");
-            Step::Continue
-        }
+        opt::STARTTLS => answer_starttls(payload, n.tls, out),
         _ => {
             put_error(out, option, rep::ERR_UNSUP, "option not supported");
             Step::Continue
         }
     }
+}
+
+fn answer_starttls(payload: &[u8], tls: Tls, out: &mut Vec<u8>) -> Step {
+    let option = opt::STARTTLS;
+    match tls {
+        Tls::Off => put_error(
+            out,
+            option,
+            rep::ERR_POLICY,
+            "TLS is not offered on this listener",
+        ),
+        Tls::Active => put_error(out, option, rep::ERR_INVALID, "TLS is already negotiated"),
+        Tls::Required if !payload.is_empty() => {
+            put_error(out, option, rep::ERR_INVALID, "NBD_OPT_STARTTLS takes no data");
+        }
+        Tls::Required => {
+            put_reply(out, option, rep::ACK, &[]);
+            return Step::StartTls;
+        }
+    }
+    Step::Continue
 }
 
 /// NBD_OPT_INFO / NBD_OPT_GO: `u32 name length, name, u16 count, count × u16 info type`.
@@ -378,6 +479,15 @@ mod tests {
         }
     }
 
+    fn state(tls: Tls) -> Negotiation {
+        Negotiation {
+            negotiated: Negotiated::default(),
+            tls,
+            refused_without_tls: 0,
+            no_zeroes: true,
+        }
+    }
+
     fn meta_payload(name: &str, queries: &[&str]) -> Vec<u8> {
         let mut p = Vec::new();
         p.extend_from_slice(&len_u32(name.len()).to_be_bytes());
@@ -402,18 +512,18 @@ mod tests {
 
     #[test]
     fn set_meta_context_selects_base_allocation_only_after_structured_replies() {
-        let mut n = Negotiated::default();
+        let mut n = state(Tls::Off);
         let mut out = Vec::new();
         let p = meta_payload("vol", &["base:allocation"]);
-        answer_option(opt::SET_META_CONTEXT, &p, &export(), &mut n, true, &mut out);
+        answer_option(opt::SET_META_CONTEXT, &p, &export(), &mut n, &mut out);
         assert_eq!(reply_types(&out), vec![rep::ERR_INVALID]);
-        assert!(!n.base_allocation);
+        assert!(!n.negotiated.base_allocation);
 
-        n.structured_replies = true;
+        n.negotiated.structured_replies = true;
         out.clear();
-        answer_option(opt::SET_META_CONTEXT, &p, &export(), &mut n, true, &mut out);
+        answer_option(opt::SET_META_CONTEXT, &p, &export(), &mut n, &mut out);
         assert_eq!(reply_types(&out), vec![rep::META_CONTEXT, rep::ACK]);
-        assert!(n.base_allocation);
+        assert!(n.negotiated.base_allocation);
     }
 
     #[test]
@@ -423,7 +533,7 @@ mod tests {
         p.extend_from_slice(b"other");
         p.extend_from_slice(&0u16.to_be_bytes());
         let mut out = Vec::new();
-        let step = answer_option(opt::GO, &p, &export(), &mut Negotiated::default(), true, &mut out);
+        let step = answer_option(opt::GO, &p, &export(), &mut state(Tls::Off), &mut out);
         assert!(matches!(step, Step::Continue));
         assert_eq!(reply_types(&out), vec![rep::ERR_UNKNOWN]);
     }
@@ -435,10 +545,71 @@ mod tests {
             opt::INFO,
             &[0, 0, 0, 9, b'v'],
             &export(),
-            &mut Negotiated::default(),
-            true,
+            &mut state(Tls::Off),
             &mut out,
         );
         assert_eq!(reply_types(&out), vec![rep::ERR_INVALID]);
+    }
+
+    fn go_payload(name: &str) -> Vec<u8> {
+        let mut p = Vec::new();
+        p.extend_from_slice(&len_u32(name.len()).to_be_bytes());
+        p.extend_from_slice(name.as_bytes());
+        p.extend_from_slice(&0u16.to_be_bytes());
+        p
+    }
+
+    #[test]
+    fn tls_required_serves_only_starttls_and_abort_until_tls_is_up() {
+        let mut n = state(Tls::Required);
+        let mut out = Vec::new();
+        for option in [
+            opt::GO,
+            opt::INFO,
+            opt::LIST,
+            opt::STRUCTURED_REPLY,
+            opt::LIST_META_CONTEXT,
+            99,
+        ] {
+            out.clear();
+            let step = answer_option(option, &go_payload("vol"), &export(), &mut n, &mut out);
+            assert!(matches!(step, Step::Continue), "option {option}");
+            assert_eq!(reply_types(&out), vec![rep::ERR_TLS_REQD], "option {option}");
+        }
+        assert_eq!(
+            n.negotiated,
+            Negotiated::default(),
+            "a refused option changed the state"
+        );
+        out.clear();
+        let step = answer_option(opt::EXPORT_NAME, b"vol", &export(), &mut n, &mut out);
+        assert!(matches!(step, Step::TlsRequired) && out.is_empty());
+        assert_eq!(n.refused_without_tls, 7);
+
+        out.clear();
+        let step = answer_option(opt::STARTTLS, b"x", &export(), &mut n, &mut out);
+        assert!(matches!(step, Step::Continue));
+        assert_eq!(reply_types(&out), vec![rep::ERR_INVALID]);
+        out.clear();
+        let step = answer_option(opt::STARTTLS, &[], &export(), &mut n, &mut out);
+        assert!(matches!(step, Step::StartTls));
+        assert_eq!(reply_types(&out), vec![rep::ACK]);
+
+        n.start_tls();
+        out.clear();
+        let step = answer_option(opt::STARTTLS, &[], &export(), &mut n, &mut out);
+        assert!(matches!(step, Step::Continue));
+        assert_eq!(reply_types(&out), vec![rep::ERR_INVALID]);
+        out.clear();
+        let step = answer_option(opt::GO, &go_payload("vol"), &export(), &mut n, &mut out);
+        assert!(matches!(step, Step::Transmit));
+    }
+
+    #[test]
+    fn starttls_is_refused_by_policy_where_tls_is_off() {
+        let mut out = Vec::new();
+        let step = answer_option(opt::STARTTLS, &[], &export(), &mut state(Tls::Off), &mut out);
+        assert!(matches!(step, Step::Continue));
+        assert_eq!(reply_types(&out), vec![rep::ERR_POLICY]);
     }
 }

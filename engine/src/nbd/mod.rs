@@ -9,7 +9,7 @@
 //!
 //! Protocol choices (see `README.md` beside this file for the whole list):
 //! - Fixed newstyle only (NO_ZEROES honoured); options GO, INFO, LIST, ABORT, EXPORT_NAME, STRUCTURED_REPLY,
-//!   SET/LIST_META_CONTEXT (`base:allocation`); anything else is answered with `NBD_REP_ERR_UNSUP`.
+//!   SET/LIST_META_CONTEXT (`base:allocation`), STARTTLS; anything else is answered with `NBD_REP_ERR_UNSUP`.
 //! - Transmission flags: HAS_FLAGS, SEND_FLUSH, SEND_FUA, SEND_TRIM, SEND_WRITE_ZEROES, CAN_MULTI_CONN (plus
 //!   READ_ONLY for a read-only export). The engine guarantees that a flush covers writes completed on any
 //!   connection.
@@ -18,6 +18,9 @@
 //!   block size → `EINVAL`. A write whose payload is larger than the maximum block size is drained (discarded
 //!   in bounded chunks) and answered `EINVAL`, so one bad request does not cost the client its connection.
 //! - A malformed handshake closes that connection only, with a log line.
+//! - TLS (NBD_OPT_STARTTLS) on TCP listeners when [`NbdConfig::tls`] is set, and then mandatory: before it every
+//!   option but STARTTLS and ABORT is answered `NBD_REP_ERR_TLS_REQD`, and the client must present a certificate
+//!   of the cluster CA. Unix sockets are plaintext (mode 0600).
 
 use std::future::Future;
 
@@ -144,6 +147,10 @@ pub struct NbdConfig {
     pub max_block: u32,
     /// Requests of one connection processed concurrently; the reader stops reading when all are busy.
     pub max_in_flight: usize,
+    /// TCP listeners only serve clients that start TLS (NBD_OPT_STARTTLS) and present a certificate this server
+    /// config accepts (the process's `--tls-dir` one: a certificate of the cluster CA). `None`: plaintext TCP.
+    /// Unix listeners never use it.
+    pub tls: Option<std::sync::Arc<corral_tls::rustls::ServerConfig>>,
 }
 
 impl Default for NbdConfig {
@@ -154,6 +161,7 @@ impl Default for NbdConfig {
             read_only: false,
             max_block: 16 << 20,
             max_in_flight: 64,
+            tls: None,
         }
     }
 }

@@ -2,19 +2,23 @@
 //! and orderly shutdown through a [`CancellationToken`].
 
 use std::io;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use corral_tls::TlsServerStream;
+use corral_tls::rustls::ServerConfig;
 use thiserror::Error;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
+use tokio::time::error::Elapsed;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 use tracing::{Instrument, debug, info, info_span, warn};
 
 use super::connection::{self, Transmission};
-use super::handshake::{self, ExportInfo, HandshakeError, HandshakeOutcome};
+use super::handshake::{self, ExportInfo, HandshakeError, HandshakeOutcome, Negotiated, Tls};
 use super::metrics::NbdCounters;
 use super::wire::tflag;
 use super::{BlockDevice, NbdConfig};
@@ -54,6 +58,8 @@ struct Inner<D> {
     device: Arc<D>,
     config: NbdConfig,
     counters: Arc<NbdCounters>,
+    /// Peers refused for want of TLS or at the TLS handshake, logged once each.
+    refused: corral_tls::RefusedPeers,
 }
 
 impl<D: BlockDevice> NbdServer<D> {
@@ -65,6 +71,7 @@ impl<D: BlockDevice> NbdServer<D> {
             device,
             config,
             counters: Arc::default(),
+            refused: corral_tls::RefusedPeers::default(),
         };
         Self {
             inner: Arc::new(inner),
@@ -118,14 +125,16 @@ impl<D: BlockDevice> NbdServer<D> {
         Ok(())
     }
 
-    /// Accepts clients on TCP until `cancel` fires, then waits for every connection of this server to end.
+    /// Accepts clients on TCP until `cancel` fires, then waits for every connection of this server to end. With
+    /// [`NbdConfig::tls`](super::NbdConfig::tls) every client must start TLS first (see `handshake`).
     pub async fn serve_tcp(
         &self,
         listener: TcpListener,
         cancel: CancellationToken,
     ) -> Result<(), ServeError> {
         let export = &self.inner.config.export_name;
-        info!(addr = ?listener.local_addr().ok(), %export, "NBD serving on TCP");
+        let tls = self.inner.config.tls.clone();
+        info!(addr = ?listener.local_addr().ok(), %export, tls = tls.is_some(), "NBD serving on TCP");
         let connections = TaskTracker::new();
         loop {
             let accepted = tokio::select! {
@@ -139,7 +148,16 @@ impl<D: BlockDevice> NbdServer<D> {
                         debug!(%peer, error = %e, "TCP_NODELAY not set");
                     }
                     let span = info_span!("nbd_conn", transport = "tcp", %peer);
-                    self.spawn_connection(&connections, stream, span, &cancel);
+                    match &tls {
+                        None => self.spawn_connection(&connections, stream, span, &cancel),
+                        Some(config) => {
+                            let (server, config, cancel) = (self.clone(), config.clone(), cancel.clone());
+                            connections.spawn(
+                                async move { server.run_tls_connection(stream, peer, config, cancel).await }
+                                    .instrument(span),
+                            );
+                        }
+                    }
                 }
                 Err(e) => accept_failed(&e).await,
             }
@@ -182,13 +200,90 @@ impl<D: BlockDevice> NbdServer<D> {
         R: AsyncRead + Unpin + Send + 'static,
         W: AsyncWrite + Unpin + Send + 'static,
     {
+        let _active = self.connection_started();
+        let export = self.export_info();
+        let negotiation = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake::negotiate(&mut stream, &export));
+        let outcome = tokio::select! {
+            () = cancel.cancelled() => return,
+            o = negotiation => o,
+        };
+        let outcome = outcome.map(|o| {
+            o.map(|o| match o {
+                HandshakeOutcome::Transmission(n) => Some(n),
+                HandshakeOutcome::Aborted | HandshakeOutcome::StartTls => None,
+            })
+        });
+        if let Some(negotiated) = self.settle(outcome) {
+            self.transmit(stream, split, negotiated, cancel).await;
+        }
+    }
+
+    /// A client of a TLS-only TCP listener: plaintext negotiation until NBD_OPT_STARTTLS, the TLS handshake
+    /// (client certificate required), negotiation again inside TLS, then transmission over the TLS session. The
+    /// session is split with `tokio::io::split`: reader and writer stay in this one task, so its lock is never
+    /// contended.
+    async fn run_tls_connection(
+        &self,
+        tcp: TcpStream,
+        peer: SocketAddr,
+        config: Arc<ServerConfig>,
+        cancel: CancellationToken,
+    ) {
+        let _active = self.connection_started();
+        let export = self.export_info();
+        let negotiation =
+            tokio::time::timeout(HANDSHAKE_TIMEOUT, self.negotiate_tls(tcp, peer, &config, &export));
+        let outcome = tokio::select! {
+            () = cancel.cancelled() => return,
+            o = negotiation => o,
+        };
+        if let Some((stream, negotiated)) = self.settle(outcome) {
+            self.transmit(stream, tokio::io::split, negotiated, cancel).await;
+        }
+    }
+
+    async fn negotiate_tls(
+        &self,
+        mut tcp: TcpStream,
+        peer: SocketAddr,
+        config: &Arc<ServerConfig>,
+        export: &ExportInfo,
+    ) -> Result<Option<(TlsServerStream, Negotiated)>, HandshakeError> {
+        let mut n = handshake::greet(&mut tcp, Tls::Required).await?;
+        let plain = handshake::negotiate_options(&mut tcp, export, &mut n).await;
+        if n.refused_without_tls > 0 && !matches!(plain, Ok(HandshakeOutcome::StartTls)) {
+            let err = io::Error::new(
+                io::ErrorKind::PermissionDenied,
+                "NBD client negotiated without TLS (NBD_OPT_STARTTLS); this listener requires it",
+            );
+            self.inner.refused.log(Some(peer.ip()), &peer.to_string(), &err);
+            return Err(HandshakeError::Refused(err));
+        }
+        match plain? {
+            HandshakeOutcome::StartTls => {}
+            HandshakeOutcome::Aborted | HandshakeOutcome::Transmission(_) => return Ok(None),
+        }
+        let mut tls = corral_tls::handshake(config, tcp, peer, &self.inner.refused)
+            .await
+            .map_err(HandshakeError::Refused)?;
+        n.start_tls();
+        match handshake::negotiate_options(&mut tls, export, &mut n).await? {
+            HandshakeOutcome::Transmission(negotiated) => Ok(Some((tls, negotiated))),
+            HandshakeOutcome::Aborted | HandshakeOutcome::StartTls => Ok(None),
+        }
+    }
+
+    /// Counts a new connection; the guard counts it gone.
+    fn connection_started(&self) -> ActiveGuard {
         let counters = &self.inner.counters;
         counters.connections_accepted.fetch_add(1, Ordering::Relaxed);
         counters.connections_active.fetch_add(1, Ordering::Relaxed);
-        let _active = ActiveGuard(counters.clone());
+        ActiveGuard(counters.clone())
+    }
 
+    fn export_info(&self) -> ExportInfo {
         let config = &self.inner.config;
-        let export = ExportInfo {
+        ExportInfo {
             name: config.export_name.clone(),
             description: config.description.clone(),
             size: self.inner.device.size(),
@@ -196,35 +291,49 @@ impl<D: BlockDevice> NbdServer<D> {
             min_block: 1,
             preferred_block: 4096,
             max_block: config.max_block,
-        };
-        let negotiation = tokio::time::timeout(HANDSHAKE_TIMEOUT, handshake::negotiate(&mut stream, &export));
-        let outcome = tokio::select! {
-            () = cancel.cancelled() => return,
-            o = negotiation => o,
-        };
-        let negotiated = match outcome {
-            Ok(Ok(HandshakeOutcome::Transmission(n))) => n,
-            Ok(Ok(HandshakeOutcome::Aborted)) => {
-                debug!("client aborted the negotiation");
-                return;
-            }
+        }
+    }
+
+    /// Logs and counts how a negotiation ended; `Some` when transmission starts, `None` when the connection
+    /// closes.
+    fn settle<T>(&self, outcome: Result<Result<Option<T>, HandshakeError>, Elapsed>) -> Option<T> {
+        let failures = &self.inner.counters.handshake_failures;
+        match outcome {
+            Ok(Ok(Some(t))) => return Some(t),
+            Ok(Ok(None)) => debug!("client aborted the negotiation"),
             Ok(Err(HandshakeError::Io(e))) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
+                failures.fetch_add(1, Ordering::Relaxed);
                 debug!("client closed the connection during the handshake");
-                return;
+            }
+            Ok(Err(HandshakeError::Refused(e))) => {
+                // Logged where it was refused, once per peer address.
+                failures.fetch_add(1, Ordering::Relaxed);
+                debug!(error = %e, "client refused");
             }
             Ok(Err(e)) => {
-                counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
+                failures.fetch_add(1, Ordering::Relaxed);
                 warn!(error = %e, "closing connection: handshake failed");
-                return;
             }
             Err(_) => {
-                counters.handshake_failures.fetch_add(1, Ordering::Relaxed);
+                failures.fetch_add(1, Ordering::Relaxed);
                 warn!(timeout = ?HANDSHAKE_TIMEOUT, "closing connection: handshake not finished in time");
-                return;
             }
-        };
+        }
+        None
+    }
+
+    async fn transmit<S, R, W>(
+        &self,
+        stream: S,
+        split: impl FnOnce(S) -> (R, W),
+        negotiated: Negotiated,
+        cancel: CancellationToken,
+    ) where
+        R: AsyncRead + Unpin + Send + 'static,
+        W: AsyncWrite + Unpin + Send + 'static,
+    {
         debug!(?negotiated, "transmission phase");
+        let config = &self.inner.config;
         let t = Transmission {
             negotiated,
             read_only: config.read_only,
@@ -233,7 +342,8 @@ impl<D: BlockDevice> NbdServer<D> {
         };
         let (reader, writer) = split(stream);
         let device = self.inner.device.clone();
-        match connection::transmit(device, t, reader, writer, counters.clone(), cancel).await {
+        let counters = self.inner.counters.clone();
+        match connection::transmit(device, t, reader, writer, counters, cancel).await {
             Ok(()) => debug!("connection closed"),
             Err(e) => warn!(error = %e, "connection closed on error"),
         }

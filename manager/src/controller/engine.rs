@@ -156,7 +156,13 @@ fn nbd_endpoints(volume: &str, listen: &BTreeMap<String, String>) -> Vec<String>
         .get("nbd-unix")
         .and_then(|a| a.strip_prefix("unix:"))
         .map(|path| format!("nbd+unix:///{volume}?socket={path}"));
-    let tcp = listen.get("nbd").map(|a| format!("nbd://{a}/{volume}"));
+    // Under --tls-dir the manager's node daemons do too: the engine's TCP listener is then TLS-only (issue 40).
+    let scheme = if corral_tls::installed().is_some() {
+        "nbds"
+    } else {
+        "nbd"
+    };
+    let tcp = listen.get("nbd").map(|a| format!("{scheme}://{a}/{volume}"));
     unix.into_iter().chain(tcp).collect()
 }
 
