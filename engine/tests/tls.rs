@@ -13,7 +13,7 @@ use common::{Engine, Replica};
 use corral_tls::rustls;
 use corral_tls::{LeafRequest, SubjectAltName};
 use data_protocol::{ClientConfig, ClientError, DataClient};
-use testkit::{TestPki, qemu_io, sha256_file};
+use testkit::{TestPki, qemu_io, sha256_dir};
 
 const SIZE: u64 = 16 << 20;
 
@@ -28,23 +28,6 @@ async fn connect(r: &Replica, tls: Option<Arc<rustls::ClientConfig>>) -> Result<
         ..ClientConfig::default()
     };
     DataClient::connect(&r.replica_address().data.to_socket_string(), cfg).await
-}
-
-/// Every file of a v1 replica directory with its SHA-256.
-fn files(dir: &Path) -> Vec<(String, String)> {
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file())
-        .map(|p| {
-            (
-                p.file_name().unwrap().to_string_lossy().into_owned(),
-                sha256_file(&p),
-            )
-        })
-        .collect();
-    v.sort();
-    v
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -82,7 +65,7 @@ async fn io_reaches_a_replica_over_mutual_tls_and_strangers_are_refused_at_the_h
     assert!(ok, "IO through the engine over TLS: {out}");
     e.kill();
 
-    let before = files(&r.dir);
+    let before = sha256_dir(&r.dir);
     let refused = pki.strangers();
     for (what, tls) in refused {
         let err = connect(&r, tls).await.err();
@@ -95,7 +78,7 @@ async fn io_reaches_a_replica_over_mutual_tls_and_strangers_are_refused_at_the_h
         .close()
         .await;
     assert_eq!(
-        files(&r.dir),
+        sha256_dir(&r.dir),
         before,
         "a refused client changed the replica's files"
     );

@@ -23,7 +23,7 @@ use corral_proto::v1::{
     sync_agent_service_client::SyncAgentServiceClient,
 };
 use corral_tls::rustls;
-use testkit::{Daemon, DaemonCommand, TestPki, qemu_io, sha256_file};
+use testkit::{Daemon, DaemonCommand, TestPki, qemu_io, sha256_dir};
 use tokio::io::AsyncWriteExt;
 
 const SIZE: u64 = 16 << 20;
@@ -132,23 +132,6 @@ fn start_im(dir: &Path, tls: &Path) -> Daemon {
         .spawn()
 }
 
-/// Every file of a v1 replica directory with its SHA-256.
-fn files(dir: &Path) -> Vec<(String, String)> {
-    let mut v: Vec<_> = std::fs::read_dir(dir)
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .filter(|p| p.is_file())
-        .map(|p| {
-            (
-                p.file_name().unwrap().to_string_lossy().into_owned(),
-                sha256_file(&p),
-            )
-        })
-        .collect();
-    v.sort();
-    v
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[allow(clippy::too_many_lines)] // one scenario over shared daemons, to keep the suite fast
 async fn every_grpc_endpoint_serves_its_cluster_over_mutual_tls_and_refuses_strangers_at_the_handshake() {
@@ -199,7 +182,7 @@ async fn every_grpc_endpoint_serves_its_cluster_over_mutual_tls_and_refuses_stra
         let listed = list(*service, addr, Some(&node_client)).await;
         before.push(listed.unwrap_or_else(|err| panic!("{service:?} at {addr}: {err}")));
     }
-    let files_before = files(&r.dir);
+    let files_before = sha256_dir(&r.dir);
 
     let refused = pki.strangers();
     for (what, tls) in &refused {
@@ -219,7 +202,7 @@ async fn every_grpc_endpoint_serves_its_cluster_over_mutual_tls_and_refuses_stra
         );
     }
     assert_eq!(
-        files(&r.dir),
+        sha256_dir(&r.dir),
         files_before,
         "a refused client changed the replica's files"
     );

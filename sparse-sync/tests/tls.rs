@@ -61,18 +61,6 @@ async fn send(
     .map(|_| ())
 }
 
-/// The error and its sources, one line.
-fn chain(err: &dyn std::error::Error) -> String {
-    let mut s = err.to_string();
-    let mut cur = err.source();
-    while let Some(e) = cur {
-        s.push_str(": ");
-        s.push_str(&e.to_string());
-        cur = e.source();
-    }
-    s
-}
-
 /// Writes `bytes` on a fresh connection, ends it there, and waits (bounded) until the receiver closes it without
 /// a reply.
 fn closed_without_reply(addr: SocketAddr, bytes: &[u8]) {
@@ -171,6 +159,8 @@ async fn a_sender_refuses_a_receiver_whose_certificate_names_another_host() {
     let r = receiver(&target, &pki.misnamed());
     let client = TestPki::client(&pki.node("sender"));
     let err = send(&src, r.socket_addr("http"), Some(client)).await.unwrap_err();
-    assert!(chain(&err).contains("not valid for name"), "{}", chain(&err));
+    // The error and its sources, one line.
+    let err = format!("{:#}", anyhow::Error::from(err));
+    assert!(err.contains("not valid for name"), "{err}");
     assert_eq!(std::fs::read(&target).unwrap(), b"kept");
 }

@@ -1,4 +1,5 @@
-//! SHA-256/512 of bytes, of a file, and of an NBD export (read by `nbdcopy`, the libnbd client), in lower-case hex.
+//! SHA-256/512 of bytes, of a file, of a directory's files, and of an NBD export (read by `nbdcopy`, the libnbd
+//! client), in lower-case hex.
 
 use std::io::Read;
 use std::path::Path;
@@ -20,6 +21,29 @@ pub fn sha512_bytes(data: &[u8]) -> String {
 /// When the file cannot be read.
 pub fn sha256_file(path: &Path) -> String {
     stream_digest::<Sha256>(&mut open(path), &path.display().to_string())
+}
+
+/// Every file directly in `dir` (a v1 replica directory, say) with its SHA-256, sorted by name: compared before
+/// and after an operation, it shows that nothing in the directory changed.
+///
+/// # Panics
+/// When the directory or one of its files cannot be read.
+pub fn sha256_dir(dir: &Path) -> Vec<(String, String)> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("read {}: {e}", dir.display()))
+        .map(|e| e.unwrap_or_else(|e| panic!("read {}: {e}", dir.display())).path())
+        .filter(|p| p.is_file())
+        .map(|p| {
+            (
+                p.file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                sha256_file(&p),
+            )
+        })
+        .collect();
+    v.sort();
+    v
 }
 
 /// SHA-512 of a file's logical content (holes read as zeros): the checksum backing images are named by.

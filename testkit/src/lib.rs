@@ -34,7 +34,7 @@ pub mod tls;
 
 pub use binary::workspace_bin;
 pub use daemon::{Daemon, DaemonCommand, ReadyReport, kill_under};
-pub use digest::{nbd_sha256, sha256_bytes, sha256_file, sha512_bytes, sha512_file};
+pub use digest::{nbd_sha256, sha256_bytes, sha256_dir, sha256_file, sha512_bytes, sha512_file};
 pub use extents::{allocated_bytes, data_extents};
 pub use nbd::{qemu_io, qemu_io_tls};
 pub use poll::{wait_for, wait_for_async};
