@@ -323,6 +323,104 @@ async fn mutating_grpc_calls_of_a_stale_engine_are_refused_naming_both_numbers_a
         .expect("generation 2 takes a snapshot");
 }
 
+on_both_engines!(a_rebuild_asked_by_a_stale_engine_is_refused_by_its_source);
+
+/// Issue 39, rebuild pulls: the generation a `FilesSync` carries goes on to its sources. A fresh replica (no record
+/// of its own to refuse with) asked by an engine of generation 1 to rebuild from a source that accepted generation 2:
+/// the source refuses every pull, the rebuild fails naming both numbers and the fresh replica received nothing; the
+/// same rebuild for generation 2 copies the snapshot.
+async fn a_rebuild_asked_by_a_stale_engine_is_refused_by_its_source(engine: DataEngine) {
+    let t = tempfile::tempdir().unwrap();
+    let src = Replica::start_on(engine, &t.path().join("src"), &["--size", "16M"]);
+    let dst = Replica::start_on(engine, &t.path().join("dst"), &["--size", "16M"]);
+    let c2 = connect(&src, 2)
+        .await
+        .expect("generation 2 accepted by the source");
+    c2.write(0, &[0x22; 4096]).await.expect("generation 2 writes");
+    c2.flush().await.expect("generation 2 flushes");
+    src.control()
+        .await
+        .replica_snapshot(of_generation(
+            v1::ReplicaSnapshotRequest {
+                name: "s1".into(),
+                user_created: true,
+                ..Default::default()
+            },
+            2,
+        ))
+        .await
+        .expect("the source takes a snapshot for generation 2");
+    // The target gets the snapshot too, as an engine's rebuild snapshot reaches its WO replica.
+    dst.control()
+        .await
+        .replica_snapshot(of_generation(
+            v1::ReplicaSnapshotRequest {
+                name: "s1".into(),
+                ..Default::default()
+            },
+            2,
+        ))
+        .await
+        .expect("the target takes the snapshot");
+    let status = src.status().await;
+    let files: Vec<v1::DiskInfo> = status
+        .disks
+        .values()
+        .filter(|d| d.name != status.head)
+        .cloned()
+        .collect();
+    assert_eq!(files.len(), 1, "one snapshot on the source: {status:?}");
+    let rebuild = |generation| {
+        of_generation(
+            v1::FilesSyncRequest {
+                from_addresses: vec![src.address()],
+                files: files.clone(),
+                ..Default::default()
+            },
+            generation,
+        )
+    };
+    let mut sync = dst.sync_agent().await;
+    let (layout, disks) = (dst.layout().await, dst.status().await.disks);
+
+    sync.files_sync(rebuild(1))
+        .await
+        .expect("the fresh replica has no record to refuse generation 1 with");
+    let s = rebuild_ended(&dst).await;
+    assert_eq!(s.state, "error", "{s:?}");
+    assert!(s.error.contains("fenced by generation 2 > 1"), "{s:?}");
+    assert_eq!(
+        dst.layout().await,
+        layout,
+        "the refused rebuild left files behind"
+    );
+    assert_eq!(
+        dst.status().await.disks,
+        disks,
+        "the refused rebuild changed the chain"
+    );
+
+    sync.files_sync(rebuild(2))
+        .await
+        .expect("generation 2's rebuild starts");
+    let s = rebuild_ended(&dst).await;
+    assert_eq!(s.state, "complete", "{s:?}");
+}
+
+/// The status of the rebuild into `r` once it is no longer running.
+async fn rebuild_ended(r: &Replica) -> v1::JobStatusResponse {
+    let mut sync = r.sync_agent().await;
+    wait_for_async("the rebuild ended", Duration::from_secs(60), async || {
+        let s = sync
+            .replica_rebuild_status(v1::Empty {})
+            .await
+            .unwrap()
+            .into_inner();
+        (!s.is_running).then_some(s)
+    })
+    .await
+}
+
 /// Sets xattr `key` of lvol `name` on the stopped lvstore of the v2 test replica in `dir` (`corral-lvstore
 /// set-xattr`, as an operator would).
 fn lvstore_set_xattr(dir: &std::path::Path, name: &str, key: &str, value: &str) {

@@ -283,7 +283,7 @@ async fn run(
             expected_size: replica.size(),
             export_backing_image_if_exist: req.export_backing_image_if_exist,
         };
-        crate::local_copy::offer(&req.from, ask)
+        crate::local_copy::offer(&req.from, ask, 0)
             .await
             .inspect_err(|why| info!(snapshot = %file, reason = %why, "clone: no local copy, pulling over the network"))
             .ok()

@@ -250,11 +250,13 @@ impl LocalSource {
 pub(crate) async fn offer(
     source: &ReplicaAddress,
     req: v1::LocalFilesRequest,
+    generation: u64,
 ) -> std::result::Result<LocalSource, String> {
     let ch = connect_endpoint(&source.sync, GrpcTimeouts::CONTROL)
         .await
         .map_err(|e| format!("source replica {source}: {e}"))?;
-    let mut lease = SyncAgentServiceClient::new(ch)
+    let generation = corral_proto::engine_generation::EngineGeneration(generation);
+    let mut lease = SyncAgentServiceClient::with_interceptor(ch, generation)
         .local_files(req)
         .await
         .map_err(|s| format!("LocalFiles on {source}: {}", s.message()))?

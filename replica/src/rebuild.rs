@@ -17,11 +17,13 @@ use std::time::{Duration, Instant};
 
 use corral_disk::sparse::LayoutMode;
 use corral_proto::ReplicaAddress;
+use corral_proto::engine_generation::EngineGeneration;
 use corral_proto::v1::{self, sync_agent_service_client::SyncAgentServiceClient};
 use data_protocol::ServerMetrics;
 use sparse_sync::receiver::{Receiver, ReceiverConfig};
 use sparse_sync::{Pace, Progress};
 use tokio_util::sync::CancellationToken;
+use tonic::service::interceptor::InterceptedService;
 use tracing::{info, warn};
 
 use crate::error::ReplicaError;
@@ -122,6 +124,9 @@ pub struct RebuildTracker {
     done_bytes: AtomicU64,
     /// Of `transferred`, bytes copied from a source's files on this host.
     local: AtomicU64,
+    /// The engine generation the job's `FilesSync` carried (0: none), presented on every call to its sources: a
+    /// source that accepted a newer engine refuses a stale engine's rebuild.
+    generation: AtomicU64,
 }
 
 impl RebuildTracker {
@@ -130,6 +135,7 @@ impl RebuildTracker {
         &self,
         sources: &[ReplicaAddress],
         files: &[v1::DiskInfo],
+        generation: u64,
     ) -> Result<(), ReplicaError> {
         let mut s = lock(&self.status);
         if s.state == JobState::InProgress {
@@ -148,7 +154,13 @@ impl RebuildTracker {
         self.skipped.store(0, Ordering::Relaxed);
         self.done_bytes.store(0, Ordering::Relaxed);
         self.local.store(0, Ordering::Relaxed);
+        self.generation.store(generation, Ordering::Relaxed);
         Ok(())
+    }
+
+    /// The engine generation presented to the sources of the job.
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Relaxed)
     }
 
     /// One file of `size` allocated bytes is in place.
@@ -209,10 +221,11 @@ pub(crate) fn validate_file(name: &str) -> Result<(), ReplicaError> {
 
 async fn sync_agent(
     source: &ReplicaAddress,
-) -> Result<SyncAgentServiceClient<tonic::transport::Channel>, String> {
+    generation: u64,
+) -> Result<SyncAgentServiceClient<InterceptedService<tonic::transport::Channel, EngineGeneration>>, String> {
     corral_proto::grpc::connect_endpoint(&source.sync, corral_proto::grpc::GrpcTimeouts::CONTROL)
         .await
-        .map(SyncAgentServiceClient::new)
+        .map(|ch| SyncAgentServiceClient::with_interceptor(ch, EngineGeneration(generation)))
         .map_err(|e| format!("source replica {source}: {e}"))
 }
 
@@ -249,12 +262,12 @@ pub async fn start(
     tracker: Arc<RebuildTracker>,
     listen_ip: IpAddr,
     (local_copy, foreground): (bool, Option<Arc<ServerMetrics>>),
-    req: v1::FilesSyncRequest,
+    (req, generation): (v1::FilesSyncRequest, u64),
     cancel: CancellationToken,
 ) -> Result<(), ReplicaError> {
     let sources = parse_sources(&req.from_addresses)?;
     validate_files(&req.files)?;
-    tracker.begin(&sources, &req.files)?;
+    tracker.begin(&sources, &req.files, generation)?;
     let replica = host.replica()?;
     let status = replica.status()?;
     let dir = replica.dir().to_owned();
@@ -378,7 +391,7 @@ pub(crate) async fn sync_one(
     let to = receiver.local_addr().to_string();
     let rcancel = cancel.child_token();
     let recv = tokio::spawn(receiver.run(rcancel.clone()));
-    let mut client = sync_agent(source).await?;
+    let mut client = sync_agent(source, tracker.generation()).await?;
     let sent = client
         .file_send(v1::FileSendRequest {
             file_name: file.to_owned(),
@@ -437,7 +450,7 @@ async fn copy_local(
         snapshot_file_name: file.to_owned(),
         ..Default::default()
     };
-    let src = match crate::local_copy::offer(source, ask).await {
+    let src = match crate::local_copy::offer(source, ask, tracker.generation()).await {
         Ok(s) => s,
         Err(why) => {
             info!(file, %source, reason = %why, "rebuild: no local copy, pulling over the network");

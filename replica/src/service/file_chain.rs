@@ -135,13 +135,17 @@ impl ServedReplica for FileChainReplica {
         .then_some("a backup is running; purge after it finishes")
     }
 
-    async fn start_rebuild(self: &Arc<Self>, req: v1::FilesSyncRequest) -> Result<(), Status> {
+    async fn start_rebuild(
+        self: &Arc<Self>,
+        req: v1::FilesSyncRequest,
+        generation: u64,
+    ) -> Result<(), Status> {
         crate::rebuild::start(
             self.host.clone(),
             self.rebuild.clone(),
             self.listen_ip,
             (self.local_copy, self.foreground.clone()),
-            req,
+            (req, generation),
             self.cancel.child_token(),
         )
         .await

@@ -229,7 +229,9 @@ impl<H: ServedReplica> SyncAgentService for ReplicaGrpc<H> {
                 "a clone is running on this replica; rebuild after it finishes",
             ));
         }
-        self.host.start_rebuild(req.into_inner()).await?;
+        // The engine's generation goes on to the sources: one that accepted a newer engine refuses to serve it.
+        let generation = corral_proto::engine_generation::of_request(req.metadata())?.unwrap_or(0);
+        self.host.start_rebuild(req.into_inner(), generation).await?;
         Ok(Response::new(v1::Empty {}))
     }
 

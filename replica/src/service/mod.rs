@@ -90,10 +90,12 @@ pub trait ServedReplica: Send + Sync + Sized + 'static {
     fn purge_refusal(&self) -> Option<&'static str> {
         None
     }
-    /// Starts the rebuild into this replica (`FilesSync`).
+    /// Starts the rebuild into this replica (`FilesSync`), presenting the calling engine's `generation` (0: none) to
+    /// its sources.
     fn start_rebuild(
         self: &Arc<Self>,
         req: v1::FilesSyncRequest,
+        generation: u64,
     ) -> impl Future<Output = Result<(), Status>> + Send;
     /// Sends one snapshot to a rebuilding replica (`FileSend`).
     fn file_send(

@@ -59,7 +59,7 @@ pub async fn start(
     r: Arc<LvolReplica>,
     tracker: Arc<RebuildTracker>,
     (listen_ip, scratch): (IpAddr, PathBuf),
-    req: v1::FilesSyncRequest,
+    (req, generation): (v1::FilesSyncRequest, u64),
     cancel: CancellationToken,
 ) -> Result<(), ReplicaError> {
     let sources = parse_sources(&req.from_addresses)?;
@@ -76,7 +76,7 @@ pub async fn start(
     } else {
         Some(super::backing_image::repoint(r.store(), &req.backing_image)?)
     };
-    tracker.begin(&sources, &req.files)?;
+    tracker.begin(&sources, &req.files, generation)?;
     let stage = stage_dir(&scratch, r.name());
     tokio::spawn(async move {
         let target = (&r, backing_image.as_deref());

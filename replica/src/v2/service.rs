@@ -172,12 +172,16 @@ impl ServedReplica for V2Replica {
         }
     }
 
-    async fn start_rebuild(self: &Arc<Self>, req: v1::FilesSyncRequest) -> Result<(), Status> {
+    async fn start_rebuild(
+        self: &Arc<Self>,
+        req: v1::FilesSyncRequest,
+        generation: u64,
+    ) -> Result<(), Status> {
         super::rebuild::start(
             self.replica.clone(),
             self.rebuild.clone(),
             (self.listen_ip, self.scratch.clone()),
-            req,
+            (req, generation),
             self.cancel.child_token(),
         )
         .await
