@@ -756,6 +756,77 @@ fn a_cluster_syncs_copies_to_replica_disks_keeps_min_copies_through_cleanup_and_
     });
 }
 
+#[test]
+fn a_refetch_whose_source_now_serves_other_data_fails_and_leaves_the_base_and_the_volume_alone() {
+    let dir = tempfile::tempdir_in("/var/tmp").unwrap();
+    let files = dir.path().join("files");
+    std::fs::create_dir_all(&files).unwrap();
+    let (qcow, expected) = fixture(&files);
+    let checksum = sha512(&qcow);
+    let http = HttpServer::start(&files);
+    let data_dir = dir.path().join("n1");
+    let m = Manager::start(&data_dir, "node-1", "embedded", port_range(0));
+
+    // No expected checksum: the first download's is recorded.
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/backingimages", m.url),
+        Some(&json!({"name": "base", "sourceType": "download",
+            "parameters": {"url": http.url("image.qcow2")}})),
+    );
+    assert_eq!(code, 201, "{v}");
+    let v = wait_image(&m, "base", "ready", Duration::from_secs(90));
+    assert_eq!(v["currentChecksum"], checksum.as_str(), "{v}");
+    let size = v["virtualSize"].as_u64().unwrap().div_ceil(4096) * 4096;
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/volumes", m.url),
+        Some(&json!({"name": "vm", "size": size, "numberOfReplicas": 1, "backingImage": "base"})),
+    );
+    assert_eq!(code, 201, "{v}");
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/volumes/vm/attach", m.url),
+        Some(&json!({})),
+    );
+    assert_eq!(code, 200, "{v}");
+    let uri = unix_endpoint(&wait_healthy(&m, "vm", Duration::from_secs(90)));
+    compare(&expected, &uri);
+
+    // The URL now serves other data; the only copy fails its check (a byte appended: the replica reads nothing
+    // past the qcow2's clusters), so the image is downloaded again.
+    let other = files.join("other.raw");
+    std::fs::write(&other, vec![0x77u8; 4 << 20]).unwrap();
+    let other_sum = sha512(&other);
+    std::fs::copy(&other, &qcow).unwrap();
+    let copy = &backing_files(&data_dir, "base")[0];
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(copy)
+        .unwrap()
+        .write_all(b"!")
+        .unwrap();
+    let v = wait_for("the refetch refused", Duration::from_secs(120), || {
+        let v = image(&m, "base");
+        assert_eq!(v["currentChecksum"], checksum.as_str(), "the base changed: {v}");
+        let msg = v["message"].as_str().unwrap_or_default();
+        msg.contains("checksum mismatch").then_some(v)
+    });
+    let msg = v["message"].as_str().unwrap();
+    assert!(
+        msg.contains(&checksum) && msg.contains(&other_sum),
+        "the message names both checksums: {v}"
+    );
+    assert!(ready_disks(&v).is_empty(), "{v}");
+    let kept: Vec<PathBuf> = backing_files(&data_dir, "base")
+        .into_iter()
+        .filter(|f| f.exists() && sha512(f) == other_sum)
+        .collect();
+    assert!(kept.is_empty(), "a file of the other data is kept: {kept:?}");
+    compare(&expected, &uri);
+    assert_eq!(volume(&m, "vm")["robustness"], "healthy");
+}
+
 /// The per-disk states of an image: disk UUID → (state, progress).
 fn disk_states(v: &Value) -> std::collections::BTreeMap<String, (String, u64)> {
     v["disks"]

@@ -265,9 +265,12 @@ async fn export_source(
 /// Runs image `name`'s source again (every copy failed or is gone; not for an upload, which only the user can
 /// repeat): its data source moves to a fresh disk when one can be chosen (the old one may be gone), with fresh
 /// parameters (a clone's source copy may be elsewhere now), and its generation is bumped, so its node starts a
-/// new daemon with a fresh count of attempts.
+/// new daemon with a fresh count of attempts. The new file must have the checksum recorded from the first one: a
+/// source that now serves other data fails the copy (the data source keeps no such file) rather than changing the
+/// base under the image's volumes.
 pub async fn run_source_again(ctx: &Ctx, bi: &BackingImage, name: &str) -> anyhow::Result<()> {
     let fresh = data_source_for(ctx, bi).await.ok();
+    let recorded = &bi.status.current_checksum;
     ctx.db
         .modify::<BackingImageDataSource>(name, |d| {
             if let Some(f) = &fresh {
@@ -275,6 +278,9 @@ pub async fn run_source_again(ctx: &Ctx, bi: &BackingImage, name: &str) -> anyho
                 d.spec.disk_uuid.clone_from(&f.spec.disk_uuid);
                 d.spec.disk_path.clone_from(&f.spec.disk_path);
                 d.spec.parameters.clone_from(&f.spec.parameters);
+            }
+            if is_sha512(recorded) {
+                d.spec.expected_checksum.clone_from(recorded);
             }
             d.spec.started = false;
             d.spec.generation += 1;
