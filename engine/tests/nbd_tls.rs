@@ -13,7 +13,7 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Engine, Replica, bin};
+use common::{Engine, Replica};
 use corral_tls::rustls;
 use testkit::{TestPki, nbd_sha256, qemu_io, qemu_io_tls};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -29,19 +29,6 @@ const REP_ERR_TLS_REQD: u32 = (1 << 31) + 5;
 
 fn tls_flag(dir: &Path) -> [String; 2] {
     ["--tls-dir".to_owned(), dir.display().to_string()]
-}
-
-/// `corral-tls nbd-client-dir`: the directory qemu and libnbd take, for the node directory `node`.
-fn nbd_client_dir(node: &Path, out: &Path) -> PathBuf {
-    let status = Command::new(bin("corral-tls"))
-        .args(["nbd-client-dir", "--tls-dir"])
-        .arg(node)
-        .arg("--out")
-        .arg(out)
-        .status()
-        .unwrap();
-    assert!(status.success(), "corral-tls nbd-client-dir failed");
-    out.to_owned()
 }
 
 fn nbds_uri(addr: SocketAddr, volume: &str, dir: &Path) -> String {
@@ -150,7 +137,7 @@ impl Setup {
             &[replica.address()],
             &tls_flag(&engine_tls).each_ref().map(String::as_str),
         );
-        let client = nbd_client_dir(&pki.node("client"), &t.path().join("nbd-client"));
+        let client = testkit::tls::nbd_client_dir(&pki.node("client"), &t.path().join("nbd-client"));
         let nbd = engine.daemon.socket_addr("nbd");
         Setup {
             _t: t,

@@ -22,6 +22,7 @@ pub mod job;
 pub mod metrics;
 pub mod model;
 pub mod node;
+pub mod pki;
 pub mod process;
 pub mod runtime;
 pub mod scheduler;

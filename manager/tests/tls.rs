@@ -7,47 +7,14 @@
 
 mod support;
 
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use corral_proto::grpc::{GrpcTimeouts, connect_with};
-use corral_proto::v1;
-use corral_proto::v1::controller_service_client::ControllerServiceClient;
-use corral_proto::v1::replica_service_client::ReplicaServiceClient;
 use corral_tls::{ClusterCa, LeafRequest, SubjectAltName, TlsDir};
 use serde_json::json;
+use support::tls::{engine_answers, replica_answers};
 use support::*;
 use testkit::{qemu_io, wait_for};
-
-async fn engine_answers(
-    addr: &str,
-    tls: Option<&Arc<corral_tls::rustls::ClientConfig>>,
-) -> Result<(), String> {
-    let ch = connect_with(addr, GrpcTimeouts::CONTROL, tls)
-        .await
-        .map_err(|e| e.to_string())?;
-    ControllerServiceClient::new(ch)
-        .volume_get(v1::Empty {})
-        .await
-        .map(drop)
-        .map_err(|s| s.to_string())
-}
-
-async fn replica_answers(
-    addr: &str,
-    tls: Option<&Arc<corral_tls::rustls::ClientConfig>>,
-) -> Result<(), String> {
-    let addr = corral_proto::ReplicaAddress::from_str(addr).unwrap();
-    let ch = connect_with(&addr.control.to_string(), GrpcTimeouts::CONTROL, tls)
-        .await
-        .map_err(|e| e.to_string())?;
-    ReplicaServiceClient::new(ch)
-        .replica_get(v1::Empty {})
-        .await
-        .map(drop)
-        .map_err(|s| s.to_string())
-}
 
 /// `CORRAL_TLS_DIR` in the environment of process `pid`.
 fn tls_env(pid: i64) -> Option<String> {
@@ -130,14 +97,14 @@ fn a_manager_with_a_tls_dir_runs_its_volumes_daemons_under_mutual_tls() {
     let replica = v["replicas"][0]["address"].as_str().unwrap().to_owned();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        engine_answers(&engine, Some(&client)).await.unwrap();
-        replica_answers(&replica, Some(&client)).await.unwrap();
+        engine_answers(&engine, &Some(client.clone())).await.unwrap();
+        replica_answers(&replica, &Some(client.clone())).await.unwrap();
         assert!(
-            engine_answers(&engine, None).await.is_err(),
+            engine_answers(&engine, &None).await.is_err(),
             "the engine answered plaintext"
         );
         assert!(
-            replica_answers(&replica, None).await.is_err(),
+            replica_answers(&replica, &None).await.is_err(),
             "a replica answered plaintext"
         );
     });

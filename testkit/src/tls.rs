@@ -127,3 +127,20 @@ impl TestPki {
 fn ip(addr: &str) -> Vec<SubjectAltName> {
     vec![SubjectAltName::Ip(addr.parse::<IpAddr>().expect("an IP"))]
 }
+
+/// `corral-tls nbd-client-dir --tls-dir NODE --out OUT`, as a user makes the certificate directory qemu
+/// (`tls-creds-x509,dir=OUT`) and libnbd (`tls-certificates=OUT`) take; returns `out`.
+///
+/// # Panics
+/// When `corral-tls` is missing or fails.
+pub fn nbd_client_dir(node: &Path, out: &Path) -> PathBuf {
+    let status = std::process::Command::new(crate::workspace_bin("corral-tls"))
+        .args(["nbd-client-dir", "--tls-dir"])
+        .arg(node)
+        .arg("--out")
+        .arg(out)
+        .status()
+        .expect("running corral-tls");
+    assert!(status.success(), "corral-tls nbd-client-dir failed");
+    out.to_owned()
+}

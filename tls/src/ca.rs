@@ -151,15 +151,31 @@ impl ClusterCa {
         let (cert_path, key_path) = (dir.join(CA_CERT), dir.join(CA_KEY));
         let cert_pem = dir::read_text(&cert_path)?;
         let key_pem = dir::read_text(&key_path)?;
-        let ca = dir::parse_certs(&cert_path, cert_pem.as_bytes())?;
-        let key_der = dir::parse_key(&key_path, key_pem.as_bytes())?;
-        dir::check_key_matches(ca, key_der, &cert_path, &key_path)?;
+        Self::from_pem_at(cert_pem, key_pem, &cert_path, &key_path)
+    }
+
+    /// A CA from its certificate and key PEM kept elsewhere (the manager's store); `origin` names where, in
+    /// errors (never the key's content).
+    pub fn from_pem(cert_pem: String, key_pem: String, origin: &str) -> Result<Self, TlsError> {
+        let origin = Path::new(origin);
+        Self::from_pem_at(cert_pem, key_pem, &origin.join(CA_CERT), &origin.join(CA_KEY))
+    }
+
+    fn from_pem_at(
+        cert_pem: String,
+        key_pem: String,
+        cert_path: &Path,
+        key_path: &Path,
+    ) -> Result<Self, TlsError> {
+        let ca = dir::parse_certs(cert_path, cert_pem.as_bytes())?;
+        let key_der = dir::parse_key(key_path, key_pem.as_bytes())?;
+        dir::check_key_matches(ca, key_der, cert_path, key_path)?;
         let key = KeyPair::from_pem(&key_pem).map_err(|e| TlsError::Unusable {
-            path: key_path.clone(),
+            path: key_path.to_owned(),
             reason: format!("not an ECDSA P-256 key rcgen can sign with: {e}"),
         })?;
         let issuer = Issuer::from_ca_cert_pem(&cert_pem, key).map_err(|e| TlsError::Unusable {
-            path: cert_path,
+            path: cert_path.to_owned(),
             reason: format!("not a CA certificate: {e}"),
         })?;
         Ok(Self {
@@ -167,6 +183,11 @@ impl ClusterCa {
             key_pem,
             issuer,
         })
+    }
+
+    /// The CA's private key in PEM (PKCS#8). Only for storing it where it belongs.
+    pub fn key_pem(&self) -> &str {
+        &self.key_pem
     }
 
     /// Issues a node certificate (server and client authentication) with a fresh ECDSA P-256 key.

@@ -18,6 +18,7 @@ mod ca;
 mod dir;
 mod error;
 mod process;
+mod renew;
 
 pub use accept::{HANDSHAKE_TIMEOUT, RefusedPeers, ServerStream, TcpIncoming, TlsServerStream, handshake};
 pub use arg::{TLS_DIR_ENV, TlsConfigs, TlsDirArg};

@@ -60,11 +60,26 @@ struct Cli {
     admin_token_file: Option<PathBuf>,
     #[command(flatten)]
     common: corral_daemon::cli::CommonArgs,
+    /// Mutual TLS between the cluster's daemons: `auto` keeps a cluster CA in the store (made by the first
+    /// manager) and issues this node's certificate into DATA_DIR/tls (re-issued at start when missing, of
+    /// another CA, or in the last third of its validity); the node's daemons, its `corral-im` and the CLIs use
+    /// that directory. `off`: plaintext, unless --tls-dir names operator-made files.
+    #[arg(long = "tls", env = "CORRAL_TLS", value_enum, default_value = "off")]
+    tls_mode: manager_bin::TlsMode,
     #[command(flatten)]
     tls: corral_tls::TlsDirArg,
 }
 
 mod manager_bin {
+    /// `--tls`.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+    pub enum TlsMode {
+        /// Certificates issued by the manager from the store's cluster CA.
+        Auto,
+        /// No certificates of the manager's (plaintext without --tls-dir).
+        Off,
+    }
+
     pub fn parse_range(s: &str) -> Result<(u16, u16), String> {
         let (a, b) = s
             .split_once('-')
@@ -82,6 +97,11 @@ mod manager_bin {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let process = cli.common.init(RunKind::Daemon)?;
+    let tls_auto = cli.tls_mode == manager_bin::TlsMode::Auto;
+    anyhow::ensure!(
+        !(tls_auto && cli.tls.tls_dir.is_some()),
+        "--tls auto issues the node's certificates itself: drop --tls-dir (CORRAL_TLS_DIR), or use --tls off with it"
+    );
     cli.tls.load_and_install()?;
     let node_id = match cli.node_id {
         Some(n) => n,
@@ -103,6 +123,7 @@ async fn main() -> anyhow::Result<()> {
         version: VERSION.to_owned(),
         admin_token_file: cli.admin_token_file,
         tls_dir: cli.tls.tls_dir.map(|d| d.canonicalize()).transpose()?,
+        tls_auto,
     };
     let cancel = corral_daemon::shutdown_on_signal();
     manager::server::run(cfg, cancel).await

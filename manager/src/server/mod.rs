@@ -41,6 +41,9 @@ pub struct ServerConfig {
     /// `--tls-dir`: the manager's gRPC clients are mutual TLS (the process's configs, installed by `main`)
     /// and every daemon it runs itself gets it as `CORRAL_TLS_DIR` (through an instance manager, that one's own).
     pub tls_dir: Option<PathBuf>,
+    /// `--tls auto`: the node's certificate is issued from the store's cluster CA into DATA_DIR/tls (see
+    /// [`crate::pki`]), which then serves as `tls_dir`.
+    pub tls_auto: bool,
 }
 
 /// How long a starting manager waits for its instance manager to answer (both may start together).
@@ -131,6 +134,27 @@ pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result
         .await
         .with_context(|| format!("open store {}", cfg.store))?;
     let db = Db::new(store);
+    // Before anything opens a gRPC channel (the instance manager's is the first).
+    let cfg = if cfg.tls_auto {
+        let dir = crate::pki::ensure_node_dir(
+            &db,
+            &cfg.data_dir,
+            &cfg.node_id,
+            &cfg.host,
+            cfg.storage_host.as_deref(),
+        )
+        .await?;
+        corral_tls::TlsDirArg {
+            tls_dir: Some(dir.clone()),
+        }
+        .load_and_install()?;
+        ServerConfig {
+            tls_dir: Some(dir),
+            ..cfg
+        }
+    } else {
+        cfg
+    };
     let processes = match &cfg.instance_manager {
         None => crate::process::ProcessHost::Local {
             bin_dir: cfg.bin_dir.clone(),

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 
 use testkit::{Daemon, DaemonCommand, kill_under};
 
+pub mod tls;
 pub mod v2_images;
 
 /// A `corral-manager` process; SIGKILLed on drop together with every daemon under its data directory.
