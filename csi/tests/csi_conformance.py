@@ -599,21 +599,7 @@ def run_cases(p):
         expect_code(C.OUT_OF_RANGE, ctl.CreateVolume, create_req("cl-small", 8 * MiB, 8 * MiB, source=src))
         assert "cl-small" not in volume_ids(p)
 
-    @case
-    def clone_of_a_volume_and_of_a_snapshot_reads_like_its_source():
-        ctl.CreateSnapshot(pb.CreateSnapshotRequest(name="cl-snap", source_volume_id="cl-src"))
-        for kind, src in [
-            ("vol", pb.VolumeContentSource(volume=pb.VolumeContentSource.VolumeSource(volume_id="cl-src"))),
-            ("snap", pb.VolumeContentSource(
-                snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id="snap://cl-src/cl-snap"))),
-        ]:
-            v = ctl.CreateVolume(create_req(f"cl-{kind}", 32 * MiB, source=src)).volume
-            assert v.capacity_bytes == 32 * MiB and v.content_source == src, v
-            again = ctl.CreateVolume(create_req(f"cl-{kind}", 32 * MiB, source=src)).volume
-            assert again.volume_id == v.volume_id
-            ctl.DeleteVolume(pb.DeleteVolumeRequest(volume_id=v.volume_id))
-
-    # --- Backups (VolumeSnapshotClass type=backup): backup:// snapshots, restored by CreateVolume ---
+    # --- Clone data, and backups (VolumeSnapshotClass type=backup): backup:// snapshots, restored by CreateVolume ---
 
     def block_device(volume_id, use):
         """Publishes, stages and publishes `volume_id` as a block device here, runs use(path), takes it all down."""
@@ -656,6 +642,40 @@ def run_cases(p):
                 assert e.code() == C.ABORTED, (what, e.code(), e.details())
             assert time.time() < deadline, f"{what}: not done after {timeout}s"
             time.sleep(0.5)
+
+    def head_hash(size):
+        """use(path): the SHA-256 of the device's first `size` bytes."""
+        def use(path):
+            h, left = hashlib.sha256(), size
+            with open(path, "rb") as f:
+                while left:
+                    b = f.read(min(MiB, left))
+                    assert b, f"{path}: short read, {left} bytes left"
+                    h.update(b)
+                    left -= len(b)
+            return h.hexdigest()
+        return use
+
+    @case
+    def clone_of_a_volume_and_of_a_snapshot_reads_like_its_source():
+        # Data, a snapshot, more data: the snapshot's clone reads the first, the volume's clone both.
+        in_snap = block_device("cl-src", write_and_hash([(0, os.urandom(MiB)), (9 * MiB, os.urandom(2 * MiB))]))
+        ctl.CreateSnapshot(pb.CreateSnapshotRequest(name="cl-snap", source_volume_id="cl-src"))
+        in_vol = block_device("cl-src", write_and_hash([(4 * MiB, os.urandom(MiB)), (15 * MiB, os.urandom(MiB))]))
+        assert in_snap != in_vol
+        for kind, src, want in [
+            ("vol", pb.VolumeContentSource(volume=pb.VolumeContentSource.VolumeSource(volume_id="cl-src")), in_vol),
+            ("snap", pb.VolumeContentSource(
+                snapshot=pb.VolumeContentSource.SnapshotSource(snapshot_id="snap://cl-src/cl-snap")), in_snap),
+        ]:
+            req = create_req(f"cl-{kind}", 32 * MiB, cap=block_cap(), source=src)
+            v = until_done(f"clone {kind}", lambda: ctl.CreateVolume(req)).volume
+            assert v.capacity_bytes == 32 * MiB and v.content_source == src, v
+            again = ctl.CreateVolume(req).volume
+            assert again.volume_id == v.volume_id
+            got = block_device(v.volume_id, head_hash(16 * MiB))
+            assert got == want, f"clone of the {kind} reads other data than its source"
+            ctl.DeleteVolume(pb.DeleteVolumeRequest(volume_id=v.volume_id))
 
     @case
     def backups_are_snapshots_that_restore_into_new_volumes():
