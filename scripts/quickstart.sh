@@ -44,13 +44,17 @@ command -v cargo >/dev/null 2>&1 || {
 }
 need_tools qemu-io python3 setsid flock || exit 1
 
-echo "building Corral's daemons and the corral CLI ($profile; the first build takes about 8 minutes on 2 cores)..."
+# cargo's own progress is shown (a bar on a terminal, one line per crate otherwise): a first build is long.
+echo "Building Corral ($profile profile): corral-manager, corral-replica, corral-engine, the daemons they start and"
+echo "the corral CLI. The first build takes about 10-15 minutes on 2 cores; later runs rebuild only what changed."
+build_start=$SECONDS
 if [ "$profile" = release ]; then
-  cargo build --release -q --locked -p manager -p replica -p engine --bins
+  cargo build --release --locked -p manager -p replica -p engine --bins
 else
   # The exact build scripts/test.sh makes, so after the suite this compiles nothing.
-  cargo build -q --locked --workspace --bins --features replica/fault-injection
+  cargo build --locked --workspace --bins --features replica/fault-injection
 fi
+echo "Built in $((SECONDS - build_start)) s."
 bin=target/$profile
 mkdir -p "$data/logs"
 data=$(cd "$data" && pwd)
