@@ -617,3 +617,76 @@ fn a_manager_refuses_what_an_older_data_plane_cannot_run_and_runs_a_v1_volume_th
     assert!(written, "IO through the older data plane: {out}");
     drop(managers);
 }
+
+/// `--tls auto` with an instance manager (issue 40): the manager's first start writes the node's directory
+/// `<data-dir>/tls`; a `corral-im` given that directory (`CORRAL_TLS_DIR`, the shared data directory) runs the
+/// volume's daemons under it: qemu-io through the engine, the instance manager and the engine refuse a plaintext
+/// client and answer the node's certificate, and every daemon got the directory.
+#[test]
+fn an_instance_manager_on_the_nodes_auto_tls_directory_runs_a_volume_under_mutual_tls() {
+    let dir = tempfile::tempdir().unwrap();
+    let node_dir = dir.path().join("n1");
+    let auto = |extra: &[&str]| {
+        Manager::command(&node_dir, "node-1", "embedded", port_range(0), &[])
+            .args(["--tls", "auto"])
+            .args(extra)
+    };
+    let mut first = Manager::spawn(auto(&[]), &node_dir, "node-1");
+    first.kill();
+    let tls = node_dir.join("tls");
+    let tls_str = tls.display().to_string();
+    let im = start_im(&node_dir, &[("CORRAL_TLS_DIR", tls_str.as_str())]);
+    let im_url = format!("http://{}", im.addr("grpc"));
+    let m = Manager::spawn(auto(&["--instance-manager", &im_url]), &node_dir, "node-1");
+
+    let (code, v) = rest(
+        "POST",
+        &format!("{}/v1/volumes", m.url),
+        Some(&json!({"name": "vol1", "size": 32 << 20, "numberOfReplicas": 2})),
+    );
+    assert_eq!(code, 201, "{v}");
+    let uri = attach(&m.url, "vol1");
+    let v = wait_healthy(&m, "vol1", 2, Duration::from_secs(90));
+    let (ok, out) = qemu_io(&uri, &["write -P 0x3c 0 4M", "flush", "read -P 0x3c 0 4M"]);
+    assert!(ok, "{out}");
+    let (engine_pid, replica_pids) = daemon_pids(&v);
+    for pid in std::iter::once(engine_pid).chain(replica_pids) {
+        let env = std::fs::read(format!("/proc/{pid}/environ")).unwrap();
+        let want = format!("CORRAL_TLS_DIR={tls_str}");
+        assert!(
+            env.split(|b| *b == 0).any(|kv| kv == want.as_bytes()),
+            "daemon {pid} lacks {want}"
+        );
+    }
+    let ours = Some(testkit::TestPki::client(&tls));
+    let engine = v["engine"]["address"].as_str().unwrap().to_owned();
+    let im_addr = im.addr("grpc").to_owned();
+    rt().block_on(async {
+        support::tls::engine_answers(&engine, &ours).await.unwrap();
+        assert!(
+            support::tls::engine_answers(&engine, &None).await.is_err(),
+            "the engine answered plaintext"
+        );
+        let call = |tls: support::tls::Client| {
+            let im_addr = im_addr.clone();
+            async move {
+                let ch = corral_proto::grpc::connect_with(
+                    &im_addr,
+                    corral_proto::grpc::GrpcTimeouts::CONTROL,
+                    tls.as_ref(),
+                )
+                .await
+                .map_err(|e| e.to_string())?;
+                InstanceServiceClient::new(ch)
+                    .process_list(v1::ProcessListRequest {})
+                    .await
+                    .map_err(|e| e.to_string())
+            }
+        };
+        call(ours.clone()).await.unwrap();
+        assert!(
+            call(None).await.is_err(),
+            "the instance manager answered plaintext"
+        );
+    });
+}
