@@ -207,3 +207,38 @@ fn two_managers_started_together_on_one_etcd_agree_on_one_ca() {
         (rw_replicas(&volume(&ms[0], "spread")) == 2).then_some(())
     });
 }
+
+/// The CA rotation of manager/README.md: with the managers stopped, the store's CA deleted; the next start makes a
+/// new CA and re-issues the node's directory from it.
+#[test]
+fn a_new_cluster_ca_reissues_the_node_directory_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("n1");
+    let mut m = auto_manager(&data_dir, "node-1", "embedded", 0);
+    let ca_file = data_dir.join("tls").join("ca.crt");
+    let old = std::fs::read_to_string(&ca_file).unwrap();
+    m.kill();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let db = || async { manager::store::Db::new(manager::store::open("embedded", &data_dir).await.unwrap()) };
+    rt.block_on(async {
+        let db = db().await;
+        assert_eq!(
+            db.must_get::<ClusterCaDoc>(CA_NAME).await.unwrap().data.cert_pem,
+            old
+        );
+        db.delete_any::<ClusterCaDoc>(CA_NAME).await.unwrap();
+    });
+    m.restart();
+    let new = std::fs::read_to_string(&ca_file).unwrap();
+    assert_ne!(new, old, "the node directory is still the old CA's: {}", m.log());
+    m.kill();
+    let stored = rt.block_on(async {
+        db().await
+            .must_get::<ClusterCaDoc>(CA_NAME)
+            .await
+            .unwrap()
+            .data
+            .cert_pem
+    });
+    assert_eq!(new, stored);
+}
