@@ -37,6 +37,8 @@ function route() {
 }
 
 async function show(fresh) {
+  // Signed out (a refresh queued before Sign out fires after it): the sign-in page stays.
+  if (!token()) return;
   const main = document.getElementById('page');
   const r = route();
   const gen = ++generation;
@@ -101,6 +103,8 @@ function showSignIn(message) {
   feed = null;
   generation += 1; // a render under way must not replace this page
   current = null;
+  clearTimeout(pending);
+  pending = null;
   document.getElementById('signout').hidden = true;
   const main = document.getElementById('page');
   const input = h('input', {
