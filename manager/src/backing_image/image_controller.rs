@@ -23,8 +23,9 @@ use super::model::{
     BackingImage, BackingImageDataSource, BackingImageManager, DataSourceSpec, DiskFileSpec, DiskFileStatus,
     ManagerSpec, SourceType, manager_name, state,
 };
+use super::strategy::CopyStrategy as _;
 use crate::context::Ctx;
-use crate::model::{DataEngine, ProcessState, Replica, Volume};
+use crate::model::{ProcessState, Replica, Volume};
 use crate::runtime::{Requeue, WorkQueue, feed, now, run_worker};
 use crate::store::{Object, StoreError, absent_ok};
 
@@ -98,8 +99,9 @@ pub async fn data_source_for(ctx: &Ctx, bi: &BackingImage) -> Result<BackingImag
     }
     // A v1 image's copies serve v1 replicas, which live on v1 disks only: its first copy goes to one where there is
     // one (a v2 image's first file may go anywhere: the v2 copy is made from it and it is removed).
-    if bi.spec.data_engine == DataEngine::V1 && pool.iter().any(|d| d.engine == DataEngine::V1) {
-        pool.retain(|d| d.engine == DataEngine::V1);
+    let engine = bi.spec.data_engine;
+    if engine.first_file_is_copy() && pool.iter().any(|d| engine.copy_fits(d.engine)) {
+        pool.retain(|d| engine.copy_fits(d.engine));
     }
     if pool.is_empty() {
         return Err("no ready disk can hold the backing image's first copy".to_owned());
@@ -144,7 +146,7 @@ async fn clone_source(
     if s.data.spec.deletion_timestamp.is_some() {
         return Err(format!("backing image {src:?} to clone is being deleted"));
     }
-    if s.data.spec.data_engine == DataEngine::V2 {
+    if s.data.spec.data_engine.copies_are_lvols() {
         // A v2 image has no file once its first v2 copy is ready: the data source receives a ready copy
         // from the disk daemon that holds it (`BackingImageExpose`), from any disk, preferably on the
         // copy's node.
@@ -430,7 +432,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     }
 
     // The disks that must hold a copy.
-    let v2 = bi.spec.data_engine == DataEngine::V2;
+    let v2 = bi.spec.data_engine.copies_are_lvols();
     // A v2 image's v1 file is kept until its first v2 copy is ready, then removed.
     let v2_first_ready = v2 && bi.status.v2_first_copy_status == state::READY;
     let used = if v2 {
@@ -462,7 +464,10 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
         let candidates: Vec<DiskUse> = all_disks
             .iter()
             .filter(|d| {
-                d.ready && d.engine == DataEngine::V1 && selected(bi, d) && !wanted.contains_key(&d.disk_uuid)
+                d.ready
+                    && bi.spec.data_engine.copy_fits(d.engine)
+                    && selected(bi, d)
+                    && !wanted.contains_key(&d.disk_uuid)
             })
             .map(|d| DiskUse {
                 disk_uuid: d.disk_uuid.clone(),
@@ -587,7 +592,7 @@ fn wanted_v1_files(
     used: &BTreeMap<String, String>,
     v2_first_ready: bool,
 ) -> BTreeMap<String, DiskFileSpec> {
-    let v2 = bi.spec.data_engine == DataEngine::V2;
+    let v2 = bi.spec.data_engine.copies_are_lvols();
     // A v2 image's one v1 file is on the data source's disk (the disk may be a v2 disk's directory, whose entry
     // in the maps is then the v2 copy's).
     let mut wanted = if v2 {
@@ -651,7 +656,7 @@ async fn finish_deletion(
         .status
         .disk_file_status_map
         .values()
-        .any(|f| f.data_engine == DataEngine::V2);
+        .any(DiskFileStatus::is_lvol);
     if !remaining && !v2_left {
         tracing::info!(image = name, "backing image deleted");
         match ctx.db.delete::<BackingImage>(name, obj.version).await {
@@ -727,7 +732,7 @@ async fn write_status(
     all_failed: bool,
 ) -> anyhow::Result<()> {
     let (name, bi) = (obj.name.as_str(), &obj.data);
-    let (uuid, v2) = (&bi.spec.uuid, bi.spec.data_engine == DataEngine::V2);
+    let (uuid, v2) = (&bi.spec.uuid, bi.spec.data_engine.copies_are_lvols());
     let first_ready = managers
         .iter()
         .filter_map(|m| file_of(&m.data, name, uuid))
@@ -763,18 +768,14 @@ async fn write_status(
             }
             let before = b.clone();
             // v2 entries are the v2 controller's.
-            b.spec
-                .disk_file_spec_map
-                .retain(|_, s| s.data_engine == DataEngine::V2);
+            b.spec.disk_file_spec_map.retain(|_, s| s.is_lvol());
             for (d, s) in wanted {
                 b.spec
                     .disk_file_spec_map
                     .entry(d.clone())
                     .or_insert_with(|| s.clone());
             }
-            b.status
-                .disk_file_status_map
-                .retain(|_, f| f.data_engine == DataEngine::V2);
+            b.status.disk_file_status_map.retain(|_, f| f.is_lvol());
             for (d, f) in files {
                 b.status
                     .disk_file_status_map

@@ -20,6 +20,7 @@ pub mod model;
 pub mod openapi;
 pub mod routes;
 pub mod service;
+pub mod strategy;
 pub mod v2_controller;
 pub mod v2_copy;
 pub mod v2_source;
@@ -151,7 +152,7 @@ pub async fn v2_replica_backing(ctx: &Ctx, r: &Replica) -> anyhow::Result<Result
         .status
         .disk_file_status_map
         .get(&r.spec.disk_uuid)
-        .filter(|f| f.data_engine == crate::model::DataEngine::V2);
+        .filter(|f| f.is_lvol());
     Ok(match copy {
         Some(f) if f.state == state::READY => Ok(image),
         Some(f) => Err(format!(

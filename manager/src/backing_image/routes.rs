@@ -15,6 +15,7 @@ use super::model::{
     BackingImage, BackingImageDataSource, BackingImageSpec, DiskFileStatus, SourceType, state,
 };
 use super::openapi::{check_checksum as check_checksum_pattern, check_source_parameters};
+use super::strategy::CopyStrategy as _;
 use crate::api::extract::{Body, Path, Query};
 use crate::api::openapi::{check_copies, check_name};
 use crate::api::routes::Routes;
@@ -144,13 +145,9 @@ impl BackingImageView {
         let all: Vec<&DiskFileStatus> = b.status.disk_file_status_map.values().collect();
         // A v2 image is usable once a v2 copy is: before, its v1 file's state shows (a ready file is still only
         // the source of the first copy).
-        let v2: Vec<&DiskFileStatus> = all
-            .iter()
-            .copied()
-            .filter(|f| f.data_engine == DataEngine::V2)
-            .collect();
+        let v2: Vec<&DiskFileStatus> = all.iter().copied().filter(|f| f.is_lvol()).collect();
         let v1_ready_as_source;
-        let files: Vec<&DiskFileStatus> = if b.spec.data_engine == DataEngine::V1 {
+        let files: Vec<&DiskFileStatus> = if b.spec.data_engine.first_file_is_copy() {
             all
         } else if !v2.is_empty() {
             v2
@@ -172,7 +169,7 @@ impl BackingImageView {
             "deleting".to_owned()
         } else if files.iter().any(|f| f.state == state::READY) {
             state::READY.to_owned()
-        } else if b.spec.data_engine == DataEngine::V2 && b.status.v2_first_copy_status == state::FAILED {
+        } else if b.spec.data_engine.copies_are_lvols() && b.status.v2_first_copy_status == state::FAILED {
             // Also when no entry says so: an uploaded image whose every copy was lost has none left.
             state::FAILED.to_owned()
         } else if !files.is_empty() && files.iter().all(|f| f.state == state::FAILED) {
@@ -288,7 +285,7 @@ async fn create(
     check_source_parameters(source_type, &req.parameters)?;
     let expected_checksum = check_checksum(&req.expected_checksum)?;
     let data_engine = match req.data_engine.as_deref() {
-        None => DataEngine::V1,
+        None => DataEngine::default(),
         Some(e) => e
             .parse::<DataEngine>()
             .map_err(|_| ApiError::Invalid(format!("dataEngine {e:?} is not v1 or v2")))?,
@@ -327,7 +324,7 @@ async fn create(
     };
     // The request is well formed (checked above); what is left depends on the cluster: a source volume, a ready
     // copy to clone, a disk with room.
-    if data_engine == DataEngine::V2 {
+    if data_engine.copies_are_lvols() {
         super::v2_controller::check_v2_disk(&ctx, &bi)
             .await
             .map_err(ApiError::Conflict)?;

@@ -38,9 +38,11 @@ use super::image_controller::{CLEANUP_SETTING, replica_disks, run_source_again};
 use super::model::{
     BackingImage, BackingImageDataSource, BackingImageManager, DiskFileSpec, DiskFileStatus, state,
 };
+use super::strategy::{CopyKind, CopyStrategy as _};
 use super::v2_copy::{Fetched, copy_status};
 use crate::context::Ctx;
-use crate::model::{DataEngine, ProcessState};
+use crate::data_engine::Strategy as _;
+use crate::model::ProcessState;
 use crate::runtime::{Requeue, WorkQueue, feed, now, run_worker};
 use crate::store::absent_ok;
 use crate::v2::model::{LvstoreDaemon, daemon_name};
@@ -71,7 +73,7 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
         cancel.clone(),
         Duration::from_secs(2),
         |ev| Some(ev.name().to_owned()),
-        |o| (o.data.spec.data_engine == DataEngine::V2).then(|| o.name.clone()),
+        |o| o.data.spec.data_engine.copies_are_lvols().then(|| o.name.clone()),
     );
     let retries = Arc::new(Retries::default());
     let ctx = ctx.clone();
@@ -164,7 +166,7 @@ async fn stores(ctx: &Ctx) -> anyhow::Result<Vec<Store>> {
     Ok(disks(ctx)
         .await?
         .into_iter()
-        .filter(|d| d.engine == DataEngine::V2)
+        .filter(|d| d.engine.in_lvstore())
         .map(|disk| {
             let name = daemon_name(&disk.node_id, &disk.disk_name);
             let address = daemons
@@ -276,7 +278,7 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
         return Ok(None);
     };
     let bi = &obj.data;
-    if bi.spec.data_engine != DataEngine::V2 {
+    if !bi.spec.data_engine.copies_are_lvols() {
         return Ok(None);
     }
     let uuid = bi.spec.uuid.clone();
@@ -342,7 +344,7 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
             !bi.spec
                 .disk_file_spec_map
                 .get(d)
-                .is_some_and(|s| s.data_engine == DataEngine::V2)
+                .is_some_and(DiskFileSpec::is_lvol)
         })
         .collect();
     write(
@@ -389,7 +391,7 @@ async fn wanted_disks(
         p.bi.spec
             .disk_file_spec_map
             .iter()
-            .filter(|(_, s)| s.data_engine == DataEngine::V2)
+            .filter(|(_, s)| s.is_lvol())
             .map(|(d, s)| (d.clone(), s.clone()))
             .collect();
     let used: BTreeMap<String, String> = replica_disks(p.ctx, p.name)
@@ -398,10 +400,9 @@ async fn wanted_disks(
         .filter(|(disk, _)| p.stores.iter().any(|s| &s.disk.disk_uuid == disk))
         .collect();
     for (disk, node) in &used {
-        wanted.entry(disk.clone()).or_insert(DiskFileSpec {
-            node_id: node.clone(),
-            data_engine: DataEngine::V2,
-        });
+        wanted
+            .entry(disk.clone())
+            .or_insert_with(|| DiskFileSpec::lvol_copy(node.clone()));
     }
     Ok((wanted, used))
 }
@@ -635,7 +636,7 @@ async fn observe(
             .status
             .disk_file_status_map
             .get(&s.disk.disk_uuid)
-            .filter(|f| f.data_engine == DataEngine::V2);
+            .filter(|f| f.is_lvol());
         let fetched = match &s.address {
             Some(a) => fetch(a, name).await,
             None => Fetched::Unreachable(format!(
@@ -747,10 +748,7 @@ async fn create_first_copy(
             );
             wanted.insert(
                 s.disk.disk_uuid.clone(),
-                DiskFileSpec {
-                    node_id: s.disk.node_id.clone(),
-                    data_engine: DataEngine::V2,
-                },
+                DiskFileSpec::lvol_copy(s.disk.node_id.clone()),
             );
             Ok(Ok(()))
         }
@@ -832,13 +830,7 @@ fn keep_copies(
             .find(|s| &s.disk.disk_uuid == disk)
             .map(|s| s.disk.node_id.clone())
             .unwrap_or_default();
-        wanted.insert(
-            disk.clone(),
-            DiskFileSpec {
-                node_id,
-                data_engine: DataEngine::V2,
-            },
-        );
+        wanted.insert(disk.clone(), DiskFileSpec::lvol_copy(node_id));
     }
     let mut marks = last_ref_marks(&held(wanted), &bi.status.disk_last_ref_at_map, min, now);
     let removed = expired(&marks, wait, now);
@@ -1081,7 +1073,7 @@ async fn start_copy(
                     state: state::FAILED.to_owned(),
                     message,
                     node_id: node,
-                    data_engine: DataEngine::V2,
+                    data_engine: CopyKind::Lvol.engine(),
                     ..Default::default()
                 },
             );
@@ -1112,9 +1104,7 @@ async fn write(ctx: &Ctx, name: &str, uuid: &str, pass: &Pass<'_>) -> anyhow::Re
             // this pass's daemon calls, so replacing the map would undo a change made meanwhile. A deleted image's
             // entries go.
             if b.spec.deletion_timestamp.is_some() {
-                b.spec
-                    .disk_file_spec_map
-                    .retain(|_, s| s.data_engine != DataEngine::V2);
+                b.spec.disk_file_spec_map.retain(|_, s| !s.is_lvol());
             }
             for (d, s) in pass.added {
                 // A v1 entry of the same disk (the file the first copy was made from, on this v2 disk's
@@ -1125,7 +1115,7 @@ async fn write(ctx: &Ctx, name: &str, uuid: &str, pass: &Pass<'_>) -> anyhow::Re
                     .disk_file_spec_map
                     .entry(d.clone())
                     .or_insert_with(|| s.clone());
-                if e.data_engine != DataEngine::V2 {
+                if !e.is_lvol() {
                     *e = s.clone();
                 }
             }
@@ -1133,14 +1123,12 @@ async fn write(ctx: &Ctx, name: &str, uuid: &str, pass: &Pass<'_>) -> anyhow::Re
                 if b.spec
                     .disk_file_spec_map
                     .get(d)
-                    .is_some_and(|s| s.data_engine == DataEngine::V2)
+                    .is_some_and(DiskFileSpec::is_lvol)
                 {
                     b.spec.disk_file_spec_map.remove(d);
                 }
             }
-            b.status
-                .disk_file_status_map
-                .retain(|_, f| f.data_engine != DataEngine::V2);
+            b.status.disk_file_status_map.retain(|_, f| !f.is_lvol());
             b.status
                 .disk_file_status_map
                 .extend(pass.copies.iter().map(|(d, f)| (d.clone(), f.clone())));

@@ -8,7 +8,7 @@ use corral_proto::v1;
 
 pub use super::model::V2CopyInfo;
 use super::model::{DiskFileStatus, state};
-use crate::model::DataEngine;
+use super::strategy::CopyKind;
 
 /// What asking a disk's daemon for a copy gave.
 #[derive(Debug, Clone)]
@@ -37,7 +37,7 @@ pub fn copy_status(
         progress,
         message,
         node_id: node_id.to_owned(),
-        data_engine: DataEngine::V2,
+        data_engine: CopyKind::Lvol.engine(),
         v2_copy: copy,
     };
     let fetched = match fetched {
@@ -72,6 +72,7 @@ pub fn copy_status(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::model::DataEngine;
 
     fn info(state: &str, uuid: &str) -> v1::BackingImageV2CopyInfo {
         v1::BackingImageV2CopyInfo {
@@ -91,7 +92,7 @@ mod tests {
     fn a_reported_copy_is_taken_as_is_and_one_that_cannot_be_fetched_is_unknown_keeping_its_last_report() {
         let ready = copy_status("u1", "n1", None, Fetched::Copy(info("ready", "u1"))).unwrap();
         assert_eq!((ready.state.as_str(), ready.progress), ("ready", 100));
-        assert_eq!(ready.data_engine, DataEngine::V2);
+        assert!(ready.is_lvol());
         let copy = ready.v2_copy.clone().unwrap();
         assert_eq!((copy.disk_uuid.as_str(), copy.size), ("lvs-1", 8 << 20));
 

@@ -17,8 +17,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::disks::disks;
 use super::model::{BackingImage, state};
+use super::strategy::CopyStrategy as _;
 use crate::context::Ctx;
-use crate::model::{DataEngine, ProcessState};
+use crate::data_engine::Strategy as _;
+use crate::model::ProcessState;
 use crate::v2::model::{LvstoreDaemon, daemon_name};
 
 /// One ready v2 copy whose disk is ready and whose daemon runs.
@@ -38,14 +40,14 @@ pub struct ReadyV2Copy {
 /// The ready v2 copies of image `bi` (as its status records them) on readable disks whose daemon runs: the sources
 /// a clone or a backup of the image reads, so a cordoned disk or node still counts.
 pub async fn ready_v2_copies(ctx: &Ctx, bi: &BackingImage) -> anyhow::Result<Vec<ReadyV2Copy>> {
-    if bi.spec.data_engine != DataEngine::V2 {
+    if !bi.spec.data_engine.copies_are_lvols() {
         return Ok(Vec::new());
     }
     let daemons = ctx.db.list::<LvstoreDaemon>().await?;
     let all = disks(ctx).await?;
     let mut out = Vec::new();
     for (disk_uuid, f) in &bi.status.disk_file_status_map {
-        if f.data_engine != DataEngine::V2 || f.state != state::READY {
+        if !f.is_lvol() || f.state != state::READY {
             continue;
         }
         let Some(copy) = f.v2_copy.as_ref().filter(|c| c.uuid == bi.spec.uuid) else {
@@ -53,7 +55,7 @@ pub async fn ready_v2_copies(ctx: &Ctx, bi: &BackingImage) -> anyhow::Result<Vec
         };
         let Some(d) = all
             .iter()
-            .find(|d| &d.disk_uuid == disk_uuid && d.readable && d.engine == DataEngine::V2)
+            .find(|d| &d.disk_uuid == disk_uuid && d.readable && d.engine.in_lvstore())
         else {
             continue;
         };

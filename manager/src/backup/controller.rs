@@ -16,6 +16,7 @@ use tokio_util::sync::CancellationToken;
 use super::model::{Backup, BackupMode, BackupState};
 use super::target::{OpenTarget, TargetError};
 use crate::context::Ctx;
+use crate::data_engine::Strategy as _;
 use crate::model::{Engine, ProcessState, Replica};
 use crate::runtime::Stop;
 use crate::runtime::{Requeue, WorkQueue, feed, run_worker};
@@ -230,7 +231,7 @@ async fn start_job(ctx: &Ctx, t: &OpenTarget, b: &mut Backup) -> Result<Requeue,
     // A v1 replica records the backing image it was started with (`--backing-image-name/-checksum`); a v2
     // replica is hosted by its disk daemon, which knows only the copy's lvol: the manager names the image.
     let (backing_image_name, backing_image_checksum) = match source.as_ref().map(|v| &v.data.spec) {
-        Some(spec) if spec.data_engine == crate::model::DataEngine::V2 => match &spec.backing_image {
+        Some(spec) if spec.data_engine.in_lvstore() => match &spec.backing_image {
             Some(image) => {
                 let bi = ctx
                     .db

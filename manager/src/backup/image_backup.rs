@@ -20,10 +20,10 @@ use super::restore::parse_ref;
 use crate::api::extract::{Body, Path};
 use crate::api::openapi::check_name;
 use crate::backing_image::model::{BackingImage, BackingImageManager, state};
+use crate::backing_image::strategy::CopyStrategy as _;
 use crate::backing_image::v2_source::ready_v2_copies;
 use crate::context::Ctx;
 use crate::error::ApiError;
-use crate::model::DataEngine;
 use crate::store::Object;
 
 /// `POST /v1/backingimages/{backingimage}/backup`: the target to back the image up into.
@@ -102,7 +102,7 @@ pub async fn request(
     let uuid = bi.data.spec.uuid.clone();
     // The nodes holding a ready copy: a v1 image's files, a v2 image's snapshot lvols (read through their disk
     // daemons, `backing_image::v2_source`).
-    let mut nodes: Vec<String> = if bi.data.spec.data_engine == DataEngine::V2 {
+    let mut nodes: Vec<String> = if bi.data.spec.data_engine.copies_are_lvols() {
         ready_v2_copies(&ctx, &bi.data)
             .await
             .map_err(|e| ApiError::Unavailable(format!("{e:#}")))?

@@ -15,9 +15,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::model::{BackingImageBackup, BackupState};
 use crate::backing_image::model::{BackingImage, BackingImageManager};
+use crate::backing_image::strategy::CopyStrategy as _;
 use crate::backing_image::v2_source::{ready_v2_copies, receive_copy, remove_staging, staging_path};
 use crate::context::Ctx;
-use crate::model::DataEngine;
+use crate::data_engine::Strategy as _;
 use crate::runtime::{Requeue, WorkQueue, feed_node_local, run_worker};
 use crate::store::StoreError;
 
@@ -145,7 +146,7 @@ async fn remove_leftover_staging(ctx: &Ctx, b: &BackingImageBackup) {
     };
     for d in all
         .iter()
-        .filter(|d| d.node_id == b.node_id && d.engine == DataEngine::V2)
+        .filter(|d| d.node_id == b.node_id && d.engine.in_lvstore())
     {
         remove_staging(&staging_path(&d.path, &b.image, &b.backup));
     }
@@ -171,7 +172,7 @@ async fn run(
         Ok(o) => o.filter(|o| o.data.spec.uuid == b.image_uuid),
         Err(e) => return Some(Err(format!("cannot read backing image {}: {e}", b.image))),
     };
-    if let Some(bi) = image.filter(|o| o.data.spec.data_engine == DataEngine::V2) {
+    if let Some(bi) = image.filter(|o| o.data.spec.data_engine.copies_are_lvols()) {
         return run_v2(ctx, key, b, &bi.data, cancel).await;
     }
     let managers = match ctx.db.list::<BackingImageManager>().await {

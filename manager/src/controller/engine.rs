@@ -13,6 +13,7 @@ use corral_proto::v1;
 use tokio_util::sync::CancellationToken;
 
 use crate::context::Ctx;
+use crate::data_engine::Strategy as _;
 
 type ControllerClient = v1::controller_service_client::ControllerServiceClient<tonic::transport::Channel>;
 use crate::model::{DesireState, Engine, ProcessState, Replica};
@@ -615,7 +616,7 @@ async fn stop_fenced(
 /// replica that held data is never touched here: its size is the engine's start-up check to judge. Best effort:
 /// on any error the add goes ahead and the engine's refusal handles it as before.
 async fn grow_fresh_replica(engine: &str, r: &Object<Replica>, size: u64) {
-    if r.data.status.initialized || r.data.spec.data_engine != crate::model::DataEngine::V1 {
+    if r.data.status.initialized || r.data.spec.data_engine.in_lvstore() {
         return;
     }
     let Ok(address) = r.data.status.address.parse::<corral_proto::ReplicaAddress>() else {
