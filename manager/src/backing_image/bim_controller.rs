@@ -15,7 +15,7 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::model::{
-    BackingImage, BackingImageDataSource, BackingImageManager, ManagerFile, manager_name, state,
+    BackingImage, BackingImageDataSource, BackingImageManager, ManagerFile, file_state, manager_name, state,
 };
 use crate::context::Ctx;
 use crate::model::{Node, Replica, Volume};
@@ -159,11 +159,11 @@ async fn reconcile(
     if let Some(problem) = disk_problem(&ctx, m).await? {
         // The files may be fine; nothing can be said or done about them now.
         set_status(&ctx, &name, |s| {
-            s.state = state::UNKNOWN.to_owned();
+            s.state = state::UNKNOWN.as_str().to_owned();
             s.message.clone_from(&problem);
             for f in s.files.values_mut() {
                 if f.state != state::FAILED {
-                    f.state = state::UNKNOWN.to_owned();
+                    f.state = state::UNKNOWN;
                 }
             }
         })
@@ -221,7 +221,7 @@ async fn reconcile(
     let (mstate, message) = if list.disk_message.is_empty() {
         (state::RUNNING, String::new())
     } else {
-        (state::UNKNOWN, list.disk_message.clone())
+        (state::UNKNOWN.as_str(), list.disk_message.clone())
     };
     set_status(&ctx, &name, |s| {
         s.state = mstate.to_owned();
@@ -255,7 +255,7 @@ fn manager_file(i: &v1::BimImage) -> Option<(String, ManagerFile)> {
         spec.name.clone(),
         ManagerFile {
             uuid: spec.uuid.clone(),
-            state: st.state,
+            state: file_state(&st.state),
             progress: st.progress,
             message: st.message,
             size: st.size,
@@ -331,7 +331,7 @@ async fn check_version(
     let message = format!("{reported}: replacing it (its files stay and are adopted)");
     tracing::warn!(manager = name, "incompatible corral-bim: {message}");
     set_status(ctx, name, |s| {
-        s.state = state::UNKNOWN.to_owned();
+        s.state = state::UNKNOWN.as_str().to_owned();
         s.message.clone_from(&message);
     })
     .await?;
@@ -400,10 +400,8 @@ fn sends_from(managers: &[Object<BackingImageManager>], source: &BackingImageMan
         .iter()
         .filter_map(|m| m.data.status.files.get(image))
         .filter(|f| {
-            matches!(
-                f.state.as_str(),
-                state::STARTING | state::IN_PROGRESS | state::PENDING
-            ) && f.sender_address == source.status.address
+            matches!(f.state, state::STARTING | state::IN_PROGRESS | state::PENDING)
+                && f.sender_address == source.status.address
         })
         .count();
     reported.max(u32::try_from(receiving).unwrap_or(u32::MAX))
@@ -448,7 +446,7 @@ async fn make_ready(
     if !started {
         let Some(ds) = ds else { return Ok(()) };
         let d = &ds.data;
-        if d.spec.disk_uuid == me.spec.disk_uuid && d.status.state == state::READY_FOR_TRANSFER {
+        if d.spec.disk_uuid == me.spec.disk_uuid && d.status.state == Some(state::READY_FOR_TRANSFER) {
             tracing::info!(image, disk = me.spec.disk_path, "taking the data source's file");
             client
                 .fetch(v1::BimFetchRequest {

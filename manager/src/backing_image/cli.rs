@@ -100,7 +100,7 @@ fn list_table(bs: &[BackingImageView]) -> String {
                     b.source_type.as_str().to_owned(),
                     corral_daemon::human_bytes(b.size),
                     corral_daemon::human_bytes(b.virtual_size),
-                    if b.state == state::READY || b.state == state::FAILED {
+                    if b.state == state::READY.as_str() || b.state == state::FAILED.as_str() {
                         b.state.clone()
                     } else {
                         format!("{} {}%", b.state, b.progress)
@@ -138,7 +138,7 @@ fn detail(b: &BackingImageView) -> String {
                 vec![
                     d.disk_uuid.clone(),
                     d.node_id.clone(),
-                    d.state.clone(),
+                    d.state.to_string(),
                     format!("{}%", d.progress),
                     d.last_ref_at
                         .and_then(|t| chrono::DateTime::from_timestamp(t, 0))
@@ -246,13 +246,13 @@ async fn wait_ready(c: &Client, name: &str, timeout: Duration) -> anyhow::Result
     loop {
         let b: BackingImageView = c.get(&format!("/v1/backingimages/{name}")).await?;
         bar.set_position(u64::from(b.progress.min(100)));
-        if b.state == state::READY {
+        if b.state == state::READY.as_str() {
             bar.finish_and_clear();
             return Ok(b);
         }
         // A download is retried by the manager; a failed state with a message is still worth reporting.
-        if b.state == state::FAILED
-            || (b.state != state::READY && b.disks.iter().any(|d| d.state == state::FAILED))
+        if b.state == state::FAILED.as_str()
+            || (b.state != state::READY.as_str() && b.disks.iter().any(|d| d.state == state::FAILED))
         {
             bar.abandon();
             bail!("backing image {name} failed: {}", b.message);

@@ -10,7 +10,7 @@ use anyhow::Context;
 use serde::Deserialize;
 use tokio_util::sync::CancellationToken;
 
-use super::model::{BackingImageDataSource, SourceType, state};
+use super::model::{BackingImageDataSource, FileState, SourceType, state};
 use crate::backup_target::restore_source;
 use crate::context::Ctx;
 use crate::model::ProcessRecord;
@@ -61,7 +61,8 @@ pub fn start(ctx: &Ctx, cancel: &CancellationToken) {
 #[derive(Debug, Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct FileInfo {
-    state: String,
+    #[serde(deserialize_with = "super::model::file_state_serde::deserialize")]
+    state: FileState,
     progress: u32,
     size: u64,
     virtual_size: u64,
@@ -177,7 +178,7 @@ async fn reconcile(ctx: Ctx, local: Arc<Supervisor>, name: String) -> anyhow::Re
         Observed::Down => {}
     }
     // Not running and not taken.
-    let failed = ds.status.state == state::FAILED;
+    let failed = ds.status.state == Some(state::FAILED);
     if rec.is_some() && !failed {
         let message = "the data source daemon exited before a disk manager took the file".to_owned();
         tracing::warn!(image = name, "{message}");
@@ -207,7 +208,7 @@ async fn set_failed(ctx: &Ctx, name: &str, message: &str) -> anyhow::Result<()> 
     absent_ok(
         ctx.db
             .modify::<BackingImageDataSource>(name, |d| {
-                d.status.state = state::FAILED.to_owned();
+                d.status.state = Some(state::FAILED);
                 d.status.message = message.to_owned();
                 d.status.address.clear();
                 true
@@ -238,7 +239,7 @@ async fn monitor(
                 ctx.db
                     .modify::<BackingImageDataSource>(name, |d| {
                         let before = d.status.clone();
-                        d.status.state.clone_from(&info.state);
+                        d.status.state = Some(info.state);
                         d.status.progress = info.progress;
                         d.status.size = info.size;
                         d.status.virtual_size = info.virtual_size;
@@ -324,7 +325,7 @@ async fn spawn(ctx: &Ctx, local: &Supervisor, name: &str, ds: &BackingImageDataS
                 d.status.process = Some(rec.clone());
                 // Known once it reports ready.
                 d.status.address.clear();
-                d.status.state = state::STARTING.to_owned();
+                d.status.state = Some(state::STARTING);
                 d.status.message.clear();
                 d.status.poll_failures = 0;
                 d.status.attempts += 1;

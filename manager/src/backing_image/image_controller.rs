@@ -434,7 +434,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     // The disks that must hold a copy.
     let v2 = bi.spec.data_engine.copies_are_lvols();
     // A v2 image's v1 file is kept until its first v2 copy is ready, then removed.
-    let v2_first_ready = v2 && bi.status.v2_first_copy_status == state::READY;
+    let v2_first_ready = v2 && bi.status.v2_first_copy_status == Some(state::READY);
     let used = if v2 {
         BTreeMap::new()
     } else {
@@ -444,7 +444,7 @@ async fn reconcile(ctx: Ctx, name: String) -> anyhow::Result<Requeue> {
     let min = usize::try_from(bi.spec.min_number_of_copies).unwrap_or(1);
     // What a disk holds, as cleanup and HA count it: a copy that cannot be reached now is retained last, like a
     // failed one, and does not count towards the minimum.
-    let class = |disk: &str| match files.get(disk).map(|f| f.state.as_str()) {
+    let class = |disk: &str| match files.get(disk).map(|f| f.state) {
         Some(state::READY) => FileClass::Ready,
         Some(state::FAILED | state::UNKNOWN) => FileClass::Failed,
         _ => FileClass::InProgress,
@@ -568,12 +568,12 @@ fn add_source_file(files: &mut BTreeMap<String, DiskFileStatus>, ds: &Object<Bac
     let st = files.entry(ds.data.spec.disk_uuid.clone()).or_default();
     if st.state != state::READY && st.state != state::IN_PROGRESS {
         *st = DiskFileStatus {
-            state: match d.state.as_str() {
-                "" => state::PENDING.to_owned(),
+            state: match d.state {
+                None => state::PENDING,
                 // Transferred: the disk manager is committing the file, and only its report says the copy
                 // is ready (the data source's "ready" came before the file was in place).
-                state::READY => state::IN_PROGRESS.to_owned(),
-                other => other.to_owned(),
+                Some(state::READY) => state::IN_PROGRESS,
+                Some(other) => other,
             },
             progress: d.progress,
             message: d.message.clone(),
@@ -685,20 +685,20 @@ fn files_of(
         }
         let mut st = match f {
             Some(f) => DiskFileStatus {
-                state: f.state.clone(),
+                state: f.state,
                 progress: f.progress,
                 message: f.message.clone(),
                 node_id: m.data.spec.node_id.clone(),
                 ..Default::default()
             },
             None => DiskFileStatus {
-                state: state::PENDING.to_owned(),
+                state: state::PENDING,
                 node_id: m.data.spec.node_id.clone(),
                 ..Default::default()
             },
         };
-        if m.data.status.state == state::UNKNOWN && st.state != state::FAILED {
-            st.state = state::UNKNOWN.to_owned();
+        if m.data.status.state == state::UNKNOWN.as_str() && st.state != state::FAILED {
+            st.state = state::UNKNOWN;
             st.message.clone_from(&m.data.status.message);
         }
         // A disk whose node is down (or that is not ready) cannot serve its copy, whatever was reported last.
@@ -707,7 +707,7 @@ fn files_of(
             .any(|d| d.disk_uuid == m.data.spec.disk_uuid && d.ready)
             && st.state != state::FAILED
         {
-            st.state = state::UNKNOWN.to_owned();
+            st.state = state::UNKNOWN;
             st.message = format!(
                 "disk {} of node {} is not ready",
                 m.data.spec.disk_name, m.data.spec.node_id

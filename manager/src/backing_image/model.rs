@@ -13,20 +13,55 @@ use crate::store::Resource;
 /// `corral-bim` report, defined once in `corral-proto`.
 pub use corral_proto::backing_image::{FileState, SourceType};
 
-/// File states as the store and the API keep them (strings, so a state a newer daemon adds reads back), spelled
-/// by [`FileState`]: `ready-for-transfer` is the data source's finished file before a manager took it.
+/// The [`FileState`]s by their short names (`ready-for-transfer` is the data source's finished file before a
+/// manager took it). A copy's state is a [`FileState`] in the store and the API, spelled as the daemons spell it;
+/// a daemon's state string is parsed once where the manager reads it ([`file_state`]).
 pub mod state {
     use super::FileState;
 
-    pub const PENDING: &str = FileState::Pending.as_str();
-    pub const STARTING: &str = FileState::Starting.as_str();
-    pub const IN_PROGRESS: &str = FileState::InProgress.as_str();
-    pub const READY_FOR_TRANSFER: &str = FileState::ReadyForTransfer.as_str();
-    pub const READY: &str = FileState::Ready.as_str();
-    pub const FAILED: &str = FileState::Failed.as_str();
-    pub const UNKNOWN: &str = FileState::Unknown.as_str();
-    /// A disk manager whose daemon answers (a manager state, not a file's).
+    pub const PENDING: FileState = FileState::Pending;
+    pub const STARTING: FileState = FileState::Starting;
+    pub const IN_PROGRESS: FileState = FileState::InProgress;
+    pub const READY_FOR_TRANSFER: FileState = FileState::ReadyForTransfer;
+    pub const READY: FileState = FileState::Ready;
+    pub const FAILED: FileState = FileState::Failed;
+    pub const UNKNOWN: FileState = FileState::Unknown;
+    /// A disk manager whose daemon answers (a manager state, not a file's; a manager's state is still text).
     pub const RUNNING: &str = "running";
+}
+
+/// A file or copy state a daemon reports, or a store document holds: a state this build does not know (a newer
+/// daemon's) reads as `unknown` — not served, nothing deleted — rather than failing the whole report or document.
+pub fn file_state(s: &str) -> FileState {
+    s.parse().unwrap_or(FileState::Unknown)
+}
+
+/// Serde for a copy's state: its text, read with [`file_state`].
+pub(crate) mod file_state_serde {
+    use serde::{Deserialize, Deserializer};
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<super::FileState, D::Error> {
+        Ok(super::file_state(&String::deserialize(d)?))
+    }
+}
+
+/// Serde for a state that may not be there yet (`v2FirstCopyStatus` before the first copy starts, a data source's
+/// state before its daemon reports): empty text, else a [`FileState`].
+pub(crate) mod optional_state_serde {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    use super::FileState;
+
+    // serde's `with` hands the field by reference.
+    #[allow(clippy::ref_option)]
+    pub fn serialize<S: Serializer>(st: &Option<FileState>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(st.map_or("", FileState::as_str))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<FileState>, D::Error> {
+        let text = String::deserialize(d)?;
+        Ok((!text.is_empty()).then(|| super::file_state(&text)))
+    }
 }
 
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -90,9 +125,10 @@ pub struct BackingImageStatus {
     pub disk_last_ref_at_map: BTreeMap<String, i64>,
     pub message: String,
     /// v2 images: the first v2 copy, made from the prepared v1 file: `pending` → `in-progress` → `ready` |
-    /// `failed` | `unknown` (a failed or unknown one is deleted and retried from `pending` with backoff).
-    #[serde(default)]
-    pub v2_first_copy_status: String,
+    /// `failed` | `unknown` (a failed or unknown one is deleted and retried from `pending` with backoff); None
+    /// (empty text) before it starts.
+    #[serde(default, with = "optional_state_serde")]
+    pub v2_first_copy_status: Option<FileState>,
     /// v2 images: the disk UUID the first v2 copy is made on.
     #[serde(default)]
     pub v2_first_copy_disk: String,
@@ -101,11 +137,12 @@ pub struct BackingImageStatus {
     pub v2_first_copy_message: String,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DiskFileStatus {
     /// pending | starting | in-progress | ready-for-transfer | ready | failed | unknown
-    pub state: String,
+    #[serde(deserialize_with = "file_state_serde::deserialize")]
+    pub state: FileState,
     pub progress: u32,
     pub message: String,
     pub node_id: String,
@@ -115,6 +152,19 @@ pub struct DiskFileStatus {
     /// v2 copies: seed 001's `BackingImageV2CopyInfo` (`super::v2_copy::copy_status`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub v2_copy: Option<V2CopyInfo>,
+}
+
+impl Default for DiskFileStatus {
+    fn default() -> Self {
+        Self {
+            state: FileState::Pending,
+            progress: 0,
+            message: String::new(),
+            node_id: String::new(),
+            data_engine: DataEngine::default(),
+            v2_copy: None,
+        }
+    }
 }
 
 impl Resource for BackingImage {
@@ -157,7 +207,9 @@ pub struct DataSourceSpec {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DataSourceStatus {
-    pub state: String,
+    /// Its daemon's last report (None, empty text: none yet).
+    #[serde(with = "optional_state_serde")]
+    pub state: Option<FileState>,
     pub progress: u32,
     pub message: String,
     pub size: u64,
@@ -212,11 +264,12 @@ pub struct ManagerStatus {
     pub files: BTreeMap<String, ManagerFile>,
 }
 
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ManagerFile {
     pub uuid: String,
-    pub state: String,
+    #[serde(deserialize_with = "file_state_serde::deserialize")]
+    pub state: FileState,
     pub progress: u32,
     pub message: String,
     pub size: u64,
@@ -230,6 +283,23 @@ pub struct ManagerFile {
     pub sender_address: String,
 }
 
+impl Default for ManagerFile {
+    fn default() -> Self {
+        Self {
+            uuid: String::new(),
+            state: FileState::Pending,
+            progress: 0,
+            message: String::new(),
+            size: 0,
+            virtual_size: 0,
+            current_checksum: String::new(),
+            path: String::new(),
+            sending_reference: 0,
+            sender_address: String::new(),
+        }
+    }
+}
+
 impl Resource for BackingImageManager {
     const KIND: &'static str = "backingimagemanager";
 }
@@ -240,7 +310,7 @@ pub fn manager_name(disk_uuid: &str) -> String {
 }
 
 /// Seed 001's `BackingImageV2CopyInfo`: one disk's copy as its daemon reported it last.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct V2CopyInfo {
     pub name: String,
@@ -250,7 +320,8 @@ pub struct V2CopyInfo {
     pub disk_uuid: String,
     pub size: u64,
     pub progress: u32,
-    pub state: String,
+    #[serde(deserialize_with = "file_state_serde::deserialize")]
+    pub state: FileState,
     pub current_checksum: String,
     pub message: String,
 }
@@ -263,9 +334,42 @@ impl From<corral_proto::v1::BackingImageV2CopyInfo> for V2CopyInfo {
             disk_uuid: i.disk_uuid,
             size: i.size,
             progress: i.progress,
-            state: i.state,
+            state: file_state(&i.state),
             current_checksum: i.current_checksum,
             message: i.message,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn states_keep_their_wire_text_and_one_this_build_does_not_know_reads_as_unknown() {
+        let doc = r#"{"spec":{"uuid":"u","sourceType":"download","parameters":{},"expectedChecksum":"",
+            "minNumberOfCopies":1,"diskFileSpecMap":{},"dataEngine":"v2","deletionTimestamp":null},
+            "status":{"size":0,"virtualSize":0,"currentChecksum":"","diskFileStatusMap":{
+            "d1":{"state":"in-progress","progress":5,"message":"","nodeId":"n1","dataEngine":"v2"},
+            "d2":{"state":"defragmenting","progress":0,"message":"","nodeId":"n2","dataEngine":"v2"}},
+            "diskLastRefAtMap":{},"message":"","v2FirstCopyStatus":"","v2FirstCopyDisk":"",
+            "v2FirstCopyMessage":""}}"#;
+        let bi: BackingImage = serde_json::from_str(doc).unwrap();
+        let map = &bi.status.disk_file_status_map;
+        assert_eq!(map["d1"].state, FileState::InProgress);
+        assert_eq!(map["d2"].state, FileState::Unknown);
+        assert_eq!(bi.status.v2_first_copy_status, None);
+        let back = serde_json::to_value(&bi).unwrap();
+        assert_eq!(back["status"]["diskFileStatusMap"]["d1"]["state"], "in-progress");
+        assert_eq!(back["status"]["v2FirstCopyStatus"], "");
+
+        let mut ds = DataSourceStatus::default();
+        assert_eq!(serde_json::to_value(&ds).unwrap()["state"], "");
+        ds.state = Some(FileState::ReadyForTransfer);
+        let text = serde_json::to_string(&ds).unwrap();
+        assert!(text.contains(r#""state":"ready-for-transfer""#), "{text}");
+        assert_eq!(serde_json::from_str::<DataSourceStatus>(&text).unwrap(), ds);
+        assert_eq!(file_state("ready"), FileState::Ready);
+        assert_eq!(file_state(""), FileState::Unknown);
     }
 }

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::image_controller::{MIN_COPIES_SETTING, data_source_for};
 use super::model::{
-    BackingImage, BackingImageDataSource, BackingImageSpec, DiskFileStatus, SourceType, state,
+    BackingImage, BackingImageDataSource, BackingImageSpec, DiskFileStatus, FileState, SourceType, state,
 };
 use super::openapi::{check_checksum as check_checksum_pattern, check_source_parameters};
 use super::strategy::CopyStrategy as _;
@@ -101,7 +101,8 @@ pub struct DiskFileView {
     #[serde(rename = "diskUUID")]
     pub disk_uuid: String,
     pub node_id: String,
-    pub state: String,
+    #[serde(deserialize_with = "super::model::file_state_serde::deserialize")]
+    pub state: FileState,
     pub progress: u32,
     pub message: String,
     /// Unix seconds since when no replica uses this copy.
@@ -132,8 +133,10 @@ pub struct BackingImageView {
     pub message: String,
     pub deletion_timestamp: Option<i64>,
     pub data_engine: DataEngine,
-    /// v2 images: the first v2 copy (`pending` | `in-progress` | `ready` | `failed` | `unknown`) and its disk.
-    pub v2_first_copy_status: String,
+    /// v2 images: the first v2 copy (`pending` | `in-progress` | `ready` | `failed` | `unknown`; empty before it
+    /// starts) and its disk.
+    #[serde(with = "super::model::optional_state_serde")]
+    pub v2_first_copy_status: Option<FileState>,
     pub v2_first_copy_disk: String,
     pub v2_first_copy_message: String,
     pub disks: Vec<DiskFileView>,
@@ -157,7 +160,7 @@ impl BackingImageView {
                 .map(|f| {
                     let mut f = (*f).clone();
                     if f.state == state::READY {
-                        f.state = state::IN_PROGRESS.to_owned();
+                        f.state = state::IN_PROGRESS;
                         f.message = "the file is ready: making the first v2 copy from it".to_owned();
                     }
                     f
@@ -166,20 +169,24 @@ impl BackingImageView {
             v1_ready_as_source.iter().collect()
         };
         let state = if b.spec.deletion_timestamp.is_some() {
-            "deleting".to_owned()
+            "deleting"
         } else if files.iter().any(|f| f.state == state::READY) {
-            state::READY.to_owned()
-        } else if b.spec.data_engine.copies_are_lvols() && b.status.v2_first_copy_status == state::FAILED {
+            state::READY.as_str()
+        } else if b.spec.data_engine.copies_are_lvols()
+            && b.status.v2_first_copy_status == Some(state::FAILED)
+        {
             // Also when no entry says so: an uploaded image whose every copy was lost has none left.
-            state::FAILED.to_owned()
+            state::FAILED.as_str()
         } else if !files.is_empty() && files.iter().all(|f| f.state == state::FAILED) {
-            state::FAILED.to_owned()
+            state::FAILED.as_str()
         } else {
             files
                 .iter()
                 .max_by_key(|f| f.progress)
-                .map_or_else(|| state::PENDING.to_owned(), |f| f.state.clone())
-        };
+                .map_or(state::PENDING, |f| f.state)
+                .as_str()
+        }
+        .to_owned();
         let message = if b.status.message.is_empty() && !b.status.v2_first_copy_message.is_empty() {
             b.status.v2_first_copy_message.clone()
         } else if b.status.message.is_empty() {
@@ -207,12 +214,12 @@ impl BackingImageView {
                 .filter(|f| f.state != state::READY)
                 .map(|f| f.progress)
                 .max()
-                .unwrap_or(if state == state::READY { 100 } else { 0 }),
+                .unwrap_or(if state == state::READY.as_str() { 100 } else { 0 }),
             state,
             message,
             deletion_timestamp: b.spec.deletion_timestamp,
             data_engine: b.spec.data_engine,
-            v2_first_copy_status: b.status.v2_first_copy_status.clone(),
+            v2_first_copy_status: b.status.v2_first_copy_status,
             v2_first_copy_disk: b.status.v2_first_copy_disk.clone(),
             v2_first_copy_message: b.status.v2_first_copy_message.clone(),
             disks: b
@@ -222,7 +229,7 @@ impl BackingImageView {
                 .map(|(d, f)| DiskFileView {
                     disk_uuid: d.clone(),
                     node_id: f.node_id.clone(),
-                    state: f.state.clone(),
+                    state: f.state,
                     progress: f.progress,
                     message: f.message.clone(),
                     last_ref_at: b.status.disk_last_ref_at_map.get(d).copied(),
@@ -519,16 +526,17 @@ async fn upload(
         let ds = ctx.db.get::<BackingImageDataSource>(&name).await?;
         if let Some(d) = &ds {
             if d.data.spec.started
-                || (!d.data.status.state.is_empty()
-                    && d.data.status.state != state::PENDING
-                    && d.data.status.state != state::STARTING)
+                || d.data
+                    .status
+                    .state
+                    .is_some_and(|s| s != state::PENDING && s != state::STARTING)
             {
                 return Err(ApiError::Conflict(format!(
                     "backing image {name} does not wait for an upload (its data source is {})",
-                    d.data.status.state
+                    d.data.status.state.map_or("", FileState::as_str)
                 )));
             }
-            if d.data.status.state == state::PENDING && !d.data.status.address.is_empty() {
+            if d.data.status.state == Some(state::PENDING) && !d.data.status.address.is_empty() {
                 break d.data.status.address.clone();
             }
         }

@@ -36,7 +36,7 @@ use super::datasource_controller::job_retry_backoff;
 use super::disks::{DiskRef, disks, selected};
 use super::image_controller::{CLEANUP_SETTING, replica_disks, run_source_again};
 use super::model::{
-    BackingImage, BackingImageDataSource, BackingImageManager, DiskFileSpec, DiskFileStatus, state,
+    BackingImage, BackingImageDataSource, BackingImageManager, DiskFileSpec, DiskFileStatus, FileState, state,
 };
 use super::strategy::{CopyKind, CopyStrategy as _};
 use super::v2_copy::{Fetched, copy_status};
@@ -305,7 +305,7 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
 
     // The first copy.
     let mut first = FirstCopy {
-        state: bi.status.v2_first_copy_status.clone(),
+        state: bi.status.v2_first_copy_status,
         disk: bi.status.v2_first_copy_disk.clone(),
         message: String::new(),
         requeue: Duration::from_secs(2),
@@ -328,7 +328,7 @@ async fn reconcile(ctx: Ctx, retries: Arc<Retries>, name: String) -> anyhow::Res
 
     // HA and cleanup, then the syncs, once a copy is ready to sync from (before, the first copy's disk is the
     // only one and nothing is marked).
-    let (marks, removed) = if first.state == state::READY {
+    let (marks, removed) = if first.state == Some(state::READY) {
         keep_and_sync(&p, &used, &mut wanted, &mut copies).await
     } else {
         (BTreeMap::new(), Vec::new())
@@ -376,7 +376,8 @@ struct Seen<'a> {
 
 /// The first copy as a pass leaves it: its state, disk and message, and when the image is looked at again.
 struct FirstCopy {
-    state: String,
+    /// None: not started.
+    state: Option<FileState>,
     disk: String,
     message: String,
     requeue: Duration,
@@ -416,7 +417,7 @@ async fn recover_lost_copies(
     copies: &BTreeMap<String, DiskFileStatus>,
     first: &mut FirstCopy,
 ) -> anyhow::Result<bool> {
-    if first.state != state::READY || !copies.values().all(|c| c.state == state::FAILED) {
+    if first.state != Some(state::READY) || !copies.values().all(|c| c.state == state::FAILED) {
         return Ok(false);
     }
     let (bi, name) = (p.bi, p.name);
@@ -428,7 +429,7 @@ async fn recover_lost_copies(
         );
         run_source_again(p.ctx, bi, name).await?;
         p.retries.clear_image(name);
-        first.state = state::PENDING.to_owned();
+        first.state = Some(state::PENDING);
         first.disk.clear();
         first.requeue = Duration::from_secs(1);
         Ok(true)
@@ -437,7 +438,7 @@ async fn recover_lost_copies(
             image = name,
             "every v2 copy failed or is gone and the image was uploaded: it cannot be prepared again"
         );
-        first.state = state::FAILED.to_owned();
+        first.state = Some(state::FAILED);
         Ok(false)
     }
 }
@@ -454,25 +455,25 @@ async fn advance_first_copy(
     wanted: &mut BTreeMap<String, DiskFileSpec>,
 ) -> anyhow::Result<()> {
     // An uploaded image with no copy and no file left: only the user can upload it again.
-    let upload_lost = first.state == state::FAILED
+    let upload_lost = first.state == Some(state::FAILED)
         && !p.bi.spec.source_type.refetchable()
         && source.is_some_and(|d| d.spec.started)
         && !copies.values().any(|c| c.state == state::READY)
         && ready_file(p.ctx, p.name, p.uuid, &disks(p.ctx).await?)
             .await?
             .is_none();
-    match first.state.as_str() {
-        "" => first.state = state::PENDING.to_owned(),
-        state::PENDING => start_first_copy(p, source_again, first, copies, wanted).await?,
-        state::IN_PROGRESS => follow_first_copy(p, first, copies).await,
-        state::FAILED if upload_lost => {
+    match first.state {
+        None => first.state = Some(state::PENDING),
+        Some(state::PENDING) => start_first_copy(p, source_again, first, copies, wanted).await?,
+        Some(state::IN_PROGRESS) => follow_first_copy(p, first, copies).await,
+        Some(state::FAILED) if upload_lost => {
             first.message = UPLOAD_LOST.to_owned();
             first.requeue = Duration::from_secs(10);
         }
-        state::FAILED | state::UNKNOWN => {
+        Some(state::FAILED | state::UNKNOWN) => {
             let wait = p.retries.wait(p.name, FIRST);
             if wait.is_zero() {
-                first.state = state::PENDING.to_owned();
+                first.state = Some(state::PENDING);
                 first.requeue = Duration::ZERO;
             } else {
                 first.message = p.bi.status.v2_first_copy_message.clone();
@@ -523,9 +524,9 @@ async fn start_first_copy(
                 first.disk.clone_from(&s.disk.disk_uuid);
                 let made = create_first_copy(name, p.uuid, s, &file, p.holds, copies, wanted, p.retries);
                 match made.await? {
-                    Ok(()) => first.state = state::IN_PROGRESS.to_owned(),
+                    Ok(()) => first.state = Some(state::IN_PROGRESS),
                     Err(why) => {
-                        first.state = state::FAILED.to_owned();
+                        first.state = Some(state::FAILED);
                         first.message = why;
                     }
                 }
@@ -551,10 +552,10 @@ async fn follow_first_copy(
     copies: &mut BTreeMap<String, DiskFileStatus>,
 ) {
     let name = p.name;
-    match copies.get(&first.disk).map(|c| c.state.as_str()) {
+    match copies.get(&first.disk).map(|c| c.state) {
         Some(state::READY) => {
             tracing::info!(image = name, disk = first.disk, "the first v2 copy is ready");
-            first.state = state::READY.to_owned();
+            first.state = Some(state::READY);
             p.retries.clear(name, FIRST);
         }
         Some(state::FAILED) | None => {
@@ -578,10 +579,10 @@ async fn follow_first_copy(
                     "failed first v2 copy not deleted"
                 );
             }
-            first.state = state::FAILED.to_owned();
+            first.state = Some(state::FAILED);
             first.message = format!("first v2 copy failed: {why}; retrying in {}s", wait.as_secs());
             if let Some(c) = copies.get_mut(&first.disk) {
-                c.state = state::FAILED.to_owned();
+                c.state = state::FAILED;
                 c.message.clone_from(&first.message);
             }
         }
@@ -788,7 +789,7 @@ fn keep_copies(
     // manager and lists the copy again from its xattrs — a replacement on another disk would only be cleaned up
     // again after the wait interval. On a disk that is not ready it is lost for now, like a failed one.
     let disk_ready = |disk: &str| stores.iter().any(|s| s.disk.disk_uuid == disk && s.disk.ready);
-    let class = |disk: &str| match copies.get(disk).map(|c| c.state.as_str()) {
+    let class = |disk: &str| match copies.get(disk).map(|c| c.state) {
         Some(state::READY) => FileClass::Ready,
         Some(state::UNKNOWN) if disk_ready(disk) => FileClass::InProgress,
         Some(state::FAILED | state::UNKNOWN) => FileClass::Failed,
@@ -922,7 +923,7 @@ async fn drop_copies(
         let Some(c) = copies.get(&disk) else { continue };
         let unwanted = !wanted.contains_key(&disk);
         let held = holds.get(&disk).copied().unwrap_or(false);
-        let delete = match c.state.as_str() {
+        let delete = match c.state {
             state::FAILED => true,
             state::READY => unwanted && ready_copy(stores, copies, &disk).is_some(),
             state::UNKNOWN => false,
@@ -961,7 +962,7 @@ async fn drop_copies(
         }
         if !unwanted && let Some(message) = retries.waiting(name, &disk) {
             if let Some(c) = copies.get_mut(&disk) {
-                c.state = state::FAILED.to_owned();
+                c.state = state::FAILED;
                 c.progress = 0;
                 c.message = message;
             }
@@ -970,7 +971,7 @@ async fn drop_copies(
         tracing::info!(
             image = name,
             disk,
-            state = c.state,
+            state = c.state.as_str(),
             unwanted,
             held,
             "v2 copy deleted"
@@ -1070,7 +1071,7 @@ async fn start_copy(
             copies.insert(
                 target.clone(),
                 DiskFileStatus {
-                    state: state::FAILED.to_owned(),
+                    state: state::FAILED,
                     message,
                     node_id: node,
                     data_engine: CopyKind::Lvol.engine(),
@@ -1088,7 +1089,7 @@ struct Pass<'a> {
     removed: &'a [String],
     copies: &'a BTreeMap<String, DiskFileStatus>,
     marks: &'a BTreeMap<String, i64>,
-    first: Option<(String, String, String)>,
+    first: Option<(Option<FileState>, String, String)>,
 }
 
 /// Writes a pass to the image (see [`Pass`]).
@@ -1134,7 +1135,7 @@ async fn write(ctx: &Ctx, name: &str, uuid: &str, pass: &Pass<'_>) -> anyhow::Re
                 .extend(pass.copies.iter().map(|(d, f)| (d.clone(), f.clone())));
             b.status.disk_last_ref_at_map.clone_from(pass.marks);
             if let Some((st, disk, message)) = &pass.first {
-                b.status.v2_first_copy_status.clone_from(st);
+                b.status.v2_first_copy_status = *st;
                 b.status.v2_first_copy_disk.clone_from(disk);
                 b.status.v2_first_copy_message.clone_from(message);
             }

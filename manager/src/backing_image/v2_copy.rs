@@ -7,7 +7,7 @@
 use corral_proto::v1;
 
 pub use super::model::V2CopyInfo;
-use super::model::{DiskFileStatus, state};
+use super::model::{DiskFileStatus, FileState, state};
 use super::strategy::CopyKind;
 
 /// What asking a disk's daemon for a copy gave.
@@ -32,8 +32,8 @@ pub fn copy_status(
     before: Option<&DiskFileStatus>,
     fetched: Fetched,
 ) -> Option<DiskFileStatus> {
-    let entry = |state: &str, progress: u32, message: String, copy: Option<V2CopyInfo>| DiskFileStatus {
-        state: state.to_owned(),
+    let entry = |state: FileState, progress: u32, message: String, copy: Option<V2CopyInfo>| DiskFileStatus {
+        state,
         progress,
         message,
         node_id: node_id.to_owned(),
@@ -47,8 +47,8 @@ pub fn copy_status(
     match fetched {
         Fetched::Copy(c) => {
             let c = V2CopyInfo::from(c);
-            let (st, progress, message) = (c.state.clone(), c.progress, c.message.clone());
-            Some(entry(&st, progress, message, Some(c)))
+            let (st, progress, message) = (c.state, c.progress, c.message.clone());
+            Some(entry(st, progress, message, Some(c)))
         }
         Fetched::Absent => before.map(|b| {
             entry(
@@ -103,7 +103,7 @@ mod tests {
             Fetched::Unreachable("connection refused".into()),
         )
         .unwrap();
-        assert_eq!(unknown.state, "unknown");
+        assert_eq!(unknown.state, FileState::Unknown);
         assert!(unknown.message.contains("connection refused"), "{unknown:?}");
         assert_eq!(unknown.v2_copy, ready.v2_copy);
         // Never reported: nothing to say yet.
@@ -120,7 +120,7 @@ mod tests {
         assert_eq!((gone.state.as_str(), gone.progress), ("failed", 0));
         assert!(gone.message.contains("gone"), "{gone:?}");
         let other = copy_status("u1", "n1", Some(&ready), Fetched::Copy(info("ready", "u2"))).unwrap();
-        assert_eq!(other.state, "failed");
+        assert_eq!(other.state, FileState::Failed);
         assert_eq!(copy_status("u1", "n1", None, Fetched::Absent), None);
     }
 
@@ -135,7 +135,7 @@ mod tests {
         assert_eq!(bi.spec.data_engine, DataEngine::V1);
         assert_eq!(bi.spec.disk_file_spec_map["d1"].data_engine, DataEngine::V1);
         assert_eq!(bi.status.disk_file_status_map["d1"].data_engine, DataEngine::V1);
-        assert_eq!(bi.status.v2_first_copy_status, "");
+        assert_eq!(bi.status.v2_first_copy_status, None);
         let older = old.replace(r#""dataEngine":"v1","#, "");
         let bi: super::super::model::BackingImage = serde_json::from_str(&older).unwrap();
         assert_eq!(bi.spec.data_engine, DataEngine::V1);
