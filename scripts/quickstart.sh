@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Corral's main job on one machine: a single-node manager on the embedded store with a local data directory, a
-# volume with 3 replicas, attached and served over NBD, written and read back; then it keeps running until Ctrl-C
-# (every attached volume is detached — engines and replicas stop cleanly — then the manager and every daemon it
-# started stop: `corral down`). Restarting reuses the data.
+# volume with 3 replicas, attached and served over NBD, written and read back (through the node's unix socket); then
+# it keeps running until Ctrl-C (every attached volume is detached — engines and replicas stop cleanly — then the
+# manager and every daemon it started stop: `corral down`). Restarting reuses the data. Mutual TLS between the
+# daemons is on; the node's certificates are in $CORRAL_DATA/tls.
 #
 #   scripts/quickstart.sh [--once]
 #
@@ -22,7 +23,7 @@ for arg in "$@"; do
   case $arg in
     --once) once=1 ;;
     -h | --help)
-      sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'
+      sed -n '2,15p' "$0" | sed 's/^# \{0,1\}//'
       exit 0
       ;;
     *)
@@ -45,11 +46,11 @@ command -v cargo >/dev/null 2>&1 || {
 need_tools qemu-io python3 setsid flock || exit 1
 
 # cargo's own progress is shown (a bar on a terminal, one line per crate otherwise): a first build is long.
-echo "Building Corral ($profile profile): corral-manager, corral-replica, corral-engine, the daemons they start and"
-echo "the corral CLI. The first build takes about 10-15 minutes on 2 cores; later runs rebuild only what changed."
+echo "Building Corral ($profile profile): corral-manager, corral-replica, corral-engine, the daemons they start, the"
+echo "corral CLI and corral-tls. The first build takes about 10-15 minutes on 2 cores; later runs rebuild only what changed."
 build_start=$SECONDS
 if [ "$profile" = release ]; then
-  cargo build --release --locked -p manager -p replica -p engine --bins
+  cargo build --release --locked -p manager -p replica -p engine -p corral-tls --bins
 else
   # The exact build scripts/test.sh makes, so after the suite this compiles nothing.
   cargo build --locked --workspace --bins --features replica/fault-injection
@@ -145,7 +146,9 @@ endpoint() {
     python3 -c 'import json,sys; print([e for e in json.load(sys.stdin)["endpoints"] if e.startswith(sys.argv[1])][0])' "$1"
 }
 uri=$(endpoint nbd+unix)
-tcp=$(endpoint nbd://)
+# Mutual TLS is on (the manager's default, --tls auto): the engine's TCP listener takes only clients presenting a
+# certificate of the cluster CA, as the node's directory $data/tls holds (made by the manager on its first start).
+tcp=$(endpoint nbds://)
 
 echo "writing and reading 1 MiB through NBD..."
 qemu-io -f raw "$uri" -c 'write -P 0xab 0 1M' -c 'flush' -c 'read -P 0xab 0 1M'
@@ -157,15 +160,20 @@ if [ "$once" = 1 ]; then
   exit 0
 fi
 
+# qemu and libnbd take the node's certificate as a directory of their own file names (links into $data/tls).
+"$bin/corral-tls" nbd-client-dir --tls-dir "$data/tls" --out "$data/nbd-client" >/dev/null
+hostport=${tcp#nbds://}
+hostport=${hostport%%/*}
 cat <<TXT
 
-Volume $volume ($n replicas) is served over NBD:
+Volume $volume ($n replicas) is served over NBD (TCP: mutual TLS, certificates in $data/tls):
   $uri
   $tcp
 Next:  export CORRAL_URL=$CORRAL_URL CORRAL_DATA_DIR=$data    # corral finds its API token in $data/admin.token
        $bin/corral volume ls            $bin/corral snapshot create $volume first
        $bin/corral volume get $volume --json   $bin/corral setting ls
-       qemu-img convert -O raw $tcp copy.raw
+       qemu-img convert --object tls-creds-x509,id=tls0,endpoint=client,dir=$data/nbd-client -O raw \\
+         --image-opts driver=nbd,host=${hostport%:*},port=${hostport##*:},export=$volume,tls-creds=tls0 copy.raw
 API:   $CORRAL_URL/v1/openapi.json (Authorization: Bearer \$(cat $data/admin.token))   Metrics: $CORRAL_URL/metrics   Logs: $data/logs/
 Ctrl-C detaches every attached volume and stops the manager and every daemon it started.
 TXT

@@ -2,7 +2,8 @@
 //! etcd members and three nodes, each node a `corral-im` container (the data plane: it owns the node's address,
 //! its disk volume and every engine and replica process) with a `corral-manager` container in its network
 //! namespace (`--instance-manager`), come up from images built locally; a 3-replica volume placed on the three
-//! nodes is created and attached through `corral` and written through NBD from the host with `qemu-io`; then
+//! nodes is created and attached through `corral` and written through NBD from the host with `qemu-io` (`nbds://`:
+//! the managers' default mutual TLS, presenting node-1's certificate copied out of its volume); then
 //!
 //! - one node is partitioned (`docker network disconnect` of its IM container, which takes its manager along):
 //!   IO continues, its replica goes ERR and is replaced by one rebuilt on another node; reconnected on its address,
@@ -43,6 +44,8 @@ struct Cluster {
     storage_net: Option<String>,
     /// The manager container `corral` runs in (manager-1 until node-1 is killed).
     cli: std::cell::Cell<&'static str>,
+    /// Where [`NBD_CLIENT`] is (node-1's certificate, copied out).
+    nbd_client_files: Option<tempfile::TempDir>,
 }
 
 impl Cluster {
@@ -83,6 +86,7 @@ impl Cluster {
                     net,
                     storage_net,
                     cli: std::cell::Cell::new("manager-1"),
+                    nbd_client_files: None,
                 };
             }
             let err = String::from_utf8_lossy(&out.stderr).into_owned();
@@ -97,11 +101,27 @@ impl Cluster {
 
     /// [`Cluster::up`], then waits for its three nodes to be ready; returns them too.
     fn up_ready(tag: &str, storage: bool) -> (Self, Vec<String>) {
-        let cluster = Self::up(tag, storage);
+        let mut cluster = Self::up(tag, storage);
         let nodes = testkit::wait_for("three ready nodes", Duration::from_secs(90), || {
             cluster.ready_nodes().filter(|n| n.len() == 3)
         });
+        cluster.nbd_client();
         (cluster, nodes)
+    }
+
+    /// The host's NBD clients present node-1's certificate, issued in its volume at start (tls-1, from the CA in
+    /// etcd): copied out of the container, then linked under qemu's file names ([`NBD_CLIENT`]).
+    fn nbd_client(&mut self) {
+        let dir = tempfile::tempdir().expect("a temporary directory");
+        let tls = dir.path().join("tls");
+        docker(&[
+            "cp",
+            &format!("{}:/var/lib/corral/tls", self.container("node-1")),
+            &tls.display().to_string(),
+        ]);
+        let client = testkit::tls::nbd_client_dir(&tls, &dir.path().join("nbd"));
+        let _ = NBD_CLIENT.set(client);
+        self.nbd_client_files = Some(dir);
     }
 
     /// `vol1` of 256 MiB with `replicas` replicas, attached on node-1: its view once healthy.
@@ -216,21 +236,41 @@ fn replicas(v: &Value) -> Vec<(String, String, String)> {
         .unwrap_or_default()
 }
 
-/// The volume's NBD TCP endpoint.
+/// The volume's NBD TCP endpoint: `nbds://` (the managers' default `--tls auto` makes the engines' TCP frontends
+/// TLS-only, client certificate required).
 fn nbd_uri(v: &Value) -> String {
     v["endpoints"]
         .as_array()
         .and_then(|e| {
             e.iter()
                 .filter_map(Value::as_str)
-                .find(|e| e.starts_with("nbd://"))
+                .find(|e| e.starts_with("nbds://"))
         })
-        .unwrap_or_else(|| panic!("a TCP NBD endpoint: {v}"))
+        .unwrap_or_else(|| panic!("a TCP NBD endpoint with TLS: {v}"))
         .to_owned()
 }
 
+/// The NBD client directory the host's qemu-io and fio present ([`Cluster::nbd_client`]), set once per process.
+static NBD_CLIENT: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+
+fn nbd_client() -> &'static std::path::Path {
+    NBD_CLIENT
+        .get()
+        .expect("the cluster's NBD client directory (Cluster::up)")
+}
+
+/// qemu-io from the host on an `nbds://HOST:PORT/EXPORT` endpoint, presenting a node's certificate.
+fn qemu_io_result(uri: &str, ops: &[&str]) -> (bool, String) {
+    let (addr, export) = uri
+        .strip_prefix("nbds://")
+        .and_then(|r| r.split_once('/'))
+        .unwrap_or_else(|| panic!("not an nbds:// endpoint: {uri}"));
+    let addr = addr.parse().unwrap_or_else(|e| panic!("{uri}: {e}"));
+    testkit::qemu_io_tls(addr, export, nbd_client(), ops)
+}
+
 fn qemu_io(uri: &str, ops: &[&str]) {
-    let (ok, text) = testkit::qemu_io(uri, ops);
+    let (ok, text) = qemu_io_result(uri, ops);
     assert!(ok, "qemu-io {ops:?} on {uri}:\n{text}");
 }
 
@@ -272,7 +312,7 @@ fn compose_cluster_serves_a_volume_across_node_partition_and_etcd_member_loss() 
     assert_eq!(placed, NODES, "one replica per node: {v}");
     let uri = nbd_uri(&v);
     assert!(
-        uri.starts_with(&format!("nbd://{net}.11:")),
+        uri.starts_with(&format!("nbds://{net}.11:")),
         "served on node-1's address: {uri}"
     );
     qemu_io(&uri, &["write -P 0xab 0 16M", "read -P 0xab 0 16M", "flush"]);
@@ -463,13 +503,13 @@ fn compose_cluster_serves_a_volume_across_node_partition_and_etcd_member_loss() 
         cluster.volume("vol1").filter(|v| {
             v["endpoints"].as_array().is_some_and(|e| {
                 e.iter()
-                    .any(|e| e.as_str().is_some_and(|e| e.starts_with("nbd://")))
+                    .any(|e| e.as_str().is_some_and(|e| e.starts_with("nbds://")))
             })
         })
     });
     let uri = nbd_uri(&v);
     assert!(
-        uri.starts_with(&format!("nbd://{net}.12:")),
+        uri.starts_with(&format!("nbds://{net}.12:")),
         "served on node-2's address: {uri} ({v})"
     );
     qemu_io(
@@ -508,7 +548,7 @@ fn compose_cluster_fences_the_engine_of_a_node_cut_off_from_the_management_netwo
     let v = cluster.attached_vol1(3);
     let old_uri = nbd_uri(&v);
     assert!(
-        old_uri.starts_with(&format!("nbd://{storage}.11:")),
+        old_uri.starts_with(&format!("nbds://{storage}.11:")),
         "served on node-1's storage address: {old_uri}"
     );
     for (name, _, _) in replicas(&v) {
@@ -545,7 +585,7 @@ fn compose_cluster_fences_the_engine_of_a_node_cut_off_from_the_management_netwo
     // The takeover: a new engine on node-2, over the replicas node-2 and node-3 hold.
     let (ok, text) = cluster.corral(&["volume", "attach", "vol1", "--node", "node-2"]);
     assert!(ok, "volume attach on node-2 while node-1 is cut off: {text}");
-    let on_node2 = format!("nbd://{storage}.12:");
+    let on_node2 = format!("nbds://{storage}.12:");
     let v = testkit::wait_for("vol1 served from node-2", Duration::from_secs(120), || {
         cluster.volume("vol1").filter(|v| {
             v["endpoints"].as_array().is_some_and(|e| {
@@ -570,7 +610,7 @@ fn compose_cluster_fences_the_engine_of_a_node_cut_off_from_the_management_netwo
     let mut attempts = Vec::new();
     let until = Instant::now() + Duration::from_secs(20);
     while Instant::now() < until {
-        let (ok, text) = testkit::qemu_io(&old_uri, &["write -P 0x77 96M 1M", "flush"]);
+        let (ok, text) = qemu_io_result(&old_uri, &["write -P 0x77 96M 1M", "flush"]);
         assert!(
             !ok,
             "the old engine's write after the takeover succeeded:\n{text}"
@@ -871,7 +911,8 @@ impl FioLoad {
             .args([
                 &format!("--name={name}"),
                 "--ioengine=nbd",
-                &format!("--uri={uri}"),
+                // libnbd presents the node's certificate from the client directory (qemu's file names).
+                &format!("--uri={uri}?tls-certificates={}", nbd_client().display()),
                 "--rw=randwrite",
                 "--bs=64k",
                 "--size=64M",
@@ -1154,7 +1195,7 @@ fn compose_cluster_data_planes_upgrade_one_node_at_a_time_after_a_drain() {
     });
     let (ok, text) = cluster.corral(&["volume", "attach", "vol1", "--node", "node-2"]);
     assert!(ok, "volume attach on node-2: {text}");
-    let on_node2 = format!("nbd://{net}.12:");
+    let on_node2 = format!("nbds://{net}.12:");
     let v = testkit::wait_for("vol1 healthy on node-2", Duration::from_secs(90), || {
         cluster.volume("vol1").filter(|v| {
             v["robustness"] == "healthy"

@@ -137,3 +137,57 @@ fn every_image_the_manifests_name_is_built_by_build_sh_or_listed_external() {
     corral_images.dedup();
     eprintln!("Corral images: {corral_images:?}; external: {used_external:?}");
 }
+
+/// Works without kubectl (issue 40, mutual TLS on by default): the instance manager's pod issues the node's
+/// certificate from the store's CA before it starts (an init container of the manager image running
+/// `corral-manager --tls-issue-only`, with the node name, address, store and data directory the manager pod uses),
+/// and loads it (`--tls-dir` in that data directory); no manifest turns TLS off or mounts certificate files of its
+/// own (nothing is baked into an image or a Secret).
+#[test]
+fn the_instance_manager_runs_on_the_node_certificate_its_init_container_issues() {
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy");
+    let im =
+        std::fs::read_to_string(deploy.join("instance-manager.yaml")).expect("read instance-manager.yaml");
+    let manager = std::fs::read_to_string(deploy.join("manager.yaml")).expect("read manager.yaml");
+    let (init, main) = im
+        .split_once("      containers:")
+        .expect("instance-manager.yaml has a containers: list");
+    let init = init
+        .split_once("initContainers:")
+        .map(|(_, i)| i)
+        .expect("the instance manager's pod has an init container");
+    assert!(
+        init.contains("image: corral-manager") && init.contains("--tls-issue-only"),
+        "the init container issues the node's certificate with the manager image:\n{init}"
+    );
+    for env in ["CORRAL_NODE_ID", "CORRAL_HOST", "CORRAL_STORE", "CORRAL_DATA_DIR"] {
+        let value = |text: &str| {
+            let at = text.find(&format!("name: {env}"))?;
+            text[at..].lines().nth(1).map(|l| l.trim().to_owned())
+        };
+        assert_eq!(
+            value(init),
+            value(&manager),
+            "{env}: the init container issues for the node the manager pod runs as"
+        );
+    }
+    assert!(
+        main.contains("--tls-dir=/var/lib/corral/tls"),
+        "the instance manager loads the issued directory:\n{main}"
+    );
+    for file in kustomization_resources(&deploy) {
+        let text = std::fs::read_to_string(deploy.join(&file)).expect("read a manifest");
+        let env_off = text
+            .split("name: CORRAL_TLS\n")
+            .skip(1)
+            .any(|rest| rest.lines().next().is_some_and(|l| l.contains("off")));
+        assert!(
+            !env_off && !text.contains("--tls=off") && !text.contains("\"--tls\", \"off\""),
+            "{file} turns TLS off"
+        );
+        assert!(
+            !text.contains("tls.key"),
+            "{file} mounts certificate files of its own"
+        );
+    }
+}

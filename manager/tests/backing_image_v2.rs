@@ -429,7 +429,7 @@ fn read_each_replica_alone(m: &Manager, dir: &Path, vol: &str) -> std::collectio
         let (name, disk) = (r["name"].as_str().unwrap(), r["disk"].as_str().unwrap());
         let daemon = daemons[disk]["address"].as_str().unwrap().to_owned();
         let address = rt.block_on(async {
-            let mut c = manager::v2::replica::client(&daemon).await.unwrap();
+            let mut c = support::tls::lvstore_client(&daemon).await;
             c.lvstore_replica_add(LvstoreReplicaAddRequest {
                 name: name.to_owned(),
                 disable_revision_counter: counter_disabled,
@@ -443,6 +443,8 @@ fn read_each_replica_alone(m: &Manager, dir: &Path, vol: &str) -> std::collectio
         let socket = dir.join(format!("{name}.sock"));
         let mut cmd = testkit::DaemonCommand::new(testkit::workspace_bin("corral-engine"))
             .label(format!("engine-{name}"))
+            // The replica requires the node's certificate.
+            .env("CORRAL_TLS_DIR", m.tls_dir())
             .args(["serve", "--volume", vol, "--size", &VOLUME_SIZE.to_string()])
             .args(["--listen", "127.0.0.1:0", "--replica", &address])
             // The last generation the manager handed out: at or above what the replica recorded (it would refuse
@@ -460,7 +462,7 @@ fn read_each_replica_alone(m: &Manager, dir: &Path, vol: &str) -> std::collectio
         );
         engine.kill();
         rt.block_on(async {
-            let mut c = manager::v2::replica::client(&daemon).await.unwrap();
+            let mut c = support::tls::lvstore_client(&daemon).await;
             c.lvstore_replica_remove(LvstoreReplicaRemoveRequest {
                 name: name.to_owned(),
                 delete_data: false,
@@ -518,7 +520,7 @@ fn v2_copies_synced_to_more_disks_come_back_ready_from_their_xattrs_after_a_wipe
             .filter(|s| *s == "pending" || *s == "in-progress")
             .count();
         max_in_flight = max_in_flight.max(in_flight);
-        assert!(!st.values().any(|s| s == "failed"), "{st:?}");
+        assert!(!st.values().any(|s| s == "failed"), "{st:?} {}", image(&m, "img"));
         (st.len() == 3 && st.values().all(|s| s == "ready")).then_some(())
     });
     assert!(max_in_flight <= 1, "copies of one image are synced one at a time");

@@ -103,7 +103,7 @@ fn delete_daemon_copy(address: &str, name: &str) {
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut c = manager::v2::replica::client(address).await.unwrap();
+        let mut c = support::tls::lvstore_client(address).await;
         let deadline = std::time::Instant::now() + Duration::from_secs(60);
         loop {
             let res = c

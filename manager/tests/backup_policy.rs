@@ -359,6 +359,7 @@ fn backup_delta_max_three_makes_the_fourth_full_a_revert_ends_the_chain_and_a_pu
     let engine = engine_url(&url, "src");
     wait_for("the base snapshot purged", Duration::from_secs(60), || {
         let out = Command::new(cli_bin().with_file_name("corral-engine"))
+            .env("CORRAL_TLS_DIR", m.tls_dir())
             .args(["--url", &engine, "--json", "snapshot", "ls"])
             .output()
             .ok()?;

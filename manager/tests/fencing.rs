@@ -44,10 +44,12 @@ fn detach(m: &Manager, name: &str) {
     });
 }
 
-/// A `corral-engine` started by hand over the volume's replica, as an operator (or a stale node) would.
-fn engine_by_hand(dir: &Path, label: &str, replica: &str, generation: u64) -> DaemonCommand {
+/// A `corral-engine` started by hand over the volume's replica, as an operator (or a stale node) would: with the
+/// node's certificate (`tls`, the manager's node directory), which the replica requires.
+fn engine_by_hand(dir: &Path, tls: &Path, label: &str, replica: &str, generation: u64) -> DaemonCommand {
     DaemonCommand::new(workspace_bin("corral-engine"))
         .label(label)
+        .env("CORRAL_TLS_DIR", tls)
         .args(["serve", "--volume", "vol", "--size", &SIZE.to_string()])
         .args(["--listen", "127.0.0.1:0", "--replica", replica])
         .arg("--nbd-listen")
@@ -94,7 +96,7 @@ fn each_attach_takes_a_higher_generation_and_a_stale_engine_cannot_write() {
 
     // The engine of the first attach, started again by hand over the manager's replica: refused, naming both
     // numbers; whatever it serves, it writes nothing.
-    let stale = engine_by_hand(dir.path(), "stale", &replica, g1).try_spawn();
+    let stale = engine_by_hand(dir.path(), &m.tls_dir(), "stale", &replica, g1).try_spawn();
     let wanted = format!("fenced by generation {g2} > {g1}");
     match stale {
         Err(e) => assert!(e.to_string().contains(&wanted), "the stale engine's refusal: {e}"),
@@ -115,7 +117,7 @@ fn each_attach_takes_a_higher_generation_and_a_stale_engine_cannot_write() {
 
     // A newer engine by hand fences the manager's: its next write fails, the manager stops it, says so, and starts
     // the volume's engine again above the generation that fenced it.
-    let mut newer = engine_by_hand(dir.path(), "newer", &replica, g2 + 1).spawn();
+    let mut newer = engine_by_hand(dir.path(), &m.tls_dir(), "newer", &replica, g2 + 1).spawn();
     let (ok, out) = qemu_io(&uri, &["write -P 0x44 0 64k", "flush"]);
     assert!(!ok, "the fenced manager's engine acknowledged a write: {out}");
     let fenced = format!("fenced by generation {} > {g2}", g2 + 1);

@@ -22,6 +22,18 @@ fn start_im(data_dir: &Path, env: &[(&str, &str)]) -> Daemon {
     start_im_binary(&workspace_bin("corral-im"), data_dir, env)
 }
 
+/// A node's `corral-im` from `binary` as a deployment starts it: on the node directory its manager issues
+/// (`--tls auto`, the manager's default; issued first, as an init step does), which this test's own clients then
+/// present too.
+fn start_node_im(binary: &Path, data_dir: &Path, node_id: &str, store: &str, env: &[(&str, &str)]) -> Daemon {
+    let tls = issue_node_tls(data_dir, node_id, store);
+    support::tls::use_node(&tls);
+    let tls = tls.display().to_string();
+    let mut env = env.to_vec();
+    env.push(("CORRAL_TLS_DIR", tls.as_str()));
+    start_im_binary(binary, data_dir, &env)
+}
+
 /// A `corral-im` from `binary` (e.g. an older build), running the workspace's data-plane binaries.
 fn start_im_binary(binary: &Path, data_dir: &Path, env: &[(&str, &str)]) -> Daemon {
     std::fs::create_dir_all(data_dir).unwrap();
@@ -53,9 +65,13 @@ fn rt() -> tokio::runtime::Runtime {
 }
 
 async fn im_client(im: &Daemon) -> InstanceServiceClient<tonic::transport::Channel> {
-    let ch = corral_proto::grpc::connect(im.addr("grpc"), corral_proto::grpc::GrpcTimeouts::CONTROL)
-        .await
-        .unwrap();
+    let ch = corral_proto::grpc::connect_with(
+        im.addr("grpc"),
+        corral_proto::grpc::GrpcTimeouts::CONTROL,
+        support::tls::node_client().as_ref(),
+    )
+    .await
+    .unwrap();
     InstanceServiceClient::new(ch)
 }
 
@@ -175,7 +191,7 @@ fn daemons_on_the_instance_manager_survive_a_sigkilled_manager_and_a_sigkilled_i
     let dir = tempfile::tempdir().unwrap();
     // The manager and the instance manager share the node's data directory at the same path, as the containers do.
     let node_dir = dir.path().join("n1");
-    let mut im = start_im(&node_dir, &[]);
+    let mut im = start_node_im(&workspace_bin("corral-im"), &node_dir, "node-1", "embedded", &[]);
     let im_url = format!("http://{}", im.addr("grpc"));
     let command = Manager::command(&node_dir, "node-1", "embedded", port_range(0), &[])
         .args(["--instance-manager", &im_url])
@@ -439,7 +455,13 @@ fn the_instance_manager_refuses_bad_requests_and_runs_and_stops_a_replica() {
 fn a_manager_refuses_an_instance_manager_speaking_an_older_api() {
     let dir = tempfile::tempdir().unwrap();
     let node_dir = dir.path().join("n1");
-    let im = start_im(&node_dir, &[("CORRAL_IM_API_VERSION", "0")]);
+    let im = start_node_im(
+        &workspace_bin("corral-im"),
+        &node_dir,
+        "node-1",
+        "embedded",
+        &[("CORRAL_IM_API_VERSION", "0")],
+    );
     let err = Manager::command(&node_dir, "node-1", "embedded", port_range(0), &[])
         .args(["--instance-manager", &format!("http://{}", im.addr("grpc"))])
         .try_spawn()
@@ -488,8 +510,14 @@ fn a_manager_refuses_what_an_older_data_plane_cannot_run_and_runs_a_v1_volume_th
     let etcd = testkit::servers::Etcd::start(dir.path());
     let store = format!("etcd://{}", etcd.endpoint());
     // node-0: the current data plane; node-1: the older one. Each manager on its node's instance manager.
-    let im0 = start_im(&dir.path().join("n0"), &[]);
-    let im1 = start_im_binary(&old_im_bin, &dir.path().join("n1"), &[]);
+    let im0 = start_node_im(
+        &workspace_bin("corral-im"),
+        &dir.path().join("n0"),
+        "node-0",
+        &store,
+        &[],
+    );
+    let im1 = start_node_im(&old_im_bin, &dir.path().join("n1"), "node-1", &store, &[]);
     let managers: Vec<Manager> = [&im0, &im1]
         .iter()
         .enumerate()

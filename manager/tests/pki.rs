@@ -3,7 +3,7 @@
 //! with a `corral-tls nbd-client-dir` made from the node directory, the engine and a replica refusing a plaintext
 //! client and clients of another CA, the node directory re-issued at a restart when it holds another CA's
 //! certificate, the CA key in no log. Two managers started together on one etcd: one CA, a certificate each, a
-//! volume with replicas on both nodes.
+//! volume with replicas on both nodes. `--tls auto` is the default; `--tls off` warns.
 
 mod support;
 
@@ -172,6 +172,44 @@ fn a_manager_with_auto_tls_issues_its_node_certificate_and_serves_a_volume() {
             assert!(!text.contains(line), "{} holds the CA key", path.display());
         }
     }
+}
+
+/// Mutual TLS is the default (issue 40): a manager started with no TLS flag issues its node directory, serves the
+/// volume's TCP NBD endpoint as `nbds://`, and its engine and replicas answer the node's certificate and refuse a
+/// plaintext client and every stranger. `--tls off` (the one plaintext manager here: the explicit opt-out is what
+/// is checked) issues nothing, says so in a warning, and its engine answers plaintext.
+#[test]
+fn a_manager_without_a_tls_flag_runs_its_daemons_under_mutual_tls_and_tls_off_warns() {
+    let dir = tempfile::tempdir().unwrap();
+    let data_dir = dir.path().join("n1");
+    let m = Manager::start(&data_dir, "node-1", "embedded", port_range(0));
+    assert_eq!(mode(&m.tls_dir().join("tls.key")), 0o600);
+    let v = create_and_attach(&m, "vol1", &json!({}));
+    nbds_endpoint(&v);
+    let (ok, out) = qemu_io(
+        &unix_endpoint(&v),
+        &["write -P 0x1d 0 1M", "flush", "read -P 0x1d 0 1M"],
+    );
+    assert!(ok, "{out}");
+    check_endpoints(&v, &m.tls_dir(), &TestPki::new(dir.path()));
+    assert!(!m.log().contains("plaintext"), "{}", m.log());
+
+    let off_dir = dir.path().join("n2");
+    let cmd = Manager::command(&off_dir, "node-2", "embedded", port_range(1), &[]).args(["--tls", "off"]);
+    let off = Manager::spawn(cmd, &off_dir, "node-2");
+    assert!(!off.tls_dir().exists(), "--tls off issued a node directory");
+    let log = off.log();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("--tls off without --tls-dir")
+            && l.contains("plaintext")),
+        "{log}"
+    );
+    let v = create_and_attach(&off, "vol2", &json!({}));
+    let engine = v["engine"]["address"].as_str().unwrap().to_owned();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(engine_answers(&engine, &None))
+        .expect("the engine of a --tls off manager answers plaintext");
 }
 
 #[test]

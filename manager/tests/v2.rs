@@ -38,7 +38,7 @@ fn hosted(address: &str) -> Vec<String> {
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut c = manager::v2::replica::client(address).await.unwrap();
+        let mut c = support::tls::lvstore_client(address).await;
         c.lvstore_replica_list(corral_proto::v1::LvstoreEmpty {})
             .await
             .unwrap()

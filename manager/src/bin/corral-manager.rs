@@ -60,14 +60,21 @@ struct Cli {
     admin_token_file: Option<PathBuf>,
     #[command(flatten)]
     common: corral_daemon::cli::CommonArgs,
-    /// Mutual TLS between the cluster's daemons: `auto` keeps a cluster CA in the store (made by the first
-    /// manager) and issues this node's certificate into DATA_DIR/tls (re-issued at start when missing, of
-    /// another CA, or in the last third of its validity); the node's daemons, its `corral-im` and the CLIs use
-    /// that directory. `off`: plaintext, unless --tls-dir names operator-made files.
-    #[arg(long = "tls", env = "CORRAL_TLS", value_enum, default_value = "off")]
-    tls_mode: manager_bin::TlsMode,
+    /// Mutual TLS between the cluster's daemons: `auto` (the default, unless --tls-dir is given) keeps a cluster
+    /// CA in the store (made by the first manager) and issues this node's certificate into DATA_DIR/tls (re-issued
+    /// at start when missing, of another CA, or in the last third of its validity); the node's daemons, its
+    /// `corral-im` and the CLIs use that directory. With --tls-dir: the operator's files instead. `off` without
+    /// --tls-dir: the node's daemons listen in plaintext (anyone who reaches a port can read and write volumes;
+    /// logged as a warning).
+    #[arg(long = "tls", env = "CORRAL_TLS", value_enum)]
+    tls_mode: Option<manager_bin::TlsMode>,
     #[command(flatten)]
     tls: corral_tls::TlsDirArg,
+    /// Issue (or keep, when still good) this node's DATA_DIR/tls from the store's cluster CA, print its path and
+    /// exit without serving: run it before the node's `corral-im` starts with that directory as its --tls-dir
+    /// (an init container, a compose one-shot). Needs --tls auto.
+    #[arg(long)]
+    tls_issue_only: bool,
 }
 
 mod manager_bin {
@@ -97,11 +104,20 @@ mod manager_bin {
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
     let process = cli.common.init(RunKind::Daemon)?;
-    let tls_auto = cli.tls_mode == manager_bin::TlsMode::Auto;
+    let tls_auto = match cli.tls_mode {
+        Some(mode) => mode == manager_bin::TlsMode::Auto,
+        None => cli.tls.tls_dir.is_none(),
+    };
     anyhow::ensure!(
         !(tls_auto && cli.tls.tls_dir.is_some()),
-        "--tls auto issues the node's certificates itself: drop --tls-dir (CORRAL_TLS_DIR), or use --tls off with it"
+        "--tls auto issues the node's certificates itself: drop --tls-dir (CORRAL_TLS_DIR), or drop --tls auto (CORRAL_TLS) to use the files there"
     );
+    if !tls_auto && cli.tls.tls_dir.is_none() {
+        tracing::warn!(
+            "--tls off without --tls-dir: this node's daemons accept any peer on TCP in plaintext \
+             (anyone who reaches their ports can read and write volumes)"
+        );
+    }
     cli.tls.load_and_install()?;
     let node_id = match cli.node_id {
         Some(n) => n,
@@ -125,6 +141,15 @@ async fn main() -> anyhow::Result<()> {
         tls_dir: cli.tls.tls_dir.map(|d| d.canonicalize()).transpose()?,
         tls_auto,
     };
+    if cli.tls_issue_only {
+        anyhow::ensure!(
+            tls_auto,
+            "--tls-issue-only issues from the cluster CA: it needs --tls auto"
+        );
+        let dir = manager::server::issue_node_tls(&cfg).await?;
+        println!("{}", dir.display());
+        return Ok(());
+    }
     let cancel = corral_daemon::shutdown_on_signal();
     manager::server::run(cfg, cancel).await
 }

@@ -74,10 +74,14 @@ pub async fn ensure_ca(db: &Db) -> anyhow::Result<ClusterCa> {
 }
 
 /// What a node's certificate names: `host` and `storage_host` (what its peers dial: the manager its daemons at
-/// the host, engines replicas at the storage host) and the node id when it is a DNS name.
+/// the host, engines replicas at the storage host), 127.0.0.1 (where a node's manager dials its instance manager,
+/// which listens on the node's loopback in the deployments) and the node id when it is a DNS name.
 pub fn node_request(node_id: &str, host: &str, storage_host: Option<&str>) -> LeafRequest {
     let mut names: Vec<SubjectAltName> = Vec::new();
-    for name in [Some(host), storage_host, Some(node_id)].into_iter().flatten() {
+    for name in [Some(host), storage_host, Some("127.0.0.1"), Some(node_id)]
+        .into_iter()
+        .flatten()
+    {
         let Ok(san) = name.parse::<SubjectAltName>() else {
             continue;
         };

@@ -124,6 +124,25 @@ async fn register_node(db: &Db, cfg: &ServerConfig, address: &str) -> Result<(),
     }
 }
 
+/// `corral-manager --tls-issue-only`: the node's TLS directory issued (or kept) from the store's cluster CA (made
+/// when the store has none), nothing served; returns the directory.
+pub async fn issue_node_tls(cfg: &ServerConfig) -> anyhow::Result<PathBuf> {
+    std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("create {}", cfg.data_dir.display()))?;
+    let data_dir = cfg.data_dir.canonicalize()?;
+    let store = crate::store::open(&cfg.store, &data_dir)
+        .await
+        .with_context(|| format!("open store {}", cfg.store))?;
+    let db = Db::new(store);
+    crate::pki::ensure_node_dir(
+        &db,
+        &data_dir,
+        &cfg.node_id,
+        &cfg.host,
+        cfg.storage_host.as_deref(),
+    )
+    .await
+}
+
 pub async fn run(cfg: ServerConfig, cancel: CancellationToken) -> anyhow::Result<()> {
     corral_disk::identity::check_path_component("node id", &cfg.node_id).map_err(anyhow::Error::msg)?;
     std::fs::create_dir_all(&cfg.data_dir).with_context(|| format!("create {}", cfg.data_dir.display()))?;

@@ -144,9 +144,14 @@ impl Manager {
     }
 
     /// Starts `cmd` ([`Manager::command`] with more flags) as the manager of `node_id` on `data_dir`.
+    /// The test's own gRPC clients then present its node certificate ([`tls::node_client`]).
     pub fn spawn(cmd: DaemonCommand, data_dir: &Path, node_id: &str) -> Manager {
         let daemon = cmd.spawn();
         remember_manager_url(&daemon.http_url("http"), data_dir);
+        let tls = node_tls_dir(data_dir);
+        if tls.join("tls.key").exists() {
+            tls::use_node(&tls);
+        }
         Manager {
             url: daemon.http_url("http"),
             daemon,
@@ -202,6 +207,11 @@ impl Manager {
         kill_under(&self.data_dir);
     }
 
+    /// The node's TLS directory this manager issued (`--tls auto`, the default): see [`node_tls_dir`].
+    pub fn tls_dir(&self) -> PathBuf {
+        node_tls_dir(&self.data_dir)
+    }
+
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.data_dir.join("manager.log")).unwrap_or_default()
     }
@@ -211,6 +221,37 @@ impl Drop for Manager {
     fn drop(&mut self) {
         self.kill_node();
     }
+}
+
+/// DATA_DIR/tls, where a manager with `--tls auto` (the default) issues its node's certificate: what a test's own
+/// client of the manager's daemons presents — in process ([`tls::node_client`]), a CLI or a daemon started by hand
+/// (`CORRAL_TLS_DIR`).
+pub fn node_tls_dir(data_dir: &Path) -> PathBuf {
+    data_dir.join(manager::pki::NODE_DIR)
+}
+
+/// Issues `data_dir`'s node directory from the store's CA before anything serves there (`corral-manager
+/// --tls-issue-only`, as a deployment's init step does): for a `corral-im` started before the node's manager.
+pub fn issue_node_tls(data_dir: &Path, node_id: &str, store: &str) -> PathBuf {
+    std::fs::create_dir_all(data_dir).unwrap();
+    let out = Command::new(manager_bin())
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--node-id", node_id, "--store", store, "--tls-issue-only"])
+        .env("NO_COLOR", "1")
+        .output()
+        .expect("corral-manager --tls-issue-only");
+    assert!(
+        out.status.success(),
+        "corral-manager --tls-issue-only: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let dir = node_tls_dir(data_dir);
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        dir.canonicalize().unwrap().display().to_string()
+    );
+    dir
 }
 
 /// Blocking JSON REST calls with curl (no runtime needed in the tests), as the admin.

@@ -89,7 +89,7 @@ pub fn daemon_copies(address: &str) -> Vec<corral_proto::v1::BackingImageV2CopyI
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut c = manager::v2::replica::client(address).await.unwrap();
+        let mut c = crate::support::tls::lvstore_client(address).await;
         c.backing_image_list(corral_proto::v1::LvstoreEmpty {})
             .await
             .unwrap()

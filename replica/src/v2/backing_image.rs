@@ -746,9 +746,11 @@ impl Job {
     async fn sync_from(&self, from: &str) -> std::result::Result<(String, u64), String> {
         use corral_proto::v1::lvstore_service_client::LvstoreServiceClient;
         let connect = async {
-            let mut c = LvstoreServiceClient::connect(format!("http://{from}"))
+            // Through the process's TLS configs (mutual TLS when the daemon has --tls-dir, as its peers do).
+            let ch = corral_proto::grpc::connect(from, corral_proto::grpc::GrpcTimeouts::CONTROL)
                 .await
                 .map_err(|e| format!("connect to the lvstore daemon at {from}: {e}"))?;
+            let mut c = LvstoreServiceClient::new(ch);
             let src = c
                 .backing_image_get(v1::BackingImageRef {
                     name: self.name.clone(),

@@ -93,7 +93,7 @@ pub async fn up(
         version: env!("CARGO_PKG_VERSION").to_owned(),
         admin_token_file: None,
         tls_dir: None,
-        tls_auto: false,
+        tls_auto: true,
     };
     let result = manager::server::run(cfg, corral_daemon::shutdown_on_signal()).await;
     // A clean stop leaves no report behind: `corral down` then says nothing runs.
