@@ -894,10 +894,21 @@ fn compose_cluster_managers_upgrade_one_at_a_time_without_interrupting_io() {
     assert_eq!(v["robustness"], "healthy", "{v}");
 }
 
+impl Drop for FioLoad {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = self.proxy.kill();
+        let _ = self.proxy.wait();
+    }
+}
+
 /// fio through NBD from the host: random 64 KiB writes over the first 64 MiB, each block verified (crc32c) as it is
 /// read back behind the writes; the first verify failure ends it. Runs until [`FioLoad::finish`].
 struct FioLoad {
     child: std::process::Child,
+    /// nbdkit: the TLS client fio's NBD connection goes through (killed on drop).
+    proxy: std::process::Child,
     out: tempfile::NamedTempFile,
     /// fio leaves its verify state file in its working directory: a temporary one.
     _dir: tempfile::TempDir,
@@ -907,12 +918,36 @@ impl FioLoad {
     fn start(uri: &str, name: &str) -> Self {
         let out = tempfile::NamedTempFile::new().expect("fio output file");
         let dir = tempfile::tempdir().expect("fio working dir");
+        let (addr, export) = uri
+            .strip_prefix("nbds://")
+            .and_then(|r| r.split_once('/'))
+            .and_then(|(a, e)| Some((a.rsplit_once(':')?, e)))
+            .unwrap_or_else(|| panic!("not an nbds:// endpoint: {uri}"));
+        // fio's libnbd takes no certificate directory from a URI (local file access is refused there), so nbdkit's
+        // nbd plugin is the TLS client, presenting node-1's certificate, and fio reaches it on a unix socket.
+        let socket = dir.path().join("nbd.sock");
+        let tls = nbd_client().display().to_string();
+        let proxy = Command::new("nbdkit")
+            .args(["-f", "--exit-with-parent", "-U"])
+            .arg(&socket)
+            .args([
+                "nbd",
+                &format!("hostname={}", addr.0),
+                &format!("port={}", addr.1),
+                &format!("export={export}"),
+                "tls=require",
+                &format!("tls-certificates={tls}"),
+            ])
+            .spawn()
+            .expect("spawn nbdkit (apt-get install nbdkit)");
+        testkit::wait_for("nbdkit's socket", Duration::from_secs(10), || {
+            socket.exists().then_some(())
+        });
         let child = Command::new("fio")
             .args([
                 &format!("--name={name}"),
                 "--ioengine=nbd",
-                // libnbd presents the node's certificate from the client directory (qemu's file names).
-                &format!("--uri={uri}?tls-certificates={}", nbd_client().display()),
+                &format!("--uri=nbd+unix:///?socket={}", socket.display()),
                 "--rw=randwrite",
                 "--bs=64k",
                 "--size=64M",
@@ -930,6 +965,7 @@ impl FioLoad {
             .expect("spawn fio");
         Self {
             child,
+            proxy,
             out,
             _dir: dir,
         }
