@@ -15,7 +15,8 @@ use futures::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::model::{
-    BackingImage, BackingImageDataSource, BackingImageManager, ManagerFile, file_state, manager_name, state,
+    BackingImage, BackingImageDataSource, BackingImageManager, ManagerFile, ManagerState, file_state,
+    manager_name, state,
 };
 use crate::context::Ctx;
 use crate::model::{Node, Replica, Volume};
@@ -159,7 +160,7 @@ async fn reconcile(
     if let Some(problem) = disk_problem(&ctx, m).await? {
         // The files may be fine; nothing can be said or done about them now.
         set_status(&ctx, &name, |s| {
-            s.state = state::UNKNOWN.as_str().to_owned();
+            s.state = Some(ManagerState::Unknown);
             s.message.clone_from(&problem);
             for f in s.files.values_mut() {
                 if f.state != state::FAILED {
@@ -196,7 +197,7 @@ async fn reconcile(
             let rec = spawn(&ctx, &local, &name, m, restarts).await?;
             // Addresses are known once it reports ready.
             set_status(&ctx, &name, |s| {
-                s.state = "starting".to_owned();
+                s.state = Some(ManagerState::Starting);
                 s.process = Some(rec.clone());
                 s.address.clear();
                 s.http_address.clear();
@@ -219,12 +220,12 @@ async fn reconcile(
     let files: BTreeMap<String, ManagerFile> = list.images.iter().filter_map(manager_file).collect();
     report_failures(&ctx, m, &files);
     let (mstate, message) = if list.disk_message.is_empty() {
-        (state::RUNNING, String::new())
+        (ManagerState::Running, String::new())
     } else {
-        (state::UNKNOWN.as_str(), list.disk_message.clone())
+        (ManagerState::Unknown, list.disk_message.clone())
     };
     set_status(&ctx, &name, |s| {
-        s.state = mstate.to_owned();
+        s.state = Some(mstate);
         s.message.clone_from(&message);
         s.files.clone_from(&files);
     })
@@ -331,7 +332,7 @@ async fn check_version(
     let message = format!("{reported}: replacing it (its files stay and are adopted)");
     tracing::warn!(manager = name, "incompatible corral-bim: {message}");
     set_status(ctx, name, |s| {
-        s.state = state::UNKNOWN.as_str().to_owned();
+        s.state = Some(ManagerState::Unknown);
         s.message.clone_from(&message);
     })
     .await?;
@@ -472,7 +473,7 @@ async fn make_ready(
     let ready: Vec<&BackingImageManager> = managers
         .iter()
         .map(|m| &m.data)
-        .filter(|m| m.spec.disk_uuid != me.spec.disk_uuid && m.status.state == state::RUNNING)
+        .filter(|m| m.spec.disk_uuid != me.spec.disk_uuid && m.status.state == Some(ManagerState::Running))
         .filter(|m| up_nodes.contains(&m.spec.node_id))
         .filter(|m| {
             m.status

@@ -21,7 +21,7 @@ use super::cleanup::{DiskUse, FileClass, disks_to_add, expired, last_ref_marks};
 use super::disks::{DiskRef, disks, selected};
 use super::model::{
     BackingImage, BackingImageDataSource, BackingImageManager, DataSourceSpec, DiskFileSpec, DiskFileStatus,
-    ManagerSpec, SourceType, manager_name, state,
+    ManagerSpec, ManagerState, SourceType, manager_name, state,
 };
 use super::strategy::CopyStrategy as _;
 use crate::context::Ctx;
@@ -697,7 +697,7 @@ fn files_of(
                 ..Default::default()
             },
         };
-        if m.data.status.state == state::UNKNOWN.as_str() && st.state != state::FAILED {
+        if m.data.status.state == Some(ManagerState::Unknown) && st.state != state::FAILED {
             st.state = state::UNKNOWN;
             st.message.clone_from(&m.data.status.message);
         }

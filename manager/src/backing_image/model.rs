@@ -26,8 +26,70 @@ pub mod state {
     pub const READY: FileState = FileState::Ready;
     pub const FAILED: FileState = FileState::Failed;
     pub const UNKNOWN: FileState = FileState::Unknown;
-    /// A disk manager whose daemon answers (a manager state, not a file's; a manager's state is still text).
-    pub const RUNNING: &str = "running";
+}
+
+/// The state of a disk's manager (its `corral-bim`), not of a file: `running` (its daemon answers), `starting`
+/// (just started, addresses not known yet), `unknown` (the disk is not ready or is another disk, or an
+/// incompatible daemon is being replaced); `stopped` and `error` are read back but not set by this build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ManagerState {
+    Running,
+    Starting,
+    Stopped,
+    Unknown,
+    Error,
+}
+
+impl ManagerState {
+    pub const ALL: [ManagerState; 5] = [
+        Self::Running,
+        Self::Starting,
+        Self::Stopped,
+        Self::Unknown,
+        Self::Error,
+    ];
+
+    /// The store's text (`running`, ...).
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Running => "running",
+            Self::Starting => "starting",
+            Self::Stopped => "stopped",
+            Self::Unknown => "unknown",
+            Self::Error => "error",
+        }
+    }
+}
+
+/// A state kept as its text in the store and the API: [`FileState`], [`ManagerState`].
+pub(crate) trait StateText: Copy + Sized {
+    fn as_text(self) -> &'static str;
+    /// The state of `text`; text this build does not know reads as the type's `unknown`.
+    fn from_text(text: &str) -> Self;
+}
+
+impl StateText for FileState {
+    fn as_text(self) -> &'static str {
+        self.as_str()
+    }
+
+    fn from_text(text: &str) -> Self {
+        file_state(text)
+    }
+}
+
+impl StateText for ManagerState {
+    fn as_text(self) -> &'static str {
+        self.as_str()
+    }
+
+    fn from_text(text: &str) -> Self {
+        Self::ALL
+            .into_iter()
+            .find(|s| s.as_str() == text)
+            .unwrap_or(Self::Unknown)
+    }
 }
 
 /// A file or copy state a daemon reports, or a store document holds: a state this build does not know (a newer
@@ -36,31 +98,33 @@ pub fn file_state(s: &str) -> FileState {
     s.parse().unwrap_or(FileState::Unknown)
 }
 
-/// Serde for a copy's state: its text, read with [`file_state`].
+/// Serde for a state: its text, read with [`StateText::from_text`].
 pub(crate) mod file_state_serde {
     use serde::{Deserialize, Deserializer};
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<super::FileState, D::Error> {
-        Ok(super::file_state(&String::deserialize(d)?))
+    use super::StateText;
+
+    pub fn deserialize<'de, D: Deserializer<'de>, T: StateText>(d: D) -> Result<T, D::Error> {
+        Ok(T::from_text(&String::deserialize(d)?))
     }
 }
 
 /// Serde for a state that may not be there yet (`v2FirstCopyStatus` before the first copy starts, a data source's
-/// state before its daemon reports): empty text, else a [`FileState`].
+/// state before its daemon reports, a disk manager's before it is started): empty text, else the state.
 pub(crate) mod optional_state_serde {
     use serde::{Deserialize, Deserializer, Serializer};
 
-    use super::FileState;
+    use super::StateText;
 
     // serde's `with` hands the field by reference.
     #[allow(clippy::ref_option)]
-    pub fn serialize<S: Serializer>(st: &Option<FileState>, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(st.map_or("", FileState::as_str))
+    pub fn serialize<S: Serializer, T: StateText>(st: &Option<T>, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(st.map_or("", T::as_text))
     }
 
-    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<FileState>, D::Error> {
+    pub fn deserialize<'de, D: Deserializer<'de>, T: StateText>(d: D) -> Result<Option<T>, D::Error> {
         let text = String::deserialize(d)?;
-        Ok((!text.is_empty()).then(|| super::file_state(&text)))
+        Ok((!text.is_empty()).then(|| T::from_text(&text)))
     }
 }
 
@@ -252,8 +316,9 @@ pub struct ManagerSpec {
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct ManagerStatus {
-    /// running | starting | stopped | unknown (disk not ready or another disk) | error
-    pub state: String,
+    /// None (empty text) until the controller first looks at the disk.
+    #[serde(with = "optional_state_serde")]
+    pub state: Option<ManagerState>,
     pub message: String,
     pub process: Option<ProcessRecord>,
     /// gRPC HOST:PORT (`BackingImageManagerService`).
@@ -369,6 +434,23 @@ mod tests {
         let text = serde_json::to_string(&ds).unwrap();
         assert!(text.contains(r#""state":"ready-for-transfer""#), "{text}");
         assert_eq!(serde_json::from_str::<DataSourceStatus>(&text).unwrap(), ds);
+        let m: ManagerStatus = serde_json::from_str(
+            r#"{"state":"","message":"","process":null,"address":"","httpAddress":"","files":{}}"#,
+        )
+        .unwrap();
+        assert_eq!(m.state, None);
+        assert_eq!(serde_json::to_value(&m).unwrap()["state"], "");
+        for (text, st) in [
+            ("running", ManagerState::Running),
+            ("exploding", ManagerState::Unknown),
+        ] {
+            let v = serde_json::json!({"state": text, "message": "", "process": null, "address": "",
+                "httpAddress": "", "files": {}});
+            assert_eq!(
+                serde_json::from_value::<ManagerStatus>(v).unwrap().state,
+                Some(st)
+            );
+        }
         assert_eq!(file_state("ready"), FileState::Ready);
         assert_eq!(file_state(""), FileState::Unknown);
     }
