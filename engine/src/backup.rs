@@ -12,7 +12,9 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use backupstore::{BackupStore, BackupUrl, GcOptions, target::CREDENTIAL_KEYS};
 use clap::Subcommand;
+use corral_proto::engine_generation::EngineGeneration;
 use corral_proto::v1::{self, replica_backup_service_client::ReplicaBackupServiceClient};
+use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::{client, print, table};
@@ -181,14 +183,21 @@ fn open(url: &str) -> anyhow::Result<(BackupUrl, BackupStore)> {
     Ok((u, s))
 }
 
-/// The backup service of a replica, served on the sync endpoint of its address.
-async fn replica_backup_client(address: &str) -> anyhow::Result<ReplicaBackupServiceClient<Channel>> {
+/// The backup service of a replica, served on the sync endpoint of its address; every call presents `generation`,
+/// the volume's engine's (`VolumeGet`), as the engine's own calls do: a replica that accepted one refuses a
+/// restore or chain end without it.
+async fn replica_backup_client(address: &str, generation: u64) -> anyhow::Result<ReplicaBackupClient> {
     let a: corral_proto::ReplicaAddress = address.parse()?;
     let ch = corral_proto::grpc::connect_endpoint(&a.sync, corral_proto::grpc::GrpcTimeouts::OPERATOR)
         .await
         .with_context(|| format!("replica backup service of {a}"))?;
-    Ok(ReplicaBackupServiceClient::new(ch))
+    Ok(ReplicaBackupServiceClient::with_interceptor(
+        ch,
+        EngineGeneration(generation),
+    ))
 }
+
+type ReplicaBackupClient = ReplicaBackupServiceClient<InterceptedService<Channel, EngineGeneration>>;
 
 async fn rw_replicas(url: &str) -> anyhow::Result<Vec<String>> {
     let r = client(url).await?.replica_list(v1::Empty {}).await?.into_inner();
@@ -272,14 +281,13 @@ async fn create(url: &str, json: bool, a: CreateArgs) -> anyhow::Result<()> {
     } = a;
     let mode = if full { "full".to_owned() } else { mode };
     let labels = corral_daemon::parse_labels(&labels).map_err(anyhow::Error::msg)?;
-    let volume = client(url)
-        .await?
-        .volume_get(v1::Empty {})
-        .await?
-        .into_inner()
-        .name;
+    let v1::Volume {
+        name: volume,
+        generation,
+        ..
+    } = client(url).await?.volume_get(v1::Empty {}).await?.into_inner();
     let replica = rw_replicas(url).await?.remove(0);
-    let mut c = replica_backup_client(&replica).await?;
+    let mut c = replica_backup_client(&replica, generation).await?;
     let r = c
         .backup_create(v1::BackupCreateRequest {
             snapshot,
@@ -311,7 +319,7 @@ async fn create(url: &str, json: bool, a: CreateArgs) -> anyhow::Result<()> {
 
 /// Polls the replica for the backup `r` started until it completes (prints its summary) or fails.
 async fn wait_for_backup(
-    c: &mut ReplicaBackupServiceClient<Channel>,
+    c: &mut ReplicaBackupClient,
     r: &v1::BackupCreateResponse,
     json: bool,
 ) -> anyhow::Result<()> {
@@ -357,16 +365,15 @@ async fn wait_for_backup(
 
 /// `backup end-chain`: every RW replica records the end; the target's newest backup is marked once.
 async fn end_chain(url: &str, json: bool, reason: String, target: Option<String>) -> anyhow::Result<()> {
-    let volume = client(url)
-        .await?
-        .volume_get(v1::Empty {})
-        .await?
-        .into_inner()
-        .name;
+    let v1::Volume {
+        name: volume,
+        generation,
+        ..
+    } = client(url).await?.volume_get(v1::Empty {}).await?.into_inner();
     let mut reached = Vec::new();
     let mut marked = String::new();
     for (i, r) in rw_replicas(url).await?.iter().enumerate() {
-        let out = replica_backup_client(r)
+        let out = replica_backup_client(r, generation)
             .await?
             .backup_chain_end(v1::BackupChainEndRequest {
                 reason: reason.clone(),
@@ -605,7 +612,7 @@ async fn restore(
     let result = async {
         let mut clients = Vec::new();
         for r in &replicas {
-            let mut rc = replica_backup_client(r).await?;
+            let mut rc = replica_backup_client(r, vol.generation).await?;
             rc.backup_restore(v1::BackupRestoreRequest {
                 url: backup.to_owned(),
                 credentials: credentials(),

@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use corral_proto::Endpoint;
+use corral_proto::engine_generation::EngineGeneration;
 use corral_proto::grpc::{GrpcTimeouts, connect_endpoint};
 use corral_proto::v1::{self, sync_agent_service_client::SyncAgentServiceClient};
 use tracing::info;
@@ -73,12 +74,19 @@ pub async fn export_to_file(
         )));
     }
     let replica = rw_replica_of(url).await?;
-    let list = engine_client(url)
-        .await?
+    let mut engine = engine_client(url).await?;
+    let list = engine
         .snapshot_list(v1::Empty {})
         .await
         .map_err(|e| engine_err(url, &e))?
         .into_inner();
+    // The export presents the engine's generation to the replica, as the engine's own calls do.
+    let generation = engine
+        .volume_get(v1::Empty {})
+        .await
+        .map_err(|e| engine_err(url, &e))?
+        .into_inner()
+        .generation;
     let estimate = chain_allocated(&list.disks, snapshot);
     let ip = local_ip_towards(&replica.sync)?;
     let raw_path = match format {
@@ -101,7 +109,7 @@ pub async fn export_to_file(
     let export = async {
         let mut c = connect_endpoint(&source.sync, GrpcTimeouts::OPERATOR)
             .await
-            .map(SyncAgentServiceClient::new)
+            .map(|ch| SyncAgentServiceClient::with_interceptor(ch, EngineGeneration(generation)))
             .map_err(|e| {
                 EngineError::FailedPrecondition(format!("sync endpoint of replica {source}: {e}"))
             })?;

@@ -44,6 +44,7 @@ impl EngineGrpc {
             is_expanding: false,
             last_expansion_error: String::new(),
             fenced: self.volume.fenced().map(ToString::to_string).unwrap_or_default(),
+            generation: self.client.generation,
         }
     }
 }

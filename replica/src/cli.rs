@@ -5,11 +5,13 @@ use std::time::Duration;
 use anyhow::{Context, bail};
 use corral_daemon::output::{emit, field_table, table};
 use corral_daemon::{human_bytes, percent_bar};
+use corral_proto::engine_generation::EngineGeneration;
 use corral_proto::grpc::{self, GrpcTimeouts};
 use corral_proto::v1::{
     self, replica_service_client::ReplicaServiceClient, sync_agent_service_client::SyncAgentServiceClient,
 };
 use corral_proto::{Endpoint, ReplicaAddress};
+use tonic::codegen::InterceptedService;
 use tonic::transport::Channel;
 
 use crate::model::ReplicaStatus;
@@ -46,21 +48,31 @@ pub fn reported_sync(control: &Endpoint, reported: &str) -> anyhow::Result<Endpo
     })
 }
 
-/// Connects to a replica's `ReplicaService`.
-pub async fn control(url: &str) -> anyhow::Result<ReplicaServiceClient<Channel>> {
+/// A channel whose every call presents an engine generation (none for 0): a replica that accepted one refuses a
+/// call that changes it without it (`docs/formats.md`, "Engine generation"); the CLI's `--generation`.
+pub type GenerationChannel = InterceptedService<Channel, EngineGeneration>;
+
+/// Connects to a replica's `ReplicaService`; calls present `generation`.
+pub async fn control(url: &str, generation: u64) -> anyhow::Result<ReplicaServiceClient<GenerationChannel>> {
     let (c, _) = parse_url(url)?;
     let ch = grpc::connect_endpoint(&c, GrpcTimeouts::OPERATOR)
         .await
         .context("replica")?;
-    Ok(ReplicaServiceClient::new(ch))
+    Ok(ReplicaServiceClient::with_interceptor(
+        ch,
+        EngineGeneration(generation),
+    ))
 }
 
-/// Connects to a replica's `SyncAgentService`.
-pub async fn sync_agent(url: &str) -> anyhow::Result<SyncAgentServiceClient<Channel>> {
+/// Connects to a replica's `SyncAgentService`; calls present `generation`.
+pub async fn sync_agent(
+    url: &str,
+    generation: u64,
+) -> anyhow::Result<SyncAgentServiceClient<GenerationChannel>> {
     let sync = match parse_url(url)? {
         (_, Some(sync)) => sync,
         (c, None) => {
-            let reported = control(url)
+            let reported = control(url, 0)
                 .await?
                 .replica_get(v1::Empty {})
                 .await?
@@ -72,7 +84,10 @@ pub async fn sync_agent(url: &str) -> anyhow::Result<SyncAgentServiceClient<Chan
     let ch = grpc::connect_endpoint(&sync, GrpcTimeouts::OPERATOR)
         .await
         .context("replica sync agent")?;
-    Ok(SyncAgentServiceClient::new(ch))
+    Ok(SyncAgentServiceClient::with_interceptor(
+        ch,
+        EngineGeneration(generation),
+    ))
 }
 
 /// Prints an offline or online status as a table (or JSON).

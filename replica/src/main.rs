@@ -247,6 +247,9 @@ enum SnapCmd {
     Create {
         #[arg(long)]
         url: String,
+        /// The volume's current engine generation: a replica that accepted one refuses this change without it.
+        #[arg(long, default_value_t = 0)]
+        generation: u64,
         name: String,
         /// Label k=v (repeatable).
         #[arg(long = "label")]
@@ -256,18 +259,27 @@ enum SnapCmd {
     Rm {
         #[arg(long)]
         url: String,
+        /// The volume's current engine generation: a replica that accepted one refuses this change without it.
+        #[arg(long, default_value_t = 0)]
+        generation: u64,
         name: String,
     },
     /// Revert the replica to a snapshot (new empty head over it).
     Revert {
         #[arg(long)]
         url: String,
+        /// The volume's current engine generation: a replica that accepted one refuses this change without it.
+        #[arg(long, default_value_t = 0)]
+        generation: u64,
         name: String,
     },
     /// Fold or prune every removed snapshot, with progress.
     Purge {
         #[arg(long)]
         url: String,
+        /// The volume's current engine generation: a replica that accepted one refuses this change without it.
+        #[arg(long, default_value_t = 0)]
+        generation: u64,
     },
 }
 
@@ -286,7 +298,11 @@ async fn main() -> anyhow::Result<()> {
             print_status(&s, json)
         }
         Cmd::Info { url: Some(url), .. } => {
-            let r = control(&url).await?.replica_get(v1::Empty {}).await?.into_inner();
+            let r = control(&url, 0)
+                .await?
+                .replica_get(v1::Empty {})
+                .await?
+                .into_inner();
             print_replica(&r.replica.unwrap_or_default(), json)
         }
         Cmd::Info { .. } => bail!("give --dir or --url"),
@@ -303,7 +319,7 @@ async fn main() -> anyhow::Result<()> {
             snapshot,
             rehash,
         } => {
-            let mut sa = sync_agent(&url).await?;
+            let mut sa = sync_agent(&url, 0).await?;
             sa.snapshot_hash(v1::SnapshotHashRequest {
                 snapshot_name: snapshot.clone(),
                 rehash,
@@ -514,12 +530,21 @@ async fn lvstore(url: &str, cmd: LvstoreCmd, json: bool) -> anyhow::Result<()> {
 async fn snapshot(cmd: SnapCmd, json: bool) -> anyhow::Result<()> {
     match cmd {
         SnapCmd::Ls { url } => {
-            let r = control(&url).await?.replica_get(v1::Empty {}).await?.into_inner();
+            let r = control(&url, 0)
+                .await?
+                .replica_get(v1::Empty {})
+                .await?
+                .into_inner();
             print_replica(&r.replica.unwrap_or_default(), json)
         }
-        SnapCmd::Create { url, name, labels } => {
+        SnapCmd::Create {
+            url,
+            generation,
+            name,
+            labels,
+        } => {
             let labels = corral_daemon::parse_labels(&labels).map_err(anyhow::Error::msg)?;
-            control(&url)
+            control(&url, generation)
                 .await?
                 .replica_snapshot(v1::ReplicaSnapshotRequest {
                     name: name.clone(),
@@ -531,8 +556,12 @@ async fn snapshot(cmd: SnapCmd, json: bool) -> anyhow::Result<()> {
             emit(&format!("snapshot {name} created"));
             Ok(())
         }
-        SnapCmd::Rm { url, name } => {
-            control(&url)
+        SnapCmd::Rm {
+            url,
+            generation,
+            name,
+        } => {
+            control(&url, generation)
                 .await?
                 .disk_mark_as_removed(v1::DiskRequest { name: name.clone() })
                 .await?;
@@ -541,8 +570,12 @@ async fn snapshot(cmd: SnapCmd, json: bool) -> anyhow::Result<()> {
             ));
             Ok(())
         }
-        SnapCmd::Revert { url, name } => {
-            control(&url)
+        SnapCmd::Revert {
+            url,
+            generation,
+            name,
+        } => {
+            control(&url, generation)
                 .await?
                 .replica_revert(v1::ReplicaRevertRequest {
                     name: name.clone(),
@@ -552,8 +585,8 @@ async fn snapshot(cmd: SnapCmd, json: bool) -> anyhow::Result<()> {
             emit(&format!("reverted to {name}"));
             Ok(())
         }
-        SnapCmd::Purge { url } => {
-            let mut sa = sync_agent(&url).await?;
+        SnapCmd::Purge { url, generation } => {
+            let mut sa = sync_agent(&url, generation).await?;
             sa.snapshot_purge(v1::Empty {}).await?;
             let (state, error) = wait_job("purging", || {
                 let mut sa = sa.clone();

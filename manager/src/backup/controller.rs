@@ -10,6 +10,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use corral_proto::engine_generation::EngineGeneration;
 use corral_proto::v1::{self, replica_backup_service_client::ReplicaBackupServiceClient};
 use tokio_util::sync::CancellationToken;
 
@@ -55,13 +56,21 @@ fn ours_active(b: &Backup) -> bool {
     !b.source_volume.is_empty() && b.state.active()
 }
 
-/// The gRPC client of a replica's backup service (its sync endpoint).
-pub async fn replica_client(
-    address: &str,
-) -> anyhow::Result<ReplicaBackupServiceClient<tonic::transport::Channel>> {
+/// A replica's backup service, every call presenting `generation`.
+pub type ReplicaBackupClient = ReplicaBackupServiceClient<
+    tonic::codegen::InterceptedService<tonic::transport::Channel, EngineGeneration>,
+>;
+
+/// The gRPC client of a replica's backup service (its sync endpoint). Calls that change the replica (create,
+/// restore) present the volume's current engine generation (`crate::engine_generation::current`): a replica
+/// that accepted one refuses them without it; status polls pass 0.
+pub async fn replica_client(address: &str, generation: u64) -> anyhow::Result<ReplicaBackupClient> {
     let a: corral_proto::ReplicaAddress = address.parse()?;
     let ch = corral_proto::grpc::connect_endpoint(&a.sync, corral_proto::grpc::GrpcTimeouts::CONTROL).await?;
-    Ok(ReplicaBackupServiceClient::new(ch))
+    Ok(ReplicaBackupServiceClient::with_interceptor(
+        ch,
+        EngineGeneration(generation),
+    ))
 }
 
 /// The RW replica addresses of the volume's running engine, sorted (the first one backs up).
@@ -130,7 +139,7 @@ async fn step(ctx: &Ctx, b: &mut Backup) -> Result<Requeue, Stop> {
     if b.replica.is_empty() {
         return start_job(ctx, &t, b).await;
     }
-    let mut c = match replica_client(&b.replica).await {
+    let mut c = match replica_client(&b.replica, 0).await {
         Ok(c) => c,
         Err(e) => return Err(lost_or_retry(ctx, b, e).await),
     };
@@ -258,7 +267,8 @@ async fn start_job(ctx: &Ctx, t: &OpenTarget, b: &mut Backup) -> Result<Requeue,
         Some(n) => n,
         None => u32::try_from(ctx.setting_u64(DELTA_MAX_SETTING).await).unwrap_or(u32::MAX),
     };
-    let mut c = replica_client(&replica).await?;
+    let generation = crate::engine_generation::current(&ctx.db, &b.source_volume).await?;
+    let mut c = replica_client(&replica, generation).await?;
     // Asked before a manager restart (the answer was lost): the job is known to the replica.
     if c.backup_status(v1::BackupJobRef {
         backup_name: b.name.clone(),

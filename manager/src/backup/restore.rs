@@ -304,7 +304,7 @@ async fn step(ctx: &Ctx, name: &str, r: &mut VolumeRestore, vol: &Object<Volume>
             tracing::warn!(volume = %name, before = ?r.replicas, now = ?rw, "replicas changed: restoring again on every replica");
         }
         for a in &rw {
-            ask(ctx, a, &url, &t, r.incremental).await?;
+            ask(ctx, name, a, &url, &t, r.incremental).await?;
         }
         r.replicas = rw;
         r.state = RestoreState::Restoring;
@@ -319,7 +319,7 @@ async fn step(ctx: &Ctx, name: &str, r: &mut VolumeRestore, vol: &Object<Volume>
     let mut all_done = true;
     let mut written = None;
     for a in r.replicas.clone() {
-        let mut c = super::controller::replica_client(&a).await?;
+        let mut c = super::controller::replica_client(&a, 0).await?;
         let s = c.restore_status(v1::RestoreStatusRequest {}).await?.into_inner();
         match s.state.as_str() {
             "in-progress" => {
@@ -346,7 +346,7 @@ async fn step(ctx: &Ctx, name: &str, r: &mut VolumeRestore, vol: &Object<Volume>
                 tracing::warn!(volume = %name, replica = %a, state = %s.state, "the replica has no running restore: asking again");
                 // Started again: a full restore (the replica forgot what it held when it lost the job).
                 r.incremental = false;
-                ask(ctx, &a, &url, &t, false).await?;
+                ask(ctx, name, &a, &url, &t, false).await?;
                 all_done = false;
                 min = 0;
             }
@@ -362,13 +362,15 @@ async fn step(ctx: &Ctx, name: &str, r: &mut VolumeRestore, vol: &Object<Volume>
 }
 
 async fn ask(
-    _ctx: &Ctx,
+    ctx: &Ctx,
+    volume: &str,
     replica: &str,
     url: &str,
     t: &super::target::OpenTarget,
     incremental: bool,
 ) -> Result<(), Stop> {
-    let mut c = super::controller::replica_client(replica).await?;
+    let generation = crate::engine_generation::current(&ctx.db, volume).await?;
+    let mut c = super::controller::replica_client(replica, generation).await?;
     match c
         .backup_restore(v1::BackupRestoreRequest {
             url: url.to_owned(),

@@ -525,7 +525,7 @@ async fn add_replicas(
     }
     let rate = ctx.setting_u64("rebuild-max-bytes-per-second").await;
     for new in new {
-        grow_fresh_replica(name, new, size).await;
+        grow_fresh_replica(ctx, name, new, size).await;
         tracing::info!(
             engine = name,
             replica = new.name,
@@ -615,10 +615,14 @@ async fn stop_fenced(
 /// it, which would refuse it for its size and so fail it (a replacement and a second rebuild for nothing). A
 /// replica that held data is never touched here: its size is the engine's start-up check to judge. Best effort:
 /// on any error the add goes ahead and the engine's refusal handles it as before.
-async fn grow_fresh_replica(engine: &str, r: &Object<Replica>, size: u64) {
+async fn grow_fresh_replica(ctx: &Ctx, engine: &str, r: &Object<Replica>, size: u64) {
     if r.data.status.initialized || r.data.spec.data_engine.in_lvstore() {
         return;
     }
+    // The expand presents the volume's generation, as every call that changes a replica must.
+    let Ok(generation) = crate::engine_generation::current(&ctx.db, &r.data.spec.volume).await else {
+        return;
+    };
     let Ok(address) = r.data.status.address.parse::<corral_proto::ReplicaAddress>() else {
         return;
     };
@@ -628,7 +632,10 @@ async fn grow_fresh_replica(engine: &str, r: &Object<Replica>, size: u64) {
     else {
         return;
     };
-    let mut c = v1::replica_service_client::ReplicaServiceClient::new(ch);
+    let mut c = v1::replica_service_client::ReplicaServiceClient::with_interceptor(
+        ch,
+        corral_proto::engine_generation::EngineGeneration(generation),
+    );
     let Ok(have) = c.replica_get(v1::Empty {}).await else {
         return;
     };
