@@ -323,6 +323,144 @@ async fn mutating_grpc_calls_of_a_stale_engine_are_refused_naming_both_numbers_a
         .expect("generation 2 takes a snapshot");
 }
 
+/// The refusal of a call without a generation by a replica that accepted generation 2: FAILED_PRECONDITION naming
+/// 2 and saying to upgrade.
+fn assert_needs_generation<T: std::fmt::Debug>(what: &str, res: Result<tonic::Response<T>, tonic::Status>) {
+    match res {
+        Err(s) => {
+            assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{what}: {s:?}");
+            assert!(
+                s.message().contains("accepted engine generation 2") && s.message().contains("upgrade"),
+                "{what}: {}",
+                s.message()
+            );
+        }
+        Ok(r) => panic!("{what} without a generation accepted after generation 2: {r:?}"),
+    }
+}
+
+on_both_engines!(calls_that_change_a_replica_without_a_generation_are_refused_once_one_was_accepted);
+
+/// Issue 39, bad input "a connection without a generation (an old engine binary or tool)", on gRPC: a fresh replica
+/// takes a snapshot from a caller without one; once it accepted generation 2, a snapshot, an expand, a purge and a
+/// backup restore without one are refused (naming 2, saying to upgrade) and change nothing, while reads (ReplicaGet,
+/// the purge status) still pass. The debugging CLI is refused without `--generation` and served with it; the
+/// engine's own `backup end-chain` (a tool calling the replicas directly) presents the engine's generation.
+async fn calls_that_change_a_replica_without_a_generation_are_refused_once_one_was_accepted(
+    engine: DataEngine,
+) {
+    let t = tempfile::tempdir().unwrap();
+    let r = Replica::start_on(engine, &t.path().join("r"), &["--size", "16M"]);
+    let mut ctl = r.control().await;
+    let snapshot = |name: &str| v1::ReplicaSnapshotRequest {
+        name: name.to_owned(),
+        user_created: true,
+        ..Default::default()
+    };
+    ctl.replica_snapshot(snapshot("s1"))
+        .await
+        .expect("a fresh replica takes a snapshot without a generation");
+    let c2 = connect(&r, 2).await.expect("generation 2 accepted");
+    c2.write(0, &[0x22; 4096]).await.expect("generation 2 writes");
+    let before = r.status().await;
+    let layout = r.layout().await;
+
+    assert_needs_generation("snapshot", ctl.replica_snapshot(snapshot("s2")).await);
+    assert_needs_generation(
+        "expand",
+        ctl.replica_expand(v1::ReplicaExpandRequest { size: 32 << 20 })
+            .await,
+    );
+    let mut sync = r.sync_agent().await;
+    assert_needs_generation("purge", sync.snapshot_purge(v1::Empty {}).await);
+    assert_needs_generation(
+        "backup restore",
+        r.backup_service()
+            .await
+            .backup_restore(v1::BackupRestoreRequest::default())
+            .await,
+    );
+    ctl.replica_get(v1::Empty {})
+        .await
+        .expect("a read without a generation passes");
+    sync.snapshot_purge_status(v1::Empty {})
+        .await
+        .expect("a status call without a generation passes");
+    let after = r.status().await;
+    assert_eq!(after.chain, before.chain, "the chain changed under refused calls");
+    assert_eq!(after.size, before.size, "the size changed under a refused expand");
+    assert_eq!(
+        r.layout().await,
+        layout,
+        "the replica's files changed under refused calls"
+    );
+    let mut read = [0u8; 4096];
+    c2.read(0, &mut read).await.expect("generation 2 reads");
+    assert!(
+        read.iter().all(|b| *b == 0x22),
+        "generation 2's data is not read back"
+    );
+
+    // The debugging CLI: refused without --generation, with the message; served with the volume's generation.
+    let cli = |extra: &[&str]| {
+        std::process::Command::new(common::bin("corral-replica"))
+            .args(["snapshot", "create", "--url", &r.address()])
+            .args(extra)
+            .arg("s3")
+            .output()
+            .unwrap()
+    };
+    let out = cli(&[]);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("accepted engine generation 2") && err.contains("upgrade"),
+        "corral-replica snapshot create without --generation: {out:?}"
+    );
+    let out = cli(&["--generation", "2"]);
+    assert!(
+        out.status.success(),
+        "corral-replica snapshot create --generation 2: {out:?}"
+    );
+    let has_s3 = |r: &v1::Replica| r.disks.keys().any(|k| k.contains("s3"));
+    assert!(has_s3(&r.status().await), "the CLI's snapshot s3 is missing");
+    drop(c2);
+
+    // A tool of the engine's that calls the replicas directly presents the engine's generation.
+    let e2 = engine_in(t.path(), "e2", &[r.address()], 2);
+    let out = e2.cli(&["backup", "end-chain", "--reason", "fencing-test"]);
+    assert!(
+        out.status.success(),
+        "corral-engine backup end-chain of generation 2: {out:?}"
+    );
+}
+
+on_both_engines!(a_fresh_replica_accepts_calls_without_a_generation);
+
+/// A replica that never accepted a generation (record 0: a volume only ever served by engines without one) serves
+/// every call without one, as before fencing.
+async fn a_fresh_replica_accepts_calls_without_a_generation(engine: DataEngine) {
+    let t = tempfile::tempdir().unwrap();
+    let r = Replica::start_on(engine, &t.path().join("r"), &["--size", "16M"]);
+    let c0 = connect(&r, 0)
+        .await
+        .expect("a data connection without a generation");
+    c0.write(0, &[0x11; 4096])
+        .await
+        .expect("write without a generation");
+    let mut ctl = r.control().await;
+    ctl.replica_snapshot(v1::ReplicaSnapshotRequest {
+        name: "s1".into(),
+        user_created: true,
+        ..Default::default()
+    })
+    .await
+    .expect("snapshot without a generation on a fresh replica");
+    ctl.replica_expand(v1::ReplicaExpandRequest { size: 32 << 20 })
+        .await
+        .expect("expand without a generation on a fresh replica");
+    assert_eq!(r.status().await.size, 32 << 20);
+}
+
 on_both_engines!(a_rebuild_asked_by_a_stale_engine_is_refused_by_its_source);
 
 /// Issue 39, rebuild pulls: the generation a `FilesSync` carries goes on to its sources. A fresh replica (no record

@@ -166,29 +166,30 @@ pub async fn serve(cfg: ServeConfig, cancel: CancellationToken) -> anyhow::Resul
 
     let mut tasks = tokio::task::JoinSet::new();
     let c = cancel.clone();
-    // Every call carrying an engine generation below the one this replica accepted is refused (docs/formats.md,
-    // "Engine generation").
+    // Every call is checked against the engine generation this replica accepted (docs/formats.md, "Engine
+    // generation"): a lower one is refused, and a mutating call without one once there is one.
     let h = host.clone();
-    let fence = move |req: tonic::Request<()>| {
-        let recorded = BlockBackend::generation(h.as_ref()).map_err(|e| e.message);
-        corral_proto::engine_generation::check(req.metadata(), recorded).map(|()| req)
-    };
-    let svc = ReplicaServiceServer::with_interceptor(grpc.clone(), fence.clone());
+    let fence = corral_proto::engine_generation::FenceLayer::new(move || {
+        BlockBackend::generation(h.as_ref()).map_err(|e| e.message)
+    });
+    let svc = ReplicaServiceServer::new(grpc.clone());
     let tls = cfg.data.tls.clone();
+    let layer = fence.clone();
     tasks.spawn(async move {
         tonic::transport::Server::builder()
+            .layer(layer)
             .add_service(svc)
             .serve_with_incoming_shutdown(corral_proto::grpc::incoming(control, tls)?, c.cancelled())
             .await
             .context("ReplicaService")
     });
     let c = cancel.clone();
-    let svc = SyncAgentServiceServer::with_interceptor(grpc, fence.clone());
-    let backup_svc =
-        ReplicaBackupServiceServer::with_interceptor(ReplicaBackupGrpc::new(host.clone()), fence);
+    let svc = SyncAgentServiceServer::new(grpc);
+    let backup_svc = ReplicaBackupServiceServer::new(ReplicaBackupGrpc::new(host.clone()));
     let tls = cfg.data.tls.clone();
     tasks.spawn(async move {
         tonic::transport::Server::builder()
+            .layer(fence)
             .add_service(svc)
             .add_service(backup_svc)
             .serve_with_incoming_shutdown(corral_proto::grpc::incoming(sync, tls)?, c.cancelled())

@@ -165,23 +165,22 @@ impl LvstoreDaemon {
         let grpc = ReplicaGrpc::new(host.clone(), served);
         let mut tasks = tokio::task::JoinSet::new();
         let c = cancel.clone();
-        // Every call carrying an engine generation below the one this replica accepted is refused.
+        // Every call is checked against the engine generation this replica accepted, as on a v1 replica.
         let h = host.clone();
-        let fence = move |req: tonic::Request<()>| {
-            let recorded = BlockBackend::generation(h.as_ref()).map_err(|e| e.message);
-            corral_proto::engine_generation::check(req.metadata(), recorded).map(|()| req)
-        };
+        let fence = corral_proto::engine_generation::FenceLayer::new(move || {
+            BlockBackend::generation(h.as_ref()).map_err(|e| e.message)
+        });
         let (svc, sync_svc) = (
-            ReplicaServiceServer::with_interceptor(grpc.clone(), fence.clone()),
-            SyncAgentServiceServer::with_interceptor(grpc, fence.clone()),
+            ReplicaServiceServer::new(grpc.clone()),
+            SyncAgentServiceServer::new(grpc),
         );
-        let backup_svc = ReplicaBackupServiceServer::with_interceptor(
-            ReplicaBackupGrpc::over(Arc::new(V2Backup(host.replica.clone()))),
-            fence,
-        );
-        let tls = self.data.tls.clone();
+        let backup_svc = ReplicaBackupServiceServer::new(ReplicaBackupGrpc::over(Arc::new(V2Backup(
+            host.replica.clone(),
+        ))));
+        let (tls, layer) = (self.data.tls.clone(), fence.clone());
         tasks.spawn(async move {
             tonic::transport::Server::builder()
+                .layer(layer)
                 .add_service(svc)
                 .serve_with_incoming_shutdown(corral_proto::grpc::incoming(control, tls)?, c.cancelled())
                 .await
@@ -190,6 +189,7 @@ impl LvstoreDaemon {
         let (c, tls) = (cancel.clone(), self.data.tls.clone());
         tasks.spawn(async move {
             tonic::transport::Server::builder()
+                .layer(fence)
                 .add_service(sync_svc)
                 .add_service(backup_svc)
                 .serve_with_incoming_shutdown(corral_proto::grpc::incoming(sync, tls)?, c.cancelled())
