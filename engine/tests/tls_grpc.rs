@@ -256,3 +256,136 @@ async fn every_grpc_endpoint_serves_its_cluster_over_mutual_tls_and_refuses_stra
         .unwrap_err();
     assert!(err.contains("not valid for name"), "{err}");
 }
+
+/// The first bytes a client with `tls` sends: its ClientHello record.
+fn client_hello(tls: Arc<rustls::ClientConfig>) -> Vec<u8> {
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let mut conn = rustls::ClientConnection::new(tls, name).unwrap();
+    let mut hello = Vec::new();
+    conn.write_tls(&mut hello).unwrap();
+    hello
+}
+
+/// A slowloris: connects to `addr` and sends `hello` one byte a second; returns how long the server let it stay.
+async fn dribble(addr: String, hello: Vec<u8>) -> Duration {
+    use tokio::io::AsyncReadExt;
+    let started = Instant::now();
+    let mut s = tokio::net::TcpStream::connect(addr.as_str()).await.unwrap();
+    let mut bytes = hello.iter();
+    let mut buf = [0u8; 256];
+    loop {
+        assert!(
+            started.elapsed() < corral_tls::HANDSHAKE_TIMEOUT * 3,
+            "{addr} still holds a slowloris after {:?}",
+            started.elapsed()
+        );
+        tokio::select! {
+            read = s.read(&mut buf) => match read {
+                Ok(0) | Err(_) => return started.elapsed(),
+                Ok(_) => {}
+            },
+            // The slowloris' pace, not a wait for readiness.
+            () = tokio::time::sleep(Duration::from_secs(1)) => {
+                let byte = *bytes.next().expect("a ClientHello longer than the test");
+                if s.write_all(&[byte]).await.is_err() {
+                    return started.elapsed();
+                }
+            }
+        }
+    }
+}
+
+/// How long an authorized client at `addr` takes to complete its TLS handshake (panics past `limit`).
+async fn handshake_time(addr: &str, tls: &Arc<rustls::ClientConfig>, limit: Duration) -> Duration {
+    let started = Instant::now();
+    let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+    let done = tokio::time::timeout(limit, async {
+        let tcp = tokio::net::TcpStream::connect(addr).await?;
+        tokio_rustls::TlsConnector::from(tls.clone())
+            .connect(name, tcp)
+            .await
+    })
+    .await;
+    match done {
+        Ok(Ok(_)) => started.elapsed(),
+        Ok(Err(err)) => panic!("an authorized client refused by {addr}: {err}"),
+        Err(_) => panic!("an authorized client not let in by {addr} within {limit:?}"),
+    }
+}
+
+/// The log line of the first refused peer of `daemon`: it names the peer and the reason.
+fn assert_refusal_names_peer_and_reason(daemon: &Daemon, reason: &str) {
+    let log = daemon.log_text();
+    let line = log
+        .lines()
+        .find(|l| l.contains("TLS handshake refused; no data touched"))
+        .unwrap_or_else(|| panic!("no refusal logged: {log}"));
+    assert!(
+        line.contains("127.0.0.1:") && line.contains(reason),
+        "the refusal names neither the peer nor `{reason}`: {line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slowloris_is_dropped_after_the_handshake_timeout_and_stalled_peers_past_the_cap_delay_a_client_boundedly()
+ {
+    let t = tempfile::tempdir().unwrap();
+    let pki = TestPki::new(t.path());
+    let node = pki.node("node");
+    let flag = tls_flag(&node);
+    let flag = flag.each_ref().map(String::as_str);
+    let r = Replica::start_tcp_only(&t.path().join("r"), &flag);
+    let im = tokio::task::block_in_place(|| start_im(&t.path().join("im"), &node));
+    let client = TestPki::client(&node);
+    let hello = client_hello(client.clone());
+    // gRPC through `TcpIncoming` (replica control, corral-im) and the data protocol's own accept loop.
+    let slow_targets = [
+        r.daemon.addr("control").to_owned(),
+        r.daemon.addr("data").to_owned(),
+        im.addr("grpc").to_owned(),
+    ];
+    let slowloris: Vec<_> = slow_targets
+        .iter()
+        .map(|addr| tokio::spawn(dribble(addr.clone(), hello.clone())))
+        .collect();
+
+    // Past the cap of 256 handshakes at once on the replica's sync listener: 300 peers that connect and say nothing.
+    let sync = r.daemon.addr("sync").to_owned();
+    let mut stalled = Vec::new();
+    for _ in 0..300 {
+        stalled.push(tokio::net::TcpStream::connect(sync.as_str()).await.unwrap());
+    }
+    let limit = corral_tls::HANDSHAKE_TIMEOUT + Duration::from_secs(5);
+    // Meanwhile the slowloris delays no one on the other listeners.
+    for addr in &slow_targets {
+        let took = handshake_time(addr, &client, limit).await;
+        assert!(
+            took < Duration::from_secs(2),
+            "{addr} kept a client waiting {took:?} behind a slowloris"
+        );
+    }
+    // A client behind the stalled ones waits in the backlog until their handshakes time out: bounded, and logged.
+    let behind_cap = handshake_time(&sync, &client, limit).await;
+    eprintln!("an authorized client behind 300 stalled peers was let in after {behind_cap:?}");
+    assert!(
+        r.daemon
+            .log_text()
+            .contains("TLS handshakes in progress at the cap"),
+        "reaching the cap was not logged: {}",
+        r.daemon.log_text()
+    );
+    drop(stalled);
+
+    for (addr, dropped) in slow_targets.iter().zip(slowloris) {
+        let after = dropped.await.unwrap();
+        eprintln!("slowloris on {addr} dropped after {after:?}");
+        assert!(
+            after >= corral_tls::HANDSHAKE_TIMEOUT - Duration::from_secs(1)
+                && after <= corral_tls::HANDSHAKE_TIMEOUT + Duration::from_secs(3),
+            "a slowloris on {addr} was dropped after {after:?}, not after the handshake timeout"
+        );
+    }
+    // Each daemon's first refusal names the peer and why.
+    assert_refusal_names_peer_and_reason(&r.daemon, "not done in time");
+    assert_refusal_names_peer_and_reason(&im, "not done in time");
+}

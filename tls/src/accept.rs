@@ -8,7 +8,7 @@ use std::collections::HashSet;
 use std::io;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
@@ -23,6 +23,9 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Handshakes in progress at once per listener; past that, new connections wait in the kernel's backlog.
 const MAX_HANDSHAKES: usize = 256;
+
+/// How often, at most, a listener warns that it is at [`MAX_HANDSHAKES`] (a flood must not flood the log).
+const FULL_WARNING_EVERY: Duration = Duration::from_secs(60);
 
 /// Addresses remembered for [`RefusedPeers`] at most; past that a refusal is logged at debug level only (bounded
 /// memory against a scan from many addresses).
@@ -177,8 +180,18 @@ async fn accept_loop(
 ) {
     let refused = Arc::new(RefusedPeers::default());
     let mut handshakes = JoinSet::new();
+    let mut warned_full: Option<Instant> = None;
     loop {
         if handshakes.len() >= MAX_HANDSHAKES {
+            // Bounded: every one of them ends within HANDSHAKE_TIMEOUT, so a waiting client is accepted by then.
+            if warned_full.is_none_or(|at| at.elapsed() >= FULL_WARNING_EVERY) {
+                tracing::warn!(
+                    in_progress = MAX_HANDSHAKES,
+                    "TLS handshakes in progress at the cap; new connections wait in the backlog until one ends \
+                     (each within {HANDSHAKE_TIMEOUT:?})"
+                );
+                warned_full = Some(Instant::now());
+            }
             handshakes.join_next().await;
             continue;
         }

@@ -269,3 +269,84 @@ fn a_malformed_dns_name_is_refused_before_issuing() {
         .unwrap_err();
     assert!(matches!(err, TlsError::BadName { .. }), "{err}");
 }
+
+/// Parameters of an intermediate CA named `name` (no path length limit of its own).
+fn intermediate(name: &str) -> rcgen::CertificateParams {
+    let mut p = rcgen::CertificateParams::default();
+    p.distinguished_name.push(rcgen::DnType::CommonName, name);
+    p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    p.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    p
+}
+
+/// A client that trusts `ca_pem` and presents a fresh leaf for 127.0.0.1 signed by `issuer`, followed by `chain`.
+fn client_with_chain(
+    ca_pem: &str,
+    issuer: &rcgen::Issuer<'_, impl rcgen::SigningKey>,
+    chain: Vec<rustls::pki_types::CertificateDer<'static>>,
+) -> ClientConfig {
+    let key = rcgen::KeyPair::generate().unwrap();
+    let mut p = rcgen::CertificateParams::default();
+    p.distinguished_name.push(rcgen::DnType::CommonName, "chained");
+    p.subject_alt_names = vec![rcgen::SanType::IpAddress(IpAddr::V4(Ipv4Addr::LOCALHOST))];
+    p.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ClientAuth];
+    let leaf = p.signed_by(&key, issuer).unwrap();
+    let mut certs = vec![leaf.der().clone()];
+    certs.extend(chain);
+    let key = rustls::pki_types::PrivateKeyDer::try_from(key.serialize_der()).unwrap();
+    ClientConfig::builder_with_provider(corral_tls::provider())
+        .with_protocol_versions(&[&rustls::version::TLS13])
+        .unwrap()
+        .with_root_certificates(roots(ca_pem))
+        .with_client_auth_cert(certs, key)
+        .unwrap()
+}
+
+#[tokio::test]
+async fn a_client_chain_of_twenty_intermediates_or_a_loop_is_refused_at_the_handshake() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (ca, server) = cluster(tmp.path(), "server", node_sans());
+
+    // The cluster CA signs I1, I1 signs I2 … I20 signs the leaf: a real path to the CA, 20 deep.
+    let mut issuer =
+        rcgen::Issuer::from_ca_cert_pem(ca.cert_pem(), rcgen::KeyPair::from_pem(ca.key_pem()).unwrap())
+            .unwrap();
+    let mut chain = Vec::new();
+    for i in 1..=20 {
+        let key = rcgen::KeyPair::generate().unwrap();
+        let params = intermediate(&format!("intermediate {i}"));
+        chain.insert(0, params.signed_by(&key, &issuer).unwrap().der().clone());
+        issuer = rcgen::Issuer::new(params, key);
+    }
+    let long = client_with_chain(ca.cert_pem(), &issuer, chain);
+    let out = handshake(&server, long, "127.0.0.1").await;
+    let err = out.server.expect_err("a 20-deep chain was let in");
+    assert!(!out.client_echo);
+    eprintln!("refused: {err}");
+    assert!(err.contains("MaximumPathDepthExceeded"), "{err}");
+
+    // A signs B and B signs A (neither is the CA); the leaf is A's.
+    let (key_a, key_b) = (
+        rcgen::KeyPair::generate().unwrap(),
+        rcgen::KeyPair::generate().unwrap(),
+    );
+    let (params_a, params_b) = (intermediate("A"), intermediate("B"));
+    let cert_a = params_a
+        .signed_by(&key_a, &rcgen::Issuer::from_params(&params_b, &key_b))
+        .unwrap();
+    let issuer_a = rcgen::Issuer::from_params(&params_a, &key_a);
+    let cert_b = params_b.signed_by(&key_b, &issuer_a).unwrap();
+    let looped = client_with_chain(
+        ca.cert_pem(),
+        &issuer_a,
+        vec![cert_a.der().clone(), cert_b.der().clone()],
+    );
+    let out = handshake(&server, looped, "127.0.0.1").await;
+    let err = out.server.expect_err("a looped chain was let in");
+    assert!(!out.client_echo);
+    eprintln!("refused: {err}");
+    assert!(err.contains("UnknownIssuer"), "{err}");
+}
