@@ -1,4 +1,5 @@
-//! Issue 40: mutual TLS on the data protocol between real daemons. A `corral-replica` and a `corral-engine`, each
+//! Issue 40: mutual TLS on the data protocol between real daemons. A replica (v1 `corral-replica serve`, or a v2
+//! `serve-lvstore` daemon's hosted replica) and a `corral-engine`, each
 //! given a `--tls-dir` issued by one cluster CA, serve IO from qemu-io over TCP with TLS; a data client with no
 //! certificate, no TLS at all, a certificate of another CA or an expired one is refused at the handshake (logged
 //! once for the peer's address), and one that reaches a replica whose certificate does not name the address it
@@ -9,7 +10,7 @@ mod common;
 use std::path::Path;
 use std::sync::Arc;
 
-use common::{Engine, Replica};
+use common::{DataEngine, Engine, Replica};
 use corral_tls::rustls;
 use corral_tls::{LeafRequest, SubjectAltName};
 use data_protocol::{ClientConfig, ClientError, DataClient};
@@ -30,18 +31,25 @@ async fn connect(r: &Replica, tls: Option<Arc<rustls::ClientConfig>>) -> Result<
     DataClient::connect(&r.replica_address().data.to_socket_string(), cfg).await
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn io_reaches_a_replica_over_mutual_tls_and_strangers_are_refused_at_the_handshake() {
+/// A replica on `engine` serving its data protocol on TCP only, under mutual TLS with `tls_dir`.
+fn start_replica(engine: DataEngine, dir: &Path, tls_dir: &Path) -> Replica {
+    let tls = tls_dir.to_str().unwrap();
+    match engine {
+        DataEngine::V1 => Replica::start_tcp_only(dir, &["--tls-dir", tls]),
+        DataEngine::V2 => Replica::start_on(DataEngine::V2, dir, &["--tls-dir", tls]),
+    }
+}
+
+on_both_engines!(io_reaches_a_replica_over_mutual_tls_and_strangers_are_refused_at_the_handshake);
+
+async fn io_reaches_a_replica_over_mutual_tls_and_strangers_are_refused_at_the_handshake(engine: DataEngine) {
     let t = tempfile::tempdir().unwrap();
     let pki = TestPki::new(t.path());
     let replica_tls = pki.node("replica");
     let engine_tls = pki.node("engine");
     let tls_flag = |dir: &Path| ["--tls-dir".to_owned(), dir.display().to_string()];
 
-    let r = Replica::start_tcp_only(
-        &t.path().join("r"),
-        &tls_flag(&replica_tls).each_ref().map(String::as_str),
-    );
+    let r = start_replica(engine, &t.path().join("r"), &replica_tls);
     let e_dir = t.path().join("e");
     std::fs::create_dir_all(&e_dir).unwrap();
     let mut e = Engine::start(
@@ -91,10 +99,7 @@ async fn io_reaches_a_replica_over_mutual_tls_and_strangers_are_refused_at_the_h
 
     // A replica whose certificate is for another address: the engine's client refuses it.
     let elsewhere = pki.misnamed();
-    let r2 = Replica::start_tcp_only(
-        &t.path().join("r2"),
-        &tls_flag(&elsewhere).each_ref().map(String::as_str),
-    );
+    let r2 = start_replica(engine, &t.path().join("r2"), &elsewhere);
     let Err(err) = connect(&r2, Some(TestPki::client(&engine_tls))).await else {
         panic!("a misnamed replica was trusted");
     };

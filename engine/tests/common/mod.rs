@@ -83,7 +83,8 @@ impl Replica {
 
     /// Starts a replica on `engine`: v1 as [`start`](Self::start); v2 as a `corral-replica serve-lvstore` daemon
     /// over `dir/disk.img` (preallocated, formatted at first start) hosting one replica `r`. `extra` may hold
-    /// `--size N` and `--disable-revision-counter` for v2 (the replica is then created at once).
+    /// `--size N` and `--disable-revision-counter` for v2 (the replica is then created at once), or `--tls-dir DIR`
+    /// (the daemon serves under mutual TLS; not with `--size`, whose create call is plaintext).
     pub fn start_on(engine: DataEngine, dir: &Path, extra: &[&str]) -> Self {
         if engine == DataEngine::V1 {
             return Self::start(dir, extra);
@@ -103,6 +104,10 @@ impl Replica {
             .args(["serve-lvstore", "--format", "--cluster-size", "64K", "--disk"])
             .arg(&disk)
             .args(["--listen", "127.0.0.1:0", "--replica", "r"]);
+        let tls_dir = extra.iter().position(|a| *a == "--tls-dir").map(|i| extra[i + 1]);
+        if let Some(dir) = tls_dir {
+            cmd = cmd.args(["--tls-dir", dir]);
+        }
         if local_data_socket() {
             // `dir/r.data.sock`, as the manager gives every lvstore daemon a socket directory.
             cmd = cmd.arg("--data-unix-dir").arg(dir);
@@ -119,10 +124,12 @@ impl Replica {
             .map(|i| extra[i + 1].to_owned());
         let disable_rc = extra.contains(&"--disable-revision-counter");
         assert!(
-            extra
-                .iter()
-                .all(|a| ["--size", "--disable-revision-counter"].contains(a) || Some(*a) == size.as_deref()),
-            "v2 test replicas take only --size and --disable-revision-counter: {extra:?}"
+            extra.iter().all(
+                |a| ["--size", "--disable-revision-counter", "--tls-dir"].contains(a)
+                    || Some(*a) == size.as_deref()
+                    || Some(*a) == tls_dir
+            ),
+            "v2 test replicas take only --size, --disable-revision-counter and --tls-dir: {extra:?}"
         );
         if let Some(size) = size {
             let size = corral_daemon::parse_size(&size).unwrap();
