@@ -38,6 +38,13 @@ enabled = false
 include-operation-id = "postBackingimagesByBackingimageUpload"
 checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404", "409"]
 
+# Creating a volume: a name holding '.' is refused with 400 while the `default-data-engine` setting is v2 (a v2
+# volume's replicas are lvols named after it), which the stateful phase may have set: a rule on the pair that OpenAPI
+# cannot state. The name rule is unit-tested in src/data_engine/mod.rs.
+[[operations]]
+include-operation-id = "postVolumes"
+checks.positive_data_acceptance.expected-statuses = ["2xx", "400", "404", "409"]
+
 # Revoking a token: fuzzed, the stateful phase revokes the admin token this run presents (every later call is then
 # refused with 401). Revocation is tested in tests/auth.rs.
 [[operations]]

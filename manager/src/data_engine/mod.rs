@@ -135,3 +135,19 @@ impl Strategy for DataEngine {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_v2_volume_name_holds_no_dot_and_a_v1_name_may() {
+        let err = DataEngine::V2.check_volume_name("H.").unwrap_err();
+        assert!(
+            matches!(&err, ApiError::Invalid(m) if m.contains("holds no '.'")),
+            "{err:?}"
+        );
+        DataEngine::V2.check_volume_name("vol-1").unwrap();
+        DataEngine::V1.check_volume_name("H.").unwrap();
+    }
+}
