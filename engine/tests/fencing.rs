@@ -200,19 +200,29 @@ fn of_generation<T>(msg: T, generation: u64) -> tonic::Request<T> {
     req
 }
 
-/// The refusal of a stale engine's gRPC call: FAILED_PRECONDITION naming both numbers.
-fn assert_fenced<T: std::fmt::Debug>(what: &str, res: Result<tonic::Response<T>, tonic::Status>) {
+/// The refusal of a call by a replica that accepted generation 2: FAILED_PRECONDITION whose message holds every
+/// one of `says` (a stale engine's: both numbers; a call without a generation: 2 and "upgrade").
+fn assert_refused<T: std::fmt::Debug>(
+    what: &str,
+    says: &[&str],
+    res: Result<tonic::Response<T>, tonic::Status>,
+) {
     match res {
         Err(s) => {
             assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{what}: {s:?}");
             assert!(
-                s.message().contains("fenced by generation 2 > 1"),
+                says.iter().all(|w| s.message().contains(w)),
                 "{what}: {}",
                 s.message()
             );
         }
-        Ok(r) => panic!("{what} of generation 1 accepted after generation 2: {r:?}"),
+        Ok(r) => panic!("{what} accepted after generation 2: {r:?}"),
     }
+}
+
+/// A stale engine's call (generation 1) refused naming both numbers.
+fn assert_fenced<T: std::fmt::Debug>(what: &str, res: Result<tonic::Response<T>, tonic::Status>) {
+    assert_refused(what, &["fenced by generation 2 > 1"], res);
 }
 
 on_both_engines!(mutating_grpc_calls_of_a_stale_engine_are_refused_naming_both_numbers_and_change_nothing);
@@ -323,20 +333,9 @@ async fn mutating_grpc_calls_of_a_stale_engine_are_refused_naming_both_numbers_a
         .expect("generation 2 takes a snapshot");
 }
 
-/// The refusal of a call without a generation by a replica that accepted generation 2: FAILED_PRECONDITION naming
-/// 2 and saying to upgrade.
+/// A call without a generation refused naming 2 and saying to upgrade.
 fn assert_needs_generation<T: std::fmt::Debug>(what: &str, res: Result<tonic::Response<T>, tonic::Status>) {
-    match res {
-        Err(s) => {
-            assert_eq!(s.code(), tonic::Code::FailedPrecondition, "{what}: {s:?}");
-            assert!(
-                s.message().contains("accepted engine generation 2") && s.message().contains("upgrade"),
-                "{what}: {}",
-                s.message()
-            );
-        }
-        Ok(r) => panic!("{what} without a generation accepted after generation 2: {r:?}"),
-    }
+    assert_refused(what, &["accepted engine generation 2", "upgrade"], res);
 }
 
 on_both_engines!(calls_that_change_a_replica_without_a_generation_are_refused_once_one_was_accepted);
